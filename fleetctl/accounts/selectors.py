@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import hashlib
+
+from django.contrib.auth import get_user_model
+from django.db.models import QuerySet
+
+from fleetctl.accounts.models import ApiToken
+
+
+def secret_hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def token_find_by_secret(*, secret: str) -> ApiToken | None:
+    return (
+        ApiToken.objects.select_related("user")
+        .filter(secret_sha256=secret_hash(secret))
+        .first()
+    )
+
+
+def token_list_for_user(*, user: object) -> QuerySet[ApiToken]:
+    return ApiToken.objects.filter(kind=ApiToken.Kind.PERSONAL, user=user)
+
+
+def token_list_service() -> QuerySet[ApiToken]:
+    return ApiToken.objects.filter(kind=ApiToken.Kind.SERVICE).select_related("created_by")
+
+
+def user_list() -> QuerySet:  # type: ignore[type-arg]
+    return get_user_model().objects.prefetch_related("groups").order_by("username")

@@ -1,0 +1,27 @@
+from django.urls import include, path
+from rest_framework.routers import DefaultRouter
+
+from fleetctl.accounts.api.views import ServiceTokenViewSet, TokenViewSet, me
+from fleetctl.audit.api.views import AuditEventViewSet
+from fleetctl.fleet.api.views import (
+    HealthCheckViewSet,
+    HealthTransitionViewSet,
+    PoolModelViewSet,
+    PoolViewSet,
+    RegionViewSet,
+)
+
+router = DefaultRouter()
+router.register("regions", RegionViewSet, basename="region")
+router.register("pools", PoolViewSet, basename="pool")
+router.register("pool-models", PoolModelViewSet, basename="pool-model")
+router.register("health-checks", HealthCheckViewSet, basename="health-check")
+router.register("health-transitions", HealthTransitionViewSet, basename="health-transition")
+router.register("audit-events", AuditEventViewSet, basename="audit-event")
+router.register("tokens", TokenViewSet, basename="token")
+router.register("service-tokens", ServiceTokenViewSet, basename="service-token")
+
+urlpatterns = [
+    path("me/", me, name="me"),
+    path("", include(router.urls)),
+]

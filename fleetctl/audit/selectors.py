@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+
+from django.db.models import QuerySet
+
+from fleetctl.audit.models import AuditEvent
+
+CSV_COLUMNS = [
+    "id", "at", "actor", "token_prefix", "action", "outcome", "object_type", "object_id",
+    "object_repr", "before", "after", "message", "request_id",
+]
+
+
+def audit_event_list() -> QuerySet[AuditEvent]:
+    return AuditEvent.objects.all()
+
+
+def audit_events_for(*, obj: object) -> QuerySet[AuditEvent]:
+    meta = obj._meta  # type: ignore[attr-defined]
+    return AuditEvent.objects.filter(object_type=meta.label_lower, object_id=str(obj.pk))  # type: ignore[attr-defined]
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+def audit_csv_rows(events: QuerySet[AuditEvent]) -> Iterator[str]:
+    """Stream CSV one row at a time so a large export never sits in memory."""
+    import json
+
+    writer = csv.writer(_Echo())
+    yield writer.writerow(CSV_COLUMNS)
+    for event in events.iterator(chunk_size=2000):
+        row = [getattr(event, column) for column in CSV_COLUMNS]
+        row[1] = event.at.isoformat()
+        row[9] = json.dumps(event.before, sort_keys=True) if event.before is not None else ""
+        row[10] = json.dumps(event.after, sort_keys=True) if event.after is not None else ""
+        yield writer.writerow(row)

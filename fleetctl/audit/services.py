@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import uuid
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from django.db import models
+
+from fleetctl.audit.models import AuditEvent
+
+if TYPE_CHECKING:
+    from fleetctl.accounts.actor import Actor
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal | uuid.UUID):
+        return str(value)
+    if isinstance(value, models.Model):
+        return value.pk
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def snapshot(obj: models.Model, fields: Iterable[str]) -> dict[str, Any]:
+    """A JSON-safe picture of the named fields (foreign keys as ids) for before/after."""
+    picture: dict[str, Any] = {}
+    for name in fields:
+        field = obj._meta.get_field(name)
+        attname = getattr(field, "attname", name)
+        picture[name] = _json_safe(getattr(obj, attname))
+    return picture
+
+
+def _event(
+    *, actor: Actor, action: str, target: object | None, outcome: str, message: str,
+    before: dict[str, Any] | None, after: dict[str, Any] | None,
+) -> AuditEvent:
+    token = actor.token
+    user = actor.user if getattr(actor.user, "pk", None) else None
+    object_type = object_id = object_repr = ""
+    if isinstance(target, models.Model):
+        object_type = target._meta.label_lower
+        object_id = str(target.pk or "")
+        object_repr = str(target)[:200]
+    elif target is not None:
+        object_repr = str(target)[:200]
+    return AuditEvent(
+        actor=actor.label[:150], actor_user=user, token_prefix=token.prefix if token else "",
+        action=action, outcome=outcome, object_type=object_type, object_id=object_id,
+        object_repr=object_repr, before=_json_safe(before), after=_json_safe(after),
+        message=message, request_id=actor.request_id,
+    )
+
+
+def audit_record(
+    *, actor: Actor, action: str, target: object | None = None,
+    before: dict[str, Any] | None = None, after: dict[str, Any] | None = None,
+    message: str = "",
+) -> AuditEvent:
+    """Record a write. Call it inside the write's transaction so both land or neither does."""
+    event = _event(actor=actor, action=action, target=target, outcome="ok", message=message,
+                   before=before, after=after)
+    event.save()
+    return event
+
+
+def audit_denied(*, actor: Actor, action: str, target: object | None, permission: str) -> None:
+    """Record a refused attempt. Services check permissions before they open their
+    transaction, so this row is not rolled back with the work it refused."""
+    _event(actor=actor, action=action, target=target, outcome="denied",
+           message=f"missing permission '{permission}'", before=None, after=None).save()

@@ -1,0 +1,60 @@
+"""The one Celery app. Queues, routes, limits and the beat schedule are declared here only.
+
+`push` carries gateway pushes and drains and gets its own worker in production, so a drain
+never waits behind a benchmark on `bench` or a shadow run on `shadow`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from kombu import Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
+
+app = Celery("fleetctl")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+
+QUEUES = ("default", "push", "bench", "shadow")
+
+
+def _beat_schedule() -> dict[str, dict[str, object]]:
+    from django.conf import settings
+
+    return {
+        "probe-pool-health": {
+            "task": "fleet.pools_probe_due",
+            "schedule": float(settings.HEALTH_PROBE_INTERVAL_S),
+            # A dispatch that could not start within one interval is stale: skip it.
+            "options": {"expires": float(settings.HEALTH_PROBE_INTERVAL_S)},
+        },
+        "prune-health-history": {
+            "task": "fleet.health_history_prune",
+            "schedule": 3600.0,
+        },
+    }
+
+
+app.conf.update(
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    task_queues=[Queue(name) for name in QUEUES],
+    task_default_queue="default",
+    task_routes={
+        "traffic.*": {"queue": "push"},
+        "bench.*": {"queue": "bench"},
+        "shadow.*": {"queue": "shadow"},
+    },
+    task_time_limit=600,
+    task_soft_time_limit=540,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    task_ignore_result=True,
+    broker_connection_retry_on_startup=True,
+    timezone="UTC",
+)
+app.conf.beat_schedule = _beat_schedule()
+app.autodiscover_tasks()

@@ -1,0 +1,5 @@
+import sys
+
+from fleetctl.cli.main import main
+
+sys.exit(main())

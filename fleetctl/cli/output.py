@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, sort_keys=True, default=str)
+    sys.stdout.write("\n")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A plain aligned table: greppable, no colours, no box drawing."""
+    text_rows = [["" if cell is None else str(cell) for cell in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in text_rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    line = "  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True))
+    print(line.rstrip())
+    for row in text_rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    if not rows:
+        print("(none)")
+
+
+def print_fields(pairs: Sequence[tuple[str, Any]]) -> None:
+    width = max(len(k) for k, _ in pairs)
+    for key, value in pairs:
+        print(f"{key.ljust(width)}  {'—' if value in (None, '', [], {}) else value}")

@@ -1,0 +1,82 @@
+"""One error shape for the whole API: {"error": {"code", "message", "fields"}}.
+
+A person reading the message should know what to change; `fields` names each bad field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from fleetctl.core.errors import DomainError
+
+
+def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "fields": fields or {}}}
+
+
+def _flatten(detail: Any) -> list[str]:
+    if isinstance(detail, dict):
+        return [f"{k}: {m}" for k, v in detail.items() for m in _flatten(v)]
+    if isinstance(detail, list):
+        return [m for item in detail for m in _flatten(item)]
+    return [str(detail)]
+
+
+def _fields_from_detail(detail: Any) -> dict[str, Any]:
+    if isinstance(detail, dict):
+        return {key: _flatten(value) for key, value in detail.items()}
+    return {}
+
+
+def _summary(fields: dict[str, list[str]], fallback: str) -> str:
+    parts = [
+        (m if k in ("non_field_errors", "__all__") else f"{k}: {m}")
+        for k, msgs in fields.items()
+        for m in msgs
+    ]
+    return "; ".join(parts) or fallback
+
+
+def validation_response(fields: dict[str, list[str]], status_code: int = 400) -> Response:
+    message = _summary(fields, "The request is not valid.")
+    return Response(error_body("invalid", message, fields), status=status_code)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, DomainError):
+        message = exc.message
+        return Response(error_body(exc.code, message, exc.fields), status=exc.status_code)
+    if isinstance(exc, DjangoValidationError):
+        fields = (
+            {k: [str(m) for m in v] for k, v in exc.message_dict.items()}
+            if hasattr(exc, "error_dict")
+            else {"non_field_errors": [str(m) for m in exc.messages]}
+        )
+        return validation_response(fields)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound("No such object. Check the id or name in the URL.")
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _fields_from_detail(exc.detail)
+        if not fields:
+            fields = {"non_field_errors": _flatten(exc.detail)}
+        response.data = error_body("invalid", _summary(fields, "The request is not valid."), fields)
+        response.status_code = status.HTTP_400_BAD_REQUEST
+        return response
+    if isinstance(exc, exceptions.APIException):
+        code = exc.get_codes() if isinstance(exc.get_codes(), str) else exc.default_code
+        message = " ".join(_flatten(exc.detail))
+        response.data = error_body(str(code), message)
+    return response

@@ -1,0 +1,37 @@
+"""A ModelViewSet whose writes go through domain services (permission, validation, audit)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rest_framework import viewsets
+from rest_framework.serializers import BaseSerializer
+
+from fleetctl.accounts.permissions import actor_from_request
+
+
+class ServiceModelViewSet(viewsets.ModelViewSet):
+    """Subclasses name their services; DRF validates the shape, the service does the rest."""
+
+    create_service: Callable[..., Any]
+    update_service: Callable[..., Any]
+    delete_service: Callable[..., Any]
+    instance_kwarg: str = "instance"
+
+    def _actor(self):  # type: ignore[no-untyped-def]
+        return actor_from_request(self.request)
+
+    def perform_create(self, serializer: BaseSerializer) -> None:
+        serializer.instance = type(self).create_service(
+            actor=self._actor(), **serializer.validated_data
+        )
+
+    def perform_update(self, serializer: BaseSerializer) -> None:
+        serializer.instance = type(self).update_service(
+            actor=self._actor(), **{self.instance_kwarg: serializer.instance},
+            **serializer.validated_data,
+        )
+
+    def perform_destroy(self, instance: Any) -> None:
+        type(self).delete_service(actor=self._actor(), **{self.instance_kwarg: instance})

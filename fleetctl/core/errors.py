@@ -1,0 +1,28 @@
+"""Domain errors. Services raise these; the API, views and CLI turn them into clear answers."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    status_code = 400
+    code = "invalid"
+
+    def __init__(self, message: str, *, fields: dict[str, list[str]] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields or {}
+
+
+class PermissionDeniedError(DomainError):
+    status_code = 403
+    code = "permission_denied"
+
+
+class NotFoundError(DomainError):
+    status_code = 404
+    code = "not_found"
+
+
+class ConflictError(DomainError):
+    status_code = 409
+    code = "conflict"

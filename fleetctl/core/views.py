@@ -1,0 +1,69 @@
+"""What every dashboard view shares: the login/read guard and turning service errors into
+form errors. Views stay thin callers of selectors and services; this is the glue."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar, cast
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
+from django_htmx.http import HttpResponseClientRedirect
+
+from fleetctl.accounts import roles
+from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.errors import PermissionDeniedError
+
+View = TypeVar("View", bound=Callable[..., HttpResponseBase])
+
+NO_ROLE_MESSAGE = (
+    "You are signed in, but your account has no fleetctl role yet, so there is nothing you may "
+    "see. Ask an admin to give you a role (viewer, on-call, platform-lead or admin)."
+)
+
+
+def dashboard_view(view: View) -> View:
+    """Require a signed-in person who holds the `read` permission.
+
+    A refused read is audited like the API's (through `Actor.require`) and answered with the
+    403 page. An htmx poll from an expired session gets a client redirect to the login page,
+    so the login form is never swapped into a tile.
+    """
+
+    @wraps(view)
+    def needs_read(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        try:
+            actor_from_request(request).require(roles.READ, action=f"web.read:{request.path}")
+        except PermissionDeniedError as exc:
+            raise PermissionDenied(NO_ROLE_MESSAGE) from exc
+        return view(request, *args, **kwargs)
+
+    signed_in = login_required(needs_read)
+
+    @wraps(view)
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        if getattr(request, "htmx", False) and not request.user.is_authenticated:
+            login = redirect_to_login(request.htmx.current_url_abs_path or "/")  # type: ignore[attr-defined]
+            return HttpResponseClientRedirect(login["Location"])
+        return signed_in(request, *args, **kwargs)
+
+    return cast(View, guarded)
+
+
+def form_add_service_errors(form: forms.BaseForm, exc: ValidationError) -> None:
+    """Put a service's ValidationError onto the form: on the field it names when the form
+    has that field, otherwise at the top of the form, so no message is ever lost."""
+    if not hasattr(exc, "error_dict"):
+        for message in exc.messages:
+            form.add_error(None, message)
+        return
+    for field, messages in exc.message_dict.items():
+        target = field if field in form.fields and field != NON_FIELD_ERRORS else None
+        for message in messages:
+            label = "" if target or field == NON_FIELD_ERRORS else f"{field}: "
+            form.add_error(target, f"{label}{message}")

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from fleetctl.core.api.fields import StrictCharField
+
+from fleetctl.fleet.models import HealthCheck, HealthTransition, Pool, PoolModel, Region
+
+
+class RegionSerializer(serializers.ModelSerializer):
+    pool_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Region
+        fields = ["id", "code", "name", "jurisdiction", "pool_count", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class PoolModelNestedSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = PoolModel
+        fields = ["id", "model_id", "revision", "quantisation", "weight_format",
+                  "max_context_tokens"]
+
+
+class PoolSerializer(serializers.ModelSerializer):
+    region = serializers.SlugRelatedField(slug_field="code", queryset=Region.objects.all())
+    jurisdiction = serializers.CharField(source="region.jurisdiction", read_only=True)
+    models = PoolModelNestedSerializer(many=True, read_only=True)
+    base_urls = serializers.ListField(
+        child=StrictCharField(max_length=300), min_length=1, max_length=16
+    )
+    labels = serializers.DictField(child=StrictCharField(max_length=200), required=False)
+    node_hourly_rate = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0)
+
+    class Meta:
+        model = Pool
+        fields = [
+            "id", "name", "runtime", "runtime_version", "accelerator", "region", "jurisdiction",
+            "base_urls", "latency_class", "max_context_tokens", "node_hourly_rate", "currency",
+            "labels", "models", "cost_per_1m_output_tokens", "cost_measured_at",
+            "health_state", "health_changed_at", "consecutive_failures", "last_probe_at",
+            "last_probe_latency_ms", "last_probe_error", "created_at", "updated_at",
+        ]
+        read_only_fields = [
+            "id", "cost_per_1m_output_tokens", "cost_measured_at", "health_state",
+            "health_changed_at", "consecutive_failures", "last_probe_at",
+            "last_probe_latency_ms", "last_probe_error", "created_at", "updated_at",
+        ]
+        # Uniqueness is checked by the service (full_clean) so the message is the same
+        # everywhere; DRF's own check would be a second, differently worded one.
+        extra_kwargs = {"name": {"validators": []}}
+
+
+class PoolModelSerializer(serializers.ModelSerializer):
+    pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all())
+
+    class Meta:
+        model = PoolModel
+        fields = ["id", "pool", "model_id", "revision", "quantisation", "weight_format",
+                  "max_context_tokens", "created_at"]
+        read_only_fields = ["id", "created_at"]
+        validators: list[Any] = []
+
+
+class HealthCheckSerializer(serializers.ModelSerializer):
+    pool = serializers.CharField(source="pool.name", read_only=True)
+
+    class Meta:
+        model = HealthCheck
+        fields = ["id", "pool", "checked_at", "ok", "status_code", "latency_ms", "error",
+                  "models_seen"]
+        read_only_fields = fields
+
+
+class HealthTransitionSerializer(serializers.ModelSerializer):
+    pool = serializers.CharField(source="pool.name", read_only=True)
+
+    class Meta:
+        model = HealthTransition
+        fields = ["id", "pool", "at", "from_state", "to_state", "reason"]
+        read_only_fields = fields

@@ -1,0 +1,233 @@
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.utils import timezone
+
+# Residency is decided by jurisdiction, never by region name. Codes are ISO-3166 alpha-2,
+# plus EU for the union's common regime.
+JURISDICTIONS: dict[str, str] = {
+    "AE": "United Arab Emirates", "AU": "Australia", "BR": "Brazil", "CA": "Canada",
+    "CH": "Switzerland", "CN": "China", "DE": "Germany", "EU": "European Union",
+    "FR": "France", "IN": "India", "JP": "Japan", "KR": "South Korea", "SA": "Saudi Arabia",
+    "SG": "Singapore", "UK": "United Kingdom", "US": "United States", "ZA": "South Africa",
+}
+CURRENCIES = ("USD", "EUR", "GBP", "INR", "JPY", "SGD", "CHF", "AUD", "CAD")
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9][a-z0-9-]{0,62}$",
+    "Use 1–63 lowercase letters, digits and hyphens, starting with a letter or digit.",
+)
+model_id_validator = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$",
+    "A model id is letters, digits and . _ : / @ + - (no spaces), as callers send it.",
+)
+
+
+def validate_base_urls(value: object) -> None:
+    from urllib.parse import urlsplit
+
+    if not isinstance(value, list) or not value:
+        raise ValidationError("Give at least one base URL, as a list.")
+    if len(value) > 16:
+        raise ValidationError("At most 16 base URLs per pool.")
+    for url in value:
+        if not isinstance(url, str) or len(url) > 300:
+            raise ValidationError(f"{url!r} is not a URL string of at most 300 characters.")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            raise ValidationError(f"{url!r}: only http:// and https:// endpoints are supported.")
+        if not parts.hostname:
+            raise ValidationError(f"{url!r} has no host name.")
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError as exc:
+            raise ValidationError(f"{url!r} has an invalid port.") from exc
+        if parts.query or parts.fragment:
+            raise ValidationError(f"{url!r}: a base URL takes no query or fragment.")
+    if len(set(value)) != len(value):
+        raise ValidationError("The same base URL is listed twice.")
+
+
+def validate_labels(value: object) -> None:
+    if not isinstance(value, dict):
+        raise ValidationError('Labels are an object of text keys and values, e.g. {"driver": "550"}.')
+    if len(value) > 50:
+        raise ValidationError("At most 50 labels.")
+    for key, item in value.items():
+        if not isinstance(item, str) or not key or len(key) > 63 or len(item) > 200:
+            raise ValidationError(
+                f"Label {key!r}: keys are 1–63 characters and values are text up to 200."
+            )
+
+
+class Region(models.Model):
+    code = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=100)
+    jurisdiction = models.CharField(
+        max_length=2, choices=sorted(JURISDICTIONS.items()),
+        help_text="Where data may legally be processed; residency pins match on this.",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["code"]
+
+    def __str__(self) -> str:
+        return f"{self.code} ({self.jurisdiction})"
+
+
+class Pool(models.Model):
+    class Runtime(models.TextChoices):
+        CUDA = "cuda", "NVIDIA CUDA"
+        ROCM = "rocm", "AMD ROCm"
+        TPU = "tpu", "Google TPU"
+        GAUDI = "gaudi", "Intel Gaudi"
+        OTHER = "other", "other"
+
+    class LatencyClass(models.TextChoices):
+        INTERACTIVE = "interactive", "interactive"
+        STANDARD = "standard", "standard"
+        BATCH = "batch", "batch"
+
+    class Health(models.TextChoices):
+        UNKNOWN = "unknown", "unknown"
+        HEALTHY = "healthy", "healthy"
+        UNHEALTHY = "unhealthy", "unhealthy"
+
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    runtime = models.CharField(max_length=8, choices=Runtime.choices)
+    runtime_version = models.CharField(max_length=64, blank=True)
+    accelerator = models.CharField(max_length=64, help_text="e.g. H200, MI300X, TPU v5e")
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="pools")
+    base_urls = models.JSONField(validators=[validate_base_urls])
+    latency_class = models.CharField(
+        max_length=12, choices=LatencyClass.choices, default=LatencyClass.STANDARD
+    )
+    max_context_tokens = models.PositiveIntegerField(validators=[MinValueValidator(256)])
+    node_hourly_rate = models.DecimalField(
+        max_digits=12, decimal_places=4, validators=[MinValueValidator(Decimal("0"))]
+    )
+    currency = models.CharField(max_length=3, choices=[(c, c) for c in CURRENCIES], default="USD")
+    labels = models.JSONField(default=dict, blank=True, validators=[validate_labels])
+
+    # Derived from the latest passing benchmark; never typed in (the benchmarks issue sets it).
+    cost_per_1m_output_tokens = models.DecimalField(
+        max_digits=14, decimal_places=4, null=True, blank=True, editable=False
+    )
+    cost_measured_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    # Health, kept on the row so lists never scan the history.
+    health_state = models.CharField(
+        max_length=10, choices=Health.choices, default=Health.UNKNOWN, editable=False
+    )
+    health_changed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    consecutive_failures = models.PositiveIntegerField(default=0, editable=False)
+    consecutive_successes = models.PositiveIntegerField(default=0, editable=False)
+    last_probe_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_probe_latency_ms = models.FloatField(null=True, blank=True, editable=False)
+    last_probe_error = models.TextField(blank=True, editable=False)
+
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(node_hourly_rate__gte=0), name="pool_rate_not_negative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def jurisdiction(self) -> str:
+        return self.region.jurisdiction
+
+
+class PoolModel(models.Model):
+    """A model a pool serves, with the revision and quantisation it serves it at."""
+
+    class Quantisation(models.TextChoices):
+        BF16 = "bf16", "bf16"
+        FP16 = "fp16", "fp16"
+        FP8 = "fp8", "fp8"
+        INT8 = "int8", "int8 (W8A8)"
+        INT4_AWQ = "int4-awq", "int4 AWQ"
+        INT4_GPTQ = "int4-gptq", "int4 GPTQ"
+        GGUF = "gguf", "GGUF"
+        OTHER = "other", "other"
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="models")
+    model_id = models.CharField(max_length=200, validators=[model_id_validator])
+    revision = models.CharField(max_length=100, blank=True, help_text="e.g. a commit hash")
+    quantisation = models.CharField(
+        max_length=12, choices=Quantisation.choices, default=Quantisation.BF16
+    )
+    weight_format = models.CharField(max_length=32, blank=True, help_text="e.g. safetensors")
+    max_context_tokens = models.PositiveIntegerField(validators=[MinValueValidator(256)])
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["pool__name", "model_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "model_id"], name="one_entry_per_pool_model"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model_id} on {self.pool.name}" if self.pool_id else self.model_id
+
+    def clean(self) -> None:
+        if self.pool_id and self.max_context_tokens and (
+            self.max_context_tokens > self.pool.max_context_tokens
+        ):
+            raise ValidationError({
+                "max_context_tokens": (
+                    f"{self.max_context_tokens} exceeds the pool's maximum context "
+                    f"({self.pool.max_context_tokens})."
+                )
+            })
+
+
+class HealthCheck(models.Model):
+    """One probe of one pool. Pruned after HEALTH_HISTORY_DAYS."""
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="health_checks")
+    checked_at = models.DateTimeField(default=timezone.now)
+    ok = models.BooleanField()
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    latency_ms = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    models_seen = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["-checked_at", "-id"]
+        indexes = [models.Index(fields=["pool", "-checked_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.pool_id} {'ok' if self.ok else 'fail'} at {self.checked_at:%H:%M:%S}"
+
+
+class HealthTransition(models.Model):
+    """A flip of a pool's health state: the history people ask about after an incident."""
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="health_transitions")
+    at = models.DateTimeField(default=timezone.now)
+    from_state = models.CharField(max_length=10, choices=Pool.Health.choices)
+    to_state = models.CharField(max_length=10, choices=Pool.Health.choices)
+    reason = models.TextField(blank=True)
+    health_check = models.ForeignKey(
+        HealthCheck, on_delete=models.SET_NULL, null=True, blank=True
+    )
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["pool", "-at"])]
+
+    def __str__(self) -> str:
+        return f"{self.pool_id}: {self.from_state} → {self.to_state}"

@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db.models import Count, Prefetch, Q, QuerySet
+from django.utils import timezone
+
+from fleetctl.fleet.models import HealthCheck, HealthTransition, Pool, PoolModel, Region
+
+
+def region_list() -> QuerySet[Region]:
+    return Region.objects.annotate(pool_count=Count("pools")).order_by("code")
+
+
+def pool_list() -> QuerySet[Pool]:
+    """Pools with everything a list shows, in a constant number of queries."""
+    return Pool.objects.select_related("region").prefetch_related(
+        Prefetch("models", queryset=PoolModel.objects.order_by("model_id"))
+    )
+
+
+def pool_ids_to_probe() -> QuerySet[Pool, int]:
+    return Pool.objects.order_by("pk").values_list("pk", flat=True)
+
+
+def pool_for_probe(*, pool_id: int) -> Pool | None:
+    return Pool.objects.only("pk", "base_urls").filter(pk=pool_id).first()
+
+
+def pool_get(*, name: str) -> Pool | None:
+    return pool_list().filter(name=name).first()
+
+
+def pool_model_list() -> QuerySet[PoolModel]:
+    return PoolModel.objects.select_related("pool", "pool__region")
+
+
+def health_check_list() -> QuerySet[HealthCheck]:
+    return HealthCheck.objects.select_related("pool")
+
+
+def health_transition_list() -> QuerySet[HealthTransition]:
+    return HealthTransition.objects.select_related("pool")
+
+
+def pool_health_history(*, pool: Pool, hours: int = 24, limit: int = 2000) -> list[HealthCheck]:
+    since = timezone.now() - timedelta(hours=hours)
+    rows = list(
+        HealthCheck.objects.filter(pool=pool, checked_at__gte=since)
+        .only("checked_at", "ok", "latency_ms", "status_code", "error")
+        .order_by("-checked_at")[:limit]
+    )
+    rows.reverse()
+    return rows
+
+
+@dataclass
+class FleetSummary:
+    pools: int
+    healthy: int
+    unhealthy: int
+    unknown: int
+    regions: int
+    jurisdictions: int
+
+
+def fleet_summary() -> FleetSummary:
+    counts = Pool.objects.aggregate(
+        pools=Count("pk"),
+        healthy=Count("pk", filter=Q(health_state=Pool.Health.HEALTHY)),
+        unhealthy=Count("pk", filter=Q(health_state=Pool.Health.UNHEALTHY)),
+        unknown=Count("pk", filter=Q(health_state=Pool.Health.UNKNOWN)),
+    )
+    regions = Region.objects.aggregate(
+        regions=Count("pk"), jurisdictions=Count("jurisdiction", distinct=True)
+    )
+    return FleetSummary(**counts, **regions)
+
+
+def pools_grouped(pools: QuerySet[Pool]) -> list[tuple[str, list[tuple[Region, list[Pool]]]]]:
+    """Overview layout: vendor/runtime → region → pools, all from one evaluated queryset."""
+    tree: dict[str, dict[int, tuple[Region, list[Pool]]]] = defaultdict(dict)
+    for pool in pools.order_by("runtime", "region__code", "name"):
+        regions = tree[pool.get_runtime_display()]
+        regions.setdefault(pool.region_id, (pool.region, []))[1].append(pool)
+    return [(vendor, list(regions.values())) for vendor, regions in tree.items()]
+
+
+# --- dashboard reads (appended for the web views) --------------------------------------------
+
+def pool_model_get(*, pool: Pool, entry_id: int) -> PoolModel | None:
+    return PoolModel.objects.filter(pool=pool, pk=entry_id).first()
+
+
+def pool_recent_transitions(*, pool: Pool, limit: int = 20) -> list[HealthTransition]:
+    return list(HealthTransition.objects.filter(pool=pool).order_by("-at", "-id")[:limit])
+
+
+def region_codes() -> list[str]:
+    """Region codes for the overview filter's suggestions (one query, no rows loaded)."""
+    return list(Region.objects.order_by("code").values_list("code", flat=True))
+
+
+def model_ids_served() -> list[str]:
+    """Every distinct model id some pool serves, for the overview filter's suggestions."""
+    return list(
+        PoolModel.objects.order_by("model_id").values_list("model_id", flat=True).distinct()
+    )

@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from fleetctl.accounts import roles
+from fleetctl.accounts.actor import Actor
+from fleetctl.audit.services import audit_record
+from fleetctl.core.crud import audited_create, audited_delete, audited_update, editable_fields
+from fleetctl.fleet.models import HealthCheck, HealthTransition, Pool, PoolModel, Region
+
+REGION_FIELDS = ["code", "name", "jurisdiction"]
+POOL_FIELDS = editable_fields(Pool)
+POOL_MODEL_FIELDS = ["model_id", "revision", "quantisation", "weight_format", "max_context_tokens"]
+
+
+# --- regions ---------------------------------------------------------------------------------
+
+def region_create(*, actor: Actor, code: str, name: str, jurisdiction: str) -> Region:
+    region = Region(code=code, name=name, jurisdiction=jurisdiction)
+    return audited_create(
+        actor=actor, permission=roles.FLEET_MANAGE, action="region.create", instance=region
+    )
+
+
+def region_update(*, actor: Actor, region: Region, **changes: Any) -> Region:
+    return audited_update(
+        actor=actor, permission=roles.FLEET_MANAGE, action="region.update", instance=region,
+        changes=changes, allowed=REGION_FIELDS,
+    )
+
+
+def region_delete(*, actor: Actor, region: Region) -> None:
+    audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="region.delete",
+                   instance=region)
+
+
+# --- pools -----------------------------------------------------------------------------------
+
+def pool_create(*, actor: Actor, **fields: Any) -> Pool:
+    unknown = set(fields) - set(POOL_FIELDS)
+    if unknown:
+        raise ValidationError({name: ["Unknown or read-only field."] for name in sorted(unknown)})
+    pool = Pool(**fields)
+    return audited_create(
+        actor=actor, permission=roles.FLEET_MANAGE, action="pool.create", instance=pool
+    )
+
+
+def pool_update(*, actor: Actor, pool: Pool, **changes: Any) -> Pool:
+    return audited_update(
+        actor=actor, permission=roles.FLEET_MANAGE, action="pool.update", instance=pool,
+        changes=changes, allowed=POOL_FIELDS,
+    )
+
+
+def pool_delete(*, actor: Actor, pool: Pool) -> None:
+    audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="pool.delete",
+                   instance=pool)
+
+
+def pool_model_create(*, actor: Actor, pool: Pool, **fields: Any) -> PoolModel:
+    entry = PoolModel(pool=pool, **fields)
+    return audited_create(
+        actor=actor, permission=roles.FLEET_MANAGE, action="pool_model.create", instance=entry
+    )
+
+
+def pool_model_update(*, actor: Actor, entry: PoolModel, **changes: Any) -> PoolModel:
+    # A full update (PUT) repeats the pool; only moving the entry to another pool is refused.
+    if "pool" in changes and changes["pool"] == entry.pool:
+        del changes["pool"]
+    return audited_update(
+        actor=actor, permission=roles.FLEET_MANAGE, action="pool_model.update", instance=entry,
+        changes=changes, allowed=POOL_MODEL_FIELDS,
+    )
+
+
+def pool_model_delete(*, actor: Actor, entry: PoolModel) -> None:
+    audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="pool_model.delete",
+                   instance=entry)
+
+
+def pool_set_cost(*, actor: Actor, pool: Pool, cost_per_1m: Any, measured_at: Any) -> Pool:
+    """Only the benchmarks service calls this: cost per 1M output tokens is derived, not typed."""
+    with transaction.atomic():
+        locked = Pool.objects.select_for_update().get(pk=pool.pk)
+        before = {"cost_per_1m_output_tokens": locked.cost_per_1m_output_tokens}
+        locked.cost_per_1m_output_tokens = cost_per_1m
+        locked.cost_measured_at = measured_at
+        locked.save(update_fields=["cost_per_1m_output_tokens", "cost_measured_at", "updated_at"])
+        audit_record(actor=actor, action="pool.cost_derived", target=locked, before=before,
+                     after={"cost_per_1m_output_tokens": cost_per_1m})
+    return locked
+
+
+# --- health ----------------------------------------------------------------------------------
+
+def pool_health_record(
+    *, pool_id: int, ok: bool, status_code: int | None, latency_ms: float | None,
+    error: str = "", models_seen: list[str] | None = None,
+) -> HealthCheck | None:
+    """Store one probe result and flip the pool's state after K failures or successes.
+
+    Runs under a row lock so two probes of one pool (a slow one and the next) count in order.
+    Returns None when the pool was deleted meanwhile.
+    """
+    failures_needed = settings.HEALTH_FAILURES_TO_UNHEALTHY
+    successes_needed = settings.HEALTH_SUCCESSES_TO_HEALTHY
+    now = timezone.now()
+    with transaction.atomic():
+        pool = Pool.objects.select_for_update().filter(pk=pool_id).first()
+        if pool is None:
+            return None
+        check = HealthCheck.objects.create(
+            pool=pool, checked_at=now, ok=ok, status_code=status_code, latency_ms=latency_ms,
+            error=error[:2000], models_seen=models_seen or [],
+        )
+        if ok:
+            pool.consecutive_successes += 1
+            pool.consecutive_failures = 0
+        else:
+            pool.consecutive_failures += 1
+            pool.consecutive_successes = 0
+        target = pool.health_state
+        if ok and pool.health_state != Pool.Health.HEALTHY and (
+            pool.consecutive_successes >= successes_needed
+            or pool.health_state == Pool.Health.UNKNOWN
+        ):
+            target = Pool.Health.HEALTHY
+        elif not ok and pool.health_state != Pool.Health.UNHEALTHY and (
+            pool.consecutive_failures >= failures_needed
+        ):
+            target = Pool.Health.UNHEALTHY
+        pool.last_probe_at = now
+        pool.last_probe_latency_ms = latency_ms
+        pool.last_probe_error = "" if ok else error[:2000]
+        update = ["consecutive_successes", "consecutive_failures", "last_probe_at",
+                  "last_probe_latency_ms", "last_probe_error"]
+        if target != pool.health_state:
+            _health_flip(pool=pool, to_state=target, check=check, now=now)
+            update += ["health_state", "health_changed_at"]
+        pool.save(update_fields=update)
+    return check
+
+
+def _health_flip(*, pool: Pool, to_state: str, check: HealthCheck, now: Any) -> None:
+    if to_state == Pool.Health.HEALTHY:
+        reason = f"{pool.consecutive_successes} consecutive successful probe(s)"
+    else:
+        reason = f"{pool.consecutive_failures} consecutive failed probes; last: {check.error}"
+    HealthTransition.objects.create(
+        pool=pool, at=now, from_state=pool.health_state, to_state=to_state, reason=reason,
+        health_check=check,
+    )
+    audit_record(
+        actor=Actor.for_system("health-probe"), action="pool.health_changed", target=pool,
+        before={"health_state": pool.health_state}, after={"health_state": to_state},
+        message=reason,
+    )
+    pool.health_state = to_state
+    pool.health_changed_at = now
+
+
+def health_history_prune(*, older_than_days: int | None = None) -> int:
+    days = older_than_days if older_than_days is not None else settings.HEALTH_HISTORY_DAYS
+    cutoff = timezone.now() - timedelta(days=days)
+    deleted, _ = HealthCheck.objects.filter(checked_at__lt=cutoff).delete()
+    return deleted

@@ -1,0 +1,1 @@
+# Plans, stages, gates, checks and approvals arrive with the plans issue.

@@ -1,0 +1,196 @@
+"""Shared fixtures. Tests talk to real PostgreSQL and Redis (see `make test`), and the
+`celery_worker` fixture starts a real Celery worker process against the test database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+from rest_framework.test import APIClient
+
+from fleetctl.accounts.actor import Actor
+from fleetctl.accounts.services import token_create_personal, token_create_service
+from fleetctl.fleet import services as fleet_services
+from fleetctl.fleet.models import Pool, Region
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEM = Actor.for_system("test")
+
+
+def pytest_report_header() -> list[str]:
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    return [f"fleetctl: database {db['ENGINE'].rsplit('.', 1)[-1]} {db.get('HOST', '')}"
+            f" broker {settings.CELERY_BROKER_URL}"]
+
+
+@pytest.fixture
+def system() -> Actor:
+    return SYSTEM
+
+
+@pytest.fixture
+def make_user(db: None) -> Callable[..., User]:
+    def make(username: str, *roles: str, password: str = "pw-for-tests-only") -> User:
+        user = User.objects.create_user(username=username, password=password)
+        # Role groups come from a data migration, which transactional tests' flush empties.
+        user.groups.set([Group.objects.get_or_create(name=role)[0] for role in roles])
+        return user
+
+    return make
+
+
+@pytest.fixture
+def region(db: None) -> Region:
+    return fleet_services.region_create(actor=SYSTEM, code="us-east", name="US East",
+                                        jurisdiction="US")
+
+
+@pytest.fixture
+def make_pool(db: None, region: Region) -> Callable[..., Pool]:
+    counter = {"n": 0}
+
+    def make(name: str | None = None, **overrides: Any) -> Pool:
+        counter["n"] += 1
+        fields: dict[str, Any] = {
+            "name": name or f"pool-{counter['n']}", "runtime": "cuda", "accelerator": "H200",
+            "region": region, "base_urls": [f"http://127.0.0.1:{9000 + counter['n']}"],
+            "max_context_tokens": 32768, "node_hourly_rate": "10.50",
+        }
+        fields.update(overrides)
+        return fleet_services.pool_create(actor=SYSTEM, **fields)
+
+    return make
+
+
+@pytest.fixture
+def api() -> APIClient:
+    return APIClient()
+
+
+@pytest.fixture
+def client_for(make_user: Callable[..., User]) -> Callable[..., APIClient]:
+    """An API client logged in (session) as a new user with the given roles."""
+
+    def make(*roles: str, username: str | None = None) -> APIClient:
+        user = make_user(username or "-".join(roles or ("norole",)), *roles)
+        client = APIClient()
+        client.force_login(user)
+        client.user = user  # type: ignore[attr-defined]
+        return client
+
+    return make
+
+
+@pytest.fixture
+def token_client(make_user: Callable[..., User]) -> Callable[..., APIClient]:
+    """An API client that authenticates with a bearer token (personal when roles are given)."""
+
+    seq = iter(range(1, 1000))
+
+    def make(scopes: list[str], *roles: str, service: bool = False) -> APIClient:
+        if service:
+            issued = token_create_service(actor=SYSTEM, name="bot", scopes=scopes)
+        else:
+            user = make_user(f"tok-{next(seq)}-{'-'.join(roles) or 'none'}", *roles)
+            issued = token_create_personal(actor=Actor(user=user), name="cli", scopes=scopes)
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.secret}")
+        client.token = issued.token  # type: ignore[attr-defined]
+        return client
+
+    return make
+
+
+# --- a real Celery worker --------------------------------------------------------------------
+
+def _worker_env(database_name: str) -> dict[str, str]:
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    env = dict(os.environ)
+    if db["ENGINE"].endswith("postgresql"):
+        user = db.get("USER") or "postgres"
+        env["DATABASE_URL"] = (
+            f"postgres://{user}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/"
+            f"{database_name}"
+        )
+    env["REDIS_URL"] = settings.REDIS_URL
+    env["HEALTH_PROBE_TIMEOUT_S"] = "2"
+    return env
+
+
+def _purge_broker() -> None:
+    from fleetctl.celery import app
+
+    with app.connection_for_write() as conn:
+        for queue in ("default", "push", "bench", "shadow"):
+            conn.default_channel.queue_purge(queue)
+
+
+@pytest.fixture(scope="session")
+def celery_worker_process(
+    django_db_setup: None, django_db_blocker: Any
+) -> Iterator[subprocess.Popen[bytes]]:
+    """One worker process for the session, consuming every queue, on the test database."""
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        name = connection.settings_dict["NAME"]
+    env = _worker_env(name)
+    _purge_broker()
+    log = open(ROOT / "var" / "test-worker.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "fleetctl", "worker", "-Q",
+         "default,push,bench,shadow", "-c", "2", "--pool", "threads", "-l", "INFO",
+         "--without-gossip", "--without-mingle", "-n", f"test-{os.getpid()}@%h"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    _wait_for_worker(proc)
+    yield proc
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+def _wait_for_worker(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    from fleetctl.celery import app
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"Celery worker exited with {proc.returncode}; see var/test-worker.log")
+        replies = app.control.ping(timeout=0.5)
+        if replies:
+            return
+    raise RuntimeError("Celery worker did not answer a ping within 30 s; see var/test-worker.log")
+
+
+@pytest.fixture
+def celery_worker(
+    celery_worker_process: subprocess.Popen[bytes], transactional_db: None
+) -> subprocess.Popen[bytes]:
+    """Use with tests whose data the worker must see (hence transactional_db)."""
+    return celery_worker_process
+
+
+def wait_until(predicate: Callable[[], Any], *, timeout_s: float = 20, every_s: float = 0.1,
+               what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
