@@ -1,0 +1,34 @@
+# The two commands of the README: `make demo` and `make test`. Everything else is a helper.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test install lint check-migrations clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,demo]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## demo: install, migrate, seed, and run web + worker + beat + embedded Redis + simulated fleet
+demo: install
+	$(BIN)/python -m fleetctl.devstack demo
+
+## test: the whole suite (PostgreSQL and Redis on their standard local ports, real Chromium)
+test: install check-migrations
+	$(BIN)/ruff check .
+	$(BIN)/python -m fleetctl.devstack test $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy fleetctl migrations_plan
+
+check-migrations: install
+	$(BIN)/python manage.py makemigrations --check --dry-run
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

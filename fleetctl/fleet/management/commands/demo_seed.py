@@ -1,0 +1,89 @@
+"""Seed the demo fleet: five regions in four jurisdictions, pools on four vendors (one
+primary and one candidate for the same model), and one person per role. Safe to re-run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.core.management.base import BaseCommand, CommandParser
+
+from fleetctl.accounts.actor import Actor
+from fleetctl.accounts.services import roles_ensure_groups, user_set_roles
+from fleetctl.fleet import services
+from fleetctl.fleet.models import Pool, PoolModel, Region
+
+REGIONS = [
+    ("us-east", "US East (Virginia)", "US"),
+    ("eu-west", "EU West (Ireland)", "EU"),
+    ("eu-central", "EU Central (Frankfurt)", "EU"),
+    ("in-west", "India West (Mumbai)", "IN"),
+    ("uk-south", "UK South (London)", "UK"),
+]
+MODEL = "llama-3.1-8b-instruct"
+# name, runtime, runtime version, accelerator, region, port offset, hourly rate, latency class,
+# labels, role in the demo
+POOLS: list[tuple[str, str, str, str, str, int, str, str, dict[str, str]]] = [
+    ("h200-us-east", "cuda", "vllm-0.11/cuda-12.8", "H200", "us-east", 1, "39.80",
+     "interactive", {"role": "primary", "driver": "570.86"}),
+    ("mi300x-us-east", "rocm", "vllm-0.11/rocm-6.4", "MI300X", "us-east", 2, "31.20",
+     "interactive", {"role": "candidate", "driver": "rocm-6.4"}),
+    ("tpu-v5e-eu-west", "tpu", "jetstream-0.3", "TPU v5e", "eu-west", 3, "9.60",
+     "standard", {"topology": "2x4"}),
+    ("a100-eu-central", "cuda", "vllm-0.11/cuda-12.4", "A100 80GB", "eu-central", 4, "14.70",
+     "batch", {"generation": "previous"}),
+    ("gaudi3-in-west", "gaudi", "tgi-gaudi-2.3", "Gaudi 3", "in-west", 5, "18.40",
+     "standard", {"driver": "1.20"}),
+]
+PEOPLE = [("admin", "admin"), ("lead", "platform-lead"), ("oncall", "on-call"),
+          ("viewer", "viewer")]
+
+
+class Command(BaseCommand):
+    help = "Create (or top up) the demo fleet and demo users. Idempotent."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--password", required=True, help="password for the demo users")
+        parser.add_argument("--sim-base-port", type=int, default=8100)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        actor = Actor.for_system("demo-seed")
+        for code, name, jurisdiction in REGIONS:
+            if not Region.objects.filter(code=code).exists():
+                services.region_create(actor=actor, code=code, name=name,
+                                       jurisdiction=jurisdiction)
+        for name, runtime, version, accel, region, offset, rate, latency, labels in POOLS:
+            pool = Pool.objects.filter(name=name).first()
+            url = f"http://127.0.0.1:{options['sim_base_port'] + offset}"
+            if pool is None:
+                pool = services.pool_create(
+                    actor=actor, name=name, runtime=runtime, runtime_version=version,
+                    accelerator=accel, region=Region.objects.get(code=region), base_urls=[url],
+                    latency_class=latency, max_context_tokens=32768, node_hourly_rate=rate,
+                    currency="USD", labels=labels,
+                )
+            elif pool.base_urls != [url]:
+                services.pool_update(actor=actor, pool=pool, base_urls=[url])
+            if not PoolModel.objects.filter(pool=pool, model_id=MODEL).exists():
+                services.pool_model_create(
+                    actor=actor, pool=pool, model_id=MODEL, revision="0e9e39f",
+                    quantisation="fp8" if runtime in ("cuda", "rocm") else "bf16",
+                    weight_format="safetensors", max_context_tokens=32768,
+                )
+        self._people(actor, options["password"])
+        self.stdout.write(f"demo fleet: {Pool.objects.count()} pools in "
+                          f"{Region.objects.count()} regions")
+
+    def _people(self, actor: Actor, password: str) -> None:
+        roles_ensure_groups()
+        for username, role in PEOPLE:
+            user = User.objects.filter(username=username).first()
+            if user is None:
+                user = User.objects.create_user(username=username, password=password)
+                user_set_roles(actor=actor, username=username, role_names=[role])
+            elif not user.check_password(password):
+                user.set_password(password)
+                user.save(update_fields=["password"])
+            if username == "admin" and not user.is_staff:
+                user.is_staff = True  # the Django admin is handy for people and roles
+                user.save(update_fields=["is_staff"])
