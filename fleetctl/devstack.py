@@ -205,8 +205,8 @@ def run_demo(host: str, port: int, sim_base_port: int) -> int:
                         "--sim-base-port", str(sim_base_port)], cwd=ROOT, env=env, check=True)
         sim_args = [f"{name}={profile}@{sim_base_port + offset}"
                     for name, profile, offset in DEMO_SIM_POOLS]
-        stack.start("sim", [PY, "-m", "fleetctl.sim", *sum([["--pool", a] for a in sim_args],
-                                                             [])], env)
+        pool_flags = [flag for arg in sim_args for flag in ("--pool", arg)]
+        stack.start("sim", [PY, "-m", "fleetctl.sim", *pool_flags], env)
         stack.start("worker", [PY, "-m", "celery", "-A", "fleetctl", "worker", "-l", "INFO",
                                "-Q", "default,push,bench,shadow", "-c", "2",
                                "--pool", "threads"], env)

@@ -119,7 +119,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": DATA_DIR / "fleetctl.sqlite3",
+            "NAME": str(DATA_DIR / "fleetctl.sqlite3"),
             # WAL lets the web server read while the worker writes; IMMEDIATE transactions and
             # a busy timeout make concurrent writers queue instead of failing with "locked".
             "OPTIONS": {
@@ -146,7 +146,6 @@ CACHES = {
 # --- Celery (the app lives in fleetctl/celery.py; queues and beat are declared there) ---
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
-CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 
 # --- fleet health probing ---
 HEALTH_PROBE_INTERVAL_S = env_int("HEALTH_PROBE_INTERVAL_S", 15)

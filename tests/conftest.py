@@ -170,7 +170,9 @@ def _wait_for_worker(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> No
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"Celery worker exited with {proc.returncode}; see var/test-worker.log")
+            raise RuntimeError(
+                f"Celery worker exited with {proc.returncode}; see var/test-worker.log"
+            )
         replies = app.control.ping(timeout=0.5)
         if replies:
             return

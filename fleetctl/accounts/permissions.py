@@ -15,9 +15,8 @@ def actor_from_request(request: Any) -> Actor:
     token = getattr(request, "auth", None)
     token = token if isinstance(token, ApiToken) else None
     user = getattr(request, "user", None)
-    if token is not None and token.kind == ApiToken.Kind.SERVICE:
-        user = None
-    elif user is not None and not getattr(user, "is_authenticated", False):
+    is_service = token is not None and token.kind == ApiToken.Kind.SERVICE
+    if is_service or not getattr(user, "is_authenticated", False):
         user = None
     return Actor(user=user, token=token, request_id=getattr(request, "request_id", ""))
 

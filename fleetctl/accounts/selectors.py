@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
@@ -20,7 +21,7 @@ def token_find_by_secret(*, secret: str) -> ApiToken | None:
     )
 
 
-def token_list_for_user(*, user: object) -> QuerySet[ApiToken]:
+def token_list_for_user(*, user: Any) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(kind=ApiToken.Kind.PERSONAL, user=user)
 
 

@@ -23,7 +23,9 @@ class OutboundResponse:
     content_type: str
 
 
-def http_get(url: str, *, timeout_s: float, headers: dict[str, str] | None = None) -> OutboundResponse:
+def http_get(
+    url: str, *, timeout_s: float, headers: dict[str, str] | None = None
+) -> OutboundResponse:
     started = time.monotonic()
     try:
         with httpx.Client(timeout=timeout_s, follow_redirects=False) as client:

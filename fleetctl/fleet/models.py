@@ -54,7 +54,9 @@ def validate_base_urls(value: object) -> None:
 
 def validate_labels(value: object) -> None:
     if not isinstance(value, dict):
-        raise ValidationError('Labels are an object of text keys and values, e.g. {"driver": "550"}.')
+        raise ValidationError(
+            'Labels are an object of text keys and values, e.g. {"driver": "550"}.'
+        )
     if len(value) > 50:
         raise ValidationError("At most 50 labels.")
     for key, item in value.items():

@@ -13,7 +13,7 @@ def pools_probe_due() -> int:
     interval = float(settings.HEALTH_PROBE_INTERVAL_S)
     pool_ids = list(selectors.pool_ids_to_probe())
     for pool_id in pool_ids:
-        pool_probe.apply_async(args=[pool_id], expires=interval)
+        pool_probe.apply_async(args=(pool_id,), expires=interval)
     return len(pool_ids)
 
 

@@ -16,7 +16,7 @@ class FakeEndpoint:
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 endpoint.requests.append(self.path)
                 if self.path == "/health" and not endpoint.has_health:
                     return self._send(404, {"detail": "not found"})

@@ -95,11 +95,14 @@ def test_a_real_worker_probes_every_pool_and_marks_the_dead_one_unhealthy(
 ):
     alive = make_pool(name="alive", base_urls=[endpoint.url])
     dead = make_pool(name="dead", base_urls=["http://127.0.0.1:9"])
-    for _ in range(settings.HEALTH_FAILURES_TO_UNHEALTHY):
+    for round_no in range(1, settings.HEALTH_FAILURES_TO_UNHEALTHY + 1):
         pools_probe_due.delay()
-        wait_until(lambda: HealthCheck.objects.filter(pool=dead).count() >= 1 + _
-                   and HealthCheck.objects.filter(pool=alive).count() >= 1 + _,
-                   what="a probe of each pool by the worker")
+
+        def probed_both(n: int = round_no) -> bool:
+            return (HealthCheck.objects.filter(pool=dead).count() >= n
+                    and HealthCheck.objects.filter(pool=alive).count() >= n)
+
+        wait_until(probed_both, what="a probe of each pool by the worker")
     alive.refresh_from_db()
     dead.refresh_from_db()
     assert alive.health_state == "healthy" and alive.last_probe_latency_ms

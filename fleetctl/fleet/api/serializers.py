@@ -5,7 +5,6 @@ from typing import Any
 from rest_framework import serializers
 
 from fleetctl.core.api.fields import StrictCharField
-
 from fleetctl.fleet.models import HealthCheck, HealthTransition, Pool, PoolModel, Region
 
 
@@ -51,7 +50,7 @@ class PoolSerializer(serializers.ModelSerializer):
         ]
         # Uniqueness is checked by the service (full_clean) so the message is the same
         # everywhere; DRF's own check would be a second, differently worded one.
-        extra_kwargs = {"name": {"validators": []}}
+        extra_kwargs: dict[str, Any] = {"name": {"validators": []}}
 
 
 class PoolModelSerializer(serializers.ModelSerializer):
