@@ -7,6 +7,7 @@ from rest_framework.request import Request
 
 from fleetctl.accounts.models import ApiToken
 from fleetctl.accounts.selectors import token_find_by_secret
+from fleetctl.accounts.services import token_touch
 
 
 class ServicePrincipal:
@@ -50,6 +51,7 @@ class TokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("This API token was revoked.")
         if not token.is_usable():
             raise exceptions.AuthenticationFailed("This API token has expired.")
+        token_touch(token=token)
         if token.kind == ApiToken.Kind.PERSONAL:
             if token.user is None or not token.user.is_active:
                 raise exceptions.AuthenticationFailed("The owner of this token is inactive.")
