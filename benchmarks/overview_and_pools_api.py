@@ -82,11 +82,11 @@ def populate(pools: int, health_rows: int) -> None:
     user.groups.set([Group.objects.get_or_create(name="viewer")[0]])
 
 
-def measure(client: object, url: str, runs: int) -> list[float]:
+def measure(client: object, url: str, runs: int, headers: dict[str, str]) -> list[float]:
     timings = []
     for i in range(runs + 5):
         started = time.perf_counter()
-        response = client.get(url)  # type: ignore[attr-defined]
+        response = client.get(url, headers=headers)  # type: ignore[attr-defined]
         elapsed = (time.perf_counter() - started) * 1000
         if response.status_code != 200:
             raise SystemExit(f"{url} answered {response.status_code}")
@@ -127,15 +127,19 @@ def main() -> None:
     print(f"{args.pools} pools, {args.health_rows} health rows, {args.runs} runs each "
           "(after 5 warm-up), DEBUG=0, PostgreSQL")
     print(f"{'endpoint':48} {'median ms':>10} {'p95 ms':>8}")
-    for label, url in [
-        ("overview page /", "/"),
-        ("overview tiles partial (htmx)", "/?partial=tiles"),
-        ("pools API /api/v1/pools/ (page of 50)", "/api/v1/pools/"),
-        ("pools API page_size=500", "/api/v1/pools/?page_size=500"),
-        ("pool detail /pools/pool-0001/", "/pools/pool-0001/"),
-        ("health API /api/v1/health-checks/?pool=…", "/api/v1/health-checks/?pool=pool-0001"),
+    htmx_tiles = {"HX-Request": "true", "HX-Target": "summary-tiles"}
+    htmx_pools = {"HX-Request": "true", "HX-Target": "pool-groups"}
+    for label, url, headers in [
+        ("overview page /", "/", {}),
+        ("overview tiles partial (htmx poll)", "/", htmx_tiles),
+        ("overview pool list partial (htmx poll)", "/", htmx_pools),
+        ("pools API /api/v1/pools/ (page of 50)", "/api/v1/pools/", {}),
+        ("pools API page_size=500", "/api/v1/pools/?page_size=500", {}),
+        ("pool detail /pools/pool-0001/", "/pools/pool-0001/", {}),
+        ("health API /api/v1/health-checks/?pool=…", "/api/v1/health-checks/?pool=pool-0001",
+         {}),
     ]:
-        timings = measure(client, url, args.runs)
+        timings = measure(client, url, args.runs, headers)
         print(f"{label:48} {statistics.median(timings):10.1f} {p95(timings):8.1f}", flush=True)
 
 

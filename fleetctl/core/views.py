@@ -67,3 +67,13 @@ def form_add_service_errors(form: forms.BaseForm, exc: ValidationError) -> None:
         for message in messages:
             label = "" if target or field == NON_FIELD_ERRORS else f"{field}: "
             form.add_error(target, f"{label}{message}")
+
+
+def filter_form_says_any(form: forms.BaseForm) -> None:
+    """An empty choice in a filter form means "any"; say so instead of "---------"."""
+    for field in form.fields.values():
+        # django-filter's choice fields prepend `empty_label` to their choices themselves.
+        if isinstance(field, forms.ChoiceField) and getattr(field, "empty_label", None):
+            field.empty_label = "any"  # type: ignore[attr-defined]
+            # The widget holds a copy of the choices made before this form existed.
+            field.widget.choices = field.choices  # type: ignore[attr-defined]

@@ -66,6 +66,15 @@ def validate_labels(value: object) -> None:
             )
 
 
+# Names that would collide with dashboard paths (/pools/new/).
+RESERVED_POOL_NAMES = frozenset({"new"})
+
+
+def validate_pool_name(value: str) -> None:
+    if value in RESERVED_POOL_NAMES:
+        raise ValidationError(f"{value!r} is reserved; pick another pool name.")
+
+
 class Region(models.Model):
     code = models.CharField(max_length=63, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=100)
@@ -100,7 +109,9 @@ class Pool(models.Model):
         HEALTHY = "healthy", "healthy"
         UNHEALTHY = "unhealthy", "unhealthy"
 
-    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    name = models.CharField(
+        max_length=63, unique=True, validators=[slug_validator, validate_pool_name]
+    )
     runtime = models.CharField(max_length=8, choices=Runtime.choices)
     runtime_version = models.CharField(max_length=64, blank=True)
     accelerator = models.CharField(max_length=64, help_text="e.g. H200, MI300X, TPU v5e")

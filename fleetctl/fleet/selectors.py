@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -79,10 +80,16 @@ def fleet_summary() -> FleetSummary:
     return FleetSummary(**counts, **regions)
 
 
-def pools_grouped(pools: QuerySet[Pool]) -> list[tuple[str, list[tuple[Region, list[Pool]]]]]:
-    """Overview layout: vendor/runtime → region → pools, all from one evaluated queryset."""
+def pools_for_overview(pools: QuerySet[Pool]) -> QuerySet[Pool]:
+    """The overview's order: vendor/runtime, then region, then name (pages keep groups whole
+    as far as a page allows)."""
+    return pools.order_by("runtime", "region__code", "name")
+
+
+def pools_grouped(pools: Iterable[Pool]) -> list[tuple[str, list[tuple[Region, list[Pool]]]]]:
+    """Overview layout: vendor/runtime → region → pools, from pools already in overview order."""
     tree: dict[str, dict[int, tuple[Region, list[Pool]]]] = defaultdict(dict)
-    for pool in pools.order_by("runtime", "region__code", "name"):
+    for pool in pools:
         regions = tree[pool.get_runtime_display()]
         regions.setdefault(pool.region_id, (pool.region, []))[1].append(pool)
     return [(vendor, list(regions.values())) for vendor, regions in tree.items()]

@@ -176,3 +176,10 @@ def test_list_endpoints_use_a_constant_number_of_queries(client_for, make_pool, 
     grow(30)
     large = {url: _list_queries(viewer, url) for url in urls}
     assert large == small
+
+
+def test_a_pool_may_not_be_named_like_a_dashboard_path(client_for, region):
+    lead = client_for("platform-lead")
+    response = lead.post("/api/v1/pools/", {**VALID_POOL, "name": "new"}, format="json")
+    assert response.status_code == 400
+    assert "reserved" in response.json()["error"]["fields"]["name"][0]

@@ -1,0 +1,246 @@
+"""Fleet dashboard: overview, pool detail and the registry forms.
+
+Function views that call selectors (reads) and services (writes). htmx asks for a block of the
+same page by targeting its id; the view then renders only that block's partial template.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.errors import DomainError
+from fleetctl.core.views import dashboard_view, filter_form_says_any, form_add_service_errors
+from fleetctl.fleet import charts, selectors, services
+from fleetctl.fleet.filters import PoolFilter
+from fleetctl.fleet.forms import PoolForm, PoolModelForm, RegionForm
+from fleetctl.fleet.models import Pool
+
+# The ids of the overview blocks htmx refreshes; the view picks the partial by HX-Target.
+TILES_ID = "summary-tiles"
+POOLS_ID = "pool-groups"
+RECENT_PROBES = 50
+OVERVIEW_PAGE_SIZE = 100
+CHART_HOURS = 24
+
+
+def _pool_or_404(name: str) -> Pool:
+    pool = selectors.pool_get(name=name)
+    if pool is None:
+        raise Http404(f"No pool named {name!r}.")
+    return pool
+
+
+def _refused(request: HttpRequest, exc: DomainError) -> int:
+    """Show a service's refusal (no permission, conflict, not found) as a message and answer
+    with its status. A form with field errors is re-rendered with 200, as Django does."""
+    messages.error(request, exc.message)
+    return exc.status_code
+
+
+# --- overview --------------------------------------------------------------------------------
+
+@dashboard_view
+@require_GET
+def overview(request: HttpRequest) -> HttpResponse:
+    summary = selectors.fleet_summary()
+    if request.htmx.target == TILES_ID:  # type: ignore[attr-defined]
+        return render(request, "fleet/_summary_tiles.html", {"summary": summary})
+    pool_filter = PoolFilter(request.GET or None, queryset=selectors.pool_list())
+    filter_form_says_any(pool_filter.form)
+    # A page of pools (one join + one prefetch of models, however many pools exist). A person
+    # reads a hundred rows, not a thousand; filters and the tiles cover the rest.
+    page = Paginator(selectors.pools_for_overview(pool_filter.qs), OVERVIEW_PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
+    groups = selectors.pools_grouped(page.object_list)
+    context: dict[str, Any] = {
+        "summary": summary,
+        "groups": groups,
+        "page": page,
+        "shown": page.paginator.count,
+        "filter": pool_filter,
+        "filtered": any(value for key, value in request.GET.items() if key != "page"),
+        # Rows link to `<pools_url><name>/`: one reverse() per page instead of one per pool.
+        "pools_url": reverse("fleet:pool-detail", args=["0"]).removesuffix("0/"),
+    }
+    if request.htmx.target == POOLS_ID:  # type: ignore[attr-defined]
+        return render(request, "fleet/_pool_groups.html", context)
+    context["region_codes"] = selectors.region_codes()
+    context["model_ids"] = selectors.model_ids_served()
+    return render(request, "fleet/overview.html", context)
+
+
+# --- pool detail -----------------------------------------------------------------------------
+
+def _render_pool_detail(
+    request: HttpRequest, pool: Pool, *, model_form: PoolModelForm, status: int = 200
+) -> HttpResponse:
+    now = timezone.now()
+    # Enough rows for a whole day at the configured probe interval, plus slack for retries.
+    day_of_probes = CHART_HOURS * 3600 // max(settings.HEALTH_PROBE_INTERVAL_S, 1) + 200
+    checks = selectors.pool_health_history(pool=pool, hours=CHART_HOURS, limit=day_of_probes)
+    figure = (
+        charts.figure_data(charts.probe_latency_figure(checks, until=now, hours=CHART_HOURS))
+        if checks else None
+    )
+    audit_query = urlencode({"object_type": pool._meta.label_lower, "object_id": pool.pk})
+    context = {
+        "pool": pool,
+        "served": list(pool.models.all()),
+        "model_form": model_form,
+        "figure": figure,
+        "probe_count": len(checks),
+        "failed_count": sum(1 for check in checks if not check.ok),
+        "recent_probes": list(reversed(checks[-RECENT_PROBES:])),
+        "transitions": selectors.pool_recent_transitions(pool=pool),
+        "audit_url": f"{reverse('audit:list')}?{audit_query}",
+        "api_checks_url": f"{reverse('api:health-check-list')}?{urlencode({'pool': pool.name})}",
+    }
+    return render(request, "fleet/pool_detail.html", context, status=status)
+
+
+@dashboard_view
+@require_GET
+def pool_detail(request: HttpRequest, name: str) -> HttpResponse:
+    pool = _pool_or_404(name)
+    return _render_pool_detail(request, pool, model_form=PoolModelForm(pool=pool))
+
+
+# --- pool forms ------------------------------------------------------------------------------
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def pool_create(request: HttpRequest) -> HttpResponse:
+    form = PoolForm(request.POST if request.method == "POST" else None)
+    status = 200
+    if request.method == "POST" and form.is_valid():
+        try:
+            pool = services.pool_create(
+                actor=actor_from_request(request), **form.cleaned_data
+            )
+        except ValidationError as exc:
+            form_add_service_errors(form, exc)
+        except DomainError as exc:
+            status = _refused(request, exc)
+        else:
+            messages.success(request, f"Registered pool {pool.name}.")
+            return redirect("fleet:pool-detail", name=pool.name)
+    return render(request, "fleet/pool_form.html", {"form": form, "pool": None}, status=status)
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def pool_edit(request: HttpRequest, name: str) -> HttpResponse:
+    pool = _pool_or_404(name)
+    form = PoolForm(request.POST if request.method == "POST" else None, pool=pool)
+    status = 200
+    if request.method == "POST" and form.is_valid():
+        try:
+            pool = services.pool_update(
+                actor=actor_from_request(request), pool=pool, **form.cleaned_data
+            )
+        except ValidationError as exc:
+            form_add_service_errors(form, exc)
+        except DomainError as exc:
+            status = _refused(request, exc)
+        else:
+            messages.success(request, f"Saved pool {pool.name}.")
+            return redirect("fleet:pool-detail", name=pool.name)
+    return render(request, "fleet/pool_form.html", {"form": form, "pool": pool}, status=status)
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def pool_delete(request: HttpRequest, name: str) -> HttpResponse:
+    pool = _pool_or_404(name)
+    status = 200
+    if request.method == "POST":
+        try:
+            services.pool_delete(actor=actor_from_request(request), pool=pool)
+        except DomainError as exc:
+            status = _refused(request, exc)
+        else:
+            messages.success(request, f"Deleted pool {name}.")
+            return redirect("fleet:overview")
+    return render(request, "fleet/pool_confirm_delete.html", {"pool": pool}, status=status)
+
+
+# --- served models ---------------------------------------------------------------------------
+
+@dashboard_view
+@require_POST
+def pool_model_add(request: HttpRequest, name: str) -> HttpResponse:
+    pool = _pool_or_404(name)
+    form = PoolModelForm(request.POST, pool=pool)
+    status = 200
+    if form.is_valid():
+        try:
+            entry = services.pool_model_create(
+                actor=actor_from_request(request), pool=pool, **form.cleaned_data
+            )
+        except ValidationError as exc:
+            form_add_service_errors(form, exc)
+        except DomainError as exc:
+            status = _refused(request, exc)
+        else:
+            messages.success(request, f"{pool.name} now serves {entry.model_id}.")
+            return redirect("fleet:pool-detail", name=pool.name)
+    return _render_pool_detail(request, pool, model_form=form, status=status)
+
+
+@dashboard_view
+@require_POST
+def pool_model_remove(request: HttpRequest, name: str, entry_id: int) -> HttpResponse:
+    pool = _pool_or_404(name)
+    entry = selectors.pool_model_get(pool=pool, entry_id=entry_id)
+    if entry is None:
+        messages.error(request, "That model was already removed from this pool.")
+        return redirect("fleet:pool-detail", name=pool.name)
+    try:
+        services.pool_model_delete(actor=actor_from_request(request), entry=entry)
+    except DomainError as exc:
+        _refused(request, exc)
+    else:
+        messages.success(request, f"{pool.name} no longer serves {entry.model_id}.")
+    return redirect("fleet:pool-detail", name=pool.name)
+
+
+# --- regions ---------------------------------------------------------------------------------
+
+@dashboard_view
+@require_GET
+def region_list(request: HttpRequest) -> HttpResponse:
+    regions = selectors.region_list().order_by("code")
+    return render(request, "fleet/region_list.html", {"regions": regions})
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def region_create(request: HttpRequest) -> HttpResponse:
+    form = RegionForm(request.POST if request.method == "POST" else None)
+    status = 200
+    if request.method == "POST" and form.is_valid():
+        try:
+            region = services.region_create(
+                actor=actor_from_request(request), **form.cleaned_data
+            )
+        except ValidationError as exc:
+            form_add_service_errors(form, exc)
+        except DomainError as exc:
+            status = _refused(request, exc)
+        else:
+            messages.success(request, f"Created region {region.code} ({region.jurisdiction}).")
+            return redirect("fleet:region-list")
+    return render(request, "fleet/region_form.html", {"form": form}, status=status)
