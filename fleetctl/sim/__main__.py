@@ -1,0 +1,8 @@
+"""`python -m fleetctl.sim ...` behaves like `fleetctl sim ...`."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,659 @@
+"""aiohttp routes for one simulated pool, and `serve()` for several in one event loop.
+
+Surface per pool port: OpenAI-compatible `/v1/models`, `/v1/chat/completions`,
+`/v1/completions`; `/health`; `/metrics`; and `/admin/*` (state, faults, reset,
+ground truth). Every error is an OpenAI error object; nothing answers with a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import logging
+import random
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, TextIO
+
+from aiohttp import HttpVersion11, web
+
+from .api import (
+    ApiError,
+    ChunkRenderer,
+    GenRequest,
+    ResponseMeta,
+    completion_body,
+    parse_chat,
+    parse_completion,
+    prompt_token_count,
+    resolve_max_tokens,
+)
+from .engine import (
+    Delta,
+    Engine,
+    EngineHooks,
+    PrefixCache,
+    QueueFull,
+    SeqParams,
+    Sequence,
+    StepRecord,
+)
+from .gcgovernor import GOVERNOR
+from .groundtruth import DEFAULT_REQUEST_CAPACITY, GroundTruth, RequestInfo, request_record
+from .metrics import CONTENT_TYPE, Gauges, PoolMetrics
+from .profiles import Profile
+from .textgen import TextKey, TokenStream
+
+log = logging.getLogger("fleetctl.sim")
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+LISTEN_BACKLOG = 2048
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One simulated pool: a name, an accelerator profile, a port (0 = any free port)."""
+
+    name: str
+    profile: Profile
+    port: int
+    models: tuple[str, ...] = ()  # empty: the profile's models
+
+    @property
+    def served_models(self) -> tuple[str, ...]:
+        return self.models or self.profile.models
+
+
+@dataclass
+class Faults:
+    error_rate: float = 0.0
+    added_latency_ms: float = 0.0
+    slowdown: float = 1.0
+    down: bool = False
+
+    def validated(self, data: Any) -> Faults:
+        """A new Faults with `data` applied, or ApiError(400) naming the bad field."""
+        if not isinstance(data, dict):
+            raise ApiError(400, "Expected a JSON object of fault settings.")
+        current = asdict(self)
+        for key, value in data.items():
+            if key not in current:
+                allowed = ", ".join(sorted(current))
+                raise ApiError(400, f"Unknown fault field '{key}' (allowed: {allowed}).",
+                               param=key)
+            current[key] = _check_fault(key, value)
+        return Faults(**current)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check_fault(key: str, value: Any) -> Any:
+    if key == "down":
+        if not isinstance(value, bool):
+            raise ApiError(400, "Invalid 'down': expected true or false.", param=key)
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ApiError(400, f"Invalid '{key}': expected a number.", param=key)
+    ok, expected = {
+        "error_rate": (0.0 <= value <= 1.0, "between 0 and 1"),
+        "added_latency_ms": (0.0 <= value <= 600_000, "between 0 and 600000"),
+        "slowdown": (1.0 <= value <= 1000.0, "between 1 and 1000"),
+    }[key]
+    if not ok:
+        raise ApiError(400, f"Invalid '{key}': expected a value {expected}, got {value!r}.",
+                       param=key)
+    return float(value)
+
+
+def error_response(err: ApiError, request_id: str | None = None) -> web.Response:
+    headers = {"x-request-id": request_id} if request_id else None
+    return web.json_response(err.body(), status=err.status, headers=headers)
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Map every failure to an OpenAI error object: never a traceback, never HTML."""
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return error_response(err)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status)
+        message = f"{exc.reason}: {request.method} {request.path}"
+        return error_response(ApiError(exc.status, message, code=code))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("sim: unexpected error handling %s %s", request.method, request.path)
+        return error_response(
+            ApiError(500, "The simulator had an internal error.", type="server_error")
+        )
+
+
+async def read_json(request: web.Request) -> Any:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise ApiError(413, f"Request body too large (max {MAX_BODY_BYTES} bytes).") from exc
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError as exc:
+        raise ApiError(
+            400,
+            "We could not parse the JSON body of your request. (HINT: This likely means you "
+            "aren't using your HTTP library correctly.)",
+        ) from exc
+
+
+def _down_error(reason: str = "pool is down") -> ApiError:
+    message = "The pool is down (simulated fault)." if reason == "pool is down" else (
+        f"The request was aborted: {reason}."
+    )
+    return ApiError(503, message, type="server_error", code="service_unavailable")
+
+
+class SimPool:
+    """One simulated pool: engine, metrics, ground truth, faults and its aiohttp app."""
+
+    def __init__(
+        self,
+        spec: PoolSpec,
+        *,
+        record_ground_truth: bool = False,
+        ground_truth_size: int = DEFAULT_REQUEST_CAPACITY,
+    ) -> None:
+        self.spec = spec
+        self.profile = spec.profile
+        self.models = spec.served_models
+        self.faults = Faults()
+        self.ground_truth = GroundTruth(enabled=record_ground_truth, capacity=ground_truth_size)
+        self.engine = Engine(spec.profile, pool_name=spec.name, hooks=self._hooks())
+        self.metrics = PoolMetrics(spec.name, self.models, Gauges(
+            running=lambda m: sum(1 for s in self.engine.running if s.model == m),
+            waiting=lambda m: sum(1 for s in self.engine.waiting if s.model == m),
+            kv_usage=self.engine.kv_usage,
+            lagging=lambda: self.engine.lag.lagging,
+        ))
+        self.app = self._build_app()
+        self.port = spec.port
+        self._runner: web.AppRunner | None = None
+        self._random = random.Random()
+        self._fingerprint = f"fp_sim_{spec.profile.name}"
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def start(self, host: str) -> int:
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, self.spec.port, backlog=LISTEN_BACKLOG)
+        await site.start()
+        self.port = self._runner.addresses[0][1]  # the real port when asked for port 0
+        self.engine.start()
+        return self.port
+
+    async def stop(self) -> None:
+        await self.engine.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def banner(self, host: str) -> str:
+        return (
+            f"sim pool {self.spec.name} ({self.profile.description}) on "
+            f"http://{host}:{self.port} models: {', '.join(self.models)}"
+        )
+
+    def _build_app(self) -> web.Application:
+        app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.prometheus)
+        app.router.add_get("/v1/models", self.list_models)
+        app.router.add_get("/v1/models/{model}", self.get_model)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/admin/state", self.admin_state)
+        app.router.add_post("/admin/faults", self.admin_faults)
+        app.router.add_post("/admin/reset", self.admin_reset)
+        app.router.add_get("/admin/ground-truth", self.admin_ground_truth)
+        app.router.add_post("/admin/ground-truth", self.admin_ground_truth_set)
+        app.router.add_delete("/admin/ground-truth", self.admin_ground_truth_clear)
+        return app
+
+    # ---- engine hooks (metrics and ground truth) ---------------------------------------
+
+    def _hooks(self) -> EngineHooks:
+        return EngineHooks(
+            on_step=self._on_step,
+            on_admit=self._on_admit,
+            on_tokens=self._on_tokens,
+            on_finish=self._on_finish,
+            on_flush=self._on_flush,
+        )
+
+    def _on_step(self, step: StepRecord, lag: float) -> None:
+        self.metrics.schedule_lag.observe(lag)
+        if self.ground_truth.enabled:
+            self.ground_truth.add_step(step)
+
+    def _on_flush(self, step: StepRecord) -> None:
+        if step.flush_s is not None:
+            self.metrics.flush.observe(step.flush_s)
+
+    def _on_admit(self, seq: Sequence, cached: int) -> None:
+        stats = self.metrics.by_model[seq.model]
+        stats.prefix_queries += seq.params.prompt_tokens
+        stats.prefix_hits += cached
+        if seq.preemptions == 0:
+            stats.prompt_tokens += seq.params.prompt_tokens
+            stats.queue.observe((seq.admitted or seq.enqueued) - seq.enqueued)
+
+    def _on_tokens(self, seqs: list[Sequence], now: float) -> None:
+        by_model = self.metrics.by_model
+        for seq in seqs:
+            stats = by_model[seq.model]
+            stats.generation_tokens += 1
+            if seq.generated == 1:
+                stats.ttft.observe(now - seq.arrival)
+            elif seq.prev_token_at is not None:
+                stats.tpot.observe(now - seq.prev_token_at)
+
+    def _on_finish(self, seq: Sequence) -> None:
+        if seq.finish_reason is not None:
+            stats = self.metrics.by_model[seq.model]
+            stats.success[seq.finish_reason] += 1
+            stats.e2e.observe((seq.finished_at or seq.arrival) - seq.arrival)
+        info = seq.request_info
+        if self.ground_truth.enabled and isinstance(info, RequestInfo) and not info.recorded:
+            info.recorded = True
+            status = 200 if seq.error is None else 499 if seq.error.startswith("client") else 503
+            self.ground_truth.add_request(
+                request_record(info, seq, status=status, error=seq.error)
+            )
+
+    # ---- plain routes ------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.faults.down:
+            return web.json_response({"status": "down"}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    def _model_card(self, model: str) -> dict[str, Any]:
+        return {
+            "id": model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "fleetctl-sim",
+            "max_model_len": self.profile.max_context,
+        }
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        if self.faults.down:
+            raise _down_error()
+        return web.json_response(
+            {"object": "list", "data": [self._model_card(m) for m in self.models]}
+        )
+
+    async def get_model(self, request: web.Request) -> web.Response:
+        if self.faults.down:
+            raise _down_error()
+        model = request.match_info["model"]
+        self._check_model(model)
+        return web.json_response(self._model_card(model))
+
+    def _check_model(self, model: str) -> None:
+        if model not in self.models:
+            raise ApiError(404, f"The model `{model}` does not exist.", param="model",
+                           code="model_not_found")
+
+    # ---- generation --------------------------------------------------------------------
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completions")
+
+    async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        arrival = time.monotonic()
+        request_id = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex}"
+        prefix = "chatcmpl-" if endpoint == "chat" else "cmpl-"
+        info = RequestInfo(request_id=request_id, response_id=prefix + uuid.uuid4().hex,
+                           endpoint=endpoint, model="", stream=False, arrival_mono=arrival)
+        try:
+            return await self._generate_checked(request, info)
+        except ApiError as err:
+            if self.ground_truth.enabled and not info.recorded:
+                info.recorded = True
+                self.ground_truth.add_request(
+                    request_record(info, None, status=err.status, error=err.message)
+                )
+            return error_response(err, request_id)
+
+    async def _generate_checked(
+        self, request: web.Request, info: RequestInfo
+    ) -> web.StreamResponse:
+        if self.faults.down:
+            raise _down_error()
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "Invalid request body: expected a JSON object.")
+        req = parse_chat(body) if info.endpoint == "chat" else parse_completion(body)
+        info.model, info.stream = req.model, req.stream
+        self._check_model(req.model)
+        prompt_tokens = prompt_token_count(req)
+        max_tokens = resolve_max_tokens(req, prompt_tokens, self.profile.max_context)
+        await self._network_delay()
+        self._maybe_inject_error()
+        seq = self._sequence(req, info, prompt_tokens, max_tokens)
+        try:
+            self.engine.submit(seq, time.monotonic())
+        except QueueFull:
+            raise ApiError(429, "The pool's waiting queue is full; retry later.",
+                           type="rate_limit_error", code="rate_limit_exceeded") from None
+        meta = ResponseMeta(response_id=info.response_id, created=int(time.time()),
+                            model=req.model, fingerprint=self._fingerprint,
+                            endpoint=info.endpoint, prompt_tokens=prompt_tokens)
+        if req.stream:
+            return await self._stream(request, req, seq, meta)
+        return await self._complete(req, seq, meta)
+
+    async def _network_delay(self) -> None:
+        delay_ms = self.profile.network_latency_ms + self.faults.added_latency_ms
+        if delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000.0)
+        if self.faults.down:  # it may have gone down while the request was in flight
+            raise _down_error()
+
+    def _maybe_inject_error(self) -> None:
+        rate = self.faults.error_rate
+        if rate > 0 and self._random.random() < rate:
+            raise ApiError(500, "Injected fault: simulated internal server error.",
+                           type="server_error", code="internal_error")
+
+    def _sequence(
+        self, req: GenRequest, info: RequestInfo, prompt_tokens: int, max_tokens: int
+    ) -> Sequence:
+        profile = self.profile
+        stream = TokenStream(
+            key=TextKey.of(req.model, req.prompt_text, req.seed),
+            profile_name=profile.name,
+            divergence_rate=profile.divergence_rate,
+            near_tie_fraction=profile.near_tie_fraction,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_logprobs=req.top_logprobs,
+        )
+        params = SeqParams(
+            model=req.model,
+            prompt_tokens=prompt_tokens,
+            prefix_hashes=PrefixCache.block_hashes(req.model, req.prompt_tokens),
+            max_tokens=max_tokens,
+            stops=req.stops,
+            ignore_eos=req.ignore_eos,
+        )
+        seq = Sequence(params, stream, arrival=info.arrival_mono)
+        seq.request_info = info
+        if self.ground_truth.enabled:
+            seq.token_times = []
+        return seq
+
+    async def _complete(self, req: GenRequest, seq: Sequence, meta: ResponseMeta) -> web.Response:
+        try:
+            deltas = await seq.wait_done()
+        finally:
+            self.engine.cancel(seq)  # no-op when it finished; frees it if we were cancelled
+        if seq.error is not None or seq.finish_reason is None:
+            raise _down_error(seq.error or "aborted")
+        body = completion_body(meta, deltas, seq.finish_reason, seq.cached_tokens,
+                               with_logprobs=req.top_logprobs is not None)
+        return web.json_response(body, headers={"x-request-id": _request_id(seq)})
+
+    async def _stream(
+        self, request: web.Request, req: GenRequest, seq: Sequence, meta: ResponseMeta
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "x-request-id": _request_id(seq),
+        })
+        renderer = ChunkRenderer(meta, req.include_usage, req.top_logprobs is not None)
+        transport = request.transport
+        direct = request.version >= HttpVersion11 and transport is not None
+        if direct:
+            response.enable_chunked_encoding()
+        try:
+            await response.prepare(request)
+            await response.write(b"")  # headers now: the client knows it was accepted
+            if direct and transport is not None:
+                seq.attach_sink(DirectStream(transport, renderer, seq).push)
+                await seq.wait_done()
+            else:
+                await self._stream_via_task(response, renderer, seq)
+            if seq.error is not None and not seq.error.startswith("client"):
+                await response.write(ChunkRenderer.error_event(_down_error(seq.error)))
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client left; the sequence is cancelled below
+        finally:
+            self.engine.cancel(seq)
+        return response
+
+    @staticmethod
+    async def _stream_via_task(
+        response: web.StreamResponse, renderer: ChunkRenderer, seq: Sequence
+    ) -> None:
+        """Fallback (HTTP/1.0): this task is woken per token and writes through aiohttp."""
+        seq.wake_each_token = True
+        while True:
+            deltas = await seq.next_output()
+            if deltas:
+                data = renderer.render(deltas, seq.cached_tokens)
+                if data:
+                    await response.write(data)
+            if seq.done and not seq.pending:
+                return
+
+    # ---- admin -------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        engine = self.engine
+        lag = engine.lag
+        return {
+            "pool": self.spec.name,
+            "port": self.port,
+            "profile": self.profile.as_dict(),
+            "models": list(self.models),
+            "faults": self.faults.as_dict(),
+            "engine": {
+                "running": len(engine.running),
+                "waiting": len(engine.waiting),
+                "kv_used_tokens": engine.kv_used,
+                "kv_capacity_tokens": self.profile.kv_cache_tokens,
+                "kv_usage": engine.kv_usage(),
+                "prefix_cache_blocks": len(engine.prefix_cache),
+                "steps": engine.steps,
+                "preemptions": engine.preemptions,
+            },
+            "schedule_lag": {
+                "lagging": lag.lagging,
+                "lagging_episodes": lag.episodes,
+                "window_steps": len(lag.window),
+                "p99_ms": lag.p99() * 1000.0,
+                "max_ms": max(lag.window, default=0.0) * 1000.0,
+            },
+            "gc": GOVERNOR.stats(),
+            "ground_truth": {
+                "enabled": self.ground_truth.enabled,
+                "capacity": self.ground_truth.capacity,
+                "requests": len(self.ground_truth.requests),
+                "steps": len(self.ground_truth.steps),
+            },
+        }
+
+    async def admin_state(self, request: web.Request) -> web.Response:
+        return web.json_response(self.state())
+
+    async def admin_faults(self, request: web.Request) -> web.Response:
+        self.apply_faults(self.faults.validated(await read_json(request)))
+        return web.json_response({"pool": self.spec.name, "faults": self.faults.as_dict()})
+
+    async def admin_reset(self, request: web.Request) -> web.Response:
+        self.apply_faults(Faults())
+        return web.json_response({"pool": self.spec.name, "faults": self.faults.as_dict()})
+
+    def apply_faults(self, faults: Faults) -> None:
+        going_down = faults.down and not self.faults.down
+        self.faults = faults
+        self.engine.slowdown = faults.slowdown
+        if going_down:
+            self.engine.abort_all("pool is down")
+        log.info("sim pool %s faults: %s", self.spec.name, faults.as_dict())
+
+    async def admin_ground_truth(self, request: web.Request) -> web.Response:
+        since = _query_int(request, "since", 0)
+        limit = _query_int(request, "limit", None)
+        kind = request.query.get("kind", "all")
+        if kind not in ("all", "requests", "steps"):
+            raise ApiError(400, "Invalid 'kind': expected all, requests or steps.", param="kind")
+        return web.json_response(self.ground_truth.read(since=since or 0, limit=limit, kind=kind))
+
+    async def admin_ground_truth_set(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        if not isinstance(body, dict) or not set(body) <= {"enabled", "clear", "capacity"}:
+            raise ApiError(400, "Expected a JSON object with 'enabled' (bool), 'clear' (bool) "
+                           "and/or 'capacity' (int >= 1).")
+        enabled, clear, capacity = body.get("enabled"), body.get("clear"), body.get("capacity")
+        if enabled is not None and not isinstance(enabled, bool):
+            raise ApiError(400, "Invalid 'enabled': expected true or false.", param="enabled")
+        if clear is not None and not isinstance(clear, bool):
+            raise ApiError(400, "Invalid 'clear': expected true or false.", param="clear")
+        if capacity is not None and (
+            isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1
+        ):
+            raise ApiError(400, "Invalid 'capacity': expected an integer >= 1.",
+                           param="capacity")
+        if enabled is not None:
+            self.ground_truth.enabled = enabled
+        if clear:
+            self.ground_truth.clear()
+        if capacity is not None:
+            self.ground_truth.resize(capacity)
+        return web.json_response(self.state()["ground_truth"])
+
+    async def admin_ground_truth_clear(self, request: web.Request) -> web.Response:
+        self.ground_truth.clear()
+        return web.json_response(self.state()["ground_truth"])
+
+
+class DirectStream:
+    """Writes a stream's SSE chunks from inside the scheduler step, straight to the socket.
+
+    Waking one writer task per stream per step costs more than the write itself; with a few
+    hundred streams that burst is what delays the next step. The response has been
+    prepared with chunked transfer encoding and its headers sent, so each chunk is framed
+    here (size in hex, CRLF) exactly as aiohttp would, and `write_eof()` ends it normally.
+    """
+
+    MAX_BUFFERED_BYTES = 8 * 1024 * 1024
+
+    def __init__(self, transport: asyncio.BaseTransport, renderer: ChunkRenderer,
+                 seq: Sequence) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        self.transport = transport
+        self.renderer = renderer
+        self.seq = seq
+
+    def push(self, delta: Delta) -> None:
+        data = self.renderer.render_one(delta, self.seq.cached_tokens)
+        if not data:
+            return
+        transport = self.transport
+        if transport.is_closing():
+            self.seq.abort("client disconnected")
+        elif transport.get_write_buffer_size() > self.MAX_BUFFERED_BYTES:
+            self.seq.abort("client not reading its stream")
+        else:
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+
+def _request_id(seq: Sequence) -> str:
+    info = seq.request_info
+    return info.request_id if isinstance(info, RequestInfo) else ""
+
+
+def _query_int(request: web.Request, name: str, default: int | None) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ApiError(400, f"Invalid '{name}': expected an integer.", param=name) from None
+
+
+# ---- serving several pools in one loop ------------------------------------------------
+
+
+async def serve_async(
+    pools: list[PoolSpec],
+    host: str = "127.0.0.1",
+    *,
+    record_ground_truth: bool = False,
+    ground_truth_size: int = DEFAULT_REQUEST_CAPACITY,
+    out: TextIO = sys.stdout,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run every pool until SIGINT/SIGTERM (or `stop` is set)."""
+    loop = asyncio.get_running_loop()
+    stop = stop or asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        # Not possible outside the main thread (embedded use); the caller's `stop` then rules.
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    sims = [
+        SimPool(spec, record_ground_truth=record_ground_truth, ground_truth_size=ground_truth_size)
+        for spec in pools
+    ]
+    started: list[SimPool] = []
+    try:
+        for sim in sims:
+            await sim.start(host)
+            started.append(sim)
+            print(sim.banner(host), file=out, flush=True)
+        # Start-up objects live for the whole run; keep the collector from rescanning them.
+        gc.collect()
+        gc.freeze()
+        GOVERNOR.install()
+        await stop.wait()
+    finally:
+        GOVERNOR.uninstall()
+        for sim in started:
+            await sim.stop()
+
+
+def serve(
+    pools: list[PoolSpec],
+    host: str = "127.0.0.1",
+    *,
+    record_ground_truth: bool = False,
+    ground_truth_size: int = DEFAULT_REQUEST_CAPACITY,
+) -> None:
+    """Blocking entrypoint: serve `pools` on `host` until SIGINT or SIGTERM."""
+    asyncio.run(serve_async(
+        pools, host, record_ground_truth=record_ground_truth,
+        ground_truth_size=ground_truth_size,
+    ))

@@ -1,0 +1,179 @@
+"""Running the simulator as a real process (`python -m fleetctl.sim --pool ...`) in tests.
+
+Pools listen on port 0 (a free port each); `SimProcess` reads the start-up banners to learn
+the URLs, then waits for `/health`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "llama-3.1-8b-instruct"
+
+# Small, fast profiles so the suite runs in seconds on 2 cores. Steps of a few ms keep
+# requests short; the pools that test queueing and prefill are slowed down on purpose.
+TEST_PROFILES = """
+[profiles.quick]
+base = "h200"
+decode_base_ms = 2.0
+decode_per_seq_ms = 0.01
+network_latency_ms = 0.0
+divergence_rate = 0.0
+max_context = 4096
+kv_cache_tokens = 400000
+
+[profiles.quick-twin]
+base = "mi300x"
+decode_base_ms = 3.0
+decode_per_seq_ms = 0.01
+network_latency_ms = 0.0
+divergence_rate = 0.0
+max_context = 4096
+
+[profiles.diverging]
+base = "quick"
+divergence_rate = 0.25
+near_tie_fraction = 0.5
+
+[profiles.tie]
+base = "quick"
+divergence_rate = 1.0
+near_tie_fraction = 1.0
+
+[profiles.flip]
+base = "quick"
+divergence_rate = 1.0
+near_tie_fraction = 0.0
+
+[profiles.narrow]
+base = "quick"
+decode_base_ms = 20.0
+max_seqs = 2
+max_waiting = 64
+
+[profiles.small]
+base = "quick"
+decode_base_ms = 20.0
+max_seqs = 1
+max_waiting = 1
+
+[profiles.prefill]
+base = "quick"
+prefill_tokens_per_s = 4000.0
+"""
+
+FLEET_POOLS = {
+    "ref": "quick",
+    "twin": "quick-twin",
+    "div": "diverging",
+    "tie": "tie",
+    "flip": "flip",
+    "narrow": "narrow",
+    "small": "small",
+    "cache": "prefill",
+    "faulty": "quick",
+    "gt": "quick",
+    "metrics": "quick",
+}
+
+
+class SimProcess:
+    """A running `python -m fleetctl.sim` and the URL of each of its pools."""
+
+    def __init__(self, args: list[str], expected_pools: int, log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetctl.sim", *args],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.banners: list[str] = []
+        self.urls: dict[str, str] = {}
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self._read_banners(expected_pools)
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def _read_banners(self, expected: int, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.banners) < expected:
+            try:
+                line = self._lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"simulator did not start: {self.log()}") from None
+            if line is None:
+                raise RuntimeError(f"simulator exited: {self.log()}")
+            self.banners.append(line)
+            name = line.split()[2]
+            self.urls[name] = line.split(" on ")[1].split()[0]
+        for url in self.urls.values():
+            _wait_healthy(url, deadline)
+
+    def url(self, pool: str) -> str:
+        return self.urls[pool]
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def _wait_healthy(url: str, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} never became healthy")
+
+
+def run_cli(*args: str, timeout_s: float = 20.0) -> subprocess.CompletedProcess[str]:
+    """`python -m fleetctl.sim ARGS` to completion (for commands that exit by themselves)."""
+    return subprocess.run(
+        [sys.executable, "-m", "fleetctl.sim", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
+    )
+
+
+def client(url: str, timeout_s: float = 30.0) -> openai.OpenAI:
+    # No retries: a test must see the simulator's first answer (429, 500, 503...).
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="sim", max_retries=0, timeout=timeout_s)
+
+
+def async_client(url: str, timeout_s: float = 30.0) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=f"{url}/v1", api_key="sim", max_retries=0, timeout=timeout_s
+    )
