@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import heapq
 import logging
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,6 +86,9 @@ class Sequence:
         # Whatever the HTTP layer needs back in engine callbacks (ground-truth identity).
         self.request_info: object | None = None
         self.token_times: list[float] | None = None
+        # When each streamed token's chunk was handed to the kernel: a step writes its
+        # sequences one after another, so a late sequence's token leaves after its step time.
+        self.written_times: list[float] | None = None
         self.cached_tokens = 0
         self.generated = 0
         self.kv_tokens = 0
@@ -127,6 +131,8 @@ class Sequence:
             self.done = True
         if self.sink is not None:
             self.sink(delta)
+            if self.written_times is not None:
+                self.written_times.append(time.monotonic())
         else:
             self.pending.append(delta)
         if finish is not None or self.wake_each_token:

@@ -141,6 +141,8 @@ def _sequence_fields(seq: Sequence, info: RequestInfo) -> dict[str, Any]:
         "finished_mono": seq.finished_at,
         "token_times_mono": times,
         "token_times_wall": [t + info.wall_offset for t in times],
+        # Streaming only: when each token's chunk went to the socket (step time + its turn).
+        "token_written_mono": seq.written_times or [],
         "prompt_tokens": seq.params.prompt_tokens,
         "cached_tokens": seq.cached_tokens,
         "completion_tokens": seq.generated,

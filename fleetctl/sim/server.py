@@ -409,6 +409,7 @@ class SimPool:
         seq.request_info = info
         if self.ground_truth.enabled:
             seq.token_times = []
+            seq.written_times = []
         return seq
 
     async def _complete(self, req: GenRequest, seq: Sequence, meta: ResponseMeta) -> web.Response:
