@@ -5,7 +5,6 @@ not put in the session, and the page is never cached."""
 from __future__ import annotations
 
 from django.contrib import messages
-from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
@@ -14,8 +13,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from fleetctl.accounts import roles, selectors, services
 from fleetctl.accounts.forms import TokenCreateForm
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.core.errors import DomainError
-from fleetctl.core.views import dashboard_view, form_add_service_errors
+from fleetctl.core.views import Outcome, call_service, dashboard_view
 
 
 @dashboard_view
@@ -24,25 +22,18 @@ from fleetctl.core.views import dashboard_view, form_add_service_errors
 def tokens(request: HttpRequest) -> HttpResponse:
     actor = actor_from_request(request)
     form = TokenCreateForm(request.POST if request.method == "POST" else None)
-    issued: services.IssuedToken | None = None
-    status = 200
+    done: Outcome[services.IssuedToken] = Outcome()
     if request.method == "POST" and form.is_valid():
-        try:
-            issued = services.token_create_personal(
-                actor=actor, name=form.cleaned_data["name"],
-                scopes=form.cleaned_data["scopes"], expires_at=form.expiry(),
-            )
-        except ValidationError as exc:
-            form_add_service_errors(form, exc)
-        except DomainError as exc:
-            messages.error(request, exc.message)
-            status = exc.status_code
-        else:
+        done = call_service(request, lambda: services.token_create_personal(
+            actor=actor, name=form.cleaned_data["name"],
+            scopes=form.cleaned_data["scopes"], expires_at=form.expiry(),
+        ), form=form)
+        if done.result is not None:
             form = TokenCreateForm()
     role_permissions = roles.permissions_for_roles(actor.roles)
     context = {
         "form": form,
-        "issued": issued,
+        "issued": done.result,
         "tokens": selectors.token_list_for_user(user=request.user),
         "granted_scopes": [
             scope for scope in roles.SCOPES
@@ -50,16 +41,14 @@ def tokens(request: HttpRequest) -> HttpResponse:
         ],
         "fleetctl_url": request.build_absolute_uri("/").rstrip("/"),
     }
-    return render(request, "accounts/tokens.html", context, status=status)
+    return render(request, "accounts/tokens.html", context, status=done.status)
 
 
 @dashboard_view
 @require_POST
 def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
-    try:
-        token = services.token_revoke(actor=actor_from_request(request), token_id=token_id)
-    except DomainError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, f"Revoked token {token.name} ({token.prefix}…).")
+    actor = actor_from_request(request)
+    token = call_service(request, lambda: services.token_revoke(actor=actor, token_id=token_id))
+    if token.result is not None:
+        messages.success(request, f"Revoked token {token.result.name} ({token.result.prefix}…).")
     return redirect("accounts:tokens")

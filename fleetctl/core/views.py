@@ -4,10 +4,12 @@ form errors. Views stay thin callers of selectors and services; this is the glue
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import wraps
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from django import forms
+from django.contrib import messages as django_messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
@@ -17,7 +19,7 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from fleetctl.accounts import roles
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.core.errors import PermissionDeniedError
+from fleetctl.core.errors import DomainError, PermissionDeniedError
 
 View = TypeVar("View", bound=Callable[..., HttpResponseBase])
 
@@ -53,6 +55,36 @@ def dashboard_view(view: View) -> View:
         return signed_in(request, *args, **kwargs)
 
     return cast(View, guarded)
+
+
+T = TypeVar("T")
+
+
+@dataclass
+class Outcome(Generic[T]):
+    """What a dashboard write came to: the service's result, or the status to answer with."""
+
+    result: T | None = None
+    status: int = 200
+    ok: bool = False
+
+
+def call_service(
+    request: HttpRequest, call: Callable[[], T], *, form: forms.BaseForm | None = None
+) -> Outcome[T]:
+    """Run one service call for a view. Field errors go onto `form` (answered 200, as Django
+    does for invalid forms); refusals (403, 404, 409) become a message and their status."""
+    try:
+        return Outcome(result=call(), ok=True)
+    except ValidationError as exc:
+        if form is None:
+            django_messages.error(request, " ".join(exc.messages))
+            return Outcome(status=400)
+        form_add_service_errors(form, exc)
+        return Outcome()
+    except DomainError as exc:
+        django_messages.error(request, exc.message)
+        return Outcome(status=exc.status_code)
 
 
 def form_add_service_errors(form: forms.BaseForm, exc: ValidationError) -> None:

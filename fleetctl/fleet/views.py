@@ -11,7 +11,6 @@ from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
-from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -20,12 +19,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.core.errors import DomainError
-from fleetctl.core.views import dashboard_view, filter_form_says_any, form_add_service_errors
+from fleetctl.core.views import Outcome, call_service, dashboard_view, filter_form_says_any
 from fleetctl.fleet import charts, selectors, services
 from fleetctl.fleet.filters import PoolFilter
 from fleetctl.fleet.forms import PoolForm, PoolModelForm, RegionForm
-from fleetctl.fleet.models import Pool
+from fleetctl.fleet.models import Pool, PoolModel, Region
 
 # The ids of the overview blocks htmx refreshes; the view picks the partial by HX-Target.
 TILES_ID = "summary-tiles"
@@ -40,13 +38,6 @@ def _pool_or_404(name: str) -> Pool:
     if pool is None:
         raise Http404(f"No pool named {name!r}.")
     return pool
-
-
-def _refused(request: HttpRequest, exc: DomainError) -> int:
-    """Show a service's refusal (no permission, conflict, not found) as a message and answer
-    with its status. A form with field errors is re-rendered with 200, as Django does."""
-    messages.error(request, exc.message)
-    return exc.status_code
 
 
 # --- overview --------------------------------------------------------------------------------
@@ -124,20 +115,17 @@ def pool_detail(request: HttpRequest, name: str) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def pool_create(request: HttpRequest) -> HttpResponse:
     form = PoolForm(request.POST if request.method == "POST" else None)
-    status = 200
+    done: Outcome[Pool] = Outcome()
     if request.method == "POST" and form.is_valid():
-        try:
-            pool = services.pool_create(
-                actor=actor_from_request(request), **form.cleaned_data
-            )
-        except ValidationError as exc:
-            form_add_service_errors(form, exc)
-        except DomainError as exc:
-            status = _refused(request, exc)
-        else:
-            messages.success(request, f"Registered pool {pool.name}.")
-            return redirect("fleet:pool-detail", name=pool.name)
-    return render(request, "fleet/pool_form.html", {"form": form, "pool": None}, status=status)
+        actor = actor_from_request(request)
+        done = call_service(
+            request, lambda: services.pool_create(actor=actor, **form.cleaned_data), form=form
+        )
+        if done.result is not None:
+            messages.success(request, f"Registered pool {done.result.name}.")
+            return redirect("fleet:pool-detail", name=done.result.name)
+    return render(request, "fleet/pool_form.html", {"form": form, "pool": None},
+                  status=done.status)
 
 
 @dashboard_view
@@ -145,20 +133,19 @@ def pool_create(request: HttpRequest) -> HttpResponse:
 def pool_edit(request: HttpRequest, name: str) -> HttpResponse:
     pool = _pool_or_404(name)
     form = PoolForm(request.POST if request.method == "POST" else None, pool=pool)
-    status = 200
+    done: Outcome[Pool] = Outcome()
     if request.method == "POST" and form.is_valid():
-        try:
-            pool = services.pool_update(
-                actor=actor_from_request(request), pool=pool, **form.cleaned_data
-            )
-        except ValidationError as exc:
-            form_add_service_errors(form, exc)
-        except DomainError as exc:
-            status = _refused(request, exc)
-        else:
-            messages.success(request, f"Saved pool {pool.name}.")
-            return redirect("fleet:pool-detail", name=pool.name)
-    return render(request, "fleet/pool_form.html", {"form": form, "pool": pool}, status=status)
+        actor = actor_from_request(request)
+        done = call_service(
+            request,
+            lambda: services.pool_update(actor=actor, pool=pool, **form.cleaned_data),
+            form=form,
+        )
+        if done.result is not None:
+            messages.success(request, f"Saved pool {done.result.name}.")
+            return redirect("fleet:pool-detail", name=done.result.name)
+    return render(request, "fleet/pool_form.html", {"form": form, "pool": pool},
+                  status=done.status)
 
 
 @dashboard_view
@@ -167,13 +154,12 @@ def pool_delete(request: HttpRequest, name: str) -> HttpResponse:
     pool = _pool_or_404(name)
     status = 200
     if request.method == "POST":
-        try:
-            services.pool_delete(actor=actor_from_request(request), pool=pool)
-        except DomainError as exc:
-            status = _refused(request, exc)
-        else:
+        actor = actor_from_request(request)
+        done = call_service(request, lambda: services.pool_delete(actor=actor, pool=pool))
+        if done.ok:
             messages.success(request, f"Deleted pool {name}.")
             return redirect("fleet:overview")
+        status = done.status
     return render(request, "fleet/pool_confirm_delete.html", {"pool": pool}, status=status)
 
 
@@ -184,20 +170,18 @@ def pool_delete(request: HttpRequest, name: str) -> HttpResponse:
 def pool_model_add(request: HttpRequest, name: str) -> HttpResponse:
     pool = _pool_or_404(name)
     form = PoolModelForm(request.POST, pool=pool)
-    status = 200
+    done: Outcome[PoolModel] = Outcome()
     if form.is_valid():
-        try:
-            entry = services.pool_model_create(
-                actor=actor_from_request(request), pool=pool, **form.cleaned_data
-            )
-        except ValidationError as exc:
-            form_add_service_errors(form, exc)
-        except DomainError as exc:
-            status = _refused(request, exc)
-        else:
-            messages.success(request, f"{pool.name} now serves {entry.model_id}.")
+        actor = actor_from_request(request)
+        done = call_service(
+            request,
+            lambda: services.pool_model_create(actor=actor, pool=pool, **form.cleaned_data),
+            form=form,
+        )
+        if done.result is not None:
+            messages.success(request, f"{pool.name} now serves {done.result.model_id}.")
             return redirect("fleet:pool-detail", name=pool.name)
-    return _render_pool_detail(request, pool, model_form=form, status=status)
+    return _render_pool_detail(request, pool, model_form=form, status=done.status)
 
 
 @dashboard_view
@@ -208,11 +192,8 @@ def pool_model_remove(request: HttpRequest, name: str, entry_id: int) -> HttpRes
     if entry is None:
         messages.error(request, "That model was already removed from this pool.")
         return redirect("fleet:pool-detail", name=pool.name)
-    try:
-        services.pool_model_delete(actor=actor_from_request(request), entry=entry)
-    except DomainError as exc:
-        _refused(request, exc)
-    else:
+    actor = actor_from_request(request)
+    if call_service(request, lambda: services.pool_model_delete(actor=actor, entry=entry)).ok:
         messages.success(request, f"{pool.name} no longer serves {entry.model_id}.")
     return redirect("fleet:pool-detail", name=pool.name)
 
@@ -230,17 +211,14 @@ def region_list(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def region_create(request: HttpRequest) -> HttpResponse:
     form = RegionForm(request.POST if request.method == "POST" else None)
-    status = 200
+    done: Outcome[Region] = Outcome()
     if request.method == "POST" and form.is_valid():
-        try:
-            region = services.region_create(
-                actor=actor_from_request(request), **form.cleaned_data
-            )
-        except ValidationError as exc:
-            form_add_service_errors(form, exc)
-        except DomainError as exc:
-            status = _refused(request, exc)
-        else:
+        actor = actor_from_request(request)
+        done = call_service(
+            request, lambda: services.region_create(actor=actor, **form.cleaned_data), form=form
+        )
+        if done.result is not None:
+            region = done.result
             messages.success(request, f"Created region {region.code} ({region.jurisdiction}).")
             return redirect("fleet:region-list")
-    return render(request, "fleet/region_form.html", {"form": form}, status=status)
+    return render(request, "fleet/region_form.html", {"form": form}, status=done.status)
