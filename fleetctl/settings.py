@@ -133,6 +133,9 @@ else:
             },
         }
     }
+if os.environ.get("TEST_DATABASE_NAME"):
+    # Lets two test runs share one PostgreSQL server without dropping each other's database.
+    DATABASES["default"]["TEST"] = {"NAME": os.environ["TEST_DATABASE_NAME"]}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: Celery broker and the cache ---
