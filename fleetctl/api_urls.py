@@ -10,6 +10,7 @@ from fleetctl.fleet.api.views import (
     PoolViewSet,
     RegionViewSet,
 )
+from fleetctl.traffic.api.views import DrainViewSet, GatewayViewSet, PushViewSet, RouteViewSet
 
 router = DefaultRouter()
 router.register("regions", RegionViewSet, basename="region")
@@ -18,6 +19,10 @@ router.register("pool-models", PoolModelViewSet, basename="pool-model")
 router.register("health-checks", HealthCheckViewSet, basename="health-check")
 router.register("health-transitions", HealthTransitionViewSet, basename="health-transition")
 router.register("audit-events", AuditEventViewSet, basename="audit-event")
+router.register("routes", RouteViewSet, basename="route")
+router.register("gateways", GatewayViewSet, basename="gateway")
+router.register("pushes", PushViewSet, basename="push")
+router.register("drains", DrainViewSet, basename="drain")
 router.register("tokens", TokenViewSet, basename="token")
 router.register("service-tokens", ServiceTokenViewSet, basename="service-token")
 

@@ -29,6 +29,11 @@ def _beat_schedule() -> dict[str, dict[str, object]]:
             # A dispatch that could not start within one interval is stale: skip it.
             "options": {"expires": float(settings.HEALTH_PROBE_INTERVAL_S)},
         },
+        "reconcile-gateways": {
+            "task": "traffic.reconcile",
+            "schedule": float(settings.TRAFFIC_RECONCILE_INTERVAL_S),
+            "options": {"expires": float(settings.TRAFFIC_RECONCILE_INTERVAL_S)},
+        },
         "prune-health-history": {
             "task": "fleet.health_history_prune",
             "schedule": 3600.0,

@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "fleetctl.accounts",
     "fleetctl.audit",
     "fleetctl.fleet",
+    "fleetctl.traffic",
     "migrations_plan",
 ]
 
@@ -158,6 +159,16 @@ HEALTH_PROBE_TIMEOUT_S = env_int("HEALTH_PROBE_TIMEOUT_S", 5)
 HEALTH_FAILURES_TO_UNHEALTHY = env_int("HEALTH_FAILURES_TO_UNHEALTHY", 3)
 HEALTH_SUCCESSES_TO_HEALTHY = env_int("HEALTH_SUCCESSES_TO_HEALTHY", 2)
 HEALTH_HISTORY_DAYS = env_int("HEALTH_HISTORY_DAYS", 14)
+
+# --- traffic ---
+# Request headers a gateway reads: the caller's residency pin and latency class. The model
+# header is set by the gateway itself from the request body (clients cannot choose it).
+TRAFFIC_RESIDENCY_HEADER = os.environ.get("TRAFFIC_RESIDENCY_HEADER", "x-fleetctl-residency")
+TRAFFIC_LATENCY_CLASS_HEADER = os.environ.get(
+    "TRAFFIC_LATENCY_CLASS_HEADER", "x-fleetctl-latency-class"
+)
+TRAFFIC_RECONCILE_INTERVAL_S = env_int("TRAFFIC_RECONCILE_INTERVAL_S", 30)
+DRAIN_WATCH_TIMEOUT_S = env_int("DRAIN_WATCH_TIMEOUT_S", 900)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -1,0 +1,3 @@
+"""Gateway adapters, one module each, registered by kind on import."""
+
+from fleetctl.traffic.adapters import base  # noqa: F401

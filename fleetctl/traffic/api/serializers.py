@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from fleetctl.core.api.fields import StrictCharField
+from fleetctl.fleet.models import Pool
+from fleetctl.traffic.models import (
+    Drain,
+    Gateway,
+    GatewayPush,
+    GatewayPushAttempt,
+    Route,
+    SplitRevision,
+)
+from fleetctl.traffic.split import as_percentages
+
+WEIGHTS_HELP = ('Pool name → percent (up to two decimals, adding up to 100), e.g. '
+                '{"h200-us-east": 99.9, "mi300x-us-east": 0.1}.')
+
+
+class RevisionSerializer(serializers.ModelSerializer):
+    route = serializers.CharField(source="route.name", read_only=True)
+    weights = serializers.SerializerMethodField(help_text="Pool name → percent.")
+    parent = serializers.IntegerField(  # type: ignore[assignment]
+        source="parent.number", read_only=True, allow_null=True)
+
+    class Meta:
+        model = SplitRevision
+        fields = ["route", "number", "parent", "kind", "weights", "reason", "forced",
+                  "created_by", "created_at"]
+        read_only_fields = fields
+
+    def get_weights(self, revision: SplitRevision) -> dict[str, float]:
+        return as_percentages(revision.weights)
+
+
+class RouteSerializer(serializers.ModelSerializer):
+    primary_pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all())
+    gateways: Any = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    current = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Route
+        fields = ["id", "name", "model_id", "latency_class", "residency", "primary_pool",
+                  "revision_number", "current", "gateways", "created_at"]
+        read_only_fields = ["id", "revision_number", "current", "gateways", "created_at"]
+        extra_kwargs: dict[str, Any] = {"name": {"validators": []}}
+        validators: list[Any] = []
+
+    def get_current(self, route: Route) -> dict[str, Any] | None:
+        current = self.context.get("current_revisions", {}).get(route.pk)
+        return RevisionSerializer(current).data if current else None
+
+
+class RouteCreateSerializer(RouteSerializer):
+    weights = serializers.JSONField(required=False, help_text=WEIGHTS_HELP + " Default: all "
+                                    "to the primary.")
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+    force = serializers.BooleanField(required=False, default=False)
+
+    class Meta(RouteSerializer.Meta):
+        fields = [*RouteSerializer.Meta.fields, "weights", "reason", "force"]
+
+
+class RevisionCreateSerializer(serializers.Serializer):
+    weights = serializers.JSONField(help_text=WEIGHTS_HELP)
+    base_revision = serializers.IntegerField(
+        min_value=0, help_text="The revision number you are changing (409 if it moved on).")
+    reason = serializers.CharField(max_length=2000)
+    force = serializers.BooleanField(
+        default=False, help_text="Allow weight on an unhealthy pool (audited). Never "
+                                 "overrides residency.")
+
+
+class GatewaySerializer(serializers.ModelSerializer):
+    routes = serializers.SlugRelatedField(slug_field="name", many=True,
+                                          queryset=Route.objects.all(), required=False)
+    admin_address = StrictCharField(max_length=300)
+
+    class Meta:
+        model = Gateway
+        fields = ["id", "name", "kind", "admin_address", "options", "routes", "state",
+                  "state_changed_at", "last_error", "last_verified_at", "created_at"]
+        read_only_fields = ["id", "state", "state_changed_at", "last_error",
+                            "last_verified_at", "created_at"]
+        extra_kwargs: dict[str, Any] = {"name": {"validators": []}}
+
+
+class PushAttemptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = GatewayPushAttempt
+        fields = ["number", "sent_at", "answered_at", "applied", "verified", "method",
+                  "detail", "error", "duration_ms"]
+        read_only_fields = fields
+
+
+class PushSerializer(serializers.ModelSerializer):
+    gateway = serializers.CharField(source="gateway.name", read_only=True)
+    route = serializers.CharField(source="revision.route.name", read_only=True)
+    revision = serializers.IntegerField(source="revision.number", read_only=True)
+    attempt_rows = PushAttemptSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = GatewayPush
+        fields = ["id", "gateway", "route", "revision", "reason", "status", "created_at",
+                  "applied_at", "verified_at", "attempts", "last_error", "attempt_rows"]
+        read_only_fields = fields
+
+
+class DrainSerializer(serializers.ModelSerializer):
+    route = serializers.CharField(source="route.name", read_only=True, allow_null=True)
+    pool = serializers.CharField(source="pool.name", read_only=True, allow_null=True)
+    revisions = serializers.SerializerMethodField()
+    verified_ms = serializers.FloatField(read_only=True, allow_null=True)
+    duration_ms = serializers.FloatField(read_only=True, allow_null=True)
+    gateways = serializers.SerializerMethodField(
+        help_text="Per gateway and route: the drain revision's push, applied and verified.")
+
+    class Meta:
+        model = Drain
+        fields = ["id", "action", "route", "pool", "restores", "drained_pools", "revisions",
+                  "requested_by", "reason", "requested_at", "status", "verified_at",
+                  "in_flight_zero_at", "completed_at", "verified_ms", "duration_ms",
+                  "last_error", "gateways"]
+        read_only_fields = fields
+
+    def get_revisions(self, drain: Drain) -> list[str]:
+        return [f"{rev.route.name} r{rev.number}" for rev in drain.revisions.all()]
+
+    def get_gateways(self, drain: Drain) -> list[dict[str, Any]]:
+        from fleetctl.traffic.selectors import drain_gateway_times
+
+        return [
+            {"gateway": p.gateway.name, "route": p.revision.route.name,
+             "revision": p.revision.number, "status": p.status, "attempts": p.attempts,
+             "applied_at": p.applied_at, "verified_at": p.verified_at,
+             "last_error": p.last_error}
+            for p in drain_gateway_times(drain=drain)
+        ]
+
+
+class DrainCreateSerializer(serializers.Serializer):
+    route = serializers.SlugRelatedField(slug_field="name", queryset=Route.objects.all(),
+                                         required=False)
+    pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all(),
+                                        required=False)
+    reason = serializers.CharField(max_length=2000)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("route" in attrs) == ("pool" in attrs):
+            raise serializers.ValidationError("Name exactly one of route or pool to drain.")
+        return attrs
+
+
+class RestoreSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=2000, required=False, allow_blank=True)

@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.api.viewsets import ServiceModelViewSet
+from fleetctl.traffic import selectors, services
+from fleetctl.traffic.api import serializers as s
+from fleetctl.traffic.models import Route
+
+
+class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                   viewsets.GenericViewSet):
+    """Routes (a model, optionally a latency class and a residency pin) and their splits."""
+
+    queryset = selectors.route_list()
+    serializer_class = s.RouteSerializer
+    filterset_fields = ["model_id", "residency", "latency_class"]
+    lookup_field = "name"
+
+    def get_serializer_class(self):  # type: ignore[no-untyped-def]
+        return s.RouteCreateSerializer if self.action == "create" else s.RouteSerializer
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        context = dict(super().get_serializer_context())
+        context["current_revisions"] = getattr(self, "_current", {})
+        return context
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset())) or []
+        # Current revisions in one query for the whole page.
+        self._current = selectors.revisions_current(routes=list(page))
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
+
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        route = self.get_object()
+        self._current = selectors.revisions_current(routes=[route])
+        return Response(self.get_serializer(route).data)
+
+    def perform_create(self, serializer: s.RouteCreateSerializer) -> None:  # type: ignore[override]
+        serializer.instance = services.route_create(
+            actor=actor_from_request(self.request), **serializer.validated_data
+        )
+        serializer.context["current_revisions"] = selectors.revisions_current(
+            routes=[serializer.instance])
+
+    @extend_schema(request=s.RevisionCreateSerializer, responses={201: s.RevisionSerializer})
+    @action(detail=True, methods=["get", "post"])
+    def revisions(self, request: Request, name: str) -> Response:
+        """GET: the route's revision history, newest first. POST: a new split (scope `ramp`);
+        409 with the current revision when `base_revision` is stale."""
+        route = self.get_object()
+        if request.method == "GET":
+            history = route.revisions.select_related("route", "parent").order_by("-number")
+            page = self.paginate_queryset(history)
+            return self.get_paginated_response(s.RevisionSerializer(page, many=True).data)
+        body = s.RevisionCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        revision = services.revision_create(
+            actor=actor_from_request(request), route=route, **body.validated_data
+        )
+        return Response(s.RevisionSerializer(revision).data, status=status.HTTP_201_CREATED)
+
+
+class GatewayViewSet(ServiceModelViewSet):
+    """Gateways (Envoy, HAProxy, nginx, Gateway API) and the routes each one carries."""
+
+    queryset = selectors.gateway_list()
+    serializer_class = s.GatewaySerializer
+    filterset_fields = ["kind", "state"]
+    lookup_field = "name"
+    instance_kwarg = "gateway"
+    create_service = services.gateway_create
+    update_service = services.gateway_update
+    delete_service = services.gateway_delete
+
+
+class PushViewSet(viewsets.ReadOnlyModelViewSet):
+    """Every push of a revision to a gateway, with each attempt."""
+
+    queryset = selectors.push_list()
+    serializer_class = s.PushSerializer
+    filterset_fields = ["status", "gateway__name", "revision__route__name"]
+
+
+class DrainViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Drains and restores, timed: requested, per-gateway verified, in-flight zero."""
+
+    queryset = selectors.drain_list()
+    serializer_class = s.DrainSerializer
+    filterset_fields = ["action", "status", "route__name", "pool__name"]
+
+    @extend_schema(request=s.DrainCreateSerializer, responses={202: s.DrainSerializer})
+    def create(self, request: Request) -> Response:
+        """Drain a route (to its primary) or a pool (off every route). Scope `drain`.
+        Answers at once with the record; poll it for progress."""
+        body = s.DrainCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        drain = services.drain_request(actor=actor_from_request(request), **body.validated_data)
+        return Response(s.DrainSerializer(drain).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=s.RestoreSerializer, responses={202: s.DrainSerializer})
+    @action(detail=True, methods=["post"])
+    def restore(self, request: Request, pk: str) -> Response:
+        """Return every route of this drain to the split it had before (409 if changed)."""
+        body = s.RestoreSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        drain = get_object_or_404(selectors.drain_list(), pk=pk)
+        record = services.drain_restore(actor=actor_from_request(request), drain=drain,
+                                        reason=body.validated_data.get("reason", ""))
+        return Response(s.DrainSerializer(record).data, status=status.HTTP_202_ACCEPTED)
+
+
+__all__ = ["DrainViewSet", "GatewayViewSet", "PushViewSet", "Route", "RouteViewSet"]

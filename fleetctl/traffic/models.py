@@ -1,0 +1,228 @@
+"""Routes, their immutable split revisions, the gateways that carry them, every push attempt,
+and drain records. Rows, not logs, are the record."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.validators import RegexValidator
+from django.db import models
+from django.utils import timezone
+
+from fleetctl.fleet.models import JURISDICTIONS, Pool, model_id_validator, slug_validator
+
+
+class ImmutableError(Exception):
+    pass
+
+
+class Route(models.Model):
+    """What a caller asks for: a model, optionally a latency class and a residency pin."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    model_id = models.CharField(max_length=200, validators=[model_id_validator])
+    latency_class = models.CharField(
+        max_length=12, blank=True, choices=Pool.LatencyClass.choices,
+        help_text="Empty: requests of any latency class.",
+    )
+    residency = models.CharField(
+        max_length=2, blank=True, choices=sorted(JURISDICTIONS.items()),
+        help_text="Jurisdiction pin: requests carrying it may only reach pools in it.",
+    )
+    primary_pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="+",
+                                     help_text="Where a drain sends traffic back to.")
+    # The current revision number; bumped with a conditional UPDATE so two concurrent changes
+    # cannot both win. The revision rows themselves are the record.
+    revision_number = models.PositiveIntegerField(default=0, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["model_id", "latency_class", "residency"],
+                                    name="one_route_per_model_class_pin"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class SplitRevision(models.Model):
+    """One immutable, numbered split of a route across pools."""
+
+    class Kind(models.TextChoices):
+        CREATE = "create", "create"
+        CHANGE = "change", "change"
+        DRAIN = "drain", "drain"
+        RESTORE = "restore", "restore"
+
+    route = models.ForeignKey(Route, on_delete=models.CASCADE, related_name="revisions")
+    number = models.PositiveIntegerField()
+    parent = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True,
+                               related_name="+")
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    # {pool name: basis points}; empty means no pool may serve the route (fails closed).
+    weights = models.JSONField(default=dict)
+    reason = models.TextField(blank=True)
+    forced = models.BooleanField(default=False)
+    created_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["route", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["route", "number"], name="revision_numbers_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.route.name} r{self.number}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise ImmutableError("Split revisions are immutable; create a new one.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise ImmutableError("Split revisions are immutable and are never deleted.")
+
+    def percentages(self) -> dict[str, float]:
+        return {pool: bp / 100 for pool, bp in sorted(self.weights.items())}
+
+
+class Gateway(models.Model):
+    class Kind(models.TextChoices):
+        ENVOY = "envoy", "Envoy"
+        HAPROXY = "haproxy", "HAProxy"
+        NGINX = "nginx", "nginx"
+        GATEWAY_API = "gateway-api", "Kubernetes Gateway API"
+
+    class State(models.TextChoices):
+        UNKNOWN = "unknown", "unknown"
+        IN_SYNC = "in-sync", "in sync"
+        PUSHING = "pushing", "pushing"
+        FAILING = "failing", "failing"
+
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.ENVOY)
+    admin_address = models.CharField(
+        max_length=300, help_text="Envoy admin URL, HAProxy runtime socket, nginx prefix, or "
+                                  "Kubernetes API URL.",
+        validators=[RegexValidator(r"^\S+$", "No spaces.")],
+    )
+    options = models.JSONField(default=dict, blank=True)
+    routes = models.ManyToManyField(Route, related_name="gateways", blank=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.UNKNOWN,
+                             editable=False)
+    state_changed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_error = models.TextField(blank=True, editable=False)
+    last_verified_at = models.DateTimeField(null=True, blank=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class GatewayPush(models.Model):
+    """Getting one gateway to hold one revision (of one route). Attempts are child rows."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending"
+        VERIFIED = "verified", "verified"
+        RETRYING = "retrying", "retrying"
+        FAILED = "failed", "failed"
+        SUPERSEDED = "superseded", "superseded"
+
+    revision = models.ForeignKey(SplitRevision, on_delete=models.CASCADE, related_name="pushes")
+    gateway = models.ForeignKey(Gateway, on_delete=models.CASCADE, related_name="pushes")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    reason = models.CharField(max_length=20, default="revision")  # revision | reconcile
+    created_at = models.DateTimeField(default=timezone.now)
+    applied_at = models.DateTimeField(null=True, blank=True)
+    verified_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["gateway", "status"])]
+
+    def __str__(self) -> str:
+        return f"{self.revision} → {self.gateway.name}: {self.status}"
+
+
+class GatewayPushAttempt(models.Model):
+    push = models.ForeignKey(GatewayPush, on_delete=models.CASCADE, related_name="attempt_rows")
+    number = models.PositiveIntegerField()
+    sent_at = models.DateTimeField()
+    answered_at = models.DateTimeField(null=True, blank=True)
+    applied = models.BooleanField(default=False)
+    verified = models.BooleanField(default=False)
+    method = models.CharField(max_length=20, blank=True)
+    detail = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["push", "number"]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.push_id}"
+
+
+class Drain(models.Model):
+    """One on-call action: move a route, or every route using a pool, back to the primary —
+    or restore the split from before a drain. Timed end to end."""
+
+    class Action(models.TextChoices):
+        DRAIN = "drain", "drain"
+        RESTORE = "restore", "restore"
+
+    class Status(models.TextChoices):
+        PUSHING = "pushing", "pushing to gateways"
+        VERIFIED = "verified", "all gateways verified; waiting for in-flight requests"
+        COMPLETE = "complete", "complete"
+        PARTIAL = "partial", "partial: a gateway still routes to the pool"
+        FAILED = "failed", "failed"
+
+    action = models.CharField(max_length=8, choices=Action.choices, default=Action.DRAIN)
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="drains", null=True,
+                             blank=True, help_text="The pool drained (a pool drain, or the "
+                                                   "pool a route drain moved traffic off).")
+    route = models.ForeignKey(Route, on_delete=models.PROTECT, null=True, blank=True,
+                              related_name="drains", help_text="Set for a route drain.")
+    restores = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True,
+                                 related_name="restored_by")
+    revisions = models.ManyToManyField(SplitRevision, related_name="drains")
+    # Pools that lost all their weight on the drained routes: their in-flight requests are
+    # what the drain waits for.
+    drained_pools = models.JSONField(default=list)
+    requested_by = models.CharField(max_length=150)
+    reason = models.TextField()
+    requested_at = models.DateTimeField(default=timezone.now)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PUSHING)
+    verified_at = models.DateTimeField(null=True, blank=True)
+    in_flight_zero_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+
+    def __str__(self) -> str:
+        target = self.route or self.pool or "?"
+        return f"{self.action} {target} at {self.requested_at:%Y-%m-%d %H:%M:%S}"
+
+    @property
+    def verified_ms(self) -> float | None:
+        if self.verified_at is None:
+            return None
+        return (self.verified_at - self.requested_at).total_seconds() * 1000
+
+    @property
+    def duration_ms(self) -> float | None:
+        if self.completed_at is None:
+            return None
+        return (self.completed_at - self.requested_at).total_seconds() * 1000

@@ -1,0 +1,496 @@
+"""Writes for traffic: routes, revisions, gateways, pushes, drains and restores.
+
+A revision is validated, stored (winning a conditional UPDATE of the route's revision
+counter, so of two concurrent changes exactly one wins), then pushed to every gateway of the
+route in parallel by tasks on the `push` queue. Drains are revisions with a timed record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from fleetctl.accounts import roles
+from fleetctl.accounts.actor import Actor
+from fleetctl.audit.services import audit_record, snapshot
+from fleetctl.core.crud import audited_create, audited_delete, audited_update
+from fleetctl.core.errors import ConflictError, NotFoundError
+from fleetctl.fleet.models import Pool, PoolModel
+from fleetctl.traffic import policy, selectors
+from fleetctl.traffic.adapters.base import AdapterError, adapter_for
+from fleetctl.traffic.models import (
+    Drain,
+    Gateway,
+    GatewayPush,
+    GatewayPushAttempt,
+    Route,
+    SplitRevision,
+)
+from fleetctl.traffic.split import as_percentages, drained, parse_percentages
+
+log = logging.getLogger("fleetctl.traffic")
+
+GATEWAY_FIELDS = ["name", "kind", "admin_address", "options"]
+
+
+# --- validation ------------------------------------------------------------------------------
+
+def _check_split(*, route: Route, weights: dict[str, int], previous: dict[str, int],
+                 force: bool) -> None:
+    """Everything a split must satisfy. Residency is checked even when forced: no flag
+    sends pinned traffic across a border."""
+    pools = {p.name: p for p in Pool.objects.select_related("region").filter(name__in=weights)}
+    unknown = sorted(set(weights) - set(pools))
+    if unknown:
+        raise ValidationError({"weights": [f"Unknown pool(s): {', '.join(unknown)}."]})
+    serving = set(PoolModel.objects.filter(pool__in=pools.values(), model_id=route.model_id)
+                  .values_list("pool__name", flat=True))
+    problems: list[str] = []
+    for name, pool in sorted(pools.items()):
+        if route.residency and pool.region.jurisdiction != route.residency:
+            raise ValidationError({"weights": [
+                f"Residency: pool {name} is in jurisdiction {pool.region.jurisdiction}, but "
+                f"route {route.name} is pinned to {route.residency}. Refused."
+            ]})
+        if name not in serving:
+            problems.append(f"pool {name} does not serve model {route.model_id}")
+        if weights[name] > previous.get(name, 0):
+            if pool.health_state != Pool.Health.HEALTHY and not force:
+                problems.append(f"pool {name} is {pool.health_state} (force to override)")
+            refusal = policy.live_weight_refusal(pool, route)
+            if refusal:
+                problems.append(f"pool {name}: {refusal}")
+    if problems:
+        raise ValidationError({"weights": [p[0].upper() + p[1:] + "." for p in problems]})
+
+
+def _check_route_primary(route: Route) -> None:
+    primary = route.primary_pool
+    if route.residency and primary.region.jurisdiction != route.residency:
+        raise ValidationError({"primary_pool": [
+            f"Residency: primary {primary.name} is in {primary.region.jurisdiction}, "
+            f"the route is pinned to {route.residency}."
+        ]})
+    if not PoolModel.objects.filter(pool=primary, model_id=route.model_id).exists():
+        raise ValidationError({"primary_pool": [
+            f"Primary {primary.name} does not serve model {route.model_id}."
+        ]})
+
+
+# --- routes and revisions --------------------------------------------------------------------
+
+def route_create(*, actor: Actor, name: str, model_id: str, primary_pool: Pool,
+                 weights: Any = None, latency_class: str = "", residency: str = "",
+                 reason: str = "", force: bool = False) -> Route:
+    """A route and its first revision (default: everything to the primary)."""
+    actor.require(roles.FLEET_MANAGE, action="route.create", target="traffic.route")
+    route = Route(name=name, model_id=model_id, primary_pool=primary_pool,
+                  latency_class=latency_class, residency=residency)
+    route.full_clean()
+    _check_route_primary(route)
+    split = parse_percentages(weights) if weights else {primary_pool.name: 10_000}
+    _check_split(route=route, weights=split, previous={}, force=force)
+    with transaction.atomic():
+        route.save()
+        audit_record(actor=actor, action="route.create", target=route,
+                     after=snapshot(route, ["name", "model_id", "latency_class", "residency",
+                                            "primary_pool"]))
+        _store_revision(actor=actor, route=route, base=0, weights=split,
+                        kind=SplitRevision.Kind.CREATE, reason=reason or "route created",
+                        forced=force)
+    return route
+
+
+def revision_create(*, actor: Actor, route: Route, weights: Any, base_revision: int,
+                    reason: str, force: bool = False) -> SplitRevision:
+    """Change a route's split. `base_revision` is the revision the caller saw: if another
+    change landed since, this one is refused with 409 (and nothing stored or pushed)."""
+    actor.require(roles.RAMP, action="revision.create", target=route)
+    if not reason.strip():
+        raise ValidationError({"reason": ["Say why the split changes (it goes in the record)."]})
+    split = parse_percentages(weights)
+    current = selectors.revision_current(route=route)
+    if base_revision != route.revision_number:
+        raise _stale(route, base_revision)
+    _check_split(route=route, weights=split, previous=current.weights if current else {},
+                 force=force)
+    with transaction.atomic():
+        revision = _store_revision(actor=actor, route=route, base=base_revision, weights=split,
+                                   kind=SplitRevision.Kind.CHANGE, reason=reason, forced=force)
+    return revision
+
+
+def _stale(route: Route, base: int) -> ConflictError:
+    current = Route.objects.get(pk=route.pk).revision_number
+    return ConflictError(
+        f"Route {route.name} is at revision {current}, not {base}: someone changed it since "
+        f"you looked. Re-read it and try again.", fields={"current_revision": [str(current)]}
+    )
+
+
+def _store_revision(*, actor: Actor, route: Route, base: int, weights: dict[str, int],
+                    kind: str, reason: str, forced: bool = False) -> SplitRevision:
+    """Claim revision base+1 with a conditional UPDATE (the loser of a race gets 409), store
+    it, audit it, and queue its pushes once the transaction commits."""
+    claimed = Route.objects.filter(pk=route.pk, revision_number=base).update(
+        revision_number=F("revision_number") + 1
+    )
+    if not claimed:
+        raise _stale(route, base)
+    route.revision_number = base + 1
+    parent = SplitRevision.objects.filter(route=route, number=base).first()
+    revision = SplitRevision.objects.create(
+        route=route, number=base + 1, parent=parent, kind=kind, weights=weights,
+        reason=reason, forced=forced, created_by=actor.label,
+    )
+    audit_record(
+        actor=actor, action=f"revision.{kind}", target=route, message=reason,
+        before={"revision": base, "weights": as_percentages(parent.weights) if parent else {}},
+        after={"revision": revision.number, "weights": as_percentages(weights),
+               "forced": forced},
+    )
+    _queue_pushes(revision)
+    return revision
+
+
+def _queue_pushes(revision: SplitRevision) -> None:
+    pushes = [GatewayPush.objects.create(revision=revision, gateway=gateway)
+              for gateway in revision.route.gateways.all()]
+    if pushes:
+        from fleetctl.traffic.tasks import push_run
+
+        ids = [p.pk for p in pushes]
+        transaction.on_commit(lambda: [push_run.delay(pk) for pk in ids])
+
+
+# --- gateways --------------------------------------------------------------------------------
+
+def gateway_create(*, actor: Actor, routes: list[Route] | None = None,
+                   **fields: Any) -> Gateway:
+    gateway = audited_create(actor=actor, permission=roles.FLEET_MANAGE,
+                             action="gateway.create", instance=Gateway(**fields))
+    if routes:
+        gateway_set_routes(actor=actor, gateway=gateway, routes=routes)
+    return gateway
+
+
+def gateway_update(*, actor: Actor, gateway: Gateway, routes: list[Route] | None = None,
+                   **changes: Any) -> Gateway:
+    gateway = audited_update(actor=actor, permission=roles.FLEET_MANAGE,
+                             action="gateway.update", instance=gateway, changes=changes,
+                             allowed=GATEWAY_FIELDS)
+    if routes is not None:
+        gateway_set_routes(actor=actor, gateway=gateway, routes=routes)
+    return gateway
+
+
+def gateway_delete(*, actor: Actor, gateway: Gateway) -> None:
+    audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="gateway.delete",
+                   instance=gateway)
+
+
+def gateway_set_routes(*, actor: Actor, gateway: Gateway, routes: list[Route]) -> None:
+    """Which routes a gateway carries; it is pushed its new whole state right away."""
+    actor.require(roles.FLEET_MANAGE, action="gateway.set_routes", target=gateway)
+    with transaction.atomic():
+        before = sorted(gateway.routes.values_list("name", flat=True))
+        gateway.routes.set(routes)
+        audit_record(actor=actor, action="gateway.set_routes", target=gateway,
+                     before={"routes": before}, after={"routes": sorted(r.name for r in routes)})
+        for route in routes:
+            current = selectors.revision_current(route=route)
+            if current is not None:
+                push = GatewayPush.objects.create(revision=current, gateway=gateway,
+                                                  reason="routes")
+                _enqueue_after_commit(push.pk)
+
+
+def _enqueue_after_commit(push_id: int) -> None:
+    from fleetctl.traffic.tasks import push_run
+
+    transaction.on_commit(lambda: push_run.delay(push_id))
+
+
+# --- pushing ---------------------------------------------------------------------------------
+
+RETRY_DELAYS_S = (0.2, 0.5, 1, 2, 5, 10, 20, 30)
+
+
+def push_execute(*, push_id: int) -> tuple[str, float | None]:
+    """One attempt at making a gateway hold its whole desired state; returns the push's
+    status and, when it should be retried, after how many seconds."""
+    push = GatewayPush.objects.select_related("gateway", "revision__route").get(pk=push_id)
+    if push.status in (GatewayPush.Status.VERIFIED, GatewayPush.Status.SUPERSEDED,
+                       GatewayPush.Status.FAILED):
+        return push.status, None
+    gateway = push.gateway
+    desired = selectors.gateway_desired_state(gateway=gateway)
+    GatewayPush.objects.filter(pk=push_id).update(attempts=F("attempts") + 1)
+    number = push.attempts + 1
+    sent = timezone.now()
+    started = time.monotonic()
+    try:
+        adapter = adapter_for(selectors.gateway_spec(gateway))
+        result = adapter.apply(desired)
+        answered = timezone.now()
+        held = adapter.read_back()
+        verified = adapter.matches(desired, held)
+    except AdapterError as exc:
+        return _push_failed(push, number, sent, started, str(exc), exc.permanent)
+    duration_ms = (time.monotonic() - started) * 1000
+    now = timezone.now()
+    GatewayPushAttempt.objects.create(
+        push=push, number=number, sent_at=sent, answered_at=answered, applied=result.applied,
+        verified=verified, method=result.method, detail=result.detail, duration_ms=duration_ms,
+        error="" if verified else f"read back {held} differs from what was applied",
+    )
+    if not verified:
+        return _push_failed(push, None, sent, started, "read-back differs", False)
+    _gateway_in_sync(gateway=gateway, desired_revisions=desired, at=now, applied_at=answered)
+    return GatewayPush.Status.VERIFIED, None
+
+
+def _push_failed(push: GatewayPush, number: int | None, sent: Any, started: float,
+                 error: str, permanent: bool) -> tuple[str, float | None]:
+    if number is not None:
+        GatewayPushAttempt.objects.create(
+            push=push, number=number, sent_at=sent, answered_at=timezone.now(), error=error,
+            duration_ms=(time.monotonic() - started) * 1000,
+        )
+    attempts = GatewayPush.objects.get(pk=push.pk).attempts
+    retry = None if permanent else RETRY_DELAYS_S[min(attempts - 1, len(RETRY_DELAYS_S) - 1)]
+    status = GatewayPush.Status.FAILED if permanent else GatewayPush.Status.RETRYING
+    GatewayPush.objects.filter(pk=push.pk).update(status=status, last_error=error)
+    gateway = push.gateway
+    if gateway.state != Gateway.State.FAILING:
+        log.error("gateway %s cannot be updated: %s", gateway.name, error)
+    Gateway.objects.filter(pk=gateway.pk).update(
+        state=Gateway.State.FAILING, last_error=error,
+        state_changed_at=timezone.now() if gateway.state != Gateway.State.FAILING
+        else gateway.state_changed_at,
+    )
+    return status, retry
+
+
+def _gateway_in_sync(*, gateway: Gateway, desired_revisions: Any, at: Any,
+                     applied_at: Any) -> None:
+    """The gateway now holds every route's current revision: every open push for it is
+    verified (its revision is current) or superseded (a newer one is what it holds)."""
+    current = selectors.current_revision_ids(gateway=gateway)
+    open_pushes = GatewayPush.objects.filter(
+        gateway=gateway, status__in=[GatewayPush.Status.PENDING, GatewayPush.Status.RETRYING]
+    )
+    open_pushes.filter(revision_id__in=current).update(
+        status=GatewayPush.Status.VERIFIED, applied_at=applied_at, verified_at=at, last_error=""
+    )
+    open_pushes.exclude(revision_id__in=current).update(status=GatewayPush.Status.SUPERSEDED)
+    Gateway.objects.filter(pk=gateway.pk).update(
+        state=Gateway.State.IN_SYNC, last_error="", last_verified_at=at,
+        state_changed_at=at if gateway.state != Gateway.State.IN_SYNC
+        else gateway.state_changed_at,
+    )
+
+
+def gateway_reconcile(*, gateway: Gateway) -> bool:
+    """Compare what the gateway holds with what it should; re-push on drift (e.g. after a
+    restart). Returns True when a push was queued."""
+    desired = selectors.gateway_desired_state(gateway=gateway)
+    try:
+        adapter = adapter_for(selectors.gateway_spec(gateway))
+        if adapter.matches(desired, adapter.read_back()):
+            return False
+    except AdapterError as exc:
+        Gateway.objects.filter(pk=gateway.pk).update(state=Gateway.State.FAILING,
+                                                      last_error=str(exc))
+    if GatewayPush.objects.filter(gateway=gateway, status__in=[
+            GatewayPush.Status.PENDING, GatewayPush.Status.RETRYING]).exists():
+        return False  # a push is already trying; it will bring the gateway in line
+    revisions = [r for r in (selectors.revision_current(route=route)
+                             for route in gateway.routes.all()) if r is not None]
+    if not revisions:
+        return False
+    with transaction.atomic():
+        push = GatewayPush.objects.create(revision=revisions[0], gateway=gateway,
+                                          reason="reconcile")
+        _enqueue_after_commit(push.pk)
+    log.warning("gateway %s drifted from its desired state; re-pushing", gateway.name)
+    return True
+
+
+# --- drains ----------------------------------------------------------------------------------
+
+def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
+                  pool: Pool | None = None) -> Drain:
+    """Move a route (all of it to its primary), or every route using a pool (that pool's
+    share), back — never across a border. Returns the record; progress is filled in by the
+    push tasks and the drain watcher."""
+    target: object = route or pool
+    actor.require(roles.DRAIN, action="drain.request", target=target)
+    if not reason.strip():
+        raise ValidationError({"reason": ["Say why you drain (it goes in the record)."]})
+    if (route is None) == (pool is None):
+        raise ValidationError({"non_field_errors": ["Drain either a route or a pool."]})
+    requested_at = timezone.now()
+    with transaction.atomic():
+        plan = _drain_plan(route=route, pool=pool)
+        if not plan:
+            name = route.name if route else pool.name  # type: ignore[union-attr]
+            raise ConflictError(f"Nothing to drain: {name} carries no traffic.")
+        record = Drain.objects.create(
+            action=Drain.Action.DRAIN, route=route, pool=pool, requested_by=actor.label,
+            reason=reason, requested_at=requested_at,
+            drained_pools=sorted({p for _, _, removed in plan for p in removed}),
+        )
+        for locked, new_weights, removed in plan:
+            revision = _store_revision(
+                actor=actor, route=locked, base=locked.revision_number, weights=new_weights,
+                kind=SplitRevision.Kind.DRAIN,
+                reason=f"drain {', '.join(sorted(removed))}: {reason}",
+            )
+            record.revisions.add(revision)
+        audit_record(actor=actor, action="drain.request", target=record, message=reason,
+                     after={"drained_pools": record.drained_pools,
+                            "routes": [r.name for r, _, _ in plan]})
+        _watch_after_commit(record.pk)
+    return record
+
+
+def _drain_plan(*, route: Route | None, pool: Pool | None
+                ) -> list[tuple[Route, dict[str, int], set[str]]]:
+    routes = Route.objects.select_for_update().select_related("primary_pool__region")
+    if route is not None:
+        routes = routes.filter(pk=route.pk)
+    plan = []
+    for locked in routes.order_by("pk"):
+        current = selectors.revision_current(route=locked)
+        weights = current.weights if current else {}
+        if pool is not None:
+            remove = {pool.name}
+        else:
+            remove = {p for p in weights if p != locked.primary_pool.name}
+        if not remove & set(weights):
+            continue
+        eligible = selectors.pools_eligible(route=locked)
+        new = drained(weights, remove=remove, primary=locked.primary_pool.name,
+                      eligible=eligible)
+        plan.append((locked, new, remove & set(weights)))
+    return plan
+
+
+def _watch_after_commit(drain_id: int) -> None:
+    from fleetctl.traffic.tasks import drain_watch
+
+    transaction.on_commit(lambda: drain_watch.delay(drain_id))
+
+
+def drain_restore(*, actor: Actor, drain: Drain, reason: str) -> Drain:
+    """Put each drained route back to the split it had before the drain, if nobody changed
+    it since (otherwise 409: restoring would overwrite a newer decision)."""
+    actor.require(roles.DRAIN, action="drain.restore", target=drain)
+    if drain.action != Drain.Action.DRAIN:
+        raise ValidationError({"drain": ["Only a drain can be restored."]})
+    with transaction.atomic():
+        revisions = list(drain.revisions.select_related("route", "parent"))
+        routes = {r.pk: r for r in Route.objects.select_for_update().filter(
+            pk__in=[rev.route_id for rev in revisions])}
+        for rev in revisions:
+            if routes[rev.route_id].revision_number != rev.number:
+                raise ConflictError(
+                    f"Route {rev.route.name} changed after this drain (now at revision "
+                    f"{routes[rev.route_id].revision_number}); restore by hand instead."
+                )
+        record = Drain.objects.create(
+            action=Drain.Action.RESTORE, route=drain.route, pool=drain.pool, restores=drain,
+            requested_by=actor.label, reason=reason or f"restore after drain {drain.pk}",
+        )
+        for rev in revisions:
+            parent_weights = rev.parent.weights if rev.parent else {}
+            route = routes[rev.route_id]
+            _check_split(route=route, weights=parent_weights, previous=rev.weights, force=True)
+            restored = _store_revision(
+                actor=actor, route=route, base=rev.number, weights=parent_weights,
+                kind=SplitRevision.Kind.RESTORE, reason=record.reason,
+            )
+            record.revisions.add(restored)
+        audit_record(actor=actor, action="drain.restore", target=record, message=record.reason,
+                     after={"restores": drain.pk})
+        _watch_after_commit(record.pk)
+    return record
+
+
+def drain_get(*, drain_id: int) -> Drain:
+    drain = Drain.objects.filter(pk=drain_id).first()
+    if drain is None:
+        raise NotFoundError(f"No drain with id {drain_id}.")
+    return drain
+
+
+def drain_progress(*, drain_id: int) -> bool:
+    """One look at a drain: all pushes verified? in-flight to drained pools zero? Updates
+    the record and returns True when there is nothing more to wait for."""
+    drain = Drain.objects.get(pk=drain_id)
+    if drain.status in (Drain.Status.COMPLETE, Drain.Status.FAILED):
+        return True
+    pushes = list(GatewayPush.objects.filter(revision__in=drain.revisions.all()))
+    now = timezone.now()
+    failing = [p for p in pushes if p.status in (GatewayPush.Status.RETRYING,
+                                                 GatewayPush.Status.FAILED)]
+    done = [p for p in pushes if p.status in (GatewayPush.Status.VERIFIED,
+                                              GatewayPush.Status.SUPERSEDED)]
+    if len(done) < len(pushes):
+        status = Drain.Status.PARTIAL if failing else Drain.Status.PUSHING
+        error = "; ".join(f"{p.gateway.name}: {p.last_error}" for p in failing)
+        Drain.objects.filter(pk=drain.pk).update(status=status, last_error=error)
+        return False
+    if drain.verified_at is None:
+        verified_times = [p.verified_at for p in pushes if p.verified_at] or [now]
+        drain.verified_at = max(verified_times)
+        Drain.objects.filter(pk=drain.pk).update(verified_at=drain.verified_at,
+                                                 status=Drain.Status.VERIFIED, last_error="")
+    if drain.in_flight_zero_at is None and not _in_flight_zero(drain):
+        return False
+    zero_at = drain.in_flight_zero_at or now
+    Drain.objects.filter(pk=drain.pk).update(
+        in_flight_zero_at=zero_at, completed_at=max(zero_at, drain.verified_at),
+        status=Drain.Status.COMPLETE,
+    )
+    return True
+
+
+def _in_flight_zero(drain: Drain) -> bool:
+    """In-flight requests to each drained pool, summed over the gateways that carried it.
+    A pool that still has weight on some other route of a gateway cannot be told apart per
+    route, so that gateway is not waited for (its cluster counts both routes)."""
+    if drain.action == Drain.Action.RESTORE or not drain.drained_pools:
+        return True
+    for gateway in Gateway.objects.filter(routes__in=[r.route_id for r in
+                                                      drain.revisions.all()]).distinct():
+        desired = selectors.gateway_desired_state(gateway=gateway)
+        adapter = adapter_for(selectors.gateway_spec(gateway))
+        for pool in drain.drained_pools:
+            if any(r.weights.get(pool) for r in desired.routes):
+                continue
+            try:
+                count = adapter.in_flight(pool)
+            except AdapterError:
+                return False
+            if count > 0:
+                return False
+    return True
+
+
+def drain_give_up(*, drain_id: int, why: str) -> None:
+    Drain.objects.filter(pk=drain_id).exclude(status=Drain.Status.COMPLETE).update(
+        status=Drain.Status.PARTIAL, last_error=why
+    )
+
+
+def drain_watch_timeout_s() -> float:
+    return float(getattr(settings, "DRAIN_WATCH_TIMEOUT_S", 900))

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import time
+
+from fleetctl.celery import app
+from fleetctl.traffic import services
+from fleetctl.traffic.models import Gateway
+
+
+@app.task(name="traffic.push_run", bind=True, ignore_result=True, max_retries=None,
+          acks_late=True)
+def push_run(self, push_id: int) -> str:  # type: ignore[no-untyped-def]
+    """One attempt to bring a gateway in line; retries with backoff until it works, a
+    permanent error stops it, or a newer state supersedes it."""
+    status, retry_in = services.push_execute(push_id=push_id)
+    if retry_in is not None:
+        raise self.retry(countdown=retry_in)
+    return status
+
+
+@app.task(name="traffic.drain_watch", ignore_result=True, soft_time_limit=960,
+          time_limit=990)
+def drain_watch(drain_id: int) -> None:
+    """Follow a drain until every gateway verified and its in-flight streams closed. Polls
+    fast at first (drains are timed in milliseconds), then backs off."""
+    deadline = time.monotonic() + services.drain_watch_timeout_s()
+    pause = 0.005
+    while time.monotonic() < deadline:
+        if services.drain_progress(drain_id=drain_id):
+            return
+        time.sleep(pause)
+        pause = min(pause * 1.5, 1.0)
+    services.drain_give_up(drain_id=drain_id, why="gave up watching after the timeout")
+
+
+@app.task(name="traffic.reconcile", ignore_result=True)
+def reconcile() -> int:
+    """Beat: compare every gateway with its desired state; re-push where it drifted."""
+    return sum(services.gateway_reconcile(gateway=gateway)
+               for gateway in Gateway.objects.prefetch_related("routes"))
