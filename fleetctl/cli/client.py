@@ -45,8 +45,14 @@ class ApiClient:
 
     def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         clean = {k: v for k, v in (params or {}).items() if v not in (None, "")}
+        return self._send("GET", path, params=clean)
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        return self._send("POST", path, json=body)
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
-            response = self._http.get(path, params=clean)
+            response = self._http.request(method, path, **kwargs)
         except httpx.ConnectError as exc:
             raise CliError(f"Cannot reach fleetctl at {self.base_url}: {exc}. "
                            "Is it running (make demo), and is FLEETCTL_URL right?") from exc

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from fleetctl import __version__
+from fleetctl.cli import traffic
 from fleetctl.cli.client import ApiClient, CliError
 from fleetctl.cli.output import print_fields, print_json, print_table
 
@@ -162,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(whoami)
     whoami.set_defaults(func=cmd_whoami)
 
+    traffic.add_commands(sub, _common)
     _mount_optional(sub, "sim", "fleetctl.sim.cli", "run simulated accelerator pools")
     return parser
 
