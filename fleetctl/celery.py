@@ -34,6 +34,12 @@ def _beat_schedule() -> dict[str, dict[str, object]]:
             "schedule": float(settings.TRAFFIC_RECONCILE_INTERVAL_S),
             "options": {"expires": float(settings.TRAFFIC_RECONCILE_INTERVAL_S)},
         },
+        "sample-gateway-traffic": {
+            "task": "traffic.sample",
+            "schedule": 10.0,
+            "options": {"expires": 10.0},
+        },
+        "prune-traffic-samples": {"task": "traffic.samples_prune", "schedule": 3600.0},
         "prune-health-history": {
             "task": "fleet.health_history_prune",
             "schedule": 3600.0,

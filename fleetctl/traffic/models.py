@@ -226,3 +226,22 @@ class Drain(models.Model):
         if self.completed_at is None:
             return None
         return (self.completed_at - self.requested_at).total_seconds() * 1000
+
+
+class PoolTrafficSample(models.Model):
+    """Per-pool counters read from one gateway at one moment; rates are differences between
+    consecutive samples (a counter that went down means the gateway restarted)."""
+
+    gateway = models.ForeignKey(Gateway, on_delete=models.CASCADE, related_name="samples")
+    pool = models.CharField(max_length=63)
+    at = models.DateTimeField(default=timezone.now)
+    requests_total = models.BigIntegerField()
+    errors_total = models.BigIntegerField()
+    active = models.IntegerField()
+
+    class Meta:
+        ordering = ["-at"]
+        indexes = [models.Index(fields=["gateway", "pool", "-at"])]
+
+    def __str__(self) -> str:
+        return f"{self.gateway_id}/{self.pool} at {self.at:%H:%M:%S}"

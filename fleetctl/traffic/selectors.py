@@ -89,3 +89,40 @@ def drain_gateway_times(*, drain: Drain) -> list[GatewayPush]:
     """Per gateway and route: when it applied and verified the drain's revision."""
     return list(GatewayPush.objects.filter(revision__in=drain.revisions.all())
                 .select_related("gateway", "revision__route").order_by("gateway__name"))
+
+
+def pool_rates(*, gateway_ids: list[int] | None = None, minutes: int = 15
+               ) -> dict[str, list[dict[str, float | str]]]:
+    """Per pool (never only the aggregate): request rate, error rate and in-flight over time,
+    from consecutive samples of each gateway, summed across gateways per sample time."""
+    from collections import defaultdict
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleetctl.traffic.models import PoolTrafficSample
+
+    since = timezone.now() - timedelta(minutes=minutes)
+    samples = PoolTrafficSample.objects.filter(at__gte=since).order_by("gateway_id", "pool", "at")
+    if gateway_ids is not None:
+        samples = samples.filter(gateway_id__in=gateway_ids)
+    previous: dict[tuple[int, str], PoolTrafficSample] = {}
+    series: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    for sample in samples:
+        key = (sample.gateway_id, sample.pool)
+        before = previous.get(key)
+        previous[key] = sample
+        if before is None or sample.requests_total < before.requests_total:
+            continue  # first reading, or the gateway restarted and its counters reset
+        seconds = (sample.at - before.at).total_seconds() or 1.0
+        # Gateways are sampled one after another; a 10 s bucket lines their readings up.
+        bucket = sample.at.replace(microsecond=0, second=sample.at.second // 10 * 10)
+        stamp = bucket.isoformat()
+        point = series[sample.pool].setdefault(stamp, {"rps": 0.0, "eps": 0.0, "active": 0.0})
+        point["rps"] += (sample.requests_total - before.requests_total) / seconds
+        point["eps"] += (sample.errors_total - before.errors_total) / seconds
+        point["active"] += sample.active
+    return {
+        pool: [{"at": at, **values} for at, values in sorted(points.items())]
+        for pool, points in sorted(series.items())
+    }

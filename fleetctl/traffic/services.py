@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -30,6 +31,7 @@ from fleetctl.traffic.models import (
     Gateway,
     GatewayPush,
     GatewayPushAttempt,
+    PoolTrafficSample,
     Route,
     SplitRevision,
 )
@@ -322,6 +324,27 @@ def gateway_reconcile(*, gateway: Gateway) -> bool:
         _enqueue_after_commit(push.pk)
     log.warning("gateway %s drifted from its desired state; re-pushing", gateway.name)
     return True
+
+
+def traffic_sample(*, gateway: Gateway) -> int:
+    """Store one reading of the gateway's per-pool counters; returns rows written."""
+    try:
+        counters = adapter_for(selectors.gateway_spec(gateway)).pool_counters()
+    except AdapterError as exc:
+        log.info("no traffic sample from %s: %s", gateway.name, exc)
+        return 0
+    now = timezone.now()
+    PoolTrafficSample.objects.bulk_create([
+        PoolTrafficSample(gateway=gateway, pool=pool, at=now, requests_total=c.requests_total,
+                          errors_total=c.errors_total, active=c.active)
+        for pool, c in counters.items()
+    ])
+    return len(counters)
+
+
+def traffic_samples_prune(*, older_than_hours: int = 24) -> int:
+    cutoff = timezone.now() - timedelta(hours=older_than_hours)
+    return PoolTrafficSample.objects.filter(at__lt=cutoff).delete()[0]
 
 
 # --- drains ----------------------------------------------------------------------------------

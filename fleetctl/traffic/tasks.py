@@ -38,3 +38,14 @@ def reconcile() -> int:
     """Beat: compare every gateway with its desired state; re-push where it drifted."""
     return sum(services.gateway_reconcile(gateway=gateway)
                for gateway in Gateway.objects.prefetch_related("routes"))
+
+
+@app.task(name="traffic.sample", ignore_result=True)
+def sample() -> int:
+    """Beat: read every gateway's per-pool counters (rates are computed from these rows)."""
+    return sum(services.traffic_sample(gateway=gateway) for gateway in Gateway.objects.all())
+
+
+@app.task(name="traffic.samples_prune", ignore_result=True)
+def samples_prune() -> int:
+    return services.traffic_samples_prune()

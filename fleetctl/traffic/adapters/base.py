@@ -69,6 +69,13 @@ class GatewaySpec:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class PoolCounters:
+    requests_total: int  # requests completed or started towards the pool, since start
+    errors_total: int  # 5xx answers and connection failures
+    active: int  # in flight now
+
+
 @dataclass
 class ApplyResult:
     applied: bool
@@ -108,6 +115,11 @@ class Adapter(ABC):
     @abstractmethod
     def in_flight(self, pool: str) -> int:
         """Requests (including open streams) this gateway has in flight to `pool`."""
+
+    def pool_counters(self) -> dict[str, PoolCounters]:
+        """Cumulative per-pool counters from the gateway's own stats, for request and error
+        rates per pool. Gateways that cannot tell return {} (the dashboard says so)."""
+        return {}
 
     def matches(self, desired: DesiredState, held: dict[str, dict[str, int]]) -> bool:
         """Does what the gateway holds equal `desired`? Adapters that round weights override."""
