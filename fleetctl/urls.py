@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 urlpatterns = [
     path("", include("fleetctl.fleet.urls")),
+    path("traffic/", include("fleetctl.traffic.urls")),
     path("audit/", include("fleetctl.audit.urls")),
     path("account/", include("fleetctl.accounts.urls")),
     path("login/", auth_views.LoginView.as_view(), name="login"),
