@@ -150,7 +150,7 @@ def celery_worker_process(
     log = open(ROOT / "var" / "test-worker.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "fleetctl", "worker", "-Q",
-         "default,push,bench,shadow", "-c", "2", "--pool", "threads", "-l", "INFO",
+         "default,push,bench,shadow", "-c", "12", "--pool", "threads", "-l", "INFO",
          "--without-gossip", "--without-mingle", "-n", f"test-{os.getpid()}@%h"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
