@@ -26,11 +26,6 @@ def revisions_current(*, routes: list[Route]) -> dict[int, SplitRevision]:
     return {rev.route_id: rev for rev in SplitRevision.objects.filter(match)}
 
 
-def current_revision_ids(*, gateway: Gateway) -> list[int]:
-    routes = list(gateway.routes.all())
-    return [rev.pk for rev in revisions_current(routes=routes).values()]
-
-
 def pools_eligible(*, route: Route) -> set[str]:
     """Pools that may carry this route: they serve its model and, when it is pinned, sit in
     its jurisdiction. Health is not required here: a drain back to an unhealthy primary is

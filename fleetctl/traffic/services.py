@@ -25,7 +25,7 @@ from fleetctl.core.crud import audited_create, audited_delete, audited_update
 from fleetctl.core.errors import ConflictError, NotFoundError
 from fleetctl.fleet.models import Pool, PoolModel
 from fleetctl.traffic import policy, selectors
-from fleetctl.traffic.adapters.base import AdapterError, adapter_for
+from fleetctl.traffic.adapters.base import AdapterError, DesiredState, adapter_for
 from fleetctl.traffic.models import (
     Drain,
     Gateway,
@@ -281,18 +281,26 @@ def _push_failed(push: GatewayPush, number: int | None, sent: Any, started: floa
     return status, retry
 
 
-def _gateway_in_sync(*, gateway: Gateway, desired_revisions: Any, at: Any,
+def _gateway_in_sync(*, gateway: Gateway, desired_revisions: DesiredState, at: Any,
                      applied_at: Any) -> None:
-    """The gateway now holds every route's current revision: every open push for it is
-    verified (its revision is current) or superseded (a newer one is what it holds)."""
-    current = selectors.current_revision_ids(gateway=gateway)
+    """The gateway holds exactly the revisions in `desired_revisions`: open pushes of those
+    revisions are verified, open pushes of older ones superseded. Pushes of revisions newer
+    than what was applied (created meanwhile) stay open for their own task."""
+    held = {spec.key: spec.revision for spec in desired_revisions.routes}
     open_pushes = GatewayPush.objects.filter(
         gateway=gateway, status__in=[GatewayPush.Status.PENDING, GatewayPush.Status.RETRYING]
-    )
-    open_pushes.filter(revision_id__in=current).update(
+    ).select_related("revision__route")
+    verified, superseded = [], []
+    for push in open_pushes:
+        number = held.get(push.revision.route.name)
+        if number == push.revision.number:
+            verified.append(push.pk)
+        elif number is not None and push.revision.number < number:
+            superseded.append(push.pk)
+    GatewayPush.objects.filter(pk__in=verified).update(
         status=GatewayPush.Status.VERIFIED, applied_at=applied_at, verified_at=at, last_error=""
     )
-    open_pushes.exclude(revision_id__in=current).update(status=GatewayPush.Status.SUPERSEDED)
+    GatewayPush.objects.filter(pk__in=superseded).update(status=GatewayPush.Status.SUPERSEDED)
     Gateway.objects.filter(pk=gateway.pk).update(
         state=Gateway.State.IN_SYNC, last_error="", last_verified_at=at,
         state_changed_at=at if gateway.state != Gateway.State.IN_SYNC
