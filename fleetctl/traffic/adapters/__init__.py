@@ -1,3 +1,2 @@
-"""Gateway adapters, one module each, registered by kind on import."""
-
-from fleetctl.traffic.adapters import base  # noqa: F401
+"""Gateway adapters, one module each, registered by kind when first needed (see
+base.adapter_for; importing them here would make a cycle with the process helpers)."""

@@ -127,6 +127,15 @@ class Adapter(ABC):
 
 
 _REGISTRY: dict[str, type[Adapter]] = {}
+# One module per gateway kind; each registers its adapter class on import.
+ADAPTER_MODULES = ("envoy",)
+
+
+def _load_adapters() -> None:
+    import importlib
+
+    for name in ADAPTER_MODULES:
+        importlib.import_module(f"fleetctl.traffic.adapters.{name}")
 
 
 def register(cls: type[Adapter]) -> type[Adapter]:
@@ -135,8 +144,7 @@ def register(cls: type[Adapter]) -> type[Adapter]:
 
 
 def adapter_for(gateway: GatewaySpec) -> Adapter:
-    from fleetctl.traffic import adapters  # noqa: F401 - imports register every adapter
-
+    _load_adapters()
     try:
         return _REGISTRY[gateway.kind](gateway)
     except KeyError as exc:
@@ -144,6 +152,5 @@ def adapter_for(gateway: GatewaySpec) -> Adapter:
 
 
 def adapter_kinds() -> list[str]:
-    from fleetctl.traffic import adapters  # noqa: F401
-
+    _load_adapters()
     return sorted(_REGISTRY)

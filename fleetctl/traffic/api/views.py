@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
@@ -48,8 +48,8 @@ class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Crea
         serializer.instance = services.route_create(
             actor=actor_from_request(self.request), **serializer.validated_data
         )
-        serializer.context["current_revisions"] = selectors.revisions_current(
-            routes=[serializer.instance])
+        context = cast(dict[str, Any], serializer.context)  # DRF's is a plain dict
+        context["current_revisions"] = selectors.revisions_current(routes=[serializer.instance])
 
     @extend_schema(request=s.RevisionCreateSerializer, responses={201: s.RevisionSerializer})
     @action(detail=True, methods=["get", "post"])

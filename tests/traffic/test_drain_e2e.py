@@ -1,0 +1,208 @@
+"""End to end, all real: simulated pools, Envoy gateways, the Celery worker that pushes, and
+the REST API an on-call engineer (or the CLI) uses. Which pool served a request is read from
+the pools' own counters, never from the gateway."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetctl.fleet.services import pool_health_record, pool_model_create, region_create
+from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
+from fleetctl.traffic.models import Drain, Gateway, GatewayPush
+from fleetctl.traffic.services import gateway_create, route_create
+from tests.conftest import wait_until
+from tests.sim.simproc import TEST_PROFILES, SimProcess
+
+pytestmark = pytest.mark.slow
+MODEL = "llama-3.1-8b-instruct"
+
+
+@pytest.fixture(scope="module")
+def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
+    workdir = tmp_path_factory.mktemp("drain-sims")
+    (workdir / "profiles.toml").write_text(TEST_PROFILES)
+    args = ["--profiles", str(workdir / "profiles.toml"), "--log-level", "WARNING",
+            "--model", MODEL]
+    for pool in ("us-primary", "us-cand", "eu-only"):
+        args += ["--pool", f"{pool}=quick@0"]
+    sim = SimProcess(args, 3, workdir / "sims.log")
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture
+def envoys(tmp_path: Path) -> Iterator[list[EnvoyProcess]]:
+    started = [EnvoyProcess(tmp_path / f"envoy-{i}", free_port(), free_port()).start()
+               for i in range(2)]
+    yield started
+    for envoy in started:
+        envoy.stop()
+
+
+def served(sims: SimProcess, pool: str) -> int:
+    text = httpx.get(f"{sims.url(pool)}/metrics", timeout=5).text
+    return int(sum(sample.value for family in text_string_to_metric_families(text)
+                   if family.name == "vllm:request_success"
+                   for sample in family.samples if sample.name.endswith("_total")))
+
+
+@pytest.fixture
+def fleet(celery_worker, sims, envoys, make_pool, region, system):
+    eu = region_create(actor=system, code="eu-west", name="EU West", jurisdiction="EU")
+    pools = {
+        "us-primary": make_pool(name="us-primary", base_urls=[sims.url("us-primary")]),
+        "us-cand": make_pool(name="us-cand", runtime="rocm", base_urls=[sims.url("us-cand")]),
+        "eu-only": make_pool(name="eu-only", region=eu, base_urls=[sims.url("eu-only")]),
+    }
+    for pool in pools.values():
+        pool_model_create(actor=system, pool=pool, model_id=MODEL, max_context_tokens=4096)
+        pool_health_record(pool_id=pool.pk, ok=True, status_code=200, latency_ms=1.0)
+    route = route_create(actor=system, name="llama", model_id=MODEL,
+                         primary_pool=pools["us-primary"],
+                         weights={"us-primary": 50, "us-cand": 50}, reason="test")
+    pinned = route_create(actor=system, name="llama-eu", model_id=MODEL, residency="EU",
+                          primary_pool=pools["eu-only"], reason="test")
+    gateways = [
+        gateway_create(actor=system, name=f"envoy-{i}", kind="envoy",
+                       admin_address=envoy.admin_url,
+                       options={"config_dir": str(envoy.workdir)}, routes=[route, pinned])
+        for i, envoy in enumerate(envoys)
+    ]
+    wait_until(lambda: not GatewayPush.objects.exclude(status="verified").exclude(
+        status="superseded").exists(), timeout_s=30, what="the first pushes to verify")
+    return {"pools": pools, "route": route, "gateways": gateways}
+
+
+def _client(envoy: EnvoyProcess, **headers: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{envoy.listen_url}/v1", api_key="x", max_retries=0,
+                         default_headers=headers or None, timeout=30)
+
+
+def _ask(client: openai.OpenAI, max_tokens: int = 4) -> str:
+    answer = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=max_tokens)
+    return answer.choices[0].message.content or ""
+
+
+def test_the_split_is_observed_through_every_gateway(fleet, sims, envoys):
+    before = {p: served(sims, p) for p in ("us-primary", "us-cand")}
+    for envoy in envoys:
+        client = _client(envoy)
+        for _ in range(100):
+            _ask(client)
+    got = {p: served(sims, p) - before[p] for p in before}
+    assert sum(got.values()) == 200
+    # 50/50 over 200 requests: 4 sigma is ±28.
+    assert abs(got["us-cand"] - 100) <= 28, got
+
+
+def test_a_drain_takes_effect_for_the_next_request_and_lets_streams_finish(
+    fleet, sims, envoys, client_for
+):
+    oncall = client_for("on-call", username="olga")
+    oncall.post("/api/v1/routes/llama/revisions/", {
+        "weights": {"us-cand": 100}, "base_revision": 1, "reason": "all on candidate"},
+        format="json")
+    wait_until(lambda: not GatewayPush.objects.filter(status__in=["pending", "retrying"])
+               .exists(), what="the ramp to verify")
+    stream_result: dict[str, object] = {}
+
+    def long_stream() -> None:
+        stream = _client(envoys[0]).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "tell me everything"}],
+            max_tokens=600, stream=True, extra_body={"ignore_eos": True})
+        stream_result["chunks"] = sum(1 for chunk in stream if chunk.choices
+                                      and chunk.choices[0].delta.content)
+
+    streaming = threading.Thread(target=long_stream)
+    streaming.start()
+    time.sleep(0.3)  # the stream is under way on us-cand
+    response = oncall.post("/api/v1/drains/", {"pool": "us-cand", "reason": "test drain"},
+                           format="json")
+    assert response.status_code == 202, response.json()
+    drain_id = response.json()["id"]
+    wait_until(lambda: Drain.objects.get(pk=drain_id).verified_at is not None,
+               what="every gateway to verify the drain")
+    before = served(sims, "us-cand")
+    for envoy in envoys:
+        _ask(_client(envoy))  # the very next requests
+    assert served(sims, "us-cand") == before  # nothing new reached the drained pool
+    drain = Drain.objects.get(pk=drain_id)
+    assert drain.in_flight_zero_at is None  # the stream is still open
+    streaming.join(timeout=30)
+    assert stream_result["chunks"] == 600  # the in-flight stream finished whole
+    wait_until(lambda: Drain.objects.get(pk=drain_id).status == "complete",
+               what="the drain to complete")
+    record = oncall.get(f"/api/v1/drains/{drain_id}/").json()
+    assert record["drained_pools"] == ["us-cand"]
+    assert {g["gateway"] for g in record["gateways"] if g["status"] == "verified"} == {
+        "envoy-0", "envoy-1"}
+    assert record["verified_ms"] <= record["duration_ms"]
+    assert record["in_flight_zero_at"] >= record["verified_at"]
+
+    restore = oncall.post(f"/api/v1/drains/{drain_id}/restore/", {"reason": "back"},
+                          format="json")
+    assert restore.status_code == 202
+    wait_until(lambda: Drain.objects.get(pk=restore.json()["id"]).status == "complete",
+               what="the restore to complete")
+    before = served(sims, "us-cand")  # now counting the finished stream too
+    _ask(_client(envoys[1]))
+    assert served(sims, "us-cand") == before + 1  # back on the candidate
+
+
+def test_pinned_traffic_never_crosses_the_border(fleet, sims, envoys, client_for):
+    eu_before = served(sims, "eu-only")
+    us_before = served(sims, "us-primary") + served(sims, "us-cand")
+    _ask(_client(envoys[0], **{"x-fleetctl-residency": "EU"}))
+    assert served(sims, "eu-only") == eu_before + 1
+    with pytest.raises(openai.PermissionDeniedError):
+        _ask(_client(envoys[0], **{"x-fleetctl-residency": "IN"}))
+    # Draining the only EU pool leaves the pinned route empty: it answers an error instead
+    # of falling back to the US primary.
+    oncall = client_for("on-call")
+    drained = oncall.post("/api/v1/drains/", {"pool": "eu-only", "reason": "eu outage"},
+                          format="json").json()
+    wait_until(lambda: Drain.objects.get(pk=drained["id"]).status == "complete",
+               what="the EU drain")
+    with pytest.raises(openai.APIStatusError) as refused:
+        _ask(_client(envoys[1], **{"x-fleetctl-residency": "EU"}))
+    assert refused.value.status_code == 503
+    assert served(sims, "us-primary") + served(sims, "us-cand") == us_before
+
+
+def test_a_gateway_down_during_a_drain_shows_partial_then_completes_when_back(
+    fleet, envoys, client_for
+):
+    envoys[1].stop()
+    oncall = client_for("on-call")
+    drain_id = oncall.post("/api/v1/drains/", {"route": "llama", "reason": "gateway test"},
+                           format="json").json()["id"]
+    wait_until(lambda: Drain.objects.get(pk=drain_id).status == "partial",
+               what="the drain to show partial")
+    assert Gateway.objects.get(name="envoy-1").state == "failing"
+    assert "envoy-1" in Drain.objects.get(pk=drain_id).last_error
+    envoys[1].start()
+    wait_until(lambda: Drain.objects.get(pk=drain_id).status == "complete", timeout_s=40,
+               what="the drain to complete once the gateway is back")
+    assert Gateway.objects.get(name="envoy-1").state == "in-sync"
+
+
+def test_a_restarted_gateway_is_reconciled(fleet, envoys):
+    from fleetctl.traffic.tasks import reconcile
+
+    envoys[0].stop()
+    envoys[0].forget_configuration()
+    envoys[0].start()
+    assert reconcile() == 1  # drift found, push queued
+    wait_until(lambda: not GatewayPush.objects.filter(reason="reconcile").exclude(
+        status="verified").exists(), what="the reconcile push")
+    assert reconcile() == 0
+    _ask(_client(envoys[0]))
