@@ -30,7 +30,7 @@ def _nav_items() -> list[NavItem]:
         # These sections are planned; showing them disabled tells people what is coming
         # without linking to pages that do not exist yet.
         NavItem("Plans", note="arrives with the Plans issue"),
-        NavItem("Traffic", note="arrives with the Traffic issue"),
+        NavItem("Traffic", reverse("traffic:routes"), section="traffic"),
         NavItem("Benchmarks", note="arrives with the Benchmarks issue"),
         NavItem("Shadow", note="arrives with the Shadow issue"),
         NavItem("Audit", reverse("audit:list"), section="audit"),
@@ -52,5 +52,7 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
             "read": actor.can(roles.READ),
             "fleet_manage": actor.can(roles.FLEET_MANAGE),
             "tokens_own": actor.can(roles.TOKENS_OWN),
+            "ramp": actor.can(roles.RAMP),
+            "drain": actor.can(roles.DRAIN),
         },
     }

@@ -42,26 +42,28 @@ def gateway_spec(gateway: Gateway) -> GatewaySpec:
 
 
 def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
+    """What the gateway should hold: each route at its current revision. Every pool that may
+    carry a route is listed in it, at weight 0 when the split gives it none, so a ramp or a
+    drain only moves weights (Envoy: one runtime update) instead of changing the route's
+    shape (a config reload). An empty split stays empty: the route answers an error."""
     routes = list(gateway.routes.all())
     current = revisions_current(routes=routes)
-    specs = tuple(
-        RouteSpec(key=route.name, model=route.model_id, latency_class=route.latency_class,
-                  residency=route.residency, revision=route.revision_number,
-                  weights=dict(current[route.pk].weights) if route.pk in current else {})
-        for route in sorted(routes, key=lambda r: r.name)
-    )
+    specs = []
+    for route in sorted(routes, key=lambda r: r.name):
+        weights = dict(current[route.pk].weights) if route.pk in current else {}
+        if weights:
+            weights = {pool: 0 for pool in pools_eligible(route=route)} | weights
+        specs.append(RouteSpec(key=route.name, model=route.model_id,
+                               latency_class=route.latency_class, residency=route.residency,
+                               revision=route.revision_number, weights=weights))
     names = {pool for spec in specs for pool in spec.weights}
-    # Every pool that may ever carry these routes is declared, so a split change never needs
-    # a structural change on the gateway (only weights move).
-    for route in routes:
-        names |= pools_eligible(route=route)
     pools = {
         pool.name: PoolTarget(name=pool.name, base_urls=tuple(pool.base_urls),
                               jurisdiction=pool.region.jurisdiction)
         for pool in Pool.objects.select_related("region").filter(name__in=names)
     }
     return DesiredState(
-        routes=specs, pools=pools,
+        routes=tuple(specs), pools=pools,
         residency_header=settings.TRAFFIC_RESIDENCY_HEADER,
         latency_class_header=settings.TRAFFIC_LATENCY_CLASS_HEADER,
     )
@@ -121,3 +123,105 @@ def pool_rates(*, gateway_ids: list[int] | None = None, minutes: int = 15
         pool: [{"at": at, **values} for at, values in sorted(points.items())]
         for pool, points in sorted(series.items())
     }
+
+
+# --- reads for the traffic dashboard ---------------------------------------------------------
+
+def route_get(*, name: str) -> Route | None:
+    return route_list().select_related("primary_pool__region").filter(name=name).first()
+
+
+def revision_history(*, route: Route, limit: int = 50) -> list[SplitRevision]:
+    """Newest first, each with its parent in the same query (the page diffs against it)."""
+    return list(route.revisions.select_related("parent").order_by("-number")[:limit])
+
+
+def route_gateway_pushes(*, route: Route) -> list[tuple[Gateway, GatewayPush | None]]:
+    """Each gateway carrying the route, with its latest push of one of this route's revisions
+    (None before the first). Two queries however many gateways and pushes there are."""
+    from django.db.models import OuterRef, Subquery
+
+    latest = (GatewayPush.objects.filter(gateway=OuterRef("pk"), revision__route=route)
+              .order_by("-created_at", "-id").values("pk")[:1])
+    gateways = list(Gateway.objects.filter(routes=route)
+                    .annotate(latest_push_id=Subquery(latest)).order_by("name"))
+    pushes = GatewayPush.objects.select_related("revision").in_bulk(
+        [g.latest_push_id for g in gateways if g.latest_push_id]  # type: ignore[attr-defined]
+    )
+    return [(g, pushes.get(g.latest_push_id)) for g in gateways]  # type: ignore[attr-defined]
+
+
+def ramp_pools(*, eligible: set[str], holding: set[str]) -> list[Pool]:
+    """The pools a ramp may give weight to (`pools_eligible`), plus any that still hold weight
+    on the route without being eligible now (e.g. moved region), so they can be set to 0."""
+    names = eligible | holding
+    return list(Pool.objects.select_related("region").filter(name__in=names).order_by("name"))
+
+
+def pools_outside_pin(*, route: Route) -> list[Pool]:
+    """Pools that serve the route's model but sit outside its residency pin: never offered."""
+    if not route.residency:
+        return []
+    return list(Pool.objects.select_related("region")
+                .filter(models__model_id=route.model_id)
+                .exclude(region__jurisdiction=route.residency).order_by("name"))
+
+
+def pool_get(*, name: str) -> Pool | None:
+    return Pool.objects.select_related("region").filter(name=name).first()
+
+
+class DrainPreview:
+    """What a drain would do to one route; shown on the confirm page before anything moves."""
+
+    def __init__(self, *, route: Route, before: dict[str, float], after: dict[str, float],
+                 removed: list[str]) -> None:
+        self.route = route
+        self.before = before
+        self.after = after
+        self.removed = removed
+
+
+def drain_preview(*, route: Route | None = None, pool: Pool | None = None
+                  ) -> list[DrainPreview]:
+    """The same arithmetic as the drain service (split.drained over the eligible pools), read
+    only: the service recomputes it under a row lock and stays the authority."""
+    from fleetctl.traffic.split import as_percentages, drained
+
+    routes = [route] if route is not None else list(route_list())
+    current = revisions_current(routes=routes)
+    previews = []
+    for each in routes:
+        weights = current[each.pk].weights if each.pk in current else {}
+        if pool is not None:
+            remove = {pool.name}
+        else:
+            remove = {p for p in weights if p != each.primary_pool.name}
+        removed = remove & set(weights)
+        if not removed:
+            continue
+        after = drained(weights, remove=remove, primary=each.primary_pool.name,
+                        eligible=pools_eligible(route=each))
+        previews.append(DrainPreview(route=each, before=as_percentages(weights),
+                                     after=as_percentages(after), removed=sorted(removed)))
+    return previews
+
+
+def drain_get(*, drain_id: int) -> Drain | None:
+    return drain_list().prefetch_related("restored_by").filter(pk=drain_id).first()
+
+
+def drains_recent(*, limit: int = 8) -> list[Drain]:
+    return list(drain_list()[:limit])
+
+
+def route_pool_rates(*, route: Route, pools: set[str], minutes: int = 15
+                     ) -> dict[str, list[dict[str, float | str]]]:
+    """pool_rates from the gateways carrying this route, for the pools that may carry it. A
+    gateway counts per pool (cluster), not per route: a pool shared by two routes on one
+    gateway shows both routes' traffic."""
+    gateway_ids = [g.pk for g in route.gateways.all()]
+    if not gateway_ids:
+        return {}
+    rates = pool_rates(gateway_ids=gateway_ids, minutes=minutes)
+    return {pool: points for pool, points in rates.items() if pool in pools}

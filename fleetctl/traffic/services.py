@@ -14,7 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import close_old_connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -163,13 +163,17 @@ def _store_revision(*, actor: Actor, route: Route, base: int, weights: dict[str,
 
 
 def _queue_pushes(revision: SplitRevision) -> None:
-    pushes = [GatewayPush.objects.create(revision=revision, gateway=gateway)
-              for gateway in revision.route.gateways.all()]
+    pushes = GatewayPush.objects.bulk_create(
+        [GatewayPush(revision=revision, gateway=gateway)
+         for gateway in revision.route.gateways.all()]
+    )
     if pushes:
-        from fleetctl.traffic.tasks import push_run
+        from fleetctl.traffic.tasks import push_fanout
 
         ids = [p.pk for p in pushes]
-        transaction.on_commit(lambda: [push_run.delay(pk) for pk in ids])
+        # One message for all gateways: the task pushes to them in parallel threads, so a
+        # drain does not wait for the worker to pick up ten messages one by one.
+        transaction.on_commit(lambda: push_fanout.delay(ids))
 
 
 # --- gateways --------------------------------------------------------------------------------
@@ -225,15 +229,54 @@ def _enqueue_after_commit(push_id: int) -> None:
 RETRY_DELAYS_S = (0.2, 0.5, 1, 2, 5, 10, 20, 30)
 
 
-def push_execute(*, push_id: int) -> tuple[str, float | None]:
+def push_fanout(*, push_ids: list[int]) -> list[tuple[int, str, float | None]]:
+    """First attempt of several pushes at once, one thread per gateway (the work is waiting
+    on gateways, not computing). Gateways carrying the same routes share one desired state."""
+    pushes = list(GatewayPush.objects.select_related("gateway", "revision__route")
+                  .filter(pk__in=push_ids))
+    states: dict[tuple[int, ...], DesiredState] = {}
+    work = []
+    for push in pushes:
+        routes = tuple(sorted(push.gateway.routes.values_list("pk", flat=True)))
+        if routes not in states:
+            states[routes] = selectors.gateway_desired_state(gateway=push.gateway)
+        work.append((push, states[routes]))
+
+    return list(_push_threads().map(_attempt, work))
+
+
+_pool: Any = None
+
+
+def _push_threads() -> Any:
+    """Threads kept for the process's life, so each keeps its database connection
+    (CONN_MAX_AGE) instead of opening one per push: a drain is timed in milliseconds."""
+    global _pool
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="push")
+    return _pool
+
+
+def _attempt(item: tuple[GatewayPush, DesiredState]) -> tuple[int, str, float | None]:
+    push, desired = item
+    close_old_connections()
+    return (push.pk, *push_execute(push_id=push.pk, push=push, desired=desired))
+
+
+def push_execute(*, push_id: int, push: GatewayPush | None = None,
+                 desired: DesiredState | None = None) -> tuple[str, float | None]:
     """One attempt at making a gateway hold its whole desired state; returns the push's
     status and, when it should be retried, after how many seconds."""
-    push = GatewayPush.objects.select_related("gateway", "revision__route").get(pk=push_id)
+    if push is None:
+        push = GatewayPush.objects.select_related("gateway", "revision__route").get(pk=push_id)
     if push.status in (GatewayPush.Status.VERIFIED, GatewayPush.Status.SUPERSEDED,
                        GatewayPush.Status.FAILED):
         return push.status, None
     gateway = push.gateway
-    desired = selectors.gateway_desired_state(gateway=gateway)
+    if desired is None:
+        desired = selectors.gateway_desired_state(gateway=gateway)
     GatewayPush.objects.filter(pk=push_id).update(attempts=F("attempts") + 1)
     number = push.attempts + 1
     sent = timezone.now()

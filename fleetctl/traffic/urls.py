@@ -1,4 +1,15 @@
 from django.urls import path
 
+from fleetctl.traffic import views
+
 app_name = "traffic"
-urlpatterns: list = []  # filled by the traffic dashboard
+urlpatterns = [
+    path("", views.route_list, name="routes"),
+    path("routes/<slug:name>/", views.route_detail, name="route-detail"),
+    path("routes/<slug:name>/ramp/", views.route_ramp, name="route-ramp"),
+    path("routes/<slug:name>/drain/", views.route_drain, name="route-drain"),
+    path("pools/<slug:name>/drain/", views.pool_drain, name="pool-drain"),
+    path("drains/", views.drain_list, name="drains"),
+    path("drains/<int:drain_id>/", views.drain_detail, name="drain-detail"),
+    path("drains/<int:drain_id>/restore/", views.drain_restore, name="drain-restore"),
+]

@@ -1,0 +1,341 @@
+"""Traffic dashboard: routes and gateways, a route's split and history with the ramp form,
+drains (confirm by typing the name, then live progress) and restores.
+
+Function views that call selectors (reads) and services (writes, through `call_service`).
+htmx asks for a block of the same page by targeting its id; the view then renders only that
+block's partial template.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.views import Outcome, call_service, dashboard_view
+from fleetctl.fleet.charts import figure_data
+from fleetctl.fleet.models import Pool
+from fleetctl.traffic import charts, selectors, services
+from fleetctl.traffic.forms import DrainForm, RampForm, RestoreForm
+from fleetctl.traffic.models import Drain, GatewayPush, Route, SplitRevision
+
+# The ids of the blocks htmx refreshes; the view picks the partial by HX-Target.
+GATEWAYS_ID = "gateways"
+RECENT_DRAINS_ID = "recent-drains"
+PROGRESS_ID = "drain-progress"
+HISTORY_LIMIT = 50
+DRAINS_PAGE_SIZE = 50
+TERMINAL = (Drain.Status.COMPLETE, Drain.Status.FAILED)
+
+
+def _route_or_404(name: str) -> Route:
+    route = selectors.route_get(name=name)
+    if route is None:
+        raise Http404(f"No route named {name!r}.")
+    return route
+
+
+def _pool_or_404(name: str) -> Pool:
+    pool = selectors.pool_get(name=name)
+    if pool is None:
+        raise Http404(f"No pool named {name!r}.")
+    return pool
+
+
+def _drain_or_404(drain_id: int) -> Drain:
+    drain = selectors.drain_get(drain_id=drain_id)
+    if drain is None:
+        raise Http404(f"No drain with id {drain_id}.")
+    return drain
+
+
+# --- routes ----------------------------------------------------------------------------------
+
+@dashboard_view
+@require_GET
+def route_list(request: HttpRequest) -> HttpResponse:
+    if request.htmx.target == GATEWAYS_ID:  # type: ignore[attr-defined]
+        return render(request, "traffic/_gateways.html",
+                      {"gateways": selectors.gateway_list()})
+    if request.htmx.target == RECENT_DRAINS_ID:  # type: ignore[attr-defined]
+        return render(request, "traffic/_recent_drains.html",
+                      {"drains": selectors.drains_recent()})
+    routes = list(selectors.route_list())
+    current = selectors.revisions_current(routes=routes)
+    splits = {route.pk: current[route.pk].percentages() if route.pk in current else {}
+              for route in routes}
+    colours = charts.pool_colours(pool for split in splits.values() for pool in split)
+    rows = [
+        {"route": route,
+         "split": [(pool, share, colours[pool]) for pool, share in splits[route.pk].items()],
+         # A route drain sends everything to the primary: nothing to do when it already has it.
+         "drainable": any(pool != route.primary_pool.name for pool in splits[route.pk])}
+        for route in routes
+    ]
+    # Which routes each pool carries, for the pool-drain links under the routes table.
+    carrying: dict[str, list[str]] = {}
+    for route in routes:
+        for pool in splits[route.pk]:
+            carrying.setdefault(pool, []).append(route.name)
+    return render(request, "traffic/routes.html", {
+        "rows": rows,
+        "carrying": [(pool, colours[pool], names) for pool, names in sorted(carrying.items())],
+        "gateways": selectors.gateway_list(),
+        "drains": selectors.drains_recent(),
+    })
+
+
+@dataclass
+class RevisionDiff:
+    """One revision against its parent, per pool: before % → after %."""
+
+    revision: SplitRevision
+    changes: list[tuple[str, float, float]]  # (pool, before, after), every pool in either
+
+
+def _diff(revision: SplitRevision) -> RevisionDiff:
+    before = revision.parent.percentages() if revision.parent else {}
+    after = revision.percentages()
+    pools = sorted(set(before) | set(after))
+    return RevisionDiff(revision, [(p, before.get(p, 0.0), after.get(p, 0.0)) for p in pools])
+
+
+@dataclass
+class RouteNow:
+    """A route's current revision and who may carry it, read once per request."""
+
+    current: SplitRevision | None
+    split: dict[str, float]
+    eligible: set[str]
+
+    @classmethod
+    def read(cls, route: Route) -> RouteNow:
+        current = selectors.revision_current(route=route)
+        return cls(current, current.percentages() if current else {},
+                   selectors.pools_eligible(route=route))
+
+
+def _ramp_form(route: Route, now: RouteNow, data: Any = None, *,
+               initial: dict[str, Any] | None = None) -> RampForm:
+    return RampForm(data, pools=selectors.ramp_pools(eligible=now.eligible,
+                                                     holding=set(now.split)),
+                    current=now.split,
+                    initial=initial or {"base_revision": route.revision_number})
+
+
+def _render_route_detail(request: HttpRequest, route: Route, *, now: RouteNow | None = None,
+                         form: RampForm | None = None, status: int = 200) -> HttpResponse:
+    now = now or RouteNow.read(route)
+    current, split, eligible = now.current, now.split, now.eligible
+    form = form or _ramp_form(route, now)
+    colours = charts.pool_colours([*split, *(pool.name for pool in form.pools)])
+    rates = selectors.route_pool_rates(route=route, pools=eligible | set(split))
+    context: dict[str, Any] = {
+        "route": route,
+        "current": current,
+        "split": [(pool, share, colours[pool]) for pool, share in split.items()],
+        "split_figure": figure_data(charts.split_figure(
+            split, colours=colours, revision=route.revision_number)) if split else None,
+        "history": [_diff(rev) for rev in selectors.revision_history(
+            route=route, limit=HISTORY_LIMIT)],
+        "history_limit": HISTORY_LIMIT,
+        "gateway_pushes": selectors.route_gateway_pushes(route=route),
+        "form": form,
+        "not_eligible": {pool.name for pool in form.pools} - eligible,
+        "outside_pin": selectors.pools_outside_pin(route=route),
+        "rates_figure": figure_data(charts.pool_rates_figure(rates, colours=colours))
+        if rates else None,
+        "rate_rows": sorted(((point["at"], pool, point) for pool, points in rates.items()
+                             for point in points), key=lambda row: (row[0], row[1]),
+                            reverse=True),
+    }
+    return render(request, "traffic/route_detail.html", context, status=status)
+
+
+@dashboard_view
+@require_GET
+def route_detail(request: HttpRequest, name: str) -> HttpResponse:
+    return _render_route_detail(request, _route_or_404(name))
+
+
+@dashboard_view
+@require_POST
+def route_ramp(request: HttpRequest, name: str) -> HttpResponse:
+    route = _route_or_404(name)
+    now = RouteNow.read(route)
+    form = _ramp_form(route, now, request.POST)
+    done: Outcome[SplitRevision] = Outcome()
+    if form.is_valid():
+        actor = actor_from_request(request)
+        done = call_service(request, lambda: services.revision_create(
+            actor=actor, route=route, weights=form.cleaned_data["weights"],
+            base_revision=form.cleaned_data["base_revision"],
+            reason=form.cleaned_data["reason"], force=form.cleaned_data["force"],
+        ), form=form)
+        if done.result is not None:
+            messages.success(request, f"Route {route.name} is now at revision "
+                                      f"{done.result.number}; pushing to its gateways.")
+            return redirect("traffic:route-detail", name=route.name)
+    if done.status == 409:
+        # Someone changed the split meanwhile: show the fresh split, and keep what this
+        # person typed (now based on the fresh revision) so they can compare and decide.
+        route = _route_or_404(name)
+        now = RouteNow.read(route)
+        typed = form.cleaned_data
+        form = _ramp_form(route, now, initial={
+            "weights": {pool: f"{share:g}" for pool, share in typed["weights"].items()},
+            "reason": typed["reason"], "force": typed["force"],
+            "base_revision": route.revision_number,
+        })
+        form.stale = True
+    return _render_route_detail(request, route, now=now, form=form, status=done.status)
+
+
+# --- drains ----------------------------------------------------------------------------------
+
+def _drain_confirm(request: HttpRequest, *, route: Route | None, pool: Pool | None
+                   ) -> HttpResponse:
+    """The confirm page for a route or a pool drain: what would move, then type the name."""
+    target = route or pool
+    assert target is not None
+    what = "route" if route is not None else "pool"
+    form = DrainForm(request.POST if request.method == "POST" else None,
+                     expected=target.name, what=what)
+    done: Outcome[Drain] = Outcome()
+    if request.method == "POST" and form.is_valid():
+        actor = actor_from_request(request)
+        done = call_service(request, lambda: services.drain_request(
+            actor=actor, reason=form.cleaned_data["reason"], route=route, pool=pool,
+        ), form=form)
+        if done.result is not None:
+            messages.success(request, f"Draining {what} {target.name}.")
+            return redirect("traffic:drain-detail", drain_id=done.result.pk)
+    return render(request, "traffic/drain_confirm.html", {
+        "form": form, "what": what, "target": target, "route": route, "pool": pool,
+        "preview": selectors.drain_preview(route=route, pool=pool),
+    }, status=done.status)
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def route_drain(request: HttpRequest, name: str) -> HttpResponse:
+    return _drain_confirm(request, route=_route_or_404(name), pool=None)
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def pool_drain(request: HttpRequest, name: str) -> HttpResponse:
+    return _drain_confirm(request, route=None, pool=_pool_or_404(name))
+
+
+def _ms_since(start: datetime, at: datetime | None) -> float | None:
+    return None if at is None else (at - start).total_seconds() * 1000
+
+
+@dataclass
+class Step:
+    """One line of a drain's timeline; `at` None means not reached yet."""
+
+    label: str
+    at: datetime | None
+    ms: float | None
+    state: str  # done | waiting | failing
+    detail: str = ""
+
+
+def _timeline(drain: Drain, pushes: list[GatewayPush]) -> list[Step]:
+    start = drain.requested_at
+    steps = [Step("requested", start, 0.0, "done", f"by {drain.requested_by}")]
+    for push in pushes:
+        where = f"{push.gateway.name} · {push.revision.route.name} r{push.revision.number}"
+        failing = push.status in (GatewayPush.Status.RETRYING, GatewayPush.Status.FAILED)
+        if push.status == GatewayPush.Status.SUPERSEDED:
+            steps.append(Step(f"{where}: superseded", None, None, "done",
+                              "a later push carried a newer state"))
+            continue
+        steps.append(Step(f"{where}: applied", push.applied_at,
+                          _ms_since(start, push.applied_at),
+                          "done" if push.applied_at else "failing" if failing else "waiting",
+                          push.last_error if failing else ""))
+        steps.append(Step(f"{where}: verified", push.verified_at,
+                          _ms_since(start, push.verified_at),
+                          "done" if push.verified_at else "failing" if failing else "waiting"))
+    steps.append(Step("every gateway verified", drain.verified_at, drain.verified_ms,
+                      "done" if drain.verified_at else "waiting",
+                      "" if pushes else "no gateway carries these routes"))
+    steps.append(Step("in-flight requests to drained pools at zero", drain.in_flight_zero_at,
+                      _ms_since(start, drain.in_flight_zero_at),
+                      "done" if drain.in_flight_zero_at else "waiting"))
+    steps.append(Step("complete", drain.completed_at, drain.duration_ms,
+                      "done" if drain.completed_at else
+                      "failing" if drain.status == Drain.Status.FAILED else "waiting"))
+    return steps
+
+
+def _still_watched(drain: Drain) -> bool:
+    """Poll while the watcher task can still change the record: not terminal, and not past
+    the watcher's time limit (after which a partial drain stays as it is)."""
+    if drain.status in TERMINAL:
+        return False
+    limit = timedelta(seconds=services.drain_watch_timeout_s() + 60)
+    return timezone.now() - drain.requested_at < limit
+
+
+@dashboard_view
+@require_GET
+def drain_detail(request: HttpRequest, drain_id: int) -> HttpResponse:
+    drain = _drain_or_404(drain_id)
+    pushes = selectors.drain_gateway_times(drain=drain)
+    restored_by = list(drain.restored_by.all())
+    context: dict[str, Any] = {
+        "drain": drain,
+        "pushes": pushes,
+        "steps": _timeline(drain, pushes),
+        "polling": _still_watched(drain),
+        "restored_by": restored_by,
+        "restorable": (drain.action == Drain.Action.DRAIN
+                       and drain.status == Drain.Status.COMPLETE and not restored_by),
+    }
+    if request.htmx.target == PROGRESS_ID:  # type: ignore[attr-defined]
+        return render(request, "traffic/_drain_progress.html", context)
+    return render(request, "traffic/drain_detail.html", context)
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def drain_restore(request: HttpRequest, drain_id: int) -> HttpResponse:
+    drain = _drain_or_404(drain_id)
+    form = RestoreForm(request.POST if request.method == "POST" else None)
+    done: Outcome[Drain] = Outcome()
+    if request.method == "POST" and form.is_valid():
+        actor = actor_from_request(request)
+        done = call_service(request, lambda: services.drain_restore(
+            actor=actor, drain=drain, reason=form.cleaned_data["reason"]), form=form)
+        if done.result is not None:
+            messages.success(request, f"Restoring the split from before drain {drain.pk}.")
+            return redirect("traffic:drain-detail", drain_id=done.result.pk)
+    revisions = [(rev, rev.parent) for rev in drain.revisions.select_related("route", "parent")]
+    return render(request, "traffic/drain_restore.html", {
+        "drain": drain, "form": form, "revisions": revisions,
+        "already": list(drain.restored_by.all()),
+    }, status=done.status)
+
+
+@dashboard_view
+@require_GET
+def drain_list(request: HttpRequest) -> HttpResponse:
+    page = Paginator(selectors.drain_list().prefetch_related("restored_by"),
+                     DRAINS_PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "traffic/drain_list.html", {
+        "page": page,
+        "drains_url": reverse("traffic:drain-detail", args=[0]).removesuffix("0/"),
+    })
