@@ -16,8 +16,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetctl.traffic.envoy_process import EnvoyProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -63,6 +68,7 @@ class Stack:
 
     def __init__(self) -> None:
         self.services: list[Service] = []
+        self._callbacks: list[Callable[[], object]] = []
 
     def start(self, name: str, argv: list[str], env: dict[str, str], *,
               to_log: bool = True) -> subprocess.Popen[bytes]:
@@ -79,7 +85,13 @@ class Stack:
                 return f"{service.name} exited with {service.proc.returncode}"
         return None
 
+    def on_stop(self, callback: Callable[[], object]) -> None:
+        self._callbacks.append(callback)
+
     def stop(self) -> None:
+        for callback in reversed(self._callbacks):
+            callback()
+        self._callbacks.clear()
         for service in reversed(self.services):
             if service.proc.poll() is None:
                 os.killpg(service.proc.pid, signal.SIGTERM)
@@ -181,7 +193,21 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def run_demo(host: str, port: int, sim_base_port: int) -> int:
+def _start_envoy(port: int, admin_port: int) -> EnvoyProcess:
+
+    from fleetctl.traffic.envoy_process import EnvoyProcess
+
+    for taken in (port, admin_port):
+        if port_answers("127.0.0.1", taken):
+            raise SystemExit(f"[fleetctl] port {taken} is taken; set FLEETCTL_GATEWAY_PORT / "
+                             "FLEETCTL_GATEWAY_ADMIN_PORT")
+    envoy = EnvoyProcess(VAR / "envoy", port, admin_port, listen_address="127.0.0.1")
+    envoy.start()
+    return envoy
+
+
+def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
+             gateway_admin_port: int) -> int:
     VAR.mkdir(exist_ok=True)
     _interrupt_on_sigterm()
     env = dict(os.environ)
@@ -202,20 +228,29 @@ def run_demo(host: str, port: int, sim_base_port: int) -> int:
                        check=True)
         password = _demo_password()
         subprocess.run([PY, "manage.py", "demo_seed", "--password", password,
-                        "--sim-base-port", str(sim_base_port)], cwd=ROOT, env=env, check=True)
+                        "--sim-base-port", str(sim_base_port),
+                        "--gateway-admin", f"http://127.0.0.1:{gateway_admin_port}",
+                        "--gateway-config-dir", str(VAR / "envoy")],
+                       cwd=ROOT, env=env, check=True)
         sim_args = [f"{name}={profile}@{sim_base_port + offset}"
                     for name, profile, offset in DEMO_SIM_POOLS]
         pool_flags = [flag for arg in sim_args for flag in ("--pool", arg)]
         stack.start("sim", [PY, "-m", "fleetctl.sim", *pool_flags], env)
+        envoy = _start_envoy(gateway_port, gateway_admin_port)
+        stack.on_stop(envoy.stop)
+        # Gateway pushes and drains get a worker of their own, as in production.
+        stack.start("worker-push", [PY, "-m", "celery", "-A", "fleetctl", "worker", "-l",
+                                    "INFO", "-Q", "push", "-c", "8", "--pool", "threads",
+                                    "-n", "push@%h"], env)
         stack.start("worker", [PY, "-m", "celery", "-A", "fleetctl", "worker", "-l", "INFO",
-                               "-Q", "default,push,bench,shadow", "-c", "2",
-                               "--pool", "threads"], env)
+                               "-Q", "default,bench,shadow", "-c", "2",
+                               "--pool", "threads", "-n", "jobs@%h"], env)
         stack.start("beat", [PY, "-m", "celery", "-A", "fleetctl", "beat", "-l", "INFO",
                              "-s", str(VAR / "celerybeat-schedule")], env)
         stack.start("web", [PY, "-m", "gunicorn", "fleetctl.wsgi", "-b", f"{host}:{port}",
                             "-w", "2", "--threads", "4", "--access-logfile", "-"], env)
         wait_for_port(host, port, what="the web server")
-        _print_banner(host, port, password, sim_base_port)
+        _print_banner(host, port, password, sim_base_port, gateway_port)
         while (problem := stack.check_alive()) is None:
             time.sleep(1)
         log(f"stopping: {problem} (see {VAR}/)")
@@ -228,8 +263,10 @@ def run_demo(host: str, port: int, sim_base_port: int) -> int:
         log("stopped.")
 
 
-def _print_banner(host: str, port: int, password: str, sim_base_port: int) -> None:
+def _print_banner(host: str, port: int, password: str, sim_base_port: int,
+                  gateway_port: int) -> None:
     url = f"http://{host}:{port}"
+    gateway = f"http://127.0.0.1:{gateway_port}"
     print(f"""
   fleetctl demo is running — Ctrl-C stops everything.
 
@@ -237,7 +274,12 @@ def _print_banner(host: str, port: int, password: str, sim_base_port: int) -> No
     API docs    {url}/api/docs/
     login       admin / {password}      (also lead, oncall, viewer — same password)
     sim fleet   http://127.0.0.1:{sim_base_port + 1} … {sim_base_port + len(DEMO_SIM_POOLS)}
+    gateway     {gateway}/v1  (Envoy; add -H 'x-fleetctl-residency: EU' for the EU route)
     logs        {VAR}/*.log
+
+  Through the gateway:
+    curl -s {gateway}/v1/chat/completions -H 'Content-Type: application/json' \\
+      -d '{{"model": "llama-3.1-8b-instruct", "messages": [{{"role": "user", "content": "hi"}}]}}'
 
   CLI: create a token on {url}/account/tokens/ then
     export FLEETCTL_URL={url} FLEETCTL_TOKEN=fct_…
@@ -253,11 +295,16 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     demo.add_argument("--sim-base-port", type=int,
                       default=int(os.environ.get("FLEETCTL_SIM_BASE_PORT", "8100")))
+    demo.add_argument("--gateway-port", type=int,
+                      default=int(os.environ.get("FLEETCTL_GATEWAY_PORT", "8080")))
+    demo.add_argument("--gateway-admin-port", type=int,
+                      default=int(os.environ.get("FLEETCTL_GATEWAY_ADMIN_PORT", "9901")))
     test = sub.add_parser("test", help="run the test suite against real services")
     test.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "demo":
-        return run_demo(args.host, args.port, args.sim_base_port)
+        return run_demo(args.host, args.port, args.sim_base_port, args.gateway_port,
+                        args.gateway_admin_port)
     return run_tests(args.pytest_args)
 
 

@@ -45,6 +45,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--password", required=True, help="password for the demo users")
         parser.add_argument("--sim-base-port", type=int, default=8100)
+        parser.add_argument("--gateway-admin", default="",
+                            help="Envoy admin URL; with it, routes and a gateway are seeded")
+        parser.add_argument("--gateway-config-dir", default="")
 
     def handle(self, *args: Any, **options: Any) -> None:
         actor = Actor.for_system("demo-seed")
@@ -71,8 +74,36 @@ class Command(BaseCommand):
                     weight_format="safetensors", max_context_tokens=32768,
                 )
         self._people(actor, options["password"])
+        if options["gateway_admin"]:
+            self._traffic(actor, options["gateway_admin"], options["gateway_config_dir"])
         self.stdout.write(f"demo fleet: {Pool.objects.count()} pools in "
                           f"{Region.objects.count()} regions")
+
+    def _traffic(self, actor: Actor, admin_url: str, config_dir: str) -> None:
+        """Two routes through one Envoy: the model, all on the H200 primary with the MI300X
+        candidate ready at 0 %, and the same model pinned to the EU."""
+        from fleetctl.traffic import services as traffic
+        from fleetctl.traffic.models import Gateway, Route
+
+        # The pools have not been probed yet when the demo starts; the seed forces (audited).
+        routes = []
+        for name, pin, primary in (("llama-8b", "", "h200-us-east"),
+                                   ("llama-8b-eu", "EU", "tpu-v5e-eu-west")):
+            route = Route.objects.filter(name=name).first() or traffic.route_create(
+                actor=actor, name=name, model_id=MODEL, residency=pin,
+                primary_pool=Pool.objects.get(name=primary), force=True,
+                reason="demo seed (pools not probed yet)",
+            )
+            routes.append(route)
+        gateway = Gateway.objects.filter(name="envoy-demo").first()
+        options = {"config_dir": config_dir}
+        if gateway is None:
+            traffic.gateway_create(actor=actor, name="envoy-demo", kind="envoy",
+                                   admin_address=admin_url, options=options, routes=routes)
+        else:
+            # A new Envoy starts empty: push it the whole state again.
+            traffic.gateway_update(actor=actor, gateway=gateway, admin_address=admin_url,
+                                   options=options, routes=routes)
 
     def _people(self, actor: Actor, password: str) -> None:
         roles_ensure_groups()
