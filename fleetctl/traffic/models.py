@@ -124,6 +124,21 @@ class Gateway(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        if not isinstance(self.options, dict):
+            raise ValidationError({"options": ['Options are an object, e.g. '
+                                               '{"config_dir": "/var/lib/fleetctl/envoy"}.']})
+        needs_url = self.kind in (self.Kind.ENVOY, self.Kind.GATEWAY_API)
+        if needs_url and not self.admin_address.startswith(("http://", "https://")):
+            raise ValidationError({"admin_address": [
+                f"A {self.get_kind_display()} gateway is reached over HTTP(S): give its "
+                f"{'admin' if self.kind == self.Kind.ENVOY else 'API server'} URL."]})
+        if self.kind == self.Kind.ENVOY and not self.options.get("config_dir"):
+            raise ValidationError({"options": [
+                'An Envoy gateway needs "config_dir": the directory its bootstrap watches.']})
+
 
 class GatewayPush(models.Model):
     """Getting one gateway to hold one revision (of one route). Attempts are child rows."""
