@@ -157,11 +157,12 @@ def test_ground_truth_matches_what_the_client_measured(gt_url: str) -> None:
                                                                    strict=True)]
     assert all(0 <= late < 0.005 for late in lateness), lateness
     assert abs((chunk_times[0] - sent) - record["ttft_s"]) < 0.005
-    # The write time of each chunk is after its step time and before the client read it.
+    # Each chunk is written after its step time. The write time is taken when write()
+    # returns, so the client (on the other core) may already have read it: a small margin.
     written = record["token_written_mono"]
     assert len(written) == 25
-    assert all(step <= out <= got for step, out, got in zip(times, written, chunk_times,
-                                                            strict=True))
+    assert all(step <= out < got + 0.005 for step, out, got in zip(times, written, chunk_times,
+                                                                  strict=True))
 
 
 def test_ground_truth_records_plain_and_rejected_requests_after_a_cursor(gt_url: str) -> None:

@@ -128,7 +128,7 @@ class Adapter(ABC):
 
 _REGISTRY: dict[str, type[Adapter]] = {}
 # One module per gateway kind; each registers its adapter class on import.
-ADAPTER_MODULES = ("envoy",)
+ADAPTER_MODULES = ("envoy", "haproxy", "nginx", "gateway_api")
 
 
 def _load_adapters() -> None:

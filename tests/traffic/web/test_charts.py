@@ -14,6 +14,9 @@ from fleetctl.traffic import charts, services
 from fleetctl.traffic.models import PoolTrafficSample, Route
 from tests.traffic.web.conftest import SYSTEM
 
+# These gateways are never reached (no worker runs here); Envoy rows need a config dir.
+NO_ENVOY = {"config_dir": "/nonexistent/fleetctl-test"}
+
 
 def test_pool_colours_are_stable_whatever_order_the_pools_come_in():
     assert charts.pool_colours(["b", "a", "b"]) == charts.pool_colours(["a", "b"])
@@ -46,7 +49,8 @@ def test_the_route_page_draws_per_pool_rates_from_the_gateways_samples(
     viewer: Client, route: Route
 ):
     gateway = services.gateway_create(actor=SYSTEM, name="edge-1", kind="envoy",
-                                      admin_address="http://127.0.0.1:9901", routes=[route])
+                                      admin_address="http://127.0.0.1:9901",
+        options=NO_ENVOY, routes=[route])
     start = timezone.now() - timedelta(minutes=2)
     PoolTrafficSample.objects.bulk_create([
         PoolTrafficSample(gateway=gateway, pool=pool, at=start + timedelta(seconds=10 * step),

@@ -10,6 +10,9 @@ from fleetctl.traffic import services
 from fleetctl.traffic.models import Drain, Gateway, Route
 from tests.traffic.web.conftest import SYSTEM, make_route
 
+# These gateways are never reached (no worker runs here); Envoy rows need a config dir.
+NO_ENVOY = {"config_dir": "/nonexistent/fleetctl-test"}
+
 pytestmark = pytest.mark.django_db
 
 
@@ -73,7 +76,8 @@ def test_the_routes_page_shows_each_route_its_split_and_its_gateways(
 ):
     make_route("llama-eu", primary="h200-eu", residency="EU", latency_class="interactive")
     gateway = services.gateway_create(actor=SYSTEM, name="edge-1", kind="envoy",
-                                      admin_address="http://127.0.0.1:9901", routes=[route])
+                                      admin_address="http://127.0.0.1:9901",
+        options=NO_ENVOY, routes=[route])
     Gateway.objects.filter(pk=gateway.pk).update(
         state=Gateway.State.FAILING, last_error="connection refused by 127.0.0.1:9901")
     html = oncall.get(reverse("traffic:routes")).content.decode()
@@ -118,7 +122,8 @@ def test_the_route_page_draws_the_split_and_lists_gateways_with_their_latest_pus
     viewer: Client, route: Route
 ):
     services.gateway_create(actor=SYSTEM, name="edge-1", kind="envoy",
-                            admin_address="http://127.0.0.1:9901", routes=[route])
+                            admin_address="http://127.0.0.1:9901",
+        options=NO_ENVOY, routes=[route])
     html = viewer.get(reverse("traffic:route-detail", args=[route.name])).content.decode()
     assert html.count("plotly.min.js") == 1
     assert 'id="split-chart-data"' in html and "Current split (revision 2)" in html

@@ -15,6 +15,9 @@ from fleetctl.traffic import services
 from fleetctl.traffic.models import Route
 from tests.traffic.web.conftest import SYSTEM, make_route, ramp
 
+# These gateways are never reached (no worker runs here); Envoy rows need a config dir.
+NO_ENVOY = {"config_dir": "/nonexistent/fleetctl-test"}
+
 pytestmark = pytest.mark.django_db
 
 
@@ -35,7 +38,8 @@ def seed_routes(first: int, last: int) -> None:
         route = make_route(f"m-{i}", model_id=f"m-{i}")
         ramp(route, {"h200-us": 90, "mi300x-us": 10})
         services.gateway_create(actor=SYSTEM, name=f"gw-{i}", kind="envoy",
-                                admin_address=f"http://127.0.0.1:{19000 + i}", routes=[route])
+                                admin_address=f"http://127.0.0.1:{19000 + i}",
+        options=NO_ENVOY, routes=[route])
         route.refresh_from_db()
         drain = services.drain_request(actor=SYSTEM, route=route, reason="test")
         services.drain_progress(drain_id=drain.pk)
@@ -62,7 +66,8 @@ def test_a_route_page_query_count_does_not_grow_with_its_revisions_and_gateways(
 ):
     url = reverse("traffic:route-detail", args=[route.name])
     services.gateway_create(actor=SYSTEM, name="gw-a", kind="envoy",
-                            admin_address="http://127.0.0.1:19901", routes=[route])
+                            admin_address="http://127.0.0.1:19901",
+        options=NO_ENVOY, routes=[route])
     small = queries_for(oncall, url)
     for step in range(18):
         ramp(route, {"h200-us": 90 - step, "mi300x-us": 10 + step})

@@ -1,0 +1,32 @@
+"""A simulated fleet and one HAProxy process per module; each test applies its own state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from fleetctl.traffic.adapters.haproxy import HAProxyAdapter
+from fleetctl.traffic.haproxy_process import HAProxyProcess
+from tests.sim.simproc import SimProcess
+
+from .scenarios import Harness, start_fleet
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
+    sim = start_fleet(tmp_path_factory.mktemp("fleet"))
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture(scope="module")
+def haproxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HAProxyProcess]:
+    process = HAProxyProcess(tmp_path_factory.mktemp("haproxy")).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def harness(fleet: SimProcess, haproxy: HAProxyProcess) -> Harness:
+    return Harness(url=haproxy.url, adapter=HAProxyAdapter(haproxy.gateway), sim=fleet)

@@ -1,0 +1,31 @@
+"""A simulated fleet and one nginx per module; each test applies its own state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from fleetctl.traffic.adapters.nginx import NginxAdapter
+from fleetctl.traffic.nginx_process import NginxProcess
+from tests.sim.simproc import SimProcess
+from tests.traffic.haproxy.scenarios import Harness, start_fleet
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
+    sim = start_fleet(tmp_path_factory.mktemp("fleet"))
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture(scope="module")
+def nginx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NginxProcess]:
+    process = NginxProcess(tmp_path_factory.mktemp("nginx")).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def harness(fleet: SimProcess, nginx: NginxProcess) -> Harness:
+    return Harness(url=nginx.url, adapter=NginxAdapter(nginx.gateway), sim=fleet)
