@@ -1,8 +1,9 @@
 """How fast a drain reaches every gateway, and whether anything slips through.
 
-Ten Envoy gateways on loopback carry streamed traffic (~50 requests/s, round robin) to two
-simulated pools split 50/50. Thirty times: drain the candidate through the service the REST
-API calls, wait until the record is complete, restore. Reported:
+Ten Envoy gateways (or HAProxy / nginx, `--kind`) on loopback carry streamed traffic
+(~50 requests/s, round robin) to two simulated pools split 50/50. Thirty times: drain the
+candidate through the service the REST API calls, wait until the record is complete,
+restore. Reported:
   * drain call → all gateways verified (median, p99) — `Drain.verified_at` is the moment the
     last gateway's read-back matched, taken by the push worker;
   * client requests that failed during the run (target 0);
@@ -13,6 +14,7 @@ Everything real: PostgreSQL (`DATABASE_URL`, default a local `fleetctl_bench_dra
 (db 9), a Celery worker on the `push` queue (16 threads), the simulator and Envoy processes.
 
     .venv/bin/python benchmarks/drain_latency.py [--gateways 10] [--drains 30] [--rps 50]
+    .venv/bin/python benchmarks/drain_latency.py --kind haproxy --gateways 3
 """
 
 from __future__ import annotations
@@ -154,6 +156,35 @@ def _load_main(urls: list[str], rps: float, stop: object, results: object) -> No
     results.put((counts["sent"], counts["failed"], errors[:20]))  # type: ignore[attr-defined]
 
 
+class GatewayProcess:
+    """The benchmark's view of any gateway process: its spec (for the Gateway row), the URL
+    clients use, and how to stop it."""
+
+    def __init__(self, spec: object, url: str, stop: object) -> None:
+        self.spec, self.url, self.stop = spec, url, stop
+
+
+def start_gateway(kind: str, work: Path, index: int) -> GatewayProcess:
+    from fleetctl.traffic.adapters.base import GatewaySpec
+    from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
+
+    name = f"{kind}-{index}"
+    if kind == "envoy":
+        envoy = EnvoyProcess(work / name, free_port(), free_port()).start()
+        spec = GatewaySpec(name=name, kind="envoy", admin_address=envoy.admin_url,
+                           options={"config_dir": str(envoy.workdir)})
+        return GatewayProcess(spec, envoy.listen_url, envoy.stop)
+    if kind == "haproxy":
+        from fleetctl.traffic.haproxy_process import HAProxyProcess
+
+        haproxy = HAProxyProcess(work / name, name=name).start()
+        return GatewayProcess(haproxy.gateway, haproxy.url, haproxy.stop)
+    from fleetctl.traffic.nginx_process import NginxProcess
+
+    nginx = NginxProcess(work / name, name=name).start()
+    return GatewayProcess(nginx.gateway, nginx.url, nginx.stop)
+
+
 def arrivals(port: int) -> list[float]:
     import httpx
 
@@ -172,6 +203,7 @@ def main() -> None:
     parser.add_argument("--gateways", type=int, default=10)
     parser.add_argument("--drains", type=int, default=30)
     parser.add_argument("--rps", type=float, default=50.0)
+    parser.add_argument("--kind", choices=("envoy", "haproxy", "nginx"), default="envoy")
     args = parser.parse_args()
     setup_env()
     import django
@@ -182,7 +214,7 @@ def main() -> None:
     from fleetctl.accounts.actor import Actor
     from fleetctl.fleet import services as fleet
     from fleetctl.traffic import services as traffic
-    from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
+    from fleetctl.traffic.envoy_process import free_port
     from fleetctl.traffic.models import Drain, GatewayPush
 
     call_command("migrate", verbosity=0)
@@ -190,8 +222,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="fleetctl-drain-bench-"))
     ports = {"primary": free_port(), "candidate": free_port()}
     sim = start_sim(work, ports)
-    envoys = [EnvoyProcess(work / f"envoy-{i}", free_port(), free_port()).start()
-              for i in range(args.gateways)]
+    envoys = [start_gateway(args.kind, work, i) for i in range(args.gateways)]
     worker = start_worker(work)
     system = Actor.for_system("benchmark")
     try:
@@ -209,13 +240,14 @@ def main() -> None:
         route = traffic.route_create(actor=system, name="bench", model_id=MODEL,
                                      primary_pool=pools["primary"],
                                      weights={"primary": 50, "candidate": 50})
-        for i, envoy in enumerate(envoys):
-            traffic.gateway_create(actor=system, name=f"envoy-{i}", kind="envoy",
-                                   admin_address=envoy.admin_url,
-                                   options={"config_dir": str(envoy.workdir)}, routes=[route])
+        for gateway in envoys:
+            spec = gateway.spec
+            traffic.gateway_create(actor=system, name=spec.name, kind=spec.kind,
+                                   admin_address=spec.admin_address, options=spec.options,
+                                   routes=[route])
         wait(lambda: not GatewayPush.objects.exclude(status__in=["verified", "superseded"])
              .exists(), "initial pushes")
-        load = Load([e.listen_url for e in envoys], args.rps)
+        load = Load([e.url for e in envoys], args.rps)
         load.start()
         time.sleep(2)
         verified_ms: list[float] = []
@@ -243,7 +275,7 @@ def main() -> None:
         for envoy in envoys:
             envoy.stop()
         sim.terminate()
-    print(f"{args.gateways} Envoy gateways, {args.drains} drains, ~{args.rps:g} streamed "
+    print(f"{args.gateways} {args.kind} gateways, {args.drains} drains, ~{args.rps:g} streamed "
           f"requests/s, 2 cores shared by everything ({datetime.now(UTC):%Y-%m-%d})")
     print(f"drain call → all gateways verified: median {statistics.median(verified_ms):.1f} ms,"
           f" p99 {p99(verified_ms):.1f} ms, max {max(verified_ms):.1f} ms")
