@@ -487,7 +487,8 @@ def drain_restore(*, actor: Actor, drain: Drain, reason: str) -> Drain:
         for rev in revisions:
             parent_weights = rev.parent.weights if rev.parent else {}
             route = routes[rev.route_id]
-            _check_split(route=route, weights=parent_weights, previous=rev.weights, force=True)
+            # Restoring sends traffic back: the pools must be healthy again (and in bounds).
+            _check_split(route=route, weights=parent_weights, previous=rev.weights, force=False)
             restored = _store_revision(
                 actor=actor, route=route, base=rev.number, weights=parent_weights,
                 kind=SplitRevision.Kind.RESTORE, reason=record.reason,
