@@ -89,6 +89,9 @@ class Stack:
         self._callbacks.append(callback)
 
     def stop(self) -> None:
+        # A second Ctrl-C (or SIGTERM) during shutdown must not abandon the children.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for callback in reversed(self._callbacks):
             callback()
         self._callbacks.clear()

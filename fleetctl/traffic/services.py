@@ -415,8 +415,11 @@ def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
     with transaction.atomic():
         plan = _drain_plan(route=route, pool=pool)
         if not plan:
-            name = route.name if route else pool.name  # type: ignore[union-attr]
-            raise ConflictError(f"Nothing to drain: {name} carries no traffic.")
+            raise ConflictError(
+                f"Nothing to drain: route {route.name} already sends everything to its "
+                f"primary {route.primary_pool.name}." if route is not None else
+                f"Nothing to drain: pool {pool.name} has no weight on any route."  # type: ignore[union-attr]
+            )
         record = Drain.objects.create(
             action=Drain.Action.DRAIN, route=route, pool=pool, requested_by=actor.label,
             reason=reason, requested_at=requested_at,

@@ -103,7 +103,8 @@ def test_draining_a_route_already_on_its_primary_says_there_is_nothing_to_drain(
     assert "Nothing to drain" in oncall.get(drain_url(route)).content.decode()
     response = oncall.post(drain_url(route), {"confirm_name": "llama-eu", "reason": "x"})
     assert response.status_code == 409
-    assert "Nothing to drain: llama-eu carries no traffic." in response.content.decode()
+    assert "Nothing to drain: route llama-eu already sends everything to its primary" in \
+        response.content.decode()
     assert not Drain.objects.exists()
 
 
