@@ -126,6 +126,20 @@ class Adapter(ABC):
         return held == desired.held_weights()
 
 
+def url_port(url: str, default: int) -> int:
+    """The port of a pool's base URL (`default` when it names none); a bad one is a
+    permanent error, since retrying cannot fix a configuration."""
+    from urllib.parse import urlsplit
+
+    try:
+        port = urlsplit(url).port
+    except ValueError as exc:  # out of range or not a number
+        raise AdapterError(f"{url!r}: {exc}", permanent=True) from exc
+    if port == 0:
+        raise AdapterError(f"{url!r}: port 0", permanent=True)
+    return default if port is None else port
+
+
 _REGISTRY: dict[str, type[Adapter]] = {}
 # One module per gateway kind; each registers its adapter class on import.
 ADAPTER_MODULES = ("envoy", "haproxy", "nginx", "gateway_api")

@@ -57,6 +57,7 @@ from fleetctl.traffic.adapters.base import (
     PoolCounters,
     RouteSpec,
     register,
+    url_port,
 )
 
 MAX_WEIGHT = 256
@@ -222,16 +223,6 @@ class Backend:
 
 def backend_name(route_key: str) -> str:
     return f"route-{route_key}"
-
-
-def url_port(url: str, default: int) -> int:
-    try:
-        port = urlsplit(url).port
-    except ValueError as exc:  # out of range or not a number
-        raise AdapterError(f"{url!r}: {exc}", permanent=True) from exc
-    if port == 0:
-        raise AdapterError(f"{url!r}: port 0", permanent=True)
-    return default if port is None else port
 
 
 def pool_of(server_name: str) -> str:

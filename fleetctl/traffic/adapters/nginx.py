@@ -66,6 +66,7 @@ from fleetctl.traffic.adapters.base import (
     GatewaySpec,
     RouteSpec,
     register,
+    url_port,
 )
 
 CONF_NAME = "nginx.conf"
@@ -233,16 +234,6 @@ def _address(pool: str, url: str) -> str:
                            "to host:port only", permanent=True)
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"{host}:{url_port(url, 80)}"
-
-
-def url_port(url: str, default: int) -> int:
-    try:
-        port = urlsplit(url).port
-    except ValueError as exc:  # out of range or not a number
-        raise AdapterError(f"{url!r}: {exc}", permanent=True) from exc
-    if port == 0:
-        raise AdapterError(f"{url!r}: port 0", permanent=True)
-    return default if port is None else port
 
 
 def _main_block(settings: NginxSettings) -> str:

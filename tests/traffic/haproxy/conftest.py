@@ -9,8 +9,7 @@ import pytest
 from fleetctl.traffic.adapters.haproxy import HAProxyAdapter
 from fleetctl.traffic.haproxy_process import HAProxyProcess
 from tests.sim.simproc import SimProcess
-
-from .scenarios import Harness, start_fleet
+from tests.traffic.scenarios import Harness, start_fleet
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,8 @@ import pytest
 from fleetctl.traffic.adapters.haproxy import HAProxyAdapter
 from fleetctl.traffic.haproxy_process import HAProxyProcess
 from tests.sim.simproc import MODEL, SimProcess
-
-from . import scenarios
-from .scenarios import RESIDENCY, Harness, ask, route, slowed, wait_until
+from tests.traffic import scenarios
+from tests.traffic.scenarios import RESIDENCY, Harness, ask, route, slowed, wait_until
 
 pytestmark = pytest.mark.slow
 

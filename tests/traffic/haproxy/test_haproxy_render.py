@@ -24,8 +24,7 @@ from fleetctl.traffic.adapters.haproxy import (
     shares,
     with_weights,
 )
-
-from .scenarios import route
+from tests.traffic.scenarios import route
 
 POOLS = {
     "alpha": PoolTarget("alpha", ("http://127.0.0.1:9001",), "US"),

@@ -9,7 +9,7 @@ import pytest
 from fleetctl.traffic.adapters.nginx import NginxAdapter
 from fleetctl.traffic.nginx_process import NginxProcess
 from tests.sim.simproc import SimProcess
-from tests.traffic.haproxy.scenarios import Harness, start_fleet
+from tests.traffic.scenarios import Harness, start_fleet
 
 
 @pytest.fixture(scope="module")

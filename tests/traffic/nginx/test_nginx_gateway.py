@@ -12,8 +12,8 @@ from fleetctl.traffic.adapters.base import AdapterError
 from fleetctl.traffic.adapters.nginx import NginxAdapter
 from fleetctl.traffic.nginx_process import NginxProcess
 from tests.sim.simproc import MODEL, SimProcess
-from tests.traffic.haproxy import scenarios
-from tests.traffic.haproxy.scenarios import RESIDENCY, Harness, ask, route
+from tests.traffic import scenarios
+from tests.traffic.scenarios import RESIDENCY, Harness, ask, route
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ from fleetctl.traffic.adapters.nginx import (
     parse_config,
     render_config,
 )
-from tests.traffic.haproxy.scenarios import route
+from tests.traffic.scenarios import route
 
 POOLS = {
     "alpha": PoolTarget("alpha", ("http://127.0.0.1:9001",), "US"),
