@@ -89,6 +89,19 @@ class SplitRevision(models.Model):
         return {pool: bp / 100 for pool, bp in sorted(self.weights.items())}
 
 
+# What each adapter cannot work without (fleetctl/traffic/ADAPTERS.md, ENVOY.md).
+REQUIRED_OPTIONS: dict[str, tuple[str, ...]] = {
+    "envoy": ("config_dir",),
+    "haproxy": ("bind", "config_path", "master_socket"),
+    "nginx": ("listen",),
+}
+REQUIRED_OPTIONS_WHY = {
+    "envoy": "config_dir: the directory its bootstrap watches",
+    "haproxy": "where it listens, the config file fleetctl renders, the master CLI socket",
+    "nginx": "the address it listens on",
+}
+
+
 class Gateway(models.Model):
     class Kind(models.TextChoices):
         ENVOY = "envoy", "Envoy"
@@ -135,9 +148,11 @@ class Gateway(models.Model):
             raise ValidationError({"admin_address": [
                 f"A {self.get_kind_display()} gateway is reached over HTTP(S): give its "
                 f"{'admin' if self.kind == self.Kind.ENVOY else 'API server'} URL."]})
-        if self.kind == self.Kind.ENVOY and not self.options.get("config_dir"):
+        missing = [key for key in REQUIRED_OPTIONS.get(self.kind, ()) if not self.options.get(key)]
+        if missing:
             raise ValidationError({"options": [
-                'An Envoy gateway needs "config_dir": the directory its bootstrap watches.']})
+                f"A {self.get_kind_display()} gateway needs {', '.join(missing)} in its options "
+                f"({REQUIRED_OPTIONS_WHY[self.kind]})."]})
 
 
 class GatewayPush(models.Model):

@@ -12,6 +12,9 @@ pytestmark = pytest.mark.django_db
     ({"kind": "envoy", "admin_address": "http://127.0.0.1:9901", "options": [1]}, "options"),
     ({"kind": "squid", "admin_address": "http://x", "options": {}}, "kind"),
     ({"kind": "haproxy", "admin_address": "has space", "options": {}}, "admin_address"),
+    ({"kind": "haproxy", "admin_address": "/run/haproxy.sock", "options": {"bind": ":80"}},
+     "options"),
+    ({"kind": "nginx", "admin_address": "/srv/nginx", "options": {}}, "options"),
 ])
 def test_bad_gateways_are_refused_naming_the_field(client_for, body, field):
     lead = client_for("platform-lead")

@@ -98,7 +98,9 @@ def test_the_routes_page_shows_each_route_its_split_and_its_gateways(
 
 def test_the_gateway_and_drain_blocks_refresh_alone(oncall: Client, route: Route):
     services.gateway_create(actor=SYSTEM, name="edge-1", kind="haproxy",
-                            admin_address="/run/haproxy.sock", routes=[route])
+                            admin_address="/run/haproxy.sock", routes=[route],
+                            options={"bind": "127.0.0.1:1", "config_path": "/nonexistent",
+                                     "master_socket": "/nonexistent"})
     drain = drained(route)
     gateways = oncall.get(reverse("traffic:routes"),
                           headers={"HX-Request": "true", "HX-Target": "gateways"})

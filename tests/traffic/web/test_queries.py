@@ -73,7 +73,8 @@ def test_a_route_page_query_count_does_not_grow_with_its_revisions_and_gateways(
         ramp(route, {"h200-us": 90 - step, "mi300x-us": 10 + step})
     for name in ("gw-b", "gw-c", "gw-d"):
         services.gateway_create(actor=SYSTEM, name=name, kind="nginx",
-                                admin_address=f"/etc/nginx/{name}", routes=[route])
+                                admin_address=f"/etc/nginx/{name}", routes=[route],
+                                options={"listen": "127.0.0.1:1"})
     route.refresh_from_db()
     assert route.revision_number == 20
     large = queries_for(oncall, url)
