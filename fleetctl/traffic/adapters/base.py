@@ -12,6 +12,7 @@ them anywhere. A pool with weight 0 must receive no new requests.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -138,6 +139,26 @@ def url_port(url: str, default: int) -> int:
     if port == 0:
         raise AdapterError(f"{url!r}: port 0", permanent=True)
     return default if port is None else port
+
+
+SAFE_NAME = re.compile(r"^[a-z0-9-]+$")
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:/@+-]+$")
+
+
+def check_plain_names(desired: DesiredState, *, where: str) -> None:
+    """Header names, route keys and matched values that a rendered config can hold without
+    quoting; anything else is refused before a byte is written (`where` names the syntax)."""
+    for header in (desired.model_header, desired.residency_header,
+                   desired.latency_class_header):
+        if not SAFE_NAME.match(header):
+            raise AdapterError(f"header name {header!r} is not [a-z0-9-]", permanent=True)
+    for route in desired.routes:
+        if not SAFE_NAME.match(route.key):
+            raise AdapterError(f"route key {route.key!r} is not [a-z0-9-]", permanent=True)
+        for value in (route.model, route.residency, route.latency_class):
+            if value and not SAFE_VALUE.match(value):
+                raise AdapterError(f"route {route.key}: {value!r} has characters {where} "
+                                   "would need quoting for", permanent=True)
 
 
 _REGISTRY: dict[str, type[Adapter]] = {}

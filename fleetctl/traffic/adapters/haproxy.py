@@ -48,6 +48,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from fleetctl.traffic.adapters.base import (
+    SAFE_NAME,
     TOTAL_WEIGHT,
     Adapter,
     AdapterError,
@@ -56,6 +57,7 @@ from fleetctl.traffic.adapters.base import (
     GatewaySpec,
     PoolCounters,
     RouteSpec,
+    check_plain_names,
     register,
     url_port,
 )
@@ -71,8 +73,6 @@ _FORCED_DRAIN = 0x08
 _STATS_SOCKET_OPTIONS = "mode 600 level admin expose-fd listeners"
 _DRAIN_FLAGS = 0x08 | 0x10
 # Models, jurisdictions and latency classes are written into ACLs unquoted.
-SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:/@+-]+$")
-SAFE_NAME = re.compile(r"^[a-z0-9-]+$")
 
 
 # --- settings -------------------------------------------------------------------------------------
@@ -232,7 +232,7 @@ def pool_of(server_name: str) -> str:
 def layout(desired: DesiredState) -> tuple[Backend, ...]:
     """One backend per route with every pool that may carry it; refuses (permanently) what
     HAProxy cannot express or what would cross a residency border."""
-    _check_names(desired)
+    check_plain_names(desired, where="HAProxy ACLs")
     return tuple(Backend(route=r, servers=_servers(r, desired)) for r in _ordered(desired))
 
 
@@ -241,20 +241,6 @@ def _ordered(desired: DesiredState) -> list[RouteSpec]:
     # route of the same model and residency.
     return sorted(desired.routes,
                   key=lambda r: (r.model, r.residency, r.latency_class == "", r.key))
-
-
-def _check_names(desired: DesiredState) -> None:
-    for header in (desired.model_header, desired.residency_header,
-                   desired.latency_class_header):
-        if not SAFE_NAME.match(header):
-            raise AdapterError(f"header name {header!r} is not [a-z0-9-]", permanent=True)
-    for route in desired.routes:
-        if not SAFE_NAME.match(route.key):
-            raise AdapterError(f"route key {route.key!r} is not [a-z0-9-]", permanent=True)
-        for what in (route.model, route.residency, route.latency_class):
-            if what and not SAFE_VALUE.match(what):
-                raise AdapterError(f"route {route.key}: {what!r} has characters HAProxy ACLs "
-                                   "would need quoting for", permanent=True)
 
 
 def _servers(route: RouteSpec, desired: DesiredState) -> tuple[Server, ...]:

@@ -65,13 +65,12 @@ from fleetctl.traffic.adapters.base import (
     DesiredState,
     GatewaySpec,
     RouteSpec,
+    check_plain_names,
     register,
     url_port,
 )
 
 CONF_NAME = "nginx.conf"
-SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:/@+-]+$")
-SAFE_NAME = re.compile(r"^[a-z0-9-]+$")
 REFUSE_UPSTREAM = "fleetctl-refusal"
 # Unix socket paths must fit sockaddr_un (108 bytes with the NUL).
 MAX_SOCKET_PATH = 107
@@ -166,7 +165,7 @@ class Rendered:
 
 
 def render_config(desired: DesiredState, settings: NginxSettings) -> Rendered:
-    _check_names(desired)
+    check_plain_names(desired, where="the nginx map")
     upstreams = tuple(_upstream(r, desired) for r in desired.routes)
     body = _http_block(desired, upstreams, settings)
     head = _pool_comments(desired) + _main_block(settings)
@@ -190,20 +189,6 @@ def _pool_comments(desired: DesiredState) -> str:
             continue
         lines.append(f"# fleetctl-pool {name} {' '.join(addresses)}\n")
     return "".join(lines)
-
-
-def _check_names(desired: DesiredState) -> None:
-    for header in (desired.model_header, desired.residency_header,
-                   desired.latency_class_header):
-        if not SAFE_NAME.match(header):
-            raise AdapterError(f"header name {header!r} is not [a-z0-9-]", permanent=True)
-    for route in desired.routes:
-        if not SAFE_NAME.match(route.key):
-            raise AdapterError(f"route key {route.key!r} is not [a-z0-9-]", permanent=True)
-        for value in (route.model, route.residency, route.latency_class):
-            if value and not SAFE_VALUE.match(value):
-                raise AdapterError(f"route {route.key}: {value!r} has characters the nginx map "
-                                   "would need escaping for", permanent=True)
 
 
 def _upstream(route: RouteSpec, desired: DesiredState) -> Upstream:
