@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import close_old_connections, transaction
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -25,7 +26,7 @@ from fleetctl.core.crud import audited_create, audited_delete, audited_update
 from fleetctl.core.errors import ConflictError, NotFoundError
 from fleetctl.fleet.models import Pool, PoolModel
 from fleetctl.traffic import policy, selectors
-from fleetctl.traffic.adapters.base import AdapterError, DesiredState, adapter_for
+from fleetctl.traffic.adapters.base import AdapterError, ApplyResult, DesiredState, adapter_for
 from fleetctl.traffic.models import (
     Drain,
     Gateway,
@@ -230,27 +231,30 @@ RETRY_DELAYS_S = (0.2, 0.5, 1, 2, 5, 10, 20, 30)
 
 
 def push_fanout(*, push_ids: list[int]) -> list[tuple[int, str, float | None]]:
-    """First attempt of several pushes at once, one thread per gateway (the work is waiting
-    on gateways, not computing). Gateways carrying the same routes share one desired state."""
+    """First attempt of several pushes at once: one thread per gateway does the talking (the
+    work is waiting on gateways), then every outcome is recorded together in a few queries.
+    Gateways carrying the same routes share one desired state."""
     pushes = list(GatewayPush.objects.select_related("gateway", "revision__route")
-                  .filter(pk__in=push_ids))
+                  .prefetch_related("gateway__routes").filter(pk__in=push_ids)
+                  .exclude(status__in=_DONE))
     states: dict[tuple[int, ...], DesiredState] = {}
     work = []
     for push in pushes:
-        routes = tuple(sorted(push.gateway.routes.values_list("pk", flat=True)))
+        routes = tuple(sorted(route.pk for route in push.gateway.routes.all()))
         if routes not in states:
             states[routes] = selectors.gateway_desired_state(gateway=push.gateway)
         work.append((push, states[routes]))
+    outcomes = list(_push_threads().map(lambda item: _push_io(*item), work))
+    return [(io.push.pk, *result) for io, result in zip(outcomes, _push_record(outcomes),
+                                                         strict=True)]
 
-    return list(_push_threads().map(_attempt, work))
 
-
+_DONE = (GatewayPush.Status.VERIFIED, GatewayPush.Status.SUPERSEDED, GatewayPush.Status.FAILED)
 _pool: Any = None
 
 
 def _push_threads() -> Any:
-    """Threads kept for the process's life, so each keeps its database connection
-    (CONN_MAX_AGE) instead of opening one per push: a drain is timed in milliseconds."""
+    """Threads kept for the process's life: a drain is timed in milliseconds."""
     global _pool
     if _pool is None:
         from concurrent.futures import ThreadPoolExecutor
@@ -259,57 +263,76 @@ def _push_threads() -> Any:
     return _pool
 
 
-def _attempt(item: tuple[GatewayPush, DesiredState]) -> tuple[int, str, float | None]:
-    push, desired = item
-    close_old_connections()
-    return (push.pk, *push_execute(push_id=push.pk, push=push, desired=desired))
+@dataclass
+class _PushIO:
+    """What one attempt found out from the gateway; recorded afterwards."""
+
+    push: GatewayPush
+    desired: DesiredState
+    sent: Any
+    started: float
+    answered: Any = None
+    verified_at: Any = None
+    result: ApplyResult | None = None
+    verified: bool = False
+    error: str = ""
+    permanent: bool = False
+    duration_ms: float = 0.0
 
 
-def push_execute(*, push_id: int, push: GatewayPush | None = None,
-                 desired: DesiredState | None = None) -> tuple[str, float | None]:
+def _push_io(push: GatewayPush, desired: DesiredState) -> _PushIO:
+    """Apply and read back; no database work here (it runs in a thread per gateway)."""
+    io = _PushIO(push=push, desired=desired, sent=timezone.now(), started=time.monotonic())
+    try:
+        adapter = adapter_for(selectors.gateway_spec(push.gateway))
+        io.result = adapter.apply(desired)
+        io.answered = timezone.now()
+        held = adapter.read_back()
+        io.verified = adapter.matches(desired, held)
+        io.verified_at = timezone.now()
+        if not io.verified:
+            io.error = f"read back {held} differs from what was applied"
+    except AdapterError as exc:
+        io.error, io.permanent = str(exc), exc.permanent
+        io.answered = io.answered or timezone.now()
+    io.duration_ms = (time.monotonic() - io.started) * 1000
+    return io
+
+
+def push_execute(*, push_id: int) -> tuple[str, float | None]:
     """One attempt at making a gateway hold its whole desired state; returns the push's
     status and, when it should be retried, after how many seconds."""
-    if push is None:
-        push = GatewayPush.objects.select_related("gateway", "revision__route").get(pk=push_id)
-    if push.status in (GatewayPush.Status.VERIFIED, GatewayPush.Status.SUPERSEDED,
-                       GatewayPush.Status.FAILED):
+    push = GatewayPush.objects.select_related("gateway", "revision__route").get(pk=push_id)
+    if push.status in _DONE:
         return push.status, None
-    gateway = push.gateway
-    if desired is None:
-        desired = selectors.gateway_desired_state(gateway=gateway)
-    GatewayPush.objects.filter(pk=push_id).update(attempts=F("attempts") + 1)
-    number = push.attempts + 1
-    sent = timezone.now()
-    started = time.monotonic()
-    try:
-        adapter = adapter_for(selectors.gateway_spec(gateway))
-        result = adapter.apply(desired)
-        answered = timezone.now()
-        held = adapter.read_back()
-        verified = adapter.matches(desired, held)
-    except AdapterError as exc:
-        return _push_failed(push, number, sent, started, str(exc), exc.permanent)
-    duration_ms = (time.monotonic() - started) * 1000
-    now = timezone.now()
-    GatewayPushAttempt.objects.create(
-        push=push, number=number, sent_at=sent, answered_at=answered, applied=result.applied,
-        verified=verified, method=result.method, detail=result.detail, duration_ms=duration_ms,
-        error="" if verified else f"read back {held} differs from what was applied",
-    )
-    if not verified:
-        return _push_failed(push, None, sent, started, "read-back differs", False)
-    _gateway_in_sync(gateway=gateway, desired_revisions=desired, at=now, applied_at=answered)
-    return GatewayPush.Status.VERIFIED, None
+    desired = selectors.gateway_desired_state(gateway=push.gateway)
+    return _push_record([_push_io(push, desired)])[0]
 
 
-def _push_failed(push: GatewayPush, number: int | None, sent: Any, started: float,
-                 error: str, permanent: bool) -> tuple[str, float | None]:
-    if number is not None:
-        GatewayPushAttempt.objects.create(
-            push=push, number=number, sent_at=sent, answered_at=timezone.now(), error=error,
-            duration_ms=(time.monotonic() - started) * 1000,
-        )
-    attempts = GatewayPush.objects.get(pk=push.pk).attempts
+def _push_record(outcomes: list[_PushIO]) -> list[tuple[str, float | None]]:
+    """Attempt rows, then verified/superseded pushes and in-sync gateways in bulk; failures
+    one by one (they are rare and each has its own retry)."""
+    if not outcomes:
+        return []
+    GatewayPush.objects.filter(pk__in=[io.push.pk for io in outcomes]).update(
+        attempts=F("attempts") + 1)
+    GatewayPushAttempt.objects.bulk_create([
+        GatewayPushAttempt(
+            push=io.push, number=io.push.attempts + 1, sent_at=io.sent,
+            answered_at=io.answered, applied=bool(io.result and io.result.applied),
+            verified=io.verified, method=io.result.method if io.result else "",
+            detail=io.result.detail if io.result else "", error=io.error,
+            duration_ms=io.duration_ms)
+        for io in outcomes
+    ])
+    _gateways_in_sync([io for io in outcomes if io.verified])
+    return [(GatewayPush.Status.VERIFIED, None) if io.verified
+            else _push_failed(io.push, io.push.attempts + 1, io.error, io.permanent)
+            for io in outcomes]
+
+
+def _push_failed(push: GatewayPush, attempts: int, error: str,
+                 permanent: bool) -> tuple[str, float | None]:
     retry = None if permanent else RETRY_DELAYS_S[min(attempts - 1, len(RETRY_DELAYS_S) - 1)]
     status = GatewayPush.Status.FAILED if permanent else GatewayPush.Status.RETRYING
     GatewayPush.objects.filter(pk=push.pk).update(status=status, last_error=error)
@@ -324,31 +347,36 @@ def _push_failed(push: GatewayPush, number: int | None, sent: Any, started: floa
     return status, retry
 
 
-def _gateway_in_sync(*, gateway: Gateway, desired_revisions: DesiredState, at: Any,
-                     applied_at: Any) -> None:
-    """The gateway holds exactly the revisions in `desired_revisions`: open pushes of those
+def _gateways_in_sync(outcomes: list[_PushIO]) -> None:
+    """Each gateway holds exactly the revisions it was sent: its open pushes of those
     revisions are verified, open pushes of older ones superseded. Pushes of revisions newer
     than what was applied (created meanwhile) stay open for their own task."""
-    held = {spec.key: spec.revision for spec in desired_revisions.routes}
+    if not outcomes:
+        return
+    now = timezone.now()
+    by_gateway = {io.push.gateway_id: io for io in outcomes}
     open_pushes = GatewayPush.objects.filter(
-        gateway=gateway, status__in=[GatewayPush.Status.PENDING, GatewayPush.Status.RETRYING]
+        gateway_id__in=by_gateway,
+        status__in=[GatewayPush.Status.PENDING, GatewayPush.Status.RETRYING],
     ).select_related("revision__route")
     verified, superseded = [], []
     for push in open_pushes:
+        io = by_gateway[push.gateway_id]
+        held = {spec.key: spec.revision for spec in io.desired.routes}
         number = held.get(push.revision.route.name)
         if number == push.revision.number:
-            verified.append(push.pk)
+            push.status, push.last_error = GatewayPush.Status.VERIFIED, ""
+            push.applied_at, push.verified_at = io.answered, io.verified_at
+            verified.append(push)
         elif number is not None and push.revision.number < number:
             superseded.append(push.pk)
-    GatewayPush.objects.filter(pk__in=verified).update(
-        status=GatewayPush.Status.VERIFIED, applied_at=applied_at, verified_at=at, last_error=""
-    )
+    GatewayPush.objects.bulk_update(verified, ["status", "last_error", "applied_at",
+                                               "verified_at"])
     GatewayPush.objects.filter(pk__in=superseded).update(status=GatewayPush.Status.SUPERSEDED)
-    Gateway.objects.filter(pk=gateway.pk).update(
-        state=Gateway.State.IN_SYNC, last_error="", last_verified_at=at,
-        state_changed_at=at if gateway.state != Gateway.State.IN_SYNC
-        else gateway.state_changed_at,
-    )
+    Gateway.objects.filter(pk__in=by_gateway).exclude(state=Gateway.State.IN_SYNC).update(
+        state_changed_at=now)
+    Gateway.objects.filter(pk__in=by_gateway).update(
+        state=Gateway.State.IN_SYNC, last_error="", last_verified_at=now)
 
 
 def gateway_reconcile(*, gateway: Gateway) -> bool:
