@@ -3,7 +3,6 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 
 from fleetctl.accounts.models import ApiToken
@@ -27,7 +26,3 @@ def token_list_for_user(*, user: Any) -> QuerySet[ApiToken]:
 
 def token_list_service() -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(kind=ApiToken.Kind.SERVICE).select_related("created_by")
-
-
-def user_list() -> QuerySet:  # type: ignore[type-arg]
-    return get_user_model().objects.prefetch_related("groups").order_by("username")

@@ -141,18 +141,3 @@ def user_set_roles(*, actor: Actor, username: str, role_names: list[str]) -> obj
             before={"roles": before}, after={"roles": sorted(set(role_names))},
         )
     return user
-
-
-def user_create(
-    *, actor: Actor, username: str, password: str, role_names: list[str], email: str = ""
-) -> object:
-    """Create a person with roles. Used by the demo seed and by admins."""
-    actor.require(roles.ADMIN_MANAGE, action="user.create")
-    model = get_user_model()
-    if model.objects.filter(username=username).exists():
-        raise ValidationError({"username": [f"A user named {username!r} already exists."]})
-    with transaction.atomic():
-        user = model.objects.create_user(username=username, password=password, email=email)
-        audit_record(actor=actor, action="user.create", target=user, after={"username": username})
-        user_set_roles(actor=actor, username=username, role_names=role_names)
-    return user

@@ -17,11 +17,6 @@ def audit_event_list() -> QuerySet[AuditEvent]:
     return AuditEvent.objects.all()
 
 
-def audit_events_for(*, obj: object) -> QuerySet[AuditEvent]:
-    meta = obj._meta  # type: ignore[attr-defined]
-    return AuditEvent.objects.filter(object_type=meta.label_lower, object_id=str(obj.pk))  # type: ignore[attr-defined]
-
-
 class _Echo:
     def write(self, value: str) -> str:
         return value

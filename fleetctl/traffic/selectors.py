@@ -182,28 +182,41 @@ class DrainPreview:
         self.removed = removed
 
 
+def drain_step(*, route: Route, weights: dict[str, int], pool: Pool | None
+               ) -> tuple[dict[str, int], set[str]] | None:
+    """What draining does to one route's split: a pool drain takes that pool out, a route
+    drain takes out everything but the primary. None when the route has nothing to move.
+    The drain service (under a row lock) and the dashboard's preview both use this."""
+    from fleetctl.traffic.split import drained
+
+    if pool is not None:
+        remove = {pool.name}
+    else:
+        remove = {p for p in weights if p != route.primary_pool.name}
+    removed = remove & set(weights)
+    if not removed:
+        return None
+    after = drained(weights, remove=remove, primary=route.primary_pool.name,
+                    eligible=pools_eligible(route=route))
+    return after, removed
+
+
 def drain_preview(*, route: Route | None = None, pool: Pool | None = None
                   ) -> list[DrainPreview]:
-    """The same arithmetic as the drain service (split.drained over the eligible pools), read
-    only: the service recomputes it under a row lock and stays the authority."""
-    from fleetctl.traffic.split import as_percentages, drained
+    """The drain as it would happen now, read only: the service recomputes it under a row
+    lock and stays the authority."""
+    from fleetctl.traffic.split import as_percentages
 
     routes = [route] if route is not None else list(route_list())
     current = revisions_current(routes=routes)
     previews = []
     for each in routes:
         weights = current[each.pk].weights if each.pk in current else {}
-        if pool is not None:
-            remove = {pool.name}
-        else:
-            remove = {p for p in weights if p != each.primary_pool.name}
-        removed = remove & set(weights)
-        if not removed:
-            continue
-        after = drained(weights, remove=remove, primary=each.primary_pool.name,
-                        eligible=pools_eligible(route=each))
-        previews.append(DrainPreview(route=each, before=as_percentages(weights),
-                                     after=as_percentages(after), removed=sorted(removed)))
+        step = drain_step(route=each, weights=weights, pool=pool)
+        if step is not None:
+            after, removed = step
+            previews.append(DrainPreview(route=each, before=as_percentages(weights),
+                                         after=as_percentages(after), removed=sorted(removed)))
     return previews
 
 

@@ -23,7 +23,7 @@ from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
 from fleetctl.audit.services import audit_record, snapshot
 from fleetctl.core.crud import audited_create, audited_delete, audited_update
-from fleetctl.core.errors import ConflictError, NotFoundError
+from fleetctl.core.errors import ConflictError
 from fleetctl.fleet.models import Pool, PoolModel
 from fleetctl.traffic import policy, selectors
 from fleetctl.traffic.adapters.base import AdapterError, ApplyResult, DesiredState, adapter_for
@@ -36,7 +36,7 @@ from fleetctl.traffic.models import (
     Route,
     SplitRevision,
 )
-from fleetctl.traffic.split import as_percentages, drained, parse_percentages
+from fleetctl.traffic.split import as_percentages, parse_percentages
 
 log = logging.getLogger("fleetctl.traffic")
 
@@ -475,17 +475,10 @@ def _drain_plan(*, route: Route | None, pool: Pool | None
     plan = []
     for locked in routes.order_by("pk"):
         current = selectors.revision_current(route=locked)
-        weights = current.weights if current else {}
-        if pool is not None:
-            remove = {pool.name}
-        else:
-            remove = {p for p in weights if p != locked.primary_pool.name}
-        if not remove & set(weights):
-            continue
-        eligible = selectors.pools_eligible(route=locked)
-        new = drained(weights, remove=remove, primary=locked.primary_pool.name,
-                      eligible=eligible)
-        plan.append((locked, new, remove & set(weights)))
+        step = selectors.drain_step(route=locked, weights=current.weights if current else {},
+                                    pool=pool)
+        if step is not None:
+            plan.append((locked, *step))
     return plan
 
 
@@ -529,13 +522,6 @@ def drain_restore(*, actor: Actor, drain: Drain, reason: str) -> Drain:
                      after={"restores": drain.pk})
         _watch_after_commit(record.pk)
     return record
-
-
-def drain_get(*, drain_id: int) -> Drain:
-    drain = Drain.objects.filter(pk=drain_id).first()
-    if drain is None:
-        raise NotFoundError(f"No drain with id {drain_id}.")
-    return drain
 
 
 def drain_progress(*, drain_id: int) -> bool:

@@ -184,8 +184,3 @@ def adapter_for(gateway: GatewaySpec) -> Adapter:
         return _REGISTRY[gateway.kind](gateway)
     except KeyError as exc:
         raise AdapterError(f"no adapter for gateway kind {gateway.kind!r}", permanent=True) from exc
-
-
-def adapter_kinds() -> list[str]:
-    _load_adapters()
-    return sorted(_REGISTRY)

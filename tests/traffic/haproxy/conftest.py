@@ -9,14 +9,7 @@ import pytest
 from fleetctl.traffic.adapters.haproxy import HAProxyAdapter
 from fleetctl.traffic.haproxy_process import HAProxyProcess
 from tests.sim.simproc import SimProcess
-from tests.traffic.scenarios import Harness, start_fleet
-
-
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    sim = start_fleet(tmp_path_factory.mktemp("fleet"))
-    yield sim
-    sim.stop()
+from tests.traffic.scenarios import Harness
 
 
 @pytest.fixture(scope="module")
@@ -27,5 +20,5 @@ def haproxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HAProxyProcess
 
 
 @pytest.fixture
-def harness(fleet: SimProcess, haproxy: HAProxyProcess) -> Harness:
-    return Harness(url=haproxy.url, adapter=HAProxyAdapter(haproxy.gateway), sim=fleet)
+def harness(sim_fleet: SimProcess, haproxy: HAProxyProcess) -> Harness:
+    return Harness(url=haproxy.url, adapter=HAProxyAdapter(haproxy.gateway), sim=sim_fleet)

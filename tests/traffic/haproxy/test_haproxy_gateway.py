@@ -128,10 +128,10 @@ def test_reloads_under_load_lose_no_request(harness: Harness) -> None:
 
 
 def test_a_stopped_haproxy_is_a_retryable_error_within_two_seconds(
-        tmp_path: Path, fleet: SimProcess) -> None:
+        tmp_path: Path, sim_fleet: SimProcess) -> None:
     process = HAProxyProcess(tmp_path / "gone").start()
     adapter = HAProxyAdapter(process.gateway)
-    h = Harness(url=process.url, adapter=adapter, sim=fleet)
+    h = Harness(url=process.url, adapter=adapter, sim=sim_fleet)
     h.apply(route({"alpha": 10000}))
     process.stop()
     scenarios.apply_is_refused_quickly_when_the_gateway_is_down(

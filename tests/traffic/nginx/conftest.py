@@ -9,14 +9,7 @@ import pytest
 from fleetctl.traffic.adapters.nginx import NginxAdapter
 from fleetctl.traffic.nginx_process import NginxProcess
 from tests.sim.simproc import SimProcess
-from tests.traffic.scenarios import Harness, start_fleet
-
-
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    sim = start_fleet(tmp_path_factory.mktemp("fleet"))
-    yield sim
-    sim.stop()
+from tests.traffic.scenarios import Harness
 
 
 @pytest.fixture(scope="module")
@@ -27,5 +20,5 @@ def nginx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NginxProcess]:
 
 
 @pytest.fixture
-def harness(fleet: SimProcess, nginx: NginxProcess) -> Harness:
-    return Harness(url=nginx.url, adapter=NginxAdapter(nginx.gateway), sim=fleet)
+def harness(sim_fleet: SimProcess, nginx: NginxProcess) -> Harness:
+    return Harness(url=nginx.url, adapter=NginxAdapter(nginx.gateway), sim=sim_fleet)

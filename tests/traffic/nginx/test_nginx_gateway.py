@@ -104,10 +104,10 @@ def test_reloads_under_load_lose_no_request(harness: Harness) -> None:
 
 
 def test_the_model_can_come_from_a_header_instead_of_the_body(
-        tmp_path: Path, fleet: SimProcess) -> None:
+        tmp_path: Path, sim_fleet: SimProcess) -> None:
     process = NginxProcess(tmp_path / "by-header", model_source="header").start()
     try:
-        h = Harness(url=process.url, adapter=NginxAdapter(process.gateway), sim=fleet)
+        h = Harness(url=process.url, adapter=NginxAdapter(process.gateway), sim=sim_fleet)
         h.apply(route({"beta": 10000}))
         before = h.served()
         ask(h.client(**{"X-Fleetctl-Model": MODEL}))
@@ -119,10 +119,10 @@ def test_the_model_can_come_from_a_header_instead_of_the_body(
 
 
 def test_a_stopped_nginx_is_a_retryable_error_within_two_seconds(
-        tmp_path: Path, fleet: SimProcess) -> None:
+        tmp_path: Path, sim_fleet: SimProcess) -> None:
     process = NginxProcess(tmp_path / "gone").start()
     adapter = NginxAdapter(process.gateway)
-    h = Harness(url=process.url, adapter=adapter, sim=fleet)
+    h = Harness(url=process.url, adapter=adapter, sim=sim_fleet)
     h.apply(route({"alpha": 10000}))
     process.stop()
     scenarios.apply_is_refused_quickly_when_the_gateway_is_down(
