@@ -126,7 +126,8 @@ def revision_create(*, actor: Actor, route: Route, weights: Any, base_revision: 
                  force=force)
     with transaction.atomic():
         revision = _store_revision(actor=actor, route=route, base=base_revision, weights=split,
-                                   kind=SplitRevision.Kind.CHANGE, reason=reason, forced=force)
+                                   kind=SplitRevision.Kind.CHANGE, reason=reason, forced=force,
+                                   parent=current)
     return revision
 
 
@@ -139,16 +140,19 @@ def _stale(route: Route, base: int) -> ConflictError:
 
 
 def _store_revision(*, actor: Actor, route: Route, base: int, weights: dict[str, int],
-                    kind: str, reason: str, forced: bool = False) -> SplitRevision:
+                    kind: str, reason: str, forced: bool = False,
+                    parent: SplitRevision | None = None) -> SplitRevision:
     """Claim revision base+1 with a conditional UPDATE (the loser of a race gets 409), store
-    it, audit it, and queue its pushes once the transaction commits."""
+    it, audit it, and queue its pushes once the transaction commits. `parent`: revision
+    `base` when the caller already read it (saves a query)."""
     claimed = Route.objects.filter(pk=route.pk, revision_number=base).update(
         revision_number=F("revision_number") + 1
     )
     if not claimed:
         raise _stale(route, base)
     route.revision_number = base + 1
-    parent = SplitRevision.objects.filter(route=route, number=base).first()
+    if parent is None or parent.route_id != route.pk or parent.number != base:
+        parent = SplitRevision.objects.filter(route=route, number=base).first()
     revision = SplitRevision.objects.create(
         route=route, number=base + 1, parent=parent, kind=kind, weights=weights,
         reason=reason, forced=forced, created_by=actor.label,
@@ -234,7 +238,7 @@ def push_fanout(*, push_ids: list[int]) -> list[tuple[int, str, float | None]]:
     """First attempt of several pushes at once: one thread per gateway does the talking (the
     work is waiting on gateways), then every outcome is recorded together in a few queries.
     Gateways carrying the same routes share one desired state."""
-    pushes = list(GatewayPush.objects.select_related("gateway", "revision__route")
+    pushes = list(GatewayPush.objects.select_related("gateway")
                   .prefetch_related("gateway__routes").filter(pk__in=push_ids)
                   .exclude(status__in=_DONE))
     states: dict[tuple[int, ...], DesiredState] = {}
@@ -429,10 +433,11 @@ def traffic_samples_prune(*, older_than_hours: int = 24) -> int:
 # --- drains ----------------------------------------------------------------------------------
 
 def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
-                  pool: Pool | None = None) -> Drain:
+                  pool: Pool | None = None, routes: list[Route] | None = None) -> Drain:
     """Move a route (all of it to its primary), or every route using a pool (that pool's
-    share), back — never across a border. Returns the record; progress is filled in by the
-    push tasks and the drain watcher."""
+    share), back — never across a border. `routes` limits a pool drain to some routes (a
+    migration plan leaving stage 4). Returns the record; progress is filled in by the push
+    tasks and the drain watcher."""
     target: object = route or pool
     actor.require(roles.DRAIN, action="drain.request", target=target)
     if not reason.strip():
@@ -441,7 +446,7 @@ def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
         raise ValidationError({"non_field_errors": ["Drain either a route or a pool."]})
     requested_at = timezone.now()
     with transaction.atomic():
-        plan = _drain_plan(route=route, pool=pool)
+        plan = _drain_plan(route=route, pool=pool, only=routes)
         if not plan:
             raise ConflictError(
                 f"Nothing to drain: route {route.name} already sends everything to its "
@@ -451,34 +456,37 @@ def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
         record = Drain.objects.create(
             action=Drain.Action.DRAIN, route=route, pool=pool, requested_by=actor.label,
             reason=reason, requested_at=requested_at,
-            drained_pools=sorted({p for _, _, removed in plan for p in removed}),
+            drained_pools=sorted({p for _, _, removed, _ in plan for p in removed}),
         )
-        for locked, new_weights, removed in plan:
-            revision = _store_revision(
+        record.revisions.add(*[
+            _store_revision(
                 actor=actor, route=locked, base=locked.revision_number, weights=new_weights,
                 kind=SplitRevision.Kind.DRAIN,
-                reason=f"drain {', '.join(sorted(removed))}: {reason}",
+                reason=f"drain {', '.join(sorted(removed))}: {reason}", parent=current,
             )
-            record.revisions.add(revision)
+            for locked, new_weights, removed, current in plan
+        ])
         audit_record(actor=actor, action="drain.request", target=record, message=reason,
                      after={"drained_pools": record.drained_pools,
-                            "routes": [r.name for r, _, _ in plan]})
+                            "routes": [r.name for r, _, _, _ in plan]})
         _watch_after_commit(record.pk)
     return record
 
 
-def _drain_plan(*, route: Route | None, pool: Pool | None
-                ) -> list[tuple[Route, dict[str, int], set[str]]]:
+def _drain_plan(*, route: Route | None, pool: Pool | None, only: list[Route] | None = None
+                ) -> list[tuple[Route, dict[str, int], set[str], SplitRevision | None]]:
     routes = Route.objects.select_for_update().select_related("primary_pool__region")
     if route is not None:
         routes = routes.filter(pk=route.pk)
+    if only is not None:
+        routes = routes.filter(pk__in=[r.pk for r in only])
     plan = []
     for locked in routes.order_by("pk"):
         current = selectors.revision_current(route=locked)
         step = selectors.drain_step(route=locked, weights=current.weights if current else {},
                                     pool=pool)
         if step is not None:
-            plan.append((locked, *step))
+            plan.append((locked, *step, current))
     return plan
 
 
@@ -515,7 +523,7 @@ def drain_restore(*, actor: Actor, drain: Drain, reason: str) -> Drain:
             _check_split(route=route, weights=parent_weights, previous=rev.weights, force=False)
             restored = _store_revision(
                 actor=actor, route=route, base=rev.number, weights=parent_weights,
-                kind=SplitRevision.Kind.RESTORE, reason=record.reason,
+                kind=SplitRevision.Kind.RESTORE, reason=record.reason, parent=rev,
             )
             record.revisions.add(restored)
         audit_record(actor=actor, action="drain.restore", target=record, message=record.reason,
@@ -539,7 +547,8 @@ def drain_progress(*, drain_id: int) -> bool:
     if len(done) < len(pushes):
         status = Drain.Status.PARTIAL if failing else Drain.Status.PUSHING
         error = "; ".join(f"{p.gateway.name}: {p.last_error}" for p in failing)
-        Drain.objects.filter(pk=drain.pk).update(status=status, last_error=error)
+        if (drain.status, drain.last_error) != (status, error):  # the watcher polls: no idle writes
+            Drain.objects.filter(pk=drain.pk).update(status=status, last_error=error)
         return False
     if drain.verified_at is None:
         verified_times = [p.verified_at for p in pushes if p.verified_at] or [now]

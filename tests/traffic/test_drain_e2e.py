@@ -23,6 +23,9 @@ from tests.sim.simproc import TEST_PROFILES, SimProcess
 
 pytestmark = pytest.mark.slow
 MODEL = "llama-3.1-8b-instruct"
+# Long enough (2 ms a token) to still be streaming when the next requests are counted: the
+# pools count a request when it completes, so a stream ending mid-check would be miscounted.
+STREAM_TOKENS = 2400
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +121,7 @@ def test_a_drain_takes_effect_for_the_next_request_and_lets_streams_finish(
     def long_stream() -> None:
         stream = _client(envoys[0]).chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "tell me everything"}],
-            max_tokens=600, stream=True, extra_body={"ignore_eos": True})
+            max_tokens=STREAM_TOKENS, stream=True, extra_body={"ignore_eos": True})
         stream_result["chunks"] = sum(1 for chunk in stream if chunk.choices
                                       and chunk.choices[0].delta.content)
 
@@ -138,7 +141,7 @@ def test_a_drain_takes_effect_for_the_next_request_and_lets_streams_finish(
     drain = Drain.objects.get(pk=drain_id)
     assert drain.in_flight_zero_at is None  # the stream is still open
     streaming.join(timeout=30)
-    assert stream_result["chunks"] == 600  # the in-flight stream finished whole
+    assert stream_result["chunks"] == STREAM_TOKENS  # the in-flight stream finished whole
     wait_until(lambda: Drain.objects.get(pk=drain_id).status == "complete",
                what="the drain to complete")
     record = oncall.get(f"/api/v1/drains/{drain_id}/").json()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,8 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import httpx
-
+from fleetctl.core.http import OutboundError, OutboundTimeout, OutboundUnreachable, admin_request
 from fleetctl.traffic import envoy_config as config
 from fleetctl.traffic.adapters.base import (
     Adapter,
@@ -54,17 +54,6 @@ _LOAD_STATS = (
 )
 _POLL_S = 0.005
 
-_shared: httpx.Client | None = None
-
-
-def _client() -> httpx.Client:
-    """One pooled client per process: an apply makes a handful of admin calls, and a
-    kept-alive connection saves a TCP handshake on each."""
-    global _shared
-    if _shared is None:
-        _shared = httpx.Client(follow_redirects=False, limits=httpx.Limits(max_connections=32))
-    return _shared
-
 
 @dataclass(frozen=True)
 class LoadState:
@@ -79,7 +68,8 @@ class LoadState:
 
 class EnvoyAdmin:
     """The admin API, with errors an operator can read: unreachable or 5xx is worth a retry,
-    a 4xx is not."""
+    a 4xx is not. Calls go over a kept-alive connection per admin address
+    (fleetctl.core.http.admin_request)."""
 
     def __init__(self, base_url: str, *, timeout_s: float, gateway: str) -> None:
         self.base_url = base_url.rstrip("/")
@@ -87,15 +77,16 @@ class EnvoyAdmin:
         self.gateway = gateway
 
     def get_json(self, path: str, params: dict[str, str] | None = None) -> Any:
-        response = self._request("GET", path, params=params)
+        body = self._request("GET", path, params=params)
         try:
-            return response.json()
+            return json.loads(body)
         except ValueError as exc:
-            raise AdapterError(f"{self._where(path)} answered non-JSON: {response.text[:200]}",
+            raise AdapterError(f"{self._where(path)} answered non-JSON: "
+                               f"{body[:200].decode(errors='replace')}",
                                permanent=True) from exc
 
     def post(self, path: str, data: dict[str, str]) -> None:
-        self._request("POST", path, data=data)
+        self._request("POST", path, form=data)
 
     def stats(self, pattern: str) -> dict[str, Any]:
         """Stat name -> value for the stats whose names match the RE2 `pattern`."""
@@ -117,34 +108,82 @@ class EnvoyAdmin:
         return {key: str(entry.get("final_value", "")) for key, entry in entries.items()}
 
     def route_config(self) -> dict[str, Any] | None:
+        return self.route_config_and_version()[0]
+
+    def route_config_and_version(self) -> tuple[dict[str, Any] | None, str]:
+        """fleetctl's RouteConfiguration as loaded, and the version Envoy loaded it at."""
         dump = self.get_json("/config_dump", {"resource": "dynamic_route_configs"})
         for item in dump.get("configs", []):
             route_config = item.get("route_config", {})
             if route_config.get("name") == config.ROUTE_CONFIG_NAME:
-                return dict(route_config)
-        return None
+                return dict(route_config), str(item.get("version_info", ""))
+        return None, ""
 
     def _request(self, method: str, path: str, *, params: dict[str, str] | None = None,
-                 data: dict[str, str] | None = None) -> httpx.Response:
+                 form: dict[str, str] | None = None) -> bytes:
         where = self._where(path)
         try:
-            response = _client().request(method, self.base_url + path, params=params, data=data,
-                                         timeout=self.timeout_s)
-        except httpx.TimeoutException as exc:
+            status, body = admin_request(self.base_url, method, path, params=params,
+                                         form=form, timeout_s=self.timeout_s)
+        except OutboundTimeout as exc:
             raise AdapterError(f"{where} timed out after {self.timeout_s:g} s") from exc
-        except httpx.ConnectError as exc:
+        except OutboundUnreachable as exc:
             raise AdapterError(f"{where} is unreachable (is Envoy running?): {exc}") from exc
-        except httpx.HTTPError as exc:
-            raise AdapterError(f"{where} failed: {exc.__class__.__name__}: {exc}") from exc
-        if response.status_code >= 400:
+        except OutboundError as exc:
+            raise AdapterError(f"{where} failed: {exc}") from exc
+        if status >= 400:
             raise AdapterError(
-                f"{where} answered {response.status_code}: {response.text.strip()[:200]}",
-                permanent=response.status_code < 500,
+                f"{where} answered {status}: {body.decode(errors='replace').strip()[:200]}",
+                permanent=status < 500,
             )
-        return response
+        return body
 
     def _where(self, path: str) -> str:
         return f"Envoy {self.gateway} admin {self.base_url}{path}"
+
+
+class _Seen:
+    """What this process last saw Envoy report, per gateway: its load state (so a
+    weights-only apply can skip the stats read before its POST) and, per routes version,
+    the route structure (so a read-back needs no /config_dump). Only an optimisation: every
+    apply is still verified by a read-back of Envoy's real state, and any error, mismatch
+    or version change drops what was remembered."""
+
+    _MAX_ROUTE_CONFIGS = 64
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._load: dict[tuple[str, str], LoadState] = {}
+        self._routes: dict[str, dict[str, Any] | None] = {}
+
+    def load_state(self, gateway: tuple[str, str]) -> LoadState | None:
+        with self._lock:
+            return self._load.get(gateway)
+
+    def saw_load_state(self, gateway: tuple[str, str], state: LoadState) -> None:
+        with self._lock:
+            self._load[gateway] = state
+
+    def forget(self, gateway: tuple[str, str]) -> None:
+        with self._lock:
+            self._load.pop(gateway, None)
+
+    def route_config(self, version: str) -> tuple[bool, dict[str, Any] | None]:
+        with self._lock:
+            return version in self._routes, self._routes.get(version)
+
+    def saw_route_config(self, version: str, route_config: dict[str, Any] | None) -> None:
+        """A route config is known by the version Envoy loaded it at: fleetctl's versions
+        are hashes of the route structure (only default weights are left out of it)."""
+        if not version:
+            return
+        with self._lock:
+            if len(self._routes) >= self._MAX_ROUTE_CONFIGS:
+                self._routes.clear()
+            self._routes[version] = route_config
+
+
+_seen = _Seen()
 
 
 @register
@@ -157,6 +196,7 @@ class EnvoyAdapter(Adapter):
         self.load_timeout_s = float(options.get("load_timeout_s", 5.0))
         self.admin = EnvoyAdmin(gateway.admin_address, gateway=gateway.name,
                                 timeout_s=float(options.get("admin_timeout_s", 2.0)))
+        self._seen_key = (self.admin.base_url, str(options.get("config_dir", "")))
 
     # --- apply -------------------------------------------------------------------------------
 
@@ -167,8 +207,12 @@ class EnvoyAdapter(Adapter):
         except config.ConfigError as exc:
             raise AdapterError(f"gateway {self.gateway.name}: {exc}", permanent=True) from exc
         config_dir = self._config_dir()
-        with _apply_lock(config_dir):
-            swapped = self._apply_locked(rendered, config_dir)
+        try:
+            with _apply_lock(config_dir):
+                swapped = self._apply_locked(rendered, config_dir)
+        except AdapterError:
+            _seen.forget(self._seen_key)
+            raise
         elapsed_ms = (time.monotonic() - started) * 1000
         keys = f"{len(rendered.runtime)} runtime weight(s) set; {elapsed_ms:.0f} ms"
         if not swapped:
@@ -177,9 +221,21 @@ class EnvoyAdapter(Adapter):
                            detail=f"{', '.join(swapped)} swapped; {keys}")
 
     def _apply_locked(self, rendered: config.RenderedConfig, config_dir: Path) -> list[str]:
+        on_disk = _clusters_on_disk(config_dir)
+        seen = _seen.load_state(self._seen_key)
+        if (seen is not None and seen.routes_version == rendered.routes_version
+                and seen.clusters_version == rendered.clusters_version
+                == config.clusters_version(on_disk)):
+            # The files Envoy last reported are the ones wanted: weights only, without the
+            # stats read first. Were Envoy's state different after all (restarted empty,
+            # another worker swapped files), the read-back that follows sees it, and the
+            # retry takes the path below.
+            if rendered.runtime:
+                self.admin.post("/runtime_modify",
+                                {k: str(v) for k, v in rendered.runtime.items()})
+            return []
         state = self.admin.load_state()
         swapped: list[str] = []
-        on_disk = _clusters_on_disk(config_dir)
         # Old clusters stay until the new routes no longer use them.
         staged = {**{n: c for n, c in on_disk.items() if n not in rendered.clusters},
                   **rendered.clusters}
@@ -195,8 +251,9 @@ class EnvoyAdapter(Adapter):
         if rendered.runtime:
             self.admin.post("/runtime_modify", {k: str(v) for k, v in rendered.runtime.items()})
         if staged != rendered.clusters:
-            self._swap_clusters(config_dir, rendered.clusters, state)
+            state = self._swap_clusters(config_dir, rendered.clusters, state)
             swapped.append("clusters (pruned)")
+        _seen.saw_load_state(self._seen_key, state)
         return swapped
 
     def _swap_clusters(self, config_dir: Path, clusters: dict[str, dict[str, Any]],
@@ -264,9 +321,34 @@ class EnvoyAdapter(Adapter):
     # --- reads -------------------------------------------------------------------------------
 
     def read_back(self) -> dict[str, dict[str, int]]:
-        route_config = self.admin.route_config()
-        runtime = self.admin.runtime()
+        """Envoy's loaded routes version (stats) and its runtime; the route structure of that
+        version comes from /config_dump the first time, later from memory (it is a hash of
+        the structure). Default weights are not part of that hash, so whenever a weighted
+        route lacks an integer runtime value (e.g. after a restart) the route config is read
+        from Envoy again."""
+        try:
+            state = self.admin.load_state()
+            runtime = self.admin.runtime()
+            known, route_config = _seen.route_config(state.routes_version)
+            if not known or not _runtime_complete(route_config, runtime):
+                route_config, version = self.admin.route_config_and_version()
+                _seen.saw_route_config(version, route_config)
+                if version != state.routes_version:  # swapped in between: read it all again
+                    state = self.admin.load_state()
+                    runtime = self.admin.runtime()
+                    route_config, version = self.admin.route_config_and_version()
+                    _seen.saw_route_config(version, route_config)
+        except AdapterError:
+            _seen.forget(self._seen_key)
+            raise
+        _seen.saw_load_state(self._seen_key, state)
         return held_weights(route_config, runtime)
+
+    def matches(self, desired: DesiredState, held: dict[str, dict[str, int]]) -> bool:
+        if held == desired.held_weights():
+            return True
+        _seen.forget(self._seen_key)  # the next apply reads Envoy's state before writing
+        return False
 
     def in_flight(self, pool: str) -> int:
         name = f"cluster.{pool}.upstream_rq_active"
@@ -307,16 +389,37 @@ def held_weights(route_config: dict[str, Any] | None,
     return held
 
 
+def _runtime_complete(route_config: dict[str, Any] | None, runtime: dict[str, str]) -> bool:
+    """Does the runtime hold an integer for every weighted cluster of every route, so that
+    held_weights() does not depend on the file's default weights?"""
+    for route in _routes(route_config):
+        weighted = route.get("route", {}).get("weighted_clusters")
+        if weighted is None:
+            continue
+        prefix = weighted.get("runtime_key_prefix", "")
+        if not prefix:
+            return False
+        for cluster in weighted.get("clusters", []):
+            if _as_int(runtime.get(f"{prefix}.{cluster.get('name')}")) is None:
+                return False
+    return True
+
+
 def _refusals(stats: dict[str, Any], prefix: str) -> int:
     return sum(int(stats.get(f"{prefix}.{name}") or 0)
                for name in ("update_rejected", "update_failure"))
 
 
 def _runtime_int(value: str | None, default: int) -> int:
+    number = _as_int(value)
+    return default if number is None else number
+
+
+def _as_int(value: str | None) -> int | None:
     try:
-        return int(value) if value is not None else default
+        return int(value) if value is not None else None
     except ValueError:
-        return default
+        return None
 
 
 def _routes(route_config: dict[str, Any] | None) -> Iterator[dict[str, Any]]:

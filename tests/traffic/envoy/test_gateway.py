@@ -19,7 +19,7 @@ from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from fleetctl.traffic.adapters.base import AdapterError, GatewaySpec, PoolTarget
 from fleetctl.traffic.adapters.envoy import EnvoyAdapter
-from fleetctl.traffic.envoy_process import free_port
+from fleetctl.traffic.envoy_process import free_port, write_atomically
 
 from .conftest import MODEL, OTHER_MODEL, Gateway, route, state
 
@@ -287,6 +287,49 @@ def test_an_envoy_restarted_with_its_files_loses_runtime_weights_until_the_next_
     assert gateway.adapter.read_back() == {"chat": {"pa": 10000}}
     assert gateway.adapter.apply(moved).method == "runtime"
     assert gateway.adapter.read_back() == moved.held_weights()
+
+
+def test_a_weights_change_after_a_verified_read_back_is_one_post_and_a_stale_memory_is_caught(
+        gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    pools = gateway.pools("pa", "pb")
+    even = state(pools, route("chat", {"pa": 5000, "pb": 5000}))
+    moved = state(pools, route("chat", {"pa": 0, "pb": 10000}))
+    gateway.adapter.apply(even)
+    assert gateway.adapter.matches(even, gateway.adapter.read_back())
+    calls: list[str] = []
+    request = gateway.adapter.admin._request
+
+    def counted(method: str, path: str, **kwargs: Any) -> bytes:
+        calls.append(f"{method} {path}")
+        return request(method, path, **kwargs)
+
+    monkeypatch.setattr(gateway.adapter.admin, "_request", counted)
+
+    assert gateway.adapter.apply(moved).method == "runtime"
+    assert calls == ["POST /runtime_modify"]  # Envoy's load state is known from the read-back
+    assert gateway.adapter.read_back() == moved.held_weights()
+    assert "GET /config_dump" not in calls  # the route structure of that version is known
+
+    # Restarted empty, then handed the clusters file (and nothing else) behind fleetctl's
+    # back: disk and clusters look as remembered, so the apply only posts weights; the
+    # read-back sees Envoy's real routes (none), and the next apply repairs them.
+    clusters = gateway.process.workdir / "clusters.json"
+    kept = clusters.read_text()
+    gateway.process.kill()
+    gateway.process.forget_configuration()
+    gateway.process.start()
+    write_atomically(clusters, kept)
+    wanted = json.loads(kept)["version_info"]
+    deadline = time.monotonic() + 5
+    while gateway.adapter.admin.load_state().clusters_version != wanted:
+        assert time.monotonic() < deadline, "Envoy did not load the clusters file"
+        time.sleep(0.01)
+    assert gateway.adapter.apply(even).method == "runtime"
+    assert not gateway.adapter.matches(even, gateway.adapter.read_back())
+    assert gateway.adapter.apply(even).method == "file-swap"
+    assert gateway.adapter.matches(even, gateway.adapter.read_back())
+    answered = ask(gateway)
+    assert gateway.served_by(answered)[answered] in ("pa", "pb")
 
 
 def test_a_routes_file_envoy_rejects_is_put_back(gateway: Gateway) -> None:
