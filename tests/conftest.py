@@ -32,6 +32,16 @@ def pytest_report_header() -> list[str]:
             f" broker {settings.CELERY_BROKER_URL}"]
 
 
+# The `browser` fixture (Chromium through Playwright) for the dashboard tests.
+pytest_plugins = ["tests.browser"]
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings: Any) -> None:
+    """PBKDF2 at production strength costs ~0.3 s per user on this machine; tests make many
+    users. Hashing strength is Django's concern, not ours."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def system() -> Actor:
     return SYSTEM

@@ -76,3 +76,10 @@ def audit_denied(*, actor: Actor, action: str, target: object | None, permission
     transaction, so this row is not rolled back with the work it refused."""
     _event(actor=actor, action=action, target=target, outcome="denied",
            message=f"missing permission '{permission}'", before=None, after=None).save()
+
+
+def audit_refused(*, actor: Actor, action: str, target: object | None, message: str) -> None:
+    """Record an attempt a business rule refused (approving one's own plan, a failing gate…).
+    Call it outside the refused work's transaction so the row stays."""
+    _event(actor=actor, action=action, target=target, outcome="denied", message=message,
+           before=None, after=None).save()

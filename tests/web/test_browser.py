@@ -7,14 +7,13 @@ Set FLEETCTL_SCREENSHOTS=1 to also write docs/screenshots/overview.png and pool-
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.utils import timezone
-from playwright.sync_api import Browser, ConsoleMessage, Page, Response, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, Response
 
 from fleetctl.fleet import services
 from fleetctl.fleet.models import Pool
@@ -29,33 +28,7 @@ from tests.web.factories import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
-
-
-@pytest.fixture(autouse=True)
-def allow_orm_beside_playwrights_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Playwright's sync API runs an asyncio loop in this thread, and Django refuses ORM calls
-    # from a thread with a running loop. The test seeds before the browser starts and makes
-    # no ORM call while it runs (see demo_fleet); this lets a check added later still work.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"Chromium is not installed at {CHROMIUM}; install Debian's package with "
-            "`apt-get install chromium` (Playwright's own browser download is not used)."
-        )
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

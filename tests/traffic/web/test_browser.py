@@ -18,7 +18,7 @@ from typing import Any
 
 import openai
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from fleetctl.fleet.services import pool_create
 from fleetctl.traffic import services
@@ -28,28 +28,10 @@ from tests.conftest import wait_until
 from tests.sim.simproc import TEST_PROFILES, SimProcess
 from tests.traffic.web.conftest import MODEL, SYSTEM, healthy, make_route, ramp
 from tests.web.factories import PASSWORD, make_region, make_user
-from tests.web.test_browser import CHROMIUM, CHROMIUM_ARGS, Problems, shoot
+from tests.web.test_browser import Problems, shoot
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 POLLING = "every 500ms [document.visibilityState === 'visible']"
-
-
-@pytest.fixture(autouse=True)
-def allow_orm_beside_playwrights_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Playwright's sync API runs an asyncio loop in this thread and Django refuses ORM calls
-    # from such a thread. Everything is seeded before the browser starts; this only keeps a
-    # check added later from failing for the wrong reason.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(f"Chromium is not installed at {CHROMIUM}; `apt-get install chromium`.")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

@@ -1,0 +1,443 @@
+"""Plans, gates, checks, approvals and evidence over REST. Inputs are shapes only: the
+services decide what is allowed and say why when it is not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from fleetctl.core.api.fields import StrictCharField
+from fleetctl.fleet.models import Pool
+from fleetctl.traffic.models import Route
+from migrations_plan import evidence as ev
+from migrations_plan import selectors
+from migrations_plan.models import (
+    STAGE_NAMES,
+    Approval,
+    Attestation,
+    Evidence,
+    GateCheck,
+    Plan,
+    StageMove,
+)
+from migrations_plan.services import EDITABLE_FIELDS
+
+User = get_user_model()
+STATUS_HELP = ", ".join(ev.STATUSES) + " (pending: awaiting attestation; blocks like fail)"
+
+
+def _pool_field(**kwargs: Any) -> serializers.SlugRelatedField:
+    return serializers.SlugRelatedField(
+        slug_field="name", queryset=Pool.objects.all(),
+        error_messages={"does_not_exist": "No pool named {value}; see GET /api/v1/pools/."},
+        **kwargs)
+
+
+def _owner_field(**kwargs: Any) -> serializers.SlugRelatedField:
+    return serializers.SlugRelatedField(
+        slug_field="username", queryset=User.objects.filter(is_active=True),
+        error_messages={"does_not_exist": "No active user named {value}."},
+        help_text="Username of the person who owns the plan (default: you).", **kwargs)
+
+
+# --- what a gate says -------------------------------------------------------------------------
+
+class EvidenceRefSerializer(serializers.Serializer):
+    kind = serializers.CharField()
+    ref = serializers.CharField(help_text='What the check used, e.g. "evidence:40", "drain:12".')
+    label: Any = serializers.CharField()
+    version = serializers.CharField(help_text="Changes whenever what the evidence says changes.")
+    url = serializers.CharField(help_text="Where the details are (may be empty).")
+    observed_at = serializers.DateTimeField(allow_null=True)
+    expires_at = serializers.DateTimeField(allow_null=True)
+
+
+class AttestationSerializer(serializers.ModelSerializer):
+    by = serializers.CharField(source="by.username", read_only=True)
+
+    class Meta:
+        model = Attestation
+        fields = ["id", "by", "role", "note", "at", "withdrawn_at", "withdrawn_reason"]
+        read_only_fields = fields
+
+
+class CheckOutcomeSerializer(serializers.Serializer):
+    """One check of a gate, evaluated now."""
+
+    id = serializers.IntegerField(source="check.pk")
+    key = serializers.CharField(source="check.key")
+    title = serializers.CharField(source="check.title")
+    kind = serializers.CharField(source="check.kind", help_text="evidence or attested")
+    rule = serializers.CharField(source="check.rule")
+    params = serializers.JSONField(source="check.params")
+    attest_role = serializers.CharField(source="check.attest_role")
+    status = serializers.CharField(help_text=STATUS_HELP)
+    status_label = serializers.SerializerMethodField()
+    summary = serializers.CharField(source="result.summary")
+    numbers = serializers.JSONField(source="result.numbers", help_text="The numbers the rule used.")
+    evidence = EvidenceRefSerializer(source="result.evidence", many=True)
+    attestation = serializers.SerializerMethodField(help_text="The standing attestation, if any.")
+
+    def get_status_label(self, outcome: ev.CheckOutcome) -> str:
+        return ev.STATUS_LABELS[outcome.status]
+
+    @extend_schema_field(AttestationSerializer(allow_null=True))
+    def get_attestation(self, outcome: ev.CheckOutcome) -> dict[str, Any] | None:
+        standing = next((a for a in outcome.check.attestations.all() if a.withdrawn_at is None),
+                        None)
+        return AttestationSerializer(standing).data if standing else None
+
+
+class GateSerializer(serializers.Serializer):
+    """One stage's gate: pass advances; warn or insufficient data needs a written
+    justification to approve; fail (or a pending attestation) blocks."""
+
+    stage = serializers.IntegerField()
+    stage_name = serializers.SerializerMethodField()
+    status = serializers.CharField(help_text=STATUS_HELP)
+    status_label = serializers.SerializerMethodField()
+    evaluated_at = serializers.DateTimeField(source="at")
+    snapshot_hash = serializers.SerializerMethodField(
+        help_text="What an approval given now binds to.")
+    passed = serializers.IntegerField()
+    total = serializers.SerializerMethodField()
+    blockers = serializers.SerializerMethodField(help_text="Titles of the checks that block.")
+    needs_justification = serializers.SerializerMethodField(
+        help_text="Titles of the checks that are warn or insufficient data.")
+    checks = CheckOutcomeSerializer(source="outcomes", many=True)
+
+    def get_stage_name(self, gate: ev.GateEvaluation) -> str:
+        return STAGE_NAMES[gate.stage]
+
+    def get_status_label(self, gate: ev.GateEvaluation) -> str:
+        return ev.STATUS_LABELS[gate.status]
+
+    def get_snapshot_hash(self, gate: ev.GateEvaluation) -> str:
+        return gate.hash()
+
+    def get_total(self, gate: ev.GateEvaluation) -> int:
+        return len(gate.outcomes)
+
+    def get_blockers(self, gate: ev.GateEvaluation) -> list[str]:
+        return [o.check.title for o in gate.blockers]
+
+    def get_needs_justification(self, gate: ev.GateEvaluation) -> list[str]:
+        return [o.check.title for o in gate.needs_justification]
+
+
+class GateApprovalSerializer(serializers.Serializer):
+    """An approval of the gate shown, and whether it still counts."""
+
+    id = serializers.IntegerField(source="approval.pk")
+    stage = serializers.IntegerField(source="approval.stage")
+    by = serializers.CharField(source="approval.by.username")
+    at = serializers.DateTimeField(source="approval.at")
+    gate_status = serializers.CharField(source="approval.gate_status")
+    justification = serializers.CharField(source="approval.justification")
+    snapshot_hash = serializers.CharField(source="approval.snapshot_hash")
+    counts = serializers.BooleanField(help_text="Counts towards advancing on today's evidence.")
+    why_not = serializers.SerializerMethodField(help_text="Why it does not count, if it does not.")
+
+    def get_why_not(self, view: selectors.ApprovalView) -> str | None:
+        approval = view.approval
+        if approval.voided_at is not None:
+            return f"voided: {approval.void_reason}"
+        if approval.used_at is not None:
+            return f"used by the stage move at {approval.used_at:%Y-%m-%d %H:%M} UTC"
+        return view.stale_reason
+
+
+class StageGateSerializer(GateSerializer):
+    required_approvals = serializers.SerializerMethodField()
+    approvals = serializers.SerializerMethodField()
+
+    def get_required_approvals(self, gate: ev.GateEvaluation) -> int:
+        return gate.plan.required_approvals
+
+    @extend_schema_field(GateApprovalSerializer(many=True))
+    def get_approvals(self, gate: ev.GateEvaluation) -> Any:
+        views = selectors.approvals_for_gate(plan=gate.plan, gate=gate)
+        return GateApprovalSerializer(views, many=True).data
+
+
+# --- plans ------------------------------------------------------------------------------------
+
+class PlanSerializer(serializers.ModelSerializer):
+    candidate_pool = serializers.CharField(source="candidate_pool.name", read_only=True)
+    primary_pool = serializers.CharField(source="primary_pool.name", read_only=True)
+    routes = serializers.SerializerMethodField()
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    created_by = serializers.CharField(source="created_by.username", read_only=True)
+    state = serializers.CharField(read_only=True, help_text=", ".join(Plan.State.values))
+    state_label = serializers.CharField(source="get_state_display", read_only=True)
+    stage_name = serializers.CharField(read_only=True)
+    gate = serializers.SerializerMethodField(
+        help_text="The current stage's gate in brief (null for a closed plan).")
+
+    class Meta:
+        model = Plan
+        fields = ["id", "name", "state", "state_label", "stage", "stage_name",
+                  "stage_entered_at", "candidate_pool", "primary_pool", "routes",
+                  "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "latency_margin_pct",
+                  "cost_margin_pct", "quality_margin_pct", "owner", "created_by", "target_date",
+                  "required_approvals", "notes", "created_at", "closed_at", "gate"]
+        read_only_fields = fields
+
+    def get_routes(self, plan: Plan) -> list[str]:
+        return sorted(r.name for r in plan.routes.all())
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_gate(self, plan: Plan) -> dict[str, Any] | None:
+        if not plan.is_open:
+            return None
+        return selectors.gate_summary(ev.evaluate_gate(plan))
+
+
+class PlanDetailSerializer(PlanSerializer):
+    """A plan with its current gate, each check evaluated now, and that gate's approvals."""
+
+    gate = serializers.SerializerMethodField(  # type: ignore[assignment]
+        help_text="The current stage's gate, evaluated now.")
+    approvals = serializers.SerializerMethodField(
+        help_text="Approvals of the current stage, each marked whether it still counts.")
+
+    class Meta(PlanSerializer.Meta):
+        fields = [*PlanSerializer.Meta.fields, "approvals"]
+        read_only_fields = fields
+
+    def _gate(self, plan: Plan) -> ev.GateEvaluation:
+        """Evaluated once per plan: the gate and its approvals must describe the same now."""
+        cached: dict[int, ev.GateEvaluation] = self.__dict__.setdefault("_gates", {})
+        if plan.pk not in cached:
+            cached[plan.pk] = ev.evaluate_gate(plan)
+        return cached[plan.pk]
+
+    @extend_schema_field(GateSerializer)
+    def get_gate(self, plan: Plan) -> dict[str, Any]:  # type: ignore[override]
+        return GateSerializer(self._gate(plan)).data  # type: ignore[return-value]
+
+    @extend_schema_field(GateApprovalSerializer(many=True))
+    def get_approvals(self, plan: Plan) -> Any:
+        views = selectors.approvals_for_gate(plan=plan, gate=self._gate(plan))
+        return GateApprovalSerializer(views, many=True).data
+
+
+class PlanCreateSerializer(serializers.ModelSerializer):
+    name = StrictCharField(max_length=63, help_text="A slug, e.g. mi300x-llama.")
+    candidate_pool = _pool_field(help_text="Name of the pool joining the routes.")
+    primary_pool = _pool_field(help_text="Name of the pool serving the routes today.")
+    routes = serializers.ListField(
+        child=StrictCharField(max_length=63), max_length=50,
+        help_text="Names of the routes (models) the candidate will join.")
+    owner = _owner_field(required=False)
+    notes = StrictCharField(required=False, allow_blank=True, max_length=10_000)
+
+    class Meta:
+        model = Plan
+        fields = ["name", "candidate_pool", "primary_pool", "routes", "slo_ttft_p95_ms",
+                  "slo_tpot_p95_ms", "slo_error_rate", "latency_margin_pct", "cost_margin_pct",
+                  "quality_margin_pct", "owner", "target_date", "required_approvals", "notes"]
+        # The service's full_clean checks uniqueness and ranges with the words used everywhere.
+        validators: list[Any] = []
+
+    def validate_routes(self, names: list[str]) -> list[Route]:
+        wanted = list(dict.fromkeys(names))
+        found = {r.name: r for r in Route.objects.filter(name__in=wanted)}
+        missing = [n for n in wanted if n not in found]
+        if missing:
+            raise serializers.ValidationError(
+                f"No route named {', '.join(missing)}; see GET /api/v1/routes/.")
+        return [found[n] for n in wanted]
+
+
+class PlanUpdateSerializer(serializers.ModelSerializer):
+    owner = _owner_field(required=False)
+    notes = StrictCharField(required=False, allow_blank=True, max_length=10_000)
+
+    class Meta:
+        model = Plan
+        fields = EDITABLE_FIELDS
+        validators: list[Any] = []
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        sent = set(getattr(self, "initial_data", {}) or {})
+        known = {f.name for f in Plan._meta.get_fields()} | {"routes"}
+        refused = {
+            name: [("This cannot be changed once the plan is open" if name in known
+                    else "Unknown field") + f" (editable: {', '.join(EDITABLE_FIELDS)})."]
+            for name in sorted(sent - set(EDITABLE_FIELDS))}
+        if refused:
+            raise serializers.ValidationError(refused)
+        if not attrs:
+            raise serializers.ValidationError(
+                f"Nothing to change: send one or more of {', '.join(EDITABLE_FIELDS)}.")
+        return attrs
+
+
+# --- checks -----------------------------------------------------------------------------------
+
+class GateCheckSerializer(serializers.ModelSerializer):
+    stage_name = serializers.SerializerMethodField()
+    attestations = AttestationSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = GateCheck
+        fields = ["id", "stage", "stage_name", "key", "title", "kind", "rule", "params",
+                  "attest_role", "position", "added_by", "added_at", "removed_at", "removed_by",
+                  "removed_reason", "last_status", "last_status_at", "attestations"]
+        read_only_fields = fields
+
+    def get_stage_name(self, check: GateCheck) -> str:
+        return STAGE_NAMES.get(check.stage, "")
+
+
+class CheckCreateSerializer(serializers.Serializer):
+    stage = serializers.IntegerField(help_text="1 abstraction, 2 shadow, 3 batch, 4 live.")
+    title = StrictCharField(required=False, allow_blank=True, default="", max_length=200,
+                            help_text="Default for a rule: the rule's label.")
+    rule = StrictCharField(required=False, allow_blank=True, default="", max_length=63,
+                           help_text="Evidence-backed: a rule name from /api/v1/evidence-rules/.")
+    params = serializers.JSONField(required=False, default=None,
+                                   help_text='The rule\'s parameters, e.g. {"hours": 24}.')
+    attest_role = StrictCharField(required=False, allow_blank=True, default="", max_length=20,
+                                  help_text="Attested: the role whose holder confirms it.")
+    key = StrictCharField(required=False, allow_blank=True, default="", max_length=55)
+
+
+class CheckUpdateSerializer(serializers.Serializer):
+    title = StrictCharField(required=False, max_length=200, allow_blank=True)
+    params = serializers.JSONField(required=False, help_text="New thresholds (evidence-backed).")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs:
+            raise serializers.ValidationError("Send a title, params or both.")
+        return attrs
+
+
+class ReasonSerializer(serializers.Serializer):
+    reason = StrictCharField(required=False, allow_blank=True, default="", max_length=2000,
+                             help_text="Why; it goes in the plan's timeline.")
+
+
+class RegressSerializer(ReasonSerializer):
+    stage = serializers.IntegerField(help_text="The earlier stage to go back to (1–3).")
+
+
+class NoteSerializer(serializers.Serializer):
+    note = StrictCharField(required=False, allow_blank=True, default="", max_length=2000,
+                           help_text="What you confirm.")
+
+
+class ApproveSerializer(serializers.Serializer):
+    justification = StrictCharField(
+        required=False, allow_blank=True, default="", max_length=5000,
+        help_text="Required when a check is warn or insufficient data: why approve anyway.")
+
+
+# --- the record -------------------------------------------------------------------------------
+
+class ApprovalSerializer(serializers.ModelSerializer):
+    by = serializers.CharField(source="by.username", read_only=True)
+    active = serializers.BooleanField(source="is_active", read_only=True)
+
+    class Meta:
+        model = Approval
+        fields = ["id", "stage", "by", "at", "gate_status", "justification", "snapshot_hash",
+                  "active", "voided_at", "void_reason", "used_at", "snapshot"]
+        read_only_fields = fields
+
+
+class StageMoveSerializer(serializers.ModelSerializer):
+    gate_status = serializers.SerializerMethodField()
+    approvals: Any = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
+    approved_by = serializers.SerializerMethodField()
+    drains: Any = serializers.PrimaryKeyRelatedField(
+        many=True, read_only=True, help_text="Drains that took the candidate off stage 4 first.")
+
+    class Meta:
+        model = StageMove
+        fields = ["id", "kind", "from_state", "to_state", "by", "at", "reason", "gate_status",
+                  "snapshot_hash", "approvals", "approved_by", "drains", "gate_snapshot"]
+        read_only_fields = fields
+
+    def get_gate_status(self, move: StageMove) -> str | None:
+        return (move.gate_snapshot or {}).get("status")
+
+    def get_approved_by(self, move: StageMove) -> list[str]:
+        return [a.by.username for a in move.approvals.all()]
+
+
+# --- evidence ---------------------------------------------------------------------------------
+
+class EvidenceSerializer(serializers.ModelSerializer):
+    pool = serializers.CharField(source="pool.name", read_only=True)
+    route = serializers.CharField(source="route.name", read_only=True, allow_null=True)
+
+    class Meta:
+        model = Evidence
+        fields = ["id", "kind", "pool", "route", "model_id", "verdict", "summary", "data", "url",
+                  "source", "observed_at", "expires_at", "pool_fingerprint"]
+        read_only_fields = fields
+
+
+class EvidenceCreateSerializer(serializers.Serializer):
+    pool = _pool_field(help_text="Name of the pool measured.")
+    kind = StrictCharField(max_length=40,
+                           help_text="An evidence kind from /api/v1/evidence-kinds/.")
+    verdict = StrictCharField(help_text="pass, warn, fail or info.")
+    summary = StrictCharField(max_length=300, allow_blank=True,
+                              help_text="What was found, one line.")
+    data: Any = serializers.JSONField(required=False, default=None,
+                                 help_text="An object of the numbers and labels behind it.")
+    url = StrictCharField(required=False, allow_blank=True, default="", max_length=300)
+    route = serializers.SlugRelatedField(
+        slug_field="name", queryset=Route.objects.all(), required=False, allow_null=True,
+        default=None, error_messages={"does_not_exist": "No route named {value}."})
+    model_id = StrictCharField(required=False, allow_blank=True, default="", max_length=200)
+    ttl_hours = serializers.FloatField(required=False, allow_null=True, default=None,
+                                       help_text="It stops counting after this many hours.")
+
+
+class ParamSerializer(serializers.Serializer):
+    type = serializers.CharField(help_text="float, int or str")
+    default = serializers.JSONField()
+    min = serializers.FloatField(allow_null=True)
+    max = serializers.FloatField(allow_null=True)
+    help = serializers.CharField()
+    choices = serializers.ListField(child=serializers.CharField(), allow_null=True)
+
+
+class EvidenceRuleSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    kind = serializers.CharField()
+    label: Any = serializers.CharField()
+    description = serializers.CharField()
+    params = serializers.DictField(child=ParamSerializer())
+
+
+class EvidenceKindSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    label: Any = serializers.CharField()
+    produced_by = serializers.CharField(help_text="What produces it; empty when nothing does yet.")
+    rules = serializers.ListField(child=serializers.CharField())
+
+
+def rule_json(rule: ev.Rule) -> dict[str, Any]:
+    return {
+        "name": rule.name, "kind": rule.kind, "label": rule.label,
+        "description": rule.description,
+        "params": {
+            name: {"type": p.type.__name__, "default": p.default, "min": p.min, "max": p.max,
+                   "help": p.help, "choices": p.choices() if p.choices else None}
+            for name, p in rule.params.items()
+        },
+    }
+
+
+def kind_json(kind: ev.EvidenceKind) -> dict[str, Any]:
+    return {"name": kind.name, "label": kind.label, "produced_by": kind.produced_by,
+            "rules": sorted(r.name for r in ev.RULES.values() if r.kind == kind.name)}

@@ -1,0 +1,252 @@
+"""The evidence kinds and rules this version ships. Each reads what exists today: pool health,
+routes and gateways, the pool's cost field, drain records, and `Evidence` rows that evidence
+jobs write. Registered when the app loads (apps.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from migrations_plan.evidence import (
+    FAIL,
+    INSUFFICIENT,
+    PASS,
+    WARN,
+    CheckResult,
+    EvidenceKind,
+    EvidenceRef,
+    Param,
+    Rule,
+    RuleContext,
+    evidence_ref,
+    register_kind,
+    register_rule,
+)
+
+KIND_DEFINITIONS = [
+    EvidenceKind("health", "pool health", "the health probe (every pool, continuously)"),
+    EvidenceKind("routing", "routing", "routes and gateways (the traffic registry)"),
+    EvidenceKind("cost", "cost per 1M output tokens",
+                 "the latest passing benchmark (benchmarks issue); read from the pool"),
+    EvidenceKind("drain-rehearsal", "drain rehearsal", "drain records (dashboard, CLI, REST)"),
+    # Kinds whose jobs arrive with later issues: a check over them reads "insufficient data"
+    # until a job records an Evidence row of that kind.
+    EvidenceKind("conformance", "OpenAI-contract conformance", ""),
+    EvidenceKind("benchmark", "benchmark sweep", ""),
+    EvidenceKind("eval", "eval suite", ""),
+    EvidenceKind("shadow", "shadow divergence", ""),
+    EvidenceKind("soak", "batch soak", ""),
+    EvidenceKind("checkpoint-resume", "checkpoint and resume", ""),
+    EvidenceKind("cost-arbitrage", "measured cost arbitrage", ""),
+    EvidenceKind("ramp-slo", "per-pool SLO during the ramp", ""),
+]
+
+
+def _pool_url(name: str) -> str:
+    return f"/pools/{name}/"
+
+
+def healthy_for(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
+    from fleetctl.fleet.models import HealthTransition, Pool
+
+    pool = ctx.candidate
+    hours = params["hours"]
+    if pool.last_probe_at is None:
+        return CheckResult(INSUFFICIENT, f"{pool.name} has not been probed yet.")
+    if pool.health_state != Pool.Health.HEALTHY:
+        return CheckResult(FAIL, f"{pool.name} is {pool.health_state} now "
+                                 f"({pool.last_probe_error or 'see its probes'}).",
+                           numbers={"state": pool.health_state},
+                           evidence=[EvidenceRef("health", f"pool:{pool.pk}", pool.name,
+                                                 version=f"{pool.health_state}",
+                                                 url=_pool_url(pool.name))])
+    since = pool.health_changed_at
+    flip = (HealthTransition.objects.filter(pool=pool, to_state=Pool.Health.HEALTHY)
+            .order_by("-at", "-id").first())
+    healthy_h = ((ctx.now - since).total_seconds() / 3600) if since else 0.0
+    ref = EvidenceRef("health", f"health-transition:{flip.pk}" if flip else f"pool:{pool.pk}",
+                      f"{pool.name} healthy since {since:%Y-%m-%d %H:%M} UTC" if since
+                      else f"{pool.name} healthy", version=str(flip.pk if flip else "healthy"),
+                      url=_pool_url(pool.name), observed_at=since)
+    numbers = {"healthy_hours": round(healthy_h, 2), "required_hours": hours}
+    if healthy_h < hours:
+        return CheckResult(INSUFFICIENT, f"{pool.name} healthy for {healthy_h:.1f} h of the "
+                                         f"{hours:g} h required.", numbers, [ref])
+    return CheckResult(PASS, f"{pool.name} healthy for {healthy_h:.1f} h (≥ {hours:g} h).",
+                       numbers, [ref])
+
+
+def only_through_route(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
+    """Callers reach the candidate only through routes (gateways), and which pool serves
+    which model is configuration: each route of the plan is carried by a gateway and lists the
+    candidate among the pools it may send to."""
+    from fleetctl.traffic import selectors
+
+    if not ctx.routes:
+        return CheckResult(FAIL, "The plan names no route.")
+    problems: list[str] = []
+    refs: list[EvidenceRef] = []
+    carried: dict[str, list[str]] = {}
+    for route in ctx.routes:
+        gateways = sorted(g.name for g in route.gateways.all())
+        eligible = selectors.pools_eligible(route=route)
+        carried[route.name] = gateways
+        if not gateways:
+            problems.append(f"route {route.name} is carried by no gateway")
+        if ctx.candidate.name not in eligible:
+            problems.append(f"route {route.name} cannot send to {ctx.candidate.name} "
+                            f"(it does not serve {route.model_id} in the route's jurisdiction)")
+        refs.append(EvidenceRef("routing", f"route:{route.pk}", f"route {route.name}",
+                                version=f"{','.join(gateways)}|{ctx.candidate.name in eligible}",
+                                url=f"/traffic/routes/{route.name}/"))
+    numbers = {"gateways_by_route": carried}
+    if problems:
+        text = "; ".join(problems)
+        return CheckResult(FAIL, text[:1].upper() + text[1:] + ".", numbers, refs)
+    detail = "; ".join(f"{r} via {', '.join(g)}" for r, g in carried.items())
+    return CheckResult(PASS, f"{ctx.candidate.name} is reached through routes only: {detail}.",
+                       numbers, refs)
+
+
+def cost_reported(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
+    pool = ctx.candidate
+    max_age = params["max_age_days"]
+    primary_cost = ctx.primary.cost_per_1m_output_tokens
+    numbers: dict[str, Any] = {
+        "candidate_cost_per_1m": str(pool.cost_per_1m_output_tokens)
+        if pool.cost_per_1m_output_tokens is not None else None,
+        "primary_cost_per_1m": str(primary_cost) if primary_cost is not None else None,
+        "currency": pool.currency,
+    }
+    if pool.cost_per_1m_output_tokens is None or pool.cost_measured_at is None:
+        return CheckResult(INSUFFICIENT, f"No cost per 1M output tokens for {pool.name} yet: it "
+                                         f"is derived from its latest passing benchmark.",
+                           numbers)
+    age_days = (ctx.now - pool.cost_measured_at).total_seconds() / 86400
+    numbers["age_days"] = round(age_days, 2)
+    ref = EvidenceRef("cost", f"pool-cost:{pool.pk}",
+                      f"{pool.cost_per_1m_output_tokens} {pool.currency} per 1M output tokens",
+                      version=f"{pool.cost_per_1m_output_tokens}@{pool.cost_measured_at.isoformat()}",
+                      url=_pool_url(pool.name), observed_at=pool.cost_measured_at,
+                      expires_at=pool.cost_measured_at + timedelta(days=max_age))
+    if age_days > max_age:
+        return CheckResult(INSUFFICIENT, f"Cost of {pool.name} was measured {age_days:.0f} days "
+                                         f"ago (older than {max_age:g}); re-run its benchmark.",
+                           numbers, [ref])
+    return CheckResult(PASS, f"{pool.name}: {pool.cost_per_1m_output_tokens} {pool.currency} per "
+                             f"1M output tokens, measured {age_days:.1f} days ago.", numbers, [ref])
+
+
+def drain_rehearsed(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
+    """For every route of the plan, the latest drain within N days finished, and every gateway
+    verified within the target time (drain call → last gateway's read-back matched)."""
+    from fleetctl.traffic.models import Drain
+
+    days, max_ms = params["within_days"], params["max_ms"]
+    since = ctx.now - timedelta(days=days)
+    refs: list[EvidenceRef] = []
+    timings: dict[str, float | None] = {}
+    missing, slow, failed = [], [], []
+    for route in ctx.routes:
+        drain = (Drain.objects.filter(action=Drain.Action.DRAIN, requested_at__gte=since,
+                                      revisions__route=route)
+                 .exclude(status__in=[Drain.Status.PUSHING, Drain.Status.VERIFIED])
+                 .order_by("-requested_at", "-id").first())
+        if drain is None:
+            missing.append(route.name)
+            timings[route.name] = None
+            continue
+        ms = drain.verified_ms
+        timings[route.name] = round(ms, 1) if ms is not None else None
+        refs.append(EvidenceRef("drain-rehearsal", f"drain:{drain.pk}",
+                                f"drain #{drain.pk} of {route.name}: {drain.status}"
+                                + (f", verified in {ms:.0f} ms" if ms is not None else ""),
+                                version=f"{drain.pk}:{drain.status}",
+                                url=f"/traffic/drains/{drain.pk}/",
+                                observed_at=drain.requested_at,
+                                expires_at=drain.requested_at + timedelta(days=days)))
+        if drain.status != Drain.Status.COMPLETE or ms is None:
+            failed.append(f"{route.name} (drain #{drain.pk} {drain.status})")
+        elif ms > max_ms:
+            slow.append(f"{route.name} ({ms:.0f} ms > {max_ms:g} ms)")
+    numbers = {"verified_ms_by_route": timings, "target_ms": max_ms, "within_days": days}
+    if failed:
+        return CheckResult(FAIL, f"Latest drain did not complete: {', '.join(failed)}.",
+                           numbers, refs)
+    if slow:
+        return CheckResult(FAIL, f"Drain slower than the target: {', '.join(slow)}.",
+                           numbers, refs)
+    if missing:
+        return CheckResult(INSUFFICIENT, f"No drain of {', '.join(missing)} in the last "
+                                         f"{days:g} days: rehearse one.", numbers, refs)
+    return CheckResult(PASS, "Drained and verified on every gateway within the target: "
+                             + ", ".join(f"{r} {ms:.0f} ms" for r, ms in timings.items()
+                                         if ms is not None) + ".", numbers, refs)
+
+
+def latest_evidence(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
+    """The latest still-valid Evidence row of one kind decides: its verdict is the check's."""
+    from migrations_plan.evidence import KINDS
+
+    kind, days = params["kind"], params["within_days"]
+    valid, expired = ctx.evidence(kind, within_days=days)
+    label = KINDS[kind].label
+    if not valid:
+        if expired:
+            row, why = expired[0]
+            return CheckResult(INSUFFICIENT,
+                               f"The latest {label} evidence no longer counts: {why}.",
+                               {"expired": len(expired)}, [evidence_ref(row)])
+        producer = KINDS[kind].produced_by
+        hint = f" It comes from {producer}." if producer else \
+            " No job in this version produces it yet; record it through the evidence API."
+        return CheckResult(INSUFFICIENT, f"No {label} evidence for {ctx.candidate.name} yet.{hint}")
+    row = valid[0]
+    status = {"pass": PASS, "warn": WARN, "fail": FAIL}.get(row.verdict, INSUFFICIENT)
+    return CheckResult(status, row.summary, {"data": row.data, "observed_at":
+                                              row.observed_at.isoformat()}, [evidence_ref(row)])
+
+
+def _kind_names() -> list[str]:
+    from migrations_plan.evidence import KINDS
+
+    return sorted(KINDS)
+
+
+RULE_DEFINITIONS = [
+    Rule("pool.healthy_for", "health", "Candidate healthy for {hours:g} h",
+         "The candidate pool's health probe has reported healthy without a break for N hours.",
+         {"hours": Param(float, 24.0, "hours healthy without a break", 0.01, 24 * 90)},
+         healthy_for),
+    Rule("routing.only_through_route", "routing",
+         "The model reaches the candidate only through a route",
+         "Every route of the plan is carried by a gateway and may send to the candidate; the "
+         "model→pool mapping is the route's configuration, not the callers'.",
+         {}, only_through_route),
+    Rule("cost.reported", "cost",
+         "Cost per 1M output tokens reported (≤ {max_age_days:g} days old)",
+         "The candidate has a cost per 1M output tokens derived from a benchmark, recent enough.",
+         {"max_age_days": Param(float, 30.0, "oldest acceptable measurement, days", 0.01, 365)},
+         cost_reported),
+    Rule("drain.rehearsed", "drain-rehearsal",
+         "Drain rehearsed within {within_days:g} days, verified under {max_ms:g} ms",
+         "For each route, the latest drain in the window completed and all gateways verified "
+         "it under the target time (drain call → last gateway's read-back).",
+         {"within_days": Param(float, 7.0, "window, days", 0.01, 365),
+          "max_ms": Param(float, 500.0, "target, milliseconds to all gateways verified", 1,
+                          600_000)},
+         drain_rehearsed),
+    Rule("evidence.latest", "conformance", "Latest {kind} evidence passes",
+         "The newest still-valid evidence row of a kind decides: pass, warn or fail; none is "
+         "insufficient data.",
+         {"kind": Param(str, "conformance", "evidence kind", choices=_kind_names),
+          "within_days": Param(float, 30.0, "oldest acceptable evidence, days", 0.01, 365)},
+         latest_evidence),
+]
+
+
+def register_builtin() -> None:
+    for kind in KIND_DEFINITIONS:
+        register_kind(kind)
+    for rule in RULE_DEFINITIONS:
+        register_rule(rule)

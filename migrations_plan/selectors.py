@@ -1,0 +1,162 @@
+"""Reads for migration plans: the board, one plan's gate, approvals and timeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from fleetctl.audit.models import AuditEvent
+from migrations_plan import evidence as ev
+from migrations_plan.models import STAGE_NAMES, Approval, GateCheck, Plan
+
+if TYPE_CHECKING:
+    from fleetctl.fleet.models import Pool
+    from fleetctl.traffic.models import Route
+
+
+def live_weight_guard(pool: Pool, route: Route) -> str | None:
+    """The traffic app's hook: a pool that is a plan's candidate on this route may carry live
+    weight only once that plan is in stage 4 (or completed). Pools without a plan on the
+    route (a primary, a pool already migrated) are not restricted here."""
+    if route.pk is None:
+        return None  # a route being created has no plan yet
+    plan = (Plan.objects.filter(candidate_pool=pool, routes=route)
+            .order_by("-created_at", "-id").first())
+    if plan is None or plan.state in (Plan.State.STAGE_4, Plan.State.COMPLETED):
+        return None
+    if plan.state == Plan.State.ABANDONED:
+        return (f"its migration plan {plan.name} was abandoned; open a new plan to give it "
+                f"live traffic")
+    if plan.state == Plan.State.PAUSED:
+        return (f"its migration plan {plan.name} is paused at stage {plan.stage}; live weight "
+                f"needs stage 4 (live)")
+    return (f"candidate of plan {plan.name}, which is at stage {plan.stage} "
+            f"({STAGE_NAMES[plan.stage]}); live weight needs stage 4 (live)")
+
+
+def plan_list() -> QuerySet[Plan]:
+    return (Plan.objects.select_related("candidate_pool__region", "primary_pool", "owner",
+                                        "created_by")
+            .prefetch_related("routes"))
+
+
+def plan_get(*, name: str) -> Plan | None:
+    return plan_list().filter(name=name).first()
+
+
+@dataclass
+class PlanCard:
+    plan: Plan
+    gate: ev.GateEvaluation | None
+
+    @property
+    def age_days(self) -> float:
+        return (timezone.now() - self.plan.stage_entered_at).total_seconds() / 86400
+
+    @property
+    def progress(self) -> tuple[int, int]:
+        if self.gate is None:
+            return (0, 0)
+        return (self.gate.passed, len(self.gate.outcomes))
+
+
+BOARD_COLUMNS = [("stage-1", "1 · abstraction"), ("stage-2", "2 · shadow"),
+                 ("stage-3", "3 · batch"), ("stage-4", "4 · live"), ("paused", "paused")]
+
+
+def plan_board(*, include_closed: bool = False) -> list[tuple[str, str, list[PlanCard]]]:
+    """Columns per stage (and paused), every open plan a card with its gate evaluated now."""
+    plans = list(plan_list().exclude(state__in=[] if include_closed else Plan.CLOSED_STATES))
+    columns = [*BOARD_COLUMNS]
+    if include_closed:
+        columns += [("completed", "completed"), ("abandoned", "abandoned")]
+    board = []
+    for state, label in columns:
+        cards = [PlanCard(plan=p, gate=ev.evaluate_gate(p) if p.in_stage else None)
+                 for p in plans if p.state == state]
+        board.append((state, label, cards))
+    return board
+
+
+@dataclass
+class ApprovalView:
+    approval: Approval
+    stale_reason: str | None  # set when the evidence moved since (not yet voided by a refresh)
+
+    @property
+    def counts(self) -> bool:
+        return self.approval.is_active and self.stale_reason is None
+
+
+def approvals_for_gate(*, plan: Plan, gate: ev.GateEvaluation) -> list[ApprovalView]:
+    """The current stage's approvals, each marked whether it still counts on this evidence."""
+    snapshot = gate.snapshot()
+    current_hash = ev.snapshot_hash(snapshot)
+    views = []
+    for approval in plan.approvals.filter(stage=gate.stage).select_related("by"):
+        stale = None
+        if approval.is_active and approval.snapshot_hash != current_hash:
+            stale = ev.snapshot_difference(approval.snapshot, snapshot, gate.at) or \
+                "the gate's evidence changed"
+        views.append(ApprovalView(approval=approval, stale_reason=stale))
+    return views
+
+
+def plan_checks(*, plan: Plan, include_removed: bool = True) -> QuerySet[GateCheck]:
+    rows = plan.checks.all().prefetch_related("attestations__by")
+    if not include_removed:
+        rows = rows.filter(removed_at__isnull=True)
+    return rows.order_by("stage", "position", "id")
+
+
+def plan_timeline(*, plan: Plan, limit: int = 200) -> list[AuditEvent]:
+    """Everything that happened to the plan, newest first: edits, attestations, approvals
+    (and refusals), voids, evidence status changes, stage moves."""
+    return list(AuditEvent.objects.filter(object_type="migrations_plan.plan",
+                                          object_id=str(plan.pk))
+                .order_by("-at", "-id")[:limit])
+
+
+def plans_for_pool(*, pool: Pool) -> QuerySet[Plan]:
+    return plan_list().filter(Q(candidate_pool=pool) | Q(primary_pool=pool))
+
+
+def gate_summary(gate: ev.GateEvaluation) -> dict[str, Any]:
+    return {"stage": gate.stage, "status": gate.status, "passed": gate.passed,
+            "total": len(gate.outcomes),
+            "blockers": [o.check.title for o in gate.blockers]}
+
+
+def open_plans() -> QuerySet[Plan]:
+    return Plan.objects.exclude(state__in=Plan.CLOSED_STATES)
+
+
+
+
+# --- reads for the dashboard ------------------------------------------------------------------
+
+def plans_closed() -> QuerySet[Plan]:
+    """Completed and abandoned plans, most recently closed first."""
+    return plan_list().filter(state__in=Plan.CLOSED_STATES).order_by("-closed_at", "-id")
+
+
+def active_approval_counts(*, plans: list[Plan]) -> dict[int, int]:
+    """Per plan, the approvals of its current stage not yet voided or used (one query for
+    the whole board; whether each still matches the evidence is the plan page's business)."""
+    from django.db.models import Count, F
+
+    rows = (Approval.objects.filter(plan__in=plans, stage=F("plan__stage"),
+                                    voided_at__isnull=True, used_at__isnull=True)
+            .values("plan").annotate(n=Count("id")))
+    return {row["plan"]: row["n"] for row in rows}
+
+
+def check_get(*, plan: Plan, check_id: int) -> GateCheck | None:
+    return plan.checks.filter(pk=check_id).select_related("plan").first()
+
+
+def removed_checks(*, plan: Plan, stage: int) -> QuerySet[GateCheck]:
+    return plan.checks.filter(stage=stage, removed_at__isnull=False).order_by("-removed_at")

@@ -1,0 +1,736 @@
+"""Writes for migration plans: open a plan, edit its gates, attest, approve, move stages.
+
+Every refusal — no role, one's own plan, a failing gate, a stale approval, a closed plan —
+is answered with the reason and recorded as a `denied` audit event on the plan, outside the
+refused work's transaction so the record stays while nothing else changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import date, timedelta
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+from django.utils.text import slugify
+
+from fleetctl.accounts import roles
+from fleetctl.accounts.actor import Actor
+from fleetctl.audit.services import audit_record, audit_refused, snapshot
+from fleetctl.core.errors import ConflictError, DomainError, PermissionDeniedError
+from fleetctl.fleet.models import Pool, PoolModel
+from fleetctl.traffic.models import Drain, Route
+from migrations_plan import evidence as ev
+from migrations_plan.gates import DEFAULT_GATES
+from migrations_plan.models import (
+    STAGE_NAMES,
+    Approval,
+    Attestation,
+    Evidence,
+    GateCheck,
+    Plan,
+    StageMove,
+)
+
+PLAN_FIELDS = ["name", "candidate_pool", "primary_pool", "slo_ttft_p95_ms", "slo_tpot_p95_ms",
+               "slo_error_rate", "latency_margin_pct", "cost_margin_pct", "quality_margin_pct",
+               "owner", "target_date", "required_approvals", "notes"]
+EDITABLE_FIELDS = ["slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "latency_margin_pct",
+                   "cost_margin_pct", "quality_margin_pct", "owner", "target_date",
+                   "required_approvals", "notes"]
+CHECK_FIELDS = ["stage", "key", "title", "kind", "rule", "params", "attest_role"]
+MIN_JUSTIFICATION = 15
+PAST = {"pause": "paused", "regress": "regressed", "abandon": "abandoned", "resume": "resumed"}
+
+
+@contextlib.contextmanager
+def _refusals(actor: Actor, action: str, target: object) -> Iterator[None]:
+    """Audit a refused attempt (a rule said no) and let the error answer the caller. Role
+    checks (`Actor.require`) run before this block and record their own refusals."""
+    try:
+        yield
+    except DomainError as exc:
+        audit_refused(actor=actor, action=action, target=target, message=exc.message)
+        raise
+    except ValidationError as exc:
+        audit_refused(actor=actor, action=action, target=target, message="; ".join(exc.messages))
+        raise
+
+
+def _person(actor: Actor, doing: str) -> Any:
+    """Approvals, attestations and authorship belong to a named person signed in."""
+    if actor.user is None or not getattr(actor.user, "pk", None):
+        raise PermissionDeniedError(f"{doing} needs a named person; {actor.label} is not one.")
+    return actor.user
+
+
+def _open(plan: Plan) -> None:
+    if not plan.is_open:
+        raise ConflictError(f"Plan {plan.name} is {plan.state}; a closed plan cannot be changed.")
+
+
+def _lock(plan: Plan) -> Plan:
+    return Plan.objects.select_for_update().select_related(
+        "candidate_pool__region", "primary_pool", "created_by", "owner").get(pk=plan.pk)
+
+
+# --- plans ------------------------------------------------------------------------------------
+
+def plan_create(*, actor: Actor, name: str, candidate_pool: Pool, primary_pool: Pool,
+                routes: list[Route], slo_ttft_p95_ms: float, slo_tpot_p95_ms: float,
+                slo_error_rate: float, owner: Any = None, target_date: date | None = None,
+                required_approvals: int = 1, latency_margin_pct: float = 10,
+                cost_margin_pct: float = 0, quality_margin_pct: float = 2,
+                notes: str = "") -> Plan:
+    """Open a plan at stage 1 with the default gates. One open plan per candidate and route;
+    the candidate starts with no live weight on its routes."""
+    actor.require(roles.FLEET_MANAGE, action="plan.create", target="migrations_plan.plan")
+    with _refusals(actor, "plan.create", f"plan {name}"):
+        author = _person(actor, "Opening a plan")
+        plan = Plan(name=name, candidate_pool=candidate_pool, primary_pool=primary_pool,
+                    slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms,
+                    slo_error_rate=slo_error_rate, owner=owner or author, created_by=author,
+                    target_date=target_date, required_approvals=required_approvals,
+                    latency_margin_pct=latency_margin_pct, cost_margin_pct=cost_margin_pct,
+                    quality_margin_pct=quality_margin_pct, notes=notes)
+        plan.full_clean()
+        if name == "new":
+            raise ValidationError({"name": ["'new' is reserved (it is the dashboard's "
+                                            "new-plan page); choose another name."]})
+        _check_pools(plan, routes)
+        with transaction.atomic():
+            Pool.objects.select_for_update().filter(pk=candidate_pool.pk).first()
+            _check_no_open_plan(plan, routes)
+            _check_no_live_weight(candidate_pool, routes)
+            plan.save()
+            plan.routes.set(routes)
+            for stage, templates in DEFAULT_GATES.items():
+                for position, template in enumerate(templates):
+                    GateCheck.objects.create(
+                        plan=plan, stage=stage, key=template.key, title=template.title,
+                        kind=GateCheck.Kind.ATTESTED if template.attest_role
+                        else GateCheck.Kind.EVIDENCE,
+                        rule=template.rule, params=template.params,
+                        attest_role=template.attest_role, position=position,
+                        added_by="template")
+            audit_record(actor=actor, action="plan.create", target=plan,
+                         after={**snapshot(plan, PLAN_FIELDS),
+                                "routes": [r.name for r in routes], "state": plan.state})
+    return plan
+
+
+def _check_pools(plan: Plan, routes: list[Route]) -> None:
+    if not routes:
+        raise ValidationError({"routes": ["Name at least one route the candidate will join."]})
+    serving = {(pool_id, model) for pool_id, model in PoolModel.objects.filter(
+        pool__in=[plan.candidate_pool, plan.primary_pool],
+        model_id__in=[r.model_id for r in routes]).values_list("pool_id", "model_id")}
+    problems: list[str] = []
+    candidate, primary = plan.candidate_pool, plan.primary_pool
+    for route in routes:
+        if (primary.pk, route.model_id) not in serving:
+            problems.append(f"Primary {primary.name} does not serve model {route.model_id} "
+                            f"of route {route.name}.")
+        if (candidate.pk, route.model_id) not in serving:
+            problems.append(f"Candidate {candidate.name} does not serve model {route.model_id} "
+                            f"of route {route.name}.")
+        if route.residency and candidate.region.jurisdiction != route.residency:
+            problems.append(f"Residency: candidate {candidate.name} is in jurisdiction "
+                            f"{candidate.region.jurisdiction}, route {route.name} is pinned to "
+                            f"{route.residency}; it could never carry that route.")
+    if problems:
+        raise ValidationError({"routes": problems})
+
+
+def _check_no_open_plan(plan: Plan, routes: list[Route]) -> None:
+    clash = (Plan.objects.filter(candidate_pool=plan.candidate_pool, routes__in=routes)
+             .exclude(state__in=Plan.CLOSED_STATES).exclude(pk=plan.pk).distinct().first())
+    if clash is not None:
+        shared = sorted(set(clash.routes.values_list("name", flat=True))
+                        & {r.name for r in routes})
+        raise ConflictError(
+            f"Plan {clash.name} ({clash.get_state_display()}) already takes "
+            f"{plan.candidate_pool.name} onto {', '.join(shared)}: one open plan per candidate "
+            f"and route. Abandon or complete it first.")
+
+
+def _check_no_live_weight(pool: Pool, routes: list[Route]) -> None:
+    from fleetctl.traffic import selectors
+
+    current = selectors.revisions_current(routes=list(Route.objects.filter(
+        pk__in=[r.pk for r in routes])))
+    for route in routes:
+        revision = current.get(route.pk)
+        share = revision.weights.get(pool.name, 0) if revision else 0
+        if share:
+            raise ConflictError(
+                f"{pool.name} already carries {share / 100:g} % of route {route.name}; a "
+                f"candidate starts with no live weight. Drain it from the route first.")
+
+
+def plan_update(*, actor: Actor, plan: Plan, **changes: Any) -> Plan:
+    """Change a plan's terms (SLO, margins, owner, date, approvers). Terms are part of what an
+    approval saw: changing them voids approvals given under the old ones."""
+    actor.require(roles.APPROVE, action="plan.update", target=plan)
+    with _refusals(actor, "plan.update", plan):
+        unknown = sorted(set(changes) - set(EDITABLE_FIELDS))
+        if unknown:
+            raise ValidationError({n: ["This field cannot be changed here."] for n in unknown})
+        with transaction.atomic():
+            locked = _lock(plan)
+            _open(locked)
+            before = snapshot(locked, EDITABLE_FIELDS)
+            for field_name, value in changes.items():
+                setattr(locked, field_name, value)
+            locked.full_clean()
+            locked.save()
+            after = snapshot(locked, EDITABLE_FIELDS)
+            changed = sorted(k for k in EDITABLE_FIELDS if before[k] != after[k])
+            if changed:
+                audit_record(actor=actor, action="plan.update", target=locked,
+                             before={k: before[k] for k in changed},
+                             after={k: after[k] for k in changed})
+    return locked
+
+
+# --- gate edits -------------------------------------------------------------------------------
+
+def _editable_stage(plan: Plan, stage: int) -> None:
+    if stage not in STAGE_NAMES:
+        raise ValidationError({"stage": [f"Stages are 1–4, not {stage}."]})
+    if stage < plan.stage:
+        raise ConflictError(f"Stage {stage} ({STAGE_NAMES[stage]}) is behind plan {plan.name}; "
+                            f"its gate is part of the record and cannot be edited.")
+
+
+def check_add(*, actor: Actor, plan: Plan, stage: int, title: str, rule: str = "",
+              params: Any = None, attest_role: str = "", key: str = "") -> GateCheck:
+    """Add a check to one stage's gate: evidence-backed (a registered rule and its
+    parameters) or attested (the role whose holder confirms it)."""
+    actor.require(roles.APPROVE, action="plan.check.add", target=plan)
+    with _refusals(actor, "plan.check.add", plan):
+        if bool(rule) == bool(attest_role):
+            raise ValidationError({"rule": [
+                "A check is either evidence-backed (give a rule) or attested (give the role "
+                "that attests it), not both or neither."]})
+        kind = GateCheck.Kind.ATTESTED if attest_role else GateCheck.Kind.EVIDENCE
+        clean: dict[str, Any] = {}
+        if rule:
+            if rule not in ev.RULES:
+                raise ValidationError({"rule": [
+                    f"Unknown rule {rule!r}; rules: {', '.join(sorted(ev.RULES))}."]})
+            clean = ev.RULES[rule].clean_params(params)
+            title = title.strip() or ev.RULES[rule].title(clean)
+        elif attest_role not in roles.ROLES:
+            raise ValidationError({"attest_role": [
+                f"Unknown role {attest_role!r}; roles: {', '.join(roles.ROLES)}."]})
+        if not title.strip():
+            raise ValidationError({"title": ["Say what the check confirms."]})
+        with transaction.atomic():
+            locked = _lock(plan)
+            _open(locked)
+            _editable_stage(locked, stage)
+            live = set(locked.checks.filter(stage=stage, removed_at__isnull=True)
+                       .values_list("key", flat=True))
+            key = _unique_key(slugify(key or title)[:55] or "check", live)
+            position = locked.checks.filter(stage=stage).count()
+            check = GateCheck.objects.create(
+                plan=locked, stage=stage, key=key, title=title.strip()[:200], kind=kind,
+                rule=rule, params=clean, attest_role=attest_role, position=position,
+                added_by=actor.label)
+            audit_record(actor=actor, action="plan.check.add", target=locked,
+                         message=f"stage {stage}: {check.title}",
+                         after=snapshot(check, CHECK_FIELDS))
+    return check
+
+
+def _unique_key(base: str, taken: set[str]) -> str:
+    key, n = base, 2
+    while key in taken:
+        key, n = f"{base}-{n}", n + 1
+    return key
+
+
+def check_update(*, actor: Actor, check: GateCheck, title: str | None = None,
+                 params: Any = None) -> GateCheck:
+    """Change a check's thresholds (or title). Approvals that saw the old ones are voided."""
+    actor.require(roles.APPROVE, action="plan.check.update", target=check.plan)
+    with _refusals(actor, "plan.check.update", check.plan), transaction.atomic():
+        locked = _lock(check.plan)
+        _open(locked)
+        row = GateCheck.objects.select_for_update().get(pk=check.pk)
+        if row.removed_at is not None:
+            raise ConflictError(f"Check {row.title!r} was removed; add a new one instead.")
+        _editable_stage(locked, row.stage)
+        before = snapshot(row, ["title", "params"])
+        if params is not None:
+            if row.kind != GateCheck.Kind.EVIDENCE:
+                raise ValidationError({"params": ["An attested check has no thresholds."]})
+            row.params = ev.RULES[row.rule].clean_params(params) if row.rule in ev.RULES \
+                    else params
+        if title is not None:
+            if not title.strip():
+                raise ValidationError({"title": ["Say what the check confirms."]})
+            row.title = title.strip()[:200]
+        row.save(update_fields=["params", "title"])
+        after = snapshot(row, ["title", "params"])
+        if before != after:
+            audit_record(actor=actor, action="plan.check.update", target=locked,
+                         message=f"stage {row.stage}: {row.title}", before=before,
+                         after=after)
+    return row
+
+
+def check_remove(*, actor: Actor, check: GateCheck, reason: str) -> GateCheck:
+    """Take a check off a gate, with the reason; the row stays for the record."""
+    actor.require(roles.APPROVE, action="plan.check.remove", target=check.plan)
+    with _refusals(actor, "plan.check.remove", check.plan):
+        if not reason.strip():
+            raise ValidationError({"reason": ["Say why the check no longer applies."]})
+        with transaction.atomic():
+            locked = _lock(check.plan)
+            _open(locked)
+            row = GateCheck.objects.select_for_update().get(pk=check.pk)
+            if row.removed_at is not None:
+                raise ConflictError(f"Check {row.title!r} was already removed.")
+            _editable_stage(locked, row.stage)
+            row.removed_at = timezone.now()
+            row.removed_by = actor.label
+            row.removed_reason = reason.strip()
+            row.save(update_fields=["removed_at", "removed_by", "removed_reason"])
+            audit_record(actor=actor, action="plan.check.remove", target=locked,
+                         message=f"stage {row.stage}: {row.title} — {row.removed_reason}",
+                         before=snapshot(row, CHECK_FIELDS))
+    return row
+
+
+# --- attestations -----------------------------------------------------------------------------
+
+def attest(*, actor: Actor, check: GateCheck, note: str) -> Attestation:
+    """A person holding the check's role confirms it, in words."""
+    plan = check.plan
+    with _refusals(actor, "plan.attest", plan):
+        person = _person(actor, "Attesting")
+        if actor.token is not None:
+            raise PermissionDeniedError("Attest from the dashboard, signed in; not with a token.")
+        if check.kind != GateCheck.Kind.ATTESTED:
+            raise ValidationError({"check": [
+                f"Check {check.title!r} is evidence-backed; its rule decides it."]})
+        held = actor.roles
+        if check.attest_role not in held and roles.ADMIN not in held:
+            raise PermissionDeniedError(
+                f"Check {check.title!r} is attested by a {check.attest_role}; you have "
+                f"{', '.join(sorted(held)) or 'no role'}.")
+        if len(note.strip()) < 5:
+            raise ValidationError({"note": ["Say what you confirm (a few words at least)."]})
+        with transaction.atomic():
+            locked = _lock(plan)
+            _open(locked)
+            row = GateCheck.objects.select_for_update().get(pk=check.pk)
+            if row.removed_at is not None:
+                raise ConflictError(f"Check {row.title!r} was removed from the gate.")
+            _editable_stage(locked, row.stage)
+            existing = row.attestations.filter(withdrawn_at__isnull=True).first()
+            if existing is not None:
+                raise ConflictError(f"Already attested by {existing.by.get_username()} at "
+                                    f"{existing.at:%Y-%m-%d %H:%M} UTC.")
+            role = check.attest_role if check.attest_role in held else roles.ADMIN
+            attestation = Attestation.objects.create(check_item=row, by=person, role=role,
+                                                     note=note.strip())
+            audit_record(actor=actor, action="plan.attest", target=locked,
+                         message=f"stage {row.stage}: {row.title} — {attestation.note}",
+                         after={"check": row.key, "role": role})
+    return attestation
+
+
+def attestation_withdraw(*, actor: Actor, attestation: Attestation, reason: str) -> Attestation:
+    """The attester (or an admin) takes it back; approvals that relied on it are voided."""
+    check = attestation.check_item
+    plan = check.plan
+    with _refusals(actor, "plan.attest.withdraw", plan):
+        person = _person(actor, "Withdrawing an attestation")
+        if attestation.by_id != person.pk and roles.ADMIN not in actor.roles:
+            raise PermissionDeniedError("Only the person who attested (or an admin) can "
+                                        "withdraw it.")
+        if not reason.strip():
+            raise ValidationError({"reason": ["Say why it no longer holds."]})
+        with transaction.atomic():
+            locked = _lock(plan)
+            _open(locked)
+            row = Attestation.objects.select_for_update().get(pk=attestation.pk)
+            if row.withdrawn_at is not None:
+                raise ConflictError("This attestation was already withdrawn.")
+            row.withdrawn_at = timezone.now()
+            row.withdrawn_reason = reason.strip()
+            row.save(update_fields=["withdrawn_at", "withdrawn_reason"])
+            audit_record(actor=actor, action="plan.attest.withdraw", target=locked,
+                         message=f"stage {check.stage}: {check.title} — {row.withdrawn_reason}")
+    return row
+
+
+# --- approvals and stage moves ----------------------------------------------------------------
+
+def approve(*, actor: Actor, plan: Plan, justification: str = "") -> Approval:
+    """A platform lead, not the plan's author or owner, signs off the current stage's gate,
+    bound to the exact evidence it shows now."""
+    actor.require(roles.APPROVE, action="plan.approve", target=plan)
+    with _refusals(actor, "plan.approve", plan):
+        person = _person(actor, "Approving")
+        if person.pk in (plan.created_by_id, plan.owner_id):
+            who = "opened" if person.pk == plan.created_by_id else "own"
+            raise PermissionDeniedError(
+                f"You {who} plan {plan.name}; separation of duties: another platform lead "
+                f"must approve its gates.")
+        justification = justification.strip()
+        _void_stale_approvals(plan)
+        with transaction.atomic():
+            locked = _lock(plan)
+            _at_stage(locked)
+            gate = ev.evaluate_gate(locked)
+            if gate.blockers:
+                raise ConflictError(
+                    f"The stage {locked.stage} gate cannot be approved: "
+                    + "; ".join(f"{o.check.title} — {o.result.summary}" for o in gate.blockers))
+            if gate.needs_justification and len(justification) < MIN_JUSTIFICATION:
+                raise ValidationError({"justification": [
+                    f"{len(gate.needs_justification)} check(s) are not a clean pass ("
+                    + ", ".join(f"{o.check.title}: {ev.STATUS_LABELS[o.status]}"
+                                for o in gate.needs_justification)
+                    + f"); write why you approve anyway (at least {MIN_JUSTIFICATION} "
+                      f"characters)."]})
+            current_hash = gate.hash()
+            mine = locked.approvals.filter(stage=locked.stage, by=person, voided_at__isnull=True,
+                                           used_at__isnull=True).first()
+            if mine is not None:
+                raise ConflictError(f"You already approved this gate at "
+                                    f"{mine.at:%Y-%m-%d %H:%M} UTC on the same evidence.")
+            approval = Approval.objects.create(
+                plan=locked, stage=locked.stage, by=person, gate_status=gate.status,
+                justification=justification, snapshot=gate.snapshot(),
+                snapshot_hash=current_hash)
+            audit_record(actor=actor, action="plan.approve", target=locked,
+                         message=justification or f"gate {gate.status}",
+                         after={"stage": locked.stage, "gate_status": gate.status,
+                                "snapshot_hash": current_hash, "approval": approval.pk})
+    return approval
+
+
+def _at_stage(plan: Plan) -> None:
+    _open(plan)
+    if not plan.in_stage:
+        raise ConflictError(f"Plan {plan.name} is {plan.state}; resume it first.")
+
+
+def _void_stale_approvals(plan: Plan, *, actor: Actor | None = None) -> list[Approval]:
+    """Void the current stage's approvals whose evidence changed or expired. In a transaction
+    of its own: a voided approval stays voided even if what follows is refused."""
+    voided: list[Approval] = []
+    with transaction.atomic():
+        locked = _lock(plan)
+        active = list(locked.approvals.filter(stage=locked.stage, voided_at__isnull=True,
+                                              used_at__isnull=True))
+        if not active or not locked.in_stage:
+            return voided
+        gate = ev.evaluate_gate(locked)
+        current = gate.snapshot()
+        current_hash = ev.snapshot_hash(current)
+        for approval in active:
+            why = ev.snapshot_difference(approval.snapshot, current, gate.at)
+            if why is None and approval.snapshot_hash == current_hash:
+                continue
+            approval.voided_at = gate.at
+            approval.void_reason = why or "the gate's evidence changed"
+            approval.save(update_fields=["voided_at", "void_reason"])
+            audit_record(actor=actor or Actor.for_system("plan-gate"),
+                         action="plan.approval.void", target=locked,
+                         message=f"approval by {approval.by.get_username()} of stage "
+                                 f"{approval.stage} voided: {approval.void_reason}",
+                         after={"approval": approval.pk})
+            voided.append(approval)
+    return voided
+
+
+def advance(*, actor: Actor, plan: Plan, reason: str = "") -> Plan:
+    """Move to the next stage (from 4: completed). The gate is evaluated again inside the
+    move's transaction; enough approvals must hold on exactly that evidence."""
+    actor.require(roles.APPROVE, action="plan.advance", target=plan)
+    with _refusals(actor, "plan.advance", plan):
+        _person(actor, "Advancing a plan")
+        _void_stale_approvals(plan)
+        with transaction.atomic():
+            locked = _lock(plan)
+            _at_stage(locked)
+            gate = ev.evaluate_gate(locked)
+            if gate.blockers:
+                raise ConflictError(
+                    f"Stage {locked.stage} gate blocks: "
+                    + "; ".join(f"{o.check.title} — {o.result.summary}" for o in gate.blockers))
+            current_hash = gate.hash()
+            approvals = list(locked.approvals.filter(
+                stage=locked.stage, voided_at__isnull=True, used_at__isnull=True,
+                snapshot_hash=current_hash).select_related("by"))
+            if len(approvals) < locked.required_approvals:
+                voided = list(locked.approvals.filter(stage=locked.stage, used_at__isnull=True,
+                                                      voided_at__isnull=False)
+                              .select_related("by")[:3])
+                detail = "".join(f" Voided: {a.by.get_username()} — {a.void_reason}."
+                                 for a in voided)
+                raise ConflictError(
+                    f"Stage {locked.stage} needs {locked.required_approvals} approval(s) on the "
+                    f"current evidence; it has {len(approvals)}.{detail}")
+            to_state = (Plan.State.COMPLETED if locked.stage == 4
+                        else f"stage-{locked.stage + 1}")
+            kind = StageMove.Kind.COMPLETE if locked.stage == 4 else StageMove.Kind.ADVANCE
+            now = timezone.now()
+            for approval in approvals:
+                approval.used_at = now
+                approval.save(update_fields=["used_at"])
+            _move(actor=actor, plan=locked, to_state=to_state, kind=kind, reason=reason,
+                  gate=gate, approvals=approvals)
+    return locked
+
+
+def _move(*, actor: Actor, plan: Plan, to_state: str, kind: str, reason: str,
+          gate: ev.GateEvaluation | None = None, approvals: list[Approval] | None = None,
+          drains: list[Drain] | None = None) -> StageMove:
+    from_state, from_stage = plan.state, plan.stage
+    now = timezone.now()
+    plan.state = to_state
+    if to_state.startswith("stage-"):
+        plan.stage = int(to_state.removeprefix("stage-"))
+    if plan.stage != from_stage:  # a pause and its resume keep the age in stage
+        plan.stage_entered_at = now
+    if to_state in Plan.CLOSED_STATES:
+        plan.closed_at = now
+    plan.save(update_fields=["state", "stage", "stage_entered_at", "closed_at"])
+    gate_snapshot = gate.snapshot() if gate is not None else {}
+    move = StageMove.objects.create(
+        plan=plan, kind=kind, from_state=from_state, to_state=to_state, by=actor.label, at=now,
+        reason=reason, gate_snapshot=gate_snapshot,
+        snapshot_hash=ev.snapshot_hash(gate_snapshot) if gate_snapshot else "")
+    if approvals:
+        move.approvals.set(approvals)
+    if drains:
+        move.drains.set(drains)
+    audit_record(
+        actor=actor, action=f"plan.{kind}", target=plan, message=reason,
+        before={"state": from_state},
+        after={"state": to_state, "move": move.pk,
+               "gate_status": gate.status if gate is not None else None,
+               "snapshot_hash": move.snapshot_hash or None,
+               "approvals": [a.by.get_username() for a in approvals or []],
+               "drains": [d.pk for d in drains or []]})
+    return move
+
+
+def _void_open_approvals(plan: Plan, *, why: str, actor: Actor,
+                         stages: set[int] | None = None) -> None:
+    rows = plan.approvals.filter(voided_at__isnull=True, used_at__isnull=True)
+    if stages is not None:
+        rows = rows.filter(stage__in=stages)
+    for approval in rows.select_related("by"):
+        approval.voided_at = timezone.now()
+        approval.void_reason = why
+        approval.save(update_fields=["voided_at", "void_reason"])
+        audit_record(actor=actor, action="plan.approval.void", target=plan,
+                     message=f"approval by {approval.by.get_username()} of stage "
+                             f"{approval.stage} voided: {why}", after={"approval": approval.pk})
+
+
+def _drain_candidate(*, actor: Actor, plan: Plan, reason: str) -> list[Drain]:
+    """Leaving stage 4: take the candidate's live weight off the plan's routes first."""
+    from fleetctl.traffic import services as traffic
+
+    routes = list(plan.routes.all())
+    try:
+        drain = traffic.drain_request(actor=actor, pool=plan.candidate_pool, routes=routes,
+                                      reason=f"plan {plan.name} leaves stage 4: {reason}")
+    except ConflictError:
+        return []  # nothing to drain: the candidate carries no weight on those routes
+    return [drain]
+
+
+def _leave(*, actor: Actor, plan: Plan, to_state: str, kind: str, reason: str,
+           permission: str) -> Plan:
+    actor.require(permission, action=f"plan.{kind}", target=plan)
+    with _refusals(actor, f"plan.{kind}", plan):
+        if not reason.strip():
+            raise ValidationError({"reason": ["Say why (it goes in the plan's timeline)."]})
+        with transaction.atomic():
+            locked = _lock(plan)
+            _open(locked)
+            if kind == StageMove.Kind.PAUSE and not locked.in_stage:
+                raise ConflictError(f"Plan {locked.name} is {locked.state}; only a plan at a "
+                                    f"stage can be paused.")
+            if kind == StageMove.Kind.RESUME and locked.state != Plan.State.PAUSED:
+                raise ConflictError(f"Plan {locked.name} is not paused.")
+            if kind == StageMove.Kind.REGRESS:
+                target = int(to_state.removeprefix("stage-"))
+                if target >= locked.stage:
+                    raise ValidationError({"stage": [
+                        f"Regress goes back: plan {locked.name} is at stage {locked.stage}; "
+                        f"choose a stage before it."]})
+            drains: list[Drain] = []
+            if locked.state == Plan.State.STAGE_4 and to_state != Plan.State.STAGE_4:
+                drains = _drain_candidate(actor=actor, plan=locked, reason=reason)
+            if kind == StageMove.Kind.RESUME:
+                to_state = f"stage-{locked.stage}"
+            stages = None if kind != StageMove.Kind.REGRESS else set(
+                range(int(to_state.removeprefix("stage-")), 5))
+            if kind != StageMove.Kind.RESUME:
+                _void_open_approvals(locked, why=f"plan {PAST[kind]}: {reason.strip()}",
+                                     actor=actor, stages=stages)
+            _move(actor=actor, plan=locked, to_state=to_state, kind=kind, reason=reason.strip(),
+                  drains=drains)
+    return locked
+
+
+def regress(*, actor: Actor, plan: Plan, to_stage: int, reason: str) -> Plan:
+    """Go back to an earlier stage. From stage 4 the candidate is drained first."""
+    if to_stage not in STAGE_NAMES:
+        raise ValidationError({"stage": [f"Stages are 1–4, not {to_stage}."]})
+    return _leave(actor=actor, plan=plan, to_state=f"stage-{to_stage}",
+                  kind=StageMove.Kind.REGRESS, reason=reason, permission=roles.APPROVE)
+
+
+def pause(*, actor: Actor, plan: Plan, reason: str) -> Plan:
+    """Stop the plan where it is (on-call may, in an incident). From stage 4 the candidate is
+    drained first. Open approvals are voided."""
+    return _leave(actor=actor, plan=plan, to_state=Plan.State.PAUSED,
+                  kind=StageMove.Kind.PAUSE, reason=reason, permission=roles.DRAIN)
+
+
+def resume(*, actor: Actor, plan: Plan, reason: str) -> Plan:
+    return _leave(actor=actor, plan=plan, to_state="", kind=StageMove.Kind.RESUME,
+                  reason=reason, permission=roles.APPROVE)
+
+
+def abandon(*, actor: Actor, plan: Plan, reason: str) -> Plan:
+    """Close the plan for good. From stage 4 the candidate is drained first."""
+    return _leave(actor=actor, plan=plan, to_state=Plan.State.ABANDONED,
+                  kind=StageMove.Kind.ABANDON, reason=reason, permission=roles.APPROVE)
+
+
+# --- evidence and the refresh task ------------------------------------------------------------
+
+def evidence_record(*, actor: Actor, pool: Pool, kind: str, verdict: str, summary: str,
+                    data: Any = None, url: str = "", route: Route | None = None,
+                    model_id: str = "", ttl_hours: float | None = None) -> Evidence:
+    """Record what an evidence job found about a pool, bound to the pool as it is now."""
+    actor.require(roles.JOBS, action="evidence.record", target=pool)
+    if kind not in ev.KINDS:
+        raise ValidationError({"kind": [f"Unknown evidence kind {kind!r}; kinds: "
+                                        f"{', '.join(sorted(ev.KINDS))}."]})
+    if verdict not in Evidence.Verdict.values:
+        raise ValidationError({"verdict": [f"Verdict is one of "
+                                           f"{', '.join(Evidence.Verdict.values)}."]})
+    if not summary.strip():
+        raise ValidationError({"summary": ["Say what was found, in one line."]})
+    if ttl_hours is not None and not (0 < ttl_hours <= 24 * 365):
+        raise ValidationError({"ttl_hours": ["Between 0 and 8760 hours."]})
+    if data is not None and not isinstance(data, dict):
+        raise ValidationError({"data": ["An object of numbers and labels."]})
+    model_ids = [model_id] if model_id else ([route.model_id] if route else
+                                             list(pool.models.values_list("model_id", flat=True)))
+    if model_id and not pool.models.filter(model_id=model_id).exists():
+        raise ValidationError({"model_id": [f"{pool.name} does not serve {model_id}."]})
+    now = timezone.now()
+    row = Evidence(kind=kind, pool=pool, route=route, model_id=model_id or
+                   (route.model_id if route else ""), observed_at=now,
+                   expires_at=now + timedelta(hours=ttl_hours) if ttl_hours else None,
+                   pool_fingerprint=ev.pool_fingerprint(pool, model_ids), verdict=verdict,
+                   summary=summary.strip()[:300], data=data or {}, url=url[:300],
+                   source=actor.label)
+    row.full_clean()
+    with transaction.atomic():
+        row.save()
+        audit_record(actor=actor, action="evidence.record", target=pool,
+                     message=f"{kind}: {verdict} — {row.summary}",
+                     after={"evidence": row.pk, "kind": kind, "verdict": verdict})
+    return row
+
+
+def plan_refresh(*, plan: Plan) -> list[str]:
+    """Re-evaluate the current gate: void approvals whose evidence moved, and put every
+    check whose status changed on the plan's timeline. Run by beat for every open plan."""
+    if not plan.in_stage:
+        return []
+    _void_stale_approvals(plan)
+    system = Actor.for_system("plan-gate")
+    changes: list[str] = []
+    with transaction.atomic():
+        locked = _lock(plan)
+        if not locked.in_stage:
+            return []
+        gate = ev.evaluate_gate(locked)
+        for outcome in gate.outcomes:
+            check = outcome.check
+            if check.last_status == outcome.status:
+                continue
+            if check.last_status:
+                line = (f"stage {check.stage}: {check.title} — "
+                        f"{ev.STATUS_LABELS.get(check.last_status, check.last_status)} → "
+                        f"{ev.STATUS_LABELS[outcome.status]}: {outcome.result.summary}")
+                audit_record(actor=system, action="plan.check.status", target=locked,
+                             message=line[:2000], before={"status": check.last_status},
+                             after={"status": outcome.status, "check": check.key})
+                changes.append(line)
+            GateCheck.objects.filter(pk=check.pk).update(last_status=outcome.status,
+                                                         last_status_at=gate.at)
+    return changes
+
+
+# --- evidence jobs ----------------------------------------------------------------------------
+
+def rehearsal_start(*, actor: Actor, plan: Plan) -> Drain:
+    """Start a drain rehearsal: drain the candidate off the plan's routes for real, time it,
+    and once every gateway verified and its streams closed, restore the split (a task). The
+    drain record is the evidence `drain.rehearsed` reads. Only in stage 4: before that the
+    candidate carries no live traffic to drain."""
+    from fleetctl.traffic import services as traffic
+
+    actor.require(roles.JOBS, action="plan.rehearse", target=plan)
+    with _refusals(actor, "plan.rehearse", plan), transaction.atomic():
+        locked = _lock(plan)
+        if locked.state != Plan.State.STAGE_4:
+            raise ConflictError(f"Plan {locked.name} is {locked.get_state_display()}: a drain "
+                                f"rehearsal moves live traffic, which the candidate carries "
+                                f"only in stage 4.")
+        platform = Actor.for_system("drain-rehearsal")
+        try:
+            drain = traffic.drain_request(
+                actor=platform, pool=locked.candidate_pool, routes=list(locked.routes.all()),
+                reason=f"rehearsal for plan {locked.name}, requested by {actor.label}")
+        except ConflictError as exc:
+            raise ConflictError(f"Nothing to rehearse: {locked.candidate_pool.name} carries no "
+                                f"live weight on the plan's routes.") from exc
+        audit_record(actor=actor, action="plan.rehearse", target=locked,
+                     message=f"drain rehearsal started (drain #{drain.pk})",
+                     after={"drain": drain.pk})
+        from migrations_plan.tasks import rehearsal_finish
+
+        transaction.on_commit(lambda: rehearsal_finish.delay(drain.pk))
+    return drain
+
+
+def rehearsal_finish(*, drain_id: int, timeout_s: float) -> Drain | None:
+    """Wait for the rehearsal drain to complete, then restore the split. A drain that does not
+    complete leaves traffic on the primary (the safe side) and says so on the record."""
+    import time
+
+    from fleetctl.traffic import services as traffic
+
+    deadline = time.monotonic() + timeout_s
+    pause = 0.05
+    while True:
+        drain = Drain.objects.get(pk=drain_id)
+        if drain.status == Drain.Status.COMPLETE:
+            return traffic.drain_restore(actor=Actor.for_system("drain-rehearsal"), drain=drain,
+                                         reason=f"rehearsal over (drain #{drain.pk})")
+        if drain.status == Drain.Status.FAILED or time.monotonic() > deadline:
+            return None
+        time.sleep(pause)
+        pause = min(pause * 1.5, 2.0)

@@ -1,0 +1,557 @@
+"""Migration plans dashboard: the plan board, the form that opens a plan, and the plan page
+(its gate per stage, approvals, the approve/advance decision, gate edits, plan actions and
+the timeline).
+
+Function views that call selectors (reads) and services (writes, through `call_service`).
+The services decide every permission and rule; the views only say in advance why a button
+would be refused, so a disabled button carries its reason. htmx asks for the gate block of
+the same page by targeting its id; the view then renders only that partial.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from fleetctl.accounts import roles
+from fleetctl.accounts.actor import Actor
+from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.views import Outcome, call_service, dashboard_view
+from migrations_plan import evidence as ev
+from migrations_plan import selectors, services
+from migrations_plan.forms import (
+    AdvanceForm,
+    ApproveForm,
+    AttestForm,
+    CheckAddForm,
+    CheckEditForm,
+    PlanForm,
+    ReasonForm,
+    RegressForm,
+    check_edit_initial,
+)
+from migrations_plan.models import STAGE_NAMES, Attestation, GateCheck, Plan
+
+GATE_ID = "plan-gate"  # the block htmx re-polls
+TIMELINE_LIMIT = 200
+
+# What the gate as a whole means for the person deciding.
+# A gate's status is its worst check's; "fail" covers a check still awaiting attestation.
+GATE_LABELS = {ev.PASS: "pass", ev.WARN: "warn", ev.INSUFFICIENT: "insufficient data",
+               ev.FAIL: "blocked"}
+GATE_MEANING = {
+    ev.PASS: "ready to approve",
+    ev.WARN: "approvable with a justification",
+    ev.INSUFFICIENT: "approvable with a justification",
+    ev.FAIL: "nothing can be approved until the blockers clear",
+}
+
+# What each reason box asks.
+LABELS = {"pause": "Why pause", "resume": "Why resume", "abandon": "Why abandon",
+          "remove": "Why remove this check"}
+
+# Timeline actions in words (the code stays visible beside them).
+ACTION_WORDS = {
+    "plan.create": "opened the plan",
+    "plan.update": "changed the plan's terms",
+    "plan.check.add": "added a check",
+    "plan.check.update": "changed a check",
+    "plan.check.remove": "removed a check",
+    "plan.check.status": "check status changed",
+    "plan.attest": "attested",
+    "plan.attest.withdraw": "withdrew an attestation",
+    "plan.approve": "approved the gate",
+    "plan.approval.void": "approval voided",
+    "plan.advance": "advanced",
+    "plan.complete": "completed the plan",
+    "plan.regress": "moved back",
+    "plan.pause": "paused",
+    "plan.resume": "resumed",
+    "plan.rehearse": "started a drain rehearsal",
+    "plan.abandon": "abandoned",
+}
+
+
+def _plan_or_404(name: str) -> Plan:
+    plan = selectors.plan_get(name=name)
+    if plan is None:
+        raise Http404(f"No plan named {name!r}.")
+    return plan
+
+
+def _check_or_404(plan: Plan, check_id: int) -> GateCheck:
+    check = selectors.check_get(plan=plan, check_id=check_id)
+    if check is None:
+        raise Http404(f"Plan {plan.name} has no check {check_id}.")
+    return check
+
+
+def age_text(since: datetime, now: datetime | None = None) -> str:
+    """'3 d 4 h', '5 h 10 min', '12 min': how long, in the two units that matter."""
+    seconds = max(((now or timezone.now()) - since).total_seconds(), 0)
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min"
+
+
+# --- the board -------------------------------------------------------------------------------
+
+@dataclass
+class BoardCard:
+    plan: Plan
+    gate: ev.GateEvaluation | None
+    age: str
+    approvals: int
+
+    @property
+    def passed(self) -> int:
+        return self.gate.passed if self.gate else 0
+
+    @property
+    def total(self) -> int:
+        return len(self.gate.outcomes) if self.gate else 0
+
+    @property
+    def percent(self) -> int:
+        return round(100 * self.passed / self.total) if self.total else 0
+
+    @property
+    def blockers(self) -> list[str]:
+        return [o.check.title for o in self.gate.blockers] if self.gate else []
+
+    @property
+    def status(self) -> str:
+        return self.gate.status if self.gate else ""
+
+    @property
+    def label(self) -> str:
+        return GATE_LABELS.get(self.status, "")
+
+    @property
+    def meaning(self) -> str:
+        return "" if self.status == ev.FAIL else GATE_MEANING.get(self.status, "")
+
+
+@dashboard_view
+@require_GET
+def plan_board(request: HttpRequest) -> HttpResponse:
+    board = selectors.plan_board()
+    plans = [card.plan for _, _, cards in board for card in cards]
+    approvals = selectors.active_approval_counts(plans=plans)
+    now = timezone.now()
+    columns = [
+        (state, label, [BoardCard(plan=c.plan, gate=c.gate,
+                                  age=age_text(c.plan.stage_entered_at, now),
+                                  approvals=approvals.get(c.plan.pk, 0)) for c in cards])
+        for state, label, cards in board
+    ]
+    show_closed = request.GET.get("closed") == "1"
+    closed = selectors.plans_closed()
+    return render(request, "migrations_plan/board.html", {
+        "columns": columns,
+        "open_count": len(plans),
+        "show_closed": show_closed,
+        "closed": list(closed) if show_closed else None,
+        "closed_count": closed.count(),
+    })
+
+
+# --- opening a plan --------------------------------------------------------------------------
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def plan_create(request: HttpRequest) -> HttpResponse:
+    form = PlanForm(request.POST if request.method == "POST" else None)
+    done: Outcome[Plan] = Outcome()
+    if request.method == "POST" and form.is_valid():
+        actor = actor_from_request(request)
+        data = {**form.cleaned_data, "routes": list(form.cleaned_data["routes"])}
+        done = call_service(request, lambda: services.plan_create(actor=actor, **data),
+                            form=form)
+        if done.result is not None:
+            messages.success(request, f"Opened plan {done.result.name} at stage 1 "
+                                      f"(abstraction) with the default gates.")
+            return redirect("plans:detail", name=done.result.name)
+    return render(request, "migrations_plan/plan_form.html", {"form": form},
+                  status=done.status)
+
+
+# --- the plan page ---------------------------------------------------------------------------
+
+@dataclass
+class CheckRow:
+    """One check of the viewed gate, with what the page offers on it."""
+
+    outcome: ev.CheckOutcome
+    numbers: list[tuple[str, str]]
+    attestation: Attestation | None
+    can_attest: bool
+    attest_form: AttestForm
+    edit_form: CheckEditForm
+    remove_form: ReasonForm
+
+    @property
+    def check(self) -> GateCheck:
+        return self.outcome.check
+
+    @property
+    def status(self) -> str:
+        return self.outcome.status
+
+    @property
+    def status_label(self) -> str:
+        return ev.STATUS_LABELS[self.outcome.status]
+
+    @property
+    def rule_label(self) -> str:
+        rule = ev.RULES.get(self.check.rule)
+        return rule.description if rule else ""
+
+
+@dataclass
+class Decision:
+    """Whether the approve and advance buttons can be used now, and if not, why."""
+
+    approve_blocked: str = ""
+    advance_blocked: str = ""
+    needs_justification: list[ev.CheckOutcome] = field(default_factory=list)
+    counting: int = 0
+    required: int = 1
+
+
+def _numbers(values: dict[str, Any]) -> list[tuple[str, str]]:
+    def show(value: Any) -> str:
+        if isinstance(value, dict | list):
+            return json.dumps(value, sort_keys=True, default=str)
+        return "—" if value is None else str(value)
+
+    return [(key.replace("_", " "), show(value)) for key, value in values.items()]
+
+
+def _decision(plan: Plan, gate: ev.GateEvaluation, approvals: list[selectors.ApprovalView],
+              actor: Actor) -> Decision:
+    decision = Decision(needs_justification=gate.needs_justification,
+                        counting=sum(1 for a in approvals if a.counts),
+                        required=plan.required_approvals)
+    user_id = getattr(actor.user, "pk", None)
+    if not plan.is_open:
+        closed = f"Plan is {plan.state}; a closed plan takes no approvals or moves."
+        decision.approve_blocked = decision.advance_blocked = closed
+        return decision
+    if not plan.in_stage:
+        paused = f"Plan is paused at stage {plan.stage}; resume it first."
+        decision.approve_blocked = decision.advance_blocked = paused
+        return decision
+    blockers = "; ".join(f"{o.check.title} ({ev.STATUS_LABELS[o.status]})"
+                         for o in gate.blockers)
+    if user_id == plan.created_by_id:
+        decision.approve_blocked = ("You opened this plan; another platform lead must "
+                                    "approve its gates.")
+    elif user_id == plan.owner_id:
+        decision.approve_blocked = ("You own this plan; another platform lead must approve "
+                                    "its gates.")
+    elif blockers:
+        decision.approve_blocked = f"Blocked by: {blockers}."
+    elif any(a.counts and a.approval.by_id == user_id for a in approvals):
+        decision.approve_blocked = "You already approved this gate on this evidence."
+    if blockers:
+        decision.advance_blocked = f"Blocked by: {blockers}."
+    elif decision.counting < plan.required_approvals:
+        decision.advance_blocked = (f"Needs {plan.required_approvals} approval"
+                                    f"{'s' if plan.required_approvals != 1 else ''} on the "
+                                    f"current evidence, has {decision.counting}.")
+    return decision
+
+
+def _viewed_stage(request: HttpRequest, plan: Plan) -> int:
+    try:
+        stage = int(request.GET.get("stage") or plan.stage)
+    except ValueError:
+        return plan.stage
+    return stage if stage in STAGE_NAMES else plan.stage
+
+
+def _check_rows(plan: Plan, gate: ev.GateEvaluation, actor: Actor,
+                bound: dict[str, forms.Form]) -> list[CheckRow]:
+    held = actor.roles
+    rows = []
+    for outcome in gate.outcomes:
+        check = outcome.check
+        pk = check.pk
+        attestation = next((a for a in check.attestations.all() if a.withdrawn_at is None),
+                           None)
+        attest_form = bound.get(f"attest-{pk}") or AttestForm(prefix=f"attest-{pk}")
+        edit_form = bound.get(f"edit-{pk}") or CheckEditForm(
+            prefix=f"edit-{pk}", initial=check_edit_initial(check))
+        remove_form = bound.get(f"remove-{pk}") or ReasonForm(prefix=f"remove-{pk}",
+                                                              label=LABELS["remove"])
+        rows.append(CheckRow(
+            outcome=outcome, numbers=_numbers(outcome.result.numbers), attestation=attestation,
+            can_attest=(check.kind == GateCheck.Kind.ATTESTED and attestation is None
+                        and bool({check.attest_role, roles.ADMIN} & held)),
+            attest_form=attest_form,  # type: ignore[arg-type]
+            edit_form=edit_form,  # type: ignore[arg-type]
+            remove_form=remove_form,  # type: ignore[arg-type]
+        ))
+    return rows
+
+
+def _stage_tabs(plan: Plan, viewed: int) -> list[dict[str, Any]]:
+    tabs = []
+    for number, name in STAGE_NAMES.items():
+        where = ("passed" if number < plan.stage or plan.state == Plan.State.COMPLETED
+                 else "current" if number == plan.stage else "ahead")
+        tabs.append({"number": number, "name": name, "where": where,
+                     "viewed": number == viewed})
+    return tabs
+
+
+def _render_plan(request: HttpRequest, plan: Plan, *, stage: int | None = None,
+                 bound: dict[str, forms.Form] | None = None, status: int = 200
+                 ) -> HttpResponse:
+    """The plan page, or only its gate block for htmx. `bound` holds a submitted form that
+    failed, so its errors and what was typed show where it was typed."""
+    bound = bound or {}
+    actor = actor_from_request(request)
+    viewed = stage or _viewed_stage(request, plan)
+    is_current = viewed == plan.stage
+    gate = ev.evaluate_gate(plan, stage=viewed)
+    approvals = selectors.approvals_for_gate(plan=plan, gate=gate)
+    editable = plan.is_open and viewed >= plan.stage
+    context: dict[str, Any] = {
+        "plan": plan,
+        "gate": gate,
+        "gate_label": GATE_LABELS[gate.status] if gate.outcomes else "no checks",
+        "gate_meaning": GATE_MEANING.get(gate.status, ""),
+        "viewed_stage": viewed,
+        "viewed_stage_name": STAGE_NAMES[viewed],
+        "is_current": is_current,
+        "rows": _check_rows(plan, gate, actor, bound),
+        "approvals": approvals,
+        "decision": _decision(plan, gate, approvals, actor),
+        "approve_form": bound.get("approve") or ApproveForm(prefix="approve"),
+        "advance_form": bound.get("advance") or AdvanceForm(prefix="advance"),
+        "editable": editable,
+        "min_justification": services.MIN_JUSTIFICATION,
+        "polling": plan.is_open,
+        "gate_id": GATE_ID,
+    }
+    if context["decision"].needs_justification:
+        # Said on the form (and enforced by the browser); the service enforces it again.
+        context["approve_form"].fields["justification"].required = True
+    if request.htmx.target == GATE_ID:  # type: ignore[attr-defined]
+        return render(request, "migrations_plan/_gate.html", context, status=status)
+    now = timezone.now()
+    context.update({
+        "tabs": _stage_tabs(plan, viewed),
+        "age": age_text(plan.stage_entered_at, now),
+        "overdue": bool(plan.target_date and plan.is_open
+                        and plan.target_date < now.date()),
+        "routes": list(plan.routes.all()),
+        "removed": list(selectors.removed_checks(plan=plan, stage=viewed)),
+        "add_form": bound.get("add") or CheckAddForm(prefix="add"),
+        "rules": sorted(ev.RULES.values(), key=lambda rule: rule.name),
+        "show_actions": plan.is_open and (actor.can(roles.APPROVE) or (
+            plan.in_stage and actor.can(roles.DRAIN))),
+        "pause_form": bound.get("pause") or ReasonForm(prefix="pause", label=LABELS["pause"]),
+        "resume_form": bound.get("resume") or ReasonForm(prefix="resume",
+                                                         label=LABELS["resume"]),
+        "abandon_form": bound.get("abandon") or ReasonForm(prefix="abandon",
+                                                           label=LABELS["abandon"]),
+        "regress_form": bound.get("regress") or RegressForm(prefix="regress", plan=plan),
+        "timeline": [(event, ACTION_WORDS.get(event.action, event.action))
+                     for event in selectors.plan_timeline(plan=plan, limit=TIMELINE_LIMIT)],
+        "timeline_limit": TIMELINE_LIMIT,
+        "audit_url": f"{reverse('audit:list')}?object_type=migrations_plan.plan"
+                     f"&object_id={plan.pk}",
+    })
+    return render(request, "migrations_plan/plan_detail.html", context, status=status)
+
+
+@dashboard_view
+@require_GET
+def plan_detail(request: HttpRequest, name: str) -> HttpResponse:
+    return _render_plan(request, _plan_or_404(name))
+
+
+# --- writes ----------------------------------------------------------------------------------
+
+def _plan_url(plan: Plan, stage: int | None = None, anchor: str = "") -> str:
+    url = reverse("plans:detail", args=[plan.name])
+    if stage is not None and stage != plan.stage:
+        url += f"?stage={stage}"
+    return url + (f"#{anchor}" if anchor else "")
+
+
+def _act(request: HttpRequest, plan: Plan, *, key: str, form: forms.Form,
+         call: Callable[[Actor, dict[str, Any]], Any], success: str,
+         stage: int | None = None, anchor: str = "") -> HttpResponse:
+    """One POST from the plan page: validate the form, call the service, then either go back
+    to the page with a message or show the page again with the form's errors (a refusal's
+    message is flashed by `call_service`; nothing has changed)."""
+    done: Outcome[Any] = Outcome()
+    if form.is_valid():
+        actor = actor_from_request(request)
+        done = call_service(request, lambda: call(actor, form.cleaned_data), form=form)
+        if done.ok:
+            messages.success(request, success)
+            fresh = selectors.plan_get(name=plan.name) or plan
+            return redirect(_plan_url(fresh, stage, anchor))
+    return _render_plan(request, selectors.plan_get(name=plan.name) or plan, stage=stage,
+                        bound={key: form}, status=done.status)
+
+
+@dashboard_view
+@require_POST
+def plan_approve(request: HttpRequest, name: str) -> HttpResponse:
+    plan = _plan_or_404(name)
+    return _act(request, plan, key="approve", anchor="approvals",
+                form=ApproveForm(request.POST, prefix="approve"),
+                call=lambda actor, data: services.approve(
+                    actor=actor, plan=plan, justification=data["justification"]),
+                success=f"You approved the stage {plan.stage} ({plan.stage_name}) gate of "
+                        f"{plan.name}.")
+
+
+@dashboard_view
+@require_POST
+def plan_advance(request: HttpRequest, name: str) -> HttpResponse:
+    plan = _plan_or_404(name)
+    after = "completed" if plan.stage == 4 else (
+        f"now at stage {plan.stage + 1} ({STAGE_NAMES.get(plan.stage + 1, '')})")
+    return _act(request, plan, key="advance",
+                form=AdvanceForm(request.POST, prefix="advance"),
+                call=lambda actor, data: services.advance(actor=actor, plan=plan,
+                                                          reason=data["reason"]),
+                success=f"Plan {plan.name} advanced: {after}.")
+
+
+def _leave(request: HttpRequest, name: str, kind: str,
+           service: Callable[..., Plan]) -> HttpResponse:
+    plan = _plan_or_404(name)
+    return _act(request, plan, key=kind, anchor="plan-actions",
+                form=ReasonForm(request.POST, prefix=kind, label=LABELS[kind]),
+                call=lambda actor, data: service(actor=actor, plan=plan,
+                                                 reason=data["reason"]),
+                success=f"Plan {plan.name} {services.PAST[kind]}.")
+
+
+@dashboard_view
+@require_POST
+def plan_pause(request: HttpRequest, name: str) -> HttpResponse:
+    return _leave(request, name, "pause", services.pause)
+
+
+@dashboard_view
+@require_POST
+def plan_resume(request: HttpRequest, name: str) -> HttpResponse:
+    return _leave(request, name, "resume", services.resume)
+
+
+@dashboard_view
+@require_POST
+def plan_abandon(request: HttpRequest, name: str) -> HttpResponse:
+    return _leave(request, name, "abandon", services.abandon)
+
+
+@dashboard_view
+@require_POST
+def plan_rehearse(request: HttpRequest, name: str) -> HttpResponse:
+    """Start a drain rehearsal (stage 4) and follow it on its drain page."""
+    plan = _plan_or_404(name)
+    done = call_service(request, lambda: services.rehearsal_start(
+        actor=actor_from_request(request), plan=plan))
+    if done.ok and done.result is not None:
+        messages.success(request, f"Drain rehearsal started for {plan.name}; the split is "
+                                  f"restored once every gateway verified and streams closed.")
+        return redirect("traffic:drain-detail", drain_id=done.result.pk)
+    return redirect(_plan_url(plan, None, "plan-actions"))
+
+
+@dashboard_view
+@require_POST
+def plan_regress(request: HttpRequest, name: str) -> HttpResponse:
+    plan = _plan_or_404(name)
+    return _act(request, plan, key="regress", anchor="plan-actions",
+                form=RegressForm(request.POST, prefix="regress", plan=plan),
+                call=lambda actor, data: services.regress(
+                    actor=actor, plan=plan, to_stage=data["to_stage"], reason=data["reason"]),
+                success=f"Plan {plan.name} moved back.")
+
+
+@dashboard_view
+@require_POST
+def check_add(request: HttpRequest, name: str) -> HttpResponse:
+    plan = _plan_or_404(name)
+    stage = _posted_stage(request)
+    if stage is None:
+        messages.error(request, "Stages are 1–4; nothing was added.")
+        return redirect(_plan_url(plan, anchor="add-check"))
+    return _act(request, plan, key="add", stage=stage, anchor="add-check",
+                form=CheckAddForm(request.POST, prefix="add"),
+                call=lambda actor, data: services.check_add(
+                    actor=actor, plan=plan, stage=stage, title=data["title"],
+                    rule=data["rule"], params=data["params"], attest_role=data["attest_role"]),
+                success=f"Added a check to the stage {stage} gate.")
+
+
+def _posted_stage(request: HttpRequest) -> int | None:
+    try:
+        stage = int(request.POST.get("stage", ""))
+    except ValueError:
+        return None
+    return stage if stage in STAGE_NAMES else None
+
+
+@dashboard_view
+@require_POST
+def check_edit(request: HttpRequest, name: str, check_id: int) -> HttpResponse:
+    plan = _plan_or_404(name)
+    check = _check_or_404(plan, check_id)
+    return _act(request, plan, key=f"edit-{check.pk}", stage=check.stage, anchor="gate",
+                form=CheckEditForm(request.POST, prefix=f"edit-{check.pk}"),
+                call=lambda actor, data: services.check_update(
+                    actor=actor, check=check, title=data["title"], params=data["params"]),
+                success=f"Saved check {check.title!r}.")
+
+
+@dashboard_view
+@require_POST
+def check_remove(request: HttpRequest, name: str, check_id: int) -> HttpResponse:
+    plan = _plan_or_404(name)
+    check = _check_or_404(plan, check_id)
+    return _act(request, plan, key=f"remove-{check.pk}", stage=check.stage, anchor="gate",
+                form=ReasonForm(request.POST, prefix=f"remove-{check.pk}",
+                                label=LABELS["remove"]),
+                call=lambda actor, data: services.check_remove(
+                    actor=actor, check=check, reason=data["reason"]),
+                success=f"Removed check {check.title!r} from the stage {check.stage} gate.")
+
+
+@dashboard_view
+@require_POST
+def check_attest(request: HttpRequest, name: str, check_id: int) -> HttpResponse:
+    plan = _plan_or_404(name)
+    check = _check_or_404(plan, check_id)
+    return _act(request, plan, key=f"attest-{check.pk}", stage=check.stage, anchor="gate",
+                form=AttestForm(request.POST, prefix=f"attest-{check.pk}"),
+                call=lambda actor, data: services.attest(actor=actor, check=check,
+                                                         note=data["note"]),
+                success=f"You attested {check.title!r}.")
+

@@ -1,0 +1,29 @@
+"""The real browser the dashboard tests drive: Debian's Chromium through Playwright."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, sync_playwright
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+
+
+@pytest.fixture
+def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Browser]:
+    # Playwright's sync API runs an asyncio loop in this thread and Django refuses ORM calls
+    # from such a thread. Tests seed before the browser starts (or write from a thread of
+    # their own); this only keeps a check added later from failing for the wrong reason.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    if not CHROMIUM.exists():
+        pytest.fail(f"Chromium is not installed at {CHROMIUM}; `apt-get install chromium`.")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()

@@ -1,0 +1,124 @@
+"""Stage 4 unlocks live weight, and leaving it drains the candidate — through real Envoy
+gateways in front of simulated pools, pushed by a real Celery worker. Which pool served a
+request is read from the pools' own counters."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from fleetctl.accounts.actor import Actor
+from fleetctl.fleet.services import pool_health_record, pool_model_create
+from fleetctl.traffic import services as traffic
+from fleetctl.traffic.models import Drain, GatewayPush, Route
+from migrations_plan import services
+from migrations_plan.models import StageMove
+from tests.conftest import wait_until
+from tests.migrations_plan.helpers import pass_gate, walk_to
+from tests.traffic.test_drain_e2e import _ask, _client, envoys, served, sims  # noqa: F401
+
+pytestmark = pytest.mark.slow
+MODEL = "llama-3.1-8b-instruct"
+
+
+@pytest.fixture
+def live_world(celery_worker, sims, envoys, make_pool, make_user, system):  # noqa: F811
+    primary = make_pool(name="us-primary", base_urls=[sims.url("us-primary")])
+    candidate = make_pool(name="us-cand", runtime="rocm", base_urls=[sims.url("us-cand")])
+    for pool in (primary, candidate):
+        pool_model_create(actor=system, pool=pool, model_id=MODEL, max_context_tokens=4096)
+        pool_health_record(pool_id=pool.pk, ok=True, status_code=200, latency_ms=1.0)
+    route = traffic.route_create(actor=system, name="llama", model_id=MODEL,
+                                 primary_pool=primary, reason="test")
+    for i, envoy in enumerate(envoys):
+        traffic.gateway_create(actor=system, name=f"envoy-{i}", kind="envoy",
+                               admin_address=envoy.admin_url,
+                               options={"config_dir": str(envoy.workdir)}, routes=[route])
+    _settled()
+
+    class World:
+        pass
+
+    world = World()
+    world.route = route  # type: ignore[attr-defined]
+    for name, role in (("author", "platform-lead"), ("lead", "platform-lead"),
+                       ("oncall", "on-call"), ("admin", "admin")):
+        setattr(world, name, make_user(name, role))
+    world.actor = lambda who: Actor(user=getattr(world, who))  # type: ignore[attr-defined]
+    world.plan = services.plan_create(  # type: ignore[attr-defined]
+        actor=world.actor("author"), name="cand-llama", candidate_pool=candidate,
+        primary_pool=primary, routes=[route], slo_ttft_p95_ms=800, slo_tpot_p95_ms=60,
+        slo_error_rate=0.01)
+    return world
+
+
+def _settled() -> None:
+    wait_until(lambda: not GatewayPush.objects.filter(status__in=["pending", "retrying"])
+               .exists(), timeout_s=30, what="pushes to verify")
+
+
+def _ramp(world, percent: float):
+    route = Route.objects.get(pk=world.route.pk)
+    return traffic.revision_create(
+        actor=world.actor("oncall"), route=route, base_revision=route.revision_number,
+        weights={"us-primary": 100 - percent, "us-cand": percent}, reason=f"{percent} %")
+
+
+def _share_on_candidate(sims, envoys, n: int = 60) -> tuple[int, int]:  # noqa: F811
+    before = served(sims, "us-cand"), served(sims, "us-primary")
+    for i in range(n):
+        _ask(_client(envoys[i % len(envoys)]))
+    return served(sims, "us-cand") - before[0], served(sims, "us-primary") - before[1]
+
+
+def test_stage_4_unlocks_live_weight_and_regress_drains_through_envoy(
+    live_world, sims, envoys  # noqa: F811
+):
+    world = live_world
+    plan = walk_to(world, world.plan, 3)
+    with pytest.raises(ValidationError, match="live weight needs stage 4"):
+        _ramp(world, 50)
+    assert _share_on_candidate(sims, envoys, 20) == (0, 20)
+
+    plan = pass_gate(world, plan)
+    assert plan.state == "stage-4"
+    _ramp(world, 50)
+    _settled()
+    on_candidate, on_primary = _share_on_candidate(sims, envoys)
+    assert on_candidate + on_primary == 60
+    assert 15 <= on_candidate <= 45, (on_candidate, on_primary)  # 50 % ± 4 sigma
+
+    plan = services.regress(actor=world.actor("lead"), plan=plan, to_stage=3,
+                            reason="TPOT p95 over the SLO at 50 %")
+    move = StageMove.objects.get(plan=plan, kind="regress")
+    drain = move.drains.get()
+    wait_until(lambda: Drain.objects.get(pk=drain.pk).status == "complete",
+               what="the candidate's drain to complete")
+    assert _share_on_candidate(sims, envoys, 20) == (0, 20)
+    with pytest.raises(ValidationError, match="stage 3"):
+        _ramp(world, 1)
+
+
+def test_a_drain_rehearsal_is_timed_restored_and_becomes_gate_evidence(
+    live_world, sims, envoys  # noqa: F811
+):
+    from migrations_plan import evidence as ev
+
+    world = live_world
+    plan = walk_to(world, world.plan, 4)
+    with pytest.raises(Exception, match="Nothing to rehearse"):
+        services.rehearsal_start(actor=world.actor("oncall"), plan=plan)
+    _ramp(world, 20)
+    _settled()
+    assert {o.check.key: o.status for o in ev.evaluate_gate(plan).outcomes}[
+        "drain-rehearsed"] == ev.INSUFFICIENT
+    drain = services.rehearsal_start(actor=world.actor("oncall"), plan=plan)
+    wait_until(lambda: Drain.objects.filter(restores=drain, status="complete").exists(),
+               timeout_s=40, what="the rehearsal to drain and restore")
+    assert Route.objects.get(pk=world.route.pk).revisions.first().weights == {
+        "us-primary": 8000, "us-cand": 2000}
+    outcome = next(o for o in ev.evaluate_gate(plan).outcomes
+                   if o.check.key == "drain-rehearsed")
+    assert outcome.status == ev.PASS, outcome.result.summary
+    assert outcome.result.evidence[0].ref == f"drain:{drain.pk}"
+    assert outcome.result.numbers["verified_ms_by_route"]["llama"] < 500
