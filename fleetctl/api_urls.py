@@ -3,6 +3,7 @@ from rest_framework.routers import DefaultRouter
 
 from fleetctl.accounts.api.views import ServiceTokenViewSet, TokenViewSet, me
 from fleetctl.audit.api.views import AuditEventViewSet
+from fleetctl.bench.api.views import RunViewSet, TraceViewSet
 from fleetctl.fleet.api.views import (
     HealthCheckViewSet,
     HealthTransitionViewSet,
@@ -11,6 +12,12 @@ from fleetctl.fleet.api.views import (
     RegionViewSet,
 )
 from fleetctl.traffic.api.views import DrainViewSet, GatewayViewSet, PushViewSet, RouteViewSet
+from migrations_plan.api.views import (
+    EvidenceKindViewSet,
+    EvidenceRuleViewSet,
+    EvidenceViewSet,
+    PlanViewSet,
+)
 
 router = DefaultRouter()
 router.register("regions", RegionViewSet, basename="region")
@@ -23,6 +30,12 @@ router.register("routes", RouteViewSet, basename="route")
 router.register("gateways", GatewayViewSet, basename="gateway")
 router.register("pushes", PushViewSet, basename="push")
 router.register("drains", DrainViewSet, basename="drain")
+router.register("bench/traces", TraceViewSet, basename="bench-trace")
+router.register("bench/runs", RunViewSet, basename="bench-run")
+router.register("plans", PlanViewSet, basename="plan")
+router.register("evidence", EvidenceViewSet, basename="evidence")
+router.register("evidence-kinds", EvidenceKindViewSet, basename="evidence-kind")
+router.register("evidence-rules", EvidenceRuleViewSet, basename="evidence-rule")
 router.register("tokens", TokenViewSet, basename="token")
 router.register("service-tokens", ServiceTokenViewSet, basename="service-token")
 

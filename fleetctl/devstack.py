@@ -275,7 +275,7 @@ def _print_banner(host: str, port: int, password: str, sim_base_port: int,
 
     dashboard   {url}/
     API docs    {url}/api/docs/
-    login       admin / {password}      (also lead, oncall, viewer — same password)
+    login       admin / {password}      (also lead, lead2, oncall, viewer — same password)
     sim fleet   http://127.0.0.1:{sim_base_port + 1} … {sim_base_port + len(DEMO_SIM_POOLS)}
     gateway     {gateway}/v1  (Envoy; add -H 'x-fleetctl-residency: EU' for the EU route)
     logs        {VAR}/*.log

@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "fleetctl.fleet",
     "fleetctl.traffic",
     "migrations_plan",
+    "fleetctl.bench",
 ]
 
 MIDDLEWARE = [
@@ -169,6 +170,8 @@ TRAFFIC_LATENCY_CLASS_HEADER = os.environ.get(
 )
 TRAFFIC_RECONCILE_INTERVAL_S = env_int("TRAFFIC_RECONCILE_INTERVAL_S", 30)
 DRAIN_WATCH_TIMEOUT_S = env_int("DRAIN_WATCH_TIMEOUT_S", 900)
+# How often beat re-evaluates open plans' gates (voids approvals whose evidence moved).
+PLAN_REFRESH_INTERVAL_S = env_int("PLAN_REFRESH_INTERVAL_S", 60)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -5,7 +5,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 urlpatterns = [
     path("", include("fleetctl.fleet.urls")),
+    path("plans/", include("migrations_plan.urls")),
     path("traffic/", include("fleetctl.traffic.urls")),
+    path("bench/", include("fleetctl.bench.urls")),
     path("audit/", include("fleetctl.audit.urls")),
     path("account/", include("fleetctl.accounts.urls")),
     path("login/", auth_views.LoginView.as_view(), name="login"),

@@ -27,11 +27,10 @@ class NavItem:
 def _nav_items() -> list[NavItem]:
     return [
         NavItem("Fleet", reverse("fleet:overview"), section="fleet"),
-        # These sections are planned; showing them disabled tells people what is coming
-        # without linking to pages that do not exist yet.
-        NavItem("Plans", note="arrives with the Plans issue"),
+        NavItem("Plans", reverse("plans:board"), section="plans"),
         NavItem("Traffic", reverse("traffic:routes"), section="traffic"),
-        NavItem("Benchmarks", note="arrives with the Benchmarks issue"),
+        NavItem("Benchmarks", reverse("bench:home"), section="bench"),
+        # Planned sections show disabled: people see what is coming, with no dead link.
         NavItem("Shadow", note="arrives with the Shadow issue"),
         NavItem("Audit", reverse("audit:list"), section="audit"),
         NavItem("API docs", reverse("api-docs")),
@@ -54,5 +53,7 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
             "tokens_own": actor.can(roles.TOKENS_OWN),
             "ramp": actor.can(roles.RAMP),
             "drain": actor.can(roles.DRAIN),
+            "jobs": actor.can(roles.JOBS),
+            "approve": actor.can(roles.APPROVE),
         },
     }

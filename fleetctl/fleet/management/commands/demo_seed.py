@@ -35,8 +35,8 @@ POOLS: list[tuple[str, str, str, str, str, int, str, str, dict[str, str]]] = [
     ("gaudi3-in-west", "gaudi", "tgi-gaudi-2.3", "Gaudi 3", "in-west", 5, "18.40",
      "standard", {"driver": "1.20"}),
 ]
-PEOPLE = [("admin", "admin"), ("lead", "platform-lead"), ("oncall", "on-call"),
-          ("viewer", "viewer")]
+PEOPLE = [("admin", "admin"), ("lead", "platform-lead"), ("lead2", "platform-lead"),
+          ("oncall", "on-call"), ("viewer", "viewer")]
 
 
 class Command(BaseCommand):
@@ -74,8 +74,10 @@ class Command(BaseCommand):
                     weight_format="safetensors", max_context_tokens=32768,
                 )
         self._people(actor, options["password"])
+        self._trace(actor)
         if options["gateway_admin"]:
             self._traffic(actor, options["gateway_admin"], options["gateway_config_dir"])
+            self._plans()
         self.stdout.write(f"demo fleet: {Pool.objects.count()} pools in "
                           f"{Region.objects.count()} regions")
 
@@ -104,6 +106,62 @@ class Command(BaseCommand):
             # A new Envoy starts empty: push it the whole state again.
             traffic.gateway_update(actor=actor, gateway=gateway, admin_address=admin_url,
                                    options=options, routes=routes)
+
+    def _trace(self, actor: Actor) -> None:
+        """A synthetic chat trace to benchmark the demo pools with (Benchmarks → New run)."""
+        from fleetctl.bench import services as bench
+        from fleetctl.bench.models import Trace
+
+        if not Trace.objects.filter(name="demo-chat").exists():
+            bench.trace_generate(
+                actor=actor, name="demo-chat", n=2000, seed=1,
+                description="Synthetic chat: lognormal lengths, 4 shared system prompts, "
+                            "Poisson arrivals at 8/s.",
+                prompt_tokens={"kind": "lognormal", "median": 400, "sigma": 0.6, "lo": 32,
+                               "hi": 4000},
+                completion_tokens={"kind": "lognormal", "median": 120, "sigma": 0.5, "lo": 8,
+                                   "hi": 512},
+                arrival={"kind": "poisson", "rate": 8.0}, shared_prefix_groups=4,
+                shared_prefix_tokens=200)
+
+    def _plans(self) -> None:
+        """Two plans, both opened by `lead` so that `lead2` is the second platform lead:
+        MI300X in stage 2 (shadow) with a partly green gate, and the A100 in stage 1 with a
+        failing conformance result, which nobody can approve. Every step goes through the
+        services, so each plan's timeline shows it."""
+        from fleetctl.traffic.models import Route
+        from migrations_plan import services as plans
+        from migrations_plan.models import Plan
+
+        lead = Actor(user=User.objects.get(username="lead"))
+        lead2 = Actor(user=User.objects.get(username="lead2"))
+        route = Route.objects.get(name="llama-8b")
+        primary = Pool.objects.get(name="h200-us-east")
+        terms: dict[str, Any] = {"primary_pool": primary, "routes": [route],
+                                 "slo_ttft_p95_ms": 800, "slo_tpot_p95_ms": 60,
+                                 "slo_error_rate": 0.01}
+        if not Plan.objects.filter(name="mi300x-llama-8b").exists():
+            plan = plans.plan_create(
+                actor=lead, name="mi300x-llama-8b",
+                candidate_pool=Pool.objects.get(name="mi300x-us-east"), **terms,
+                notes="Move llama-8b interactive traffic from H200 to MI300X (demo).")
+            plans.approve(actor=lead2, plan=plan, justification=(
+                "Demo: the conformance probe and the benchmark that derives cost arrive with "
+                "later issues; routing is in place and the pool is new."))
+            plan = plans.advance(actor=lead2, plan=plan, reason="stage 1 signed off")
+            plans.check_add(actor=lead, plan=plan, stage=2, title="", rule="pool.healthy_for",
+                            params={"hours": 0.1})
+            plans.check_add(actor=lead, plan=plan, stage=2, title="",
+                            rule="routing.only_through_route")
+        if not Plan.objects.filter(name="a100-llama-8b").exists():
+            a100 = Pool.objects.get(name="a100-eu-central")
+            plan = plans.plan_create(actor=lead, name="a100-llama-8b", candidate_pool=a100,
+                                     **terms, notes="Previous-generation A100s for batch "
+                                                    "traffic (demo).")
+            plans.evidence_record(
+                actor=Actor.for_system("demo-seed"), pool=a100, kind="conformance",
+                verdict="fail", route=route,
+                summary="(demo data) 3 of 40 contract cases fail: logprobs, tool_choice")
 
     def _people(self, actor: Actor, password: str) -> None:
         roles_ensure_groups()

@@ -1,0 +1,14 @@
+from django.apps import AppConfig
+
+
+class BenchConfig(AppConfig):
+    """Benchmarks: traces, sweeps, SLO-qualified throughput and cost per 1M output tokens."""
+
+    name = "fleetctl.bench"
+    label = "bench"
+    verbose_name = "Benchmarks"
+
+    def ready(self) -> None:
+        from fleetctl.bench.rules import register
+
+        register()

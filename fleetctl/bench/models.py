@@ -1,0 +1,185 @@
+"""Benchmark records: traces, runs, levels and per-request samples. Rows, not logs: the
+dashboard, the API, exports and gate evidence all read these."""
+
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+from fleetctl.fleet.models import Pool, model_id_validator, slug_validator
+
+
+class Trace(models.Model):
+    """A request trace, stored normalised as fleetctl JSONL on disk (never in a row)."""
+
+    class Source(models.TextChoices):
+        FLEETCTL = "fleetctl", "fleetctl JSONL"
+        MOONCAKE = "mooncake", "Mooncake JSONL"
+        AZURE = "azure-csv", "Azure CSV"
+        SYNTHETIC = "synthetic", "synthetic"
+
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    description = models.TextField(blank=True)
+    source = models.CharField(max_length=10, choices=Source.choices)
+    path = models.CharField(max_length=300, editable=False)
+    sha256 = models.CharField(max_length=64, editable=False)
+    requests = models.PositiveIntegerField(editable=False)
+    duration_s = models.FloatField(editable=False)
+    summary = models.JSONField(default=dict, editable=False)
+    generator = models.JSONField(default=dict, blank=True, editable=False)
+    created_by = models.CharField(max_length=150, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["-created_at", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Run(models.Model):
+    """One benchmark job: a trace against one or more pools, levels interleaved across pools
+    so machine drift hits all of them alike."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "queued"
+        RUNNING = "running", "running"
+        COMPLETE = "complete", "complete"
+        PARTIAL = "partial", "partial (some levels failed to run)"
+        FAILED = "failed", "failed"
+        CANCELLED = "cancelled", "cancelled"
+
+    class Mode(models.TextChoices):
+        LEVELS = "levels", "fixed list of concurrency levels"
+        SEARCH = "search", "search for the highest concurrency that meets the SLO"
+
+    ACTIVE = (Status.QUEUED, Status.RUNNING)
+
+    name = models.CharField(max_length=100, blank=True)
+    trace = models.ForeignKey(Trace, on_delete=models.PROTECT, related_name="runs")
+    pools = models.ManyToManyField(Pool, related_name="bench_runs")
+    model_id = models.CharField(max_length=200, validators=[model_id_validator])
+    mode = models.CharField(max_length=6, choices=Mode.choices, default=Mode.SEARCH)
+    levels = models.JSONField(default=list, blank=True)
+    max_concurrency = models.PositiveIntegerField(
+        default=256, validators=[MinValueValidator(1), MaxValueValidator(4096)])
+    slo_ttft_p95_ms = models.FloatField(validators=[MinValueValidator(1),
+                                                    MaxValueValidator(600_000)])
+    slo_tpot_p95_ms = models.FloatField(validators=[MinValueValidator(0.1),
+                                                    MaxValueValidator(10_000)])
+    slo_error_rate = models.FloatField(validators=[MinValueValidator(0),
+                                                   MaxValueValidator(0.5)])
+    warmup_s = models.FloatField(default=2.0, validators=[MinValueValidator(0),
+                                                          MaxValueValidator(600)])
+    window_s = models.FloatField(default=10.0, validators=[MinValueValidator(0.5),
+                                                           MaxValueValidator(3600)])
+    min_samples = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
+    shards = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(64)],
+        help_text="Client processes (Celery tasks on the bench queue) a level is split over.")
+    lag_limit_ms = models.FloatField(
+        default=25.0, validators=[MinValueValidator(1), MaxValueValidator(10_000)],
+        help_text="A level whose client lagged more than this (p99) is invalid, not counted.")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    progress = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    created_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.name or f"run {self.pk}"
+
+
+class Level(models.Model):
+    """One pool at one concurrency: the summary of its steady-state window and its verdict."""
+
+    class Verdict(models.TextChoices):
+        PASS = "pass", "pass"
+        FAIL = "fail", "fail"
+        INSUFFICIENT = "insufficient", "insufficient samples"
+        INVALID = "invalid", "invalid (the client was the bottleneck)"
+        ERROR = "error", "could not run"
+        RUNNING = "running", "running"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="level_rows")
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="+")
+    concurrency = models.PositiveIntegerField()
+    attempt = models.PositiveSmallIntegerField(default=1)
+    verdict = models.CharField(max_length=12, choices=Verdict.choices, default=Verdict.RUNNING)
+    binding = models.CharField(max_length=40, blank=True)
+    summary = models.JSONField(default=dict, blank=True)
+    output_tokens_per_s = models.FloatField(null=True, blank=True)
+    ttft_p95_ms = models.FloatField(null=True, blank=True)
+    tpot_p95_ms = models.FloatField(null=True, blank=True)
+    error_rate = models.FloatField(null=True, blank=True)
+    cost_per_1m = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    note = models.TextField(blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "pool", "concurrency", "attempt"]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}/{self.pool_id}@{self.concurrency}"
+
+
+class ShardPart(models.Model):
+    """What one client process contributes to a level besides its samples: its window, the
+    tokens it saw in it, its CPU and loop lag — enough to merge rates exactly."""
+
+    level = models.ForeignKey(Level, on_delete=models.CASCADE, related_name="parts")
+    shard = models.PositiveSmallIntegerField()
+    concurrency = models.PositiveIntegerField()
+    window_s = models.FloatField(default=0)
+    window_tokens = models.FloatField(default=0)
+    measured_requests = models.PositiveIntegerField(default=0)
+    client_cpu_s = models.FloatField(default=0)
+    wall_s = models.FloatField(default=0)
+    loop_lag_s = models.JSONField(default=list)
+    error = models.TextField(blank=True)
+    worker = models.CharField(max_length=150, blank=True)
+    finished_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["level", "shard"],
+                                               name="one_part_per_shard")]
+
+    def __str__(self) -> str:
+        return f"{self.level_id} shard {self.shard}"
+
+
+class Sample(models.Model):
+    """One request as the client saw it (shard: which client process measured it)."""
+
+    level = models.ForeignKey(Level, on_delete=models.CASCADE, related_name="samples")
+    shard = models.PositiveSmallIntegerField(default=0)
+    index = models.PositiveIntegerField()
+    warmup = models.BooleanField(default=False)
+    scheduled_s = models.FloatField()
+    schedule_lag_s = models.FloatField()
+    ttft_s = models.FloatField(null=True)
+    tpot_s = models.FloatField(null=True)
+    e2e_s = models.FloatField(null=True)
+    itl_s = models.JSONField(default=list)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    window_tokens = models.FloatField(default=0)
+    tokens_source = models.CharField(max_length=6, default="usage")
+    status = models.CharField(max_length=8)
+    http_status = models.PositiveSmallIntegerField(null=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["level", "shard", "index"]
+        indexes = [models.Index(fields=["level", "shard"])]
+
+    def __str__(self) -> str:
+        return f"{self.level_id}#{self.shard}.{self.index}"

@@ -1,0 +1,614 @@
+"""The benchmark runner: replays a trace against one OpenAI-compatible endpoint, streaming.
+
+Pure asyncio + aiohttp (no Django): a Celery task, the CLI, a test or a benchmark script can
+all call `run_level`. One call = one load level; it returns every request's raw timings, which
+`fleetctl.bench.stats` turns into percentiles and a verdict.
+
+Two ways to load the endpoint:
+
+- **fixed concurrency** (`concurrency=N`): N workers, each sends the next request of the trace
+  as soon as its previous one finished (closed loop). The trace is looped if it runs out.
+- **trace timing** (`speed=S`): open loop, request i is sent at `arrival_s[i] / S` seconds after
+  the level started, whatever the server is doing. Sends are scheduled on absolute deadlines;
+  how late each one went out is its *schedule lag*. In-flight requests are capped by
+  `LevelPlan.max_in_flight`; a send that waits for that cap shows as lag, not hidden in TTFT.
+
+A level = warm-up (results kept but flagged `warmup=True` and left out of the statistics),
+then a steady-state window that ends once `window_s` has elapsed *and* `min_samples` requests
+started inside it have finished (or at `max_duration_s`). Then no new request is sent and the
+ones in flight are awaited (up to `drain_timeout_s`); they still count, because dropping them
+would favour short requests.
+
+**Clock**: `time.perf_counter()` (CLOCK_MONOTONIC on Linux, the simulator's clock too). Every
+time in a result is seconds relative to the level's start.
+
+**Metrics per request** (published definitions):
+
+- TTFT: send → arrival of the first *content-bearing* chunk (non-empty `delta.content`,
+  `reasoning_content`, `tool_calls`, or `text` for completions). A role-only first chunk does
+  not count.
+- E2E: send → end of the stream (`data: [DONE]` or the connection closing after a finish).
+- TPOT: (E2E − TTFT) / (N − 1), N = output tokens; None when N ≤ 1.
+- ITL: the gaps between consecutive content-bearing chunk arrivals (a server that packs several
+  tokens in one chunk gives fewer, longer gaps; TPOT is the per-token figure).
+- Tokens: from the server's `usage` (requested with `stream_options.include_usage`). When a
+  server sends no usage, output tokens = content-bearing chunks and input tokens = the trace's
+  prompt_tokens, and the result says `tokens_source="chunks"`.
+
+Requests ask for `max_tokens = completion_tokens` with `ignore_eos: true` (vLLM's extension,
+honoured by vLLM, SGLang and `fleetctl sim`) so the trace's output length is what is generated.
+A server that ignores it may stop early at its natural end; the observed token count is what
+is recorded and counted, never the requested one. `Endpoint(ignore_eos=False)` leaves it out for
+servers that reject unknown fields.
+
+**Synthetic prompts** (a trace row without prompt text or messages): `prompt_tokens` words
+drawn from `WORDS`, common lower-case English words that are one token each in the simulator
+(`\\w+`) and in the Llama-3 / GPT BPE vocabularies, joined by spaces; so the prompt is about
+`prompt_tokens` tokens, plus what the server's chat template adds (the simulator: 11 for chat,
+1 for completions; real templates: 5–40). The words are drawn from a seed per request, so
+requests do not share a prefix by accident (prefix caching would flatter the server); rows of
+one `prefix_group` share their first `prefix_tokens` words. The usage figures, when given, are
+what is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import json
+import random
+import time
+import zlib
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import aiohttp
+
+from .stats import LevelSamples
+
+Status = Literal["ok", "error", "timeout"]
+TokensSource = Literal["usage", "chunks"]
+
+# One token each in the simulator's tokenizer and (with a leading space) in common BPE vocabularies.
+WORDS: tuple[str, ...] = (
+    "the", "of", "and", "to", "in", "is", "was", "for", "on", "as", "with", "by", "at", "from",
+    "his", "her", "they", "this", "that", "have", "had", "are", "not", "but", "what", "all",
+    "were", "when", "we", "there", "can", "been", "one", "would", "will", "more", "if", "no",
+    "out", "so", "said", "time", "people", "year", "way", "day", "man", "thing", "woman", "life",
+    "child", "world", "school", "state", "family", "group", "country", "problem", "hand", "part",
+    "place", "case", "week", "company", "system", "program", "question", "work", "government",
+    "number", "night", "point", "home", "water", "room", "mother", "area", "money", "story",
+    "fact", "month", "lot", "right", "study", "book", "eye", "job", "word", "business", "issue",
+    "side", "kind", "head", "house", "service", "friend", "father", "power", "hour", "game",
+    "line", "end", "member", "law", "car", "city", "community", "name", "president", "team",
+    "minute", "idea", "body", "information", "back", "parent", "face", "others", "level", "office",
+    "door", "health", "person", "art", "war", "history", "party", "result", "change", "morning",
+    "reason", "research", "girl", "guy", "moment", "air", "teacher", "force", "education"
+)
+LOOP_PROBE_INTERVAL_S = 0.005
+_ERROR_BODY_LIMIT = 2000
+
+
+class TraceRequestLike(Protocol):
+    """What the runner reads from a trace row (`fleetctl.bench.traces.TraceRequest`)."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def arrival_s(self) -> float: ...
+    @property
+    def prompt(self) -> str | None: ...
+    @property
+    def messages(self) -> Sequence[Mapping[str, Any]] | None: ...
+    @property
+    def prefix_group(self) -> str | None: ...
+    @property
+    def prefix_tokens(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One OpenAI-compatible endpoint: `base_url` without `/v1` (e.g. http://host:8000)."""
+
+    base_url: str
+    model: str
+    api: Literal["chat", "completions"] = "chat"
+    api_key: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    ignore_eos: bool = True
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        path = "chat/completions" if self.api == "chat" else "completions"
+        return f"{self.base_url.rstrip('/')}/v1/{path}"
+
+
+@dataclass(frozen=True, slots=True)
+class LevelPlan:
+    warmup_s: float = 5.0
+    window_s: float = 30.0
+    min_samples: int = 50
+    max_duration_s: float = 300.0
+    request_timeout_s: float = 300.0
+    connect_timeout_s: float = 10.0
+    drain_timeout_s: float | None = None  # default: request_timeout_s
+    max_in_flight: int = 1024  # trace timing only: cap on open requests (and connections)
+
+
+@dataclass(slots=True)
+class RequestResult:
+    index: int  # row of the trace
+    seq: int  # n-th request sent in this level
+    request_id: str
+    scheduled_at: float
+    started_at: float
+    first_token_at: float | None
+    finished_at: float
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float
+    chunk_times: array[float]  # arrival of each content-bearing chunk
+    input_tokens: int | None
+    output_tokens: int
+    tokens_source: TokensSource
+    status: Status
+    http_status: int | None
+    error: str | None
+    schedule_lag_s: float
+    warmup: bool = False
+    window_tokens: float = 0.0  # output tokens that arrived inside the level's window
+
+    @property
+    def itl_s(self) -> list[float]:
+        times = self.chunk_times
+        return [times[i] - times[i - 1] for i in range(1, len(times))]
+
+
+@dataclass(slots=True)
+class LevelResult:
+    mode: Literal["concurrency", "trace"]
+    concurrency: int | None
+    speed: float | None
+    results: list[RequestResult]
+    window_start_s: float
+    window_end_s: float
+    wall_s: float
+    client_cpu_s: float
+    loop_lag_s: array[float]
+    stopped_by: Literal["window", "max_duration"]
+    origin: float = 0.0  # time.perf_counter() at the level's start: result times are after it
+
+    @property
+    def window_s(self) -> float:
+        return self.window_end_s - self.window_start_s
+
+    @property
+    def client_cpu_share(self) -> float:
+        return self.client_cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def samples(self) -> LevelSamples:
+        return LevelSamples.of(self.results, window_s=self.window_s,
+                               client_cpu_s=self.client_cpu_s, wall_s=self.wall_s,
+                               loop_lag_s=self.loop_lag_s)
+
+
+# ---- prompts and request bodies -------------------------------------------------------------
+
+
+class PromptMaker:
+    """Request bodies: the row's messages or prompt, else a synthetic prompt (see module doc)."""
+
+    def __init__(self, endpoint: Endpoint, seed: int = 0) -> None:
+        self.endpoint = endpoint
+        self.seed = seed
+        self._prefixes: dict[str, list[str]] = {}
+
+    def body(self, row: TraceRequestLike, seq: int) -> bytes:
+        ep = self.endpoint
+        body: dict[str, Any] = {"model": ep.model}
+        if ep.api == "chat":
+            body["messages"] = list(row.messages) if row.messages else [
+                {"role": "user", "content": self.text(row, seq)}]
+        else:
+            body["prompt"] = self.text(row, seq)
+        body.update(max_tokens=row.completion_tokens, stream=True,
+                    stream_options={"include_usage": True}, temperature=0)
+        if ep.ignore_eos:
+            body["ignore_eos"] = True
+        body.update(ep.extra_body)
+        return json.dumps(body).encode()
+
+    def text(self, row: TraceRequestLike, seq: int) -> str:
+        if row.prompt is not None:
+            return row.prompt
+        if row.messages:  # completions endpoint given a chat row: plain concatenation
+            return "\n".join(str(m.get("content", "")) for m in row.messages)
+        n = max(1, row.prompt_tokens)
+        shared = self._prefix(row.prefix_group, min(row.prefix_tokens, n))
+        rng = random.Random(self.seed * 1_000_003 + seq)
+        return " ".join(shared + rng.choices(WORDS, k=n - len(shared)))
+
+    def _prefix(self, group: str | None, tokens: int) -> list[str]:
+        if group is None or tokens <= 0:
+            return []
+        words = self._prefixes.get(group)
+        if words is None or len(words) < tokens:
+            rng = random.Random(zlib.crc32(group.encode()) ^ self.seed)
+            words = self._prefixes[group] = rng.choices(WORDS, k=max(tokens, 64))
+        return words[:tokens]
+
+
+# ---- one streamed request ---------------------------------------------------------------------
+
+
+class _Stream:
+    """Parse state of one SSE response. Per network read: one split; per `data:` line: one
+    json.loads and a few dict lookups. Times are recorded per read, not per line."""
+
+    __slots__ = ("buffer", "chunks", "done", "done_at", "error", "finished", "t0", "usage_in",
+                 "usage_out")
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.buffer = b""
+        self.chunks: array[float] = array("d")
+        self.done = False
+        self.done_at: float | None = None
+        self.finished = False
+        self.error: str | None = None
+        self.usage_in: int | None = None
+        self.usage_out: int | None = None
+
+    def feed(self, block: bytes, now: float) -> None:
+        lines = (self.buffer + block).split(b"\n")
+        self.buffer = lines.pop()
+        for line in lines:
+            if line.startswith(b"data:"):
+                self._event(line[5:].strip(), now)
+
+    def _event(self, payload: bytes, now: float) -> None:
+        if payload == b"[DONE]":
+            self.done = True
+            self.done_at = now - self.t0
+            return
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            self.error = f"malformed stream event: {payload[:200]!r}"
+            return
+        if not isinstance(event, dict):
+            return
+        choices = event.get("choices")
+        if choices:
+            choice = choices[0]
+            delta = choice.get("delta")
+            if delta is None:
+                content: Any = choice.get("text")
+            else:
+                content = (delta.get("content") or delta.get("reasoning_content")
+                           or delta.get("reasoning") or delta.get("tool_calls"))
+            if content:
+                self.chunks.append(now - self.t0)
+            if choice.get("finish_reason"):
+                self.finished = True
+        usage = event.get("usage")
+        if usage:
+            self.usage_in = usage.get("prompt_tokens")
+            self.usage_out = usage.get("completion_tokens")
+        if "error" in event:
+            self.error = _error_text(event["error"], where="in stream")
+
+
+def _error_text(error: Any, *, where: str) -> str:
+    if isinstance(error, dict):
+        return f"{where}: {error.get('message') or error}"
+    return f"{where}: {error}"
+
+
+def _http_error(status: int, body: bytes) -> str:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict | str):
+        error = parsed["error"]
+        message = error.get("message", error) if isinstance(error, dict) else error
+    elif isinstance(parsed, dict) and "message" in parsed:
+        message = parsed["message"]
+    else:
+        message = body[:300].decode(errors="replace").strip() or "(empty body)"
+    return f"HTTP {status}: {message}"
+
+
+class _Client:
+    """One level's HTTP session and request bookkeeping."""
+
+    def __init__(self, endpoint: Endpoint, plan: LevelPlan, session: aiohttp.ClientSession,
+                 t0: float, prefix: str) -> None:
+        self.endpoint = endpoint
+        self.plan = plan
+        self.session = session
+        self.t0 = t0
+        self.prefix = prefix
+        self.prompts = PromptMaker(endpoint, seed=zlib.crc32(prefix.encode()))
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
+                        **endpoint.headers}
+        if endpoint.api_key:
+            self.headers["Authorization"] = f"Bearer {endpoint.api_key}"
+
+    async def send(self, row: TraceRequestLike, index: int, seq: int,
+                   scheduled_at: float) -> RequestResult:
+        body = self.prompts.body(row, seq)
+        request_id = f"{self.prefix}-{seq}"
+        headers = {**self.headers, "x-request-id": request_id}
+        state = _Stream(self.t0)
+        http_status: int | None = None
+        status: Status = "ok"
+        error: str | None = None
+        started = time.perf_counter() - self.t0
+        try:
+            async with self.session.post(self.endpoint.url, data=body, headers=headers) as resp:
+                http_status = resp.status
+                error = await self._read(resp, state)
+        except TimeoutError:
+            status, error = "timeout", f"timed out after {self.plan.request_timeout_s:g} s"
+        except aiohttp.ClientConnectorError as exc:
+            error = (f"cannot connect to {exc.host}:{exc.port} ({exc.os_error.strerror or exc}):"
+                     " the pool is down or unreachable")
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
+                aiohttp.ClientOSError) as exc:
+            error = (f"connection dropped mid-stream after {len(state.chunks)} content chunks:"
+                     f" {exc.__class__.__name__}: {exc}")
+        except aiohttp.ClientError as exc:
+            error = f"{exc.__class__.__name__}: {exc}"
+        finished = time.perf_counter() - self.t0
+        if state.done_at is not None:
+            finished = state.done_at
+        if error is not None and status == "ok":
+            status = "error"
+        return _result(row, index, seq, request_id, scheduled_at, started, finished, state,
+                       status, http_status, error)
+
+    async def _read(self, resp: aiohttp.ClientResponse, state: _Stream) -> str | None:
+        if resp.status >= 400:
+            return _http_error(resp.status, await resp.content.read(_ERROR_BODY_LIMIT))
+        content_type = resp.headers.get("Content-Type", "")
+        if "text/event-stream" not in content_type:
+            await resp.read()
+            return f"endpoint did not stream (HTTP {resp.status}, Content-Type: {content_type!r})"
+        # Read to the end of the body even after [DONE]: a connection left with unread bytes
+        # is closed instead of kept alive, and the next request would pay for a new one.
+        async for block in resp.content.iter_any():
+            state.feed(block, time.perf_counter())
+            if state.error:
+                break
+        if state.error:
+            return state.error
+        if not state.done and not state.finished:
+            return (f"stream ended before completion after {len(state.chunks)} content chunks"
+                    " (no finish_reason, no [DONE])")
+        return None
+
+
+def _result(row: TraceRequestLike, index: int, seq: int, request_id: str, scheduled_at: float,
+            started: float, finished: float, state: _Stream, status: Status,
+            http_status: int | None, error: str | None) -> RequestResult:
+    chunks = state.chunks
+    if state.usage_out is not None:
+        source: TokensSource = "usage"
+        n_out, n_in = int(state.usage_out), state.usage_in
+    else:
+        source, n_out, n_in = "chunks", len(chunks), row.prompt_tokens
+    first = chunks[0] if chunks else None
+    e2e = finished - started
+    ttft = None if first is None else first - started
+    tpot = None if ttft is None or n_out <= 1 else (e2e - ttft) / (n_out - 1)
+    return RequestResult(
+        index=index, seq=seq, request_id=request_id, scheduled_at=scheduled_at,
+        started_at=started, first_token_at=first, finished_at=finished, ttft_s=ttft,
+        tpot_s=tpot, e2e_s=e2e, chunk_times=chunks, input_tokens=n_in, output_tokens=n_out,
+        tokens_source=source, status=status, http_status=http_status, error=error,
+        schedule_lag_s=started - scheduled_at,
+    )
+
+
+# ---- a level ------------------------------------------------------------------------------------
+
+
+class _Level:
+    """Shared state of one level: when to stop, what has finished, the loop-lag probe."""
+
+    def __init__(self, plan: LevelPlan, t0: float,
+                 on_result: Callable[[RequestResult], None] | None) -> None:
+        self.plan = plan
+        self.t0 = t0
+        self.warm_end = plan.warmup_s
+        self.results: list[RequestResult] = []
+        self.measured_done = 0
+        self.enough = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.stop_at: float | None = None
+        self.loop_lag: array[float] = array("d")
+        self.on_result = on_result
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def record(self, result: RequestResult) -> None:
+        result.warmup = result.started_at < self.warm_end
+        self.results.append(result)
+        if not result.warmup:
+            self.measured_done += 1
+            if self.measured_done >= self.plan.min_samples:
+                self.enough.set()
+        if self.on_result is not None:
+            self.on_result(result)
+
+    async def control(self) -> Literal["window", "max_duration"]:
+        """Wait until window elapsed and min samples done (or max duration), then stop sends."""
+        plan = self.plan
+        stopped_by: Literal["window", "max_duration"] = "window"
+        window_end = plan.warmup_s + plan.window_s
+        await asyncio.sleep(max(0.0, min(window_end, plan.max_duration_s) - self.now()))
+        try:
+            await asyncio.wait_for(self.enough.wait(),
+                                   timeout=max(0.0, plan.max_duration_s - self.now()))
+        except TimeoutError:
+            stopped_by = "max_duration"
+        if self.now() < window_end:  # max duration shorter than warm-up + window
+            stopped_by = "max_duration"
+        self.stop_at = self.now()
+        self.stopping.set()
+        return stopped_by
+
+    async def probe(self) -> None:
+        """Event-loop lateness every few ms: a busy client shows here before it skews TTFT."""
+        deadline = time.perf_counter()
+        while not self.stopping.is_set():
+            deadline += LOOP_PROBE_INTERVAL_S
+            await asyncio.sleep(max(0.0, deadline - time.perf_counter()))
+            now = time.perf_counter()
+            late = now - deadline
+            if now - self.t0 >= self.warm_end:  # the steady state only: not the opening burst
+                self.loop_lag.append(late)
+            if late > LOOP_PROBE_INTERVAL_S:  # don't pile up missed ticks
+                deadline = time.perf_counter()
+
+
+async def run_level(
+    endpoint: Endpoint,
+    trace: Sequence[TraceRequestLike],
+    plan: LevelPlan,
+    *,
+    concurrency: int | None = None,
+    speed: float | None = None,
+    request_id_prefix: str | None = None,
+    on_result: Callable[[RequestResult], None] | None = None,
+) -> LevelResult:
+    """Run one level: give exactly one of `concurrency` (closed loop) or `speed` (trace timing).
+
+    `on_result` is called in the event loop for every finished request (progress reporting;
+    keep it cheap)."""
+    if not trace:
+        raise ValueError("the trace is empty")
+    if (concurrency is None) == (speed is None):
+        raise ValueError("give exactly one of concurrency or speed")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
+    if speed is not None and speed <= 0:
+        raise ValueError("speed must be > 0")
+    limit = concurrency if concurrency is not None else plan.max_in_flight
+    prefix = request_id_prefix or f"bench-{random.getrandbits(32):08x}"
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=60,
+                                     ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(total=plan.request_timeout_s,
+                                    sock_connect=plan.connect_timeout_s)
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    level = _Level(plan, t0, on_result)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                     auto_decompress=False) as session:
+        client = _Client(endpoint, plan, session, t0, prefix)
+        probe = asyncio.create_task(level.probe())
+        if concurrency is not None:
+            stopped_by = await _closed_loop(level, client, trace, concurrency)
+        else:
+            assert speed is not None
+            stopped_by = await _open_loop(level, client, trace, speed)
+        await probe
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    window_end = level.stop_at if level.stop_at is not None else wall
+    _count_window_tokens(level.results, plan.warmup_s, window_end)
+    level.results.sort(key=lambda r: r.seq)
+    return LevelResult(
+        mode="concurrency" if concurrency is not None else "trace", concurrency=concurrency,
+        speed=speed, results=level.results, window_start_s=min(plan.warmup_s, window_end),
+        window_end_s=window_end, wall_s=wall, client_cpu_s=cpu, loop_lag_s=level.loop_lag,
+        stopped_by=stopped_by, origin=t0,
+    )
+
+
+async def _closed_loop(level: _Level, client: _Client, trace: Sequence[TraceRequestLike],
+                       concurrency: int) -> Literal["window", "max_duration"]:
+    counter = iter(range(1 << 62))
+
+    async def worker() -> None:
+        while not level.stopping.is_set():
+            seq = next(counter)
+            index = seq % len(trace)
+            ready = level.now()  # the worker wanted to send now; lag = how long until it did
+            level.record(await client.send(trace[index], index, seq, ready))
+
+    workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    stopped_by = await level.control()
+    await _drain(workers, level.plan)
+    return stopped_by
+
+
+async def _open_loop(level: _Level, client: _Client, trace: Sequence[TraceRequestLike],
+                     speed: float) -> Literal["window", "max_duration"]:
+    order = sorted(range(len(trace)), key=lambda i: trace[i].arrival_s)
+    first = trace[order[0]].arrival_s
+    span = trace[order[-1]].arrival_s - first
+    period = span + span / (len(order) - 1) if len(order) > 1 and span > 0 else 1.0
+    slots = asyncio.Semaphore(level.plan.max_in_flight)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(index: int, seq: int, scheduled: float) -> None:
+        try:
+            level.record(await client.send(trace[index], index, seq, scheduled))
+        finally:
+            slots.release()
+
+    async def dispatch() -> None:
+        for seq in range(1 << 62):
+            loop_n, pos = divmod(seq, len(order))
+            index = order[pos]
+            scheduled = (trace[index].arrival_s - first + loop_n * period) / speed
+            delay = scheduled - level.now()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(level.stopping.wait(), timeout=delay)
+            if level.stopping.is_set():
+                return
+            await slots.acquire()
+            task = asyncio.create_task(one(index, seq, scheduled))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    dispatcher = asyncio.create_task(dispatch())
+    stopped_by = await level.control()
+    await dispatcher
+    await _drain(list(tasks), level.plan)
+    return stopped_by
+
+
+async def _drain(tasks: Sequence[asyncio.Task[None]], plan: LevelPlan) -> None:
+    """Let in-flight requests finish; past the drain timeout cancel them (recorded nowhere:
+    they never finished, and the level says how it stopped)."""
+    if not tasks:
+        return
+    timeout = plan.drain_timeout_s if plan.drain_timeout_s is not None else plan.request_timeout_s
+    _done, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _count_window_tokens(results: Sequence[RequestResult], start: float, end: float) -> None:
+    """Tokens whose chunk arrived inside [start, end]: the steady-state throughput's numerator.
+    With usage, each chunk is worth output_tokens / chunks (servers may pack tokens)."""
+    for result in results:
+        times = result.chunk_times  # ascending
+        if not times or end <= start:
+            continue
+        inside = bisect.bisect_right(times, end) - bisect.bisect_left(times, start)
+        result.window_tokens = inside * result.output_tokens / len(times)

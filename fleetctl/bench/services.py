@@ -1,0 +1,612 @@
+"""Writes for benchmarks: store traces, start runs, execute them, record what they found.
+
+A run replays one trace against one or more pools. Each pool's concurrency levels are
+measured in turn with the other pools' (an asyncio lock hands the client out in FIFO order),
+so machine drift hits every pool alike. A level split over several client processes
+(`shards`) runs shard 0 in the coordinating task and the others as `bench.shard` tasks on the
+`bench` queue — on any machine with a worker for that queue — all starting at one wall-clock
+instant; their raw samples are merged exactly (never percentiles of percentiles).
+
+When a run ends, each pool's highest SLO-passing level gives its cost per 1M output tokens
+(hourly rate / tokens per second × 1e6 / 3600), which becomes the pool's derived cost field,
+and an `Evidence` row of kind "benchmark" for migration plans' gates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import IO, Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from fleetctl.accounts import roles
+from fleetctl.accounts.actor import Actor
+from fleetctl.audit.services import audit_record
+from fleetctl.bench import runner, stats, sweep, traces
+from fleetctl.bench.models import Level, Run, Sample, ShardPart, Trace
+from fleetctl.core.errors import ConflictError
+from fleetctl.fleet.models import Pool, PoolModel
+
+log = logging.getLogger("fleetctl.bench")
+MAX_TRACE_REQUESTS_IN_MEMORY = 1_000_000
+HEARTBEAT_STALE_S = 120
+QUEUED_STALE_S = 900
+RESERVED_TRACE_NAMES = frozenset({"generate", "upload", "new"})
+
+
+# --- traces -----------------------------------------------------------------------------------
+
+def _trace_dir() -> Path:
+    folder = Path(settings.DATA_DIR) / "traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _store(*, actor: Actor, name: str, description: str, source: str,
+           requests: Iterable[traces.TraceRequest], generator: dict[str, Any] | None = None
+           ) -> Trace:
+    """Stream the requests into a normalised fleetctl JSONL file (hashing and summarising on
+    the way), then record it. Nothing is kept if any line is bad."""
+    trace = Trace(name=name, description=description, source=source, path="-", sha256="-",
+                  requests=0, duration_s=0, created_by=actor.label, generator=generator or {})
+    trace.full_clean(exclude=["path", "sha256"])
+    if name in RESERVED_TRACE_NAMES:
+        raise ValidationError({"name": [f"{name!r} is reserved (a dashboard path); choose "
+                                        f"another name."]})
+    if Trace.objects.filter(name=name).exists():
+        raise ValidationError({"name": [f"A trace named {name!r} exists; choose another name."]})
+    folder = _trace_dir()
+    summariser = traces.TraceSummariser()
+    handle, tmp = tempfile.mkstemp(dir=folder, suffix=".part")
+    digest = hashlib.sha256()
+
+    class _Hashing:
+        def __init__(self, raw: IO[bytes]) -> None:
+            self.raw = raw
+
+        def write(self, data: str | bytes) -> int:
+            chunk = data.encode() if isinstance(data, str) else data
+            digest.update(chunk)
+            return self.raw.write(chunk)
+
+    def counted() -> Iterator[traces.TraceRequest]:
+        for request in requests:
+            summariser.add(request)
+            yield request
+
+    try:
+        with os.fdopen(handle, "wb") as raw:
+            traces.write_jsonl(counted(), _Hashing(raw))  # type: ignore[arg-type]
+        summary = summariser.result()
+        if summary.request_count == 0:
+            raise traces.TraceError([(0, "the trace has no requests")])
+        final = folder / f"{digest.hexdigest()}.jsonl"
+        os.replace(tmp, final)
+    except traces.TraceError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise ValidationError({"file": _trace_errors(exc)}) from exc
+    except (TypeError, ValueError) as exc:  # a generator refusing its parameters
+        Path(tmp).unlink(missing_ok=True)
+        raise ValidationError({"generator": [str(exc)]}) from exc
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    trace.path = final.name
+    trace.sha256 = digest.hexdigest()
+    trace.requests = summary.request_count
+    trace.duration_s = summary.duration_s
+    trace.summary = _dataclass_dict(summary)
+    with transaction.atomic():
+        trace.save()
+        audit_record(actor=actor, action="trace.create", target=trace,
+                     after={"source": source, "requests": trace.requests,
+                            "sha256": trace.sha256})
+    return trace
+
+
+def _dataclass_dict(obj: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(obj)
+
+
+def trace_upload(*, actor: Actor, name: str, fileobj: IO[bytes], description: str = "",
+                 source: str = "auto") -> Trace:
+    """Validate and store an uploaded trace (fleetctl JSONL, Mooncake JSONL or Azure CSV,
+    detected from the first line unless `source` says), streamed line by line; every error
+    names its line and nothing is kept."""
+    actor.require(roles.JOBS, action="trace.create", target="bench.trace")
+    if source != "auto" and source not in traces.PARSERS:
+        raise ValidationError({"source": [f"Unknown trace format {source!r}; formats: "
+                                          f"{', '.join(traces.PARSERS)} (or auto)."]})
+    try:
+        stream = traces.parse_trace(fileobj, trace_format=None if source == "auto"
+                                    else source)  # type: ignore[arg-type]
+    except traces.TraceError as exc:
+        raise ValidationError({"file": _trace_errors(exc)}) from exc
+    return _store(actor=actor, name=name, description=description,
+                  source=stream.format,
+                  requests=stream)
+
+
+def _trace_errors(exc: traces.TraceError) -> list[str]:
+    return [f"line {line}: {message}" if line else message for line, message in exc.errors]
+
+
+def _dist(spec: Any, what: str) -> traces.Dist:
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        return traces.Dist.constant(spec)
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise ValueError(f"{what}: give a number or {{\"kind\": \"constant|uniform|lognormal|"
+                         f"empirical\", …}}")
+    params = {k: v for k, v in spec.items() if k != "kind"}
+    maker = {"constant": traces.Dist.constant, "uniform": traces.Dist.uniform,
+             "lognormal": traces.Dist.lognormal, "empirical": traces.Dist.empirical}.get(
+        spec["kind"])
+    if maker is None:
+        raise ValueError(f"{what}: unknown kind {spec['kind']!r}")
+    return maker(**params)  # type: ignore[operator]
+
+
+def _arrival(spec: Any) -> traces.Arrival:
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise ValueError('arrival: give {"kind": "constant|poisson|bursty|on_off", …}')
+    params = {k: v for k, v in spec.items() if k != "kind"}
+    maker = {"constant": traces.Arrival.constant, "poisson": traces.Arrival.poisson,
+             "bursty": traces.Arrival.bursty, "on_off": traces.Arrival.on_off}.get(spec["kind"])
+    if maker is None:
+        raise ValueError(f"arrival: unknown kind {spec['kind']!r}")
+    return maker(**params)  # type: ignore[operator]
+
+
+def trace_generate(*, actor: Actor, name: str, description: str = "", n: int = 1000,
+                   seed: int = 0, prompt_tokens: Any = 512, completion_tokens: Any = 128,
+                   arrival: Any = None, shared_prefix_groups: int = 0,
+                   shared_prefix_tokens: int = 0, latency_class: str | None = None) -> Trace:
+    """A synthetic trace: token-length distributions, shared system prompts, Poisson,
+    bursty or on/off arrivals (TRACES.md)."""
+    actor.require(roles.JOBS, action="trace.create", target="bench.trace")
+    spec = {"n": n, "seed": seed, "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "arrival": arrival or {"kind": "poisson", "rate": 10.0},
+            "shared_prefix_groups": shared_prefix_groups,
+            "shared_prefix_tokens": shared_prefix_tokens, "latency_class": latency_class}
+    try:
+        requests = traces.generate(
+            n=n, seed=seed, prompt_tokens=_dist(prompt_tokens, "prompt_tokens"),
+            completion_tokens=_dist(completion_tokens, "completion_tokens"),
+            arrival=_arrival(spec["arrival"]), shared_prefix_groups=shared_prefix_groups,
+            shared_prefix_tokens=shared_prefix_tokens, latency_class=latency_class)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError({"generator": [str(exc)]}) from exc
+    return _store(actor=actor, name=name, description=description, source="synthetic",
+                  requests=requests, generator=spec)
+
+
+def trace_requests(trace: Trace) -> list[traces.TraceRequest]:
+    path = _trace_dir() / trace.path
+    if not path.exists():
+        raise ConflictError(f"The file of trace {trace.name} is missing on this machine "
+                            f"({trace.path}); upload it again.")
+    with path.open("rb") as fp:
+        return list(traces.parse_jsonl(fp, max_requests=MAX_TRACE_REQUESTS_IN_MEMORY))
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+RUN_FIELDS = ["name", "trace", "model_id", "mode", "levels", "max_concurrency",
+              "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "warmup_s", "window_s",
+              "min_samples", "shards", "lag_limit_ms"]
+
+
+def run_create(*, actor: Actor, trace: Trace, pools: list[Pool], model_id: str,
+               slo_ttft_p95_ms: float, slo_tpot_p95_ms: float, slo_error_rate: float,
+               mode: str = Run.Mode.SEARCH, levels: list[int] | None = None,
+               max_concurrency: int = 256, warmup_s: float = 2.0, window_s: float = 10.0,
+               min_samples: int = 30, shards: int = 1, lag_limit_ms: float = 25.0,
+               name: str = "") -> Run:
+    actor.require(roles.JOBS, action="bench.run.create", target="bench.run")
+    if not pools:
+        raise ValidationError({"pools": ["Name at least one pool."]})
+    serving = set(PoolModel.objects.filter(pool__in=pools, model_id=model_id)
+                  .values_list("pool__name", flat=True))
+    missing = sorted(p.name for p in pools if p.name not in serving)
+    if missing:
+        raise ValidationError({"pools": [f"{', '.join(missing)} do(es) not serve {model_id}."]})
+    levels = list(levels or [])
+    if mode == Run.Mode.LEVELS:
+        if not levels or any(not isinstance(c, int) or isinstance(c, bool) or c < 1
+                             for c in levels):
+            raise ValidationError({"levels": ["Give concurrency levels as positive integers, "
+                                              "e.g. [1, 4, 16, 64]."]})
+        if max(levels) > max_concurrency:
+            raise ValidationError({"levels": [f"Levels go up to max_concurrency "
+                                              f"({max_concurrency})."]})
+    run = Run(name=name, trace=trace, model_id=model_id, mode=mode, levels=sorted(set(levels)),
+              max_concurrency=max_concurrency, slo_ttft_p95_ms=slo_ttft_p95_ms,
+              slo_tpot_p95_ms=slo_tpot_p95_ms, slo_error_rate=slo_error_rate,
+              warmup_s=warmup_s, window_s=window_s, min_samples=min_samples, shards=shards,
+              lag_limit_ms=lag_limit_ms, created_by=actor.label)
+    run.full_clean()
+    with transaction.atomic():
+        run.save()
+        run.pools.set(pools)
+        audit_record(actor=actor, action="bench.run.create", target=run,
+                     after={"trace": trace.name, "pools": [p.name for p in pools],
+                            "mode": mode, "levels": run.levels})
+        from fleetctl.bench.tasks import run_execute as task
+
+        transaction.on_commit(lambda: task.delay(run.pk))
+    return run
+
+
+def run_cancel(*, actor: Actor, run: Run) -> Run:
+    actor.require(roles.JOBS, action="bench.run.cancel", target=run)
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.status not in Run.ACTIVE:
+            raise ConflictError(f"Run {locked.pk} is {locked.status}; only a queued or "
+                                f"running run can be cancelled.")
+        locked.status = Run.Status.CANCELLED
+        locked.finished_at = timezone.now()
+        locked.error = f"cancelled by {actor.label}"
+        locked.save(update_fields=["status", "finished_at", "error"])
+        audit_record(actor=actor, action="bench.run.cancel", target=locked)
+    return locked
+
+
+# --- execution --------------------------------------------------------------------------------
+
+@dataclass
+class _Row:
+    """A Sample row as stats.py reads it."""
+
+    status: str
+    warmup: bool
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float
+    itl_s: list[float]
+    output_tokens: int
+    window_tokens: float
+    schedule_lag_s: float
+    tokens_source: str
+
+
+@dataclass
+class _Context:
+    run: Run
+    requests: list[traces.TraceRequest]
+    slo: stats.Slo
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    cancelled: bool = False
+
+
+def _plan(run: Run) -> runner.LevelPlan:
+    return runner.LevelPlan(warmup_s=run.warmup_s, window_s=run.window_s,
+                            min_samples=run.min_samples,
+                            max_duration_s=run.warmup_s + max(run.window_s * 6, 60.0))
+
+
+def _endpoint(pool: Pool, model_id: str) -> runner.Endpoint:
+    return runner.Endpoint(base_url=pool.base_urls[0].rstrip("/").removesuffix("/v1"),
+                           model=model_id)
+
+
+def _split(concurrency: int, shards: int) -> list[int]:
+    """Streams per client process: as even as possible, none empty."""
+    shards = max(1, min(shards, concurrency))
+    base, extra = divmod(concurrency, shards)
+    return [base + (1 if i < extra else 0) for i in range(shards)]
+
+
+async def _measure_shard(*, run: Run, requests: list[traces.TraceRequest], pool: Pool,
+                         concurrency: int, start_at: float) -> runner.LevelResult:
+    delay = start_at - time.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    return await runner.run_level(_endpoint(pool, run.model_id), requests, _plan(run),
+                                  concurrency=concurrency,
+                                  request_id_prefix=f"run{run.pk}-{pool.name}-c{concurrency}")
+
+
+def _save_part(level: Level, shard: int, concurrency: int, result: runner.LevelResult | None,
+               error: str = "") -> None:
+    rows = []
+    if result is not None:
+        for r in result.results:
+            rows.append(Sample(
+                level=level, shard=shard, index=r.seq, warmup=r.warmup,
+                scheduled_s=r.scheduled_at, schedule_lag_s=r.schedule_lag_s, ttft_s=r.ttft_s,
+                tpot_s=r.tpot_s, e2e_s=r.e2e_s,
+                itl_s=[round(g, 6) for g in r.itl_s], input_tokens=r.input_tokens or 0,
+                output_tokens=r.output_tokens, window_tokens=r.window_tokens,
+                tokens_source=r.tokens_source, status=r.status, http_status=r.http_status,
+                error=(r.error or "")[:2000]))
+    with transaction.atomic():
+        Sample.objects.bulk_create(rows, batch_size=1000)
+        samples = result.samples() if result is not None else None
+        part = samples.parts[0] if samples is not None else None
+        ShardPart.objects.create(
+            level=level, shard=shard, concurrency=concurrency,
+            window_s=part.window_s if part else 0, window_tokens=part.window_tokens if part else 0,
+            measured_requests=part.measured_requests if part else 0,
+            client_cpu_s=part.client_cpu_s if part else 0, wall_s=part.wall_s if part else 0,
+            loop_lag_s=[round(x, 6) for x in (result.loop_lag_s if result else [])],
+            error=error[:2000], worker=socket.gethostname())
+
+
+def shard_execute(*, level_id: int, shard: int, concurrency: int, start_at: float) -> None:
+    """One client process's share of a level (a `bench.shard` task)."""
+    level = Level.objects.select_related("run__trace", "pool").get(pk=level_id)
+    run = level.run
+    try:
+        requests = trace_requests(run.trace)
+        result = asyncio.run(_measure_shard(run=run, requests=requests, pool=level.pool,
+                                            concurrency=concurrency, start_at=start_at))
+        _save_part(level, shard, concurrency, result)
+    except Exception as exc:  # recorded on the level; the coordinator decides
+        log.exception("bench shard %s/%s failed", level_id, shard)
+        _save_part(level, shard, concurrency, None, error=f"{type(exc).__name__}: {exc}")
+
+
+def _merged(level: Level) -> stats.LevelSamples:
+    parts = list(level.parts.order_by("shard"))
+    rows = [
+        _Row(status=s.status, warmup=s.warmup, ttft_s=s.ttft_s, tpot_s=s.tpot_s,
+             e2e_s=s.e2e_s or 0.0, itl_s=list(s.itl_s), output_tokens=s.output_tokens,
+             window_tokens=s.window_tokens, schedule_lag_s=s.schedule_lag_s,
+             tokens_source=s.tokens_source)
+        for s in level.samples.all().only(
+            "status", "warmup", "ttft_s", "tpot_s", "e2e_s", "itl_s", "output_tokens",
+            "window_tokens", "schedule_lag_s", "tokens_source").iterator(chunk_size=2000)
+    ]
+    return stats.LevelSamples(
+        results=rows,  # type: ignore[arg-type]
+        parts=[stats.ClientPart(window_s=p.window_s, window_tokens=p.window_tokens,
+                                measured_requests=p.measured_requests,
+                                client_cpu_s=p.client_cpu_s, wall_s=p.wall_s) for p in parts],
+        loop_lag_s=[x for p in parts for x in p.loop_lag_s])
+
+
+def _judge(level: Level, ctx: _Context) -> stats.Verdict:
+    run = ctx.run
+    errors = [p.error for p in level.parts.exclude(error="")]
+    summary = stats.summarize(_merged(level))
+    verdict = stats.verdict(summary, ctx.slo, min_samples=run.min_samples,
+                            lag_limit_s=run.lag_limit_ms / 1000)
+    if summary.n_measured and summary.n_ok == 0:
+        # Nothing succeeded: the pool, not the client, decided this level (a client spinning
+        # on refused connections would otherwise look "invalid").
+        first = next((s.error for s in level.samples.exclude(error="")[:1]), "")
+        verdict = stats.Verdict("fail", "error_rate", None, verdict.ratios,
+                                f"every request failed: {first}")
+    level.summary = _dataclass_dict(summary) | {"reason": verdict.reason,
+                                                "ratios": verdict.ratios,
+                                                "shard_errors": errors}
+    level.verdict = "error" if errors and summary.n_measured == 0 else verdict.outcome
+    level.binding = verdict.binding
+    level.output_tokens_per_s = summary.output_tokens_per_s
+    level.ttft_p95_ms = summary.ttft_p95_s * 1000 if summary.ttft_p95_s is not None else None
+    level.tpot_p95_ms = summary.tpot_p95_s * 1000 if summary.tpot_p95_s is not None else None
+    level.error_rate = summary.error_rate
+    rate = level.pool.node_hourly_rate
+    if summary.output_tokens_per_s:
+        level.cost_per_1m = stats.cost_per_1m(rate, summary.output_tokens_per_s)
+    level.note = verdict.reason if not errors else f"{verdict.reason}; shard errors: " + \
+        "; ".join(errors)
+    level.finished_at = timezone.now()
+    level.save()
+    return verdict
+
+
+async def _measure(ctx: _Context, pool: Pool, concurrency: int) -> stats.Verdict:
+    """One level of one pool: every shard's part stored, then judged on the merged samples."""
+    async with ctx.lock:  # pools take turns (FIFO): drift hits all alike
+        run = ctx.run
+        await sync_to_async(_heartbeat)(run, f"{pool.name} at concurrency {concurrency}")
+        if await sync_to_async(_cancelled)(run):
+            ctx.cancelled = True
+            return stats.Verdict("invalid", "cancelled", None, {}, "run cancelled")
+        level = await sync_to_async(_level_start)(run, pool, concurrency)
+        shares = _split(concurrency, run.shards)
+        start_at = time.time() + (1.5 if len(shares) > 1 else 0.0)
+        if len(shares) > 1:
+            from fleetctl.bench.tasks import shard as shard_task
+
+            for index, share in enumerate(shares[1:], start=1):
+                await sync_to_async(shard_task.delay)(level.pk, index, share, start_at)
+        try:
+            result = await _measure_shard(run=run, requests=ctx.requests, pool=pool,
+                                          concurrency=shares[0], start_at=start_at)
+            await sync_to_async(_save_part)(level, 0, shares[0], result)
+        except Exception as exc:
+            await sync_to_async(_save_part)(level, 0, shares[0], None,
+                                            f"{type(exc).__name__}: {exc}")
+        deadline = time.monotonic() + run.warmup_s + run.window_s * 6 + 120
+        while (reported := await sync_to_async(_parts_reported)(level)) < len(shares):
+            if time.monotonic() > deadline:
+                await sync_to_async(_parts_missing)(level, len(shares) - reported)
+                break
+            await asyncio.sleep(0.2)
+        return await sync_to_async(_judge)(level, ctx)
+
+
+def _level_start(run: Run, pool: Pool, concurrency: int) -> Level:
+    attempt = Level.objects.filter(run=run, pool=pool, concurrency=concurrency).count() + 1
+    return Level.objects.create(run=run, pool=pool, concurrency=concurrency, attempt=attempt)
+
+
+def _parts_reported(level: Level) -> int:
+    return ShardPart.objects.filter(level=level).count()
+
+
+def _parts_missing(level: Level, missing: int) -> None:
+    ShardPart.objects.bulk_create([
+        ShardPart(level=level, shard=1000 + i, concurrency=0,
+                  error="a shard never reported (is a worker consuming the bench queue?)")
+        for i in range(missing)])
+
+
+def _heartbeat(run: Run, doing: str) -> None:
+    Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now(),
+                                         progress={"doing": doing})
+    close_old_connections()
+
+
+def _cancelled(run: Run) -> bool:
+    return Run.objects.filter(pk=run.pk, status=Run.Status.CANCELLED).exists()
+
+
+async def _sweep_pool(ctx: _Context, pool: Pool) -> sweep.SweepResult[stats.Verdict]:
+    async def measure(concurrency: int) -> stats.Verdict:
+        return await _measure(ctx, pool, concurrency)
+
+    if ctx.run.mode == Run.Mode.LEVELS:
+        return await sweep.run_levels(measure, ctx.run.levels)
+    return await sweep.search(measure, max_concurrency=ctx.run.max_concurrency)
+
+
+async def _execute(ctx: _Context, pools: list[Pool]) -> dict[str, Any]:
+    results = await asyncio.gather(*(_sweep_pool(ctx, pool) for pool in pools))
+    return dict(zip([p.name for p in pools], results, strict=True))
+
+
+def run_execute(*, run_id: int) -> Run:
+    """The coordinator (a `bench.run` task): sweep every pool, record the outcome."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().select_related("trace").get(pk=run_id)
+        if run.status != Run.Status.QUEUED:
+            return run  # already taken (a redelivered task) or cancelled
+        run.status = Run.Status.RUNNING
+        run.started_at = run.heartbeat_at = timezone.now()
+        run.save(update_fields=["status", "started_at", "heartbeat_at"])
+    pools = list(run.pools.order_by("name"))
+    try:
+        ctx = _Context(run=run, requests=trace_requests(run.trace),
+                       slo=stats.Slo(ttft_p95_s=run.slo_ttft_p95_ms / 1000,
+                                     tpot_p95_s=run.slo_tpot_p95_ms / 1000,
+                                     error_rate=run.slo_error_rate))
+        outcome = asyncio.run(_execute(ctx, pools))
+    except Exception as exc:
+        log.exception("benchmark run %s failed", run_id)
+        Run.objects.filter(pk=run_id).update(status=Run.Status.FAILED, finished_at=timezone.now(),
+                                             error=f"{type(exc).__name__}: {exc}")
+        return Run.objects.get(pk=run_id)
+    return _record(run, pools, outcome, cancelled=ctx.cancelled)
+
+
+@dataclass
+class PoolResult:
+    pool: Pool
+    best: Level | None
+    levels: list[Level]
+    client_bound: bool
+    note: str
+
+
+def run_results(run: Run) -> list[PoolResult]:
+    """Per pool: its highest passing level (its latest attempt at that concurrency)."""
+    out = []
+    progress = run.progress or {}
+    for pool in run.pools.order_by("name"):
+        levels = list(Level.objects.filter(run=run, pool=pool).order_by("concurrency", "attempt"))
+        best_c = (progress.get("best") or {}).get(pool.name)
+        best = next((lv for lv in reversed(levels) if lv.concurrency == best_c
+                     and lv.verdict == Level.Verdict.PASS), None)
+        out.append(PoolResult(pool=pool, best=best, levels=levels,
+                              client_bound=bool((progress.get("client_bound") or {})
+                                                .get(pool.name)),
+                              note=(progress.get("notes") or {}).get(pool.name, "")))
+    return out
+
+
+def _record(run: Run, pools: list[Pool], outcome: dict[str, Any], *, cancelled: bool) -> Run:
+    from fleetctl.fleet.services import pool_set_cost
+    from migrations_plan.services import evidence_record
+
+    system = Actor.for_system("benchmark")
+    now = timezone.now()
+    progress = {"best": {name: result.best for name, result in outcome.items()},
+                "client_bound": {name: result.client_bound for name, result in outcome.items()},
+                "notes": {name: result.note for name, result in outcome.items()},
+                "doing": "done"}
+    errored = Level.objects.filter(run=run, verdict=Level.Verdict.ERROR).exists()
+    status = (Run.Status.CANCELLED if cancelled else
+              Run.Status.PARTIAL if errored else Run.Status.COMPLETE)
+    with transaction.atomic():
+        Run.objects.filter(pk=run.pk).update(status=status, finished_at=now, progress=progress,
+                                             heartbeat_at=now)
+        run.refresh_from_db()
+        if cancelled:
+            return run
+        for result in run_results(run):
+            pool, best = result.pool, result.best
+            slo = {"ttft_p95_ms": run.slo_ttft_p95_ms, "tpot_p95_ms": run.slo_tpot_p95_ms,
+                   "error_rate": run.slo_error_rate}
+            if best is not None and best.cost_per_1m is not None:
+                pool_set_cost(actor=system, pool=pool, cost_per_1m=best.cost_per_1m,
+                              measured_at=now)
+                summary = (f"highest SLO-passing concurrency {best.concurrency}: "
+                           f"{best.output_tokens_per_s:,.0f} output tok/s, "
+                           f"{best.cost_per_1m} {pool.currency} per 1M (run {run.pk})")
+                verdict = "pass"
+            else:
+                summary = f"no level met the SLO (run {run.pk})"
+                verdict = "fail"
+            evidence_record(
+                actor=system, pool=pool, kind="benchmark", verdict=verdict, summary=summary,
+                model_id=run.model_id, url=f"/bench/runs/{run.pk}/",
+                data={"run": run.pk, "best_concurrency": best.concurrency if best else None,
+                      "output_tokens_per_s": best.output_tokens_per_s if best else None,
+                      "cost_per_1m": str(best.cost_per_1m) if best and best.cost_per_1m
+                      is not None else None,
+                      "binding": best.binding if best else None, "slo": slo,
+                      "client_bound": result.client_bound, "trace": run.trace.name})
+        audit_record(actor=system, action="bench.run.finish", target=run,
+                     after={"status": status, "best": progress["best"]})
+    return run
+
+
+def runs_reap(*, stale_after_s: float = HEARTBEAT_STALE_S) -> int:
+    """A run whose coordinator stopped beating (its worker died) is failed, not left
+    "running"; the levels it measured stay, labelled."""
+    cutoff = timezone.now() - timedelta(seconds=stale_after_s)
+    stale = Run.objects.filter(status=Run.Status.RUNNING, heartbeat_at__lt=cutoff)
+    count = 0
+    for run in stale:
+        Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(
+            status=Run.Status.FAILED, finished_at=timezone.now(),
+            error=f"the worker running it stopped (no heartbeat since "
+                  f"{run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC); the levels measured so far "
+                  f"are kept")
+        Level.objects.filter(run=run, verdict=Level.Verdict.RUNNING).update(
+            verdict=Level.Verdict.ERROR, note="interrupted: the worker stopped")
+        count += 1
+    never_started = Run.objects.filter(
+        status=Run.Status.QUEUED,
+        created_at__lt=timezone.now() - timedelta(seconds=QUEUED_STALE_S))
+    count += never_started.update(
+        status=Run.Status.FAILED, finished_at=timezone.now(),
+        error=f"no worker started it within {QUEUED_STALE_S // 60} minutes: is a Celery worker "
+              f"consuming the bench queue?")
+    return count
+
+
+def cost_of(level: Level) -> Decimal | None:
+    return level.cost_per_1m

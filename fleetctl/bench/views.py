@@ -1,0 +1,217 @@
+"""Benchmarks dashboard: runs and traces, uploading or generating a trace, starting a run,
+and the run page (live progress, per-pool results side by side, charts, the level table,
+exports and the metric definitions).
+
+Function views that call selectors (reads) and services (writes, through `call_service`).
+htmx asks for the run's live block by targeting its id; the view then renders only that
+partial, every 2 s while the run can still change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.bench import charts, selectors, services
+from fleetctl.bench.filters import RunFilter
+from fleetctl.bench.forms import RunForm, TraceGenerateForm, TraceUploadForm
+from fleetctl.bench.models import Level, Run, Trace
+from fleetctl.core.views import Outcome, call_service, dashboard_view, filter_form_says_any
+from fleetctl.fleet.charts import figure_data
+from fleetctl.traffic.charts import pool_colours
+
+LIVE_ID = "run-live"  # the block htmx re-polls on the run page
+RUNS_PAGE_SIZE = 25
+TRACES_LIMIT = 50
+
+
+def _trace_or_404(name: str) -> Trace:
+    trace = selectors.trace_get(name=name)
+    if trace is None:
+        raise Http404(f"No trace named {name!r}.")
+    return trace
+
+
+def _run_or_404(run_id: int) -> Run:
+    run = selectors.run_get(run_id=run_id)
+    if run is None:
+        raise Http404(f"No benchmark run with id {run_id}.")
+    return run
+
+
+# --- the list --------------------------------------------------------------------------------
+
+@dashboard_view
+@require_GET
+def bench_home(request: HttpRequest) -> HttpResponse:
+    runs = RunFilter(request.GET or None, queryset=selectors.run_list())
+    filter_form_says_any(runs.form)
+    page = Paginator(runs.qs, RUNS_PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "bench/home.html", {
+        "filter": runs, "page": page,
+        "traces": selectors.trace_list()[:TRACES_LIMIT],
+        "trace_count": selectors.trace_list().count(),
+    })
+
+
+# --- traces ----------------------------------------------------------------------------------
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def trace_upload(request: HttpRequest) -> HttpResponse:
+    posted = request.method == "POST"
+    form = TraceUploadForm(request.POST if posted else None, request.FILES if posted else None)
+    done: Outcome[Trace] = Outcome()
+    if posted and form.is_valid():
+        actor = actor_from_request(request)
+        data = form.cleaned_data
+        # The uploaded file object (memory or a temporary file), read line by line.
+        done = call_service(request, lambda: services.trace_upload(
+            actor=actor, name=data["name"], description=data["description"],
+            source=data["source"], fileobj=data["file"]), form=form)
+        if done.result is not None:
+            messages.success(request, f"Stored trace {done.result.name}: "
+                                      f"{done.result.requests:,} requests.")
+            return redirect("bench:trace-detail", name=done.result.name)
+    return render(request, "bench/trace_upload.html", {"form": form}, status=done.status)
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def trace_generate(request: HttpRequest) -> HttpResponse:
+    form = TraceGenerateForm(request.POST if request.method == "POST" else None)
+    done: Outcome[Trace] = Outcome()
+    if request.method == "POST" and form.is_valid():
+        actor = actor_from_request(request)
+        kwargs = form.service_kwargs()
+        done = call_service(request, lambda: services.trace_generate(actor=actor, **kwargs),
+                            form=form)
+        if done.result is not None:
+            messages.success(request, f"Generated trace {done.result.name}: "
+                                      f"{done.result.requests:,} requests.")
+            return redirect("bench:trace-detail", name=done.result.name)
+    return render(request, "bench/trace_generate.html", {"form": form}, status=done.status)
+
+
+@dashboard_view
+@require_GET
+def trace_detail(request: HttpRequest, name: str) -> HttpResponse:
+    trace = _trace_or_404(name)
+    return render(request, "bench/trace_detail.html", {
+        "trace": trace, "summary": trace.summary or {},
+        "runs": selectors.run_list().filter(trace=trace)[:RUNS_PAGE_SIZE],
+        "file_present": selectors.trace_path(trace).exists(),
+    })
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+def _run_initial(request: HttpRequest) -> dict[str, Any]:
+    initial: dict[str, Any] = {"mode": Run.Mode.SEARCH}
+    if request.GET.get("trace"):
+        initial["trace"] = request.GET["trace"]
+    if request.GET.getlist("pool"):
+        initial["pools"] = request.GET.getlist("pool")
+    return initial
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def run_create(request: HttpRequest) -> HttpResponse:
+    form = RunForm(request.POST if request.method == "POST" else None,
+                   initial=_run_initial(request))
+    done: Outcome[Run] = Outcome()
+    if request.method == "POST" and form.is_valid():
+        actor = actor_from_request(request)
+        kwargs = form.service_kwargs()
+        done = call_service(request, lambda: services.run_create(actor=actor, **kwargs),
+                            form=form)
+        if done.result is not None:
+            messages.success(request, f"Started run {done.result.pk}; it appears below as "
+                                      "its levels are measured.")
+            return redirect("bench:run-detail", run_id=done.result.pk)
+    return render(request, "bench/run_form.html", {
+        "form": form, "has_traces": Trace.objects.exists()}, status=done.status)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+@dataclass
+class LevelRow:
+    """One row of the level table: the level and its summary's numbers in display units."""
+
+    level: Level
+    colour: str
+    ttft_ms: tuple[float | None, float | None, float | None]
+    tpot_p50_ms: float | None
+    itl_p95_ms: float | None
+    e2e_p95_s: float | None
+    request_rate_per_s: float | None
+    measured: int
+    tokens_fallback: int
+    client_lag_p99_ms: float | None
+    client_cpu_share: float | None
+
+    @classmethod
+    def of(cls, level: Level, colour: str) -> LevelRow:
+        s = level.summary or {}
+        lags = [x for x in (s.get("schedule_lag_p99_s"), s.get("loop_lag_p99_s"))
+                if x is not None]
+        return cls(
+            level=level, colour=colour,
+            ttft_ms=(_ms(s.get("ttft_p50_s")), _ms(s.get("ttft_p95_s")),
+                     _ms(s.get("ttft_p99_s"))),
+            tpot_p50_ms=_ms(s.get("tpot_p50_s")), itl_p95_ms=_ms(s.get("itl_p95_s")),
+            e2e_p95_s=s.get("e2e_p95_s"), request_rate_per_s=s.get("request_rate_per_s"),
+            measured=sum(int(s.get(k) or 0) for k in ("n_ok", "n_errors", "n_timeouts")),
+            tokens_fallback=int(s.get("n_tokens_fallback") or 0),
+            client_lag_p99_ms=_ms(max(lags)) if lags else None,
+            client_cpu_share=s.get("client_cpu_share"))
+
+
+def _run_context(run: Run) -> dict[str, Any]:
+    levels = list(selectors.run_levels(run=run))
+    outcomes = selectors.run_outcomes(run=run)
+    points = selectors.chart_points(levels=levels)
+    colours = pool_colours(pool.name for pool in run.pools.all())
+    figures = [(element, f"{element}-data", label, figure_data(fig))
+               for element, label, fig in charts.run_figures(
+                   points, slo_ttft_ms=run.slo_ttft_p95_ms, slo_tpot_ms=run.slo_tpot_p95_ms)]
+    rows = [LevelRow.of(level, colours.get(level.pool.name, "")) for level in levels]
+    return {
+        "run": run, "levels": rows, "outcomes": outcomes,
+        "progress": selectors.run_progress(run=run, levels=levels),
+        "figures": figures if points else [], "colours": colours,
+        "polling": run.status in Run.ACTIVE, "live_id": LIVE_ID,
+        "fallback_levels": sum(1 for row in rows if row.tokens_fallback),
+    }
+
+
+@dashboard_view
+@require_GET
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    context = _run_context(_run_or_404(run_id))
+    if request.htmx.target == LIVE_ID:  # type: ignore[attr-defined]
+        return render(request, "bench/_run_live.html", context)
+    return render(request, "bench/run_detail.html", context)
+
+
+@dashboard_view
+@require_POST
+def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _run_or_404(run_id)
+    actor = actor_from_request(request)
+    done = call_service(request, lambda: services.run_cancel(actor=actor, run=run))
+    if done.result is not None:
+        messages.success(request, f"Cancelled run {run.pk}; the levels measured so far are "
+                                  "kept.")
+    return redirect("bench:run-detail", run_id=run.pk)
