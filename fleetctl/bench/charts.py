@@ -1,5 +1,7 @@
 """Benchmark charts: pure functions from level points (`selectors.chart_points`) to Plotly
-figures — throughput, TTFT p95, TPOT p95 and cost per 1M output tokens against concurrency.
+figures — throughput, TTFT p95, TPOT p95 and cost per 1M output tokens against concurrency,
+or, for a trace-timing run (`timing="trace"`), against the trace speed factor (1 = the
+trace's own arrival times).
 
 One trace per pool, in the pool's colour, so pools sit side by side on every chart. Levels
 that passed or failed the SLO are joined by a line; levels that did not count (too few
@@ -22,17 +24,28 @@ COUNTED = ("pass", "fail")
 SLO_COLOUR = "#dc2626"
 
 Points = dict[str, list[dict[str, Any]]]
+AXES = {"concurrency": ("concurrency", "concurrency (streams in flight)"),
+        "trace": ("trace speed", "trace speed (× the trace's own arrival rate)")}
 
 
-def _layout(fig: go.Figure, *, title: str, y_title: str, concurrencies: list[int]) -> None:
+def _x(point: dict[str, Any]) -> float:
+    return point.get("x", point["concurrency"])  # type: ignore[no-any-return]
+
+
+def _tick(value: float, timing: str) -> str:
+    return f"{value:g}×" if timing == "trace" else f"{value:g}"
+
+
+def _layout(fig: go.Figure, *, title: str, y_title: str, concurrencies: list[float],
+            timing: str = "concurrency") -> None:
     ticks = sorted(set(concurrencies))
     fig.update_layout(
         height=320, margin={"l": 64, "r": 16, "t": 40, "b": 44},
         title={"text": title, "font": {"size": 14}}, font=FONT,
         plot_bgcolor="#ffffff", paper_bgcolor="#ffffff",
         legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.14},
-        xaxis={"title": {"text": "concurrency (streams in flight)"}, "type": "log",
-               "tickvals": ticks, "ticktext": [str(t) for t in ticks]},
+        xaxis={"title": {"text": AXES[timing][1]}, "type": "log",
+               "tickvals": ticks, "ticktext": [_tick(t, timing) for t in ticks]},
         yaxis={"title": {"text": y_title}, "rangemode": "tozero"},
     )
     fig.update_xaxes(gridcolor="#e5e7eb")
@@ -41,23 +54,26 @@ def _layout(fig: go.Figure, *, title: str, y_title: str, concurrencies: list[int
 
 def _hover(point: dict[str, Any], value: str) -> str:
     note = str(point.get("note") or "")[:140].replace("<", "‹").replace(">", "›")
-    return f"{value} at concurrency {point['concurrency']}<br>{point['verdict']}: {note}"
+    where = (f"trace speed {point['speed']:g}×" if point.get("speed") is not None
+             else f"concurrency {point['concurrency']}")
+    return f"{value} at {where}<br>{point['verdict']}: {note}"
 
 
 def _metric_figure(points: Points, *, key: str, title: str, y_title: str, unit: str,
-                   slo: float | None = None, fmt: str = "{:,.1f}") -> go.Figure:
+                   slo: float | None = None, fmt: str = "{:,.1f}",
+                   timing: str = "concurrency") -> go.Figure:
     colours = pool_colours(points)
     fig = go.Figure()
-    concurrencies: list[int] = []
+    concurrencies: list[float] = []
     for pool in sorted(points):
         colour = colours.get(pool, POOL_PALETTE[0])
         rows = sorted((p for p in points[pool] if p.get(key) is not None),
-                      key=lambda p: (p["concurrency"], p["attempt"]))
-        concurrencies += [p["concurrency"] for p in rows]
+                      key=lambda p: (_x(p), p["attempt"]))
+        concurrencies += [_x(p) for p in rows]
         counted = [p for p in rows if p["verdict"] in COUNTED]
         other = [p for p in rows if p["verdict"] not in COUNTED]
         fig.add_trace(go.Scatter(
-            name=pool, legendgroup=pool, x=[p["concurrency"] for p in counted],
+            name=pool, legendgroup=pool, x=[_x(p) for p in counted],
             y=[p[key] for p in counted], mode="lines+markers",
             line={"color": colour, "width": 2},
             marker={"size": 9, "color": colour,
@@ -68,7 +84,7 @@ def _metric_figure(points: Points, *, key: str, title: str, y_title: str, unit: 
         if other:
             fig.add_trace(go.Scatter(
                 name=f"{pool}: not counted", legendgroup=pool,
-                x=[p["concurrency"] for p in other], y=[p[key] for p in other],
+                x=[_x(p) for p in other], y=[p[key] for p in other],
                 mode="markers",
                 marker={"size": 11, "color": colour, "line": {"width": 2, "color": colour},
                         "symbol": [SYMBOLS.get(p["verdict"], "circle-open") for p in other]},
@@ -79,45 +95,47 @@ def _metric_figure(points: Points, *, key: str, title: str, y_title: str, unit: 
         fig.add_hline(y=slo, line={"color": SLO_COLOUR, "dash": "dash", "width": 1.5},
                       annotation_text=f"SLO {slo:g} {unit}", annotation_position="top left",
                       annotation_font={"color": SLO_COLOUR, "size": 11})
-    _layout(fig, title=title, y_title=y_title, concurrencies=concurrencies or [1])
+    _layout(fig, title=f"{title} vs {AXES[timing][0]}", y_title=y_title,
+            concurrencies=concurrencies or [1], timing=timing)
     return fig
 
 
-def throughput_figure(points: Points) -> go.Figure:
-    return _metric_figure(points, key="output_tokens_per_s",
-                          title="Output tokens/s vs concurrency", y_title="output tokens/s",
-                          unit="tok/s")
+def throughput_figure(points: Points, *, timing: str = "concurrency") -> go.Figure:
+    return _metric_figure(points, key="output_tokens_per_s", title="Output tokens/s",
+                          y_title="output tokens/s", unit="tok/s", timing=timing)
 
 
-def ttft_figure(points: Points, *, slo_ms: float) -> go.Figure:
-    return _metric_figure(points, key="ttft_p95_ms", title="TTFT p95 vs concurrency",
-                          y_title="TTFT p95 (ms)", unit="ms", slo=slo_ms)
+def ttft_figure(points: Points, *, slo_ms: float, timing: str = "concurrency") -> go.Figure:
+    return _metric_figure(points, key="ttft_p95_ms", title="TTFT p95",
+                          y_title="TTFT p95 (ms)", unit="ms", slo=slo_ms, timing=timing)
 
 
-def tpot_figure(points: Points, *, slo_ms: float) -> go.Figure:
-    return _metric_figure(points, key="tpot_p95_ms", title="TPOT p95 vs concurrency",
-                          y_title="TPOT p95 (ms)", unit="ms", slo=slo_ms, fmt="{:,.2f}")
+def tpot_figure(points: Points, *, slo_ms: float, timing: str = "concurrency") -> go.Figure:
+    return _metric_figure(points, key="tpot_p95_ms", title="TPOT p95",
+                          y_title="TPOT p95 (ms)", unit="ms", slo=slo_ms, fmt="{:,.2f}",
+                          timing=timing)
 
 
-def cost_figure(points: Points) -> go.Figure:
+def cost_figure(points: Points, *, timing: str = "concurrency") -> go.Figure:
     currencies = sorted({p["currency"] for rows in points.values() for p in rows})
     unit = currencies[0] if len(currencies) == 1 else "(pool currency)"
-    return _metric_figure(points, key="cost_per_1m",
-                          title="Cost per 1M output tokens vs concurrency",
+    return _metric_figure(points, key="cost_per_1m", title="Cost per 1M output tokens",
                           y_title=f"{unit} per 1M output tokens", unit=f"{unit}/1M",
-                          fmt="{:,.4f}")
+                          fmt="{:,.4f}", timing=timing)
 
 
-def run_figures(points: Points, *, slo_ttft_ms: float, slo_tpot_ms: float
-                ) -> list[tuple[str, str, go.Figure]]:
-    """(element id, accessible label, figure) for each chart of a run page."""
+def run_figures(points: Points, *, slo_ttft_ms: float, slo_tpot_ms: float,
+                timing: str = "concurrency") -> list[tuple[str, str, go.Figure]]:
+    """(element id, accessible label, figure) for each chart of a run page; the x axis is
+    the concurrency, or the trace speed for a trace-timing run."""
+    x = AXES[timing][0]
     return [
-        ("throughput-chart", "Output tokens per second against concurrency, per pool",
-         throughput_figure(points)),
-        ("ttft-chart", f"TTFT p95 against concurrency per pool; SLO {slo_ttft_ms:g} ms",
-         ttft_figure(points, slo_ms=slo_ttft_ms)),
-        ("tpot-chart", f"TPOT p95 against concurrency per pool; SLO {slo_tpot_ms:g} ms",
-         tpot_figure(points, slo_ms=slo_tpot_ms)),
-        ("cost-chart", "Cost per 1M output tokens against concurrency, per pool",
-         cost_figure(points)),
+        ("throughput-chart", f"Output tokens per second against {x}, per pool",
+         throughput_figure(points, timing=timing)),
+        ("ttft-chart", f"TTFT p95 against {x} per pool; SLO {slo_ttft_ms:g} ms",
+         ttft_figure(points, slo_ms=slo_ttft_ms, timing=timing)),
+        ("tpot-chart", f"TPOT p95 against {x} per pool; SLO {slo_tpot_ms:g} ms",
+         tpot_figure(points, slo_ms=slo_tpot_ms, timing=timing)),
+        ("cost-chart", f"Cost per 1M output tokens against {x}, per pool",
+         cost_figure(points, timing=timing)),
     ]

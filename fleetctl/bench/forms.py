@@ -8,6 +8,7 @@ are put back on these forms by the views.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -52,6 +53,24 @@ def levels_list(text: str) -> list[int]:
                                   f"1, 4, 16, 64; {part!r} is not one.")
         levels.append(int(part))
     return levels
+
+
+def speeds_list(text: str) -> list[float]:
+    """'0.5, 1, 2' → [0.5, 1.0, 2.0]; anything that is not a number in (0, 1000] is named."""
+    speeds = []
+    for part in re.split(r"[,\s]+", text.strip()):
+        if not part:
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            value = float("nan")
+        if not math.isfinite(value) or not 0 < value <= 1000:
+            raise ValidationError(f"Trace speeds are numbers > 0 and ≤ 1000 separated by "
+                                  f"commas, e.g. 0.5, 1, 2 (1 = the trace's own timing); "
+                                  f"{part!r} is not one.")
+        speeds.append(value)
+    return speeds
 
 
 class TraceUploadForm(forms.Form):
@@ -131,6 +150,15 @@ class RunForm(forms.Form):
     slo_ttft_p95_ms = _run_field("slo_ttft_p95_ms", label="SLO: TTFT p95 (ms)")
     slo_tpot_p95_ms = _run_field("slo_tpot_p95_ms", label="SLO: TPOT p95 (ms)")
     slo_error_rate = _run_field("slo_error_rate", label="SLO: error rate (0–0.5)")
+    timing = forms.ChoiceField(choices=Run.Timing.choices, initial=Run.Timing.CONCURRENCY,
+                               required=False,  # absent: fixed concurrency
+                               widget=forms.RadioSelect, label="Load", help_text=(
+                                   "Fixed concurrency: N streams, each sending its next request "
+                                   "when the last one ends. Trace timing: requests sent at the "
+                                   "trace's own arrival times, scaled by each speed."))
+    speeds = forms.CharField(required=False, label="Trace speeds", initial="0.5, 1, 2",
+                             help_text="Trace timing only: speed factors, e.g. 0.5, 1, 2 "
+                                       "(1 = as recorded, 2 = twice as fast).")
     mode = forms.ChoiceField(choices=Run.Mode.choices, initial=Run.Mode.SEARCH,
                              widget=forms.RadioSelect)
     levels = forms.CharField(required=False, label="Levels", initial="1, 4, 16, 64",
@@ -154,8 +182,22 @@ class RunForm(forms.Form):
     def clean_levels(self) -> list[int]:
         return levels_list(self.cleaned_data.get("levels") or "")
 
+    def clean_timing(self) -> str:
+        return self.cleaned_data.get("timing") or Run.Timing.CONCURRENCY
+
+    def clean_speeds(self) -> list[float]:
+        if self.data.get(self.add_prefix("timing")) != Run.Timing.TRACE:
+            return []  # the field is only read for trace timing
+        return speeds_list(self.cleaned_data.get("speeds") or "")
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        if data.get("timing") == Run.Timing.TRACE:
+            if "speeds" in data and not data["speeds"]:
+                self.add_error("speeds", "Trace timing needs at least one speed, e.g. 0.5, 1, 2.")
+            for unused in ("levels", "mode"):  # not read for trace timing
+                self.errors.pop(unused, None)
+            return data
         if data.get("mode") == Run.Mode.LEVELS and "levels" in data and not data["levels"]:
             self.add_error("levels", "A fixed list needs at least one level, e.g. 1, 4, 16.")
         return data
@@ -163,6 +205,10 @@ class RunForm(forms.Form):
     def service_kwargs(self) -> dict[str, Any]:
         data = dict(self.cleaned_data)
         data["pools"] = list(data["pools"])
+        if data["timing"] == Run.Timing.TRACE:
+            data["mode"], data["levels"] = Run.Mode.LEVELS, []
+            return data
+        data["speeds"] = []
         if data["mode"] != Run.Mode.LEVELS:
             data["levels"] = []
         return data

@@ -54,6 +54,10 @@ class Run(models.Model):
         LEVELS = "levels", "fixed list of concurrency levels"
         SEARCH = "search", "search for the highest concurrency that meets the SLO"
 
+    class Timing(models.TextChoices):
+        CONCURRENCY = "concurrency", "fixed concurrency (closed loop)"
+        TRACE = "trace", "the trace's own timing, time-scaled (open loop)"
+
     ACTIVE = (Status.QUEUED, Status.RUNNING)
 
     name = models.CharField(max_length=100, blank=True)
@@ -62,6 +66,12 @@ class Run(models.Model):
     model_id = models.CharField(max_length=200, validators=[model_id_validator])
     mode = models.CharField(max_length=6, choices=Mode.choices, default=Mode.SEARCH)
     levels = models.JSONField(default=list, blank=True)
+    # timing="trace": each level replays the trace's arrival times divided by a speed factor
+    # (1 = the trace's own timing, 2 = twice as fast); `speeds` lists them, `mode` and
+    # `levels` are then unused (mode is stored as "levels", levels empty).
+    timing = models.CharField(max_length=11, choices=Timing.choices, default=Timing.CONCURRENCY)
+    speeds = models.JSONField(default=list, blank=True,
+                              help_text="timing=trace: speed factors, e.g. [0.5, 1, 2, 4].")
     max_concurrency = models.PositiveIntegerField(
         default=256, validators=[MinValueValidator(1), MaxValueValidator(4096)])
     slo_ttft_p95_ms = models.FloatField(validators=[MinValueValidator(1),
@@ -98,7 +108,11 @@ class Run(models.Model):
 
 
 class Level(models.Model):
-    """One pool at one concurrency: the summary of its steady-state window and its verdict."""
+    """One pool at one load: the summary of its steady-state window and its verdict.
+
+    Fixed-concurrency runs set `concurrency` (≥ 1) and leave `speed` null. Trace-timing runs
+    set `speed` (the factor the trace's arrival times were divided by) and store
+    `concurrency = 0`: an open-loop level has no fixed number of streams."""
 
     class Verdict(models.TextChoices):
         PASS = "pass", "pass"
@@ -110,7 +124,9 @@ class Level(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="level_rows")
     pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="+")
-    concurrency = models.PositiveIntegerField()
+    concurrency = models.PositiveIntegerField(help_text="0 for a trace-timing level.")
+    speed = models.FloatField(null=True, blank=True,
+                              help_text="Trace-timing level: the trace speed factor.")
     attempt = models.PositiveSmallIntegerField(default=1)
     verdict = models.CharField(max_length=12, choices=Verdict.choices, default=Verdict.RUNNING)
     binding = models.CharField(max_length=40, blank=True)
@@ -125,10 +141,17 @@ class Level(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["run", "pool", "concurrency", "attempt"]
+        ordering = ["run", "pool", "concurrency", "speed", "attempt"]
 
     def __str__(self) -> str:
+        if self.speed is not None:
+            return f"{self.run_id}/{self.pool_id}@{self.speed:g}x"
         return f"{self.run_id}/{self.pool_id}@{self.concurrency}"
+
+    @property
+    def load(self) -> str:
+        """The level's load as shown: "4" (streams) or "2×" (trace speed)."""
+        return f"{self.speed:g}×" if self.speed is not None else str(self.concurrency)
 
 
 class ShardPart(models.Model):

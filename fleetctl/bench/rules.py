@@ -58,6 +58,12 @@ def meets_slo(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
     if row is None:
         return CheckResult(INSUFFICIENT, _sentence(why or ""))
     data = row.data
+    if data.get("timing") == "trace":
+        return CheckResult(INSUFFICIENT, _sentence(
+            f"the latest benchmark of {ctx.candidate.name} was measured at trace timing; the "
+            f"rule needs a concurrency sweep"), {"run": data.get("run"),
+                                                 "best_speed": data.get("best_speed")},
+            [evidence_ref(row)])
     looser = _slo_looser(data, ctx)
     best = data.get("best_concurrency")
     numbers = {"best_concurrency": best, "required": params["min_concurrency"],

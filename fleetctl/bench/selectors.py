@@ -44,7 +44,7 @@ def run_get(*, run_id: int) -> Run | None:
 
 def run_levels(*, run: Run) -> QuerySet[Level]:
     return (Level.objects.filter(run=run).select_related("pool")
-            .order_by("pool__name", "concurrency", "attempt"))
+            .order_by("pool__name", "concurrency", "speed", "attempt"))
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,9 @@ def run_progress(*, run: Run, levels: list[Level] | None = None) -> Progress:
     rows = levels if levels is not None else list(run_levels(run=run))
     done = sum(1 for level in rows if level.verdict != Level.Verdict.RUNNING)
     planned = None
-    if run.mode == Run.Mode.LEVELS:
+    if run.timing == Run.Timing.TRACE:
+        planned = len(run.speeds) * len(run.pools.all())
+    elif run.mode == Run.Mode.LEVELS:
         planned = len(run.levels) * len(run.pools.all())
     doing = (run.progress or {}).get("doing", "")
     if run.status == Run.Status.QUEUED:
@@ -104,7 +106,8 @@ class PoolOutcome:
         return {
             "pool": self.pool.name, "currency": self.pool.currency,
             "node_hourly_rate": str(self.pool.node_hourly_rate),
-            "best_concurrency": best.concurrency if best else None,
+            "best_concurrency": best.concurrency if best and best.speed is None else None,
+            "best_speed": best.speed if best else None,
             "output_tokens_per_s": best.output_tokens_per_s if best else None,
             "ttft_p95_ms": best.ttft_p95_ms if best else None,
             "tpot_p95_ms": best.tpot_p95_ms if best else None,
@@ -133,7 +136,9 @@ def chart_points(*, levels: list[Level]) -> dict[str, list[dict[str, Any]]]:
         if level.verdict == Level.Verdict.RUNNING:
             continue
         points.setdefault(level.pool.name, []).append({
-            "concurrency": level.concurrency, "attempt": level.attempt,
+            "concurrency": level.concurrency, "speed": level.speed,
+            "x": level.speed if level.speed is not None else level.concurrency,
+            "attempt": level.attempt,
             "verdict": level.verdict, "note": level.note,
             "output_tokens_per_s": level.output_tokens_per_s,
             "ttft_p95_ms": level.ttft_p95_ms, "tpot_p95_ms": level.tpot_p95_ms,
@@ -146,7 +151,8 @@ def chart_points(*, levels: list[Level]) -> dict[str, list[dict[str, Any]]]:
 
 def run_samples(*, run: Run) -> QuerySet[Sample]:
     return (Sample.objects.filter(level__run=run).select_related("level__pool")
-            .order_by("level__pool__name", "level__concurrency", "level__attempt", "shard",
+            .order_by("level__pool__name", "level__concurrency", "level__speed",
+                      "level__attempt", "shard",
                       "index"))
 
 

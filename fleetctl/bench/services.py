@@ -7,9 +7,22 @@ so machine drift hits every pool alike. A level split over several client proces
 `bench` queue — on any machine with a worker for that queue — all starting at one wall-clock
 instant; their raw samples are merged exactly (never percentiles of percentiles).
 
+A run's `timing` says how a level loads the pool. "concurrency" (the default): N streams,
+closed loop, swept over a list of levels or searched. "trace": open loop at the trace's own
+arrival times divided by a speed factor (1 = as recorded, 2 = twice as fast), one level per
+speed in `run.speeds`, ascending (stopping after an invalid one, as for concurrency levels).
+A trace-timing level split over shards gives request i (in arrival order) to shard
+i % shards; every shard replays its subset at the same speed from the same start instant, so
+together they send exactly the trace's schedule and the merged samples are exact (a sample's
+`index` is the request's position in the replayed schedule: no index appears twice). Such a
+level is stored with `concurrency = 0` and `speed` set.
+
 When a run ends, each pool's highest SLO-passing level gives its cost per 1M output tokens
 (hourly rate / tokens per second × 1e6 / 3600), which becomes the pool's derived cost field,
-and an `Evidence` row of kind "benchmark" for migration plans' gates.
+and an `Evidence` row of kind "benchmark" for migration plans' gates. For trace timing the
+"highest level" is the highest trace speed that meets the SLO, and the cost is at its output
+tokens/s; the evidence then carries `timing: "trace"` and `best_speed` (`best_concurrency`
+stays null, so concurrency rules say it is not the measurement they need).
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import os
 import socket
 import tempfile
@@ -209,7 +223,11 @@ def trace_requests(trace: Trace) -> list[traces.TraceRequest]:
 
 # --- runs -------------------------------------------------------------------------------------
 
-RUN_FIELDS = ["name", "trace", "model_id", "mode", "levels", "max_concurrency",
+MAX_SPEED = 1000.0
+SPEEDS_HELP = ("Give trace speeds as a list of positive numbers up to 1000, e.g. [0.5, 1, 2, 4] "
+               "(1 = the trace's own arrival times, 2 = twice as fast).")
+RUN_FIELDS = ["name", "trace", "model_id", "mode", "levels", "timing", "speeds",
+              "max_concurrency",
               "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "warmup_s", "window_s",
               "min_samples", "shards", "lag_limit_ms"]
 
@@ -219,7 +237,8 @@ def run_create(*, actor: Actor, trace: Trace, pools: list[Pool], model_id: str,
                mode: str = Run.Mode.SEARCH, levels: list[int] | None = None,
                max_concurrency: int = 256, warmup_s: float = 2.0, window_s: float = 10.0,
                min_samples: int = 30, shards: int = 1, lag_limit_ms: float = 25.0,
-               name: str = "") -> Run:
+               name: str = "", timing: str = Run.Timing.CONCURRENCY,
+               speeds: list[float] | None = None) -> Run:
     actor.require(roles.JOBS, action="bench.run.create", target="bench.run")
     if not pools:
         raise ValidationError({"pools": ["Name at least one pool."]})
@@ -229,7 +248,21 @@ def run_create(*, actor: Actor, trace: Trace, pools: list[Pool], model_id: str,
     if missing:
         raise ValidationError({"pools": [f"{', '.join(missing)} do(es) not serve {model_id}."]})
     levels = list(levels or [])
-    if mode == Run.Mode.LEVELS:
+    speeds = list(speeds or [])
+    if timing not in Run.Timing.values:
+        raise ValidationError({"timing": [f"Unknown timing {timing!r}; choose "
+                                          f"{' or '.join(Run.Timing.values)}."]})
+    if timing == Run.Timing.TRACE:
+        if not speeds or any(not isinstance(x, int | float) or isinstance(x, bool)
+                             or not math.isfinite(x) or not 0 < x <= MAX_SPEED
+                             for x in speeds):
+            raise ValidationError({"speeds": [SPEEDS_HELP]})
+        speeds = sorted({float(x) for x in speeds})
+        mode, levels = Run.Mode.LEVELS, []  # the speeds are the explicit list
+    elif speeds:
+        raise ValidationError({"speeds": ["Speeds are for timing=trace; a concurrency run "
+                                          "takes levels or a search."]})
+    if timing == Run.Timing.CONCURRENCY and mode == Run.Mode.LEVELS:
         if not levels or any(not isinstance(c, int) or isinstance(c, bool) or c < 1
                              for c in levels):
             raise ValidationError({"levels": ["Give concurrency levels as positive integers, "
@@ -238,6 +271,7 @@ def run_create(*, actor: Actor, trace: Trace, pools: list[Pool], model_id: str,
             raise ValidationError({"levels": [f"Levels go up to max_concurrency "
                                               f"({max_concurrency})."]})
     run = Run(name=name, trace=trace, model_id=model_id, mode=mode, levels=sorted(set(levels)),
+              timing=timing, speeds=speeds,
               max_concurrency=max_concurrency, slo_ttft_p95_ms=slo_ttft_p95_ms,
               slo_tpot_p95_ms=slo_tpot_p95_ms, slo_error_rate=slo_error_rate,
               warmup_s=warmup_s, window_s=window_s, min_samples=min_samples, shards=shards,
@@ -248,7 +282,8 @@ def run_create(*, actor: Actor, trace: Trace, pools: list[Pool], model_id: str,
         run.pools.set(pools)
         audit_record(actor=actor, action="bench.run.create", target=run,
                      after={"trace": trace.name, "pools": [p.name for p in pools],
-                            "mode": mode, "levels": run.levels})
+                            "mode": mode, "levels": run.levels, "timing": timing,
+                            "speeds": speeds})
         from fleetctl.bench.tasks import run_execute as task
 
         transaction.on_commit(lambda: task.delay(run.pk))
@@ -316,13 +351,77 @@ def _split(concurrency: int, shards: int) -> list[int]:
 
 
 async def _measure_shard(*, run: Run, requests: list[traces.TraceRequest], pool: Pool,
-                         concurrency: int, start_at: float) -> runner.LevelResult:
+                         concurrency: int, start_at: float, speed: float | None = None,
+                         shard: int = 0, shards: int = 1) -> runner.LevelResult:
+    if speed is not None:
+        return await _replay_shard(run=run, requests=requests, pool=pool, start_at=start_at,
+                                   speed=speed, shard=shard, shards=shards)
     delay = start_at - time.time()
     if delay > 0:
         await asyncio.sleep(delay)
     return await runner.run_level(_endpoint(pool, run.model_id), requests, _plan(run),
                                   concurrency=concurrency,
                                   request_id_prefix=f"run{run.pk}-{pool.name}-c{concurrency}")
+
+
+@dataclass(frozen=True, slots=True)
+class _ShardRow:
+    """A trace row as one shard replays it: the row, shifted by whole trace periods."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    arrival_s: float
+    prompt: str | None
+    messages: Any
+    prefix_group: str | None
+    prefix_tokens: int
+
+
+MAX_SHARD_ROWS = 500_000
+
+
+def _trace_share(requests: list[traces.TraceRequest], shard: int, shards: int, speed: float,
+                 horizon_s: float) -> tuple[list[Any], list[int], int, float]:
+    """Shard `shard`'s part of a trace-timing level: request j (in arrival order) of every
+    pass over the trace goes to shard j % shards. The passes are laid out here (as the
+    runner would loop them, same period) so that every shard keeps the whole trace's
+    clock; returns (rows, the schedule position of each row, positions per lay-out, the
+    delay of the shard's first send after the common start, in seconds)."""
+    n = len(requests)
+    order = sorted(range(n), key=lambda i: requests[i].arrival_s)
+    first = requests[order[0]].arrival_s
+    span = requests[order[-1]].arrival_s - first
+    period = span + span / (n - 1) if n > 1 and span > 0 else 1.0  # as runner._open_loop
+    mine = range(shard, n, shards)
+    passes = max(1, min(math.ceil(horizon_s * speed / period) + 1,
+                        MAX_SHARD_ROWS // max(1, len(mine))))
+    rows: list[Any] = []
+    positions: list[int] = []
+    for loop in range(passes):
+        for j in mine:
+            r = requests[order[j]]
+            rows.append(_ShardRow(r.prompt_tokens, r.completion_tokens,
+                                  r.arrival_s + loop * period, r.prompt, r.messages,
+                                  r.prefix_group, r.prefix_tokens))
+            positions.append(loop * n + j)
+    return rows, positions, passes * n, (rows[0].arrival_s - first) / speed
+
+
+async def _replay_shard(*, run: Run, requests: list[traces.TraceRequest], pool: Pool,
+                        start_at: float, speed: float, shard: int, shards: int
+                        ) -> runner.LevelResult:
+    plan = _plan(run)
+    rows, positions, per_layout, offset = _trace_share(requests, shard, shards, speed,
+                                                       plan.max_duration_s)
+    delay = start_at + offset - time.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    result = await runner.run_level(
+        _endpoint(pool, run.model_id), rows, plan, speed=speed,
+        request_id_prefix=f"run{run.pk}-{pool.name}-s{speed:g}-{shard}")
+    for r in result.results:  # the sample index: the request's place in the whole schedule
+        r.seq = (r.seq // len(rows)) * per_layout + positions[r.index]
+    return result
 
 
 def _save_part(level: Level, shard: int, concurrency: int, result: runner.LevelResult | None,
@@ -357,8 +456,10 @@ def shard_execute(*, level_id: int, shard: int, concurrency: int, start_at: floa
     run = level.run
     try:
         requests = trace_requests(run.trace)
-        result = asyncio.run(_measure_shard(run=run, requests=requests, pool=level.pool,
-                                            concurrency=concurrency, start_at=start_at))
+        result = asyncio.run(_measure_shard(
+            run=run, requests=requests, pool=level.pool, concurrency=concurrency,
+            start_at=start_at, speed=level.speed, shard=shard,
+            shards=_trace_shards(run, len(requests))))
         _save_part(level, shard, concurrency, result)
     except Exception as exc:  # recorded on the level; the coordinator decides
         log.exception("bench shard %s/%s failed", level_id, shard)
@@ -415,16 +516,27 @@ def _judge(level: Level, ctx: _Context) -> stats.Verdict:
     return verdict
 
 
-async def _measure(ctx: _Context, pool: Pool, concurrency: int) -> stats.Verdict:
-    """One level of one pool: every shard's part stored, then judged on the merged samples."""
+def _trace_shards(run: Run, n_requests: int) -> int:
+    """Client processes of a trace-timing level: each needs at least one request."""
+    return max(1, min(run.shards, n_requests))
+
+
+async def _measure(ctx: _Context, pool: Pool, concurrency: int,
+                   speed: float | None = None) -> stats.Verdict:
+    """One level of one pool: every shard's part stored, then judged on the merged samples.
+    `speed` set: a trace-timing level (concurrency 0), every shard at that speed."""
     async with ctx.lock:  # pools take turns (FIFO): drift hits all alike
         run = ctx.run
-        await sync_to_async(_heartbeat)(run, f"{pool.name} at concurrency {concurrency}")
+        doing = (f"{pool.name} at trace speed {speed:g}×" if speed is not None
+                 else f"{pool.name} at concurrency {concurrency}")
+        await sync_to_async(_heartbeat)(run, doing)
         if await sync_to_async(_cancelled)(run):
             ctx.cancelled = True
             return stats.Verdict("invalid", "cancelled", None, {}, "run cancelled")
-        level = await sync_to_async(_level_start)(run, pool, concurrency)
-        shares = _split(concurrency, run.shards)
+        level = await sync_to_async(_level_start)(run, pool, concurrency, speed)
+        n_shards = _trace_shards(run, len(ctx.requests))
+        shares = (_split(concurrency, run.shards) if speed is None
+                  else [0] * n_shards)
         start_at = time.time() + (1.5 if len(shares) > 1 else 0.0)
         if len(shares) > 1:
             from fleetctl.bench.tasks import shard as shard_task
@@ -433,7 +545,8 @@ async def _measure(ctx: _Context, pool: Pool, concurrency: int) -> stats.Verdict
                 await sync_to_async(shard_task.delay)(level.pk, index, share, start_at)
         try:
             result = await _measure_shard(run=run, requests=ctx.requests, pool=pool,
-                                          concurrency=shares[0], start_at=start_at)
+                                          concurrency=shares[0], start_at=start_at,
+                                          speed=speed, shard=0, shards=len(shares))
             await sync_to_async(_save_part)(level, 0, shares[0], result)
         except Exception as exc:
             await sync_to_async(_save_part)(level, 0, shares[0], None,
@@ -447,9 +560,11 @@ async def _measure(ctx: _Context, pool: Pool, concurrency: int) -> stats.Verdict
         return await sync_to_async(_judge)(level, ctx)
 
 
-def _level_start(run: Run, pool: Pool, concurrency: int) -> Level:
-    attempt = Level.objects.filter(run=run, pool=pool, concurrency=concurrency).count() + 1
-    return Level.objects.create(run=run, pool=pool, concurrency=concurrency, attempt=attempt)
+def _level_start(run: Run, pool: Pool, concurrency: int, speed: float | None = None) -> Level:
+    attempt = Level.objects.filter(run=run, pool=pool, concurrency=concurrency,
+                                   speed=speed).count() + 1
+    return Level.objects.create(run=run, pool=pool, concurrency=concurrency, speed=speed,
+                                attempt=attempt)
 
 
 def _parts_reported(level: Level) -> int:
@@ -473,10 +588,50 @@ def _cancelled(run: Run) -> bool:
     return Run.objects.filter(pk=run.pk, status=Run.Status.CANCELLED).exists()
 
 
-async def _sweep_pool(ctx: _Context, pool: Pool) -> sweep.SweepResult[stats.Verdict]:
+@dataclass
+class SpeedSweep:
+    """A trace-timing pool's outcome: the highest passing speed (what `_record` reads)."""
+
+    best: float | None
+    client_bound: bool
+    note: str
+
+
+async def _sweep_speeds(ctx: _Context, pool: Pool) -> SpeedSweep:
+    """The speeds in ascending order, as an explicit level list (sweep.run_levels over their
+    ranks): stop after an invalid one, the best is the highest that passed."""
+    speeds = sorted(float(x) for x in ctx.run.speeds)
+
+    async def measure(rank: int) -> stats.Verdict:
+        return await _measure(ctx, pool, 0, speed=speeds[rank - 1])
+
+    result = await sweep.run_levels(measure, range(1, len(speeds) + 1))
+
+    def at(rank: int | None) -> float | None:
+        return None if rank is None else speeds[rank - 1]
+
+    best = at(result.best)
+    parts = ["no trace speed passed" if best is None
+             else f"highest passing trace speed {best:g}×"]
+    first_fail = min((s.concurrency for s in result.steps
+                      if s.outcome in ("fail", "insufficient")), default=None)
+    if first_fail is not None:
+        parts.append(f"lowest failing {at(first_fail):g}×")
+    if result.client_bound:
+        parts.append("client was the bottleneck at "
+                     f"{', '.join(f'{at(r):g}×' for r in result.invalid_levels)}: "
+                     "add client processes")
+    if result.skipped:
+        parts.append(f"not measured: {', '.join(f'{at(r):g}×' for r in result.skipped)}")
+    return SpeedSweep(best=best, client_bound=result.client_bound, note="; ".join(parts))
+
+
+async def _sweep_pool(ctx: _Context, pool: Pool) -> Any:
     async def measure(concurrency: int) -> stats.Verdict:
         return await _measure(ctx, pool, concurrency)
 
+    if ctx.run.timing == Run.Timing.TRACE:
+        return await _sweep_speeds(ctx, pool)
     if ctx.run.mode == Run.Mode.LEVELS:
         return await sweep.run_levels(measure, ctx.run.levels)
     return await sweep.search(measure, max_concurrency=ctx.run.max_concurrency)
@@ -524,11 +679,14 @@ def run_results(run: Run) -> list[PoolResult]:
     """Per pool: its highest passing level (its latest attempt at that concurrency)."""
     out = []
     progress = run.progress or {}
+    trace_timing = run.timing == Run.Timing.TRACE
     for pool in run.pools.order_by("name"):
-        levels = list(Level.objects.filter(run=run, pool=pool).order_by("concurrency", "attempt"))
+        levels = list(Level.objects.filter(run=run, pool=pool)
+                      .order_by("concurrency", "speed", "attempt"))
         best_c = (progress.get("best") or {}).get(pool.name)
-        best = next((lv for lv in reversed(levels) if lv.concurrency == best_c
-                     and lv.verdict == Level.Verdict.PASS), None)
+        best = next((lv for lv in reversed(levels)
+                     if (lv.speed == best_c if trace_timing else lv.concurrency == best_c)
+                     and best_c is not None and lv.verdict == Level.Verdict.PASS), None)
         out.append(PoolResult(pool=pool, best=best, levels=levels,
                               client_bound=bool((progress.get("client_bound") or {})
                                                 .get(pool.name)),
@@ -562,7 +720,9 @@ def _record(run: Run, pools: list[Pool], outcome: dict[str, Any], *, cancelled: 
             if best is not None and best.cost_per_1m is not None:
                 pool_set_cost(actor=system, pool=pool, cost_per_1m=best.cost_per_1m,
                               measured_at=now)
-                summary = (f"highest SLO-passing concurrency {best.concurrency}: "
+                load = (f"trace speed {best.speed:g}×" if best.speed is not None
+                        else f"concurrency {best.concurrency}")
+                summary = (f"highest SLO-passing {load}: "
                            f"{best.output_tokens_per_s:,.0f} output tok/s, "
                            f"{best.cost_per_1m} {pool.currency} per 1M (run {run.pk})")
                 verdict = "pass"
@@ -572,7 +732,10 @@ def _record(run: Run, pools: list[Pool], outcome: dict[str, Any], *, cancelled: 
             evidence_record(
                 actor=system, pool=pool, kind="benchmark", verdict=verdict, summary=summary,
                 model_id=run.model_id, url=f"/bench/runs/{run.pk}/",
-                data={"run": run.pk, "best_concurrency": best.concurrency if best else None,
+                data={"run": run.pk, "timing": run.timing,
+                      "best_concurrency": best.concurrency if best and best.speed is None
+                      else None,
+                      "best_speed": best.speed if best else None,
                       "output_tokens_per_s": best.output_tokens_per_s if best else None,
                       "cost_per_1m": str(best.cost_per_1m) if best and best.cost_per_1m
                       is not None else None,

@@ -185,7 +185,8 @@ def _run_context(run: Run) -> dict[str, Any]:
     colours = pool_colours(pool.name for pool in run.pools.all())
     figures = [(element, f"{element}-data", label, figure_data(fig))
                for element, label, fig in charts.run_figures(
-                   points, slo_ttft_ms=run.slo_ttft_p95_ms, slo_tpot_ms=run.slo_tpot_p95_ms)]
+                   points, slo_ttft_ms=run.slo_ttft_p95_ms, slo_tpot_ms=run.slo_tpot_p95_ms,
+                   timing=run.timing)]
     rows = [LevelRow.of(level, colours.get(level.pool.name, "")) for level in levels]
     return {
         "run": run, "levels": rows, "outcomes": outcomes,

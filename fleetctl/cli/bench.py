@@ -1,5 +1,6 @@
 """`fleetctl bench traces | upload | generate | run | show`: benchmark a trace against pools
-and read each pool's highest SLO-passing concurrency and its cost per 1M output tokens."""
+and read each pool's highest SLO-passing concurrency (or, with `--speeds`, the highest
+trace speed) and its cost per 1M output tokens."""
 
 from __future__ import annotations
 
@@ -102,6 +103,27 @@ def levels_arg(text: str) -> list[int]:
     return levels
 
 
+def speeds_arg(text: str) -> list[float]:
+    speeds = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = float(part)
+        except ValueError:
+            value = float("nan")
+        if not 0 < value <= 1000:  # NaN fails too
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not a speed > 0 and ≤ 1000; write speeds as 0.5,1,2 "
+                "(1 = the trace's own timing)")
+        speeds.append(value)
+    return speeds
+
+
+def _load(level: dict[str, Any]) -> str:
+    speed = level.get("speed")
+    return f"{speed:g}×" if speed is not None else str(level["concurrency"])
+
+
 def progress_line(run: dict[str, Any]) -> str:
     """`run 12: running [#####-----] 3/8 levels · paced at concurrency 4`."""
     progress = run["progress"]
@@ -138,10 +160,12 @@ def _cost(result: dict[str, Any]) -> str:
 
 
 def print_results(run: dict[str, Any]) -> None:
+    trace_timing = run.get("timing") == "trace"
     print_table(
-        ["pool", "highest passing conc.", "output tok/s", "binding", "cost per 1M out",
-         "note"],
-        [[r["pool"], _num(r["best_concurrency"], "{}"),
+        ["pool", "highest passing speed" if trace_timing else "highest passing conc.",
+         "output tok/s", "binding", "cost per 1M out", "note"],
+        [[r["pool"], _num(r.get("best_speed"), "{:g}×") if trace_timing
+          else _num(r["best_concurrency"], "{}"),
           _num(r["output_tokens_per_s"], "{:,.1f}"), r["binding"] or "—", _cost(r),
           ("client-bound; " if r["client_bound"] else "") + (r["note"] or "")]
          for r in run["results"]])
@@ -165,7 +189,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         "slo_ttft_p95_ms": args.ttft_p95_ms, "slo_tpot_p95_ms": args.tpot_p95_ms,
         "slo_error_rate": args.error_rate, "shards": args.shards, "name": args.name,
     }
-    if args.levels:
+    if args.speeds:
+        body |= {"timing": "trace", "speeds": args.speeds}
+    elif args.levels:
         body |= {"mode": "levels", "levels": args.levels,
                  "max_concurrency": max(args.max_concurrency or 0, max(args.levels), 256)}
     else:
@@ -189,8 +215,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(run)
         return 0
-    sweep = (f"levels {', '.join(map(str, run['levels']))}" if run["mode"] == "levels"
-             else f"search up to {run['max_concurrency']}")
+    if run.get("timing") == "trace":
+        sweep = "trace timing at speeds " + ", ".join(f"{x:g}×" for x in run["speeds"])
+    elif run["mode"] == "levels":
+        sweep = f"levels {', '.join(map(str, run['levels']))}"
+    else:
+        sweep = f"search up to {run['max_concurrency']}"
     print_fields([
         ("run", f"{run['id']} {run['name']}".strip()), ("status", run["status"]),
         ("trace", run["trace"]), ("pools", ", ".join(run["pools"])),
@@ -202,9 +232,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     print()
     print_results(run)
     print()
-    print_table(["pool", "conc.", "verdict", "tok/s", "ttft p95 ms", "tpot p95 ms",
-                 "errors", "cost/1M", "reason"],
-                [[lv["pool"], lv["concurrency"], lv["verdict"],
+    load = "speed" if run.get("timing") == "trace" else "conc."
+    print_table(["pool", load, "verdict", "tok/s", "ttft p95 ms", "tpot p95 ms", "errors",
+                 "cost/1M", "reason"],
+                [[lv["pool"], _load(lv), lv["verdict"],
                   _num(lv["output_tokens_per_s"], "{:,.1f}"), _num(lv["ttft_p95_ms"], "{:.0f}"),
                   _num(lv["tpot_p95_ms"], "{:.1f}"), _num(lv["error_rate"], "{:.3f}"),
                   lv["cost_per_1m"] or "—", lv["note"]] for lv in run["level_rows"]])
@@ -271,6 +302,9 @@ def add_commands(sub: Any, common: Any) -> None:
     sweep.add_argument("--levels", type=levels_arg, help="fixed levels, e.g. 1,4,16,64")
     sweep.add_argument("--max-concurrency", type=_positive_int,
                        help="search up to this (default 256)")
+    sweep.add_argument("--speeds", type=speeds_arg,
+                       help="replay at the trace's own timing scaled by each speed, e.g. "
+                            "0.5,1,2 (implies trace timing)")
     run.add_argument("--shards", type=_positive_int, default=1,
                      help="client processes per level (bench workers)")
     run.add_argument("--warmup-s", type=_number)

@@ -198,7 +198,8 @@ def test_reads_need_read_and_starting_a_run_needs_jobs(client_for, token_client,
 
 def test_the_run_detail_gives_each_pools_best_level_and_its_cost(client_for, pools):
     run = finished_run(small_trace(), pools["paced"], pools["faulty"])
-    body = client_for("viewer").get(f"{RUNS}{run.pk}/").json()
+    viewer = client_for("viewer")
+    body = viewer.get(f"{RUNS}{run.pk}/").json()
     results = {r["pool"]: r for r in body["results"]}
     assert results["paced"]["best_concurrency"] == 4
     assert results["paced"]["output_tokens_per_s"] == 400.0
@@ -265,3 +266,63 @@ def test_runs_filter_by_status_pool_and_trace(client_for, pools):
     assert viewer.get(RUNS, {"pool": "elsewhere"}).json()["count"] == 0
     assert viewer.get(RUNS, {"trace": "short-chat"}).json()["count"] == 1
     assert viewer.get(RUNS, {"trace": "other"}).json()["count"] == 0
+
+
+# --- trace timing ----------------------------------------------------------------------------
+
+def test_a_trace_timing_run_is_started_with_speeds(client_for, pools,
+                                                   django_capture_on_commit_callbacks):
+    small_trace()
+    with django_capture_on_commit_callbacks(execute=False):
+        answer = client_for("on-call").post(
+            RUNS, new_run(pools=("paced", "faulty"), timing="trace", speeds=[2, 0.5, 1],
+                          levels=[]), format="json")
+    assert answer.status_code == 202, answer.json()
+    body = answer.json()
+    assert body["timing"] == "trace" and body["speeds"] == [0.5, 1.0, 2.0]
+    assert body["mode"] == "levels" and body["levels"] == []
+    assert body["progress"]["levels_planned"] == 6  # three speeds × two pools
+    assert all(r["best_speed"] is None for r in body["results"])
+
+
+@pytest.mark.parametrize(("speeds", "says"), [
+    ([], "Give trace speeds"),
+    ([1, -2], "-2 is not one"),
+    ([0], "0 is not one"),
+    (["2"], '"2" is not one'),
+    (["fast"], '"fast" is not one'),
+    ([True], "true is not one"),
+    ([1500], "1500 is not one"),
+    ("1, 2", "Expected a list"),
+])
+def test_bad_speeds_are_400s_that_name_speeds(client_for, pools, speeds, says):
+    small_trace()
+    answer = client_for("on-call").post(RUNS, new_run(timing="trace", speeds=speeds),
+                                        format="json")
+    assert answer.status_code == 400, answer.json()
+    messages = answer.json()["error"]["fields"]["speeds"]
+    assert any(says in message for message in messages), messages
+    assert not Run.objects.exists()
+
+
+def test_trace_timing_levels_and_samples_carry_their_speed(client_for, pools):
+    from fleetctl.bench.models import Level
+
+    run = finished_run(small_trace(), pools["paced"], pools["faulty"])
+    Run.objects.filter(pk=run.pk).update(timing="trace", speeds=[1.0, 4.0], levels=[],
+                                         progress={**run.progress,
+                                                   "best": {"paced": 4.0, "faulty": 1.0}})
+    for level in Level.objects.filter(run=run):
+        level.speed, level.concurrency = float(level.concurrency), 0
+        level.save()
+    viewer = client_for("viewer")
+    body = viewer.get(f"{RUNS}{run.pk}/").json()
+    results = {r["pool"]: r for r in body["results"]}
+    assert results["paced"]["best_speed"] == 4.0 and results["paced"]["best_concurrency"] is None
+    assert results["faulty"]["best_speed"] == 1.0
+    assert {lv["speed"] for lv in body["level_rows"]} == {1.0, 4.0, 16.0}
+    rows = list(csv.DictReader(io.StringIO(
+        b"".join(viewer.get(f"{RUNS}{run.pk}/export.csv").streaming_content)
+        .decode())))
+    assert {r["speed"] for r in rows} == {"1.0", "4.0", "16.0"}
+    assert {r["concurrency"] for r in rows} == {"0"}

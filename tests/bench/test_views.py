@@ -234,3 +234,57 @@ def test_the_upload_reads_a_multi_megabyte_file_from_disk(login_as, settings):
         "name": "big", "source": "auto", "file": io.BytesIO(body)})
     assert answer.status_code == 302
     assert Trace.objects.get(name="big").requests == 2000
+
+
+# --- trace timing ----------------------------------------------------------------------------
+
+def test_the_run_form_starts_a_trace_timing_run(login_as, pools):
+    small_trace()
+    answer = login_as("on-call").post(reverse("bench:run-create"), run_form(
+        timing="trace", speeds="2, 0.5 1", mode="", levels=""))
+    run = Run.objects.get()
+    assert answer.status_code == 302 and answer["Location"] == f"/bench/runs/{run.pk}/"
+    assert run.timing == "trace" and run.speeds == [0.5, 1.0, 2.0] and run.levels == []
+
+
+@pytest.mark.parametrize(("speeds", "says"), [
+    ("", "Trace timing needs at least one speed"),
+    ("1, -2", "&#x27;-2&#x27; is not one"),
+    ("0", "&#x27;0&#x27; is not one"),
+    ("1, fast", "&#x27;fast&#x27; is not one"),
+])
+def test_bad_trace_speeds_are_shown_on_the_form(login_as, pools, speeds, says):
+    small_trace()
+    answer = login_as("on-call").post(reverse("bench:run-create"),
+                                      run_form(timing="trace", speeds=speeds))
+    assert answer.status_code == 200
+    html = answer.content.decode()
+    assert says in html and "Nothing was stored" in html
+    assert not Run.objects.exists()
+
+
+def test_a_trace_timing_run_page_plots_against_trace_speed(login_as, pools):
+    from fleetctl.bench.models import Level
+
+    run = finished_run(small_trace(), pools["paced"], pools["faulty"])
+    Run.objects.filter(pk=run.pk).update(timing="trace", speeds=[1.0, 4.0, 16.0], levels=[],
+                                         progress={**run.progress,
+                                                   "best": {"paced": 4.0, "faulty": 1.0}})
+    for level in Level.objects.filter(run=run):
+        level.speed, level.concurrency = float(level.concurrency), 0
+        level.save()
+    html = login_as("viewer").get(reverse("bench:run-detail", args=[run.pk])).content.decode()
+    paced = html[html.index('data-pool="paced"'):]
+    assert re.search(r'class="best-speed">4×<', paced)
+    assert "Highest SLO-passing trace speed" in paced
+    assert '<th scope="col" class="num">Trace speed</th>' in html
+    assert 'data-speed="16"' in html and ">16×" in html
+    assert "trace timing (open loop" in html and "1×, 4×, 16×" in html
+    figure = json.loads(re.search(
+        r'<script id="throughput-chart-data" type="application/json">(.*?)</script>', html,
+        re.S)[1])
+    assert figure["layout"]["xaxis"]["title"]["text"].startswith("trace speed")
+    assert figure["layout"]["xaxis"]["ticktext"] == ["1×", "4×", "16×"]
+    assert figure["layout"]["title"]["text"] == "Output tokens/s vs trace speed"
+    paced_trace = next(t for t in figure["data"] if t["name"] == "paced")
+    assert paced_trace["x"] == [1.0, 4.0]

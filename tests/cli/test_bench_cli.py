@@ -150,3 +150,46 @@ def test_errors_are_one_line_and_exit_codes_say_whose_fault(
     assert no_token.returncode == 2 and "FLEETCTL_TOKEN" in no_token.stderr
     absent = run(live_server, "bench", "show", "999", token=oncall_token)
     assert absent.returncode == 1 and one_line(absent).startswith("fleetctl: HTTP 404")
+
+
+def test_bench_run_with_speeds_replays_at_trace_timing(live_server, sim_pools, oncall_token):
+    made = run(live_server, "bench", "generate", "--name", "short-chat", "--n", "200",
+               "--rate", "50", "--prompt-tokens", "50-150", "--completion-tokens", "16-32",
+               "--seed", "7", token=oncall_token)
+    assert made.returncode == 0, made.stderr
+    done = run(live_server, "bench", "run", "--trace", "short-chat", "--pool", "paced",
+               "--model", MODEL, *SLO, "--speeds", "0.5,2", *FAST, token=oncall_token)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    run_id = Run.objects.get().pk
+    assert re.search(rf"run {run_id}: running \[[#-]{{20}}\] \d/2 levels · paced at "
+                     r"trace speed (0\.5|2)×", done.stderr), done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[:4] == ["POOL", "HIGHEST", "PASSING", "SPEED"]
+    # The verdicts depend on how busy the machine is; the shape of the answer does not.
+    assert re.match(r"paced\s+(2×|0\.5×|—)\s+", lines[1]), lines[1]
+    shown = run(live_server, "bench", "show", str(run_id), token=oncall_token)
+    assert shown.returncode == 0, shown.stderr
+    assert "trace timing at speeds 0.5×, 2×" in shown.stdout
+    measured = [line for line in shown.stdout.splitlines()
+                if re.match(r"paced\s+(0\.5|2)×\s+(pass|fail|insufficient|invalid) ", line)]
+    # Both speeds, unless the first was invalid (a busy test machine): then the note says so.
+    assert len(measured) == 2 or "not measured: 2×" in shown.stdout, shown.stdout
+
+
+def test_bad_speeds_are_command_line_errors(live_server, transactional_db, make_pool,
+                                            oncall_token):
+    serving(make_pool, "paced")
+    for speeds, says in (("1,x", "'x' is not a speed"), ("0.5,-1", "'-1' is not a speed")):
+        bad = run(live_server, "bench", "run", "--trace", "t", "--pool", "paced", "--model",
+                  MODEL, *SLO, "--speeds", speeds, token=oncall_token)
+        assert bad.returncode == 2 and says in bad.stderr, bad.stderr
+    both = run(live_server, "bench", "run", "--trace", "t", "--pool", "paced", "--model",
+               MODEL, *SLO, "--speeds", "1", "--levels", "1,4", token=oncall_token)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    run(live_server, "bench", "generate", "--name", "t", "--n", "20", token=oncall_token)
+    started = run(live_server, "bench", "run", "--trace", "t", "--pool", "paced", "--model",
+                  MODEL, *SLO, "--speeds", "0.5,2", "--no-wait", "--json", token=oncall_token)
+    assert started.returncode == 0, started.stderr
+    body = json.loads(started.stdout)
+    assert body["timing"] == "trace" and body["speeds"] == [0.5, 2.0]
+    assert not Run.objects.exclude(pk=body["id"]).exists()

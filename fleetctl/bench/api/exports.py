@@ -6,11 +6,12 @@ CSV columns, one row per request the client sent (warm-up requests included, fla
 |---|---|
 | run | the run's id |
 | pool | the pool measured |
-| concurrency | the level's concurrency (streams in flight) |
+| concurrency | the level's concurrency (streams in flight); 0 for a trace-timing level |
+| speed | trace-timing level: the trace speed factor (1 = the trace's own timing); else empty |
 | attempt | the level's attempt at that concurrency (a search may measure one twice) |
 | verdict | the level's verdict: pass, fail, insufficient, invalid, error |
 | shard | which client process measured the request (0 … shards − 1) |
-| index | the request's sequence number within its shard |
+| index | sequence number within its shard (trace timing: place in the whole schedule) |
 | warmup | 1 when sent during warm-up (left out of every statistic), else 0 |
 | status | ok, error or timeout |
 | http_status | the HTTP status the server answered (empty if none) |
@@ -43,9 +44,9 @@ from fleetctl.bench import selectors, stats
 from fleetctl.bench.models import Run, Sample
 
 CSV_COLUMNS = [
-    "run", "pool", "concurrency", "attempt", "verdict", "shard", "index", "warmup", "status",
-    "http_status", "scheduled_s", "schedule_lag_s", "ttft_s", "tpot_s", "e2e_s", "itl_count",
-    "itl_p50_s", "itl_max_s", "input_tokens", "output_tokens", "window_tokens",
+    "run", "pool", "concurrency", "speed", "attempt", "verdict", "shard", "index", "warmup",
+    "status", "http_status", "scheduled_s", "schedule_lag_s", "ttft_s", "tpot_s", "e2e_s",
+    "itl_count", "itl_p50_s", "itl_max_s", "input_tokens", "output_tokens", "window_tokens",
     "tokens_source", "error",
 ]
 
@@ -58,7 +59,8 @@ def sample_row(sample: Sample) -> list[Any]:
     level = sample.level
     gaps = list(sample.itl_s)
     return [
-        level.run_id, level.pool.name, level.concurrency, level.attempt, level.verdict,
+        level.run_id, level.pool.name, level.concurrency, _cell(level.speed), level.attempt,
+        level.verdict,
         sample.shard, sample.index, int(sample.warmup), sample.status,
         _cell(sample.http_status), sample.scheduled_s, sample.schedule_lag_s,
         _cell(sample.ttft_s), _cell(sample.tpot_s), _cell(sample.e2e_s), len(gaps),
@@ -90,7 +92,8 @@ def csv_lines(run: Run) -> Iterator[str]:
 def sample_json(sample: Sample) -> dict[str, Any]:
     level = sample.level
     return {
-        "pool": level.pool.name, "concurrency": level.concurrency, "attempt": level.attempt,
+        "pool": level.pool.name, "concurrency": level.concurrency, "speed": level.speed,
+        "attempt": level.attempt,
         "verdict": level.verdict, "shard": sample.shard, "index": sample.index,
         "warmup": sample.warmup, "status": sample.status, "http_status": sample.http_status,
         "scheduled_s": sample.scheduled_s, "schedule_lag_s": sample.schedule_lag_s,

@@ -79,6 +79,27 @@ class LevelsField(serializers.ListField):
         return list(data)
 
 
+class SpeedsField(serializers.ListField):
+    """Trace speed factors: numbers > 0 and ≤ 1000 (not "2", not true)."""
+
+    child = serializers.FloatField()
+    default_error_messages = {
+        "speeds": "Give trace speeds as a list of numbers > 0 and ≤ 1000, e.g. [0.5, 1, 2, 4]"
+                  " (1 = the trace's own timing); {value} is not one.",
+    }
+
+    def to_internal_value(self, data: Any) -> list[float]:
+        import math
+
+        if not isinstance(data, list):
+            self.fail("not_a_list", input_type=type(data).__name__)
+        for value in data:
+            if (type(value) not in (int, float) or not math.isfinite(value)
+                    or not 0 < value <= 1000):
+                self.fail("speeds", value=json_text(value))
+        return [float(v) for v in data]
+
+
 def json_text(value: Any) -> str:
     import json
 
@@ -100,6 +121,12 @@ class RunCreateSerializer(serializers.Serializer):
     mode = serializers.ChoiceField(choices=Run.Mode.choices, default=Run.Mode.SEARCH)
     levels = LevelsField(required=False, default=list,
                          help_text="mode=levels: the concurrency levels, e.g. [1, 4, 16].")
+    timing = serializers.ChoiceField(
+        choices=Run.Timing.choices, default=Run.Timing.CONCURRENCY,
+        help_text="concurrency: fixed streams (mode, levels); trace: the trace's own arrival "
+                  "times scaled by each of `speeds` (mode and levels are ignored).")
+    speeds = SpeedsField(required=False, default=list,
+                         help_text="timing=trace: speed factors, e.g. [0.5, 1, 2, 4].")
     max_concurrency = serializers.IntegerField(default=256, help_text="mode=search: the ceiling.")
     slo_ttft_p95_ms = serializers.FloatField(help_text="1 … 600,000 ms")
     slo_tpot_p95_ms = serializers.FloatField(help_text="0.1 … 10,000 ms")
@@ -121,7 +148,7 @@ class LevelSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Level
-        fields = ["id", "pool", "concurrency", "attempt", "verdict", "binding", "note",
+        fields = ["id", "pool", "concurrency", "speed", "attempt", "verdict", "binding", "note",
                   "output_tokens_per_s", "ttft_p95_ms", "tpot_p95_ms", "error_rate",
                   "cost_per_1m", "summary", "started_at", "finished_at"]
         read_only_fields = fields
@@ -134,7 +161,7 @@ class RunSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Run
-        fields = ["id", "name", "trace", "pools", "model_id", "mode", "levels",
+        fields = ["id", "name", "trace", "pools", "model_id", "mode", "levels", "timing", "speeds",
                   "max_concurrency", "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate",
                   "warmup_s", "window_s", "min_samples", "shards", "lag_limit_ms", "status",
                   "error", "created_by", "created_at", "started_at", "finished_at", "url"]
@@ -151,6 +178,8 @@ class PoolResultSerializer(serializers.Serializer):
     currency = serializers.CharField()
     node_hourly_rate = serializers.CharField()
     best_concurrency = serializers.IntegerField(allow_null=True)
+    best_speed = serializers.FloatField(
+        allow_null=True, help_text="timing=trace: the highest trace speed that met the SLO.")
     output_tokens_per_s = serializers.FloatField(allow_null=True)
     ttft_p95_ms = serializers.FloatField(allow_null=True)
     tpot_p95_ms = serializers.FloatField(allow_null=True)
@@ -205,11 +234,12 @@ class RunDetailSerializer(RunSerializer):
 class SampleSerializer(serializers.ModelSerializer):
     pool = serializers.CharField(source="level.pool.name", read_only=True)
     concurrency = serializers.IntegerField(source="level.concurrency", read_only=True)
+    speed = serializers.FloatField(source="level.speed", read_only=True, allow_null=True)
     attempt = serializers.IntegerField(source="level.attempt", read_only=True)
 
     class Meta:
         model = Sample
-        fields = ["pool", "concurrency", "attempt", "shard", "index", "warmup", "status",
+        fields = ["pool", "concurrency", "speed", "attempt", "shard", "index", "warmup", "status",
                   "http_status", "scheduled_s", "schedule_lag_s", "ttft_s", "tpot_s", "e2e_s",
                   "itl_s", "input_tokens", "output_tokens", "window_tokens", "tokens_source",
                   "error"]
