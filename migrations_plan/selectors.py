@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from fleetctl.audit.models import AuditEvent
@@ -118,10 +118,6 @@ def plan_timeline(*, plan: Plan, limit: int = 200) -> list[AuditEvent]:
     return list(AuditEvent.objects.filter(object_type="migrations_plan.plan",
                                           object_id=str(plan.pk))
                 .order_by("-at", "-id")[:limit])
-
-
-def plans_for_pool(*, pool: Pool) -> QuerySet[Plan]:
-    return plan_list().filter(Q(candidate_pool=pool) | Q(primary_pool=pool))
 
 
 def gate_summary(gate: ev.GateEvaluation) -> dict[str, Any]:

@@ -346,31 +346,6 @@ def attest(*, actor: Actor, check: GateCheck, note: str) -> Attestation:
     return attestation
 
 
-def attestation_withdraw(*, actor: Actor, attestation: Attestation, reason: str) -> Attestation:
-    """The attester (or an admin) takes it back; approvals that relied on it are voided."""
-    check = attestation.check_item
-    plan = check.plan
-    with _refusals(actor, "plan.attest.withdraw", plan):
-        person = _person(actor, "Withdrawing an attestation")
-        if attestation.by_id != person.pk and roles.ADMIN not in actor.roles:
-            raise PermissionDeniedError("Only the person who attested (or an admin) can "
-                                        "withdraw it.")
-        if not reason.strip():
-            raise ValidationError({"reason": ["Say why it no longer holds."]})
-        with transaction.atomic():
-            locked = _lock(plan)
-            _open(locked)
-            row = Attestation.objects.select_for_update().get(pk=attestation.pk)
-            if row.withdrawn_at is not None:
-                raise ConflictError("This attestation was already withdrawn.")
-            row.withdrawn_at = timezone.now()
-            row.withdrawn_reason = reason.strip()
-            row.save(update_fields=["withdrawn_at", "withdrawn_reason"])
-            audit_record(actor=actor, action="plan.attest.withdraw", target=locked,
-                         message=f"stage {check.stage}: {check.title} — {row.withdrawn_reason}")
-    return row
-
-
 # --- approvals and stage moves ----------------------------------------------------------------
 
 def approve(*, actor: Actor, plan: Plan, justification: str = "") -> Approval:

@@ -70,7 +70,6 @@ ACTION_WORDS = {
     "plan.check.remove": "removed a check",
     "plan.check.status": "check status changed",
     "plan.attest": "attested",
-    "plan.attest.withdraw": "withdrew an attestation",
     "plan.approve": "approved the gate",
     "plan.approval.void": "approval voided",
     "plan.advance": "advanced",

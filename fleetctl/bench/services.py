@@ -36,9 +36,8 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
-from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
@@ -124,19 +123,13 @@ def _store(*, actor: Actor, name: str, description: str, source: str,
     trace.sha256 = digest.hexdigest()
     trace.requests = summary.request_count
     trace.duration_s = summary.duration_s
-    trace.summary = _dataclass_dict(summary)
+    trace.summary = asdict(summary)
     with transaction.atomic():
         trace.save()
         audit_record(actor=actor, action="trace.create", target=trace,
                      after={"source": source, "requests": trace.requests,
                             "sha256": trace.sha256})
     return trace
-
-
-def _dataclass_dict(obj: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(obj)
 
 
 def trace_upload(*, actor: Actor, name: str, fileobj: IO[bytes], description: str = "",
@@ -492,12 +485,9 @@ def _judge(level: Level, ctx: _Context) -> stats.Verdict:
     verdict = stats.verdict(summary, ctx.slo, min_samples=run.min_samples,
                             lag_limit_s=run.lag_limit_ms / 1000)
     if summary.n_measured and summary.n_ok == 0:
-        # Nothing succeeded: the pool, not the client, decided this level (a client spinning
-        # on refused connections would otherwise look "invalid").
         first = next((s.error for s in level.samples.exclude(error="")[:1]), "")
-        verdict = stats.Verdict("fail", "error_rate", None, verdict.ratios,
-                                f"every request failed: {first}")
-    level.summary = _dataclass_dict(summary) | {"reason": verdict.reason,
+        verdict = replace(verdict, reason=f"{verdict.reason}: {first}")
+    level.summary = asdict(summary) | {"reason": verdict.reason,
                                                 "ratios": verdict.ratios,
                                                 "shard_errors": errors}
     level.verdict = "error" if errors and summary.n_measured == 0 else verdict.outcome
@@ -769,7 +759,3 @@ def runs_reap(*, stale_after_s: float = HEARTBEAT_STALE_S) -> int:
         error=f"no worker started it within {QUEUED_STALE_S // 60} minutes: is a Celery worker "
               f"consuming the bench queue?")
     return count
-
-
-def cost_of(level: Level) -> Decimal | None:
-    return level.cost_per_1m

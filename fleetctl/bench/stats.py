@@ -202,11 +202,16 @@ class Verdict:
 
 def verdict(summary: LevelSummary, slo: Slo, *, min_samples: int,
             lag_limit_s: float = 0.010, cpu_limit: float = 0.85) -> Verdict:
-    """pass / fail / insufficient / invalid, in this order of precedence: invalid (the client
-    was the bottleneck) > insufficient (fewer than `min_samples` measured requests) > fail
-    (any SLO term above its limit) > pass."""
+    """pass / fail / insufficient / invalid, in this order of precedence: fail when every
+    request failed > invalid (the client was the bottleneck) > insufficient (fewer than
+    `min_samples` measured requests) > fail (any SLO term above its limit) > pass."""
     ratios = _slo_ratios(summary, slo)
     binding, ratio = max(ratios.items(), key=lambda kv: kv[1]) if ratios else ("none", None)
+    if summary.n_measured and summary.n_ok == 0:
+        # Nothing succeeded: the server decided this level. (A client spinning on refused
+        # connections can look CPU- or lag-bound; that must not hide a pool that is down.)
+        return Verdict("fail", "error_rate", ratios.get("error_rate"), ratios,
+                       "every request failed")
     lag = max((x for x in (summary.schedule_lag_p99_s, summary.loop_lag_p99_s) if x is not None),
               default=None)
     if lag is not None and lag > lag_limit_s:

@@ -136,6 +136,11 @@ def test_a_level_with_too_few_samples_is_insufficient_not_a_pass() -> None:
     assert judge(level(n=49)) == ("insufficient", "samples")
 
 
+def test_a_level_where_every_request_failed_fails_even_if_the_client_looks_busy() -> None:
+    down = level(n_ok=0, n_errors=100, error_rate=1.0, client_cpu_share=0.95)
+    assert judge(down) == ("fail", "error_rate")
+
+
 def test_a_level_where_the_client_was_the_bottleneck_is_invalid() -> None:
     assert judge(level(loop_lag_p99_s=0.02)) == ("invalid", "client_schedule_lag")
     assert judge(level(schedule_lag_p99_s=0.02)) == ("invalid", "client_schedule_lag")
