@@ -3,7 +3,6 @@ API and through `fleetctl sim fault`."""
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -116,11 +115,13 @@ def test_a_down_pool_answers_503_aborts_streams_and_recovers(faulty: str) -> Non
 
 
 def test_added_latency_delays_the_first_token(faulty: str) -> None:
-    before = statistics.median(ttft(faulty) for _ in range(3))
+    # Scheduling noise on a busy machine only ever adds time, so the fastest of a few
+    # requests is the honest estimate of each; the fault's 150 ms is a floor under it.
+    before = min(ttft(faulty) for _ in range(5))
     set_faults(faulty, added_latency_ms=150)
-    during = statistics.median(ttft(faulty) for _ in range(3))
-    assert during >= before + 0.14
-    assert during < before + 0.3
+    during = min(ttft(faulty) for _ in range(5))
+    assert during >= 0.15
+    assert 0.1 <= during - before < 0.3
 
 
 def test_slowdown_stretches_every_decode_step(faulty: str) -> None:
