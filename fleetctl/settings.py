@@ -37,6 +37,19 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number.") from exc
 
 
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    if raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number.") from exc
+    if not value >= 0:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be 0 or more.")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name, "")
     return [item.strip() for item in raw.split(",") if item.strip()] if raw else default
@@ -170,6 +183,9 @@ TRAFFIC_LATENCY_CLASS_HEADER = os.environ.get(
 )
 TRAFFIC_RECONCILE_INTERVAL_S = env_int("TRAFFIC_RECONCILE_INTERVAL_S", 30)
 DRAIN_WATCH_TIMEOUT_S = env_int("DRAIN_WATCH_TIMEOUT_S", 900)
+# A drain's first push attempt is made by the process that stored it; it waits this long for
+# the gateways before answering (slower ones finish and record on their own).
+TRAFFIC_INLINE_PUSH_BUDGET_S = env_float("TRAFFIC_INLINE_PUSH_BUDGET_S", 2.0)
 # How often beat re-evaluates open plans' gates (voids approvals whose evidence moved).
 PLAN_REFRESH_INTERVAL_S = env_int("PLAN_REFRESH_INTERVAL_S", 60)
 

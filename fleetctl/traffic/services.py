@@ -2,13 +2,17 @@
 
 A revision is validated, stored (winning a conditional UPDATE of the route's revision
 counter, so of two concurrent changes exactly one wins), then pushed to every gateway of the
-route in parallel by tasks on the `push` queue. Drains are revisions with a timed record.
+route in parallel by tasks on the `push` queue. Drains are revisions with a timed record, and
+their first push attempt is made by the caller itself right after the commit (no queue hop:
+a drain is timed in milliseconds); failed attempts retry on the `push` queue like any other.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -141,10 +145,11 @@ def _stale(route: Route, base: int) -> ConflictError:
 
 def _store_revision(*, actor: Actor, route: Route, base: int, weights: dict[str, int],
                     kind: str, reason: str, forced: bool = False,
-                    parent: SplitRevision | None = None) -> SplitRevision:
+                    parent: SplitRevision | None = None, inline: bool = False) -> SplitRevision:
     """Claim revision base+1 with a conditional UPDATE (the loser of a race gets 409), store
     it, audit it, and queue its pushes once the transaction commits. `parent`: revision
-    `base` when the caller already read it (saves a query)."""
+    `base` when the caller already read it (saves a query). `inline`: make the first push
+    attempt in this process after the commit instead of queueing it (drains)."""
     claimed = Route.objects.filter(pk=route.pk, revision_number=base).update(
         revision_number=F("revision_number") + 1
     )
@@ -163,22 +168,29 @@ def _store_revision(*, actor: Actor, route: Route, base: int, weights: dict[str,
         after={"revision": revision.number, "weights": as_percentages(weights),
                "forced": forced},
     )
-    _queue_pushes(revision)
+    _queue_pushes(revision, inline=inline)
     return revision
 
 
-def _queue_pushes(revision: SplitRevision) -> None:
+def _queue_pushes(revision: SplitRevision, *, inline: bool = False) -> None:
     pushes = GatewayPush.objects.bulk_create(
         [GatewayPush(revision=revision, gateway=gateway)
          for gateway in revision.route.gateways.all()]
     )
-    if pushes:
-        from fleetctl.traffic.tasks import push_fanout
+    if not pushes:
+        return
+    ids = [p.pk for p in pushes]
+    if inline:
+        # Hooks run in order after the commit: a pool drain's first hook pushes every
+        # gateway its whole new state (all routes), so the later hooks find their pushes
+        # verified already and have nothing left to do.
+        transaction.on_commit(lambda: push_inline(push_ids=ids), robust=True)
+        return
+    from fleetctl.traffic.tasks import push_fanout
 
-        ids = [p.pk for p in pushes]
-        # One message for all gateways: the task pushes to them in parallel threads, so a
-        # drain does not wait for the worker to pick up ten messages one by one.
-        transaction.on_commit(lambda: push_fanout.delay(ids))
+    # One message for all gateways: the task pushes to them in parallel threads, so it
+    # does not wait for the worker to pick up ten messages one by one.
+    transaction.on_commit(lambda: push_fanout.delay(ids))
 
 
 # --- gateways --------------------------------------------------------------------------------
@@ -232,12 +244,19 @@ def _enqueue_after_commit(push_id: int) -> None:
 # --- pushing ---------------------------------------------------------------------------------
 
 RETRY_DELAYS_S = (0.2, 0.5, 1, 2, 5, 10, 20, 30)
+ORPHAN_PUSH_AFTER_S = 30
 
 
-def push_fanout(*, push_ids: list[int]) -> list[tuple[int, str, float | None]]:
+def push_fanout(*, push_ids: list[int], budget_s: float | None = None
+                ) -> list[tuple[int, str, float | None]]:
     """First attempt of several pushes at once: one thread per gateway does the talking (the
     work is waiting on gateways), then every outcome is recorded together in a few queries.
-    Gateways carrying the same routes share one desired state."""
+    Gateways carrying the same routes share one desired state.
+
+    With `budget_s`, only the attempts that finish within it are recorded here (and
+    returned); a slower gateway's attempt records itself from its thread when it ends and
+    schedules its own retry, so a caller waiting on this is never held by one slow gateway
+    for longer than the budget."""
     pushes = list(GatewayPush.objects.select_related("gateway")
                   .prefetch_related("gateway__routes").filter(pk__in=push_ids)
                   .exclude(status__in=_DONE))
@@ -248,9 +267,48 @@ def push_fanout(*, push_ids: list[int]) -> list[tuple[int, str, float | None]]:
         if routes not in states:
             states[routes] = selectors.gateway_desired_state(gateway=push.gateway)
         work.append((push, states[routes]))
-    outcomes = list(_push_threads().map(lambda item: _push_io(*item), work))
+    futures = [_push_threads().submit(_push_io, *item) for item in work]
+    finished, late = wait_futures(futures, timeout=budget_s)
+    for future in late:
+        future.add_done_callback(_record_late)
+    outcomes = [future.result() for future in futures if future in finished]
     return [(io.push.pk, *result) for io, result in zip(outcomes, _push_record(outcomes),
                                                          strict=True)]
+
+
+def push_inline(*, push_ids: list[int]) -> None:
+    """A drain's first attempt, made by the process that stored it (right after the commit),
+    waiting at most TRAFFIC_INLINE_PUSH_BUDGET_S; failures retry on the `push` queue."""
+    try:
+        results = push_fanout(push_ids=push_ids, budget_s=settings.TRAFFIC_INLINE_PUSH_BUDGET_S)
+    except Exception:  # the revision is stored: reconcile re-kicks pushes nobody attempted
+        log.exception("inline push of %s failed; the reconcile task will retry", push_ids)
+        return
+    for push_id, _status, retry_in in results:
+        if retry_in is not None:
+            _retry_later(push_id, retry_in)
+
+
+def _retry_later(push_id: int, retry_in: float) -> None:
+    from fleetctl.traffic.tasks import push_run
+
+    push_run.apply_async((push_id,), countdown=retry_in)
+
+
+def _record_late(future: Future[_PushIO]) -> None:
+    """Done-callback of an attempt that outlived its caller's budget: runs in the push
+    thread, so it records with that thread's own connection and closes it after."""
+    from django.db import connections
+
+    try:
+        io = future.result()
+        _status, retry_in = _push_record([io])[0]
+        if retry_in is not None:
+            _retry_later(io.push.pk, retry_in)
+    except Exception:
+        log.exception("recording a late push attempt failed; the reconcile task will retry")
+    finally:
+        connections.close_all()
 
 
 _DONE = (GatewayPush.Status.VERIFIED, GatewayPush.Status.SUPERSEDED, GatewayPush.Status.FAILED)
@@ -386,17 +444,28 @@ def _gateways_in_sync(outcomes: list[_PushIO]) -> None:
 def gateway_reconcile(*, gateway: Gateway) -> bool:
     """Compare what the gateway holds with what it should; re-push on drift (e.g. after a
     restart). Returns True when a push was queued."""
+    open_pushes = GatewayPush.objects.filter(gateway=gateway, status__in=[
+        GatewayPush.Status.PENDING, GatewayPush.Status.RETRYING])
+    # A push stored but never attempted for this long lost the process that was to make its
+    # first attempt (e.g. a web process stopped right after a drain committed): queue it,
+    # even if the gateway already holds its state, or its drain would wait for it forever.
+    orphans = list(open_pushes.filter(
+        status=GatewayPush.Status.PENDING, attempts=0,
+        created_at__lt=timezone.now() - timedelta(seconds=ORPHAN_PUSH_AFTER_S),
+    ).values_list("pk", flat=True))
+    for push_id in orphans:
+        log.warning("push %s to %s was never attempted; queueing it", push_id, gateway.name)
+        _retry_later(push_id, 0)
     desired = selectors.gateway_desired_state(gateway=gateway)
     try:
         adapter = adapter_for(selectors.gateway_spec(gateway))
         if adapter.matches(desired, adapter.read_back()):
-            return False
+            return bool(orphans)
     except AdapterError as exc:
         Gateway.objects.filter(pk=gateway.pk).update(state=Gateway.State.FAILING,
                                                       last_error=str(exc))
-    if GatewayPush.objects.filter(gateway=gateway, status__in=[
-            GatewayPush.Status.PENDING, GatewayPush.Status.RETRYING]).exists():
-        return False  # a push is already trying; it will bring the gateway in line
+    if orphans or open_pushes.exists():
+        return bool(orphans)  # a push is (now) trying; it will bring the gateway in line
     revisions = [r for r in (selectors.revision_current(route=route)
                              for route in gateway.routes.all()) if r is not None]
     if not revisions:
@@ -463,6 +532,7 @@ def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
                 actor=actor, route=locked, base=locked.revision_number, weights=new_weights,
                 kind=SplitRevision.Kind.DRAIN,
                 reason=f"drain {', '.join(sorted(removed))}: {reason}", parent=current,
+                inline=True,
             )
             for locked, new_weights, removed, current in plan
         ])
@@ -491,9 +561,18 @@ def _drain_plan(*, route: Route | None, pool: Pool | None, only: list[Route] | N
 
 
 def _watch_after_commit(drain_id: int) -> None:
+    """After the inline pushes (hooks run in order): note on the record whether every
+    gateway verified, so the caller's answer says so, then hand it to the watcher, which
+    waits for the drained pools' in-flight streams to close."""
     from fleetctl.traffic.tasks import drain_watch
 
-    transaction.on_commit(lambda: drain_watch.delay(drain_id))
+    def watch() -> None:
+        try:
+            drain_progress(drain_id=drain_id, look_in_flight=False)
+        finally:
+            drain_watch.delay(drain_id)
+
+    transaction.on_commit(watch, robust=True)
 
 
 def drain_restore(*, actor: Actor, drain: Drain, reason: str) -> Drain:
@@ -524,6 +603,7 @@ def drain_restore(*, actor: Actor, drain: Drain, reason: str) -> Drain:
             restored = _store_revision(
                 actor=actor, route=route, base=rev.number, weights=parent_weights,
                 kind=SplitRevision.Kind.RESTORE, reason=record.reason, parent=rev,
+                inline=True,
             )
             record.revisions.add(restored)
         audit_record(actor=actor, action="drain.restore", target=record, message=record.reason,
@@ -532,9 +612,10 @@ def drain_restore(*, actor: Actor, drain: Drain, reason: str) -> Drain:
     return record
 
 
-def drain_progress(*, drain_id: int) -> bool:
+def drain_progress(*, drain_id: int, look_in_flight: bool = True) -> bool:
     """One look at a drain: all pushes verified? in-flight to drained pools zero? Updates
-    the record and returns True when there is nothing more to wait for."""
+    the record and returns True when there is nothing more to wait for. Without
+    `look_in_flight` it stops after noting the verified time (no gateway is asked)."""
     drain = Drain.objects.get(pk=drain_id)
     if drain.status in (Drain.Status.COMPLETE, Drain.Status.FAILED):
         return True
@@ -555,6 +636,8 @@ def drain_progress(*, drain_id: int) -> bool:
         drain.verified_at = max(verified_times)
         Drain.objects.filter(pk=drain.pk).update(verified_at=drain.verified_at,
                                                  status=Drain.Status.VERIFIED, last_error="")
+    if not look_in_flight:
+        return False
     if drain.in_flight_zero_at is None and not _in_flight_zero(drain):
         return False
     zero_at = drain.in_flight_zero_at or now

@@ -209,3 +209,80 @@ def test_a_restarted_gateway_is_reconciled(fleet, envoys):
         status="verified").exists(), what="the reconcile push")
     assert reconcile() == 0
     _ask(_client(envoys[0]))
+
+
+def test_the_drain_answer_already_carries_every_gateway_verified(fleet, client_for):
+    """The first push attempt is made by the request itself, right after the commit: the
+    answer says which gateways verified, without waiting for a queue or a watcher."""
+    body = client_for("on-call").post("/api/v1/drains/", {"route": "llama", "reason": "x"},
+                                      format="json").json()
+    assert body["status"] == "verified", body
+    assert body["verified_at"] is not None
+    assert {g["gateway"]: g["status"] for g in body["gateways"]} == {
+        "envoy-0": "verified", "envoy-1": "verified"}
+    assert all(g["attempts"] == 1 for g in body["gateways"])
+
+
+@pytest.fixture
+def silent_admin() -> Iterator[str]:
+    """An admin address that accepts connections and never answers (a hung gateway): the
+    kernel completes the handshake for a listening socket nobody accepts on."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+def test_a_hung_gateway_does_not_hold_the_drain_answer_past_the_budget(
+    fleet, client_for, silent_admin, settings, system, tmp_path
+):
+    settings.TRAFFIC_INLINE_PUSH_BUDGET_S = 0.3
+    hung = gateway_create(actor=system, name="hung", kind="envoy", admin_address=silent_admin,
+                          options={"config_dir": str(tmp_path), "admin_timeout_s": 3},
+                          routes=[fleet["route"]])
+    started = time.monotonic()
+    body = client_for("on-call").post("/api/v1/drains/", {"route": "llama", "reason": "x"},
+                                      format="json").json()
+    # Answered before the hung gateway's first admin call could even time out (3 s).
+    assert time.monotonic() - started < 2.5
+    assert body["status"] == "pushing"
+    states = {g["gateway"]: g["status"] for g in body["gateways"]}
+    assert states == {"envoy-0": "verified", "envoy-1": "verified", "hung": "pending"}
+    # The late attempt records itself from its thread when it times out, then retries.
+    drain = Drain.objects.get(pk=body["id"])
+    push = GatewayPush.objects.get(gateway=hung, revision__in=drain.revisions.all())
+    first = wait_until(lambda: push.attempt_rows.filter(number=1).first(), timeout_s=15,
+                       what="the hung gateway's attempt to be recorded")
+    assert "timed out" in first.error
+    wait_until(lambda: GatewayPush.objects.get(pk=push.pk).status == "retrying",
+               what="the push to retry")
+    assert Gateway.objects.get(pk=hung.pk).state == "failing"
+    wait_until(lambda: Drain.objects.get(pk=drain.pk).status == "partial",
+               what="the watcher to show the drain partial")
+
+
+def test_reconcile_queues_a_push_nobody_attempted(fleet, system):
+    """A push whose first attempt was lost with its process (stored, never attempted) is
+    queued by the reconcile task, even when the gateway already holds the state."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleetctl.traffic.selectors import revision_current
+    from fleetctl.traffic.services import ORPHAN_PUSH_AFTER_S
+    from fleetctl.traffic.tasks import reconcile
+
+    gateway = fleet["gateways"][0]
+    orphan = GatewayPush.objects.create(
+        revision=revision_current(route=fleet["route"]), gateway=gateway, reason="revision",
+        created_at=timezone.now() - timedelta(seconds=ORPHAN_PUSH_AFTER_S + 1))
+    fresh = GatewayPush.objects.create(revision=orphan.revision, gateway=fleet["gateways"][1],
+                                       reason="revision")
+    assert reconcile() == 1
+    wait_until(lambda: GatewayPush.objects.get(pk=orphan.pk).status == "verified",
+               what="the orphaned push to be attempted")
+    # Too young to be called orphaned: its own first attempt may still be on its way.
+    assert GatewayPush.objects.get(pk=fresh.pk).attempts == 0

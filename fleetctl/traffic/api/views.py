@@ -100,10 +100,13 @@ class DrainViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     @extend_schema(request=s.DrainCreateSerializer, responses={202: s.DrainSerializer})
     def create(self, request: Request) -> Response:
         """Drain a route (to its primary) or a pool (off every route). Scope `drain`.
-        Answers at once with the record; poll it for progress."""
+        Answers once every gateway had its first push attempt (at most
+        TRAFFIC_INLINE_PUSH_BUDGET_S), with the record as it then stands; poll it until
+        in-flight streams have closed."""
         body = s.DrainCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         drain = services.drain_request(actor=actor_from_request(request), **body.validated_data)
+        drain = selectors.drain_list().get(pk=drain.pk)  # as the first attempts left it
         return Response(s.DrainSerializer(drain).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=s.RestoreSerializer, responses={202: s.DrainSerializer})
@@ -115,6 +118,7 @@ class DrainViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         drain = get_object_or_404(selectors.drain_list(), pk=pk)
         record = services.drain_restore(actor=actor_from_request(request), drain=drain,
                                         reason=body.validated_data.get("reason", ""))
+        record = selectors.drain_list().get(pk=record.pk)
         return Response(s.DrainSerializer(record).data, status=status.HTTP_202_ACCEPTED)
 
 
