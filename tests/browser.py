@@ -6,13 +6,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser, expect, sync_playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run",
 ]
+# How long an `expect(...)` keeps retrying before it fails (Playwright's default is 5 s).
+# The pages answer in milliseconds, but on a loaded machine a live server, a Celery worker
+# and Chromium share two cores; retrying longer costs nothing when the condition holds.
+EXPECT_TIMEOUT_MS = 20_000
 
 
 @pytest.fixture
@@ -23,6 +27,7 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Browser]:
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     if not CHROMIUM.exists():
         pytest.fail(f"Chromium is not installed at {CHROMIUM}; `apt-get install chromium`.")
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield launched

@@ -174,7 +174,9 @@ def celery_worker_process(
     log.close()
 
 
-def _wait_for_worker(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+def _wait_for_worker(proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    # A generous limit: starting Celery (and importing Django) can take many seconds on a
+    # loaded 2-core machine, and waiting costs nothing once it answers.
     from fleetctl.celery import app
 
     deadline = time.monotonic() + timeout_s
@@ -186,7 +188,8 @@ def _wait_for_worker(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> No
         replies = app.control.ping(timeout=0.5)
         if replies:
             return
-    raise RuntimeError("Celery worker did not answer a ping within 30 s; see var/test-worker.log")
+    raise RuntimeError(f"Celery worker did not answer a ping within {timeout_s:g} s; "
+                       "see var/test-worker.log")
 
 
 @pytest.fixture

@@ -69,8 +69,8 @@ def test_a_benchmark_started_from_the_ui_fills_its_charts(
 
     live = page.locator("#run-live")
     # The poll shows the run moving before it ends (it measures four levels, ~3 s each).
-    expect(live.locator(".run-doing")).to_contain_text("at concurrency", timeout=30_000)
-    expect(live).to_have_attribute("data-status", "complete", timeout=120_000)
+    expect(live.locator(".run-doing")).to_contain_text("at concurrency", timeout=60_000)
+    expect(live).to_have_attribute("data-status", "complete", timeout=240_000)
 
     for pool in ("faulty", "paced"):
         card = live.locator(f'article.pool-result[data-pool="{pool}"]')

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from fleetctl.bench.runner import Endpoint, LevelPlan, LevelResult, run_level
 from fleetctl.bench.stats import summarize
+from tests.noise import best_of
 from tests.sim.simproc import MODEL, SimProcess
 
 from .conftest import Row
@@ -57,20 +58,29 @@ def relative_error(measured: Sequence[float | None], truth: Sequence[float]) -> 
 def test_ttft_and_tpot_medians_match_what_the_simulator_did(bench_sim: SimProcess) -> None:
     url = bench_sim.url("paced")
     trace = [Row(prompt_tokens=1200, completion_tokens=16), Row(900, 24)]
-    level = run(run_level(Endpoint(url, MODEL), trace, QUICK, concurrency=4,
-                          request_id_prefix="accuracy"))
+    attempt = itertools.count(1)
 
-    truth = ground_truth(url)
-    ok = [r for r in level.results if r.status == "ok"]
-    assert len(ok) >= 4 and all(r.tokens_source == "usage" for r in ok)
-    gt = [truth[r.request_id] for r in ok]
-    gt_tpot = [(g["token_times_mono"][-1] - g["token_times_mono"][0])
-               / (g["completion_tokens"] - 1) for g in gt]
-    assert relative_error([r.ttft_s for r in ok], [g["ttft_s"] for g in gt]) < 0.05
-    assert relative_error([r.tpot_s for r in ok], gt_tpot) < 0.05
-    assert [r.output_tokens for r in ok] == [g["completion_tokens"] for g in gt]
-    assert [r.input_tokens for r in ok] == [g["prompt_tokens"] for g in gt]
-    assert all(len(r.chunk_times) == r.output_tokens for r in ok)  # one token per chunk
+    def measure() -> str | None:
+        level = run(run_level(Endpoint(url, MODEL), trace, QUICK, concurrency=4,
+                              request_id_prefix=f"accuracy-{next(attempt)}"))
+        truth = ground_truth(url)
+        ok = [r for r in level.results if r.status == "ok"]
+        assert len(ok) >= 4 and all(r.tokens_source == "usage" for r in ok)
+        gt = [truth[r.request_id] for r in ok]
+        gt_tpot = [(g["token_times_mono"][-1] - g["token_times_mono"][0])
+                   / (g["completion_tokens"] - 1) for g in gt]
+        assert [r.output_tokens for r in ok] == [g["completion_tokens"] for g in gt]
+        assert [r.input_tokens for r in ok] == [g["prompt_tokens"] for g in gt]
+        assert all(len(r.chunk_times) == r.output_tokens for r in ok)  # one token per chunk
+        # Within 5 %: a descheduled client can spoil one level's medians, not every one;
+        # a client that measures from the wrong moment spoils them all.
+        ttft_error = relative_error([r.ttft_s for r in ok], [g["ttft_s"] for g in gt])
+        tpot_error = relative_error([r.tpot_s for r in ok], gt_tpot)
+        if ttft_error < 0.05 and tpot_error < 0.05:
+            return None
+        return f"median TTFT off by {ttft_error:.1%}, TPOT by {tpot_error:.1%}"
+
+    best_of(3, measure)
 
 
 def test_a_level_runs_past_its_window_until_it_has_its_minimum_samples(
@@ -101,15 +111,26 @@ def test_trace_timing_sends_at_the_traces_offsets_scaled_by_speed(bench_sim: Sim
     url = bench_sim.url("paced")
     trace = [Row(40, 4, arrival_s=t) for t in (0.0, 0.2, 0.4, 0.6)]
     plan = LevelPlan(warmup_s=0.0, window_s=0.35, min_samples=1, max_duration_s=10.0)
-    level = run(run_level(Endpoint(url, MODEL), trace, plan, speed=2.0,
-                          request_id_prefix="timed"))
+    attempt = itertools.count(1)
 
-    assert [r.scheduled_at for r in level.results[:4]] == pytest.approx([0.0, 0.1, 0.2, 0.3])
-    assert all(r.schedule_lag_s < 0.05 for r in level.results)  # generous: a loaded machine
-    truth = ground_truth(url)
-    arrivals = [truth[r.request_id]["arrival_mono"] for r in level.results[:4]]
-    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
-    assert gaps == pytest.approx([0.1, 0.1, 0.1], abs=0.03)
+    def measure() -> str | None:
+        level = run(run_level(Endpoint(url, MODEL), trace, plan, speed=2.0,
+                              request_id_prefix=f"timed-{next(attempt)}"))
+        scheduled = [r.scheduled_at for r in level.results[:4]]
+        assert scheduled == pytest.approx([0.0, 0.1, 0.2, 0.3])
+        # Never sent before its time (a floor), and on time within 50 ms and 100 ms apart
+        # at the pool within 30 ms: a descheduled client can spoil one level, not every one;
+        # ignoring the speed (200 ms apart) or the offsets (all at once) spoils them all.
+        assert all(r.schedule_lag_s > -0.001 for r in level.results)
+        truth = ground_truth(url)
+        arrivals = [truth[r.request_id]["arrival_mono"] for r in level.results[:4]]
+        gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+        lag = max(r.schedule_lag_s for r in level.results)
+        if lag < 0.05 and gaps == pytest.approx([0.1, 0.1, 0.1], abs=0.03):
+            return None
+        return f"schedule lag up to {lag * 1000:.0f} ms, arrival gaps {gaps}"
+
+    best_of(3, measure)
 
 
 def test_synthetic_prompts_are_about_prompt_tokens_long_and_share_their_prefix_group(
@@ -140,10 +161,22 @@ def test_a_pool_going_down_mid_stream_counts_as_an_error_and_keeps_its_partial_t
 ) -> None:
     url = bench_sim.url("faulty")
 
+    def tokens_generated() -> float:
+        return sum(float(line.rsplit(" ", 1)[1])
+                   for line in httpx.get(f"{url}/metrics").text.splitlines()
+                   if line.startswith("vllm:generation_tokens_total{"))
+
+    before = tokens_generated()
+
     async def go_down_during_the_level() -> LevelResult:
         level = asyncio.create_task(run_level(Endpoint(url, MODEL), [Row(50, 200)], QUICK,
                                               concurrency=2))
-        await asyncio.sleep(0.4)
+        # Down once the streams are under way (tokens sent; 200 tokens take 4 s), rather
+        # than after a fixed pause a loaded machine may not have used to start them.
+        deadline = asyncio.get_running_loop().time() + 30
+        while await asyncio.to_thread(tokens_generated) < before + 4:
+            assert asyncio.get_running_loop().time() < deadline, "no stream started"
+            await asyncio.sleep(0.02)
         async with httpx.AsyncClient() as http:
             await http.post(f"{url}/admin/faults", json={"down": True})
         try:
@@ -219,7 +252,15 @@ async def not_streaming(request: web.Request) -> web.StreamResponse:
 
 
 async def stalls(request: web.Request) -> web.StreamResponse:
-    return await streaming(request, [sse(token(" a"))], pause_s=1.0)
+    """One token, then nothing for 10 s (unless the client leaves first)."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(sse(token(" a")))
+    for _ in range(1000):
+        if request.transport is None or request.transport.is_closing():
+            break
+        await asyncio.sleep(0.01)
+    return response
 
 
 @asynccontextmanager
@@ -275,4 +316,7 @@ def test_a_request_slower_than_its_timeout_is_a_timeout() -> None:
     level = against(stalls, plan)
     result = level.results[0]
     assert result.status == "timeout" and result.error == "timed out after 0.3 s"
-    assert len(result.chunk_times) == 1 and result.e2e_s < 0.5 and level.wall_s < 1.0
+    assert len(result.chunk_times) == 1
+    # Cut at 0.3 s (a floor), not when the server would have gone on (10 s); seconds of
+    # room for a loaded machine.
+    assert 0.29 <= result.e2e_s < 3 and level.wall_s < 5

@@ -71,9 +71,10 @@ def test_bench_run_follows_progress_then_prints_each_pools_result(
                "--rate", "50", "--prompt-tokens", "50-150", "--completion-tokens", "16-32",
                "--seed", "7", token=oncall_token)
     assert made.returncode == 0, made.stderr
+    # Four levels of ~3 s measured by the worker; generous for a loaded machine.
     done = run(live_server, "bench", "run", "--trace", "short-chat", "--pool", "paced",
                "--pool", "faulty", "--model", MODEL, *SLO, "--levels", "1,4", *FAST,
-               token=oncall_token)
+               token=oncall_token, timeout_s=300)
     assert done.returncode == 0, (done.stdout, done.stderr)
     run_id = Run.objects.get().pk
     # Not a terminal: one progress line per change, the bar and what is measured now.
@@ -158,7 +159,8 @@ def test_bench_run_with_speeds_replays_at_trace_timing(live_server, sim_pools, o
                "--seed", "7", token=oncall_token)
     assert made.returncode == 0, made.stderr
     done = run(live_server, "bench", "run", "--trace", "short-chat", "--pool", "paced",
-               "--model", MODEL, *SLO, "--speeds", "0.5,2", *FAST, token=oncall_token)
+               "--model", MODEL, *SLO, "--speeds", "0.5,2", *FAST, token=oncall_token,
+               timeout_s=300)
     assert done.returncode == 0, (done.stdout, done.stderr)
     run_id = Run.objects.get().pk
     assert re.search(rf"run {run_id}: running \[[#-]{{20}}\] \d/2 levels · paced at "

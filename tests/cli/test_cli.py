@@ -16,13 +16,14 @@ from fleetctl.fleet.services import pool_model_create
 pytestmark = pytest.mark.slow
 
 
-def run(live_server, *argv: str, token: str | None = None, url: str | None = None):
+def run(live_server, *argv: str, token: str | None = None, url: str | None = None,
+        timeout_s: float = 60):
     env = dict(os.environ, FLEETCTL_URL=url or live_server.url)
     env.pop("FLEETCTL_TOKEN", None)
     if token is not None:
         env["FLEETCTL_TOKEN"] = token
     return subprocess.run([sys.executable, "-m", "fleetctl.cli", *argv], env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=timeout_s)
 
 
 @pytest.fixture

@@ -103,7 +103,7 @@ def test_a_platform_lead_approves_a_gate_and_a_viewer_sees_no_button(
     assert page.evaluate("planGateIdle()") is True
     evidence_arrives("mi300x-us")
     expect(gate.locator('tr[data-check="conformance"] .badge')).to_have_text(
-        "● pass", timeout=25_000)
+        "● pass", timeout=60_000)
     expect(approvals).to_contain_text("✕ stale")
     expect(approvals).to_contain_text("went from insufficient data to pass")
     expect(page.locator("#advance-why")).to_contain_text("has 0")

@@ -4,10 +4,11 @@ evidence, gate edits, stage moves and the live-weight rule of stage 4."""
 
 from __future__ import annotations
 
-import time
+from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
 from fleetctl.audit.models import AuditEvent
 from fleetctl.core.errors import ConflictError, PermissionDeniedError
@@ -218,14 +219,17 @@ def test_an_approval_is_voided_when_the_pools_runtime_changes(world, system):
     assert "Passes the OpenAI-contract conformance probe" in approval.void_reason
 
 
-def test_an_approval_is_voided_when_its_evidence_expires(world):
+def test_an_approval_is_voided_when_its_evidence_expires(world, monkeypatch):
     plan = world.plan()
     services.evidence_record(actor=world.actor("oncall"), pool=world.candidate,
                              kind="conformance", verdict="pass", summary="40/40 cases",
-                             ttl_hours=1.5 / 3600)
+                             ttl_hours=1)
     services.approve(actor=world.actor("lead"), plan=plan,
                      justification="cost and health are not in yet, that's fine")
-    time.sleep(1.6)
+    # Two hours on. The clock is moved rather than slept on: with a 1.5 s TTL and a sleep, a
+    # slow machine could let the evidence expire before the approval saw it.
+    later = timezone.now() + timedelta(hours=2)
+    monkeypatch.setattr(timezone, "now", lambda: later)
     with pytest.raises(ConflictError, match=r"it has 0"):
         services.advance(actor=world.actor("lead"), plan=plan)
     assert "expired" in Approval.objects.get().void_reason

@@ -114,7 +114,8 @@ class SimProcess:
             self._lines.put(line.rstrip("\n"))
         self._lines.put(None)
 
-    def _read_banners(self, expected: int, timeout_s: float = 20.0) -> None:
+    def _read_banners(self, expected: int, timeout_s: float = 60.0) -> None:
+        # Generous: start-up is quick, but a loaded machine can take seconds to import.
         deadline = time.monotonic() + timeout_s
         while len(self.banners) < expected:
             try:
@@ -137,7 +138,7 @@ class SimProcess:
             self._log.flush()
         return self.log_path.read_text()
 
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -160,7 +161,7 @@ def _wait_healthy(url: str, deadline: float) -> None:
     raise RuntimeError(f"{url} never became healthy")
 
 
-def run_cli(*args: str, timeout_s: float = 20.0) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
     """`python -m fleetctl.sim ARGS` to completion (for commands that exit by themselves)."""
     return subprocess.run(
         [sys.executable, "-m", "fleetctl.sim", *args],

@@ -13,6 +13,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.noise import best_of
+
 from .simproc import MODEL, SimProcess, async_client, client
 
 pytestmark = pytest.mark.slow
@@ -58,10 +60,19 @@ def test_requests_beyond_capacity_wait_in_the_queue_and_their_ttft_rises(
                     metric, url, "vllm:num_requests_waiting"))
             return sorted(await asyncio.gather(*requests)), seen_waiting
 
-    ttfts, seen_waiting = asyncio.run(scenario())
-    # Two run at once; each takes ~10 steps of 20 ms, so the last pair waits ~2 turns.
-    assert ttfts[1] < 0.15
-    assert ttfts[-1] > ttfts[0] + 0.3
+    httpx.post(f"{url}/admin/ground-truth",
+               json={"enabled": True, "clear": True}).raise_for_status()
+    try:
+        ttfts, seen_waiting = asyncio.run(scenario())
+        steps = httpx.get(f"{url}/admin/ground-truth", params={"kind": "steps"}).json()["steps"]
+    finally:
+        httpx.post(f"{url}/admin/ground-truth", json={"enabled": False, "clear": True})
+    # Two run at once and never more: the scheduler's own step records, no clock involved.
+    assert max(step["batch"] for step in steps) == 2
+    # Each takes 10 steps of 20 ms, so the fifth request can only start once three have
+    # finished (30 tokens, at most 2 a step: 15 steps) and its first token comes a step
+    # later: 0.32 s at the least. A floor; a loaded machine only adds to it.
+    assert ttfts[-1] > 0.3
     assert seen_waiting >= 1
     queue_time_count = metric(url, "vllm:request_queue_time_seconds_count")
     assert queue_time_count >= 6
@@ -72,8 +83,8 @@ def test_a_full_waiting_queue_answers_429(fleet: SimProcess) -> None:
 
     async def one(api: openai.AsyncOpenAI, i: int) -> int:
         try:
-            await api.completions.create(
-                model=MODEL, prompt=f"burst {i}", max_tokens=15,
+            await api.completions.create(  # 50 steps of 20 ms: 1 s each
+                model=MODEL, prompt=f"burst {i}", max_tokens=50,
                 extra_body={"ignore_eos": True},
             )
             return 200
@@ -87,6 +98,8 @@ def test_a_full_waiting_queue_answers_429(fleet: SimProcess) -> None:
             return list(await asyncio.gather(*(one(api, i) for i in range(6))))
 
     statuses = asyncio.run(burst())
+    # One runs and one waits; a third is only let in if it arrives after the first has
+    # finished (1 s), so the rest are refused even if the burst arrives spread out.
     assert statuses.count(429) >= 3
     assert statuses.count(200) >= 1
     assert set(statuses) == {200, 429}
@@ -94,24 +107,31 @@ def test_a_full_waiting_queue_answers_429(fleet: SimProcess) -> None:
 
 def test_a_repeated_long_prefix_is_served_from_the_prefix_cache(fleet: SimProcess) -> None:
     url = fleet.url("cache")  # prefill 4,000 tokens/s
-    prefix = " ".join(f"{uuid.uuid4().hex[:6]}" for _ in range(800))
-    hits_before = metric(url, "vllm:prefix_cache_hits_total")
-    queries_before = metric(url, "vllm:prefix_cache_queries_total")
 
-    async def ttft(question: str) -> float:
-        async with async_client(url) as api:
-            return await stream_ttft(api, f"{prefix} {question}", 2)
+    def measure() -> str | None:
+        """One fresh prefix: cold, then warm. The cache counters are checked every time; the
+        warm TTFT (a ceiling a loaded machine can break) is what may be measured again."""
+        prefix = " ".join(f"{uuid.uuid4().hex[:6]}" for _ in range(800))
+        hits_before = metric(url, "vllm:prefix_cache_hits_total")
+        queries_before = metric(url, "vllm:prefix_cache_queries_total")
 
-    cold = asyncio.run(ttft("first question"))
-    warm = asyncio.run(ttft("second question"))
-    assert cold > 0.15  # ~800 tokens of prefill at 4,000 tokens/s
-    assert warm < cold / 4
-    reply = client(url).completions.create(model=MODEL, prompt=f"{prefix} third", max_tokens=1)
-    assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
-    cached = reply.usage.prompt_tokens_details.cached_tokens or 0
-    assert cached >= 784  # whole 16-token blocks of the 800-token shared prefix
-    assert metric(url, "vllm:prefix_cache_hits_total") - hits_before >= 2 * 784
-    assert metric(url, "vllm:prefix_cache_queries_total") - queries_before >= 3 * 800
+        async def ttft(question: str) -> float:
+            async with async_client(url) as api:
+                return await stream_ttft(api, f"{prefix} {question}", 2)
+
+        cold = asyncio.run(ttft("first question"))
+        warm = asyncio.run(ttft("second question"))
+        assert cold > 0.15  # ~800 tokens of prefill at 4,000 tokens/s: a floor
+        reply = client(url).completions.create(model=MODEL, prompt=f"{prefix} third",
+                                                max_tokens=1)
+        assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+        cached = reply.usage.prompt_tokens_details.cached_tokens or 0
+        assert cached >= 784  # whole 16-token blocks of the 800-token shared prefix
+        assert metric(url, "vllm:prefix_cache_hits_total") - hits_before >= 2 * 784
+        assert metric(url, "vllm:prefix_cache_queries_total") - queries_before >= 3 * 800
+        return None if warm < cold / 4 else f"warm TTFT {warm:.3f} s, cold {cold:.3f} s"
+
+    best_of(3, measure)
 
 
 async def texts(url: str, prompts: list[str], max_tokens: int = 48,

@@ -14,6 +14,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.noise import best_of
+
 from .simproc import MODEL, SimProcess, async_client, client
 
 pytestmark = pytest.mark.slow
@@ -83,17 +85,27 @@ def test_counters_move_by_exactly_what_was_served(fleet: SimProcess) -> None:
 
 def test_running_and_cache_usage_gauges_show_a_live_stream(fleet: SimProcess) -> None:
     url = fleet.url("metrics")
+    # 4,000 tokens of 2 ms: the stream is surely still running when the scrape arrives, even
+    # on a loaded machine; it is closed right after, so the test does not wait 8 s for it.
     stream = client(url).chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "keep going"}], max_tokens=400,
+        model=MODEL, messages=[{"role": "user", "content": "keep going"}], max_tokens=4000,
         stream=True, extra_body={"ignore_eos": True},
     )
     chunks = iter(stream)
     next(chunks)
     during = scrape(url)
-    for _ in chunks:
-        pass
+    stream.close()
     assert value(during, "vllm:num_requests_running", model_name=MODEL) == 1
     assert 0 < value(during, "vllm:gpu_cache_usage_perc", model_name=MODEL) < 1
+    # The client left: the pool drops the stream and frees its cache.
+    deadline = time.monotonic() + 30
+    while True:
+        after = scrape(url)
+        if (value(after, "vllm:num_requests_running"),
+                value(after, "vllm:gpu_cache_usage_perc")) == (0, 0):
+            break
+        assert time.monotonic() < deadline, "the closed stream is still running"
+        time.sleep(0.01)
 
 
 def ground_truth(url: str, **params: Any) -> dict[str, Any]:
@@ -133,36 +145,56 @@ def stream_chunks(http: httpx.Client, url: str, body: dict[str, Any],
 def test_ground_truth_matches_what_the_client_measured(gt_url: str) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "truth"}],
             "max_tokens": 25}
-    with httpx.Client(timeout=10) as http:
-        stream_chunks(http, gt_url, body, "gt-warm-up")  # connection and code paths warm
-        sent, chunks = stream_chunks(http, gt_url, body, "gt-stream-1")
-    record = record_for(gt_url, "gt-stream-1")
-    chunk_times = [t for t, c in chunks if c["choices"] and c["choices"][0]["delta"].get(
-        "content")]
+    attempt = itertools.count(1)
 
-    times = record["token_times_mono"]
-    assert record["completion_tokens"] == len(times) == len(chunk_times) == 25
-    assert all(b > a for a, b in itertools.pairwise(times))
-    assert record["response_id"] == chunks[0][1]["id"]
-    assert (record["finish_reason"], record["status"], record["stream"]) == ("length", 200, True)
-    assert record["first_token_mono"] == times[0] == record["prefill_end_mono"]
-    assert record["arrival_mono"] <= record["admitted_mono"] <= record["prefill_start_mono"]
-    assert record["queue_wait_s"] >= 0
-    assert abs(record["token_times_wall"][0] - time.time()) < 60
-    # Same clock (CLOCK_MONOTONIC) in both processes: the request reached the simulator
-    # soon after it was sent, each chunk reached the client within a few ms of the time the
-    # simulator says it emitted it, and so the two TTFTs agree within a few ms.
-    assert 0 <= record["arrival_mono"] - sent < 0.005
-    lateness = [client_t - server_t for client_t, server_t in zip(chunk_times, times,
-                                                                   strict=True)]
-    assert all(0 <= late < 0.005 for late in lateness), lateness
-    assert abs((chunk_times[0] - sent) - record["ttft_s"]) < 0.005
-    # Each chunk is written after its step time. The write time is taken when write()
-    # returns, so the client (on the other core) may already have read it: a small margin.
-    written = record["token_written_mono"]
-    assert len(written) == 25
-    assert all(step <= out < got + 0.005 for step, out, got in zip(times, written, chunk_times,
-                                                                  strict=True))
+    def measure() -> str | None:
+        request_id = f"gt-stream-{next(attempt)}"
+        with httpx.Client(timeout=10) as http:
+            stream_chunks(http, gt_url, body, "gt-warm-up")  # connection and code paths warm
+            sent, chunks = stream_chunks(http, gt_url, body, request_id)
+        record = record_for(gt_url, request_id)
+        chunk_times = [t for t, c in chunks if c["choices"] and c["choices"][0]["delta"].get(
+            "content")]
+
+        times = record["token_times_mono"]
+        assert record["completion_tokens"] == len(times) == len(chunk_times) == 25
+        assert all(b > a for a, b in itertools.pairwise(times))
+        assert record["response_id"] == chunks[0][1]["id"]
+        assert (record["finish_reason"], record["status"], record["stream"]) == (
+            "length", 200, True)
+        assert record["first_token_mono"] == times[0] == record["prefill_end_mono"]
+        assert record["arrival_mono"] <= record["admitted_mono"] <= record["prefill_start_mono"]
+        assert record["queue_wait_s"] >= 0
+        assert abs(record["token_times_wall"][0] - time.time()) < 60
+        # Same clock (CLOCK_MONOTONIC) in both processes, so causality holds exactly: the
+        # request arrives after it was sent, each chunk reaches the client after the
+        # simulator emitted it, and each is written no earlier than its step.
+        lateness = [client_t - server_t for client_t, server_t in zip(chunk_times, times,
+                                                                       strict=True)]
+        written = record["token_written_mono"]
+        assert len(written) == 25
+        assert record["arrival_mono"] >= sent
+        assert all(late >= 0 for late in lateness), lateness
+        assert all(step <= out for step, out in zip(times, written, strict=True))
+        # And on a quiet machine within a few ms: the request reached the simulator soon
+        # after it was sent, each chunk reached the client within a few ms of the time the
+        # simulator says it emitted it, the two TTFTs agree, and each write time is taken
+        # when write() returns, so the client (on the other core) may already have read it:
+        # a small margin. A descheduled process breaks these for one stream, not for every
+        # one; a wrong clock or a time taken at the wrong moment does.
+        misses = []
+        if not record["arrival_mono"] - sent < 0.005:
+            misses.append(f"arrived {record['arrival_mono'] - sent:.4f} s after sending")
+        if not all(late < 0.005 for late in lateness):
+            misses.append(f"chunks late by up to {max(lateness):.4f} s")
+        if not abs((chunk_times[0] - sent) - record["ttft_s"]) < 0.005:
+            misses.append(f"TTFT {chunk_times[0] - sent:.4f} s (client) vs "
+                          f"{record['ttft_s']:.4f} s (simulator)")
+        if not all(out < got + 0.005 for out, got in zip(written, chunk_times, strict=True)):
+            misses.append("a chunk was written more than 5 ms after the client read it")
+        return "; ".join(misses) or None
+
+    best_of(3, measure)
 
 
 def test_ground_truth_records_plain_and_rejected_requests_after_a_cursor(gt_url: str) -> None:
@@ -186,28 +218,28 @@ def test_ground_truth_records_plain_and_rejected_requests_after_a_cursor(gt_url:
 def test_a_request_cut_off_by_a_down_pool_is_recorded_once(gt_url: str) -> None:
     outcome: list[int] = []
 
-    def long_request() -> None:
+    def long_request() -> None:  # 4,000 tokens of 2 ms: 8 s to cut it off in
         response = httpx.post(
-            f"{gt_url}/v1/completions", timeout=10, headers={"x-request-id": "gt-cut"},
-            json={"model": MODEL, "prompt": "long", "max_tokens": 2000, "ignore_eos": True},
+            f"{gt_url}/v1/completions", timeout=60, headers={"x-request-id": "gt-cut"},
+            json={"model": MODEL, "prompt": "long", "max_tokens": 4000, "ignore_eos": True},
         )
         outcome.append(response.status_code)
 
     worker = threading.Thread(target=long_request)
     worker.start()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while not httpx.get(f"{gt_url}/admin/state").json()["engine"]["running"]:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     try:
         httpx.post(f"{gt_url}/admin/faults", json={"down": True}).raise_for_status()
-        worker.join(5)
+        worker.join(30)
     finally:
         httpx.post(f"{gt_url}/admin/reset").raise_for_status()
     assert outcome == [503]
     record = record_for(gt_url, "gt-cut")  # exactly one
     assert (record["status"], record["error"]) == (503, "pool is down")
-    assert 0 < record["completion_tokens"] < 2000
+    assert 0 < record["completion_tokens"] < 4000
 
 
 def test_reading_ground_truth_in_pages_misses_and_repeats_nothing(gt_url: str) -> None:
@@ -282,16 +314,18 @@ def test_a_busy_pool_keeps_its_schedule(fleet: SimProcess) -> None:
     the simulator of CPU on a 2-core machine, and sixteen requests landing in the same
     instant cost it ~0.3 ms of loop time each (both show up as lag, correctly, but neither
     is what this test is about). Other work on a shared machine can delay wake-ups too, so
-    one bad measurement is repeated once; a simulator that really lags fails both."""
+    a bad measurement is repeated (up to three in all); a simulator that really lags fails
+    every one."""
     url = fleet.url("metrics")
-    report = ""
-    for _ in range(2):
+
+    def measure() -> str | None:
         lags = busy_lags(url)
         assert len(lags) >= 400  # enough steps for a p99 that is not just the worst two
         p99 = lags[int(0.99 * (len(lags) - 1))]
         if p99 < 0.002:
-            return
+            return None
         gc_stats = httpx.get(f"{url}/admin/state").json()["gc"]
-        report += f"p99 {p99 * 1000:.2f} ms over {len(lags)} steps, worst {lags[-3:]}, "
-        report += f"gc {gc_stats}; "
-    raise AssertionError(report)
+        return (f"p99 {p99 * 1000:.2f} ms over {len(lags)} steps, worst {lags[-3:]}, "
+                f"gc {gc_stats}")
+
+    best_of(3, measure)

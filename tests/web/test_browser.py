@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from django.utils import timezone
-from playwright.sync_api import Browser, ConsoleMessage, Page, Response
+from playwright.sync_api import Browser, ConsoleMessage, Page, Response, expect
 
 from fleetctl.fleet import services
 from fleetctl.fleet.models import Pool
@@ -99,19 +99,23 @@ def test_sign_in_read_the_fleet_and_a_pools_chart_without_a_console_error(
     assert page.get_by_text("—, no benchmark yet").first.is_visible()
 
     # The tile strip's htmx refresh, asked for now instead of in 10 s: only the tiles swap.
+    # Checked once htmx has settled the swap, so the counts see the new tiles, not the old.
+    page.evaluate("() => { window.tilesSettled = new Promise(done => document.body"
+                  ".addEventListener('htmx:afterSettle', () => done(true), {once: true})); }")
     with page.expect_response(lambda r: r.request.headers.get("hx-target") == "summary-tiles"):
         page.evaluate(
             "htmx.ajax('GET', '/', {target: '#summary-tiles', swap: 'innerHTML'})"
         )
-    page.wait_for_load_state("networkidle")
+    assert page.evaluate("window.tilesSettled") is True
     assert page.locator("#summary-tiles .tile").count() == 6
     assert page.locator("#summary-tiles header").count() == 0
     shoot(page, "overview.png")
 
     page.locator("a.pool-link", has_text="mi250-lon-a").click()
     page.wait_for_url("**/pools/mi250-lon-a/")
-    page.wait_for_selector("#health-chart .main-svg", timeout=15_000)
-    assert page.locator("#health-chart .scatterlayer .trace").count() == 2
+    page.wait_for_selector("#health-chart .main-svg", timeout=30_000)
+    # Plotly may add the traces just after the frame: wait for them, don't count at once.
+    expect(page.locator("#health-chart .scatterlayer .trace")).to_have_count(2)
     assert page.locator("h1 .badge", has_text="unhealthy").is_visible()
     page.get_by_text("The numbers:").click()
     assert page.locator("details.numbers table tbody tr").count() >= 10

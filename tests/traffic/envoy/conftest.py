@@ -63,9 +63,10 @@ class Gateway:
     def pools(self, *names: str) -> dict[str, PoolTarget]:
         return {n: PoolTarget(n, (self.sims.url(n),), JURISDICTION[n]) for n in names}
 
-    def served_by(self, *expected: str, timeout_s: float = 3.0) -> dict[str, str]:
+    def served_by(self, *expected: str, timeout_s: float = 30.0) -> dict[str, str]:
         """Response id and request id -> the pool whose ground truth records it. A pool
-        records a request just after answering it, so wait for the `expected` ids."""
+        records a request just after answering it, so wait for the `expected` ids (as long
+        as a loaded machine may need: waiting costs nothing once they are there)."""
         deadline = time.monotonic() + timeout_s
         while True:
             served = self._ground_truth()
@@ -88,10 +89,14 @@ class Gateway:
 def gateway(sims: SimProcess, tmp_path: Path) -> Iterator[Gateway]:
     for pool in POOLS:
         httpx.delete(f"{sims.url(pool)}/admin/ground-truth", timeout=5)
-    process = EnvoyProcess(tmp_path / "envoy", free_port(), free_port()).start()
+    process = EnvoyProcess(tmp_path / "envoy", free_port(), free_port()).start(timeout_s=60)
+    # load_timeout_s: how long an apply waits for Envoy to load a swapped file. The default
+    # (5 s) is ample on a quiet machine; a loaded one may need longer, and a longer wait
+    # costs nothing when the file loads. A rejected file is still detected at once.
     adapter = EnvoyAdapter(GatewaySpec(name="test-gw", kind="envoy",
                                        admin_address=process.admin_url,
-                                       options={"config_dir": str(process.workdir)}))
+                                       options={"config_dir": str(process.workdir),
+                                                "load_timeout_s": 30}))
     yield Gateway(process=process, adapter=adapter, sims=sims)
     process.stop()
 

@@ -14,7 +14,7 @@ from tests.traffic.scenarios import Harness
 
 @pytest.fixture(scope="module")
 def haproxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HAProxyProcess]:
-    process = HAProxyProcess(tmp_path_factory.mktemp("haproxy")).start()
+    process = HAProxyProcess(tmp_path_factory.mktemp("haproxy")).start(timeout_s=60)
     yield process
     process.stop()
 

@@ -92,7 +92,7 @@ def test_runtime_weights_survive_a_reload(harness: Harness, haproxy: HAProxyProc
 def test_a_stream_outlives_a_reload_on_the_old_worker_and_is_counted(
         harness: Harness, haproxy: HAProxyProcess) -> None:
     harness.apply(route({"alpha": 0, "beta": 10000}))
-    with slowed(harness.sim, "beta", 25):  # 50 ms per token
+    with slowed(harness.sim, "beta", 50):  # 100 ms per token: ~4 s, outlasting the reload
         stream = harness.client().chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "a long one"}], max_tokens=40,
             stream=True, extra_body={"ignore_eos": True})
@@ -120,7 +120,9 @@ def test_pool_counters_count_what_each_pool_was_sent(harness: Harness) -> None:
     assert after["alpha"].requests_total - before["alpha"].requests_total == 5
     assert after["beta"].requests_total == before["beta"].requests_total
     assert after["alpha"].errors_total == before["alpha"].errors_total
-    assert after["alpha"].active == 0
+    # HAProxy ends a session just after forwarding its last byte, so the last one may still
+    # be counted for an instant after the client has its answer.
+    assert wait_until(lambda: harness.adapter.pool_counters()["alpha"].active == 0)
 
 
 def test_reloads_under_load_lose_no_request(harness: Harness) -> None:
@@ -129,7 +131,7 @@ def test_reloads_under_load_lose_no_request(harness: Harness) -> None:
 
 def test_a_stopped_haproxy_is_a_retryable_error_within_two_seconds(
         tmp_path: Path, sim_fleet: SimProcess) -> None:
-    process = HAProxyProcess(tmp_path / "gone").start()
+    process = HAProxyProcess(tmp_path / "gone").start(timeout_s=60)
     adapter = HAProxyAdapter(process.gateway)
     h = Harness(url=process.url, adapter=adapter, sim=sim_fleet)
     h.apply(route({"alpha": 10000}))
@@ -141,5 +143,9 @@ def test_a_stopped_haproxy_is_a_retryable_error_within_two_seconds(
 def test_median_apply_times_are_printed(harness: Harness,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     with capsys.disabled():
-        medians = scenarios.apply_timings(harness)
-    assert medians["weights-only"] < medians["structural"]
+        timings = scenarios.apply_timings(harness)
+    # A weights-only change is one runtime-API command, a structural one a validated reload:
+    # even the fastest reload costs more than twice the fastest weights change. Fastest
+    # against fastest, as load only ever adds time (all 20 of one kind would have to be
+    # slowed to break it).
+    assert 2 * min(timings["weights-only"]) < min(timings["structural"]), timings

@@ -14,7 +14,7 @@ from tests.traffic.scenarios import Harness
 
 @pytest.fixture(scope="module")
 def nginx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NginxProcess]:
-    process = NginxProcess(tmp_path_factory.mktemp("nginx")).start()
+    process = NginxProcess(tmp_path_factory.mktemp("nginx")).start(timeout_s=60)
     yield process
     process.stop()
 

@@ -105,7 +105,7 @@ def test_reloads_under_load_lose_no_request(harness: Harness) -> None:
 
 def test_the_model_can_come_from_a_header_instead_of_the_body(
         tmp_path: Path, sim_fleet: SimProcess) -> None:
-    process = NginxProcess(tmp_path / "by-header", model_source="header").start()
+    process = NginxProcess(tmp_path / "by-header", model_source="header").start(timeout_s=60)
     try:
         h = Harness(url=process.url, adapter=NginxAdapter(process.gateway), sim=sim_fleet)
         h.apply(route({"beta": 10000}))
@@ -120,7 +120,7 @@ def test_the_model_can_come_from_a_header_instead_of_the_body(
 
 def test_a_stopped_nginx_is_a_retryable_error_within_two_seconds(
         tmp_path: Path, sim_fleet: SimProcess) -> None:
-    process = NginxProcess(tmp_path / "gone").start()
+    process = NginxProcess(tmp_path / "gone").start(timeout_s=60)
     adapter = NginxAdapter(process.gateway)
     h = Harness(url=process.url, adapter=adapter, sim=sim_fleet)
     h.apply(route({"alpha": 10000}))

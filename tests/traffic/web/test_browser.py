@@ -92,7 +92,7 @@ def drain_llama_through_the_dashboard(page: Page, base_url: str) -> None:
 
     # The progress block polls every 500 ms and stops once the drain is complete.
     progress = page.locator("#drain-progress")
-    expect(progress.locator("h2 .badge")).to_have_text("● complete", timeout=20_000)
+    expect(progress.locator("h2 .badge")).to_have_text("● complete", timeout=60_000)
     expect(progress).not_to_have_attribute("hx-trigger", POLLING)
     expect(progress.get_by_text("Finished; no longer refreshing.")).to_be_visible()
     expect(page.get_by_role("link", name="Restore…")).to_be_visible()
@@ -129,7 +129,7 @@ def envoy_traffic(celery_worker: subprocess.Popen[bytes], tmp_path: Path) -> Ite
                        *(arg for pool in POOLS for arg in ("--pool", f"{pool}=quick@0"))],
                       len(POOLS), tmp_path / "sims.log")
     try:
-        envoy = EnvoyProcess(tmp_path / "envoy", free_port(), free_port()).start()
+        envoy = EnvoyProcess(tmp_path / "envoy", free_port(), free_port()).start(timeout_s=60)
         try:
             seed_traffic({pool: sims.url(pool) for pool in POOLS})
             gateway = services.gateway_create(
@@ -139,7 +139,7 @@ def envoy_traffic(celery_worker: subprocess.Popen[bytes], tmp_path: Path) -> Ite
             )
             wait_until(
                 lambda: Gateway.objects.get(pk=gateway.pk).state == Gateway.State.IN_SYNC,
-                what="the worker's first push to Envoy", timeout_s=30,
+                what="the worker's first push to Envoy", timeout_s=60,
             )
             send_requests(envoy.listen_url, gateway, count=60)
             yield envoy.listen_url
@@ -167,7 +167,7 @@ def test_an_on_call_engineer_drains_a_route_behind_a_real_envoy_in_the_browser(
     page = browser.new_page(viewport={"width": 1366, "height": 768})
     problems = Problems(page)
     sign_in(page, f"{live_server.url}/traffic/routes/llama/")
-    page.wait_for_selector("#rates-chart .main-svg", timeout=15_000)
+    page.wait_for_selector("#rates-chart .main-svg", timeout=30_000)
     expect(page.locator("#gw-title + .table-wrap")).to_contain_text("in sync")
 
     drain_llama_through_the_dashboard(page, live_server.url)
