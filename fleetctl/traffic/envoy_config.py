@@ -22,6 +22,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -87,7 +88,7 @@ class RenderedConfig:
     routes_version: str  # hash of the route structure (weights excluded)
     runtime: dict[str, int]  # runtime key -> weight, for every weighted cluster of every route
 
-    @property
+    @cached_property
     def clusters_version(self) -> str:
         return clusters_version(self.clusters)
 

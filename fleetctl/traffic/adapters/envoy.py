@@ -203,7 +203,7 @@ class EnvoyAdapter(Adapter):
     def apply(self, desired: DesiredState) -> ApplyResult:
         started = time.monotonic()
         try:
-            rendered = config.render(desired)
+            rendered = _render(desired)
         except config.ConfigError as exc:
             raise AdapterError(f"gateway {self.gateway.name}: {exc}", permanent=True) from exc
         config_dir = self._config_dir()
@@ -221,11 +221,10 @@ class EnvoyAdapter(Adapter):
                            detail=f"{', '.join(swapped)} swapped; {keys}")
 
     def _apply_locked(self, rendered: config.RenderedConfig, config_dir: Path) -> list[str]:
-        on_disk = _clusters_on_disk(config_dir)
+        on_disk, on_disk_version = _clusters_on_disk(config_dir)
         seen = _seen.load_state(self._seen_key)
         if (seen is not None and seen.routes_version == rendered.routes_version
-                and seen.clusters_version == rendered.clusters_version
-                == config.clusters_version(on_disk)):
+                and seen.clusters_version == rendered.clusters_version == on_disk_version):
             # The files Envoy last reported are the ones wanted: weights only, without the
             # stats read first. Were Envoy's state different after all (restarted empty,
             # another worker swapped files), the read-back that follows sees it, and the
@@ -434,14 +433,48 @@ def _weighted(route_config: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
             yield weighted
 
 
-def _clusters_on_disk(config_dir: Path) -> dict[str, dict[str, Any]]:
+def _clusters_on_disk(config_dir: Path) -> tuple[dict[str, dict[str, Any]], str]:
     """The clusters file as last written (what Envoy loaded, since a rejected file is put
-    back); unreadable counts as empty."""
+    back) and its version; unreadable counts as empty. Parsed once per version of the file
+    (known by its inode, size and mtime): a drain reads it for every gateway."""
+    path = config_dir / config.CLUSTERS_FILE
     try:
-        document = json.loads((config_dir / config.CLUSTERS_FILE).read_text())
-        return {c["name"]: c for c in document.get("resources", [])}
+        info = path.stat()
+        key = (str(path), info.st_ino, info.st_size, info.st_mtime_ns)
+        with _disk_lock:
+            cached = _disk_cache.get(str(path))
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        document = json.loads(path.read_text())
+        clusters = {c["name"]: c for c in document.get("resources", [])}
     except (OSError, ValueError, KeyError, TypeError):
-        return {}
+        return {}, config.clusters_version({})
+    version = config.clusters_version(clusters)
+    with _disk_lock:
+        if len(_disk_cache) >= 256:
+            _disk_cache.clear()
+        _disk_cache[str(path)] = (key, clusters, version)
+    return clusters, version
+
+
+_disk_lock = threading.Lock()
+_disk_cache: dict[str, tuple[tuple[str, int, int, int], dict[str, dict[str, Any]], str]] = {}
+_render_lock = threading.Lock()
+_last_render: tuple[DesiredState, config.RenderedConfig] | None = None
+
+
+def _render(desired: DesiredState) -> config.RenderedConfig:
+    """config.render, once per desired state: a push to ten gateways carrying the same
+    routes hands each the same DesiredState object (treated as immutable, as it is frozen)."""
+    global _last_render
+    with _render_lock:
+        last = _last_render
+    if last is not None and last[0] is desired:
+        return last[1]
+    rendered = config.render(desired)
+    with _render_lock:
+        _last_render = (desired, rendered)
+    return rendered
 
 
 @contextmanager
