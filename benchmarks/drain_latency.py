@@ -278,6 +278,7 @@ def main() -> None:
         load.stop()
         late = [t for t in arrivals(ports["candidate"])
                 if any(start <= t < end for start, end in windows)]
+        phases = drain_phases()
     finally:
         if worker is not None:
             worker.terminate()
@@ -290,10 +291,32 @@ def main() -> None:
           f" p99 {p99(verified_ms):.1f} ms, max {max(verified_ms):.1f} ms")
     print(f"  the drain call returns after its first attempt at every gateway (validate, "
           f"store, push, read back): median {statistics.median(call_ms):.1f} ms")
+    print("  where the time goes (medians over the drains, from the attempt rows): first "
+          f"gateway contacted at {phases['first']:.1f} ms, last at {phases['last']:.1f} ms; "
+          f"one push (apply + read back) {phases['push']:.1f} ms")
     print(f"client requests: {load.sent} sent, {load.failed} failed")
     for error in load.errors[:5]:
         print(f"  failed: {error}")
     print(f"requests that reached the drained pool after verified: {len(late)}")
+
+
+def drain_phases() -> dict[str, float]:
+    """From each drain's first push attempts: when the first and the last gateway were
+    contacted after the drain was requested, and how long one push took (medians, ms)."""
+    from fleetctl.traffic.models import Drain, GatewayPushAttempt
+
+    first, last, push = [], [], []
+    for drain in Drain.objects.filter(action="drain"):
+        attempts = list(GatewayPushAttempt.objects.filter(
+            push__revision__in=drain.revisions.all(), number=1))
+        if not attempts:
+            continue
+        sent = [(a.sent_at - drain.requested_at).total_seconds() * 1000 for a in attempts]
+        first.append(min(sent))
+        last.append(max(sent))
+        push.append(statistics.median(a.duration_ms for a in attempts))
+    return {"first": statistics.median(first), "last": statistics.median(last),
+            "push": statistics.median(push)}
 
 
 def wait(predicate, what: str, timeout_s: float = 60) -> None:  # type: ignore[no-untyped-def]
