@@ -11,6 +11,7 @@ from fleetctl.fleet.api.views import (
     PoolViewSet,
     RegionViewSet,
 )
+from fleetctl.observability import MetricsView
 from fleetctl.traffic.api.views import DrainViewSet, GatewayViewSet, PushViewSet, RouteViewSet
 from migrations_plan.api.views import (
     EvidenceKindViewSet,
@@ -41,5 +42,6 @@ router.register("service-tokens", ServiceTokenViewSet, basename="service-token")
 
 urlpatterns = [
     path("me/", me, name="me"),
+    path("metrics", MetricsView.as_view(), name="metrics"),
     path("", include(router.urls)),
 ]
