@@ -7,7 +7,11 @@ fleetctl gateway's name and `namespace`), `section_name`, `hostnames`, `services
 {"name", "port", "namespace"} or just a service name; default: the pool's name, port 8000),
 `paths` (the OpenAI endpoints routed; default chat/completions, completions, embeddings),
 `token` or `token_file` (bearer token; the file is read at every call, so a rotated service
-account token is picked up), `ca_file` (CA bundle for the API server), `timeout_s` (2).
+account token is picked up), `ca_file` (CA bundle for the API server), `timeout_s` (2),
+`require_status` (default true: see what "held" means below), `status_wait_s` (5: how long a
+read-back waits for the controller to observe a new generation before calling it not held)
+and `controller_name` (the GatewayClass's `spec.controllerName`; when set, only that
+controller's status counts).
 
 Matching. The Gateway API cannot read a body, so routes match the model *header*
 (`DesiredState.model_header`), which something in front must set from the body — a body-based
@@ -34,7 +38,20 @@ Fabric... have it): check your implementation.
 A route with empty weights gets a rule without backendRefs: 500 as well, never another pool.
 
 What "applied" means here: the API server stored the objects. The Gateway implementation then
-programs its data plane asynchronously; read_back() reads the API objects, not the data plane.
+takes them asynchronously. What "held" means (read_back()): each of fleetctl's HTTPRoutes —
+routes and guard — has, for the parentRef fleetctl rendered, a `status.parents[]` entry (of
+`controller_name`'s controller when that option is set, else of every controller that wrote
+one for that parentRef) whose `Accepted` condition is "True" with `observedGeneration` >=
+`metadata.generation`, and no `Accepted` or `ResolvedRefs` condition "False" for that
+generation. A controller takes a moment to observe a new generation, so read_back() re-reads
+for up to `status_wait_s` while the only problem is lag (a refusal ends the wait at once) —
+otherwise nearly every push's first attempt would fail and turn the gateway red for a retry.
+After that it raises AdapterError naming the route and why: retryable
+while the controller has not yet observed the generation (no entry, older or missing
+`observedGeneration`, `Accepted` "Unknown"); permanent when it observed it and refused it (the
+condition, reason and message are in the error). `require_status: false` skips the check, for
+implementations that write no status. Status says the controller accepted the route, not that
+every data-plane replica has it: read_back() reads the API objects, not the data plane.
 In-flight requests are not observable through the API: in_flight() returns -1, and a drain on
 this kind is verified by read-back only.
 """
@@ -71,6 +88,7 @@ FIELD_MANAGER = "fleetctl"
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
 DEFAULT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 DEFAULT_PORT = 8000
+STATUS_POLL_S = 0.1  # re-read interval while waiting for the controller (status_wait_s)
 MAX_MATCHES_PER_RULE = 64
 MAX_MATCHES_PER_ROUTE = 128
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -98,6 +116,9 @@ class GatewayApiSettings:
     token_file: str | None
     ca_file: str | None
     timeout_s: float
+    require_status: bool = True
+    controller_name: str | None = None
+    status_wait_s: float = 5.0
 
     @classmethod
     def from_gateway(cls, gateway: GatewaySpec) -> GatewayApiSettings:
@@ -107,6 +128,21 @@ class GatewayApiSettings:
         if len(paths) * len(METHODS) > MAX_MATCHES_PER_ROUTE:
             raise AdapterError(f"at most {MAX_MATCHES_PER_ROUTE // len(METHODS)} paths fit the "
                                "residency guard", permanent=True)
+        require_status = opts.get("require_status", True)
+        if not isinstance(require_status, bool):
+            raise AdapterError(f"option require_status must be true or false, not "
+                               f"{require_status!r}", permanent=True)
+        status_wait_s = opts.get("status_wait_s", 5.0)
+        if (isinstance(status_wait_s, bool) or not isinstance(status_wait_s, int | float)
+                or not 0 <= status_wait_s <= 300):
+            raise AdapterError(f"option status_wait_s must be a number of seconds from 0 to "
+                               f"300, not {status_wait_s!r}", permanent=True)
+        controller_name = opts.get("controller_name")
+        if controller_name is not None and (not isinstance(controller_name, str)
+                                            or not controller_name):
+            raise AdapterError(f"option controller_name must be a non-empty string (a "
+                               f"GatewayClass controllerName), not {controller_name!r}",
+                               permanent=True)
         return cls(
             gateway=gateway.name,
             api_url=gateway.admin_address.rstrip("/"),
@@ -122,6 +158,9 @@ class GatewayApiSettings:
             token_file=opts.get("token_file"),
             ca_file=opts.get("ca_file"),
             timeout_s=float(opts.get("timeout_s", 2.0)),
+            require_status=require_status,
+            controller_name=controller_name,
+            status_wait_s=float(status_wait_s),
         )
 
     def service(self, pool: str) -> ServiceRef:
@@ -164,13 +203,18 @@ def render_routes(desired: DesiredState, settings: GatewayApiSettings) -> list[d
                                                 for r in desired.routes]
 
 
-def _object(name: str, role: str, settings: GatewayApiSettings, rules: list[dict[str, Any]],
-            annotations: dict[str, str]) -> dict[str, Any]:
+def parent_refs(settings: GatewayApiSettings) -> list[dict[str, Any]]:
+    """The parentRefs of every HTTPRoute fleetctl renders (one: the parent Gateway)."""
     parent: dict[str, Any] = {"group": GROUP, "kind": "Gateway", "name": settings.parent_name,
                               "namespace": settings.parent_namespace}
     if settings.section_name:
         parent["sectionName"] = settings.section_name
-    spec: dict[str, Any] = {"parentRefs": [parent], "rules": rules}
+    return [parent]
+
+
+def _object(name: str, role: str, settings: GatewayApiSettings, rules: list[dict[str, Any]],
+            annotations: dict[str, str]) -> dict[str, Any]:
+    spec: dict[str, Any] = {"parentRefs": parent_refs(settings), "rules": rules}
     if settings.hostnames:
         spec["hostnames"] = list(settings.hostnames)
     return {
@@ -258,6 +302,91 @@ def held_weights(item: dict[str, Any], settings: GatewayApiSettings) -> dict[str
     return held
 
 
+# --- status: has the Gateway implementation taken it? ------------------------------------------
+
+@dataclass(frozen=True)
+class NotHeld:
+    """Why one stored HTTPRoute does not count as held."""
+
+    message: str
+    rejected: bool  # the controller observed this generation and refused it
+
+
+def _same_parent(ref: dict[str, Any], ours: dict[str, Any], route_namespace: str) -> bool:
+    """Does a status entry's parentRef name our parentRef? Unset fields take the API's
+    defaults (group gateway.networking.k8s.io, kind Gateway, the route's namespace)."""
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r.get("group", GROUP), r.get("kind", "Gateway"),
+                r.get("namespace") or route_namespace, r.get("name"),
+                r.get("sectionName") or None, r.get("port"))
+    return key(ref) == key(ours)
+
+
+def _observed(condition: dict[str, Any]) -> int:
+    """A condition's observedGeneration; -1 when absent (it cannot vouch for any generation)."""
+    try:
+        return int(condition.get("observedGeneration", -1))
+    except (TypeError, ValueError):
+        return -1
+
+
+def _parent_text(ref: dict[str, Any]) -> str:
+    text = f"parent {ref.get('kind', 'Gateway')} {ref.get('namespace')}/{ref.get('name')}"
+    return text + (f" section {ref['sectionName']}" if ref.get("sectionName") else "")
+
+
+def status_not_held(item: dict[str, Any], settings: GatewayApiSettings) -> NotHeld | None:
+    """None when, for every parentRef fleetctl rendered, the route's status has an entry
+    (of `controller_name`'s controller if set, else every entry for that parentRef) with
+    Accepted "True" at observedGeneration >= metadata.generation and neither Accepted nor
+    ResolvedRefs "False" at that generation; else why not. Entries for other parents, and
+    of other controllers when `controller_name` is set, are ignored."""
+    meta = item.get("metadata") or {}
+    namespace = str(meta.get("namespace") or settings.namespace)
+    route = f"{namespace}/{meta.get('name')}"
+    try:
+        generation = int(meta.get("generation") or 0)
+    except (TypeError, ValueError):
+        generation = 0
+    parents = (item.get("status") or {}).get("parents") or []
+    lagging = f"controller has not yet observed generation {generation} of HTTPRoute {route}"
+    for ours in parent_refs(settings):
+        entries = [entry for entry in parents
+                   if _same_parent(entry.get("parentRef") or {}, ours, namespace)
+                   and (settings.controller_name is None
+                        or entry.get("controllerName") == settings.controller_name)]
+        if not entries:
+            by = f" by {settings.controller_name}" if settings.controller_name else ""
+            return NotHeld(f"{lagging} (no status{by} for {_parent_text(ours)} yet)", False)
+        for entry in entries:
+            controller = entry.get("controllerName") or "an unnamed controller"
+            conditions = {c.get("type"): c for c in entry.get("conditions") or []
+                          if isinstance(c, dict)}
+            for kind in ("Accepted", "ResolvedRefs"):
+                condition = conditions.get(kind)
+                if (condition and condition.get("status") == "False"
+                        and _observed(condition) >= generation):
+                    return NotHeld(
+                        f"HTTPRoute {route} generation {generation} refused by {controller} "
+                        f"for {_parent_text(ours)}: {kind} is False, reason "
+                        f"{condition.get('reason') or '(none)'}: "
+                        f"{condition.get('message') or '(no message)'}", True)
+            accepted = conditions.get("Accepted")
+            if accepted is None or _observed(accepted) < generation:
+                seen = ("no Accepted condition" if accepted is None
+                        else "Accepted is for generation "
+                             f"{accepted.get('observedGeneration', '(unset)')}")
+                return NotHeld(f"{lagging} ({controller}, {_parent_text(ours)}: {seen})",
+                               False)
+            if accepted.get("status") != "True":
+                return NotHeld(
+                    f"HTTPRoute {route} generation {generation} not yet accepted by "
+                    f"{controller} for {_parent_text(ours)}: Accepted is "
+                    f"{accepted.get('status')}, reason {accepted.get('reason') or '(none)'}: "
+                    f"{accepted.get('message') or '(no message)'}", False)
+    return None
+
+
 # --- the adapter ----------------------------------------------------------------------------------
 
 @register
@@ -288,7 +417,25 @@ class GatewayApiAdapter(Adapter):
             f"its data plane asynchronously"))
 
     def read_back(self) -> dict[str, dict[str, int]]:
-        items = self._list()
+        """The weights of fleetctl's stored HTTPRoutes — once the Gateway implementation has
+        accepted their current generation (see the module notes; unless `require_status` is
+        false). Until then AdapterError says which route and why: retryable while the
+        controller has not observed it, permanent once it refused it."""
+        deadline = time.monotonic() + self.settings.status_wait_s
+        while True:
+            items = self._list()
+            if not self.settings.require_status:
+                break
+            problems = [problem for problem in (status_not_held(item, self.settings)
+                                                for item in items) if problem]
+            if not problems:
+                break
+            if any(p.rejected for p in problems) or time.monotonic() >= deadline:
+                shown = "; ".join(p.message for p in problems[:3])
+                more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+                raise AdapterError(f"{shown}{more}",
+                                   permanent=any(p.rejected for p in problems))
+            time.sleep(STATUS_POLL_S)
         roles = [item["metadata"].get("labels", {}).get(ROLE_LABEL) for item in items]
         self._guard_held = "residency-guard" in roles
         return {item["metadata"].get("annotations", {}).get(ROUTE_ANNOTATION, ""):

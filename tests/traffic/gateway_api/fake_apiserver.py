@@ -8,10 +8,23 @@ handling — is exercised for real. It implements only what the adapter uses: se
 delete, bearer-token auth, and `Status` error bodies. It does not validate against the CRD's
 OpenAPI schema, run admission, or merge field ownership: an apply replaces the object's spec
 (fleetctl owns every field of the objects it applies).
+
+Like a real API server, `metadata.generation` starts at 1 and goes up only when the spec
+changes (not on label, annotation or status changes), `resourceVersion` changes on every
+write, and `status` is a subresource: an apply neither sets nor clears it.
+
+It also plays the Gateway implementation (`FakeController`, `server.controller`): by default,
+right after each apply it writes the HTTPRoute's `status.parents[]` entry for each parentRef
+(Accepted True, ResolvedRefs True, observedGeneration = generation), keeping other
+controllers' entries. Tests can make it lag (`lag()`: no status written, so a new route has
+none and a changed one keeps its old observedGeneration; `catch_up()` then writes it), refuse
+(`reject(...)`: Accepted or ResolvedRefs False with a reason and message), or add raw entries
+(`add_parent_status`) as another controller would.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import ssl
@@ -39,6 +52,53 @@ class Recorded:
 
 
 @dataclass
+class FakeController:
+    """The Gateway implementation's status writer. mode: "accept", "lag" (writes nothing) or
+    "reject" (the `reject_condition` is False with `reject_reason` / `reject_message`);
+    `only`, when set, limits "lag"/"reject" to those HTTPRoute names (others are accepted)."""
+
+    name: str = "example.net/fake-gateway-controller"
+    mode: str = "accept"
+    reject_condition: str = "Accepted"
+    reject_reason: str = "NotAllowedByListeners"
+    reject_message: str = "no listener of the parent Gateway allows this route"
+    only: set[str] | None = None
+
+    def mode_for(self, name: str) -> str:
+        return self.mode if self.only is None or name in self.only else "accept"
+
+    def write_status(self, obj: dict[str, Any]) -> bool:
+        """Set this controller's entries in obj's status for its current generation, as a
+        status update would; False (nothing written) when lagging."""
+        meta = obj["metadata"]
+        mode = self.mode_for(meta["name"])
+        if mode == "lag":
+            return False
+        generation = meta["generation"]
+        parents = obj.setdefault("status", {}).setdefault("parents", [])
+        for ref in obj.get("spec", {}).get("parentRefs") or []:
+            conditions = {kind: _condition(kind, "True", kind, f"{kind} (fake controller)",
+                                           generation)
+                          for kind in ("Accepted", "ResolvedRefs")}
+            if mode == "reject":
+                conditions[self.reject_condition] = _condition(
+                    self.reject_condition, "False", self.reject_reason, self.reject_message,
+                    generation)
+            entry = {"parentRef": dict(ref), "controllerName": self.name,
+                     "conditions": list(conditions.values())}
+            parents[:] = [p for p in parents if not (p.get("controllerName") == self.name
+                                                      and p.get("parentRef") == ref)]
+            parents.append(entry)
+        return True
+
+
+def _condition(kind: str, status: str, reason: str, message: str,
+               generation: int) -> dict[str, Any]:
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "observedGeneration": generation, "lastTransitionTime": "2025-01-01T00:00:00Z"}
+
+
+@dataclass
 class FakeState:
     token: str | None = None
     objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -46,6 +106,7 @@ class FakeState:
     fail_next: list[tuple[int, str]] = field(default_factory=list)  # (status, reason)
     delay_s: float = 0.0
     version: int = 0
+    controller: FakeController = field(default_factory=FakeController)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -86,6 +147,51 @@ class FakeApiServer:
 
     def stored(self, namespace: str = "default") -> dict[str, dict[str, Any]]:
         return {name: obj for (ns, name), obj in self.state.objects.items() if ns == namespace}
+
+    # --- the controller ---
+
+    @property
+    def controller(self) -> FakeController:
+        return self.state.controller
+
+    def lag(self, only: set[str] | None = None) -> None:
+        """From now on, write no status (for `only` these route names, if given)."""
+        with self.state.lock:
+            self.controller.mode, self.controller.only = "lag", only
+
+    def reject(self, condition: str = "Accepted", reason: str = "NotAllowedByListeners",
+               message: str = "no listener of the parent Gateway allows this route",
+               only: set[str] | None = None) -> None:
+        """From now on, refuse applied routes (`only` these names, if given) with `condition`
+        False; the routes already stored are refused at once (their generation observed)."""
+        with self.state.lock:
+            controller = self.controller
+            controller.mode, controller.only = "reject", only
+            controller.reject_condition, controller.reject_reason = condition, reason
+            controller.reject_message = message
+            self._reconcile_all()
+
+    def catch_up(self) -> None:
+        """Accept everything from now on, and write status for every stored route now."""
+        with self.state.lock:
+            self.controller.mode, self.controller.only = "accept", None
+            self._reconcile_all()
+
+    def add_parent_status(self, namespace: str, name: str, entry: dict[str, Any]) -> None:
+        """Append a raw status.parents entry, as another controller (or parent) would."""
+        with self.state.lock:
+            obj = self.state.objects[(namespace, name)]
+            obj.setdefault("status", {}).setdefault("parents", []).append(entry)
+            self._bump(obj)
+
+    def _reconcile_all(self) -> None:
+        for obj in self.state.objects.values():
+            if self.controller.write_status(obj):
+                self._bump(obj)
+
+    def _bump(self, obj: dict[str, Any]) -> None:
+        self.state.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.state.version)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -164,8 +270,18 @@ class _Handler(BaseHTTPRequestHandler):
             changed = previous is None or previous.get("spec") != obj.get("spec")
             generation = (previous or {}).get("metadata", {}).get("generation", 0)
             meta["generation"] = generation + 1 if changed else generation
+            # status is a subresource: an apply of the object neither sets nor clears it
+            obj.pop("status", None)
+            if previous is not None and "status" in previous:
+                obj["status"] = previous["status"]
             self.fake.objects[(namespace, name)] = obj
-        return (201 if previous is None else 200), obj
+            answer = copy.deepcopy(obj)
+            # the controller's status update, a separate write right after (done before the
+            # answer so tests are deterministic; a real controller takes ms to seconds)
+            if self.fake.controller.write_status(obj):
+                self.fake.version += 1
+                meta["resourceVersion"] = str(self.fake.version)
+        return (201 if previous is None else 200), answer
 
     def do_GET(self) -> None:
         begun = self._begin()
