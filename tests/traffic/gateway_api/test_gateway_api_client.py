@@ -6,7 +6,6 @@ from __future__ import annotations
 import statistics
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +16,11 @@ from fleetctl.traffic.adapters.base import AdapterError, DesiredState, GatewaySp
 from fleetctl.traffic.adapters.gateway_api import GatewayApiAdapter, render_routes
 from fleetctl.traffic.haproxy_process import free_port
 
+from .conftest import TOKEN
 from .fake_apiserver import FakeApiServer
 from .test_gateway_api_render import POOLS, route
 
-TOKEN = "test-token-123"
 ROUTES_PATH = "/apis/gateway.networking.k8s.io/v1/namespaces/llm/httproutes"
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    server = FakeApiServer(token=TOKEN).start()
-    yield server
-    server.stop()
 
 
 def adapter(url: str, **options: Any) -> GatewayApiAdapter:

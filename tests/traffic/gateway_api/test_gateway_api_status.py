@@ -4,7 +4,6 @@ controller: lagging, refusing, other controllers' entries, `require_status: fals
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -22,13 +21,6 @@ CHAT = "fleetctl-edge-chat"
 GUARD = "fleetctl-edge-residency-guard"
 OURS = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "public",
         "namespace": "llm"}
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    server = FakeApiServer(token=TOKEN).start()
-    yield server
-    server.stop()
 
 
 def adapter(url: str, **options: Any) -> GatewayApiAdapter:
