@@ -275,6 +275,7 @@ def _print_banner(host: str, port: int, password: str, sim_base_port: int,
 
     dashboard   {url}/
     API docs    {url}/api/docs/
+    metrics     {url}/api/v1/metrics  (Prometheus; signed in, or a token with `read`)
     login       admin / {password}      (also lead, lead2, oncall, viewer — same password)
     sim fleet   http://127.0.0.1:{sim_base_port + 1} … {sim_base_port + len(DEMO_SIM_POOLS)}
     gateway     {gateway}/v1  (Envoy; add -H 'x-fleetctl-residency: EU' for the EU route)
