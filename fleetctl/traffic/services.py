@@ -10,6 +10,7 @@ a drain is timed in milliseconds); failed attempts retry on the `push` queue lik
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
@@ -269,8 +270,12 @@ def push_fanout(*, push_ids: list[int], budget_s: float | None = None
         work.append((push, states[routes]))
     futures = [_push_threads().submit(_push_io, *item) for item in work]
     finished, late = wait_futures(futures, timeout=budget_s)
+    caller = threading.get_ident()
     for future in late:
-        future.add_done_callback(_record_late)
+        # Runs in the push thread when the attempt ends — or here at once if it ended in
+        # the meantime, and then this thread's connection must be left alone.
+        future.add_done_callback(
+            lambda done: _record_late(done, own_thread=threading.get_ident() != caller))
     outcomes = [future.result() for future in futures if future in finished]
     return [(io.push.pk, *result) for io, result in zip(outcomes, _push_record(outcomes),
                                                          strict=True)]
@@ -295,9 +300,9 @@ def _retry_later(push_id: int, retry_in: float) -> None:
     push_run.apply_async((push_id,), countdown=retry_in)
 
 
-def _record_late(future: Future[_PushIO]) -> None:
-    """Done-callback of an attempt that outlived its caller's budget: runs in the push
-    thread, so it records with that thread's own connection and closes it after."""
+def _record_late(future: Future[_PushIO], *, own_thread: bool) -> None:
+    """Done-callback of an attempt that outlived its caller's budget. In a push thread
+    (`own_thread`) it records with that thread's own connection and closes it after."""
     from django.db import connections
 
     try:
@@ -308,7 +313,8 @@ def _record_late(future: Future[_PushIO]) -> None:
     except Exception:
         log.exception("recording a late push attempt failed; the reconcile task will retry")
     finally:
-        connections.close_all()
+        if own_thread:
+            connections.close_all()
 
 
 _DONE = (GatewayPush.Status.VERIFIED, GatewayPush.Status.SUPERSEDED, GatewayPush.Status.FAILED)
