@@ -287,6 +287,45 @@ def test_admin_state_describes_the_pool(fleet: SimProcess) -> None:
     assert state["engine"]["kv_capacity_tokens"] == 400000
 
 
+# A process that wakes at absolute deadlines 5 ms apart, works 0.5 ms (about what a busy
+# simulator step costs) and reports how late it woke: the machine's own scheduling noise for
+# a process like the simulator, measured beside it over the same window.
+REFERENCE_SLEEPER = """
+import select, sys, time
+lags, step = [], 0.005
+deadline = time.monotonic()
+print("ready", flush=True)
+while not select.select([sys.stdin], [], [], 0)[0]:
+    deadline += step
+    time.sleep(max(0.0, deadline - time.monotonic()))
+    lags.append(time.monotonic() - deadline)
+    busy_until = time.monotonic() + 0.0005  # a step's worth of work, as the simulator does
+    while time.monotonic() < busy_until:
+        pass
+lags.sort()
+print(lags[int(0.99 * (len(lags) - 1))] if lags else 0.0, flush=True)
+"""
+
+
+def reference_p99(during: Any) -> float:
+    """p99 wake-up lateness (s) of a plain stepping process while `during()` runs."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", REFERENCE_SLEEPER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        during()
+        proc.stdin.write("stop\n")
+        proc.stdin.flush()
+        return float(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def busy_lags(url: str) -> list[float]:
     """Sorted schedule lags of every step while 16 streams of 400 tokens run."""
     httpx.post(f"{url}/admin/ground-truth", json={"enabled": True, "clear": True})
@@ -313,19 +352,23 @@ def test_a_busy_pool_keeps_its_schedule(fleet: SimProcess) -> None:
     One shared client, and arrivals 5 ms apart: sixteen clients built at once would starve
     the simulator of CPU on a 2-core machine, and sixteen requests landing in the same
     instant cost it ~0.3 ms of loop time each (both show up as lag, correctly, but neither
-    is what this test is about). Other work on a shared machine can delay wake-ups too, so
-    a bad measurement is repeated (up to three in all); a simulator that really lags fails
-    every one."""
+    is what this test is about). Other work on a shared machine delays wake-ups too: that is
+    measured beside it (a process stepping like it) and allowed for, and a bad measurement
+    is repeated (up to three in all); a simulator that really lags fails every one."""
     url = fleet.url("metrics")
 
     def measure() -> str | None:
-        lags = busy_lags(url)
+        lags: list[float] = []
+        machine = reference_p99(lambda: lags.extend(busy_lags(url)))
         assert len(lags) >= 400  # enough steps for a p99 that is not just the worst two
         p99 = lags[int(0.99 * (len(lags) - 1))]
-        if p99 < 0.002:
+        # 2 ms of its own on top of what the machine does to a process stepping like it (a
+        # plain stepper measured over the same window; ~0.1 ms on a quiet machine). A
+        # simulator whose steps drift or pile up lags far beyond both.
+        if p99 < 0.002 + 2 * machine:
             return None
         gc_stats = httpx.get(f"{url}/admin/state").json()["gc"]
-        return (f"p99 {p99 * 1000:.2f} ms over {len(lags)} steps, worst {lags[-3:]}, "
-                f"gc {gc_stats}")
+        return (f"p99 {p99 * 1000:.2f} ms over {len(lags)} steps (a plain stepper: "
+                f"{machine * 1000:.2f} ms), worst {lags[-3:]}, gc {gc_stats}")
 
     best_of(3, measure)
