@@ -248,16 +248,16 @@ RETRY_DELAYS_S = (0.2, 0.5, 1, 2, 5, 10, 20, 30)
 ORPHAN_PUSH_AFTER_S = 30
 
 
-def push_fanout(*, push_ids: list[int], budget_s: float | None = None
-                ) -> list[tuple[int, str, float | None]]:
+def push_fanout(*, push_ids: list[int], budget_s: float | None = None) -> None:
     """First attempt of several pushes at once: one thread per gateway does the talking (the
-    work is waiting on gateways), then every outcome is recorded together in a few queries.
-    Gateways carrying the same routes share one desired state.
+    work is waiting on gateways), then every outcome is recorded together in a few queries
+    and each failure is queued to retry on its own with backoff (push_run). Gateways
+    carrying the same routes share one desired state.
 
-    With `budget_s`, only the attempts that finish within it are recorded here (and
-    returned); a slower gateway's attempt records itself from its thread when it ends and
-    schedules its own retry, so a caller waiting on this is never held by one slow gateway
-    for longer than the budget."""
+    With `budget_s`, only the attempts that finish within it are recorded here; a slower
+    gateway's attempt records itself from its thread when it ends and queues its own retry,
+    so a caller waiting on this is never held by one slow gateway for longer than the
+    budget."""
     pushes = list(GatewayPush.objects.select_related("gateway")
                   .prefetch_related("gateway__routes").filter(pk__in=push_ids)
                   .exclude(status__in=_DONE))
@@ -277,21 +277,18 @@ def push_fanout(*, push_ids: list[int], budget_s: float | None = None
         future.add_done_callback(
             lambda done: _record_late(done, own_thread=threading.get_ident() != caller))
     outcomes = [future.result() for future in futures if future in finished]
-    return [(io.push.pk, *result) for io, result in zip(outcomes, _push_record(outcomes),
-                                                         strict=True)]
+    for io, (_status, retry_in) in zip(outcomes, _push_record(outcomes), strict=True):
+        if retry_in is not None:
+            _retry_later(io.push.pk, retry_in)
 
 
 def push_inline(*, push_ids: list[int]) -> None:
     """A drain's first attempt, made by the process that stored it (right after the commit),
     waiting at most TRAFFIC_INLINE_PUSH_BUDGET_S; failures retry on the `push` queue."""
     try:
-        results = push_fanout(push_ids=push_ids, budget_s=settings.TRAFFIC_INLINE_PUSH_BUDGET_S)
+        push_fanout(push_ids=push_ids, budget_s=settings.TRAFFIC_INLINE_PUSH_BUDGET_S)
     except Exception:  # the revision is stored: reconcile re-kicks pushes nobody attempted
         log.exception("inline push of %s failed; the reconcile task will retry", push_ids)
-        return
-    for push_id, _status, retry_in in results:
-        if retry_in is not None:
-            _retry_later(push_id, retry_in)
 
 
 def _retry_later(push_id: int, retry_in: float) -> None:

@@ -22,9 +22,7 @@ def push_run(self, push_id: int) -> str:  # type: ignore[no-untyped-def]
 def push_fanout(push_ids: list[int]) -> None:
     """First attempt for every gateway of a new revision, in parallel; each failure then
     retries on its own with backoff (push_run)."""
-    for push_id, _status, retry_in in services.push_fanout(push_ids=push_ids):
-        if retry_in is not None:
-            push_run.apply_async((push_id,), countdown=retry_in)
+    services.push_fanout(push_ids=push_ids)
 
 
 @app.task(name="traffic.drain_watch", ignore_result=True, soft_time_limit=960,
