@@ -360,11 +360,31 @@ class _Errors:
     def __bool__(self) -> bool:
         return bool(self.items)
 
+    def counted(self, lineno: int, count: int, max_requests: int) -> int:
+        """One more request (on line `lineno`); past `max_requests` the trace is refused."""
+        count += 1
+        if count > max_requests:
+            self.add(lineno, _too_many(max_requests))
+            raise TraceError(self.items)
+        return count
+
     def finish(self, requests: int) -> None:
         if self.items:
             raise TraceError(self.items)
         if requests == 0:
             raise TraceError([(0, "the trace has no requests")])
+
+
+def _imported(errors: _Errors, lineno: int, names: tuple[str, str],
+              **fields: Any) -> TraceRequest | None:
+    """A request from an importer's row, or None with the error recorded in the format's own
+    names for the prompt and completion token counts (`names`)."""
+    try:
+        return TraceRequest(**fields)
+    except ValueError as exc:
+        errors.add(lineno, str(exc).replace("prompt_tokens", names[0])
+                   .replace("completion_tokens", names[1]))
+        return None
 
 
 def _check_limits(max_errors: int, max_requests: int) -> None:
@@ -464,10 +484,7 @@ def _fleetctl_requests(lines: Iterable[bytes | str], stream: TraceStream, errors
             errors.add(lineno, _backwards("arrival_s", at, prev_arrival, prev_line))
             continue
         prev_arrival, prev_line = at, lineno
-        count += 1
-        if count > max_requests:
-            errors.add(lineno, _too_many(max_requests))
-            raise TraceError(errors.items)
+        count = errors.counted(lineno, count, max_requests)
         if not errors:
             yield build(pt, ct, at, prompt, messages, group, prefix, latency)
     errors.finish(count)
@@ -599,19 +616,14 @@ def _mooncake_requests(lines: Iterable[bytes | str], errors: _Errors, max_reques
         prev_ms, prev_line = ms, lineno
         group, prefix = _mooncake_prefix(groups, obj.get("hash_ids") or [], block_tokens,
                                          obj["input_length"])
-        try:
-            request = TraceRequest(prompt_tokens=obj["input_length"],
-                                   completion_tokens=obj["output_length"],
-                                   arrival_s=round((ms - first_ms) / 1000, 6),
-                                   prefix_group=group, prefix_tokens=prefix)
-        except ValueError as exc:
-            errors.add(lineno, str(exc).replace("prompt_tokens", "input_length")
-                       .replace("completion_tokens", "output_length"))
+        request = _imported(errors, lineno, ("input_length", "output_length"),
+                            prompt_tokens=obj["input_length"],
+                            completion_tokens=obj["output_length"],
+                            arrival_s=round((ms - first_ms) / 1000, 6),
+                            prefix_group=group, prefix_tokens=prefix)
+        if request is None:
             continue
-        count += 1
-        if count > max_requests:
-            errors.add(lineno, _too_many(max_requests))
-            raise TraceError(errors.items)
+        count = errors.counted(lineno, count, max_requests)
         if not errors:
             yield request
     errors.finish(count)
@@ -704,17 +716,12 @@ def _azure_requests(lines: Iterable[bytes | str], errors: _Errors,
             errors.add(lineno, _backwards("TIMESTAMP", arrival, prev, prev_line))
             continue
         prev, prev_line = arrival, lineno
-        try:
-            request = TraceRequest(prompt_tokens=prompt_tokens,
-                                   completion_tokens=completion_tokens, arrival_s=arrival)
-        except ValueError as exc:
-            errors.add(lineno, str(exc).replace("prompt_tokens", "ContextTokens")
-                       .replace("completion_tokens", "GeneratedTokens"))
+        request = _imported(errors, lineno, ("ContextTokens", "GeneratedTokens"),
+                            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                            arrival_s=arrival)
+        if request is None:
             continue
-        count += 1
-        if count > max_requests:
-            errors.add(lineno, _too_many(max_requests))
-            raise TraceError(errors.items)
+        count = errors.counted(lineno, count, max_requests)
         if not errors:
             yield request
     errors.finish(count)
