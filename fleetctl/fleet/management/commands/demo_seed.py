@@ -1,17 +1,36 @@
 """Seed the demo fleet: five regions in four jurisdictions, pools on four vendors (one
-primary and one candidate for the same model), and one person per role. Safe to re-run."""
+primary and one candidate for the same model), and one person per role.
+
+Safe to re-run, and a re-run never undoes what people did since: the rule is **never modify
+an existing object**. Each demo object (region, pool with its model entry, person, trace,
+route, gateway with its routes, plan) is created only when nothing of that name exists; one
+that exists is left exactly as it is, whatever changed in it. Creating goes through the same
+services as the API, so a refusal there (the fleet changed so that a demo object no longer
+fits) is reported and that object skipped; the seed never crashes on data the API allowed."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.contrib.auth.models import User
+from django.core.exceptions import ObjectDoesNotExist
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
 
 from fleetctl.accounts.actor import Actor
 from fleetctl.accounts.services import roles_ensure_groups, user_set_roles
+from fleetctl.core.errors import DomainError
 from fleetctl.fleet import services
-from fleetctl.fleet.models import Pool, PoolModel, Region
+from fleetctl.fleet.models import Pool, Region
+
+if TYPE_CHECKING:
+    from fleetctl.traffic.models import Route
+    from migrations_plan.models import Plan
+
+T = TypeVar("T")
 
 REGIONS = [
     ("us-east", "US East (Virginia)", "US"),
@@ -37,142 +56,208 @@ POOLS: list[tuple[str, str, str, str, str, int, str, str, dict[str, str]]] = [
 ]
 PEOPLE = [("admin", "admin"), ("lead", "platform-lead"), ("lead2", "platform-lead"),
           ("oncall", "on-call"), ("viewer", "viewer")]
+ROUTES = [("llama-8b", "", "h200-us-east"), ("llama-8b-eu", "EU", "tpu-v5e-eu-west")]
+GATEWAY = "envoy-demo"
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, DjangoValidationError):
+        return "; ".join(exc.messages)
+    return str(exc)
 
 
 class Command(BaseCommand):
-    help = "Create (or top up) the demo fleet and demo users. Idempotent."
+    help = ("Create the demo fleet and demo users: each object only if absent; existing ones "
+            "are never modified.")
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--password", required=True, help="password for the demo users")
+        parser.add_argument("--password", required=True, help="password for new demo users")
         parser.add_argument("--sim-base-port", type=int, default=8100)
         parser.add_argument("--gateway-admin", default="",
                             help="Envoy admin URL; with it, routes and a gateway are seeded")
         parser.add_argument("--gateway-config-dir", default="")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self.created: list[str] = []
         actor = Actor.for_system("demo-seed")
         for code, name, jurisdiction in REGIONS:
             if not Region.objects.filter(code=code).exists():
-                services.region_create(actor=actor, code=code, name=name,
-                                       jurisdiction=jurisdiction)
-        for name, runtime, version, accel, region, offset, rate, latency, labels in POOLS:
-            pool = Pool.objects.filter(name=name).first()
-            url = f"http://127.0.0.1:{options['sim_base_port'] + offset}"
-            if pool is None:
-                pool = services.pool_create(
-                    actor=actor, name=name, runtime=runtime, runtime_version=version,
-                    accelerator=accel, region=Region.objects.get(code=region), base_urls=[url],
-                    latency_class=latency, max_context_tokens=32768, node_hourly_rate=rate,
-                    currency="USD", labels=labels,
-                )
-            elif pool.base_urls != [url]:
-                services.pool_update(actor=actor, pool=pool, base_urls=[url])
-            if not PoolModel.objects.filter(pool=pool, model_id=MODEL).exists():
-                services.pool_model_create(
-                    actor=actor, pool=pool, model_id=MODEL, revision="0e9e39f",
-                    quantisation="fp8" if runtime in ("cuda", "rocm") else "bf16",
-                    weight_format="safetensors", max_context_tokens=32768,
-                )
+                self._create(f"region {code}", partial(
+                    services.region_create, actor=actor, code=code, name=name,
+                    jurisdiction=jurisdiction))
+        for spec in POOLS:
+            self._pool(actor, spec, options["sim_base_port"])
         self._people(actor, options["password"])
         self._trace(actor)
         if options["gateway_admin"]:
             self._traffic(actor, options["gateway_admin"], options["gateway_config_dir"])
             self._plans()
+        made = ", ".join(self.created) if self.created else "nothing (all there already)"
         self.stdout.write(f"demo fleet: {Pool.objects.count()} pools in "
-                          f"{Region.objects.count()} regions")
+                          f"{Region.objects.count()} regions; created {made}")
+
+    def _create(self, what: str, create: Callable[[], T]) -> T | None:
+        """One demo object, in its own transaction. The services refuse what the API would
+        refuse (and a dependency may be gone): say so and go on without it."""
+        try:
+            with transaction.atomic():
+                made = create()
+        except (DjangoValidationError, DomainError, ObjectDoesNotExist) as exc:
+            self.stderr.write(f"demo seed: {what} not created: {_reason(exc)}")
+            return None
+        self.created.append(what)
+        return made
+
+    def _note(self, message: str) -> None:
+        self.stderr.write(f"demo seed: {message}")
+
+    def _pool(self, actor: Actor, spec: tuple[str, str, str, str, str, int, str, str,
+                                                dict[str, str]], sim_base_port: int) -> None:
+        name, runtime, version, accel, region, offset, rate, latency, labels = spec
+        url = f"http://127.0.0.1:{sim_base_port + offset}"
+        pool = Pool.objects.filter(name=name).first()
+        if pool is not None:
+            if url not in pool.base_urls:
+                self._note(f"pool {name} is kept as it is: it does not point at its simulated "
+                           f"pool {url} (edit its base URLs to send it there)")
+            return
+
+        def create() -> Pool:
+            # The pool and its model entry are one demo object: both or neither.
+            made = services.pool_create(
+                actor=actor, name=name, runtime=runtime, runtime_version=version,
+                accelerator=accel, region=Region.objects.get(code=region), base_urls=[url],
+                latency_class=latency, max_context_tokens=32768, node_hourly_rate=rate,
+                currency="USD", labels=labels,
+            )
+            services.pool_model_create(
+                actor=actor, pool=made, model_id=MODEL, revision="0e9e39f",
+                quantisation="fp8" if runtime in ("cuda", "rocm") else "bf16",
+                weight_format="safetensors", max_context_tokens=32768,
+            )
+            return made
+
+        self._create(f"pool {name}", create)
 
     def _traffic(self, actor: Actor, admin_url: str, config_dir: str) -> None:
         """Two routes through one Envoy: the model, all on the H200 primary with the MI300X
-        candidate ready at 0 %, and the same model pinned to the EU."""
+        candidate ready at 0 %, and the same model pinned to the EU. An existing gateway
+        keeps its routes: after a restart Envoy starts from its configuration on disk and
+        reconcile re-pushes whatever differs."""
         from fleetctl.traffic import services as traffic
         from fleetctl.traffic.models import Gateway, Route
 
-        # The pools have not been probed yet when the demo starts; the seed forces (audited).
-        routes = []
-        for name, pin, primary in (("llama-8b", "", "h200-us-east"),
-                                   ("llama-8b-eu", "EU", "tpu-v5e-eu-west")):
-            route = Route.objects.filter(name=name).first() or traffic.route_create(
-                actor=actor, name=name, model_id=MODEL, residency=pin,
-                primary_pool=Pool.objects.get(name=primary), force=True,
-                reason="demo seed (pools not probed yet)",
-            )
-            routes.append(route)
-        gateway = Gateway.objects.filter(name="envoy-demo").first()
+        for name, pin, primary in ROUTES:
+            if not Route.objects.filter(name=name).exists():
+                self._create(f"route {name}", partial(self._route, actor, name, pin, primary))
+        gateway = Gateway.objects.filter(name=GATEWAY).first()
         options = {"config_dir": config_dir}
         if gateway is None:
-            traffic.gateway_create(actor=actor, name="envoy-demo", kind="envoy",
-                                   admin_address=admin_url, options=options, routes=routes)
-        else:
-            # A new Envoy starts empty: push it the whole state again.
-            traffic.gateway_update(actor=actor, gateway=gateway, admin_address=admin_url,
-                                   options=options, routes=routes)
+            routes = list(Route.objects.filter(name__in=[name for name, _, _ in ROUTES]))
+            self._create(f"gateway {GATEWAY}", lambda: traffic.gateway_create(
+                actor=actor, name=GATEWAY, kind="envoy", admin_address=admin_url,
+                options=options, routes=routes))
+        elif gateway.admin_address != admin_url or gateway.options.get("config_dir") != config_dir:
+            self._note(f"gateway {GATEWAY} is kept as it is: it points at "
+                       f"{gateway.admin_address} ({gateway.options.get('config_dir')}), not at "
+                       f"the Envoy this demo starts ({admin_url}, {config_dir}); edit the "
+                       f"gateway to carry traffic through this one")
+
+    @staticmethod
+    def _route(actor: Actor, name: str, pin: str, primary: str) -> Route:
+        from fleetctl.traffic import services as traffic
+
+        # The pools have not been probed yet when the demo starts; the seed forces (audited).
+        return traffic.route_create(actor=actor, name=name, model_id=MODEL, residency=pin,
+                                    primary_pool=Pool.objects.get(name=primary), force=True,
+                                    reason="demo seed (pools not probed yet)")
 
     def _trace(self, actor: Actor) -> None:
         """A synthetic chat trace to benchmark the demo pools with (Benchmarks → New run)."""
         from fleetctl.bench import services as bench
         from fleetctl.bench.models import Trace
 
-        if not Trace.objects.filter(name="demo-chat").exists():
-            bench.trace_generate(
-                actor=actor, name="demo-chat", n=2000, seed=1,
-                description="Synthetic chat: lognormal lengths, 4 shared system prompts, "
-                            "Poisson arrivals at 8/s.",
-                prompt_tokens={"kind": "lognormal", "median": 400, "sigma": 0.6, "lo": 32,
-                               "hi": 4000},
-                completion_tokens={"kind": "lognormal", "median": 120, "sigma": 0.5, "lo": 8,
-                                   "hi": 512},
-                arrival={"kind": "poisson", "rate": 8.0}, shared_prefix_groups=4,
-                shared_prefix_tokens=200)
+        if Trace.objects.filter(name="demo-chat").exists():
+            return
+        self._create("trace demo-chat", lambda: bench.trace_generate(
+            actor=actor, name="demo-chat", n=2000, seed=1,
+            description="Synthetic chat: lognormal lengths, 4 shared system prompts, "
+                        "Poisson arrivals at 8/s.",
+            prompt_tokens={"kind": "lognormal", "median": 400, "sigma": 0.6, "lo": 32,
+                           "hi": 4000},
+            completion_tokens={"kind": "lognormal", "median": 120, "sigma": 0.5, "lo": 8,
+                               "hi": 512},
+            arrival={"kind": "poisson", "rate": 8.0}, shared_prefix_groups=4,
+            shared_prefix_tokens=200))
 
     def _plans(self) -> None:
         """Two plans, both opened by `lead` so that `lead2` is the second platform lead:
         MI300X in stage 2 (shadow) with a partly green gate, and the A100 in stage 1 with a
         failing conformance result, which nobody can approve. Every step goes through the
-        services, so each plan's timeline shows it."""
-        from fleetctl.traffic.models import Route
-        from migrations_plan import services as plans
+        services, so each plan's timeline shows it; a plan is seeded whole or not at all."""
         from migrations_plan.models import Plan
+
+        if not Plan.objects.filter(name="mi300x-llama-8b").exists():
+            self._create("plan mi300x-llama-8b", self._plan_mi300x)
+        if not Plan.objects.filter(name="a100-llama-8b").exists():
+            self._create("plan a100-llama-8b", self._plan_a100)
+
+    def _plan_terms(self) -> dict[str, Any]:
+        from fleetctl.traffic.models import Route
+
+        return {"primary_pool": Pool.objects.get(name="h200-us-east"),
+                "routes": [Route.objects.get(name="llama-8b")],
+                "slo_ttft_p95_ms": 800, "slo_tpot_p95_ms": 60, "slo_error_rate": 0.01}
+
+    def _plan_mi300x(self) -> Plan:
+        from migrations_plan import services as plans
 
         lead = Actor(user=User.objects.get(username="lead"))
         lead2 = Actor(user=User.objects.get(username="lead2"))
-        route = Route.objects.get(name="llama-8b")
-        primary = Pool.objects.get(name="h200-us-east")
-        terms: dict[str, Any] = {"primary_pool": primary, "routes": [route],
-                                 "slo_ttft_p95_ms": 800, "slo_tpot_p95_ms": 60,
-                                 "slo_error_rate": 0.01}
-        if not Plan.objects.filter(name="mi300x-llama-8b").exists():
-            plan = plans.plan_create(
-                actor=lead, name="mi300x-llama-8b",
-                candidate_pool=Pool.objects.get(name="mi300x-us-east"), **terms,
-                notes="Move llama-8b interactive traffic from H200 to MI300X (demo).")
-            plans.approve(actor=lead2, plan=plan, justification=(
-                "Demo: the conformance probe and the benchmark that derives cost arrive with "
-                "later issues; routing is in place and the pool is new."))
-            plan = plans.advance(actor=lead2, plan=plan, reason="stage 1 signed off")
-            plans.check_add(actor=lead, plan=plan, stage=2, title="", rule="pool.healthy_for",
-                            params={"hours": 0.1})
-            plans.check_add(actor=lead, plan=plan, stage=2, title="",
-                            rule="routing.only_through_route")
-        if not Plan.objects.filter(name="a100-llama-8b").exists():
-            a100 = Pool.objects.get(name="a100-eu-central")
-            plan = plans.plan_create(actor=lead, name="a100-llama-8b", candidate_pool=a100,
-                                     **terms, notes="Previous-generation A100s for batch "
-                                                    "traffic (demo).")
-            plans.evidence_record(
-                actor=Actor.for_system("demo-seed"), pool=a100, kind="conformance",
-                verdict="fail", route=route,
-                summary="(demo data) 3 of 40 contract cases fail: logprobs, tool_choice")
+        plan = plans.plan_create(
+            actor=lead, name="mi300x-llama-8b",
+            candidate_pool=Pool.objects.get(name="mi300x-us-east"), **self._plan_terms(),
+            notes="Move llama-8b interactive traffic from H200 to MI300X (demo).")
+        plans.approve(actor=lead2, plan=plan, justification=(
+            "Demo: the conformance probe and the benchmark that derives cost arrive with "
+            "later issues; routing is in place and the pool is new."))
+        plan = plans.advance(actor=lead2, plan=plan, reason="stage 1 signed off")
+        plans.check_add(actor=lead, plan=plan, stage=2, title="", rule="pool.healthy_for",
+                        params={"hours": 0.1})
+        plans.check_add(actor=lead, plan=plan, stage=2, title="",
+                        rule="routing.only_through_route")
+        return plan
+
+    def _plan_a100(self) -> Plan:
+        from migrations_plan import services as plans
+
+        lead = Actor(user=User.objects.get(username="lead"))
+        terms = self._plan_terms()
+        a100 = Pool.objects.get(name="a100-eu-central")
+        plan = plans.plan_create(actor=lead, name="a100-llama-8b", candidate_pool=a100,
+                                 **terms, notes="Previous-generation A100s for batch "
+                                                "traffic (demo).")
+        plans.evidence_record(
+            actor=Actor.for_system("demo-seed"), pool=a100, kind="conformance",
+            verdict="fail", route=terms["routes"][0],
+            summary="(demo data) 3 of 40 contract cases fail: logprobs, tool_choice")
+        return plan
 
     def _people(self, actor: Actor, password: str) -> None:
         roles_ensure_groups()
         for username, role in PEOPLE:
             user = User.objects.filter(username=username).first()
             if user is None:
-                user = User.objects.create_user(username=username, password=password)
-                user_set_roles(actor=actor, username=username, role_names=[role])
+                self._create(f"user {username}",
+                             partial(self._person, actor, username, role, password))
             elif not user.check_password(password):
-                user.set_password(password)
-                user.save(update_fields=["password"])
-            if username == "admin" and not user.is_staff:
-                user.is_staff = True  # the Django admin is handy for people and roles
-                user.save(update_fields=["is_staff"])
+                self._note(f"user {username} keeps the password it was given since "
+                           f"(not the demo password)")
+
+    @staticmethod
+    def _person(actor: Actor, username: str, role: str, password: str) -> User:
+        user = User.objects.create_user(username=username, password=password,
+                                        # the Django admin is handy for people and roles
+                                        is_staff=username == "admin")
+        user_set_roles(actor=actor, username=username, role_names=[role])
+        return user

@@ -1,0 +1,98 @@
+"""`make demo` seeds on every start. A re-run creates what is missing and never modifies what
+exists, so it keeps what people did with the demo since; it never crashes on data the API
+allowed."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+
+from fleetctl.accounts.actor import Actor
+from fleetctl.fleet import services as fleet
+from fleetctl.fleet.models import Pool, PoolModel, Region
+from fleetctl.traffic import services as traffic
+from fleetctl.traffic.models import Gateway, Route
+from migrations_plan import services as plans
+from migrations_plan.models import Plan
+
+SEED = ["demo_seed", "--password", "demo-pw", "--sim-base-port", "8100",
+        "--gateway-admin", "http://127.0.0.1:1", "--gateway-config-dir", "/tmp/fleetctl-demo"]
+
+
+def seed() -> str:
+    """Run the seed as the demo does; what it had to say about what it kept or skipped."""
+    notes = io.StringIO()
+    call_command(*SEED, stdout=io.StringIO(), stderr=notes)
+    return notes.getvalue()
+
+
+def person(username: str) -> Actor:
+    return Actor(user=User.objects.get(username=username))
+
+
+def move_the_mi300x_plan_to_stage_3() -> None:
+    lead2 = person("lead2")
+    plan = Plan.objects.get(name="mi300x-llama-8b")
+    plans.attest(actor=lead2, check=plan.checks.get(stage=2, key="dashboards"),
+                 note="Grafana board and alerts exist")
+    plans.approve(actor=lead2, plan=plan, justification="benchmarks come with a later issue")
+    plans.advance(actor=lead2, plan=plan, reason="shadow looked fine")
+
+
+@pytest.mark.django_db
+def test_a_second_demo_seed_keeps_everything_people_changed_since_and_does_not_crash():
+    seed()
+    admin = person("admin")
+    gateway = Gateway.objects.get(name="envoy-demo")
+    batch = traffic.route_create(actor=admin, name="llama-8b-batch",
+                                 model_id="llama-3.1-8b-instruct", latency_class="batch",
+                                 primary_pool=Pool.objects.get(name="a100-eu-central"),
+                                 force=True, reason="batch traffic goes to the A100s")
+    traffic.gateway_set_routes(actor=admin, gateway=gateway,
+                               routes=[*gateway.routes.all(), batch])
+    gaudi = Pool.objects.get(name="gaudi3-in-west")
+    fleet.pool_model_delete(actor=admin, entry=gaudi.models.get())
+    fleet.pool_update(actor=admin, pool=gaudi, max_context_tokens=256,
+                      base_urls=["http://127.0.0.1:9105"])
+    move_the_mi300x_plan_to_stage_3()
+    lead = User.objects.get(username="lead")
+    lead.set_password("a password of my own")
+    lead.save()
+
+    notes = seed()
+
+    assert set(Gateway.objects.get(name="envoy-demo").routes.values_list("name", flat=True)) \
+        == {"llama-8b", "llama-8b-eu", "llama-8b-batch"}
+    gaudi.refresh_from_db()
+    assert (gaudi.max_context_tokens, gaudi.base_urls) == (256, ["http://127.0.0.1:9105"])
+    assert not PoolModel.objects.filter(pool=gaudi).exists()
+    assert Plan.objects.get(name="mi300x-llama-8b").state == "stage-3"
+    assert User.objects.get(username="lead").check_password("a password of my own")
+    assert "pool gaudi3-in-west is kept as it is" in notes
+    assert "user lead keeps the password it was given since" in notes
+
+
+@pytest.mark.django_db
+def test_the_seed_skips_a_demo_object_the_registry_refuses_says_why_and_seeds_the_rest():
+    # Someone's own registry already has the TPU pool, in the US: the EU-pinned demo route
+    # cannot have it as its primary (residency), which the services refuse.
+    system = Actor.for_system("someone")
+    us = fleet.region_create(actor=system, code="us-east", name="US East", jurisdiction="US")
+    tpu = fleet.pool_create(actor=system, name="tpu-v5e-eu-west", runtime="tpu",
+                            accelerator="TPU v5e", region=us,
+                            base_urls=["http://127.0.0.1:9103"], max_context_tokens=8192,
+                            node_hourly_rate="9.60")
+    fleet.pool_model_create(actor=system, pool=tpu, model_id="llama-3.1-8b-instruct",
+                            max_context_tokens=8192)
+
+    notes = seed()
+
+    assert "route llama-8b-eu not created: Residency: primary tpu-v5e-eu-west is in US" in notes
+    assert not Route.objects.filter(name="llama-8b-eu").exists()
+    assert list(Gateway.objects.get(name="envoy-demo").routes.values_list("name", flat=True)) \
+        == ["llama-8b"]
+    assert Plan.objects.count() == 2
+    assert Region.objects.get(code="us-east").jurisdiction == "US"
