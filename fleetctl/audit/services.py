@@ -3,7 +3,8 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
@@ -76,6 +77,19 @@ def audit_denied(*, actor: Actor, action: str, target: object | None, permission
     transaction, so this row is not rolled back with the work it refused."""
     _event(actor=actor, action=action, target=target, outcome="denied",
            message=f"missing permission '{permission}'", before=None, after=None).save()
+
+
+@contextmanager
+def refusals_audited(*, actor: Actor, action: str, target: object | None) -> Iterator[None]:
+    """Around a write's transaction: a business rule's refusal (a DomainError) is recorded
+    after the rollback, so the row stays, and answers the caller unchanged."""
+    from fleetctl.core.errors import DomainError
+
+    try:
+        yield
+    except DomainError as exc:
+        audit_refused(actor=actor, action=action, target=target, message=exc.message)
+        raise
 
 
 def audit_refused(*, actor: Actor, action: str, target: object | None, message: str) -> None:

@@ -52,6 +52,21 @@ def validate_base_urls(value: object) -> None:
         raise ValidationError("The same base URL is listed twice.")
 
 
+def endpoint_key(url: str) -> str:
+    """One spelling per endpoint, to tell whether two base URLs reach the same server:
+    scheme, lower-case host, explicit port, path without a trailing slash."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.strip())
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    port = port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{port}" \
+           f"{parts.path.rstrip('/')}"
+
+
 def validate_labels(value: object) -> None:
     if not isinstance(value, dict):
         raise ValidationError(

@@ -8,7 +8,14 @@ from datetime import timedelta
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.utils import timezone
 
-from fleetctl.fleet.models import HealthCheck, HealthTransition, Pool, PoolModel, Region
+from fleetctl.fleet.models import (
+    HealthCheck,
+    HealthTransition,
+    Pool,
+    PoolModel,
+    Region,
+    endpoint_key,
+)
 
 
 def region_list() -> QuerySet[Region]:
@@ -115,3 +122,20 @@ def model_ids_served() -> list[str]:
     return list(
         PoolModel.objects.order_by("model_id").values_list("model_id", flat=True).distinct()
     )
+
+
+def endpoints_registered_elsewhere(*, base_urls: Iterable[str], jurisdiction: str,
+                                   exclude: Iterable[int] = ()) -> list[str]:
+    """Base URLs among `base_urls` that a pool in another jurisdiction already has, as
+    sentences: one endpoint cannot sit in two jurisdictions, or a pinned route could reach
+    the same server through a pool registered on the other side of the border."""
+    wanted = {endpoint_key(url): url for url in base_urls}
+    clashes = []
+    for name, urls, where in (Pool.objects.exclude(pk__in=list(exclude))
+                              .exclude(region__jurisdiction=jurisdiction)
+                              .values_list("name", "base_urls", "region__jurisdiction")):
+        for url in urls:
+            if endpoint_key(url) in wanted:
+                clashes.append(f"{wanted[endpoint_key(url)]} is already pool {name}'s, in "
+                               f"{where}")
+    return sorted(clashes)

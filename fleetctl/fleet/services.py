@@ -10,8 +10,9 @@ from django.utils import timezone
 
 from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
-from fleetctl.audit.services import audit_record
+from fleetctl.audit.services import audit_record, refusals_audited
 from fleetctl.core.crud import audited_create, audited_delete, audited_update, editable_fields
+from fleetctl.core.errors import ConflictError
 from fleetctl.fleet.models import HealthCheck, HealthTransition, Pool, PoolModel, Region
 
 REGION_FIELDS = ["code", "name", "jurisdiction"]
@@ -29,10 +30,24 @@ def region_create(*, actor: Actor, code: str, name: str, jurisdiction: str) -> R
 
 
 def region_update(*, actor: Actor, region: Region, **changes: Any) -> Region:
-    return audited_update(
-        actor=actor, permission=roles.FLEET_MANAGE, action="region.update", instance=region,
-        changes=changes, allowed=REGION_FIELDS,
-    )
+    """A region may change its jurisdiction only when no route pinned elsewhere relies on one
+    of its pools (409 naming them): the registry never moves pinned traffic across a border
+    behind the operator's back; they drain first, then move the region."""
+    actor.require(roles.FLEET_MANAGE, action="region.update", target=region)
+    with refusals_audited(actor=actor, action="region.update", target=region), \
+            transaction.atomic():
+        locked = Region.objects.select_for_update().get(pk=region.pk)
+        moved_to = changes.get("jurisdiction", locked.jurisdiction)
+        if moved_to != locked.jurisdiction:
+            pools = list(locked.pools.all())
+            _refuse_border_crossing(f"Region {locked.code}", pools, moved_to)
+            for pool in pools:
+                _refuse_shared_endpoints(pool.base_urls, moved_to,
+                                         exclude=[p.pk for p in pools])
+        return audited_update(
+            actor=actor, permission=roles.FLEET_MANAGE, action="region.update",
+            instance=locked, changes=changes, allowed=REGION_FIELDS,
+        )
 
 
 def region_delete(*, actor: Actor, region: Region) -> None:
@@ -47,21 +62,92 @@ def pool_create(*, actor: Actor, **fields: Any) -> Pool:
     if unknown:
         raise ValidationError({name: ["Unknown or read-only field."] for name in sorted(unknown)})
     pool = Pool(**fields)
-    return audited_create(
-        actor=actor, permission=roles.FLEET_MANAGE, action="pool.create", instance=pool
-    )
+    actor.require(roles.FLEET_MANAGE, action="pool.create", target="fleet.pool")
+    with transaction.atomic():
+        region = fields.get("region")
+        if isinstance(region, Region) and isinstance(fields.get("base_urls"), list):
+            _refuse_shared_endpoints(fields["base_urls"], region.jurisdiction)
+        _refuse_unroutable(fields.get("name", ""), fields.get("base_urls"))
+        return audited_create(
+            actor=actor, permission=roles.FLEET_MANAGE, action="pool.create", instance=pool
+        )
 
 
 def pool_update(*, actor: Actor, pool: Pool, **changes: Any) -> Pool:
-    return audited_update(
-        actor=actor, permission=roles.FLEET_MANAGE, action="pool.update", instance=pool,
-        changes=changes, allowed=POOL_FIELDS,
-    )
+    """Registry edits that would change where traffic goes are refused with 409 naming the
+    routes (drain first): moving a pool out of a pinned route's jurisdiction, renaming a pool
+    that routes send weight to (revisions name it), and giving it an endpoint that a pool in
+    another jurisdiction already has."""
+    actor.require(roles.FLEET_MANAGE, action="pool.update", target=pool)
+    with refusals_audited(actor=actor, action="pool.update", target=pool), \
+            transaction.atomic():
+        # The same locks a split change takes (traffic services): the two serialise.
+        locked = Pool.objects.select_related("region").select_for_update(
+            of=("self", "region")).get(pk=pool.pk)
+        region = changes.get("region", locked.region)
+        if isinstance(region, Region) and region.jurisdiction != locked.region.jurisdiction:
+            _refuse_border_crossing(f"Pool {locked.name}", [locked], region.jurisdiction)
+        if changes.get("name", locked.name) != locked.name:
+            _refuse_while_relied_on(locked, "renamed")
+        urls = changes.get("base_urls", locked.base_urls)
+        if isinstance(region, Region) and isinstance(urls, list):
+            _refuse_shared_endpoints(urls, region.jurisdiction, exclude=[locked.pk])
+        if {"name", "base_urls"} & set(changes):
+            _refuse_unroutable(changes.get("name", locked.name), urls)
+        return audited_update(
+            actor=actor, permission=roles.FLEET_MANAGE, action="pool.update", instance=locked,
+            changes=changes, allowed=POOL_FIELDS,
+        )
 
 
 def pool_delete(*, actor: Actor, pool: Pool) -> None:
-    audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="pool.delete",
-                   instance=pool)
+    actor.require(roles.FLEET_MANAGE, action="pool.delete", target=pool)
+    with refusals_audited(actor=actor, action="pool.delete", target=pool), \
+            transaction.atomic():
+        locked = Pool.objects.select_for_update().get(pk=pool.pk)
+        _refuse_while_relied_on(locked, "deleted")
+        audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="pool.delete",
+                       instance=locked)
+
+
+def _refuse_border_crossing(what: str, pools: list[Pool], jurisdiction: str) -> None:
+    from fleetctl.traffic.selectors import routes_relying_on
+
+    crossing = routes_relying_on(pools=pools, outside=jurisdiction)
+    if crossing:
+        raise ConflictError(
+            f"{what} cannot move to {jurisdiction}: {'; '.join(crossing)}. Residency would "
+            f"no longer hold, so nothing was changed. Drain the pool(s) off the routes that "
+            f"send them traffic first; a pinned route's primary stays in its jurisdiction.")
+
+
+def _refuse_while_relied_on(pool: Pool, what: str) -> None:
+    from fleetctl.traffic.selectors import routes_relying_on
+
+    relied_on = routes_relying_on(pools=[pool])
+    if relied_on:
+        raise ConflictError(
+            f"Pool {pool.name} cannot be {what} while routes rely on it: "
+            f"{'; '.join(relied_on)}. Drain it first; nothing was changed.")
+
+
+def _refuse_unroutable(name: str, base_urls: Any) -> None:
+    """400 when a registered gateway could not route to the pool (e.g. a path prefix)."""
+    from fleetctl.traffic.renderable import pool_routable_check
+
+    pool_routable_check(name=name, base_urls=base_urls)
+
+
+def _refuse_shared_endpoints(base_urls: list[str], jurisdiction: str, *,
+                             exclude: list[int] | None = None) -> None:
+    from fleetctl.fleet.selectors import endpoints_registered_elsewhere
+
+    clashes = endpoints_registered_elsewhere(base_urls=[u for u in base_urls
+                                                        if isinstance(u, str)],
+                                             jurisdiction=jurisdiction, exclude=exclude or [])
+    if clashes:
+        raise ValidationError({"base_urls": [
+            f"{'; '.join(clashes)}. One endpoint cannot sit in two jurisdictions."]})
 
 
 def pool_model_create(*, actor: Actor, pool: Pool, **fields: Any) -> PoolModel:

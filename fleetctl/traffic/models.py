@@ -63,6 +63,10 @@ class SplitRevision(models.Model):
     kind = models.CharField(max_length=8, choices=Kind.choices)
     # {pool name: basis points}; empty means no pool may serve the route (fails closed).
     weights = models.JSONField(default=dict)
+    # {pool name: pool id} when the revision was stored: the identity behind each name. A pool
+    # deleted and registered again under the same name is another pool, and gateways give it
+    # none of this revision's weight (selectors.gateway_desired_state).
+    pool_ids = models.JSONField(default=dict)
     reason = models.TextField(blank=True)
     forced = models.BooleanField(default=False)
     created_by = models.CharField(max_length=150)

@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
 from django.db.models import Q, QuerySet
 
 from fleetctl.fleet.models import Pool, PoolModel
 from fleetctl.traffic.adapters.base import DesiredState, GatewaySpec, PoolTarget, RouteSpec
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, Route, SplitRevision
+
+log = logging.getLogger("fleetctl.traffic")
 
 
 def route_list() -> QuerySet[Route]:
@@ -48,9 +52,13 @@ def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
     shape (a config reload). An empty split stays empty: the route answers an error."""
     routes = list(gateway.routes.all())
     current = revisions_current(routes=routes)
+    ids = {pk for revision in current.values() for pk in revision.pool_ids.values()}
+    ids |= {route.primary_pool_id for route in routes}
+    by_id = {pool.pk: pool for pool in Pool.objects.select_related("region").filter(pk__in=ids)}
     specs = []
     for route in sorted(routes, key=lambda r: r.name):
-        weights = dict(current[route.pk].weights) if route.pk in current else {}
+        revision = current.get(route.pk)
+        weights = _renderable_weights(route, revision, by_id) if revision else {}
         if weights:
             weights = {pool: 0 for pool in pools_eligible(route=route)} | weights
         specs.append(RouteSpec(key=route.name, model=route.model_id,
@@ -67,6 +75,39 @@ def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
         residency_header=settings.TRAFFIC_RESIDENCY_HEADER,
         latency_class_header=settings.TRAFFIC_LATENCY_CLASS_HEADER,
     )
+
+
+def _renderable_weights(route: Route, revision: SplitRevision,
+                        by_id: dict[int, Pool]) -> dict[str, int]:
+    """The revision's weights that a gateway may be given now, failing closed: a weight
+    whose pool is gone, or whose name another pool has taken since (ids differ), or whose
+    pool sits outside the route's pin is withheld, and its share goes where a drain would
+    send it (the primary, else the rest; with nobody left the route answers an error). The
+    registry refuses the writes that would cause this (fleet services), so this is a second
+    line, not the rule; it is logged loudly."""
+    from fleetctl.traffic.split import drained
+
+    def allowed(pool: Pool | None) -> bool:
+        return pool is not None and (not route.residency
+                                     or pool.region.jurisdiction == route.residency)
+
+    withheld = set()
+    for name, basis_points in revision.weights.items():
+        pool = by_id.get(revision.pool_ids.get(name, -1))
+        if pool is None or pool.name != name or not allowed(pool):
+            withheld.add(name)
+            if basis_points:
+                log.error("route %s r%s: %s's weight withheld from gateways: its pool is gone, "
+                          "renamed, taken over or outside the pin %s", route.name,
+                          revision.number, name, route.residency or "-")
+    if not withheld:
+        return dict(revision.weights)
+    primary = by_id.get(route.primary_pool_id)
+    eligible = set(revision.weights) - withheld
+    if primary is not None and allowed(primary):
+        eligible.add(primary.name)
+    return drained(revision.weights, remove=withheld,
+                   primary=primary.name if primary is not None else "", eligible=eligible)
 
 
 def gateway_list() -> QuerySet[Gateway]:
@@ -238,3 +279,34 @@ def route_pool_rates(*, route: Route, pools: set[str], minutes: int = 15
         return {}
     rates = pool_rates(gateway_ids=gateway_ids, minutes=minutes)
     return {pool: points for pool, points in rates.items() if pool in pools}
+
+
+# --- what a registry write would do to traffic (fleet services ask before they write) --------
+
+def _weight_of(revision: SplitRevision | None, pool: Pool) -> int:
+    """The pool's share of a revision, counted only if the name still means this pool."""
+    if revision is None or revision.pool_ids.get(pool.name) != pool.pk:
+        return 0
+    return int(revision.weights.get(pool.name, 0))
+
+
+def routes_relying_on(*, pools: list[Pool], outside: str | None = None) -> list[str]:
+    """Routes that give any of `pools` weight now, or have one as their primary, as
+    sentences for an error. With `outside`, only routes pinned to a jurisdiction other than
+    `outside` (the pools' jurisdiction after a move): those the move would take across a
+    border. Reads the current revisions; callers hold the pools' (or their region's) row lock,
+    which revision writers take too."""
+    routes = list(Route.objects.select_related("primary_pool"))
+    if outside is not None:
+        routes = [r for r in routes if r.residency and r.residency != outside]
+    current = revisions_current(routes=routes)
+    found = []
+    for route in routes:
+        pin = f" (pinned to {route.residency})" if route.residency else ""
+        for pool in pools:
+            share = _weight_of(current.get(route.pk), pool)
+            if share:
+                found.append(f"route {route.name}{pin} sends {share / 100:g} % to {pool.name}")
+            if route.primary_pool_id == pool.pk:
+                found.append(f"route {route.name}{pin} has {pool.name} as its primary")
+    return found

@@ -51,13 +51,28 @@ GATEWAY_FIELDS = ["name", "kind", "admin_address", "options"]
 # --- validation ------------------------------------------------------------------------------
 
 def _check_split(*, route: Route, weights: dict[str, int], previous: dict[str, int],
-                 force: bool) -> None:
-    """Everything a split must satisfy. Residency is checked even when forced: no flag
-    sends pinned traffic across a border."""
-    pools = {p.name: p for p in Pool.objects.select_related("region").filter(name__in=weights)}
+                 force: bool, identity: dict[str, int] | None = None) -> dict[str, int]:
+    """Everything a split must satisfy; returns the pool ids behind its names. Residency is
+    checked even when forced: no flag sends pinned traffic across a border.
+
+    Call it inside the transaction that stores the revision: it locks the pools and their
+    regions, so a registry write that would move one of them out of the pin (fleet
+    services, which take the same locks) waits for this revision and then sees it.
+    `identity`: the pool ids the weights were meant for (a restore); a name that now
+    belongs to another pool is refused."""
+    pools = {p.name: p for p in Pool.objects.select_related("region")
+             .select_for_update(of=("self", "region")).filter(name__in=weights)}
     unknown = sorted(set(weights) - set(pools))
     if unknown:
         raise ValidationError({"weights": [f"Unknown pool(s): {', '.join(unknown)}."]})
+    if identity is not None:
+        taken = sorted(name for name, bp in weights.items()
+                       if bp and identity.get(name) != pools[name].pk)
+        if taken:
+            raise ConflictError(
+                f"Pool(s) {', '.join(taken)} were deleted and registered again since that "
+                f"split was made: the name now belongs to another pool, which is not given "
+                f"the old pool's traffic. Set the split by hand instead.")
     serving = set(PoolModel.objects.filter(pool__in=pools.values(), model_id=route.model_id)
                   .values_list("pool__name", flat=True))
     problems: list[str] = []
@@ -77,6 +92,7 @@ def _check_split(*, route: Route, weights: dict[str, int], previous: dict[str, i
                 problems.append(f"pool {name}: {refusal}")
     if problems:
         raise ValidationError({"weights": [p[0].upper() + p[1:] + "." for p in problems]})
+    return {name: pool.pk for name, pool in pools.items()}
 
 
 def _check_route_primary(route: Route) -> None:
@@ -104,15 +120,15 @@ def route_create(*, actor: Actor, name: str, model_id: str, primary_pool: Pool,
     route.full_clean()
     _check_route_primary(route)
     split = parse_percentages(weights) if weights else {primary_pool.name: 10_000}
-    _check_split(route=route, weights=split, previous={}, force=force)
     with transaction.atomic():
+        pool_ids = _check_split(route=route, weights=split, previous={}, force=force)
         route.save()
         audit_record(actor=actor, action="route.create", target=route,
                      after=snapshot(route, ["name", "model_id", "latency_class", "residency",
                                             "primary_pool"]))
         _store_revision(actor=actor, route=route, base=0, weights=split,
                         kind=SplitRevision.Kind.CREATE, reason=reason or "route created",
-                        forced=force)
+                        forced=force, pool_ids=pool_ids)
     return route
 
 
@@ -127,12 +143,12 @@ def revision_create(*, actor: Actor, route: Route, weights: Any, base_revision: 
     current = selectors.revision_current(route=route)
     if base_revision != route.revision_number:
         raise _stale(route, base_revision)
-    _check_split(route=route, weights=split, previous=current.weights if current else {},
-                 force=force)
     with transaction.atomic():
+        pool_ids = _check_split(route=route, weights=split,
+                                previous=current.weights if current else {}, force=force)
         revision = _store_revision(actor=actor, route=route, base=base_revision, weights=split,
                                    kind=SplitRevision.Kind.CHANGE, reason=reason, forced=force,
-                                   parent=current)
+                                   parent=current, pool_ids=pool_ids)
     return revision
 
 
@@ -146,10 +162,12 @@ def _stale(route: Route, base: int) -> ConflictError:
 
 def _store_revision(*, actor: Actor, route: Route, base: int, weights: dict[str, int],
                     kind: str, reason: str, forced: bool = False,
-                    parent: SplitRevision | None = None, inline: bool = False) -> SplitRevision:
+                    parent: SplitRevision | None = None, inline: bool = False,
+                    pool_ids: dict[str, int] | None = None) -> SplitRevision:
     """Claim revision base+1 with a conditional UPDATE (the loser of a race gets 409), store
     it, audit it, and queue its pushes once the transaction commits. `parent`: revision
-    `base` when the caller already read it (saves a query). `inline`: make the first push
+    `base` when the caller already read it (saves a query). `pool_ids`: the identities
+    _check_split validated (otherwise the parent's, see _pool_ids). `inline`: make the first push
     attempt in this process after the commit instead of queueing it (drains)."""
     claimed = Route.objects.filter(pk=route.pk, revision_number=base).update(
         revision_number=F("revision_number") + 1
@@ -161,6 +179,7 @@ def _store_revision(*, actor: Actor, route: Route, base: int, weights: dict[str,
         parent = SplitRevision.objects.filter(route=route, number=base).first()
     revision = SplitRevision.objects.create(
         route=route, number=base + 1, parent=parent, kind=kind, weights=weights,
+        pool_ids=pool_ids if pool_ids is not None else _pool_ids(weights, parent),
         reason=reason, forced=forced, created_by=actor.label,
     )
     audit_record(
@@ -171,6 +190,20 @@ def _store_revision(*, actor: Actor, route: Route, base: int, weights: dict[str,
     )
     _queue_pushes(revision, inline=inline)
     return revision
+
+
+def _pool_ids(weights: dict[str, int], parent: SplitRevision | None) -> dict[str, int]:
+    """The identity behind each pool name of a new revision. A name the parent already had
+    keeps the parent's pool: a drain or restore moves weight between the pools the operator
+    saw, and if one of them was deleted and its name taken since, the new holder of the name
+    gets nothing (fails closed). Other names are the pools that hold them now, which
+    _check_split has just validated under a row lock."""
+    known = {name: pk for name, pk in (parent.pool_ids if parent else {}).items()
+             if name in weights}
+    missing = [name for name in weights if name not in known]
+    if missing:
+        known |= dict(Pool.objects.filter(name__in=missing).values_list("name", "pk"))
+    return known
 
 
 def _queue_pushes(revision: SplitRevision, *, inline: bool = False) -> None:
@@ -601,12 +634,15 @@ def drain_restore(*, actor: Actor, drain: Drain, reason: str) -> Drain:
         for rev in revisions:
             parent_weights = rev.parent.weights if rev.parent else {}
             route = routes[rev.route_id]
-            # Restoring sends traffic back: the pools must be healthy again (and in bounds).
-            _check_split(route=route, weights=parent_weights, previous=rev.weights, force=False)
+            # Restoring sends traffic back: the pools must be healthy again (and in bounds),
+            # and be the very pools the split was made for.
+            pool_ids = _check_split(route=route, weights=parent_weights, previous=rev.weights,
+                                    force=False,
+                                    identity=rev.parent.pool_ids if rev.parent else {})
             restored = _store_revision(
                 actor=actor, route=route, base=rev.number, weights=parent_weights,
                 kind=SplitRevision.Kind.RESTORE, reason=record.reason, parent=rev,
-                inline=True,
+                inline=True, pool_ids=pool_ids,
             )
             record.revisions.add(restored)
         audit_record(actor=actor, action="drain.restore", target=record, message=record.reason,
