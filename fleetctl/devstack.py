@@ -8,6 +8,7 @@ SQLite is the default database, and the simulated fleet is `fleetctl sim`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import shutil
@@ -19,13 +20,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from fleetctl.traffic.envoy_process import EnvoyProcess
 
 ROOT = Path(__file__).resolve().parent.parent
-VAR = ROOT / "var"
+# The same directory the settings keep SQLite in (FLEETCTL_DATA_DIR), so a second demo can run
+# beside the first with its own logs, database and gateway files.
+VAR = Path(os.environ.get("FLEETCTL_DATA_DIR", ROOT / "var")).resolve()
 PY = sys.executable
 
 
@@ -57,33 +56,121 @@ def wait_for_port(host: str, port: int, *, what: str, timeout_s: float = 30) -> 
                      f"within {timeout_s:g} s; see the logs in {VAR}/")
 
 
+# Restart backoff: 1 s, 2 s, 4 s … 30 s; a child that stayed up a minute starts again at 1 s.
+RESTART_FIRST_S = 1.0
+RESTART_MAX_S = 30.0
+STABLE_AFTER_S = 60.0
+
+
+def exit_description(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with {returncode}"
+
+
 @dataclass
-class Service:
+class Child:
+    """One supervised process: how to (re)start it, and its restart history."""
+
     name: str
-    proc: subprocess.Popen[bytes]
+    spawn: Callable[[], subprocess.Popen[bytes]]
+    # Started in a session of its own (gunicorn, the sim, Celery): signal its whole group.
+    own_group: bool
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    quick_exits: int = 0  # exits in a row, each before it had stayed up STABLE_AFTER_S
+    restart_at: float | None = None
 
 
 class Stack:
-    """Child processes started in order and stopped in reverse, also on Ctrl-C."""
+    """Child processes started in order and stopped in reverse, also on Ctrl-C. While the
+    demo runs, `supervise` restarts a child that exits (with backoff) and leaves the others
+    alone: a crashed worker or gateway is a blip, not the end of the demo. Only a child that
+    cannot start at all the first time stops it."""
 
-    def __init__(self) -> None:
-        self.services: list[Service] = []
+    def __init__(self, *, first_restart_s: float = RESTART_FIRST_S,
+                 max_restart_s: float = RESTART_MAX_S,
+                 stable_after_s: float = STABLE_AFTER_S) -> None:
+        self.children: list[Child] = []
         self._callbacks: list[Callable[[], object]] = []
+        self.first_restart_s = first_restart_s
+        self.max_restart_s = max_restart_s
+        self.stable_after_s = stable_after_s
 
     def start(self, name: str, argv: list[str], env: dict[str, str], *,
               to_log: bool = True) -> subprocess.Popen[bytes]:
-        out = open(VAR / f"{name}.log", "ab") if to_log else None  # noqa: SIM115
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT if to_log else None,
-                                start_new_session=True)
-        self.services.append(Service(name, proc))
-        return proc
+        def spawn() -> subprocess.Popen[bytes]:
+            out = open(VAR / f"{name}.log", "ab") if to_log else None  # noqa: SIM115
+            try:
+                return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out,
+                                        stderr=subprocess.STDOUT if to_log else None,
+                                        start_new_session=True)
+            finally:
+                if out is not None:
+                    out.close()  # the child holds its own copy
+
+        return self.add(name, spawn, own_group=True)
+
+    def add(self, name: str, spawn: Callable[[], subprocess.Popen[bytes]], *,
+            own_group: bool) -> subprocess.Popen[bytes]:
+        """Start a child for the first time; `spawn` is also how it is restarted."""
+        child = Child(name, spawn, own_group)
+        try:
+            child.proc = spawn()
+        except (OSError, RuntimeError) as exc:
+            raise SystemExit(f"[fleetctl] {name} could not start: {exc}") from exc
+        child.started_at = time.monotonic()
+        self.children.append(child)
+        return child.proc
 
     def check_alive(self) -> str | None:
-        for service in self.services:
-            if service.proc.poll() is not None:
-                return f"{service.name} exited with {service.proc.returncode}"
+        for child in self.children:
+            if child.proc is not None and (code := child.proc.poll()) is not None:
+                return f"{child.name} {exit_description(code)}"
         return None
+
+    def supervise(self, *, poll_s: float = 0.5,
+                  until: Callable[[], bool] = lambda: False) -> None:
+        """Tend the children until `until()` (or Ctrl-C / SIGTERM, as KeyboardInterrupt)."""
+        while not until():
+            self.tend()
+            time.sleep(poll_s)
+
+    def tend(self) -> None:
+        """One look at every child: note the ones that exited, restart the ones due."""
+        for child in self.children:
+            if child.restart_at is None:
+                assert child.proc is not None
+                if (code := child.proc.poll()) is not None:
+                    self._schedule_restart(child, f"{child.name} {exit_description(code)}")
+            elif time.monotonic() >= child.restart_at:
+                self._restart(child)
+
+    def _schedule_restart(self, child: Child, what: str) -> None:
+        if child.own_group:
+            _kill_group(child, signal.SIGKILL)  # orphans (gunicorn workers) would hold ports
+        now = time.monotonic()
+        if now - child.started_at >= self.stable_after_s:
+            child.quick_exits = 0
+        delay = min(self.max_restart_s, self.first_restart_s * 2 ** child.quick_exits)
+        child.quick_exits += 1
+        child.restarts += 1
+        child.restart_at = now + delay
+        log(f"{what}; restarting in {delay:g} s (restart {child.restarts})")
+
+    def _restart(self, child: Child) -> None:
+        child.started_at = time.monotonic()
+        try:
+            child.proc = child.spawn()
+        except (OSError, RuntimeError) as exc:
+            self._schedule_restart(child, f"{child.name} did not restart: {exc}")
+            return
+        child.restart_at = None
+        log(f"{child.name} restarted (pid {child.proc.pid})")
 
     def on_stop(self, callback: Callable[[], object]) -> None:
         self._callbacks.append(callback)
@@ -95,17 +182,33 @@ class Stack:
         for callback in reversed(self._callbacks):
             callback()
         self._callbacks.clear()
-        for service in reversed(self.services):
-            if service.proc.poll() is None:
-                os.killpg(service.proc.pid, signal.SIGTERM)
+        running = [c for c in reversed(self.children)
+                   if c.proc is not None and c.proc.poll() is None]
+        for child in running:
+            _signal(child, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        for service in reversed(self.services):
-            remaining = max(0.1, deadline - time.monotonic())
+        for child in running:
+            assert child.proc is not None
             try:
-                service.proc.wait(timeout=remaining)
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(service.proc.pid, signal.SIGKILL)
-        self.services.clear()
+                _signal(child, signal.SIGKILL)
+                child.proc.wait()
+        self.children.clear()
+
+
+def _signal(child: Child, signum: signal.Signals) -> None:
+    assert child.proc is not None
+    if child.own_group:
+        _kill_group(child, signum)
+    else:
+        child.proc.send_signal(signum)
+
+
+def _kill_group(child: Child, signum: signal.Signals) -> None:
+    assert child.proc is not None
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
+        os.killpg(child.proc.pid, signum)
 
 
 def embedded_redis(stack: Stack, env: dict[str, str], port: int) -> str:
@@ -196,8 +299,7 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _start_envoy(port: int, admin_port: int) -> EnvoyProcess:
-
+def _start_envoy(stack: Stack, port: int, admin_port: int) -> None:
     from fleetctl.traffic.envoy_process import EnvoyProcess
 
     for taken in (port, admin_port):
@@ -205,13 +307,23 @@ def _start_envoy(port: int, admin_port: int) -> EnvoyProcess:
             raise SystemExit(f"[fleetctl] port {taken} is taken; set FLEETCTL_GATEWAY_PORT / "
                              "FLEETCTL_GATEWAY_ADMIN_PORT")
     envoy = EnvoyProcess(VAR / "envoy", port, admin_port, listen_address="127.0.0.1")
-    envoy.start()
-    return envoy
+
+    def spawn() -> subprocess.Popen[bytes]:
+        # Every (re)start uses the same directory and ports, so a restarted Envoy serves the
+        # configuration on disk (each push keeps it current) and the gateway's row still
+        # describes it; reconcile re-pushes whatever differs.
+        envoy.start()
+        assert envoy.proc is not None
+        return envoy.proc
+
+    stack.add("envoy", spawn, own_group=False)
+    # Ctrl-C during a restart's readiness wait leaves the new process known only to `envoy`.
+    stack.on_stop(envoy.stop)
 
 
 def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
              gateway_admin_port: int) -> int:
-    VAR.mkdir(exist_ok=True)
+    VAR.mkdir(parents=True, exist_ok=True)
     _interrupt_on_sigterm()
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
@@ -239,8 +351,7 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
                     for name, profile, offset in DEMO_SIM_POOLS]
         pool_flags = [flag for arg in sim_args for flag in ("--pool", arg)]
         stack.start("sim", [PY, "-m", "fleetctl.sim", *pool_flags], env)
-        envoy = _start_envoy(gateway_port, gateway_admin_port)
-        stack.on_stop(envoy.stop)
+        _start_envoy(stack, gateway_port, gateway_admin_port)
         # Gateway pushes and drains get a worker of their own, as in production.
         stack.start("worker-push", [PY, "-m", "celery", "-A", "fleetctl", "worker", "-l",
                                     "INFO", "-Q", "push", "-c", "8", "--pool", "threads",
@@ -253,11 +364,12 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
         stack.start("web", [PY, "-m", "gunicorn", "fleetctl.wsgi", "-b", f"{host}:{port}",
                             "-w", "2", "--threads", "4", "--access-logfile", "-"], env)
         wait_for_port(host, port, what="the web server")
+        if (problem := stack.check_alive()) is not None:
+            log(f"stopping: {problem} while the demo was starting (see {VAR}/)")
+            return 1
         _print_banner(host, port, password, sim_base_port, gateway_port)
-        while (problem := stack.check_alive()) is None:
-            time.sleep(1)
-        log(f"stopping: {problem} (see {VAR}/)")
-        return 1
+        stack.supervise()  # until Ctrl-C or SIGTERM
+        return 0
     except KeyboardInterrupt:
         log("stopping…")
         return 0

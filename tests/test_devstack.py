@@ -1,0 +1,239 @@
+"""`make demo` as a small install: its launcher supervises the children — one that dies is
+restarted with backoff and the others keep running — and stops only on Ctrl-C / SIGTERM or
+when something cannot start at all."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fleetctl import devstack
+from fleetctl.devstack import Stack
+from tests.conftest import ROOT, wait_until
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+class Supervised:
+    """A Stack whose supervision loop runs in a thread, with everything it logged."""
+
+    def __init__(self, stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+        self.stack = stack
+        self._capsys = capsys
+        self._output = ""
+        self._done = threading.Event()
+        self._thread = threading.Thread(
+            target=stack.supervise, kwargs={"poll_s": 0.05, "until": self._done.is_set})
+
+    def run(self) -> None:
+        self._thread.start()
+
+    def log(self) -> str:
+        self._output += self._capsys.readouterr().out
+        return self._output
+
+    def pid(self, name: str) -> int:
+        child = next(c for c in self.stack.children if c.name == name)
+        assert child.proc is not None
+        return child.proc.pid
+
+    def close(self) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.stack.stop()  # ignores Ctrl-C while it stops; give pytest its handlers back
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+@pytest.fixture
+def supervised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+               capsys: pytest.CaptureFixture[str]) -> Iterator[Supervised]:
+    monkeypatch.setattr(devstack, "VAR", tmp_path)  # the children's logs go here
+    stack = Stack(first_restart_s=0.1, max_restart_s=0.4, stable_after_s=2.0)
+    harness = Supervised(stack, capsys)
+    yield harness
+    harness.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+
+
+def test_a_killed_child_is_restarted_and_logged_while_the_others_keep_running(supervised):
+    for name in ("web", "worker-push", "beat"):
+        supervised.stack.start(name, SLEEPER, dict(os.environ))
+    supervised.run()
+    web, victim, beat = (supervised.pid(n) for n in ("web", "worker-push", "beat"))
+
+    os.kill(victim, signal.SIGKILL)
+
+    wait_until(lambda: "worker-push restarted" in supervised.log(), what="the restart")
+    assert ("[fleetctl] worker-push was killed by SIGKILL; restarting in 0.1 s (restart 1)"
+            in supervised.log())
+    assert supervised.pid("worker-push") != victim and alive(supervised.pid("worker-push"))
+    assert (supervised.pid("web"), supervised.pid("beat")) == (web, beat)
+    assert alive(web) and alive(beat)
+
+
+def test_a_child_that_keeps_failing_is_restarted_with_doubling_delays_up_to_the_cap(
+        supervised):
+    supervised.stack.start("worker", [sys.executable, "-c", "raise SystemExit(3)"],
+                           dict(os.environ))
+    supervised.stack.start("web", SLEEPER, dict(os.environ))
+    web = supervised.pid("web")
+    supervised.run()
+
+    wait_until(lambda: "(restart 5)" in supervised.log(), what="five restarts")
+    delays = re.findall(r"worker exited with 3; restarting in ([\d.]+) s \(restart (\d)\)",
+                        supervised.log())
+    assert delays[:5] == [("0.1", "1"), ("0.2", "2"), ("0.4", "3"), ("0.4", "4"),
+                          ("0.4", "5")]
+    assert supervised.pid("web") == web and alive(web)
+
+
+def test_a_child_that_stayed_up_a_while_is_restarted_after_the_shortest_delay_again(
+        supervised):
+    # Up longer than stable_after_s (2 s) each time: every exit is a fresh incident.
+    supervised.stack.start("beat", [sys.executable, "-c",
+                                    "import time; time.sleep(2.5); raise SystemExit(1)"],
+                           dict(os.environ))
+    supervised.run()
+
+    wait_until(lambda: "(restart 2)" in supervised.log(), timeout_s=60, what="two restarts")
+    assert re.findall(r"beat exited with 1; restarting in ([\d.]+) s", supervised.log())[:2] \
+        == ["0.1", "0.1"]
+
+
+def test_a_child_that_cannot_start_the_first_time_stops_with_a_clear_message(supervised):
+    with pytest.raises(SystemExit, match=r"\[fleetctl\] envoy could not start: .*No such file"):
+        supervised.stack.start("envoy", ["/nonexistent/envoy"], dict(os.environ))
+
+
+# --- the real demo ----------------------------------------------------------------------------
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive ports nobody listens on."""
+    while True:
+        base = devstack.free_port()
+        if base + count < 65536 and not any(devstack.port_answers("127.0.0.1", base + i)
+                                            for i in range(count)):
+            return base
+
+
+def children(pid: int) -> dict[int, str]:
+    """pid → command line of every process whose parent is `pid`."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found[int(entry.name)] = cmdline
+    return found
+
+
+def descendants(pid: int) -> set[int]:
+    found = set(children(pid))
+    for child in list(found):
+        found |= descendants(child)
+    return found
+
+
+def pid_of(pids: dict[int, str], marker: str) -> int:
+    [pid] = [pid for pid, cmdline in pids.items() if marker in cmdline]
+    return pid
+
+
+def gateway_answers(url: str) -> bool:
+    try:
+        answer = httpx.post(f"{url}/v1/chat/completions", timeout=10, json={
+            "model": "llama-3.1-8b-instruct", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}]})
+    except httpx.HTTPError:
+        return False
+    return answer.status_code == 200
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
+    """`python -m fleetctl.devstack demo` as `make demo` runs it (embedded Redis, SQLite),
+    in a data directory and on ports of its own."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "REDIS_URL", "TEST_DATABASE_NAME")}
+    gateway_port = devstack.free_port()
+    env.update(FLEETCTL_DATA_DIR=str(tmp_path), PORT=str(devstack.free_port()),
+               FLEETCTL_SIM_BASE_PORT=str(free_ports(6)),
+               FLEETCTL_GATEWAY_PORT=str(gateway_port),
+               FLEETCTL_GATEWAY_ADMIN_PORT=str(devstack.free_port()),
+               FLEETCTL_REDIS_PORT=str(devstack.free_port()), TRAFFIC_RECONCILE_INTERVAL_S="5")
+    output = tmp_path / "demo.out"
+    with output.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "fleetctl.devstack", "demo"], cwd=ROOT,
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: proc.poll() is not None
+                   or "demo is running" in output.read_text(errors="replace"),
+                   timeout_s=180, every_s=0.5, what="the demo to start")
+        assert proc.poll() is None, output.read_text(errors="replace")
+        yield proc, output, f"http://127.0.0.1:{gateway_port}"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.slow
+def test_the_demo_restarts_a_dead_worker_and_a_dead_envoy_and_stops_cleanly_on_sigterm(demo):
+    proc, output, gateway = demo
+    wait_until(lambda: gateway_answers(gateway), timeout_s=60, every_s=0.5,
+               what="the gateway to carry traffic")
+    before = children(proc.pid)
+    worker = pid_of(before, "push@%h")
+
+    os.kill(worker, signal.SIGKILL)
+
+    wait_until(lambda: "worker-push restarted" in output.read_text(), timeout_s=60,
+               what="the push worker to be restarted")
+    assert "[fleetctl] worker-push was killed by SIGKILL; restarting in 1 s (restart 1)" \
+        in output.read_text()
+    after = children(proc.pid)
+    assert {pid for pid in before if pid != worker} <= set(after)  # nobody else restarted
+    assert pid_of(after, "push@%h") != worker
+    assert gateway_answers(gateway)
+
+    os.kill(pid_of(after, "--base-id"), signal.SIGKILL)  # Envoy
+
+    wait_until(lambda: "envoy restarted" in output.read_text(), timeout_s=60,
+               what="Envoy to be restarted")
+    assert "[fleetctl] envoy was killed by SIGKILL; restarting in 1 s" in output.read_text()
+    wait_until(lambda: gateway_answers(gateway), timeout_s=60, every_s=0.5,
+               what="the gateway to answer again")
+
+    every_process = descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    assert "[fleetctl] stopped." in output.read_text()
+    assert not [pid for pid in every_process if alive(pid)]
