@@ -44,10 +44,13 @@ def region_update(*, actor: Actor, region: Region, **changes: Any) -> Region:
             for pool in pools:
                 _refuse_shared_endpoints(pool.base_urls, moved_to,
                                          exclude=[p.pk for p in pools])
-        return audited_update(
+        updated = audited_update(
             actor=actor, permission=roles.FLEET_MANAGE, action="region.update",
             instance=locked, changes=changes, allowed=REGION_FIELDS,
         )
+        if moved_to != locked.jurisdiction:
+            _gateways_follow()
+        return updated
 
 
 def region_delete(*, actor: Actor, region: Region) -> None:
@@ -68,9 +71,11 @@ def pool_create(*, actor: Actor, **fields: Any) -> Pool:
         if isinstance(region, Region) and isinstance(fields.get("base_urls"), list):
             _refuse_shared_endpoints(fields["base_urls"], region.jurisdiction)
         _refuse_unroutable(fields.get("name", ""), fields.get("base_urls"))
-        return audited_create(
+        created = audited_create(
             actor=actor, permission=roles.FLEET_MANAGE, action="pool.create", instance=pool
         )
+        _gateways_follow()
+        return created
 
 
 def pool_update(*, actor: Actor, pool: Pool, **changes: Any) -> Pool:
@@ -94,10 +99,13 @@ def pool_update(*, actor: Actor, pool: Pool, **changes: Any) -> Pool:
             _refuse_shared_endpoints(urls, region.jurisdiction, exclude=[locked.pk])
         if {"name", "base_urls"} & set(changes):
             _refuse_unroutable(changes.get("name", locked.name), urls)
-        return audited_update(
+        updated = audited_update(
             actor=actor, permission=roles.FLEET_MANAGE, action="pool.update", instance=locked,
             changes=changes, allowed=POOL_FIELDS,
         )
+        if {"name", "region", "base_urls"} & set(changes):
+            _gateways_follow()
+        return updated
 
 
 def pool_delete(*, actor: Actor, pool: Pool) -> None:
@@ -108,6 +116,16 @@ def pool_delete(*, actor: Actor, pool: Pool) -> None:
         _refuse_while_relied_on(locked, "deleted")
         audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="pool.delete",
                        instance=locked)
+        _gateways_follow()
+
+
+def _gateways_follow() -> None:
+    """What gateways hold follows the registry: a pool's endpoints, and which pools may carry
+    a route (at weight 0, ready for a ramp), change without a new revision. Pushed after the
+    commit, like a revision."""
+    from fleetctl.traffic.services import gateways_refresh
+
+    gateways_refresh(reason="registry")
 
 
 def _refuse_border_crossing(what: str, pools: list[Pool], jurisdiction: str) -> None:
@@ -152,24 +170,31 @@ def _refuse_shared_endpoints(base_urls: list[str], jurisdiction: str, *,
 
 def pool_model_create(*, actor: Actor, pool: Pool, **fields: Any) -> PoolModel:
     entry = PoolModel(pool=pool, **fields)
-    return audited_create(
-        actor=actor, permission=roles.FLEET_MANAGE, action="pool_model.create", instance=entry
-    )
+    with transaction.atomic():
+        created = audited_create(actor=actor, permission=roles.FLEET_MANAGE,
+                                 action="pool_model.create", instance=entry)
+        _gateways_follow()
+    return created
 
 
 def pool_model_update(*, actor: Actor, entry: PoolModel, **changes: Any) -> PoolModel:
     # A full update (PUT) repeats the pool; only moving the entry to another pool is refused.
     if "pool" in changes and changes["pool"] == entry.pool:
         del changes["pool"]
-    return audited_update(
-        actor=actor, permission=roles.FLEET_MANAGE, action="pool_model.update", instance=entry,
-        changes=changes, allowed=POOL_MODEL_FIELDS,
-    )
+    with transaction.atomic():
+        updated = audited_update(actor=actor, permission=roles.FLEET_MANAGE,
+                                 action="pool_model.update", instance=entry, changes=changes,
+                                 allowed=POOL_MODEL_FIELDS)
+        if "model_id" in changes:
+            _gateways_follow()
+    return updated
 
 
 def pool_model_delete(*, actor: Actor, entry: PoolModel) -> None:
-    audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="pool_model.delete",
-                   instance=entry)
+    with transaction.atomic():
+        audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="pool_model.delete",
+                       instance=entry)
+        _gateways_follow()
 
 
 def pool_set_cost(*, actor: Actor, pool: Pool, cost_per_1m: Any, measured_at: Any) -> Pool:

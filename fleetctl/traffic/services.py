@@ -269,6 +269,28 @@ def gateway_set_routes(*, actor: Actor, gateway: Gateway, routes: list[Route]) -
                 _enqueue_after_commit(push.pk)
 
 
+def gateways_refresh(*, reason: str = "registry") -> list[int]:
+    """A registry edit changes what gateways should hold without a new revision (a pool's
+    endpoints, which pools may carry a route): push every gateway that carries a route its
+    whole state again, after the commit. One message for all; a gateway that already holds
+    its state is only read. Returns the push ids."""
+    gateways = list(Gateway.objects.prefetch_related("routes"))
+    current = selectors.revisions_current(routes=list({route.pk: route for gateway in gateways
+                                                       for route in gateway.routes.all()}
+                                                      .values()))
+    pushes = []
+    for gateway in gateways:
+        revisions = [current[r.pk] for r in gateway.routes.all() if r.pk in current]
+        if revisions:
+            pushes.append(GatewayPush(revision=revisions[0], gateway=gateway, reason=reason))
+    ids = [push.pk for push in GatewayPush.objects.bulk_create(pushes)]
+    if ids:
+        from fleetctl.traffic.tasks import push_fanout
+
+        transaction.on_commit(lambda: push_fanout.delay(ids))
+    return ids
+
+
 def _enqueue_after_commit(push_id: int) -> None:
     from fleetctl.traffic.tasks import push_run
 

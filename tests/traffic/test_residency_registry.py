@@ -198,3 +198,26 @@ def test_gateways_are_not_given_weight_on_a_pool_outside_the_pin(eu_fleet):
 
     assert held["chat-eu"] == {}  # nothing left in the EU: the route answers an error
     assert SplitRevision.objects.filter(route=eu_fleet["route"]).count() == 1
+
+
+def test_an_endpoint_change_is_pushed_to_the_gateways_without_a_new_revision(
+    eu_fleet, client_for
+):
+    from fleetctl.traffic.models import GatewayPush
+
+    answer = client_for("admin").patch("/api/v1/pools/eu-b/",
+                                       {"base_urls": ["http://127.0.0.1:7102"]}, format="json")
+
+    assert answer.status_code == 200
+    push = GatewayPush.objects.get(reason="registry")
+    assert push.gateway == eu_fleet["gateway"]
+    pools = selectors.gateway_desired_state(gateway=eu_fleet["gateway"]).pools
+    assert pools["eu-b"].base_urls == ("http://127.0.0.1:7102",)
+
+
+def test_an_edit_that_changes_nothing_gateways_hold_pushes_nothing(eu_fleet, client_for):
+    from fleetctl.traffic.models import GatewayPush
+
+    client_for("admin").patch("/api/v1/pools/eu-b/", {"labels": {"rack": "7"}}, format="json")
+
+    assert not GatewayPush.objects.filter(reason="registry").exists()

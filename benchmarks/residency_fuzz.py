@@ -1,0 +1,160 @@
+"""Does any sequence of registry and traffic changes send pinned traffic across a border?
+
+Random sequences (hypothesis, the machine of tests/traffic/residency_machine.py) of ramps,
+pool and route drains, restores, pool registration, deletion, renames, region moves,
+jurisdiction changes and endpoint changes, sent as an admin's token over HTTP to the real
+web server (gunicorn). After every step, and again once the pushes have landed, the real
+Envoy's routes and cluster endpoints are read through its admin API: a crossing is a
+pinned route with weight on a pool, or an endpoint, registered outside its pin. Reported:
+sequences tried, steps, answers by status, crossings (target 0), run time.
+
+Everything real: PostgreSQL (`DATABASE_URL`, default a local `fleetctl_bench_residency`),
+Redis (db 8), gunicorn, a Celery worker, Envoy.
+
+    .venv/bin/python benchmarks/residency_fuzz.py [--sequences 1000] [--steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def setup_env() -> None:
+    os.environ.setdefault("DATABASE_URL",
+                          "postgres://postgres@127.0.0.1:5432/fleetctl_bench_residency")
+    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/8")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
+    os.environ["DEBUG"] = "0"
+    os.environ.setdefault("SECRET_KEY", "benchmark-only")
+    from benchmarks.overview_and_pools_api import ensure_database
+
+    ensure_database(os.environ["DATABASE_URL"])
+
+
+class HttpApi:
+    """The REST calls the state machine makes, over HTTP to gunicorn, counted by status."""
+
+    def __init__(self, base_url: str, token: str) -> None:
+        import httpx
+
+        self.client = httpx.Client(base_url=base_url, timeout=60,
+                                   headers={"Authorization": f"Bearer {token}"})
+        self.statuses: Counter[int] = Counter()
+
+    def _count(self, answer: Any) -> Any:
+        self.statuses[answer.status_code] += 1
+        return answer
+
+    def post(self, path: str, body: dict[str, Any], format: str = "json") -> Any:
+        return self._count(self.client.post(path, json=body))
+
+    def patch(self, path: str, body: dict[str, Any], format: str = "json") -> Any:
+        return self._count(self.client.patch(path, json=body))
+
+    def delete(self, path: str) -> Any:
+        return self._count(self.client.delete(path))
+
+
+def start(name: str, argv: list[str], work: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, cwd=ROOT, stdout=open(work / f"{name}.log", "wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sequences", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=10, help="steps per sequence")
+    args = parser.parse_args()
+    setup_env()
+    import django
+
+    django.setup()
+    import httpx
+    from django.contrib.auth.models import Group, User
+    from django.core.management import call_command
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from fleetctl.accounts.actor import Actor
+    from fleetctl.accounts.services import token_create_personal
+    from fleetctl.celery import app
+    from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
+    from fleetctl.traffic.services import gateway_create
+    from tests.traffic.residency_machine import make_machine
+
+    call_command("migrate", verbosity=0)
+    call_command("flush", interactive=False, verbosity=0)
+    work = Path(tempfile.mkdtemp(prefix="fleetctl-residency-fuzz-"))
+    envoy = EnvoyProcess(work / "envoy", free_port(), free_port()).start(timeout_s=60)
+    web_port = free_port()
+    children = [
+        start("web", [sys.executable, "-m", "gunicorn", "fleetctl.wsgi", "-b",
+                      f"127.0.0.1:{web_port}", "-w", "2", "--threads", "4"], work),
+        start("worker", [sys.executable, "-m", "celery", "-A", "fleetctl", "worker", "-Q",
+                         "default,push", "-c", "8", "--pool", "threads", "--without-gossip",
+                         "--without-mingle", "-n", f"fuzz-{os.getpid()}@%h"], work),
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while not app.control.ping(timeout=0.5):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"worker did not start; see {work / 'worker.log'}")
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{web_port}/api/v1/", timeout=2)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"web did not start; see {work / 'web.log'}") from None
+                time.sleep(0.2)
+        admin = User.objects.create_user("fuzz-admin", password="unused-" + os.urandom(8).hex())
+        admin.groups.set([Group.objects.get_or_create(name="admin")[0]])
+        token = token_create_personal(actor=Actor(user=admin), name="fuzz",
+                                      scopes=["read", "ramp", "drain", "fleet"]).secret
+        api = HttpApi(f"http://127.0.0.1:{web_port}", token)
+        system = Actor.for_system("benchmark")
+        gateway = gateway_create(actor=system, name="fuzz-edge", kind="envoy",
+                                 admin_address=envoy.admin_url,
+                                 options={"config_dir": str(envoy.workdir),
+                                          "load_timeout_s": 30})
+        found: list[str] = []
+        numbers = itertools.count(1)
+        machine = make_machine(api, gateway, numbers, on_crossing=found.extend)
+        began = time.monotonic()
+        run_state_machine_as_test(machine, settings=settings(
+            max_examples=args.sequences, stateful_step_count=args.steps, deadline=None,
+            database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
+        took = time.monotonic() - began
+        tried = next(numbers) - 1
+        print(f"sequences tried:   {tried} (up to {args.steps} steps each)")
+        print(f"REST answers:      {sum(api.statuses.values())} "
+              f"({', '.join(f'{k}: {v}' for k, v in sorted(api.statuses.items()))})")
+        print(f"crossings:         {len(found)} (target 0)")
+        for line in found[:20]:
+            print(f"  {line}")
+        print(f"run time:          {took:.0f} s ({took / max(tried, 1) * 1000:.0f} ms a sequence)")
+    finally:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGTERM)
+        for child in children:
+            child.wait(timeout=30)
+        envoy.stop()
+
+
+if __name__ == "__main__":
+    main()

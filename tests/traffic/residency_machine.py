@@ -1,0 +1,240 @@
+"""The state machine of a stateful property test: random sequences of registry and
+traffic operations over REST (ramps, pool and route drains, restores, pool registration,
+deletion, renames, region moves, jurisdiction changes, endpoint changes), and after every
+step the question that matters: where does the real Envoy send requests pinned to a
+jurisdiction? Every pool it gives such a route weight must be registered in that
+jurisdiction, and so must every pool registered at each endpoint it would connect to. Real
+PostgreSQL, a real Celery worker pushing, a real Envoy read back through its admin API
+(`/clusters` for the endpoints it would really use).
+
+tests/traffic/test_residency_property.py runs a dozen sequences in the suite;
+benchmarks/residency_fuzz.py runs the same machine for 1,000+ sequences through the real web
+server and counts crossings. `api` is anything with DRF's test client's post/patch/delete."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from fleetctl.fleet.models import Pool, endpoint_key
+from fleetctl.fleet.services import pool_health_record, pool_model_create, region_create
+from fleetctl.traffic import selectors
+from fleetctl.traffic.adapters.base import adapter_for
+from fleetctl.traffic.models import Gateway, GatewayPush, Route
+from fleetctl.traffic.services import gateway_set_routes, route_create
+from tests.conftest import SYSTEM, wait_until
+
+JURISDICTIONS = ("EU", "US", "IN")
+REGIONS = ("eu1", "eu2", "us", "in")
+NAMES = ("a", "b", "c", "d", "e", "f")
+PORTS = 6  # endpoints per sequence: few, so that pools compete for them
+
+
+class Crossing(AssertionError):
+    pass
+
+
+def envoy_view(gateway: Gateway) -> tuple[dict[str, dict[str, int]], dict[str, set[str]]]:
+    """What the real Envoy holds: route -> {cluster: weight > 0}, and cluster -> the
+    endpoints it would connect to."""
+    held = adapter_for(selectors.gateway_spec(gateway)).read_back()
+    clusters = httpx.get(f"{gateway.admin_address}/clusters", params={"format": "json"},
+                         timeout=10).json()
+    endpoints: dict[str, set[str]] = {}
+    for cluster in clusters.get("cluster_statuses", []):
+        for host in cluster.get("host_statuses", []):
+            socket = host["address"]["socket_address"]
+            endpoints.setdefault(cluster["name"], set()).add(
+                endpoint_key(f"http://{socket['address']}:{socket['port_value']}"))
+    return held, endpoints
+
+
+def crossings(gateway: Gateway, *, settled: bool) -> list[str]:
+    """Pinned traffic that Envoy would send outside its pin, judged by the registry now.
+    `settled`: the gateway has applied the latest state, so each weighted cluster must also
+    map to a registered pool (before that, an endpoint may have been renumbered since)."""
+    held, endpoints = envoy_view(gateway)
+    pools = list(Pool.objects.select_related("region"))
+    where = {p.name: p.region.jurisdiction for p in pools}
+    at_endpoint: dict[str, set[str]] = {}
+    for pool in pools:
+        for url in pool.base_urls:
+            at_endpoint.setdefault(endpoint_key(url), set()).add(pool.region.jurisdiction)
+    found = []
+    for route in Route.objects.filter(gateways=gateway).exclude(residency=""):
+        for cluster in held.get(route.name, {}):
+            if cluster in where and where[cluster] != route.residency:
+                found.append(f"{route.name} ({route.residency}) -> pool {cluster} in "
+                             f"{where[cluster]}")
+            if settled and cluster not in where:
+                found.append(f"{route.name} -> cluster {cluster} that is no registered pool")
+            for endpoint in endpoints.get(cluster, set()):
+                seen = at_endpoint.get(endpoint, set())
+                if seen - {route.residency} or (settled and not seen):
+                    found.append(f"{route.name} ({route.residency}) -> {endpoint}, registered "
+                                 f"in {sorted(seen) or 'no pool'}")
+    return found
+
+
+def settle(gateway: Gateway) -> None:
+    """Until every push is done and Envoy holds the desired state."""
+    adapter = adapter_for(selectors.gateway_spec(gateway))
+
+    def done() -> bool:
+        if GatewayPush.objects.filter(gateway=gateway,
+                                      status__in=["pending", "retrying"]).exists():
+            return False
+        return adapter.matches(selectors.gateway_desired_state(gateway=gateway),
+                               adapter.read_back())
+
+    wait_until(done, timeout_s=60, every_s=0.02, what="the gateway to hold the desired state")
+
+
+def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
+                 on_crossing: Callable[[list[str]], object] | None = None) -> type:
+    """`on_crossing`: called with what was found instead of failing (the benchmark counts)."""
+
+    class RegistryAndTraffic(RuleBasedStateMachine):
+        """One sequence: its own regions, pools, model and routes (names carry the sequence
+        number, so sequences never see each other's rows); the gateway carries its routes."""
+
+        @initialize()
+        def fleet(self) -> None:
+            self.n = next(numbers)
+            self.model = f"model-{self.n}"
+            self.regions = {}
+            for code, jurisdiction in zip(REGIONS, ("EU", "EU", "US", "IN"), strict=True):
+                self.regions[code] = region_create(actor=SYSTEM, code=f"s{self.n}-{code}",
+                                                   name=code, jurisdiction=jurisdiction).code
+            self.port0 = 20000 + self.n * PORTS
+            for name, region, port in (("a", "eu1", 0), ("b", "eu2", 1), ("c", "us", 2),
+                                       ("d", "in", 3)):
+                self._register(name, region, port)
+            pool = {p.name: p for p in Pool.objects.filter(name__startswith=f"s{self.n}-")}
+            routes = [
+                route_create(actor=SYSTEM, name=f"s{self.n}-eu", model_id=self.model,
+                             residency="EU", primary_pool=pool[self.pool("a")],
+                             weights={self.pool("a"): 50, self.pool("b"): 50}),
+                route_create(actor=SYSTEM, name=f"s{self.n}-any", model_id=self.model,
+                             primary_pool=pool[self.pool("c")],
+                             weights={self.pool("c"): 70, self.pool("a"): 30}),
+                route_create(actor=SYSTEM, name=f"s{self.n}-in", model_id=self.model,
+                             residency="IN", primary_pool=pool[self.pool("d")]),
+            ]
+            gateway_set_routes(actor=SYSTEM, gateway=gateway, routes=routes)
+            self.routes = [r.name for r in routes]
+            self.drains: list[int] = []
+            settle(gateway)
+
+        # --- helpers ---------------------------------------------------------------------------
+        def pool(self, name: str) -> str:
+            return f"s{self.n}-{name}"
+
+        def url(self, port: int) -> str:
+            return f"http://127.0.0.1:{self.port0 + port}"
+
+        def _register(self, name: str, region: str, port: int) -> int:
+            answer = api.post("/api/v1/pools/", {
+                "name": self.pool(name), "runtime": "cuda", "accelerator": "H100",
+                "region": self.regions[region], "base_urls": [self.url(port)],
+                "max_context_tokens": 4096, "node_hourly_rate": "1"}, format="json")
+            if answer.status_code == 201:
+                pool = Pool.objects.get(name=self.pool(name))
+                pool_model_create(actor=SYSTEM, pool=pool, model_id=self.model,
+                                  max_context_tokens=4096)
+                pool_health_record(pool_id=pool.pk, ok=True, status_code=200, latency_ms=1.0)
+            return answer.status_code
+
+        def _answered(self, answer: httpx.Response | Any) -> None:
+            assert answer.status_code < 500, answer.content
+
+        # --- traffic -----------------------------------------------------------------------------
+        @rule(route=st.integers(0, 2), names=st.lists(st.sampled_from(NAMES), min_size=1,
+                                                       max_size=3, unique=True),
+              force=st.booleans(), data=st.data())
+        def ramp(self, route: int, names: list[str], force: bool, data: Any) -> None:
+            shares = data.draw(st.lists(st.integers(1, 100), min_size=len(names),
+                                        max_size=len(names)))
+            total = sum(shares)
+            weights = {self.pool(n): s * 100 / total for n, s in zip(names, shares, strict=True)}
+            name = self.routes[route]
+            current = Route.objects.get(name=name).revision_number
+            self._answered(api.post(f"/api/v1/routes/{name}/revisions/", {
+                "weights": weights, "base_revision": current, "reason": "fuzz",
+                "force": force}, format="json"))
+
+        @rule(name=st.sampled_from(NAMES))
+        def drain_pool(self, name: str) -> None:
+            answer = api.post("/api/v1/drains/", {"pool": self.pool(name), "reason": "fuzz"},
+                              format="json")
+            self._answered(answer)
+            if answer.status_code == 202:
+                self.drains.append(answer.json()["id"])
+
+        @rule(route=st.integers(0, 2))
+        def drain_route(self, route: int) -> None:
+            answer = api.post("/api/v1/drains/", {"route": self.routes[route], "reason": "fuzz"},
+                              format="json")
+            self._answered(answer)
+            if answer.status_code == 202:
+                self.drains.append(answer.json()["id"])
+
+        @rule(data=st.data())
+        def restore(self, data: Any) -> None:
+            if self.drains:
+                drain = data.draw(st.sampled_from(self.drains))
+                self._answered(api.post(f"/api/v1/drains/{drain}/restore/", {"reason": "fuzz"},
+                                        format="json"))
+
+        # --- the registry ------------------------------------------------------------------------
+        @rule(name=st.sampled_from(NAMES), region=st.sampled_from(REGIONS),
+              port=st.integers(0, PORTS - 1))
+        def register_pool(self, name: str, region: str, port: int) -> None:
+            assert self._register(name, region, port) < 500
+
+        @rule(name=st.sampled_from(NAMES))
+        def delete_pool(self, name: str) -> None:
+            self._answered(api.delete(f"/api/v1/pools/{self.pool(name)}/"))
+
+        @rule(name=st.sampled_from(NAMES), new=st.sampled_from(NAMES))
+        def rename_pool(self, name: str, new: str) -> None:
+            self._answered(api.patch(f"/api/v1/pools/{self.pool(name)}/",
+                                     {"name": self.pool(new)}, format="json"))
+
+        @rule(name=st.sampled_from(NAMES), region=st.sampled_from(REGIONS))
+        def move_pool(self, name: str, region: str) -> None:
+            self._answered(api.patch(f"/api/v1/pools/{self.pool(name)}/",
+                                     {"region": self.regions[region]}, format="json"))
+
+        @rule(name=st.sampled_from(NAMES), port=st.integers(0, PORTS - 1))
+        def change_endpoint(self, name: str, port: int) -> None:
+            self._answered(api.patch(f"/api/v1/pools/{self.pool(name)}/",
+                                     {"base_urls": [self.url(port)]}, format="json"))
+
+        @rule(region=st.sampled_from(REGIONS), jurisdiction=st.sampled_from(JURISDICTIONS))
+        def change_jurisdiction(self, region: str, jurisdiction: str) -> None:
+            self._answered(api.patch(f"/api/v1/regions/{self.regions[region]}/",
+                                     {"jurisdiction": jurisdiction}, format="json"))
+
+        # --- after every step ---------------------------------------------------------------------
+        @invariant()
+        def pinned_traffic_stays_in_its_jurisdiction(self) -> None:
+            if not hasattr(self, "n"):
+                return
+            # At once (the gateway may still hold the previous state, which must be safe under
+            # the registry as it is now), then once the pushes have landed.
+            found = crossings(gateway, settled=False)
+            settle(gateway)
+            found += crossings(gateway, settled=True)
+            if found and on_crossing is not None:
+                on_crossing(found)
+            elif found:
+                raise Crossing("; ".join(found))
+
+    return RegistryAndTraffic
+
+
