@@ -10,10 +10,14 @@ Three documents (see ENVOY.md for the why of each choice):
   and the Lua script that copies the body's `model` into a header. Everything that depends on
   the desired state lives here, so a file swap can change all of it.
 
-Weights live twice: as the default weight of each weighted cluster (what a freshly loaded
-routes file means) and as admin runtime keys `<prefix>.<pool>` (what a weights-only change
-sets). The prefix carries a hash of the route's structure, so a structurally new route starts
-from its file defaults and never inherits the keys of an older shape of itself.
+Weights live three times: as the default weight of each weighted cluster (what a freshly
+loaded routes file means), as admin runtime keys `<prefix>.<pool>` (what a weights-only change
+sets, at once) and as the same keys in the **runtime file** (an RTDS layer read from disk),
+which Envoy loads before it serves: an Envoy restarted with its files serves the last pushed
+weights from its first request, never the routes file's older defaults. The admin layer sits
+above the file's, so while Envoy runs the POST decides. The prefix carries a hash of the
+route's structure, so a structurally new route starts from its file defaults and never
+inherits the keys of an older shape of itself.
 """
 
 from __future__ import annotations
@@ -27,11 +31,24 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fleetctl.traffic.adapters.base import TOTAL_WEIGHT, DesiredState, PoolTarget, RouteSpec
+from fleetctl.traffic.adapters.base import (
+    ROOT_PATHS,
+    TOTAL_WEIGHT,
+    DesiredState,
+    PoolTarget,
+    RouteSpec,
+    base_url_problem,
+)
 
 CLUSTERS_FILE = "clusters.json"
 ROUTES_FILE = "routes.json"
 BOOTSTRAP_FILE = "bootstrap.json"
+# The runtime file: <config_dir>/runtime/current.json, a link to one of two files. In a
+# subdirectory, so swapping the link does not wake the CDS/RDS watch on config_dir.
+RUNTIME_DIR = "runtime"
+RUNTIME_FILE = "current.json"
+RUNTIME_LAYER = "fleetctl-weights"
+RUNTIME_TYPE = "type.googleapis.com/envoy.service.runtime.v3.Runtime"
 ROUTE_CONFIG_NAME = "fleetctl"
 STAT_PREFIX = "ingress"
 RUNTIME_ROOT = "fleetctl"
@@ -66,7 +83,9 @@ _MAX_CX_TYPE = (
     f"{_T}.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
 )
 
-NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,58}[a-z0-9])?$")
+# Pool and route names as the registry allows them (fleet.models.slug_validator): a name it
+# stores must never be one Envoy's config cannot hold.
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 HEADER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 # Characters a model name may have. The Lua script accepts exactly these from the body (so a
 # header value is always safe) and they never mean anything to Envoy's formatter (no `%`).
@@ -74,7 +93,6 @@ MODEL_CHARS = "A-Za-z0-9._:/@+-"
 MODEL_RE = re.compile(rf"^[{MODEL_CHARS}]{{1,256}}$")
 _LUA_MODEL_CLASS = "[%w%._:/@+-]"  # the same set, as a Lua pattern class
 HEADER_VALUE_RE = re.compile(r"^[A-Za-z0-9._:/@+-]{1,64}$")
-_ALLOWED_URL_PATHS = ("", "/", "/v1", "/v1/")
 
 
 class ConfigError(ValueError):
@@ -91,6 +109,10 @@ class RenderedConfig:
     @cached_property
     def clusters_version(self) -> str:
         return clusters_version(self.clusters)
+
+    @cached_property
+    def runtime_text(self) -> str:
+        return runtime_file(self.runtime)
 
 
 # --- validation ------------------------------------------------------------------------------
@@ -117,9 +139,24 @@ def validate(desired: DesiredState) -> None:
 
 def _validate_pool(key: str, pool: PoolTarget) -> None:
     _check(key == pool.name, f"pool {pool.name!r} is filed under {key!r}")
-    _check(NAME_RE.match(pool.name), f"pool name {pool.name!r} is not [a-z0-9-]")
-    schemes = {parse_base_url(url, pool.name)[0] for url in pool.base_urls}
-    _check(len(schemes) <= 1, f"pool {pool.name}: mixes http and https base URLs")
+    problem = pool_problem(pool)
+    _check(problem is None, f"pool {pool.name}: Envoy {problem}")
+
+
+def pool_problem(pool: PoolTarget) -> str | None:
+    """Why Envoy cannot route to `pool`, worded to follow "the gateway" (Adapter.check_pool),
+    or None. A path prefix other than /v1 cannot be expressed per weighted cluster (Envoy
+    rewrites paths per route, and every pool of a route shares it), so it is refused rather
+    than silently dropped; a cluster speaks one scheme."""
+    if not NAME_RE.match(pool.name):
+        return f"cannot name a cluster after pool {pool.name!r}: use [a-z0-9-], at most 63"
+    for url in pool.base_urls:
+        problem = base_url_problem(url)
+        if problem:
+            return problem
+    if len({urlsplit(url).scheme for url in pool.base_urls}) > 1:
+        return "cannot mix http and https base URLs in one pool (one cluster, one scheme)"
+    return None
 
 
 def _validate_route(route: RouteSpec, desired: DesiredState) -> None:
@@ -151,7 +188,7 @@ def parse_base_url(url: str, pool: str) -> tuple[str, str, int]:
     parts = urlsplit(url)
     _check(parts.scheme in ("http", "https") and parts.hostname,
            f"pool {pool}: base URL {url!r} is not http(s)://host[:port]")
-    _check(parts.path in _ALLOWED_URL_PATHS and not parts.query,
+    _check(parts.path in ROOT_PATHS and not parts.query,
            f"pool {pool}: base URL {url!r} has a path prefix; Envoy forwards /v1/... as is")
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -540,8 +577,16 @@ def render_bootstrap(*, config_dir: Path, listen_port: int, admin_port: int,
     return {
         "node": {"id": node_id, "cluster": "fleetctl"},
         "admin": {"address": _socket(listen="127.0.0.1", port=admin_port)},
-        # The admin layer is what POST /runtime_modify writes: weights-only changes.
-        "layered_runtime": {"layers": [{"name": "admin", "admin_layer": {}}]},
+        # The admin layer is what POST /runtime_modify writes: weights, at once. Below it, the
+        # same weights in a file, loaded before Envoy serves (and on each swap of its link):
+        # a restart keeps them. The runtime directory must exist before Envoy starts.
+        "layered_runtime": {"layers": [
+            {"name": RUNTIME_LAYER, "rtds_layer": {
+                "name": RUNTIME_LAYER,
+                "rtds_config": _file_source(config_dir / RUNTIME_DIR, RUNTIME_FILE),
+            }},
+            {"name": "admin", "admin_layer": {}},
+        ]},
         "dynamic_resources": {"cds_config": _file_source(config_dir, CLUSTERS_FILE)},
         "static_resources": {"listeners": [_listener(
             listen_address, listen_port,
@@ -649,6 +694,23 @@ def clusters_file(clusters: dict[str, dict[str, Any]]) -> str:
 
 def routes_file(route_config: dict[str, Any], version: str) -> str:
     return discovery_file([route_config], version)
+
+
+def runtime_file(weights: dict[str, int]) -> str:
+    """The runtime file: an RTDS DiscoveryResponse whose layer holds every weight key."""
+    layer = {key: str(weights[key]) for key in sorted(weights)}
+    return json.dumps({"version_info": "w-" + _digest(layer), "resources": [{
+        "@type": RUNTIME_TYPE, "name": RUNTIME_LAYER, "layer": layer,
+    }]}, separators=(",", ":")) + "\n"
+
+
+def runtime_file_weights(text: str) -> dict[str, int]:
+    """The weights a runtime file holds ({} for one that is not fleetctl's)."""
+    try:
+        layer = json.loads(text)["resources"][0]["layer"]
+        return {str(key): int(value) for key, value in layer.items()}
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return {}
 
 
 UNCONFIGURED_ROUTES_VERSION = "unconfigured"

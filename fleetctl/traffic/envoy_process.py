@@ -1,8 +1,9 @@
 """A local Envoy process for the demo and the tests: bootstrap written, started, ready.
 
 Several can run side by side: each has its own working directory (bootstrap, CDS/RDS files,
-log), its own ports and its own `--base-id`. Hot restart is disabled; a restart is a stop and
-a start, after which Envoy re-reads whatever CDS/RDS files the directory holds.
+runtime file, log), its own ports and its own `--base-id`. Hot restart is disabled; a
+restart is a stop and a start, after which Envoy re-reads whatever CDS/RDS and runtime files
+the directory holds.
 """
 
 from __future__ import annotations
@@ -54,6 +55,43 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
+def write_runtime_file(config_dir: Path, text: str) -> None:
+    """Make `text` the runtime file Envoy loads at start: written over whichever of two
+    files the link does not point to, then the link swapped onto it. Only a link is renamed:
+    renaming a freshly written regular file over another makes ext4 flush it first (~3 ms,
+    `auto_da_alloc`), and a weights push happens on every drain. A starting Envoy reads the
+    old file or the new one, never half of one; the swap also makes a running Envoy re-read
+    it. Called under the apply lock, so two pushes never write the same file."""
+    root = config_dir / envoy_config.RUNTIME_DIR
+    link = root / envoy_config.RUNTIME_FILE
+    try:
+        current = os.readlink(link)
+    except OSError:
+        root.mkdir(exist_ok=True)
+        current = ""
+    spare = "b.json" if current == "a.json" else "a.json"
+    data = text.encode()
+    # No O_TRUNC: truncating a file to zero makes ext4 flush it on close, like the rename.
+    fd = os.open(root / spare, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+    staged = root / ".swap"
+    staged.unlink(missing_ok=True)
+    os.symlink(spare, staged)
+    os.replace(staged, link)
+
+
+def read_runtime_file(config_dir: Path) -> str:
+    """The runtime file a restarted Envoy would load ("" when there is none)."""
+    try:
+        return (config_dir / envoy_config.RUNTIME_DIR / envoy_config.RUNTIME_FILE).read_text()
+    except OSError:
+        return ""
+
+
 class EnvoyProcess:
     """`EnvoyProcess(workdir, listen_port, admin_port).start()` ... `.stop()`."""
 
@@ -91,12 +129,15 @@ class EnvoyProcess:
         for name, text in envoy_config.unconfigured_files().items():
             if not (self.workdir / name).exists():
                 write_atomically(self.workdir / name, text)
+        if not read_runtime_file(self.workdir):
+            write_runtime_file(self.workdir, envoy_config.runtime_file({}))
         return self.bootstrap_path
 
     def forget_configuration(self) -> None:
         """Back to the bootstrap only, as if the gateway were new (call while stopped)."""
         for name, text in envoy_config.unconfigured_files().items():
             write_atomically(self.workdir / name, text)
+        write_runtime_file(self.workdir, envoy_config.runtime_file({}))
 
     def start(self, timeout_s: float = 20.0) -> EnvoyProcess:
         if self.proc is not None and self.proc.poll() is None:

@@ -8,6 +8,7 @@ adapter's own rendering of an empty desired state (every request answers 404/451
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -129,6 +130,15 @@ class HAProxyProcess:
             self._log.flush()
         path = self.directory / "haproxy.log"
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def kill(self) -> None:
+        """A crash: SIGKILL to the master and its workers, nothing saved."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.proc is not None and self.proc.poll() is None:

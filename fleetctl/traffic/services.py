@@ -497,6 +497,13 @@ def _gateways_in_sync(outcomes: list[_PushIO]) -> None:
         state_changed_at=now)
     Gateway.objects.filter(pk__in=by_gateway).update(
         state=Gateway.State.IN_SYNC, last_error="", last_verified_at=now)
+    # In sync with all it can hold; what it had to leave out (a pool it cannot route to)
+    # stays in view until a push holds everything again.
+    for gateway_id, io in by_gateway.items():
+        if io.result is not None and io.result.warning:
+            log.warning("gateway %s: %s", io.push.gateway.name, io.result.warning)
+            Gateway.objects.filter(pk=gateway_id).update(
+                last_error=f"warning: {io.result.warning}")
 
 
 def gateway_reconcile(*, gateway: Gateway) -> bool:

@@ -13,9 +13,11 @@ them anywhere. A pool with weight 0 must receive no new requests.
 from __future__ import annotations
 
 import re
+import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 TOTAL_WEIGHT = 10_000
 
@@ -82,6 +84,22 @@ class ApplyResult:
     applied: bool
     detail: str = ""  # e.g. "reload used (~100 ms)"; shown in the push attempt record
     method: str = ""  # e.g. "runtime", "file-swap", "reload", "api"
+    # What was left out because this gateway cannot route to it (also in `detail`); the
+    # gateway's last_error shows it while the rest is held.
+    warning: str = ""
+
+
+@dataclass(frozen=True)
+class Renderable:
+    """The part of a desired state a gateway kind can hold, and what it leaves out."""
+
+    desired: DesiredState
+    left_out: dict[str, str]  # pool -> why this kind cannot route to it
+
+    @property
+    def warning(self) -> str:
+        return "; ".join(f"pool {pool} left out: this gateway {why}"
+                         for pool, why in sorted(self.left_out.items()))
 
 
 class AdapterError(Exception):
@@ -98,16 +116,40 @@ class Adapter(ABC):
     gateway half-configured: validate first, keep the previous state on failure."""
 
     kind: ClassVar[str]
+    label: ClassVar[str] = ""  # the product's name, for messages ("Envoy"); default: kind
     # Weights a gateway can represent exactly; others are rounded (e.g. HAProxy: 0..256).
     weight_resolution: ClassVar[str] = "0.01 %"
 
     def __init__(self, gateway: GatewaySpec) -> None:
         self.gateway = gateway
 
-    @abstractmethod
+    @classmethod
+    def check_pool(cls, pool: PoolTarget) -> str | None:
+        """Why gateways of this kind cannot route to `pool` (its name, its base URLs), worded
+        to follow "the gateway" ("cannot route to …: do …"), or None. It depends on the pool
+        and the kind alone: the registry asks it before storing a pool, and every apply
+        leaves out the pools it refuses instead of refusing the whole state."""
+        return None
+
+    def renderable(self, desired: DesiredState) -> Renderable:
+        return renderable(type(self), desired)
+
     def apply(self, desired: DesiredState) -> ApplyResult:
-        """Make the gateway hold `desired`; new requests follow it from the moment this
-        returns (or raise AdapterError)."""
+        """Make the gateway hold `desired`, less the pools it cannot route to (see
+        `renderable`): one bad pool never blocks the rest, and a drain, which only removes
+        weight, always applies. What was left out is the result's warning."""
+        fit = self.renderable(desired)
+        result = self.apply_checked(fit.desired)
+        if fit.left_out:
+            result.warning = fit.warning
+            result.detail = "; ".join(text for text in (result.detail,
+                                                        f"warning: {fit.warning}") if text)
+        return result
+
+    @abstractmethod
+    def apply_checked(self, desired: DesiredState) -> ApplyResult:
+        """Make the gateway hold `desired`, whose every pool passed check_pool; new requests
+        follow it from the moment this returns (or raise AdapterError)."""
 
     @abstractmethod
     def read_back(self) -> dict[str, dict[str, int]]:
@@ -123,8 +165,79 @@ class Adapter(ABC):
         return {}
 
     def matches(self, desired: DesiredState, held: dict[str, dict[str, int]]) -> bool:
-        """Does what the gateway holds equal `desired`? Adapters that round weights override."""
-        return held == desired.held_weights()
+        """Does what the gateway holds equal what it can hold of `desired`? Adapters that
+        round weights override."""
+        return held == self.renderable(desired).desired.held_weights()
+
+
+_fit_lock = threading.Lock()
+_last_fit: dict[type[Adapter], tuple[DesiredState, Renderable]] = {}
+
+
+def renderable(kind: type[Adapter], desired: DesiredState) -> Renderable:
+    """`desired` less the pools `kind` cannot route to. A left-out pool's weight counts as
+    0: its share goes to the route's other pools that have weight, in proportion (never to
+    a pool at 0, which may not be cleared for live traffic), and a route left with none
+    answers an error, as an empty split does. Nothing left out: `desired` itself, so the
+    render caches keyed on it still hit. Remembered per kind for the last desired state (a
+    push hands every gateway the same object; apply and matches both ask)."""
+    with _fit_lock:
+        last = _last_fit.get(kind)
+    if last is not None and last[0] is desired:
+        return last[1]
+    left_out = {name: why for name, pool in desired.pools.items()
+                if (why := kind.check_pool(pool)) is not None}
+    fit = Renderable(desired=_without_pools(desired, set(left_out)) if left_out else desired,
+                     left_out=left_out)
+    with _fit_lock:
+        _last_fit[kind] = (desired, fit)
+    return fit
+
+
+def _without_pools(desired: DesiredState, gone: set[str]) -> DesiredState:
+    routes = tuple(replace(route, weights=_weights_without(route.weights, gone))
+                   if gone & set(route.weights) else route for route in desired.routes)
+    pools = {name: pool for name, pool in desired.pools.items() if name not in gone}
+    return replace(desired, routes=routes, pools=pools)
+
+
+def _weights_without(weights: dict[str, int], gone: set[str]) -> dict[str, int]:
+    kept = {pool: weight for pool, weight in weights.items() if pool not in gone}
+    serving = {pool: weight for pool, weight in kept.items() if weight > 0}
+    if not serving:
+        return {}
+    total = sum(serving.values())
+    shares = {pool: weight * TOTAL_WEIGHT // total for pool, weight in serving.items()}
+    # Integer division leaves a few points over; the largest share takes them.
+    shares[max(shares, key=lambda pool: (shares[pool], pool))] += TOTAL_WEIGHT - sum(
+        shares.values())
+    return kept | shares
+
+
+ROOT_PATHS = ("", "/", "/v1", "/v1/")
+
+
+def base_url_problem(url: str, *, schemes: tuple[str, ...] = ("http", "https")) -> str | None:
+    """Why a gateway that forwards the client's path unchanged cannot route to `url`, worded
+    like check_pool, or None. Such a gateway sends `/v1/chat/completions` to the server as
+    the client sent it, so a base URL is the server's root; `/v1` (how OpenAI clients write
+    it) means the same root. Any other path would be silently dropped, so it is refused."""
+    parts = urlsplit(url)
+    if parts.scheme not in schemes or not parts.hostname:
+        wanted = " or ".join(f"{scheme}://host:port" for scheme in schemes)
+        return f"cannot route to {url!r}: it proxies to {wanted} only"
+    if parts.path not in ROOT_PATHS:
+        return (f"cannot route to a base URL with a path ({parts.path}): give the server's "
+                "root URL (requests keep their /v1/... path)")
+    if parts.query or parts.fragment:
+        return f"cannot route to {url!r}: a base URL takes no query or fragment"
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        return f"cannot route to {url!r}: its port is not a number from 1 to 65535"
+    return None
 
 
 def url_port(url: str, default: int) -> int:
@@ -179,8 +292,12 @@ def register(cls: type[Adapter]) -> type[Adapter]:
 
 
 def adapter_for(gateway: GatewaySpec) -> Adapter:
+    return adapter_class(gateway.kind)(gateway)
+
+
+def adapter_class(kind: str) -> type[Adapter]:
     _load_adapters()
     try:
-        return _REGISTRY[gateway.kind](gateway)
+        return _REGISTRY[kind]
     except KeyError as exc:
-        raise AdapterError(f"no adapter for gateway kind {gateway.kind!r}", permanent=True) from exc
+        raise AdapterError(f"no adapter for gateway kind {kind!r}", permanent=True) from exc

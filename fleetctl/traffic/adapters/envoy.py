@@ -7,14 +7,18 @@ to wait for Envoy to load a swapped file, default 5) and `admin_timeout_s` (per 
 default 2).
 
 An apply, in an order that never leaves a route half-changed:
-1. render and validate (a bad state is refused before anything is written);
-2. if pools were added: clusters file = old clusters + new ones, wait until loaded;
-3. if the route structure changed: drop runtime keys no loaded route uses, swap the routes
+1. render and validate (pools Envoy cannot route to were left out by Adapter.apply; anything
+   else bad is refused before anything is written);
+2. write the weights to the runtime file (what a restarted Envoy starts from), keeping the
+   keys of the loaded routes until the new routes file is in;
+3. if pools were added: clusters file = old clusters + new ones, wait until loaded;
+4. if the route structure changed: drop runtime keys no loaded route uses, swap the routes
    file, wait until loaded (a rejected file is put back);
-4. set every route's runtime weights in one /runtime_modify (one snapshot, so a route's
+5. set every route's runtime weights in one /runtime_modify (one snapshot, so a route's
    weights change together and never all reach 0);
-5. if pools were removed: clusters file = exactly the desired ones, wait until loaded.
-A weights-only change is steps 1 and 4: one stats read and one POST.
+6. if pools were removed: clusters file = exactly the desired ones, wait until loaded; the
+   runtime file = exactly the desired keys.
+A weights-only change is steps 1, 2 and 5: one small file, a link swap and one POST.
 """
 
 from __future__ import annotations
@@ -39,9 +43,14 @@ from fleetctl.traffic.adapters.base import (
     DesiredState,
     GatewaySpec,
     PoolCounters,
+    PoolTarget,
     register,
 )
-from fleetctl.traffic.envoy_process import write_atomically
+from fleetctl.traffic.envoy_process import (
+    read_runtime_file,
+    write_atomically,
+    write_runtime_file,
+)
 
 _RDS = f"http.{config.STAT_PREFIX}.rds.{config.ROUTE_CONFIG_NAME}"
 _CDS = "cluster_manager.cds"
@@ -106,6 +115,12 @@ class EnvoyAdmin:
     def runtime(self) -> dict[str, str]:
         entries = self.get_json("/runtime", {"format": "json"}).get("entries", {})
         return {key: str(entry.get("final_value", "")) for key, entry in entries.items()}
+
+    def admin_layer_keys(self) -> list[str]:
+        """Keys POST /runtime_modify set (the admin layer is the last one)."""
+        entries = self.get_json("/runtime", {"format": "json"}).get("entries", {})
+        return [key for key, entry in entries.items()
+                if (entry.get("layer_values") or [""])[-1] != ""]
 
     def route_config(self) -> dict[str, Any] | None:
         return self.route_config_and_version()[0]
@@ -189,6 +204,11 @@ _seen = _Seen()
 @register
 class EnvoyAdapter(Adapter):
     kind: ClassVar[str] = "envoy"
+    label: ClassVar[str] = "Envoy"
+
+    @classmethod
+    def check_pool(cls, pool: PoolTarget) -> str | None:
+        return config.pool_problem(pool)
 
     def __init__(self, gateway: GatewaySpec) -> None:
         super().__init__(gateway)
@@ -200,7 +220,7 @@ class EnvoyAdapter(Adapter):
 
     # --- apply -------------------------------------------------------------------------------
 
-    def apply(self, desired: DesiredState) -> ApplyResult:
+    def apply_checked(self, desired: DesiredState) -> ApplyResult:
         started = time.monotonic()
         try:
             rendered = _render(desired)
@@ -228,11 +248,21 @@ class EnvoyAdapter(Adapter):
             # The files Envoy last reported are the ones wanted: weights only, without the
             # stats read first. Were Envoy's state different after all (restarted empty,
             # another worker swapped files), the read-back that follows sees it, and the
-            # retry takes the path below.
+            # retry takes the path below. Disk first: from here on a restart starts from
+            # these weights, whatever becomes of the POST.
+            write_runtime_file(config_dir, rendered.runtime_text)
             if rendered.runtime:
                 self.admin.post("/runtime_modify",
                                 {k: str(v) for k, v in rendered.runtime.items()})
             return []
+        # Until the new routes file is loaded, a restart would load the one on disk now: its
+        # routes read the keys they read today, so those stay (at their current values).
+        on_disk_runtime = read_runtime_file(config_dir)
+        loaded = config.runtime_file_weights(on_disk_runtime)
+        if loaded.keys() - rendered.runtime.keys():
+            write_runtime_file(config_dir, config.runtime_file(loaded | rendered.runtime))
+        elif on_disk_runtime != rendered.runtime_text:
+            write_runtime_file(config_dir, rendered.runtime_text)
         state = self.admin.load_state()
         swapped: list[str] = []
         # Old clusters stay until the new routes no longer use them.
@@ -252,6 +282,8 @@ class EnvoyAdapter(Adapter):
         if staged != rendered.clusters:
             state = self._swap_clusters(config_dir, rendered.clusters, state)
             swapped.append("clusters (pruned)")
+        if read_runtime_file(config_dir) != rendered.runtime_text:
+            write_runtime_file(config_dir, rendered.runtime_text)
         _seen.saw_load_state(self._seen_key, state)
         return swapped
 
@@ -301,7 +333,10 @@ class EnvoyAdapter(Adapter):
         """Before new route shapes load, remove every fleetctl weight that no loaded route
         reads: a new shape then starts from its file's weights, never from leftovers."""
         live = {rc["runtime_key_prefix"] for rc in _weighted(self.admin.route_config())}
-        ours = [key for key in self.admin.runtime() if key.startswith(f"{config.RUNTIME_ROOT}.")]
+        # The runtime file holds the new routes' keys already (and loses the old ones at the
+        # end of the apply); only the admin layer's are removed here.
+        ours = [key for key in self.admin.admin_layer_keys()
+                if key.startswith(f"{config.RUNTIME_ROOT}.")]
         unused = [key for key in ours if key.rsplit(".", 1)[0] not in live]
         if unused:
             self.admin.post("/runtime_modify", {key: "" for key in unused})  # "" removes
@@ -344,8 +379,16 @@ class EnvoyAdapter(Adapter):
         return held_weights(route_config, runtime)
 
     def matches(self, desired: DesiredState, held: dict[str, dict[str, int]]) -> bool:
-        if held == desired.held_weights():
-            return True
+        """Weights equal and, when a read-back saw them, the loaded clusters are the wanted
+        ones: a pool's new base URLs (or a pool no longer left out) change no weight."""
+        fit = self.renderable(desired).desired
+        seen = _seen.load_state(self._seen_key)
+        try:
+            if held == fit.held_weights() and (
+                    seen is None or seen.clusters_version == _render(fit).clusters_version):
+                return True
+        except config.ConfigError:
+            pass  # not renderable: never held (and apply says why)
         _seen.forget(self._seen_key)  # the next apply reads Envoy's state before writing
         return False
 

@@ -392,6 +392,7 @@ def status_not_held(item: dict[str, Any], settings: GatewayApiSettings) -> NotHe
 @register
 class GatewayApiAdapter(Adapter):
     kind = "gateway-api"
+    label = "Gateway API"
     weight_resolution = "0.01 % (backendRefs weights in basis points)"
 
     def __init__(self, gateway: GatewaySpec) -> None:
@@ -400,7 +401,7 @@ class GatewayApiAdapter(Adapter):
         self._guard_held = True
         self._http: httpx.Client | None = None
 
-    def apply(self, desired: DesiredState) -> ApplyResult:
+    def apply_checked(self, desired: DesiredState) -> ApplyResult:
         started = time.monotonic()
         objects = render_routes(desired, self.settings)
         wanted = {obj["metadata"]["name"] for obj in objects}

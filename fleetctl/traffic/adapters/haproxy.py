@@ -56,7 +56,9 @@ from fleetctl.traffic.adapters.base import (
     DesiredState,
     GatewaySpec,
     PoolCounters,
+    PoolTarget,
     RouteSpec,
+    base_url_problem,
     check_plain_names,
     register,
     url_port,
@@ -257,19 +259,27 @@ def _servers(route: RouteSpec, desired: DesiredState) -> tuple[Server, ...]:
                  for server in _pool_servers(pool, desired.pools[pool].base_urls))
 
 
+def pool_problem(pool: PoolTarget) -> str | None:
+    """Why HAProxy cannot route to `pool` (see Adapter.check_pool). One backend serves
+    several pools and HAProxy rewrites paths per backend, not per server, so a base URL is
+    the server's root."""
+    if not SAFE_NAME.match(pool.name):
+        return f"cannot name a server after pool {pool.name!r}: use [a-z0-9-]"
+    for url in pool.base_urls:
+        problem = base_url_problem(url)
+        if problem:
+            return problem
+    return None
+
+
 def _pool_servers(pool: str, base_urls: tuple[str, ...]) -> list[Server]:
-    if not SAFE_NAME.match(pool):
-        raise AdapterError(f"pool name {pool!r} is not [a-z0-9-]", permanent=True)
+    problem = pool_problem(PoolTarget(name=pool, base_urls=base_urls, jurisdiction=""))
+    if problem:
+        raise AdapterError(f"pool {pool}: HAProxy {problem}", permanent=True)
     servers = []
     for n, url in enumerate(base_urls):
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise AdapterError(f"pool {pool}: {url!r} is not http(s)://host:port", permanent=True)
-        if parts.path.strip("/"):
-            # One backend serves several pools and HAProxy rewrites paths per backend, not per
-            # server, so a per-pool prefix cannot be honoured.
-            raise AdapterError(f"pool {pool}: base URL {url!r} has a path; the HAProxy adapter "
-                               "routes to host:port only", permanent=True)
+        assert parts.hostname is not None  # pool_problem checked it
         https = parts.scheme == "https"
         port = url_port(url, 443 if https else 80)
         host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
@@ -471,6 +481,7 @@ def _backend(backend: Backend, settings: HAProxySettings, weights: dict[str, int
 @register
 class HAProxyAdapter(Adapter):
     kind = "haproxy"
+    label = "HAProxy"
     weight_resolution = ("1/256 per backend (≈0.39 %); each non-zero weight keeps at least 1, "
                          "so it never rounds to 0")
 
@@ -479,7 +490,11 @@ class HAProxyAdapter(Adapter):
         self.settings = HAProxySettings.from_gateway(gateway)
         self._live_structure: str | None = None
 
-    def apply(self, desired: DesiredState) -> ApplyResult:
+    @classmethod
+    def check_pool(cls, pool: PoolTarget) -> str | None:
+        return pool_problem(pool)
+
+    def apply_checked(self, desired: DesiredState) -> ApplyResult:
         started = time.monotonic()
         rendered = render_config(desired, self.settings)
         reload_ms = None
@@ -502,7 +517,7 @@ class HAProxyAdapter(Adapter):
         """Equal at HAProxy's resolution (desired is quantised exactly as apply() quantises
         it), and the worker read back runs the desired structure."""
         try:
-            rendered = render_config(desired, self.settings)
+            rendered = render_config(self.renderable(desired).desired, self.settings)
         except AdapterError:
             return False
         if self._live_structure is not None and self._live_structure != rendered.structure:

@@ -58,13 +58,16 @@ from urllib.parse import urlsplit
 import httpx
 
 from fleetctl.traffic.adapters.base import (
+    SAFE_NAME,
     TOTAL_WEIGHT,
     Adapter,
     AdapterError,
     ApplyResult,
     DesiredState,
     GatewaySpec,
+    PoolTarget,
     RouteSpec,
+    base_url_problem,
     check_plain_names,
     register,
     url_port,
@@ -179,8 +182,8 @@ def render_config(desired: DesiredState, settings: NginxSettings) -> Rendered:
 
 def _pool_comments(desired: DesiredState) -> str:
     """Every declared pool's endpoints, so in_flight() can find connections to a pool that is
-    no longer in any upstream (drained) but may still have streams open. A pool nginx cannot
-    reach (https, path prefix) only fails a push when a route gives it weight."""
+    no longer in any upstream (drained) but may still have streams open. (A pool nginx cannot
+    reach, https or a path prefix, is left out before rendering: Adapter.apply.)"""
     lines = []
     for name, pool in sorted(desired.pools.items()):
         try:
@@ -209,14 +212,24 @@ def _upstream(route: RouteSpec, desired: DesiredState) -> Upstream:
     return Upstream(route=route, servers=servers)
 
 
+def pool_problem(pool: PoolTarget) -> str | None:
+    """Why nginx cannot route to `pool` (see Adapter.check_pool): one `proxy_pass` serves
+    every pool of a route, so one scheme (http) and no per-pool path."""
+    if not SAFE_NAME.match(pool.name):
+        return f"cannot list pool {pool.name!r} in its config: use [a-z0-9-]"
+    for url in pool.base_urls:
+        problem = base_url_problem(url, schemes=("http",))
+        if problem:
+            return problem
+    return None
+
+
 def _address(pool: str, url: str) -> str:
+    problem = base_url_problem(url, schemes=("http",))
+    if problem:
+        raise AdapterError(f"pool {pool}: nginx {problem}", permanent=True)
     parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise AdapterError(f"pool {pool}: {url!r}: the nginx adapter proxies to http://host:port "
-                           "only", permanent=True)
-    if parts.path.strip("/"):
-        raise AdapterError(f"pool {pool}: base URL {url!r} has a path; the nginx adapter routes "
-                           "to host:port only", permanent=True)
+    assert parts.hostname is not None  # base_url_problem checked it
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"{host}:{url_port(url, 80)}"
 
@@ -410,13 +423,18 @@ def parse_config(text: str) -> LiveConfig:
 @register
 class NginxAdapter(Adapter):
     kind = "nginx"
+    label = "nginx"
     weight_resolution = "0.01 % (weights in basis points; a 0 weight leaves the pool out)"
 
     def __init__(self, gateway: GatewaySpec) -> None:
         super().__init__(gateway)
         self.settings = NginxSettings.from_gateway(gateway)
 
-    def apply(self, desired: DesiredState) -> ApplyResult:
+    @classmethod
+    def check_pool(cls, pool: PoolTarget) -> str | None:
+        return pool_problem(pool)
+
+    def apply_checked(self, desired: DesiredState) -> ApplyResult:
         rendered = render_config(desired, self.settings)
         master = self._master_pid()
         if self._running_version() == rendered.version and self._file_version() == \

@@ -11,7 +11,7 @@ import pytest
 from fleetctl.traffic import envoy_config
 from fleetctl.traffic.adapters.base import AdapterError, DesiredState, GatewaySpec, PoolTarget
 from fleetctl.traffic.adapters.envoy import EnvoyAdapter, held_weights
-from fleetctl.traffic.envoy_process import validate_config
+from fleetctl.traffic.envoy_process import validate_config, write_runtime_file
 
 from .conftest import MODEL, OTHER_MODEL, route, state
 
@@ -55,6 +55,7 @@ def test_rendered_clusters_and_routes_pass_envoy_validate(desired: DesiredState,
 def test_the_bootstrap_and_unconfigured_files_pass_envoy_validate(tmp_path: Path) -> None:
     for name, text in envoy_config.unconfigured_files().items():
         (tmp_path / name).write_text(text)
+    write_runtime_file(tmp_path, envoy_config.runtime_file({}))  # its directory must exist
     bootstrap = envoy_config.render_bootstrap(config_dir=tmp_path, listen_port=10000,
                                               admin_port=9901)
     ok, output = validate_config(bootstrap, tmp_path)
@@ -128,7 +129,7 @@ def test_clusters_are_static_for_addresses_and_dns_with_tls_for_names() -> None:
     (state(POOLS, route("a", {"pa": 10000}), route("b", {"pb": 10000})),
      "routes a and b match the same requests"),
     (state({"pa": PoolTarget("pa", ("http://127.0.0.1:8101/openai",), "US")},
-           route("chat", {"pa": 10000})), "has a path prefix"),
+           route("chat", {"pa": 10000})), r"cannot route to a base URL with a path \(/openai\)"),
     (state(POOLS, route("chat", {"pa": 10000}, model="bad model%")), "model 'bad model%'"),
     (state(POOLS, route("chat", {"pa": 10000}, residency="E U")), "residency 'E U'"),
     (state({"pa": PoolTarget("pa", (), "US")}, route("chat", {"pa": 10000})),

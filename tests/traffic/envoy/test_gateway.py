@@ -16,9 +16,10 @@ import httpx
 import pytest
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
+from fleetctl.traffic import envoy_config
 from fleetctl.traffic.adapters.base import AdapterError, GatewaySpec, PoolTarget
 from fleetctl.traffic.adapters.envoy import EnvoyAdapter
-from fleetctl.traffic.envoy_process import free_port, write_atomically
+from fleetctl.traffic.envoy_process import free_port, read_runtime_file, write_atomically
 from tests.noise import binomial_tolerance
 
 from .conftest import MODEL, OTHER_MODEL, Gateway, route, state
@@ -282,19 +283,43 @@ def test_an_envoy_restarted_empty_has_drifted_and_apply_repairs_it(gateway: Gate
     assert gateway.served_by(answered)[answered] in ("pa", "pb")
 
 
-def test_an_envoy_restarted_with_its_files_loses_runtime_weights_until_the_next_apply(
+def test_an_envoy_killed_and_restarted_with_its_files_keeps_a_drained_pool_at_zero(
         gateway: Gateway) -> None:
     pools = gateway.pools("pa", "pb")
-    gateway.adapter.apply(state(pools, route("chat", {"pa": 10000, "pb": 0})))
-    moved = state(pools, route("chat", {"pa": 0, "pb": 10000}))
-    gateway.adapter.apply(moved)  # runtime only: the routes file still says pa
+    gateway.adapter.apply(state(pools, route("chat", {"pa": 5000, "pb": 5000})))
+    drained = state(pools, route("chat", {"pa": 0, "pb": 10000}, revision=2))
+    assert gateway.adapter.apply(drained).method == "runtime"  # the routes file says 50/50
 
-    gateway.process.stop()
+    gateway.process.kill()
     gateway.process.start(timeout_s=60)
 
-    assert gateway.adapter.read_back() == {"chat": {"pa": 10000}}
+    # Before fleetctl talks to it again: Envoy starts from the weights of the last push...
+    entries = httpx.get(f"{gateway.process.admin_url}/runtime?format=json",
+                        timeout=5).json()["entries"]
+    assert {key.rsplit(".", 1)[1]: entry["final_value"] for key, entry in entries.items()
+            if key.startswith("fleetctl.chat.")} == {"pa": "0", "pb": "10000"}
+    # ...from its very first request on (at 50/50, 40 requests all on pb: p = 1e-12).
+    answered = [ask(gateway) for _ in range(40)]
+    served = gateway.served_by(*answered)
+    assert {served[a] for a in answered} == {"pb"}
+    assert gateway.adapter.matches(drained, gateway.adapter.read_back())
+
+
+def test_an_envoy_restarted_after_a_route_changed_shape_holds_the_new_split(
+        gateway: Gateway) -> None:
+    gateway.adapter.apply(state(gateway.pools("pa"), route("chat", {"pa": 10000})))
+    reshaped = state(gateway.pools("pa", "pb"), route("chat", {"pa": 2000, "pb": 8000}))
+    assert gateway.adapter.apply(reshaped).method == "file-swap"
+    moved = state(gateway.pools("pa", "pb"), route("chat", {"pa": 0, "pb": 10000}))
     assert gateway.adapter.apply(moved).method == "runtime"
+
+    gateway.process.kill()
+    gateway.process.start(timeout_s=60)
+
     assert gateway.adapter.read_back() == moved.held_weights()
+    # Only the keys of the loaded routes are on disk: an old shape's keys are gone.
+    on_disk = envoy_config.runtime_file_weights(read_runtime_file(gateway.process.workdir))
+    assert sorted(key.rsplit(".", 1)[1] for key in on_disk) == ["pa", "pb"]
 
 
 def test_a_weights_change_after_a_verified_read_back_is_one_post_and_a_stale_memory_is_caught(
@@ -338,6 +363,46 @@ def test_a_weights_change_after_a_verified_read_back_is_one_post_and_a_stale_mem
     assert gateway.adapter.matches(even, gateway.adapter.read_back())
     answered = ask(gateway)
     assert gateway.served_by(answered)[answered] in ("pa", "pb")
+
+
+def test_a_pool_envoy_cannot_route_to_is_left_out_and_everything_else_applies(
+        gateway: Gateway) -> None:
+    # As a pool stored before the registry checked base URLs would arrive.
+    bad = PoolTarget("pc", (f"{gateway.sims.url('pc')}/openai",), "EU")
+    desired = state({**gateway.pools("pa", "pb"), "pc": bad},
+                    route("chat", {"pa": 10000, "pc": 0}),
+                    route("qwen", {"pb": 5000, "pc": 5000}, model=OTHER_MODEL),
+                    route("qwen-eu", {"pc": 10000}, model=OTHER_MODEL, residency="EU"))
+
+    result = gateway.adapter.apply(desired)
+
+    assert result.warning == ("pool pc left out: this gateway cannot route to a base URL with "
+                              "a path (/openai): give the server's root URL (requests keep "
+                              "their /v1/... path)")
+    assert result.warning in result.detail
+    # pc's share goes to the route's other pools with weight; with none left, the route
+    # answers an error (fails closed), as an empty split does.
+    held = gateway.adapter.read_back()
+    assert held == {"chat": {"pa": 10000}, "qwen": {"pb": 10000}, "qwen-eu": {}}
+    assert gateway.adapter.matches(desired, held)
+    qwen = ask(gateway, model=OTHER_MODEL)
+    assert gateway.served_by(qwen)[qwen] == "pb"
+    refused, _ = post(gateway, {"model": OTHER_MODEL, "messages": HELLO},
+                      **{"x-fleetctl-residency": "EU"})
+    assert refused.status_code == 503
+
+    # Corrected, it is routed to again. Where it has no weight only the clusters tell the
+    # difference, and they do, so a reconcile re-pushes and the next push renders it.
+    at_zero = route("chat", {"pa": 10000, "pc": 0})
+    gateway.adapter.apply(state({**gateway.pools("pa"), "pc": bad}, at_zero))
+    fixed = state(gateway.pools("pa", "pc"), at_zero)
+    held = gateway.adapter.read_back()
+    assert held == fixed.held_weights()
+    assert not gateway.adapter.matches(fixed, held)
+    assert gateway.adapter.apply(fixed).warning == ""
+    assert gateway.adapter.matches(fixed, gateway.adapter.read_back())
+    clusters = httpx.get(f"{gateway.process.admin_url}/clusters?format=json", timeout=5).json()
+    assert {c["name"] for c in clusters.get("cluster_statuses", [])} == {"pa", "pc"}
 
 
 def test_a_routes_file_envoy_rejects_is_put_back(gateway: Gateway) -> None:

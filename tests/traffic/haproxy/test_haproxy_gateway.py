@@ -89,6 +89,23 @@ def test_runtime_weights_survive_a_reload(harness: Harness, haproxy: HAProxyProc
     assert harness.served_since(before) == {"alpha": 10, "beta": 0, "gamma": 0}
 
 
+def test_runtime_weights_survive_haproxy_being_killed_and_started_again(
+        harness: Harness, haproxy: HAProxyProcess) -> None:
+    harness.apply(route({"alpha": 5000, "beta": 5000}))  # in the config file
+    drained = harness.desired(route({"alpha": 10000, "beta": 0}, revision=2))
+    assert harness.adapter.apply(drained).method == "runtime"  # only in the running worker
+
+    haproxy.kill()  # nothing saved on the way down: the state file is the adapter's
+    haproxy.start(timeout_s=60)
+
+    before = harness.served()
+    client = harness.client()
+    for _ in range(20):  # at 50/50, 20 requests all on alpha: p = 1e-6
+        ask(client)
+    assert harness.served_since(before) == {"alpha": 20, "beta": 0, "gamma": 0}
+    assert harness.adapter.matches(drained, harness.adapter.read_back())
+
+
 def test_a_stream_outlives_a_reload_on_the_old_worker_and_is_counted(
         harness: Harness, haproxy: HAProxyProcess) -> None:
     harness.apply(route({"alpha": 0, "beta": 10000}))

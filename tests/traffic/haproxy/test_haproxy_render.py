@@ -114,7 +114,7 @@ def test_weight_on_a_pool_abroad_is_refused_for_good(tmp_path: Path) -> None:
 
 
 def test_a_base_url_with_a_path_or_a_bad_port_is_refused(tmp_path: Path) -> None:
-    for url in ("http://127.0.0.1:9001/v1", "http://127.0.0.1:99999"):
+    for url in ("http://127.0.0.1:9001/openai", "http://127.0.0.1:99999"):
         pools = {**POOLS, "alpha": PoolTarget("alpha", (url,), "US")}
         with pytest.raises(AdapterError) as caught:
             render_config(DesiredState(routes=(route({"alpha": 10000}),), pools=pools),
