@@ -221,3 +221,22 @@ def test_an_edit_that_changes_nothing_gateways_hold_pushes_nothing(eu_fleet, cli
     client_for("admin").patch("/api/v1/pools/eu-b/", {"labels": {"rack": "7"}}, format="json")
 
     assert not GatewayPush.objects.filter(reason="registry").exists()
+
+
+def test_the_dashboard_refuses_the_same_move_and_says_why(eu_fleet, client):
+    from django.contrib.auth.models import Group, User
+    from django.urls import reverse
+
+    lead = User.objects.create_user("lead-x", password="pw-for-tests-only")
+    lead.groups.set([Group.objects.get_or_create(name="platform-lead")[0]])
+    client.force_login(lead)
+    url = reverse("fleet:pool-edit", args=["eu-b"])
+    form = client.get(url).context["form"]
+    data = {name: form[name].value() for name in form.fields}
+    data["region"] = "us-east"
+
+    answer = client.post(url, data)
+
+    assert answer.status_code == 409, answer.context["form"].errors
+    assert "chat-eu" in answer.content.decode()
+    assert Pool.objects.get(name="eu-b").region.code == "eu-west"
