@@ -348,17 +348,23 @@ def attest(*, actor: Actor, check: GateCheck, note: str) -> Attestation:
 
 # --- approvals and stage moves ----------------------------------------------------------------
 
+def _separate_from(person: Any, plan: Plan, *, doing: str) -> None:
+    """Separation of duties: whoever opened or owns a plan may neither approve nor advance it,
+    so every stage move involves a second platform lead."""
+    if person.pk in (plan.created_by_id, plan.owner_id):
+        who = "opened" if person.pk == plan.created_by_id else "own"
+        raise PermissionDeniedError(
+            f"You {who} plan {plan.name}; separation of duties: another platform lead "
+            f"must {doing}.")
+
+
 def approve(*, actor: Actor, plan: Plan, justification: str = "") -> Approval:
     """A platform lead, not the plan's author or owner, signs off the current stage's gate,
     bound to the exact evidence it shows now."""
     actor.require(roles.APPROVE, action="plan.approve", target=plan)
     with _refusals(actor, "plan.approve", plan):
         person = _person(actor, "Approving")
-        if person.pk in (plan.created_by_id, plan.owner_id):
-            who = "opened" if person.pk == plan.created_by_id else "own"
-            raise PermissionDeniedError(
-                f"You {who} plan {plan.name}; separation of duties: another platform lead "
-                f"must approve its gates.")
+        _separate_from(person, plan, doing="approve its gates")
         justification = justification.strip()
         _void_stale_approvals(plan)
         with transaction.atomic():
@@ -429,11 +435,12 @@ def _void_stale_approvals(plan: Plan, *, actor: Actor | None = None) -> list[App
 
 
 def advance(*, actor: Actor, plan: Plan, reason: str = "") -> Plan:
-    """Move to the next stage (from 4: completed). The gate is evaluated again inside the
-    move's transaction; enough approvals must hold on exactly that evidence."""
+    """Move to the next stage (from 4: completed), by a platform lead who neither opened nor
+    owns the plan. The gate is evaluated again inside the move's transaction; enough
+    approvals must hold on exactly that evidence."""
     actor.require(roles.APPROVE, action="plan.advance", target=plan)
     with _refusals(actor, "plan.advance", plan):
-        _person(actor, "Advancing a plan")
+        _separate_from(_person(actor, "Advancing a plan"), plan, doing="advance it")
         _void_stale_approvals(plan)
         with transaction.atomic():
             locked = _lock(plan)

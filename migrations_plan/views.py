@@ -269,7 +269,10 @@ def _decision(plan: Plan, gate: ev.GateEvaluation, approvals: list[selectors.App
         decision.approve_blocked = f"Blocked by: {blockers}."
     elif any(a.counts and a.approval.by_id == user_id for a in approvals):
         decision.approve_blocked = "You already approved this gate on this evidence."
-    if blockers:
+    if user_id in (plan.created_by_id, plan.owner_id):
+        decision.advance_blocked = (f"You {'opened' if user_id == plan.created_by_id else 'own'}"
+                                    f" this plan; another platform lead must advance it.")
+    elif blockers:
         decision.advance_blocked = f"Blocked by: {blockers}."
     elif decision.counting < plan.required_approvals:
         decision.advance_blocked = (f"Needs {plan.required_approvals} approval"

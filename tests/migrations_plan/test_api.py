@@ -235,6 +235,21 @@ def test_the_owner_cannot_approve_either(world):
     assert not Approval.objects.exists() and denied(plan, "plan.approve")
 
 
+def test_the_author_cannot_advance_their_own_plan_after_another_lead_approved(world):
+    plan = world.plan()
+    assert signed_in(world.lead).post("/api/v1/plans/mi300x-llama/approve/", JUSTIFIED,
+                                      format="json").status_code == 200
+    response = signed_in(world.author).post("/api/v1/plans/mi300x-llama/advance/",
+                                            {"reason": "approved, so I ship it"}, format="json")
+    assert response.status_code == 403
+    assert error(response) == ("You opened plan mi300x-llama; separation of duties: another "
+                               "platform lead must advance it.")
+    assert response.json()["error"]["code"] == "permission_denied"
+    plan.refresh_from_db()
+    assert plan.state == "stage-1"
+    assert [e.actor for e in denied(plan, "plan.advance")] == ["alice"]
+
+
 def test_a_viewer_cannot_approve(world):
     plan = world.plan()
     response = signed_in(world.viewer).post("/api/v1/plans/mi300x-llama/approve/", JUSTIFIED,

@@ -99,6 +99,24 @@ def test_the_author_and_the_owner_cannot_approve(world):
     assert len(denied(plan, "plan.approve")) == 2
 
 
+def test_the_author_and_the_owner_cannot_advance_a_plan_another_lead_approved(world):
+    plan = world.plan(owner=world.lead2)
+    attest_all(world, plan)
+    services.approve(actor=world.actor("lead"), plan=plan,
+                     justification="conformance arrives with a later issue")
+    for who, words in (("author", "You opened plan mi300x-llama"),
+                       ("lead2", "You own plan mi300x-llama")):
+        with pytest.raises(PermissionDeniedError,
+                           match=words + "; separation of duties: another platform lead "
+                                         "must advance it."):
+            services.advance(actor=world.actor(who), plan=plan, reason="my own plan")
+    plan.refresh_from_db()
+    assert plan.state == "stage-1" and not StageMove.objects.exists()
+    assert [e.actor for e in denied(plan, "plan.advance")] == ["carol", "alice"]
+    assert Approval.objects.get().used_at is None  # still there for the approver to use
+    assert services.advance(actor=world.actor("lead"), plan=plan).state == "stage-2"
+
+
 @pytest.mark.parametrize("who", ["viewer", "oncall"])
 def test_approving_needs_the_platform_lead_role(world, who):
     plan = world.plan()

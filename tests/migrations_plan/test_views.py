@@ -217,7 +217,8 @@ def test_the_author_sees_approve_disabled_with_the_reason(world, client_as):
     assert "<fieldset disabled>" in form
     assert ("Cannot approve:</strong> You opened this plan; another platform lead must "
             "approve its gates.") in form
-    assert "Cannot advance:</strong> Needs 1 approval on the current evidence, has 0." in html
+    assert ("Cannot advance:</strong> You opened this plan; another platform lead must "
+            "advance it.") in html
 
 
 def test_a_blocking_check_disables_approve_and_names_the_check(world, client_as):
@@ -278,6 +279,19 @@ def test_a_refused_approval_is_flashed_and_marked_on_the_timeline(world, client_
     assert not Approval.objects.exists()
     timeline = page(client, plan).split('id="timeline"')[1]
     assert 'class="timeline-denied"' in timeline and "✕ refused" in timeline
+
+
+def test_the_author_sees_why_they_cannot_advance_and_is_refused_if_they_try(world, client_as):
+    plan = world.plan()
+    services.approve(actor=world.actor("lead"), plan=plan, justification=JUSTIFICATION)
+    client = client_as("author")
+    assert ("Cannot advance:</strong> You opened this plan; another platform lead must "
+            "advance it.") in page(client, plan)
+    response = client.post(reverse("plans:advance", args=[plan.name]),
+                           {"advance-reason": "approved, so I ship it"})
+    assert response.status_code == 403
+    plan.refresh_from_db()
+    assert plan.state == "stage-1"
 
 
 def test_advance_needs_the_required_number_of_approvals(world, client_as):
