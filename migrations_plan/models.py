@@ -15,6 +15,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from fleetctl.core.links import validate_link_url
 from fleetctl.fleet.models import Pool, slug_validator
 from fleetctl.traffic.models import Route
 
@@ -242,7 +243,8 @@ class Evidence(models.Model):
     verdict = models.CharField(max_length=4, choices=Verdict.choices, default=Verdict.INFO)
     summary = models.CharField(max_length=300)
     data = models.JSONField(default=dict, blank=True)
-    url = models.CharField(max_length=300, blank=True, help_text="Where the details are.")
+    url = models.CharField(max_length=300, blank=True, validators=[validate_link_url],
+                           help_text="Where the details are: an http(s) URL or a /path.")
     source = models.CharField(max_length=150, help_text="Who or which job produced it.")
 
     class Meta:

@@ -1,6 +1,7 @@
 // The plan page's gate block re-polls every 10 s (hx-trigger on #plan-gate). A swap would
 // throw away what someone is typing (a justification, an attestation) or close the section
-// they opened to read the numbers, so the poll waits while they do either.
+// they opened to read the numbers, so the poll skips its turn while they do either (checked
+// here on htmx:beforeRequest: an htmx trigger filter would need eval, which the CSP forbids).
 (function () {
   "use strict";
 
@@ -19,4 +20,10 @@
     return !Array.prototype.some.call(block.querySelectorAll("textarea, input[type=text]"),
       function (input) { return input.value !== input.defaultValue; });
   };
+
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    if (event.detail.elt.id === "plan-gate" && !window.planGateIdle()) {
+      event.preventDefault();
+    }
+  });
 })();

@@ -5,7 +5,6 @@ errors on the field, nothing stored)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 import pytest
@@ -401,8 +400,8 @@ def test_the_gate_block_polls_only_while_the_tab_is_visible_and_comes_alone(worl
     plan = world.plan()
     client = client_as("viewer")
     html = page(client, plan)
-    assert re.search(r'hx-trigger="every 10s \[document.visibilityState === \'visible\' '
-                     r'&& planGateIdle\(\)\]"', html)
+    # The hidden-tab and busy checks live in static/js (app.js, plans.js): no eval under CSP.
+    assert 'hx-trigger="every 10s"' in html
     block = client.get(reverse("plans:detail", args=[plan.name]), {"stage": "1"},
                        headers={"HX-Request": "true", "HX-Target": "plan-gate"})
     text = block.content.decode()

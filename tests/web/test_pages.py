@@ -130,9 +130,7 @@ def test_the_overview_shows_each_pool_with_what_people_compare(
     assert "—, no benchmark yet" in html
     assert "never probed" in html
     assert 'id="summary-tiles"' in html and 'id="pool-groups"' in html
-    assert "every 10s [document.visibilityState === &#x27;visible&#x27;]" in html or (
-        "every 10s [document.visibilityState === 'visible']" in html
-    )
+    assert 'hx-trigger="every 10s"' in html
     assert "every 15s" in html
 
 

@@ -31,7 +31,7 @@ from tests.web.factories import PASSWORD, make_region, make_user
 from tests.web.test_browser import Problems, shoot
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
-POLLING = "every 500ms [document.visibilityState === 'visible']"
+POLLING = "every 500ms"
 
 
 @pytest.fixture
