@@ -7,6 +7,7 @@ must then give SECRET_KEY; nothing secret has a default that could leak into pro
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -112,6 +113,8 @@ INSTALLED_APPS = [
     "fleetctl.traffic",
     "migrations_plan",
     "fleetctl.bench",
+    # Sign-in lockout; fleetctl.accounts audits each failure and lockout it sees.
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -128,6 +131,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as axes asks: turns a sign-in refused by the lockout into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "fleetctl.urls"
@@ -216,6 +221,30 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# --- sign-in lockout (django-axes) and API authentication throttling ---
+AUTHENTICATION_BACKENDS = [
+    "fleetctl.accounts.backends.LoginThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# A username is locked from one address, not everywhere: locking the username alone would let
+# anyone lock the on-call out of the dashboard during an incident, and locking the address alone
+# would lock out a whole office behind one NAT. Every failure is audited, so guessing spread
+# over many addresses is still visible.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 15))
+# Attempts during a lockout do not extend it, so the retry time the lockout page gives holds.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+# A successful sign-in forgets earlier typos from that address.
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "fleetctl.accounts.views.login_locked_out"
+# The client address is REMOTE_ADDR (X-Forwarded-For is not trusted: a client could choose it).
+# Bearer tokens: this many invalid ones from one address within the window block every bearer
+# request from it (429 with Retry-After) for API_AUTH_BLOCK_S. Counted in the cache (Redis).
+API_AUTH_FAILURE_LIMIT = env_int("API_AUTH_FAILURE_LIMIT", 10)
+API_AUTH_FAILURE_WINDOW_S = env_int("API_AUTH_FAILURE_WINDOW_S", 300)
+API_AUTH_BLOCK_S = env_int("API_AUTH_BLOCK_S", 300)
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "fleet:overview"
 LOGOUT_REDIRECT_URL = "login"
@@ -273,5 +302,6 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # axes logs every sign-in at INFO; its WARNINGs (each failure, each lockout) are kept.
+    "loggers": {"django.db.backends": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }

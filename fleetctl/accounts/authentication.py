@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
+from axes.helpers import get_client_user_agent
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from fleetctl.accounts import throttle
 from fleetctl.accounts.models import ApiToken
 from fleetctl.accounts.selectors import token_find_by_secret
-from fleetctl.accounts.services import token_touch
+from fleetctl.accounts.services import token_auth_refused, token_auth_throttled, token_touch
 
 
 class ServicePrincipal:
@@ -30,33 +33,56 @@ class ServicePrincipal:
         return self.get_username()
 
 
+def _refusal(token: ApiToken | None) -> str:
+    """Why this token may not authenticate ('' when it may)."""
+    if token is None:
+        return "Unknown API token."
+    if token.revoked_at is not None:
+        return "This API token was revoked."
+    if not token.is_usable():
+        return "This API token has expired."
+    if token.kind == ApiToken.Kind.PERSONAL and (token.user is None or not token.user.is_active):
+        return "The owner of this token is inactive."
+    return ""
+
+
 class TokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
     def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
         header = authentication.get_authorization_header(request).decode("latin-1")
-        if not header:
-            return None
         parts = header.split()
-        if parts[0].lower() not in ("bearer", "token"):
+        if not parts or parts[0].lower() not in ("bearer", "token"):
             return None
+        ip = throttle.client_ip(request)
+        wait = throttle.blocked_for(ip)
+        if wait:
+            raise exceptions.Throttled(wait=wait, detail=(
+                f"Too many invalid API tokens from {ip}; bearer tokens from this address are "
+                f"refused for {wait} more seconds."))
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed(
                 "Malformed Authorization header; send 'Authorization: Bearer <token>'."
             )
         token = token_find_by_secret(secret=parts[1])
-        if token is None:
-            raise exceptions.AuthenticationFailed("Unknown API token.")
-        if token.revoked_at is not None:
-            raise exceptions.AuthenticationFailed("This API token was revoked.")
-        if not token.is_usable():
-            raise exceptions.AuthenticationFailed("This API token has expired.")
+        refusal = _refusal(token)
+        if refusal or token is None:
+            self._count_failure(request, ip=ip, presented=parts[1], token=token, reason=refusal)
+            raise exceptions.AuthenticationFailed(refusal)
         token_touch(token=token)
         if token.kind == ApiToken.Kind.PERSONAL:
-            if token.user is None or not token.user.is_active:
-                raise exceptions.AuthenticationFailed("The owner of this token is inactive.")
             return token.user, token
         return ServicePrincipal(token), token
+
+    def _count_failure(self, request: Request, *, ip: str, presented: str,
+                       token: ApiToken | None, reason: str) -> None:
+        failures, blocked_until = throttle.failure_count(ip)
+        user_agent = get_client_user_agent(request)
+        token_auth_refused(presented=presented, token=token, reason=reason, ip_address=ip,
+                           user_agent=user_agent, failures=failures)
+        if blocked_until is not None:
+            token_auth_throttled(ip_address=ip, user_agent=user_agent, failures=failures,
+                                 until=datetime.fromtimestamp(blocked_until, tz=UTC))
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword

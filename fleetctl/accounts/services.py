@@ -4,6 +4,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
@@ -13,8 +14,8 @@ from django.utils import timezone
 from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
 from fleetctl.accounts.models import ApiToken
-from fleetctl.accounts.selectors import secret_hash
-from fleetctl.audit.services import audit_record, snapshot
+from fleetctl.accounts.selectors import login_locked_until, secret_hash
+from fleetctl.audit.services import audit_auth_refused, audit_record, snapshot
 from fleetctl.core.errors import NotFoundError
 
 TOKEN_PREFIX = "fct_"
@@ -114,6 +115,72 @@ def token_touch(*, token: ApiToken) -> None:
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
+
+
+# --- refused credentials: audited with who was tried and from where, never the password or a
+# --- token's secret (only the short prefix every token already shows) -----------------------
+
+def _client(username: str | None, ip_address: str, user_agent: str) -> dict[str, str]:
+    shown = {"ip_address": ip_address, "user_agent": user_agent[:255]}
+    return shown if username is None else {"username": username[:150], **shown}
+
+
+def _login_target(username: str) -> object:
+    return get_user_model().objects.filter(username=username).first() or username
+
+
+def login_failure_record(*, username: str, ip_address: str, user_agent: str,
+                         while_locked: bool) -> None:
+    """A sign-in that failed: a wrong username or password, or any attempt while locked out."""
+    if while_locked:
+        until = login_locked_until(username=username, ip_address=ip_address)
+        message = (f"Sign-in as {username!r} from {ip_address} refused: locked out"
+                   + (f" until {until:%Y-%m-%d %H:%M:%S} UTC." if until else "."))
+    else:
+        message = f"Wrong username or password for {username!r} from {ip_address}."
+    audit_auth_refused(action="auth.login_failed", target=_login_target(username),
+                       message=message, details=_client(username, ip_address, user_agent))
+
+
+def login_lockout_record(*, username: str, ip_address: str, user_agent: str) -> None:
+    """The failure that locked a username out from one address."""
+    until = login_locked_until(username=username, ip_address=ip_address)
+    message = (f"{username!r} locked out from {ip_address} after "
+               f"{settings.AXES_FAILURE_LIMIT} failed sign-ins"
+               + (f" until {until:%Y-%m-%d %H:%M:%S} UTC" if until else "")
+               + f"; an admin can unlock it: manage.py axes_reset_ip_username {ip_address} "
+                 f"{username}")
+    audit_auth_refused(action="auth.lockout", target=_login_target(username), message=message,
+                       details=_client(username, ip_address, user_agent))
+
+
+def _visible_prefix(presented: str) -> str:
+    """What of a presented secret may be recorded: the prefix our tokens show anyway, and only
+    for something shaped like one of our tokens (not, say, a password pasted by mistake)."""
+    if not presented.startswith(TOKEN_PREFIX):
+        return ""
+    return presented[: len(TOKEN_PREFIX) + 6]
+
+
+def token_auth_refused(*, presented: str, token: ApiToken | None, reason: str,
+                       ip_address: str, user_agent: str, failures: int) -> None:
+    prefix = token.prefix if token is not None else _visible_prefix(presented)
+    target: object = token if token is not None else (
+        f"unknown token {prefix}…" if prefix else "a credential that is not a fleetctl token")
+    audit_auth_refused(action="auth.token_failed", target=target, token_prefix=prefix,
+                       message=f"{reason} (from {ip_address})",
+                       details={**_client(None, ip_address, user_agent),
+                                "failures_in_window": failures})
+
+
+def token_auth_throttled(*, ip_address: str, user_agent: str, failures: int,
+                         until: datetime) -> None:
+    audit_auth_refused(
+        action="auth.token_throttled", target=ip_address,
+        message=(f"{failures} invalid API tokens from {ip_address} within "
+                 f"{settings.API_AUTH_FAILURE_WINDOW_S} s: bearer tokens from it are refused "
+                 f"(429) until {until:%Y-%m-%d %H:%M:%S} UTC."),
+        details={**_client(None, ip_address, user_agent), "failures": failures})
 
 
 def roles_ensure_groups() -> None:

@@ -97,3 +97,17 @@ def audit_refused(*, actor: Actor, action: str, target: object | None, message: 
     Call it outside the refused work's transaction so the row stays."""
     _event(actor=actor, action=action, target=target, outcome="denied", message=message,
            before=None, after=None).save()
+
+
+def audit_auth_refused(*, action: str, target: object | None, message: str,
+                       details: dict[str, Any], token_prefix: str = "") -> AuditEvent:
+    """Record a refused sign-in or API credential. Nobody is known to be acting, so the actor
+    is `anonymous`; `details` says what was tried and from where — callers never put a
+    password or a token's secret in it."""
+    from fleetctl.accounts.actor import Actor
+
+    event = _event(actor=Actor(), action=action, target=target, outcome="denied",
+                   message=message, before=None, after=details)
+    event.token_prefix = token_prefix[:16]
+    event.save()
+    return event
