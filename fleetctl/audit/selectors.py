@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from django.db.models import QuerySet
 
 from fleetctl.audit.models import AuditEvent
+from fleetctl.core.csvcells import spreadsheet_safe
 
 CSV_COLUMNS = [
     "id", "at", "actor", "token_prefix", "action", "outcome", "object_type", "object_id",
@@ -23,7 +24,8 @@ class _Echo:
 
 
 def audit_csv_rows(events: QuerySet[AuditEvent]) -> Iterator[str]:
-    """Stream CSV one row at a time so a large export never sits in memory."""
+    """Stream CSV one row at a time so a large export never sits in memory. Text cells that
+    a spreadsheet would read as a formula start with a quote (core/csvcells.py)."""
     import json
 
     writer = csv.writer(_Echo())
@@ -33,4 +35,4 @@ def audit_csv_rows(events: QuerySet[AuditEvent]) -> Iterator[str]:
         row[1] = event.at.isoformat()
         row[9] = json.dumps(event.before, sort_keys=True) if event.before is not None else ""
         row[10] = json.dumps(event.after, sort_keys=True) if event.after is not None else ""
-        yield writer.writerow(row)
+        yield writer.writerow([spreadsheet_safe(cell) for cell in row])

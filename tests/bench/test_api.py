@@ -326,3 +326,14 @@ def test_trace_timing_levels_and_samples_carry_their_speed(client_for, pools):
         .decode())))
     assert {r["speed"] for r in rows} == {"1.0", "4.0", "16.0"}
     assert {r["concurrency"] for r in rows} == {"0"}
+
+
+def test_an_error_text_a_spreadsheet_would_run_is_exported_as_text(client_for, pools):
+    from fleetctl.bench.models import Sample
+
+    run = finished_run(small_trace(), pools["paced"], pools["faulty"])
+    # The error text is whatever the measured server answered.
+    Sample.objects.filter(level__run=run).update(error='=HYPERLINK("http://evil.example")')
+    body = b"".join(client_for("viewer").get(f"{RUNS}{run.pk}/export.csv").streaming_content)
+    rows = list(csv.DictReader(io.StringIO(body.decode())))
+    assert {r["error"] for r in rows} == {"'=HYPERLINK(\"http://evil.example\")"}

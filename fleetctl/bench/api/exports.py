@@ -42,6 +42,7 @@ from typing import Any
 
 from fleetctl.bench import selectors, stats
 from fleetctl.bench.models import Run, Sample
+from fleetctl.core.csvcells import spreadsheet_safe
 
 CSV_COLUMNS = [
     "run", "pool", "concurrency", "speed", "attempt", "verdict", "shard", "index", "warmup",
@@ -66,7 +67,8 @@ def sample_row(sample: Sample) -> list[Any]:
         _cell(sample.ttft_s), _cell(sample.tpot_s), _cell(sample.e2e_s), len(gaps),
         _cell(stats.percentile(gaps, 50)), _cell(max(gaps, default=None)),
         sample.input_tokens, sample.output_tokens, sample.window_tokens,
-        sample.tokens_source, sample.error,
+        # The error text comes from the measured server: it must not run as a formula.
+        sample.tokens_source, spreadsheet_safe(sample.error),
     ]
 
 
