@@ -83,7 +83,11 @@ def main() -> None:
     import django
 
     django.setup()
+    import logging
+
     import httpx
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     from django.contrib.auth.models import Group, User
     from django.core.management import call_command
     from hypothesis import HealthCheck, Phase, settings
