@@ -292,6 +292,23 @@ def _demo_password() -> str:
     return path.read_text().strip()
 
 
+def _demo_secret_key() -> str:
+    path = VAR / "demo-secret-key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def _demo_settings(env: dict[str, str]) -> None:
+    """DEBUG off unless asked (`DEBUG=1 make demo`): with it on, a 404 lists every URL
+    pattern. Off, Django wants a secret key (one per data directory, kept like the password)
+    and would mark cookies Secure, which a browser never returns over the demo's plain http."""
+    env["DEBUG"] = env.get("DEBUG") or "0"
+    env["SECRET_KEY"] = env.get("SECRET_KEY") or _demo_secret_key()
+    env["SECURE_COOKIES"] = env.get("SECURE_COOKIES") or "0"
+
+
 def _interrupt_on_sigterm() -> None:
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -329,6 +346,7 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
     env.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
     env.setdefault("HEALTH_PROBE_INTERVAL_S", "10")
     env["PYTHONUNBUFFERED"] = "1"
+    _demo_settings(env)
     if port_answers(host, port):
         log(f"something already listens on {host}:{port}; stop it or use `make demo PORT=8001`.")
         return 2

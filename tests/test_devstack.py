@@ -237,3 +237,48 @@ def test_the_demo_restarts_a_dead_worker_and_a_dead_envoy_and_stops_cleanly_on_s
     assert proc.wait(timeout=60) == 0
     assert "[fleetctl] stopped." in output.read_text()
     assert not [pid for pid in every_process if alive(pid)]
+
+
+def test_the_demo_turns_debug_off_unless_asked_and_keeps_one_secret_key(tmp_path, monkeypatch):
+    monkeypatch.setattr(devstack, "VAR", tmp_path)
+    quiet: dict[str, str] = {"DEBUG": ""}
+    devstack._demo_settings(quiet)
+    assert (quiet["DEBUG"], quiet["SECURE_COOKIES"]) == ("0", "0")
+    assert quiet["SECRET_KEY"] == (tmp_path / "demo-secret-key").read_text().strip()
+    assert (tmp_path / "demo-secret-key").stat().st_mode & 0o777 == 0o600
+    again: dict[str, str] = {}
+    devstack._demo_settings(again)
+    assert again["SECRET_KEY"] == quiet["SECRET_KEY"]  # sessions survive a restart
+    asked = {"DEBUG": "1", "SECRET_KEY": "mine"}
+    devstack._demo_settings(asked)
+    assert (asked["DEBUG"], asked["SECRET_KEY"]) == ("1", "mine")
+
+
+@pytest.mark.slow
+def test_the_demo_runs_with_debug_off_and_serves_its_own_static_files(demo):
+    _proc, output, _gateway = demo
+    found = re.search(r"dashboard\s+(http://\S+?)/\s", output.read_text())
+    assert found, output.read_text()
+    web = found.group(1)
+
+    missing = httpx.get(f"{web}/no-such-page/", timeout=30)
+    assert missing.status_code == 404
+    # DEBUG's 404 page lists every URL pattern, the API's included.
+    assert "URLconf" not in missing.text and "api/v1/" not in missing.text
+    assert "There is nothing at this address." in missing.text
+    # Served by the app itself (whitenoise), with no collectstatic step.
+    for path in ("/static/vendor/htmx.min.js", "/static/plotly/plotly.min.js",
+                 "/static/admin/css/base.css"):
+        asset = httpx.get(f"{web}{path}", timeout=30)
+        assert asset.status_code == 200 and asset.content, path
+
+    for host in ("127.0.0.1", "localhost"):
+        assert httpx.get(f"{web}/login/", headers={"Host": host}, timeout=30).status_code == 200
+    password = (output.parent / "demo-password").read_text().strip()
+    with httpx.Client(base_url=web, timeout=30) as browser:
+        browser.get("/login/")  # the CSRF cookie: it must come back over plain http
+        signed_in = browser.post("/login/", data={
+            "username": "admin", "password": password,
+            "csrfmiddlewaretoken": browser.cookies["csrftoken"]})
+        assert signed_in.status_code == 302 and signed_in.headers["location"] == "/"
+        assert "admin" in browser.get("/").text
