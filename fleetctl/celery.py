@@ -1,7 +1,9 @@
 """The one Celery app. Queues, routes, limits and the beat schedule are declared here only.
 
 `push` carries gateway pushes and drains and gets its own worker in production, so a drain
-never waits behind a benchmark on `bench` or a shadow run on `shadow`.
+never waits behind a benchmark on `bench` or a shadow run on `shadow`. Every task on it is
+short (one attempt, one look): nothing waits inside a `push` thread, so the pushes always
+have one.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ def _beat_schedule() -> dict[str, dict[str, object]]:
             "schedule": float(settings.HEALTH_PROBE_INTERVAL_S),
             # A dispatch that could not start within one interval is stale: skip it.
             "options": {"expires": float(settings.HEALTH_PROBE_INTERVAL_S)},
+        },
+        "converge-pushes-and-drains": {
+            "task": "traffic.converge",
+            "schedule": float(settings.TRAFFIC_CONVERGE_INTERVAL_S),
+            "options": {"expires": float(settings.TRAFFIC_CONVERGE_INTERVAL_S)},
         },
         "reconcile-gateways": {
             "task": "traffic.reconcile",

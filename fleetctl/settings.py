@@ -209,7 +209,12 @@ TRAFFIC_RESIDENCY_HEADER = os.environ.get("TRAFFIC_RESIDENCY_HEADER", "x-fleetct
 TRAFFIC_LATENCY_CLASS_HEADER = os.environ.get(
     "TRAFFIC_LATENCY_CLASS_HEADER", "x-fleetctl-latency-class"
 )
+# How often beat reads every gateway back and re-pushes one that drifted (e.g. restarted empty).
 TRAFFIC_RECONCILE_INTERVAL_S = env_int("TRAFFIC_RECONCILE_INTERVAL_S", 30)
+# How often beat drives pushes whose attempt was lost and advances every open drain, from the
+# rows alone (a few queries when nothing is open).
+TRAFFIC_CONVERGE_INTERVAL_S = env_float("TRAFFIC_CONVERGE_INTERVAL_S", 2.0)
+# How long a drain rehearsal (migration plans) waits for its drain to complete.
 DRAIN_WATCH_TIMEOUT_S = env_int("DRAIN_WATCH_TIMEOUT_S", 900)
 # A drain's first push attempt is made by the process that stored it; it waits this long for
 # the gateways before answering (slower ones finish and record on their own).

@@ -21,7 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Max
 from django.utils import timezone
 
 from fleetctl.accounts import roles
@@ -299,8 +299,20 @@ def _enqueue_after_commit(push_id: int) -> None:
 
 # --- pushing ---------------------------------------------------------------------------------
 
-RETRY_DELAYS_S = (0.2, 0.5, 1, 2, 5, 10, 20, 30)
-ORPHAN_PUSH_AFTER_S = 30
+# Every push sends the gateway its whole desired state, so a gateway that is down needs only
+# one push retried (its newest open one) and the retry is the probe: cheap (a refused
+# connection) and capped low, so a gateway that answers again is sent the current state
+# within seconds, which settles every older open push to it (_gateways_in_sync).
+RETRY_DELAYS_S = (0.2, 0.5, 1, 2, 5)
+# A push stored but not attempted this long after its commit lost the process that was to
+# make its first attempt (a web process killed right after a drain committed): the converge
+# task attempts it. An inline first attempt still in flight this late (a hung gateway) may be
+# doubled by that — harmless: a push is idempotent, it sets the gateway's whole state.
+ORPHAN_PUSH_AFTER_S = 3.0
+# A retrying push whose retry is this late was lost (countdown messages can die with their
+# worker): the converge task drives it again.
+RETRY_LOST_AFTER_S = 3.0
+_OPEN = (GatewayPush.Status.PENDING, GatewayPush.Status.RETRYING)
 
 
 def push_fanout(*, push_ids: list[int], budget_s: float | None = None) -> None:
@@ -334,7 +346,7 @@ def push_fanout(*, push_ids: list[int], budget_s: float | None = None) -> None:
     outcomes = [future.result() for future in futures if future in finished]
     for io, (_status, retry_in) in zip(outcomes, _push_record(outcomes), strict=True):
         if retry_in is not None:
-            _retry_later(io.push.pk, retry_in)
+            _retry_later(io.push.pk, retry_in, attempts=io.push.attempts + 1)
 
 
 def push_inline(*, push_ids: list[int]) -> None:
@@ -342,14 +354,16 @@ def push_inline(*, push_ids: list[int]) -> None:
     waiting at most TRAFFIC_INLINE_PUSH_BUDGET_S; failures retry on the `push` queue."""
     try:
         push_fanout(push_ids=push_ids, budget_s=settings.TRAFFIC_INLINE_PUSH_BUDGET_S)
-    except Exception:  # the revision is stored: reconcile re-kicks pushes nobody attempted
-        log.exception("inline push of %s failed; the reconcile task will retry", push_ids)
+    except Exception:  # the revision is stored: converge attempts pushes nobody attempted
+        log.exception("inline push of %s failed; the converge task will retry", push_ids)
 
 
-def _retry_later(push_id: int, retry_in: float) -> None:
+def _retry_later(push_id: int, retry_in: float, *, attempts: int) -> None:
+    """Queue the next attempt. `attempts`: how many the push has had by then; if another
+    attempt is made meanwhile (converge drove it again), this retry stands down."""
     from fleetctl.traffic.tasks import push_run
 
-    push_run.apply_async((push_id,), countdown=retry_in)
+    push_run.apply_async((push_id, attempts), countdown=retry_in)
 
 
 def _record_late(future: Future[_PushIO], *, own_thread: bool) -> None:
@@ -361,9 +375,9 @@ def _record_late(future: Future[_PushIO], *, own_thread: bool) -> None:
         io = future.result()
         _status, retry_in = _push_record([io])[0]
         if retry_in is not None:
-            _retry_later(io.push.pk, retry_in)
+            _retry_later(io.push.pk, retry_in, attempts=io.push.attempts + 1)
     except Exception:
-        log.exception("recording a late push attempt failed; the reconcile task will retry")
+        log.exception("recording a late push attempt failed; the converge task will retry")
     finally:
         if own_thread:
             connections.close_all()
@@ -419,14 +433,31 @@ def _push_io(push: GatewayPush, desired: DesiredState) -> _PushIO:
     return io
 
 
-def push_execute(*, push_id: int) -> tuple[str, float | None]:
-    """One attempt at making a gateway hold its whole desired state; returns the push's
-    status and, when it should be retried, after how many seconds."""
-    push = GatewayPush.objects.select_related("gateway", "revision__route").get(pk=push_id)
-    if push.status in _DONE:
-        return push.status, None
+def push_execute(*, push_id: int, attempts: int | None = None) -> str:
+    """One attempt at making a gateway hold its whole desired state (the push_run task);
+    queues its own retry. Returns the push's status.
+
+    It stands down — no attempt, no retry — when the push is done, when `attempts` (what the
+    push had when this attempt was queued) no longer matches (someone attempted it since and
+    their retry carries on), or when a newer push to the same gateway is open: that one
+    sends the same whole state, and its verification settles this one. So however many
+    pushes pile up while a gateway is down, one is retried."""
+    push = (GatewayPush.objects.select_related("gateway", "revision__route")
+            .filter(pk=push_id).first())
+    if push is None:  # its gateway or route was deleted meanwhile
+        return "gone"
+    if push.status in _DONE or (attempts is not None and push.attempts != attempts):
+        return push.status
+    if GatewayPush.objects.filter(gateway_id=push.gateway_id, status__in=_OPEN,
+                                  pk__gt=push.pk).exists():
+        return push.status
     desired = selectors.gateway_desired_state(gateway=push.gateway)
-    return _push_record([_push_io(push, desired)])[0]
+    status, retry_in = _push_record([_push_io(push, desired)])[0]
+    if retry_in is not None:
+        _retry_later(push.pk, retry_in, attempts=push.attempts + 1)
+    elif status == GatewayPush.Status.VERIFIED:
+        drains_advance()  # the gateway may be back: drains waiting on it complete now
+    return status
 
 
 def _push_record(outcomes: list[_PushIO]) -> list[tuple[str, float | None]]:
@@ -469,8 +500,9 @@ def _push_failed(push: GatewayPush, attempts: int, error: str,
 
 def _gateways_in_sync(outcomes: list[_PushIO]) -> None:
     """Each gateway holds exactly the revisions it was sent: its open pushes of those
-    revisions are verified, open pushes of older ones superseded. Pushes of revisions newer
-    than what was applied (created meanwhile) stay open for their own task."""
+    revisions are verified, open pushes of older ones (or of routes it no longer carries)
+    superseded. Pushes of revisions newer than what was applied (created meanwhile) stay
+    open for their own task."""
     if not outcomes:
         return
     now = timezone.now()
@@ -488,7 +520,7 @@ def _gateways_in_sync(outcomes: list[_PushIO]) -> None:
             push.status, push.last_error = GatewayPush.Status.VERIFIED, ""
             push.applied_at, push.verified_at = io.answered, io.verified_at
             verified.append(push)
-        elif number is not None and push.revision.number < number:
+        elif number is None or push.revision.number < number:
             superseded.append(push.pk)
     GatewayPush.objects.bulk_update(verified, ["status", "last_error", "applied_at",
                                                "verified_at"])
@@ -507,30 +539,20 @@ def _gateways_in_sync(outcomes: list[_PushIO]) -> None:
 
 
 def gateway_reconcile(*, gateway: Gateway) -> bool:
-    """Compare what the gateway holds with what it should; re-push on drift (e.g. after a
-    restart). Returns True when a push was queued."""
-    open_pushes = GatewayPush.objects.filter(gateway=gateway, status__in=[
-        GatewayPush.Status.PENDING, GatewayPush.Status.RETRYING])
-    # A push stored but never attempted for this long lost the process that was to make its
-    # first attempt (e.g. a web process stopped right after a drain committed): queue it,
-    # even if the gateway already holds its state, or its drain would wait for it forever.
-    orphans = list(open_pushes.filter(
-        status=GatewayPush.Status.PENDING, attempts=0,
-        created_at__lt=timezone.now() - timedelta(seconds=ORPHAN_PUSH_AFTER_S),
-    ).values_list("pk", flat=True))
-    for push_id in orphans:
-        log.warning("push %s to %s was never attempted; queueing it", push_id, gateway.name)
-        _retry_later(push_id, 0)
+    """Compare what the gateway holds with what it should; re-push on drift (e.g. an Envoy
+    restarted empty). Returns True when a push was queued. A gateway with an open push is
+    left to it: that push sends the whole state and brings the gateway in line, and
+    pushes_converge keeps it going even if its own retry was lost."""
+    if GatewayPush.objects.filter(gateway=gateway, status__in=_OPEN).exists():
+        return False
     desired = selectors.gateway_desired_state(gateway=gateway)
     try:
         adapter = adapter_for(selectors.gateway_spec(gateway))
         if adapter.matches(desired, adapter.read_back()):
-            return bool(orphans)
+            return False
     except AdapterError as exc:
         Gateway.objects.filter(pk=gateway.pk).update(state=Gateway.State.FAILING,
                                                       last_error=str(exc))
-    if orphans or open_pushes.exists():
-        return bool(orphans)  # a push is (now) trying; it will bring the gateway in line
     revisions = [r for r in (selectors.revision_current(route=route)
                              for route in gateway.routes.all()) if r is not None]
     if not revisions:
@@ -541,6 +563,33 @@ def gateway_reconcile(*, gateway: Gateway) -> bool:
         _enqueue_after_commit(push.pk)
     log.warning("gateway %s drifted from its desired state; re-pushing", gateway.name)
     return True
+
+
+def pushes_converge() -> int:
+    """From the rows alone: drive again the newest open push of every gateway whose
+    attempt is overdue — never attempted ORPHAN_PUSH_AFTER_S after it was stored, or its
+    retry later than its backoff plus RETRY_LOST_AFTER_S (the message died with a worker).
+    Older open pushes need nothing: the newest sends the same whole state and settles them.
+    Returns how many were driven; the converge task calls this every few seconds."""
+    newest: dict[int, GatewayPush] = {}
+    for push in (GatewayPush.objects.filter(status__in=_OPEN).select_related("gateway")
+                 .annotate(last_attempt_at=Max("attempt_rows__answered_at")).order_by("-pk")):
+        newest.setdefault(push.gateway_id, push)
+    now = timezone.now()
+    overdue = [push for push in newest.values() if _overdue(push, now)]
+    for late in overdue:
+        log.warning("push %s to %s is overdue (%s attempt(s), none queued); driving it again",
+                    late.pk, late.gateway.name, late.attempts)
+        _retry_later(late.pk, 0, attempts=late.attempts)
+    return len(overdue)
+
+
+def _overdue(push: GatewayPush, now: Any) -> bool:
+    if push.attempts == 0:
+        return now - push.created_at > timedelta(seconds=ORPHAN_PUSH_AFTER_S)
+    backoff = RETRY_DELAYS_S[min(push.attempts - 1, len(RETRY_DELAYS_S) - 1)]
+    last = push.last_attempt_at or push.created_at  # type: ignore[attr-defined]
+    return now - last > timedelta(seconds=backoff + RETRY_LOST_AFTER_S)
 
 
 def traffic_sample(*, gateway: Gateway) -> int:
@@ -628,7 +677,8 @@ def _drain_plan(*, route: Route | None, pool: Pool | None, only: list[Route] | N
 def _watch_after_commit(drain_id: int) -> None:
     """After the inline pushes (hooks run in order): note on the record whether every
     gateway verified, so the caller's answer says so, then hand it to the watcher, which
-    waits for the drained pools' in-flight streams to close."""
+    waits for the drained pools' in-flight streams to close. Should this process die before
+    either, nothing is lost: the converge task advances every open drain from the rows."""
     from fleetctl.traffic.tasks import drain_watch
 
     def watch() -> None:
@@ -684,10 +734,11 @@ def drain_progress(*, drain_id: int, look_in_flight: bool = True) -> bool:
     """One look at a drain: all pushes verified? in-flight to drained pools zero? Updates
     the record and returns True when there is nothing more to wait for. Without
     `look_in_flight` it stops after noting the verified time (no gateway is asked)."""
-    drain = Drain.objects.get(pk=drain_id)
-    if drain.status in (Drain.Status.COMPLETE, Drain.Status.FAILED):
+    drain = Drain.objects.filter(pk=drain_id).first()
+    if drain is None or drain.status in (Drain.Status.COMPLETE, Drain.Status.FAILED):
         return True
-    pushes = list(GatewayPush.objects.filter(revision__in=drain.revisions.all()))
+    pushes = list(GatewayPush.objects.select_related("gateway")
+                  .filter(revision__in=drain.revisions.all()))
     now = timezone.now()
     failing = [p for p in pushes if p.status in (GatewayPush.Status.RETRYING,
                                                  GatewayPush.Status.FAILED)]
@@ -738,11 +789,17 @@ def _in_flight_zero(drain: Drain) -> bool:
     return True
 
 
-def drain_give_up(*, drain_id: int, why: str) -> None:
-    Drain.objects.filter(pk=drain_id).exclude(status=Drain.Status.COMPLETE).update(
-        status=Drain.Status.PARTIAL, last_error=why
-    )
+DRAINS_OPEN = (Drain.Status.PUSHING, Drain.Status.VERIFIED, Drain.Status.PARTIAL)
 
 
-def drain_watch_timeout_s() -> float:
-    return float(getattr(settings, "DRAIN_WATCH_TIMEOUT_S", 900))
+def drains_advance() -> int:
+    """One look at every open drain and restore (drain_progress), whoever made it and
+    whatever process died since: the converge task runs this every few seconds, and a push
+    that verifies runs it at once. Returns how many are complete now."""
+    complete = 0
+    for pk in Drain.objects.filter(status__in=DRAINS_OPEN).values_list("pk", flat=True):
+        try:
+            complete += drain_progress(drain_id=pk)
+        except Exception:  # one drain's trouble must not keep the others waiting
+            log.exception("drain %s: could not look at its progress", pk)
+    return complete

@@ -7,40 +7,51 @@ from fleetctl.traffic import services
 from fleetctl.traffic.models import Gateway
 
 
-@app.task(name="traffic.push_run", bind=True, ignore_result=True, max_retries=None,
-          acks_late=True)
-def push_run(self, push_id: int) -> str:  # type: ignore[no-untyped-def]
-    """One attempt to bring a gateway in line; retries with backoff until it works, a
-    permanent error stops it, or a newer state supersedes it."""
-    status, retry_in = services.push_execute(push_id=push_id)
-    if retry_in is not None:
-        raise self.retry(countdown=retry_in)
-    return status
+@app.task(name="traffic.push_run", ignore_result=True, acks_late=True)
+def push_run(push_id: int, attempts: int | None = None) -> str:
+    """One attempt to bring a gateway in line; the service queues the next one with backoff
+    until it works, a permanent error stops it, or a newer push takes over."""
+    return services.push_execute(push_id=push_id, attempts=attempts)
 
 
 @app.task(name="traffic.push_fanout", ignore_result=True, acks_late=True)
 def push_fanout(push_ids: list[int]) -> None:
     """First attempt for every gateway of a new revision, in parallel; each failure then
-    retries on its own with backoff (push_run)."""
+    retries on its own with backoff (push_run). A gateway that verifies may settle pushes of
+    open drains (it is sent its whole state), so they are looked at right after."""
     services.push_fanout(push_ids=push_ids)
+    services.drains_advance()
 
 
-@app.task(name="traffic.drain_watch", ignore_result=True, soft_time_limit=960,
-          time_limit=990)
-def drain_watch(drain_id: int) -> None:
-    """Follow a drain until every gateway verified and its in-flight streams closed. Polls
-    fast at first (drains are timed in milliseconds), then backs off. The first look waits
-    for the pushes to have had a chance: they run in this worker too, and every look before
-    they finish only takes CPU from them (the verified time is the pushes' own, not the
-    moment the watcher notices)."""
-    deadline = time.monotonic() + services.drain_watch_timeout_s()
-    pause = 0.02
-    while time.monotonic() < deadline:
-        time.sleep(pause)
-        if services.drain_progress(drain_id=drain_id):
-            return
-        pause = min(pause * 1.5, 1.0)
-    services.drain_give_up(drain_id=drain_id, why="gave up watching after the timeout")
+# The watcher's pace: fast at first (drains are timed in milliseconds), then once a second.
+WATCH_FIRST_PAUSE_S = 0.02
+WATCH_MAX_PAUSE_S = 1.0
+# After this long the converge task (every TRAFFIC_CONVERGE_INTERVAL_S) follows the drain.
+WATCH_FOR_S = 60.0
+
+
+@app.task(name="traffic.drain_watch", ignore_result=True)
+def drain_watch(drain_id: int, pause_s: float = 0.0, until: float | None = None) -> None:
+    """One look at a drain (every gateway verified? in-flight streams closed?); if it is
+    still open, the next look is queued with a countdown. Nothing waits inside a worker
+    thread, so however many drains are waiting, the pushes always have threads."""
+    if services.drain_progress(drain_id=drain_id):
+        return
+    until = time.time() + WATCH_FOR_S if until is None else until
+    pause = min(max(pause_s * 1.5, WATCH_FIRST_PAUSE_S), WATCH_MAX_PAUSE_S)
+    if time.time() + pause < until:
+        drain_watch.apply_async((drain_id, pause, until), countdown=pause)
+
+
+@app.task(name="traffic.converge", ignore_result=True)
+def converge() -> int:
+    """Beat, every TRAFFIC_CONVERGE_INTERVAL_S: from the rows alone, drive again every
+    gateway's newest push whose attempt is overdue (lost with a process or a worker), and
+    advance every open drain — whatever died since they were made. Returns how many pushes
+    it drove."""
+    driven = services.pushes_converge()
+    services.drains_advance()
+    return driven
 
 
 @app.task(name="traffic.reconcile", ignore_result=True)

@@ -9,7 +9,7 @@ block's partial template.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
@@ -17,7 +17,6 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from fleetctl.accounts.permissions import actor_from_request
@@ -282,12 +281,9 @@ def _timeline(drain: Drain, pushes: list[GatewayPush]) -> list[Step]:
 
 
 def _still_watched(drain: Drain) -> bool:
-    """Poll while the watcher task can still change the record: not terminal, and not past
-    the watcher's time limit (after which a partial drain stays as it is)."""
-    if drain.status in TERMINAL:
-        return False
-    limit = timedelta(seconds=services.drain_watch_timeout_s() + 60)
-    return timezone.now() - drain.requested_at < limit
+    """Poll while the record can still change: an open drain is followed until it completes
+    (the converge task looks at every open drain every few seconds, however old)."""
+    return drain.status not in TERMINAL
 
 
 @dashboard_view

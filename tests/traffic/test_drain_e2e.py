@@ -264,16 +264,16 @@ def test_a_hung_gateway_does_not_hold_the_drain_answer_past_the_budget(
                what="the watcher to show the drain partial")
 
 
-def test_reconcile_queues_a_push_nobody_attempted(fleet, system):
+def test_converge_attempts_a_push_nobody_attempted(fleet, system):
     """A push whose first attempt was lost with its process (stored, never attempted) is
-    queued by the reconcile task, even when the gateway already holds the state."""
+    attempted by the converge task, even when the gateway already holds the state."""
     from datetime import timedelta
 
     from django.utils import timezone
 
     from fleetctl.traffic.selectors import revision_current
     from fleetctl.traffic.services import ORPHAN_PUSH_AFTER_S
-    from fleetctl.traffic.tasks import reconcile
+    from fleetctl.traffic.tasks import converge
 
     gateway = fleet["gateways"][0]
     orphan = GatewayPush.objects.create(
@@ -281,7 +281,7 @@ def test_reconcile_queues_a_push_nobody_attempted(fleet, system):
         created_at=timezone.now() - timedelta(seconds=ORPHAN_PUSH_AFTER_S + 1))
     fresh = GatewayPush.objects.create(revision=orphan.revision, gateway=fleet["gateways"][1],
                                        reason="revision")
-    assert reconcile() == 1
+    assert converge() == 1
     wait_until(lambda: GatewayPush.objects.get(pk=orphan.pk).status == "verified",
                what="the orphaned push to be attempted")
     # Too young to be called orphaned: its own first attempt may still be on its way.
