@@ -11,12 +11,12 @@ Three documents (see ENVOY.md for the why of each choice):
   the desired state lives here, so a file swap can change all of it.
 
 Weights live three times: as the default weight of each weighted cluster (what a freshly
-loaded routes file means), as admin runtime keys `<prefix>.<pool>` (what a weights-only change
-sets, at once) and as the same keys in the **runtime file** (an RTDS layer read from disk),
-which Envoy loads before it serves: an Envoy restarted with its files serves the last pushed
-weights from its first request, never the routes file's older defaults. The admin layer sits
-above the file's, so while Envoy runs the POST decides. The prefix carries a hash of the
-route's structure, so a structurally new route starts from its file defaults and never
+loaded routes file means), as admin runtime keys `<prefix>.<pool>` (what every change sets, at
+once) and as the same keys in the **runtime file** (an RTDS layer read from disk), which Envoy
+loads when it starts, before it serves: an Envoy restarted with its files serves the last
+pushed weights from its first request, never the routes file's older defaults. The admin
+layer sits above the file's, so while Envoy runs the POST decides. The prefix carries a hash
+of the route's structure, so a structurally new route starts from its own weights and never
 inherits the keys of an older shape of itself.
 """
 
@@ -43,10 +43,14 @@ from fleetctl.traffic.adapters.base import (
 CLUSTERS_FILE = "clusters.json"
 ROUTES_FILE = "routes.json"
 BOOTSTRAP_FILE = "bootstrap.json"
-# The runtime file: <config_dir>/runtime/current.json, a link to one of two files. In a
-# subdirectory, so swapping the link does not wake the CDS/RDS watch on config_dir.
+# The runtime file: <config_dir>/runtime/current.json, a link to one of two files, read by
+# Envoy when it starts. In a subdirectory, so swapping the link does not wake the CDS/RDS
+# watch on config_dir; and Envoy watches an empty directory for it (RUNTIME_UNWATCHED), not
+# the file: a running Envoy holds the same weights in its admin layer already, and re-reading
+# the file on every push would cost each Envoy CPU in the middle of a drain.
 RUNTIME_DIR = "runtime"
 RUNTIME_FILE = "current.json"
+RUNTIME_UNWATCHED = "unwatched"
 RUNTIME_LAYER = "fleetctl-weights"
 RUNTIME_TYPE = "type.googleapis.com/envoy.service.runtime.v3.Runtime"
 ROUTE_CONFIG_NAME = "fleetctl"
@@ -578,13 +582,16 @@ def render_bootstrap(*, config_dir: Path, listen_port: int, admin_port: int,
         "node": {"id": node_id, "cluster": "fleetctl"},
         "admin": {"address": _socket(listen="127.0.0.1", port=admin_port)},
         # The admin layer is what POST /runtime_modify writes: weights, at once. Below it, the
-        # same weights in a file, loaded before Envoy serves (and on each swap of its link):
-        # a restart keeps them. The runtime directory must exist before Envoy starts.
+        # same weights from a file, loaded before Envoy serves: a restart keeps them. Both
+        # runtime directories must exist before Envoy starts.
         "layered_runtime": {"layers": [
-            {"name": RUNTIME_LAYER, "rtds_layer": {
-                "name": RUNTIME_LAYER,
-                "rtds_config": _file_source(config_dir / RUNTIME_DIR, RUNTIME_FILE),
-            }},
+            {"name": RUNTIME_LAYER, "rtds_layer": {"name": RUNTIME_LAYER, "rtds_config": {
+                "resource_api_version": "V3", "path_config_source": {
+                    "path": str(config_dir / RUNTIME_DIR / RUNTIME_FILE),
+                    "watched_directory": {
+                        "path": str(config_dir / RUNTIME_DIR / RUNTIME_UNWATCHED)},
+                },
+            }}},
             {"name": "admin", "admin_layer": {}},
         ]},
         "dynamic_resources": {"cds_config": _file_source(config_dir, CLUSTERS_FILE)},

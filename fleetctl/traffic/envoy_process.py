@@ -60,14 +60,14 @@ def write_runtime_file(config_dir: Path, text: str) -> None:
     files the link does not point to, then the link swapped onto it. Only a link is renamed:
     renaming a freshly written regular file over another makes ext4 flush it first (~3 ms,
     `auto_da_alloc`), and a weights push happens on every drain. A starting Envoy reads the
-    old file or the new one, never half of one; the swap also makes a running Envoy re-read
-    it. Called under the apply lock, so two pushes never write the same file."""
+    old file or the new one, never half of one (a running one does not read it again).
+    Called under the apply lock, so two pushes never write the same file."""
     root = config_dir / envoy_config.RUNTIME_DIR
     link = root / envoy_config.RUNTIME_FILE
     try:
         current = os.readlink(link)
     except OSError:
-        root.mkdir(exist_ok=True)
+        (root / envoy_config.RUNTIME_UNWATCHED).mkdir(parents=True, exist_ok=True)
         current = ""
     spare = "b.json" if current == "a.json" else "a.json"
     data = text.encode()
@@ -129,6 +129,9 @@ class EnvoyProcess:
         for name, text in envoy_config.unconfigured_files().items():
             if not (self.workdir / name).exists():
                 write_atomically(self.workdir / name, text)
+        # Envoy refuses to start when a directory it is to watch is missing.
+        unwatched = self.workdir / envoy_config.RUNTIME_DIR / envoy_config.RUNTIME_UNWATCHED
+        unwatched.mkdir(parents=True, exist_ok=True)
         if not read_runtime_file(self.workdir):
             write_runtime_file(self.workdir, envoy_config.runtime_file({}))
         return self.bootstrap_path

@@ -12,8 +12,8 @@ An apply, in an order that never leaves a route half-changed:
 2. write the weights to the runtime file (what a restarted Envoy starts from), keeping the
    keys of the loaded routes until the new routes file is in;
 3. if pools were added: clusters file = old clusters + new ones, wait until loaded;
-4. if the route structure changed: drop runtime keys no loaded route uses, swap the routes
-   file, wait until loaded (a rejected file is put back);
+4. if the route structure changed: drop runtime keys no loaded route uses and set the new
+   routes' keys, swap the routes file, wait until loaded (a rejected file is put back);
 5. set every route's runtime weights in one /runtime_modify (one snapshot, so a route's
    weights change together and never all reach 0);
 6. if pools were removed: clusters file = exactly the desired ones, wait until loaded; the
@@ -272,7 +272,7 @@ class EnvoyAdapter(Adapter):
             state = self._swap_clusters(config_dir, staged, state)
             swapped.append("clusters")
         if rendered.routes_version != state.routes_version:
-            self._drop_unused_runtime_keys()
+            self._stage_runtime_keys(rendered)
             state = self._swap(config_dir / config.ROUTES_FILE,
                                config.routes_file(rendered.route_config, rendered.routes_version),
                                rendered.routes_version, state, routes=True)
@@ -329,17 +329,21 @@ class EnvoyAdapter(Adapter):
                     f"({self.gateway.options.get('config_dir')}) the directory it watches?")
             time.sleep(_POLL_S)
 
-    def _drop_unused_runtime_keys(self) -> None:
-        """Before new route shapes load, remove every fleetctl weight that no loaded route
-        reads: a new shape then starts from its file's weights, never from leftovers."""
+    def _stage_runtime_keys(self, rendered: config.RenderedConfig) -> None:
+        """Before new route shapes load, in one runtime snapshot: remove every fleetctl weight
+        that no loaded route reads, and set the new shapes' weights (which no loaded route
+        reads yet, so nothing changes until the routes file is in). A new shape then reads its
+        own weights from its first request: never the leftovers of an older shape, and never
+        the runtime file's layer, which Envoy reads only at start (it may hold a shape seen
+        before)."""
         live = {rc["runtime_key_prefix"] for rc in _weighted(self.admin.route_config())}
-        # The runtime file holds the new routes' keys already (and loses the old ones at the
-        # end of the apply); only the admin layer's are removed here.
         ours = [key for key in self.admin.admin_layer_keys()
                 if key.startswith(f"{config.RUNTIME_ROOT}.")]
-        unused = [key for key in ours if key.rsplit(".", 1)[0] not in live]
-        if unused:
-            self.admin.post("/runtime_modify", {key: "" for key in unused})  # "" removes
+        changes = {key: "" for key in ours if key.rsplit(".", 1)[0] not in live}  # "" removes
+        changes |= {key: str(value) for key, value in rendered.runtime.items()
+                    if key.rsplit(".", 1)[0] not in live}
+        if changes:
+            self.admin.post("/runtime_modify", changes)
 
     def _config_dir(self) -> Path:
         value = self.gateway.options.get("config_dir")
