@@ -25,6 +25,9 @@ def _models_from(body: bytes) -> list[str]:
 
 def probe_endpoint(base_url: str, *, timeout_s: float) -> ProbeResult:
     root = base_url.rstrip("/")
+    # A trailing /v1 names the server's root, as the gateways read it (OpenAI clients'
+    # habit of base URLs ending in /v1).
+    root = root.removesuffix("/v1")
     try:
         models = http_get(f"{root}/v1/models", timeout_s=timeout_s)
     except OutboundError as exc:

@@ -35,6 +35,12 @@ def test_a_probe_reads_the_model_list_and_health(endpoint):
     assert endpoint.requests == ["/v1/models", "/health"]
 
 
+def test_a_base_url_ending_in_v1_is_probed_at_the_servers_root(endpoint):
+    result = probe_pool([f"{endpoint.url}/v1/"], timeout_s=10)
+    assert result.ok
+    assert endpoint.requests == ["/v1/models", "/health"]
+
+
 def test_a_server_without_a_health_route_is_still_healthy(endpoint):
     endpoint.has_health = False
     assert probe_pool([endpoint.url], timeout_s=10).ok
