@@ -17,3 +17,5 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
 ]
+# Under /api/ a path no URL matches is answered in the API's error shape, not an HTML page.
+handler404 = "fleetctl.core.views.not_found"

@@ -4,6 +4,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from axes.helpers import get_client_user_agent
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
@@ -86,3 +87,14 @@ class TokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """Declares bearer tokens in the OpenAPI schema (and Swagger UI's Authorize button)."""
+
+    target_class = TokenAuthentication
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer",
+                "description": "An API token (fct_…) from the Tokens page or /api/v1/tokens/."}

@@ -13,12 +13,14 @@ from django.contrib import messages as django_messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
-from django.http import HttpRequest
+from django.http import HttpRequest, JsonResponse
 from django.http.response import HttpResponseBase
+from django.views import defaults
 from django_htmx.http import HttpResponseClientRedirect
 
 from fleetctl.accounts import roles
 from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.api.errors import error_body
 from fleetctl.core.errors import DomainError, PermissionDeniedError
 
 View = TypeVar("View", bound=Callable[..., HttpResponseBase])
@@ -109,3 +111,13 @@ def filter_form_says_any(form: forms.BaseForm) -> None:
             field.empty_label = "any"  # type: ignore[attr-defined]
             # The widget holds a copy of the choices made before this form existed.
             field.widget.choices = field.choices  # type: ignore[attr-defined]
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponseBase:
+    """settings.handler404: a path no URL matches (e.g. /api/v1/drains/1.5/) gets the API's
+    one error shape under /api/, the Not found page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body(
+            "not_found", "Nothing at this path: check the id or name in it, and the endpoint "
+                         "against /api/docs/."), status=404)
+    return defaults.page_not_found(request, exception)

@@ -246,6 +246,24 @@ class SampleSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-__all__ = ["LevelSerializer", "RunCreateSerializer", "RunDetailSerializer", "RunSerializer",
-           "SampleSerializer", "TraceGenerateSerializer", "TraceSerializer",
+class ExportSampleSerializer(SampleSerializer):
+    verdict = serializers.CharField(source="level.verdict", read_only=True)
+
+    class Meta(SampleSerializer.Meta):
+        fields = [*SampleSerializer.Meta.fields[:4], "verdict", *SampleSerializer.Meta.fields[4:]]
+        read_only_fields = fields
+
+
+class RunExportSerializer(RunDetailSerializer):
+    """For the schema only: what …/export.json streams (exports.json_chunks)."""
+
+    samples = ExportSampleSerializer(many=True, read_only=True)
+
+    class Meta(RunDetailSerializer.Meta):
+        fields = [*RunDetailSerializer.Meta.fields, "samples"]
+        read_only_fields = fields
+
+
+__all__ = ["LevelSerializer", "RunCreateSerializer", "RunDetailSerializer", "RunExportSerializer",
+           "RunSerializer", "SampleSerializer", "TraceGenerateSerializer", "TraceSerializer",
            "TraceUploadSerializer"]

@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.http import FileResponse, StreamingHttpResponse
-from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, renderers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.generics import get_object_or_404  # an id of the wrong type: 404, not 500
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -140,7 +140,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         description="Every per-request row, streamed: `…/export.json` (the run, its results, "
                     "levels and samples) or `…/export.csv` (columns documented in "
                     "fleetctl/bench/api/exports.py).",
-        responses={200: OpenApiResponse(OpenApiTypes.BINARY)})
+        responses={(200, "application/json"): s.RunExportSerializer,
+                   (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR)})
     @action(detail=True, methods=["get"],
             renderer_classes=[renderers.JSONRenderer, CSVRenderer])
     def export(self, request: Request, pk: str, format: str | None = None

@@ -5,10 +5,12 @@ A person reading the message should know what to change; `fields` names each bad
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import DataError, transaction
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -16,6 +18,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from fleetctl.core.errors import DomainError
 
+log = logging.getLogger(__name__)
 
 def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "fields": fields or {}}}
@@ -60,6 +63,18 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             else {"non_field_errors": [str(m) for m in exc.messages]}
         )
         return validation_response(fields)
+    if isinstance(exc, DataError):
+        # The database refused a value from the request: PostgreSQL stores no NUL character
+        # (/pools/%00/, a name looked up from the body) and no time zone offset beyond ±16 h
+        # (?since=…+16:49). Nothing was changed; an enclosing transaction is unusable now and
+        # is rolled back. Logged with its traceback in case a value of ours was at fault.
+        log.warning("database refused a value from %s: %s", context.get("request"), exc,
+                    exc_info=exc)
+        if transaction.get_connection().in_atomic_block:
+            transaction.set_rollback(True)
+        return Response(error_body(
+            "invalid", "A value in this request cannot be stored or looked up (for example it "
+                       "contains a NUL character); remove it and try again."), status=400)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound("No such object. Check the id or name in the URL.")
     elif isinstance(exc, DjangoPermissionDenied):

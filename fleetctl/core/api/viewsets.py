@@ -22,16 +22,21 @@ class ServiceModelViewSet(viewsets.ModelViewSet):
     def _actor(self):  # type: ignore[no-untyped-def]
         return actor_from_request(self.request)
 
+    def _as_read(self, instance: Any) -> Any:
+        """The written row as a read shows it: the answer to a write has the fields the
+        queryset adds (a region's pool_count), as the schema promises."""
+        return self.get_queryset().get(pk=instance.pk)
+
     def perform_create(self, serializer: BaseSerializer) -> None:
-        serializer.instance = type(self).create_service(
+        serializer.instance = self._as_read(type(self).create_service(
             actor=self._actor(), **serializer.validated_data
-        )
+        ))
 
     def perform_update(self, serializer: BaseSerializer) -> None:
-        serializer.instance = type(self).update_service(
+        serializer.instance = self._as_read(type(self).update_service(
             actor=self._actor(), **{self.instance_kwarg: serializer.instance},
             **serializer.validated_data,
-        )
+        ))
 
     def perform_destroy(self, instance: Any) -> None:
         type(self).delete_service(actor=self._actor(), **{self.instance_kwarg: instance})

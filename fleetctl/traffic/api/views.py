@@ -2,10 +2,10 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.generics import get_object_or_404  # an id of the wrong type: 404, not 500
 from rest_framework.request import Request
 from rest_framework.response import Response
 
