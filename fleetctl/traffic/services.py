@@ -325,6 +325,7 @@ def push_fanout(*, push_ids: list[int], budget_s: float | None = None) -> None:
     gateway's attempt records itself from its thread when it ends and queues its own retry,
     so a caller waiting on this is never held by one slow gateway for longer than the
     budget."""
+    known = _open_pushes_now(GatewayPush.objects.filter(pk__in=push_ids).values("gateway_id"))
     pushes = list(GatewayPush.objects.select_related("gateway")
                   .prefetch_related("gateway__routes").filter(pk__in=push_ids)
                   .exclude(status__in=_DONE))
@@ -334,7 +335,7 @@ def push_fanout(*, push_ids: list[int], budget_s: float | None = None) -> None:
         routes = tuple(sorted(route.pk for route in push.gateway.routes.all()))
         if routes not in states:
             states[routes] = selectors.gateway_desired_state(gateway=push.gateway)
-        work.append((push, states[routes]))
+        work.append((push, states[routes], known.get(push.gateway_id, frozenset())))
     futures = [_push_threads().submit(_push_io, *item) for item in work]
     finished, late = wait_futures(futures, timeout=budget_s)
     caller = threading.get_ident()
@@ -347,6 +348,18 @@ def push_fanout(*, push_ids: list[int], budget_s: float | None = None) -> None:
     for io, (_status, retry_in) in zip(outcomes, _push_record(outcomes), strict=True):
         if retry_in is not None:
             _retry_later(io.push.pk, retry_in, attempts=io.push.attempts + 1)
+
+
+def _open_pushes_now(gateway_ids: Any) -> dict[int, frozenset[int]]:
+    """Per gateway, its open pushes as committed right now. Read *before* the desired state:
+    whatever these pushes stand for (a revision, a registry edit) committed with them, so
+    the desired state read next includes it, and a verified attempt may settle exactly these.
+    A push committed later may stand for a change the attempt never saw: it keeps its own."""
+    known: dict[int, set[int]] = {}
+    for pk, gateway_id in GatewayPush.objects.filter(
+            gateway_id__in=gateway_ids, status__in=_OPEN).values_list("pk", "gateway_id"):
+        known.setdefault(gateway_id, set()).add(pk)
+    return {gateway_id: frozenset(pks) for gateway_id, pks in known.items()}
 
 
 def push_inline(*, push_ids: list[int]) -> None:
@@ -403,6 +416,7 @@ class _PushIO:
 
     push: GatewayPush
     desired: DesiredState
+    known: frozenset[int]
     sent: Any
     started: float
     answered: Any = None
@@ -414,9 +428,11 @@ class _PushIO:
     duration_ms: float = 0.0
 
 
-def _push_io(push: GatewayPush, desired: DesiredState) -> _PushIO:
-    """Apply and read back; no database work here (it runs in a thread per gateway)."""
-    io = _PushIO(push=push, desired=desired, sent=timezone.now(), started=time.monotonic())
+def _push_io(push: GatewayPush, desired: DesiredState, known: frozenset[int]) -> _PushIO:
+    """Apply and read back; no database work here (it runs in a thread per gateway).
+    `known`: the gateway's open pushes read before `desired` (_open_pushes_now)."""
+    io = _PushIO(push=push, desired=desired, known=known, sent=timezone.now(),
+                 started=time.monotonic())
     try:
         adapter = adapter_for(selectors.gateway_spec(push.gateway))
         io.result = adapter.apply(desired)
@@ -448,11 +464,11 @@ def push_execute(*, push_id: int, attempts: int | None = None) -> str:
         return "gone"
     if push.status in _DONE or (attempts is not None and push.attempts != attempts):
         return push.status
-    if GatewayPush.objects.filter(gateway_id=push.gateway_id, status__in=_OPEN,
-                                  pk__gt=push.pk).exists():
+    known = _open_pushes_now([push.gateway_id]).get(push.gateway_id, frozenset())
+    if any(pk > push.pk for pk in known):
         return push.status
     desired = selectors.gateway_desired_state(gateway=push.gateway)
-    status, retry_in = _push_record([_push_io(push, desired)])[0]
+    status, retry_in = _push_record([_push_io(push, desired, known)])[0]
     if retry_in is not None:
         _retry_later(push.pk, retry_in, attempts=push.attempts + 1)
     elif status == GatewayPush.Status.VERIFIED:
@@ -501,8 +517,9 @@ def _push_failed(push: GatewayPush, attempts: int, error: str,
 def _gateways_in_sync(outcomes: list[_PushIO]) -> None:
     """Each gateway holds exactly the revisions it was sent: its open pushes of those
     revisions are verified, open pushes of older ones (or of routes it no longer carries)
-    superseded. Pushes of revisions newer than what was applied (created meanwhile) stay
-    open for their own task."""
+    superseded. Only pushes that were committed before the attempt read its desired state
+    are settled: one made meanwhile (a newer revision, a registry edit the attempt never saw)
+    stays open for its own attempt."""
     if not outcomes:
         return
     now = timezone.now()
@@ -514,6 +531,8 @@ def _gateways_in_sync(outcomes: list[_PushIO]) -> None:
     verified, superseded = [], []
     for push in open_pushes:
         io = by_gateway[push.gateway_id]
+        if push.pk not in io.known and push.pk != io.push.pk:
+            continue  # committed after this attempt read its state: it may hold more
         held = {spec.key: spec.revision for spec in io.desired.routes}
         number = held.get(push.revision.route.name)
         if number == push.revision.number:

@@ -91,7 +91,14 @@ def settle(gateway: Gateway) -> None:
         return adapter.matches(selectors.gateway_desired_state(gateway=gateway),
                                adapter.read_back())
 
-    wait_until(done, timeout_s=60, every_s=0.02, what="the gateway to hold the desired state")
+    try:
+        wait_until(done, timeout_s=60, every_s=0.02, what="the gateway to hold the state")
+    except AssertionError as exc:
+        pushes = list(GatewayPush.objects.filter(gateway=gateway).order_by("-pk")[:5].values(
+            "pk", "status", "reason", "attempts", "last_error", "revision__route__name"))
+        desired = selectors.gateway_desired_state(gateway=gateway).held_weights()
+        raise AssertionError(f"{exc}; newest pushes {pushes}; desired {desired}; held "
+                             f"{adapter.read_back()}") from exc
 
 
 def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
