@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +137,19 @@ def main() -> None:
                                  options={"config_dir": str(envoy.workdir),
                                           "load_timeout_s": 30})
         found: list[str] = []
-        numbers = itertools.count(1)
-        machine = make_machine(api, gateway, numbers, on_crossing=found.extend)
         began = time.monotonic()
+
+        def numbered() -> Iterator[int]:
+            """Sequence numbers, with a progress line every 50 (a long run can be read
+            while it goes)."""
+            for n in itertools.count(1):
+                if n % 50 == 1 and n > 1:
+                    print(f"  {n - 1} sequences, {len(found)} crossings, "
+                          f"{time.monotonic() - began:.0f} s", flush=True)
+                yield n
+
+        numbers = numbered()
+        machine = make_machine(api, gateway, numbers, on_crossing=found.extend)
         run_state_machine_as_test(machine, settings=settings(
             max_examples=args.sequences, stateful_step_count=args.steps, deadline=None,
             database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck)))

@@ -156,6 +156,39 @@ def _purge_broker() -> None:
             conn.default_channel.queue_purge(queue)
 
 
+_worker_started = False
+
+
+def _worker_quiet(timeout_s: float = 60) -> None:
+    """Let the session's worker finish what a test left it (a benchmark started with
+    --no-wait, a drain's watcher queued with a countdown) before the test's database is
+    flushed: a task writing rows while TRUNCATE runs deadlocks with it, and the next test
+    starts on leftovers. Countdown tasks are revoked and the queues purged; running ones are
+    waited for."""
+    from fleetctl.celery import app
+
+    deadline = time.monotonic() + timeout_s
+    inspect = app.control.inspect(timeout=1.0, limit=1)
+    while True:
+        scheduled = inspect.scheduled() or {}
+        waiting = [task["request"]["id"] for tasks in scheduled.values() for task in tasks]
+        if waiting:
+            app.control.revoke(waiting)
+        _purge_broker()
+        busy = [task for tasks in (inspect.active() or {}).values() for task in tasks]
+        if not busy or time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Before the test's fixtures are torn down (so before a transactional flush)."""
+    if _worker_started and "transactional_db" in getattr(item, "fixturenames", ()):
+        _worker_quiet()
+    yield
+
+
 @pytest.fixture(scope="session")
 def celery_worker_process(
     django_db_setup: None, django_db_blocker: Any
@@ -175,6 +208,8 @@ def celery_worker_process(
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     _wait_for_worker(proc)
+    global _worker_started
+    _worker_started = True
     yield proc
     proc.terminate()
     try:

@@ -113,6 +113,7 @@ def test_no_wait_returns_the_started_run(live_server, transactional_db, make_poo
     body = json.loads(started.stdout)
     assert body["mode"] == "search" and body["max_concurrency"] == 8
     assert body["status"] == "queued"
+    _cancel(body["id"])  # nobody waits for it: the worker need not measure it to the end
 
 
 def test_errors_are_one_line_and_exit_codes_say_whose_fault(
@@ -195,3 +196,10 @@ def test_bad_speeds_are_command_line_errors(live_server, transactional_db, make_
     body = json.loads(started.stdout)
     assert body["timing"] == "trace" and body["speeds"] == [0.5, 2.0]
     assert not Run.objects.exclude(pk=body["id"]).exists()
+    _cancel(body["id"])
+
+
+def _cancel(run_id: int) -> None:
+    from fleetctl.bench.services import run_cancel
+
+    run_cancel(actor=Actor.for_system("test"), run=Run.objects.get(pk=run_id))
