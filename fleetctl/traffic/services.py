@@ -325,10 +325,17 @@ def push_fanout(*, push_ids: list[int], budget_s: float | None = None) -> None:
     gateway's attempt records itself from its thread when it ends and queues its own retry,
     so a caller waiting on this is never held by one slow gateway for longer than the
     budget."""
-    known = _open_pushes_now(GatewayPush.objects.filter(pk__in=push_ids).values("gateway_id"))
-    pushes = list(GatewayPush.objects.select_related("gateway")
-                  .prefetch_related("gateway__routes").filter(pk__in=push_ids)
-                  .exclude(status__in=_DONE))
+    # Every open push of these gateways in one read, made before the desired states (see
+    # _open_pushes_now): the ones to attempt, and what a verified attempt may settle.
+    open_now = list(GatewayPush.objects.select_related("gateway")
+                    .prefetch_related("gateway__routes").filter(
+                        status__in=_OPEN, gateway_id__in=GatewayPush.objects.filter(
+                            pk__in=push_ids).values("gateway_id")))
+    known: dict[int, frozenset[int]] = {}
+    for each in open_now:
+        known[each.gateway_id] = known.get(each.gateway_id, frozenset()) | {each.pk}
+    wanted = set(push_ids)
+    pushes = [push for push in open_now if push.pk in wanted]
     states: dict[tuple[int, ...], DesiredState] = {}
     work = []
     for push in pushes:
