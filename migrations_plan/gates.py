@@ -1,4 +1,4 @@
-"""Default gate templates: the checklist to leave each stage, from DESIGN.md's stage table.
+"""Default gate templates: the checklist to leave each stage, for the four stages.
 
 A new plan gets a copy of these as its own `GateCheck` rows; from then on the plan's gate is
 edited per plan (add, remove with a reason, change thresholds), every edit audited. Checks

@@ -27,7 +27,7 @@ KIND_DEFINITIONS = [
     EvidenceKind("health", "pool health", "the health probe (every pool, continuously)"),
     EvidenceKind("routing", "routing", "routes and gateways (the traffic registry)"),
     EvidenceKind("cost", "cost per 1M output tokens",
-                 "the latest passing benchmark (benchmarks issue); read from the pool"),
+                 "the latest passing benchmark (set by bench services); read from the pool"),
     EvidenceKind("drain-rehearsal", "drain rehearsal", "drain records (dashboard, CLI, REST)"),
     # Kinds whose jobs arrive with later issues: a check over them reads "insufficient data"
     # until a job records an Evidence row of that kind.

@@ -31,7 +31,7 @@ def _nav_items() -> list[NavItem]:
         NavItem("Traffic", reverse("traffic:routes"), section="traffic"),
         NavItem("Benchmarks", reverse("bench:home"), section="bench"),
         # Planned sections show disabled: people see what is coming, with no dead link.
-        NavItem("Shadow", note="arrives with the Shadow issue"),
+        NavItem("Shadow", note="not built yet"),
         NavItem("Audit", reverse("audit:list"), section="audit"),
         NavItem("API docs", reverse("api-docs")),
     ]

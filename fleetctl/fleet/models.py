@@ -142,7 +142,7 @@ class Pool(models.Model):
     currency = models.CharField(max_length=3, choices=[(c, c) for c in CURRENCIES], default="USD")
     labels = models.JSONField(default=dict, blank=True, validators=[validate_labels])
 
-    # Derived from the latest passing benchmark; never typed in (the benchmarks issue sets it).
+    # Derived from the latest passing benchmark; never typed in (bench services set it).
     cost_per_1m_output_tokens = models.DecimalField(
         max_digits=14, decimal_places=4, null=True, blank=True, editable=False
     )

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
 from tests.sim.simproc import SimProcess
 from tests.traffic.scenarios import start_fleet
 
@@ -16,3 +18,11 @@ def sim_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
     sim = start_fleet(tmp_path_factory.mktemp("fleet"))
     yield sim
     sim.stop()
+
+
+@pytest.fixture
+def envoy(tmp_path: Path) -> Iterator[EnvoyProcess]:
+    """A real Envoy of the test's own, nothing behind it until a gateway row pushes to it."""
+    process = EnvoyProcess(tmp_path / "envoy", free_port(), free_port()).start(timeout_s=60)
+    yield process
+    process.stop()

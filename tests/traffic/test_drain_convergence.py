@@ -99,13 +99,6 @@ class Fleet:
 
 
 @pytest.fixture
-def envoy(tmp_path: Path) -> Iterator[EnvoyProcess]:
-    process = EnvoyProcess(tmp_path / "envoy", free_port(), free_port()).start(timeout_s=60)
-    yield process
-    process.stop()
-
-
-@pytest.fixture
 def fleet(celery_worker: object, envoy: EnvoyProcess, make_pool, system) -> Fleet:
     # Nothing listens on the pools' ports: these tests look at what the gateway holds.
     pools = [make_pool(name="primary"), make_pool(name="candidate")]

@@ -6,29 +6,18 @@ pushes 'superseded' without one attempt."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from fleetctl.fleet.models import endpoint_key
 from fleetctl.fleet.services import pool_health_record, pool_model_create, pool_update
 from fleetctl.traffic import selectors, services
 from fleetctl.traffic.adapters.base import adapter_for
-from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
 from fleetctl.traffic.models import Gateway, GatewayPush, Route
 from tests.conftest import SYSTEM
 from tests.traffic.residency_machine import envoy_view
 
 pytestmark = pytest.mark.slow
 MODEL = "llama-3.1-8b-instruct"
-
-
-@pytest.fixture
-def envoy(tmp_path: Path) -> Iterator[EnvoyProcess]:
-    process = EnvoyProcess(tmp_path / "envoy", free_port(), free_port()).start(timeout_s=60)
-    yield process
-    process.stop()
 
 
 @pytest.fixture

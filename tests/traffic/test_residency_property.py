@@ -6,25 +6,15 @@ benchmarks/residency_fuzz.py runs it for 1,000+ sequences."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
 from fleetctl.traffic.services import gateway_create
 from tests.conftest import SYSTEM
 from tests.traffic.residency_machine import make_machine
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def envoy(tmp_path: Path) -> Iterator[EnvoyProcess]:
-    process = EnvoyProcess(tmp_path / "envoy", free_port(), free_port()).start(timeout_s=60)
-    yield process
-    process.stop()
 
 
 def test_no_sequence_of_registry_and_traffic_changes_sends_pinned_traffic_abroad(

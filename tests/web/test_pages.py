@@ -84,7 +84,7 @@ def test_the_navigation_shows_planned_sections_disabled_with_a_reason(
 ):
     html = login_as(viewer).get(reverse("fleet:overview")).content.decode()
     for section in ("Shadow",):
-        assert f'title="arrives with the {section} issue">{section}</span>' in html
+        assert f'title="not built yet">{section}</span>' in html
     assert 'href="/plans/"' in html and 'href="/bench/"' in html
     assert 'href="/api/docs/"' in html
     assert 'href="/audit/"' in html
