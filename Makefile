@@ -16,12 +16,12 @@ install: $(STAMP)
 
 ## demo: install, migrate, seed, and run web + worker + beat + embedded Redis + simulated fleet
 demo: install
-	$(BIN)/python -m fleetctl.devstack demo
+	$(BIN)/python -m fleetctl.demo.devstack demo
 
 ## test: the whole suite (PostgreSQL and Redis on their standard local ports, real Chromium)
 test: install check-migrations
 	$(BIN)/ruff check .
-	$(BIN)/python -m fleetctl.devstack test $(PYTEST_ARGS)
+	$(BIN)/python -m fleetctl.demo.devstack test $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

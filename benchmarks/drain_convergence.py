@@ -112,7 +112,7 @@ class Changes:
 
 def converged(records: list[int], gateway_id: int) -> bool:
     from fleetctl.traffic import selectors
-    from fleetctl.traffic.adapters.base import AdapterError, adapter_for
+    from fleetctl.traffic.gateways.base import AdapterError, adapter_for
     from fleetctl.traffic.models import Drain, Gateway
 
     if Drain.objects.filter(pk__in=records).exclude(status="complete").exists():
@@ -154,9 +154,10 @@ def main() -> None:
 
     from benchmarks.drain_latency import start_sim, start_worker, wait
     from fleetctl.accounts.actor import Actor
+    from fleetctl.core.ports import free_port
+    from fleetctl.demo.envoy_process import EnvoyProcess
     from fleetctl.fleet import services as fleet
     from fleetctl.traffic import services as traffic
-    from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
     from fleetctl.traffic.models import GatewayPush
 
     call_command("migrate", verbosity=0)

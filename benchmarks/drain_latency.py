@@ -171,8 +171,9 @@ class GatewayProcess:
 
 
 def start_gateway(kind: str, work: Path, index: int) -> GatewayProcess:
-    from fleetctl.traffic.adapters.base import GatewaySpec
-    from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
+    from fleetctl.core.ports import free_port
+    from fleetctl.demo.envoy_process import EnvoyProcess
+    from fleetctl.traffic.gateways.base import GatewaySpec
 
     name = f"{kind}-{index}"
     if kind == "envoy":
@@ -181,11 +182,11 @@ def start_gateway(kind: str, work: Path, index: int) -> GatewayProcess:
                            options={"config_dir": str(envoy.workdir)})
         return GatewayProcess(spec, envoy.listen_url, envoy.stop)
     if kind == "haproxy":
-        from fleetctl.traffic.haproxy_process import HAProxyProcess
+        from fleetctl.demo.haproxy_process import HAProxyProcess
 
         haproxy = HAProxyProcess(work / name, name=name).start()
         return GatewayProcess(haproxy.gateway, haproxy.url, haproxy.stop)
-    from fleetctl.traffic.nginx_process import NginxProcess
+    from fleetctl.demo.nginx_process import NginxProcess
 
     nginx = NginxProcess(work / name, name=name).start()
     return GatewayProcess(nginx.gateway, nginx.url, nginx.stop)
@@ -218,9 +219,9 @@ def main() -> None:
     from django.core.management import call_command
 
     from fleetctl.accounts.actor import Actor
+    from fleetctl.core.ports import free_port
     from fleetctl.fleet import services as fleet
     from fleetctl.traffic import services as traffic
-    from fleetctl.traffic.envoy_process import free_port
     from fleetctl.traffic.models import Drain, GatewayPush
 
     call_command("migrate", verbosity=0)

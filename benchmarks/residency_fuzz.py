@@ -97,7 +97,8 @@ def main() -> None:
     from fleetctl.accounts.actor import Actor
     from fleetctl.accounts.services import token_create_personal
     from fleetctl.celery import app
-    from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
+    from fleetctl.core.ports import free_port
+    from fleetctl.demo.envoy_process import EnvoyProcess
     from fleetctl.traffic.services import gateway_create
     from tests.traffic.residency_machine import make_machine
 

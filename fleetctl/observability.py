@@ -28,7 +28,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleetctl.fleet.models import Pool
-from fleetctl.traffic.adapters.base import TOTAL_WEIGHT
+from fleetctl.traffic.gateways.base import TOTAL_WEIGHT
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, Route
 from migrations_plan.models import Plan
 

@@ -113,6 +113,7 @@ INSTALLED_APPS = [
     "fleetctl.traffic",
     "migrations_plan",
     "fleetctl.bench",
+    "fleetctl.demo",
     # Sign-in lockout; fleetctl.accounts audits each failure and lockout it sees.
     "axes",
 ]

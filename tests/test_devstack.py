@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from fleetctl import devstack
-from fleetctl.devstack import Stack
+from fleetctl.demo.devstack import Stack
 from tests.conftest import ROOT, wait_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -175,7 +175,7 @@ def gateway_answers(url: str) -> bool:
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
-    """`python -m fleetctl.devstack demo` as `make demo` runs it (embedded Redis, SQLite),
+    """`python -m fleetctl.demo.devstack demo` as `make demo` runs it (embedded Redis, SQLite),
     in a data directory and on ports of its own."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("DATABASE_URL", "REDIS_URL", "TEST_DATABASE_NAME")}
@@ -187,7 +187,7 @@ def demo(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
                FLEETCTL_REDIS_PORT=str(devstack.free_port()), TRAFFIC_RECONCILE_INTERVAL_S="5")
     output = tmp_path / "demo.out"
     with output.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "fleetctl.devstack", "demo"], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "fleetctl.demo.devstack", "demo"], cwd=ROOT,
                                 env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: proc.poll() is not None

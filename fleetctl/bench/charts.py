@@ -15,7 +15,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from fleetctl.traffic.charts import FONT, POOL_PALETTE, pool_colours
+from fleetctl.core.charts import FONT, POOL_PALETTE, pool_colours
 
 # Verdict → marker: filled for counted levels, hollow for the ones that did not count.
 SYMBOLS = {"pass": "circle", "fail": "x", "insufficient": "circle-open",

@@ -23,9 +23,8 @@ from fleetctl.bench import charts, selectors, services
 from fleetctl.bench.filters import RunFilter
 from fleetctl.bench.forms import RunForm, TraceGenerateForm, TraceUploadForm
 from fleetctl.bench.models import Level, Run, Trace
+from fleetctl.core.charts import figure_data, pool_colours
 from fleetctl.core.views import Outcome, call_service, dashboard_view, filter_form_says_any
-from fleetctl.fleet.charts import figure_data
-from fleetctl.traffic.charts import pool_colours
 
 LIVE_ID = "run-live"  # the block htmx re-polls on the run page
 RUNS_PAGE_SIZE = 25

@@ -6,10 +6,8 @@ only on pages that have a chart.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 import plotly.graph_objects as go
 
@@ -90,9 +88,3 @@ def _failure_text(check: HealthCheck) -> str:
     # Plotly renders a few HTML tags in hover text; an error body must not become markup.
     error = (check.error or "no error text")[:120].replace("<", "‹").replace(">", "›")
     return f"{status}{error}"
-
-
-def figure_data(fig: go.Figure) -> dict[str, Any]:
-    """The figure as plain JSON data for `json_script` (Plotly's encoder handles datetimes)."""
-    data: dict[str, Any] = json.loads(fig.to_json())
-    return data

@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.charts import figure_data
 from fleetctl.core.views import Outcome, call_service, dashboard_view, filter_form_says_any
 from fleetctl.fleet import charts, selectors, services
 from fleetctl.fleet.filters import PoolFilter
@@ -83,7 +84,7 @@ def _render_pool_detail(
     day_of_probes = CHART_HOURS * 3600 // max(settings.HEALTH_PROBE_INTERVAL_S, 1) + 200
     checks = selectors.pool_health_history(pool=pool, hours=CHART_HOURS, limit=day_of_probes)
     figure = (
-        charts.figure_data(charts.probe_latency_figure(checks, until=now, hours=CHART_HOURS))
+        figure_data(charts.probe_latency_figure(checks, until=now, hours=CHART_HOURS))
         if checks else None
     )
     audit_query = urlencode({"object_type": pool._meta.label_lower, "object_id": pool.pk})

@@ -1,30 +1,18 @@
 """Traffic charts: pure functions from selector data to Plotly figures (no queries, no I/O).
 
-Views embed the figure as JSON (`fleetctl.fleet.charts.figure_data`) and `static/js/charts.js`
+Views embed the figure as JSON (`fleetctl.core.charts.figure_data`) and `static/js/charts.js`
 draws it. Each pool keeps one colour on a page, in the split bar, the split chart and the
 rate charts alike, so a reader matches them by colour as well as by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-# Colour-blind-safe (Okabe–Ito, then Tableau) and distinct from the red used for failures.
-POOL_PALETTE = (
-    "#2563eb", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#8c564b", "#0072b2", "#7f7f7f",
-    "#bcbd22", "#17becf",
-)
-FONT = {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"}
-
-
-def pool_colours(pools: Iterable[str]) -> dict[str, str]:
-    """One colour per pool, by sorted name, so the same pools get the same colours on a page
-    whatever order they are met in."""
-    return {pool: POOL_PALETTE[i % len(POOL_PALETTE)] for i, pool in enumerate(sorted(set(pools)))}
+from fleetctl.core.charts import FONT, POOL_PALETTE
 
 
 def _layout(fig: go.Figure, *, title: str, height: int, **extra: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 
 from fleetctl.fleet.models import slug_validator, validate_base_urls
-from fleetctl.traffic.adapters.base import AdapterError, PoolTarget, adapter_class
+from fleetctl.traffic.gateways.base import AdapterError, PoolTarget, adapter_class
 from fleetctl.traffic.models import Gateway
 
 

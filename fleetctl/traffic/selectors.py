@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 
 from fleetctl.fleet.models import Pool, PoolModel
-from fleetctl.traffic.adapters.base import DesiredState, GatewaySpec, PoolTarget, RouteSpec
+from fleetctl.traffic.gateways.base import DesiredState, GatewaySpec, PoolTarget, RouteSpec
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, Route, SplitRevision
 
 log = logging.getLogger("fleetctl.traffic")

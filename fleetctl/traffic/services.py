@@ -31,7 +31,7 @@ from fleetctl.core.crud import audited_create, audited_delete, audited_update
 from fleetctl.core.errors import ConflictError
 from fleetctl.fleet.models import Pool, PoolModel
 from fleetctl.traffic import policy, selectors
-from fleetctl.traffic.adapters.base import AdapterError, ApplyResult, DesiredState, adapter_for
+from fleetctl.traffic.gateways.base import AdapterError, ApplyResult, DesiredState, adapter_for
 from fleetctl.traffic.models import (
     Drain,
     Gateway,

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
-from fleetctl.traffic.adapters.base import TOTAL_WEIGHT
+from fleetctl.traffic.gateways.base import TOTAL_WEIGHT
 
 
 def _weights_error(message: str) -> ValidationError:

@@ -20,8 +20,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.charts import figure_data, pool_colours
 from fleetctl.core.views import Outcome, call_service, dashboard_view
-from fleetctl.fleet.charts import figure_data
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic import charts, selectors, services
 from fleetctl.traffic.forms import DrainForm, RampForm, RestoreForm
@@ -72,7 +72,7 @@ def route_list(request: HttpRequest) -> HttpResponse:
     current = selectors.revisions_current(routes=routes)
     splits = {route.pk: current[route.pk].percentages() if route.pk in current else {}
               for route in routes}
-    colours = charts.pool_colours(pool for split in splits.values() for pool in split)
+    colours = pool_colours(pool for split in splits.values() for pool in split)
     rows = [
         {"route": route,
          "split": [(pool, share, colours[pool]) for pool, share in splits[route.pk].items()],
@@ -136,7 +136,7 @@ def _render_route_detail(request: HttpRequest, route: Route, *, now: RouteNow | 
     now = now or RouteNow.read(route)
     current, split, eligible = now.current, now.split, now.eligible
     form = form or _ramp_form(route, now)
-    colours = charts.pool_colours([*split, *(pool.name for pool in form.pools)])
+    colours = pool_colours([*split, *(pool.name for pool in form.pools)])
     rates = selectors.route_pool_rates(route=route, pools=eligible | set(split))
     context: dict[str, Any] = {
         "route": route,

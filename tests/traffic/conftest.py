@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
+from fleetctl.core.ports import free_port
+from fleetctl.demo.envoy_process import EnvoyProcess
 from tests.sim.simproc import SimProcess
 from tests.traffic.scenarios import start_fleet
 

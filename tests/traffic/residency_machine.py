@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from fleetctl.fleet.models import Pool, endpoint_key
 from fleetctl.fleet.services import pool_health_record, pool_model_create, region_create
 from fleetctl.traffic import selectors
-from fleetctl.traffic.adapters.base import adapter_for
+from fleetctl.traffic.gateways.base import adapter_for
 from fleetctl.traffic.models import Gateway, GatewayPush, Route
 from fleetctl.traffic.services import gateway_set_routes, route_create
 from tests.conftest import SYSTEM, wait_until

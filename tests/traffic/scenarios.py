@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from fleetctl.traffic.adapters.base import (
+from fleetctl.traffic.gateways.base import (
     Adapter,
     AdapterError,
     ApplyResult,

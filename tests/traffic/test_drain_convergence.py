@@ -17,11 +17,12 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from fleetctl.core.ports import free_port
+from fleetctl.demo.envoy_process import EnvoyProcess
 from fleetctl.fleet.models import Pool
 from fleetctl.fleet.services import pool_health_record, pool_model_create
 from fleetctl.traffic import selectors
-from fleetctl.traffic.adapters.base import adapter_for
-from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
+from fleetctl.traffic.gateways.base import adapter_for
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, GatewayPushAttempt, Route
 from fleetctl.traffic.services import (
     drain_request,

@@ -14,8 +14,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetctl.core.ports import free_port
+from fleetctl.demo.envoy_process import EnvoyProcess
 from fleetctl.fleet.services import pool_health_record, pool_model_create, region_create
-from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush
 from fleetctl.traffic.services import gateway_create, route_create
 from tests.conftest import wait_until

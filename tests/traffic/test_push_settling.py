@@ -11,7 +11,7 @@ import pytest
 from fleetctl.fleet.models import endpoint_key
 from fleetctl.fleet.services import pool_health_record, pool_model_create, pool_update
 from fleetctl.traffic import selectors, services
-from fleetctl.traffic.adapters.base import adapter_for
+from fleetctl.traffic.gateways.base import adapter_for
 from fleetctl.traffic.models import Gateway, GatewayPush, Route
 from tests.conftest import SYSTEM
 from tests.traffic.residency_machine import envoy_view

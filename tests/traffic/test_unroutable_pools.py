@@ -12,19 +12,21 @@ import httpx
 import openai
 import pytest
 
+from fleetctl.core.ports import free_port
+from fleetctl.demo.envoy_process import EnvoyProcess
 from fleetctl.fleet.models import Pool, PoolModel
 from fleetctl.fleet.services import pool_health_record, pool_model_create, pool_update
-from fleetctl.traffic.adapters import haproxy, nginx
-from fleetctl.traffic.adapters.base import (
+from fleetctl.traffic.gateways.base import (
     DesiredState,
     GatewaySpec,
     PoolTarget,
     RouteSpec,
     renderable,
 )
-from fleetctl.traffic.adapters.envoy import EnvoyAdapter
-from fleetctl.traffic.adapters.nginx import NginxAdapter
-from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
+from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
+from fleetctl.traffic.gateways.haproxy import adapter as haproxy
+from fleetctl.traffic.gateways.nginx import adapter as nginx
+from fleetctl.traffic.gateways.nginx.adapter import NginxAdapter
 from fleetctl.traffic.models import Drain, Gateway, GatewayPushAttempt
 from fleetctl.traffic.services import gateway_create, gateway_reconcile, route_create
 from tests.conftest import wait_until

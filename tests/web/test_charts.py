@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from fleetctl.fleet.charts import FAIL_COLOUR, figure_data, probe_latency_figure
+from fleetctl.core.charts import figure_data
+from fleetctl.fleet.charts import FAIL_COLOUR, probe_latency_figure
 from fleetctl.fleet.models import HealthCheck
 
 UNTIL = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)

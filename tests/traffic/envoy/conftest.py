@@ -17,9 +17,10 @@ import httpx
 import openai
 import pytest
 
-from fleetctl.traffic.adapters.base import DesiredState, GatewaySpec, PoolTarget, RouteSpec
-from fleetctl.traffic.adapters.envoy import EnvoyAdapter
-from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
+from fleetctl.core.ports import free_port
+from fleetctl.demo.envoy_process import EnvoyProcess
+from fleetctl.traffic.gateways.base import DesiredState, GatewaySpec, PoolTarget, RouteSpec
+from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
 from tests.sim.simproc import TEST_PROFILES, SimProcess
 
 MODEL = "llama-3.1-8b-instruct"

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from fleetctl.traffic import envoy_config
-from fleetctl.traffic.adapters.base import AdapterError, DesiredState, GatewaySpec, PoolTarget
-from fleetctl.traffic.adapters.envoy import EnvoyAdapter, held_weights
-from fleetctl.traffic.envoy_process import validate_config, write_runtime_file
+from fleetctl.demo.envoy_process import validate_config
+from fleetctl.traffic.gateways.base import AdapterError, DesiredState, GatewaySpec, PoolTarget
+from fleetctl.traffic.gateways.envoy import config as envoy_config
+from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter, held_weights
+from fleetctl.traffic.gateways.envoy.runtime import write_runtime_file
 
 from .conftest import MODEL, OTHER_MODEL, route, state
 

@@ -16,10 +16,12 @@ import httpx
 import pytest
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
-from fleetctl.traffic import envoy_config
-from fleetctl.traffic.adapters.base import AdapterError, GatewaySpec, PoolTarget
-from fleetctl.traffic.adapters.envoy import EnvoyAdapter
-from fleetctl.traffic.envoy_process import free_port, read_runtime_file, write_atomically
+from fleetctl.core.files import write_atomically
+from fleetctl.core.ports import free_port
+from fleetctl.traffic.gateways.base import AdapterError, GatewaySpec, PoolTarget
+from fleetctl.traffic.gateways.envoy import config as envoy_config
+from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
+from fleetctl.traffic.gateways.envoy.runtime import read_runtime_file
 from tests.noise import binomial_tolerance
 
 from .conftest import MODEL, OTHER_MODEL, Gateway, route, state

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetctl.traffic.adapters.base import AdapterError, DesiredState, GatewaySpec
-from fleetctl.traffic.adapters.gateway_api import GatewayApiAdapter, render_routes
-from fleetctl.traffic.haproxy_process import free_port
+from fleetctl.core.ports import free_port
+from fleetctl.traffic.gateways.base import AdapterError, DesiredState, GatewaySpec
+from fleetctl.traffic.gateways.gateway_api.adapter import GatewayApiAdapter, render_routes
 
 from .conftest import TOKEN
 from .fake_apiserver import FakeApiServer

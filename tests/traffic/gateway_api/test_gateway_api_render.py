@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fleetctl.traffic.adapters.base import (
+from fleetctl.traffic.gateways.base import (
     AdapterError,
     DesiredState,
     GatewaySpec,
@@ -18,7 +18,7 @@ from fleetctl.traffic.adapters.base import (
     RouteSpec,
     adapter_for,
 )
-from fleetctl.traffic.adapters.gateway_api import (
+from fleetctl.traffic.gateways.gateway_api.adapter import (
     METHODS,
     GatewayApiAdapter,
     GatewayApiSettings,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from fleetctl.traffic.adapters.base import AdapterError, GatewaySpec
-from fleetctl.traffic.adapters.gateway_api import GatewayApiAdapter, GatewayApiSettings
+from fleetctl.traffic.gateways.base import AdapterError, GatewaySpec
+from fleetctl.traffic.gateways.gateway_api.adapter import GatewayApiAdapter, GatewayApiSettings
 
 from .fake_apiserver import FakeApiServer
 from .test_gateway_api_client import TOKEN, desired

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleetctl.traffic.adapters.haproxy import HAProxyAdapter
-from fleetctl.traffic.haproxy_process import HAProxyProcess
+from fleetctl.demo.haproxy_process import HAProxyProcess
+from fleetctl.traffic.gateways.haproxy.adapter import HAProxyAdapter
 from tests.sim.simproc import SimProcess
 from tests.traffic.scenarios import Harness
 

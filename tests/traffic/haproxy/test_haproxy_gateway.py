@@ -7,8 +7,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetctl.traffic.adapters.haproxy import HAProxyAdapter
-from fleetctl.traffic.haproxy_process import HAProxyProcess
+from fleetctl.demo.haproxy_process import HAProxyProcess
+from fleetctl.traffic.gateways.haproxy.adapter import HAProxyAdapter
 from tests.sim.simproc import MODEL, SimProcess
 from tests.traffic import scenarios
 from tests.traffic.scenarios import RESIDENCY, Harness, ask, route, slowed, wait_until

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.traffic.adapters.base import (
+from fleetctl.traffic.gateways.base import (
     AdapterError,
     DesiredState,
     GatewaySpec,
@@ -15,7 +15,7 @@ from fleetctl.traffic.adapters.base import (
     RouteSpec,
     adapter_for,
 )
-from fleetctl.traffic.adapters.haproxy import (
+from fleetctl.traffic.gateways.haproxy.adapter import (
     HAProxyAdapter,
     HAProxySettings,
     LiveServer,

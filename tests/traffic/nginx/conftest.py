@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleetctl.traffic.adapters.nginx import NginxAdapter
-from fleetctl.traffic.nginx_process import NginxProcess
+from fleetctl.demo.nginx_process import NginxProcess
+from fleetctl.traffic.gateways.nginx.adapter import NginxAdapter
 from tests.sim.simproc import SimProcess
 from tests.traffic.scenarios import Harness
 

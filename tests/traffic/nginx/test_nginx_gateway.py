@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetctl.traffic.adapters.base import AdapterError
-from fleetctl.traffic.adapters.nginx import NginxAdapter
-from fleetctl.traffic.nginx_process import NginxProcess
+from fleetctl.demo.nginx_process import NginxProcess
+from fleetctl.traffic.gateways.base import AdapterError
+from fleetctl.traffic.gateways.nginx.adapter import NginxAdapter
 from tests.sim.simproc import MODEL, SimProcess
 from tests.traffic import scenarios
 from tests.traffic.scenarios import RESIDENCY, Harness, ask, route

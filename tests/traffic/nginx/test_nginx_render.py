@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.traffic.adapters.base import (
+from fleetctl.traffic.gateways.base import (
     AdapterError,
     DesiredState,
     GatewaySpec,
@@ -15,7 +15,7 @@ from fleetctl.traffic.adapters.base import (
     RouteSpec,
     adapter_for,
 )
-from fleetctl.traffic.adapters.nginx import (
+from fleetctl.traffic.gateways.nginx.adapter import (
     NginxAdapter,
     NginxSettings,
     _decode,

@@ -20,9 +20,10 @@ import openai
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+from fleetctl.core.ports import free_port
+from fleetctl.demo.envoy_process import EnvoyProcess
 from fleetctl.fleet.services import pool_create
 from fleetctl.traffic import services
-from fleetctl.traffic.envoy_process import EnvoyProcess, free_port
 from fleetctl.traffic.models import Gateway, Route
 from tests.conftest import wait_until
 from tests.sim.simproc import TEST_PROFILES, SimProcess

@@ -10,6 +10,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from fleetctl.core.charts import pool_colours
 from fleetctl.traffic import charts, services
 from fleetctl.traffic.models import PoolTrafficSample, Route
 from tests.traffic.web.conftest import SYSTEM
@@ -19,13 +20,13 @@ NO_ENVOY = {"config_dir": "/nonexistent/fleetctl-test"}
 
 
 def test_pool_colours_are_stable_whatever_order_the_pools_come_in():
-    assert charts.pool_colours(["b", "a", "b"]) == charts.pool_colours(["a", "b"])
-    assert len(set(charts.pool_colours(["a", "b", "c"]).values())) == 3
+    assert pool_colours(["b", "a", "b"]) == pool_colours(["a", "b"])
+    assert len(set(pool_colours(["a", "b", "c"]).values())) == 3
 
 
 def test_the_split_chart_has_one_bar_per_pool_with_its_percentage_written_on_it():
     figure = charts.split_figure({"h200": 99.9, "mi300x": 0.1},
-                                 colours=charts.pool_colours(["h200", "mi300x"]), revision=7)
+                                 colours=pool_colours(["h200", "mi300x"]), revision=7)
     (bar,) = figure.data
     assert list(bar.y) == ["h200", "mi300x"] and list(bar.x) == [99.9, 0.1]
     assert list(bar.text) == ["99.9 %", "0.1 %"]
@@ -36,7 +37,7 @@ def test_the_rates_chart_draws_every_pool_in_every_panel_never_only_the_sum():
     now = timezone.now().isoformat()
     rates = {pool: [{"at": now, "rps": 10.0, "eps": 0.5, "active": 3.0}]
              for pool in ("h200", "mi300x")}
-    figure = charts.pool_rates_figure(rates, colours=charts.pool_colours(rates))
+    figure = charts.pool_rates_figure(rates, colours=pool_colours(rates))
     assert [(t.name, t.yaxis) for t in figure.data] == [
         ("h200", "y"), ("h200", "y2"), ("h200", "y3"),
         ("mi300x", "y"), ("mi300x", "y2"), ("mi300x", "y3"),

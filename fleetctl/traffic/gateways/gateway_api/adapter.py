@@ -68,7 +68,7 @@ from typing import Any
 
 import httpx
 
-from fleetctl.traffic.adapters.base import (
+from fleetctl.traffic.gateways.base import (
     Adapter,
     AdapterError,
     ApplyResult,

@@ -13,7 +13,6 @@ import grp
 import os
 import pwd
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -21,15 +20,9 @@ from typing import Any
 
 import httpx
 
-from fleetctl.traffic.adapters.base import DesiredState, GatewaySpec
-from fleetctl.traffic.adapters.nginx import NginxSettings, render_config
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now (the usual small race applies)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from fleetctl.core.ports import free_port
+from fleetctl.traffic.gateways.base import DesiredState, GatewaySpec
+from fleetctl.traffic.gateways.nginx.adapter import NginxSettings, render_config
 
 
 def _current_user() -> str:

@@ -10,26 +10,19 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fleetctl.traffic.adapters.base import AdapterError, DesiredState, GatewaySpec
-from fleetctl.traffic.adapters.haproxy import (
+from fleetctl.core.ports import free_port
+from fleetctl.traffic.gateways.base import AdapterError, DesiredState, GatewaySpec
+from fleetctl.traffic.gateways.haproxy.adapter import (
     HAProxySettings,
     parse_servers_state,
     render_config,
     runtime_command,
 )
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now (the usual small race applies)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class HAProxyProcess:

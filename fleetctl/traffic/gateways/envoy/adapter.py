@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from fleetctl.core.files import write_atomically
 from fleetctl.core.http import OutboundError, OutboundTimeout, OutboundUnreachable, admin_request
-from fleetctl.traffic import envoy_config as config
-from fleetctl.traffic.adapters.base import (
+from fleetctl.traffic.gateways.base import (
     Adapter,
     AdapterError,
     ApplyResult,
@@ -46,11 +46,8 @@ from fleetctl.traffic.adapters.base import (
     PoolTarget,
     register,
 )
-from fleetctl.traffic.envoy_process import (
-    read_runtime_file,
-    write_atomically,
-    write_runtime_file,
-)
+from fleetctl.traffic.gateways.envoy import config
+from fleetctl.traffic.gateways.envoy.runtime import read_runtime_file, write_runtime_file
 
 _RDS = f"http.{config.STAT_PREFIX}.rds.{config.ROUTE_CONFIG_NAME}"
 _CDS = "cluster_manager.cds"

