@@ -116,7 +116,6 @@ class Gateway(models.Model):
     class State(models.TextChoices):
         UNKNOWN = "unknown", "unknown"
         IN_SYNC = "in-sync", "in sync"
-        PUSHING = "pushing", "pushing"
         FAILING = "failing", "failing"
 
     name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
@@ -241,6 +240,9 @@ class Drain(models.Model):
     in_flight_zero_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
+    # Why a drain gave up (status failed): a gateway refused for good, or the drain was not
+    # verified everywhere within DRAIN_WATCH_TIMEOUT_S.
+    failure_reason = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-requested_at", "-id"]
