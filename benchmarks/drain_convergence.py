@@ -9,9 +9,9 @@ its admin port answers (`/ready` is LIVE) until every drain and restore of the r
 round, then the median and max (target ≤ 10 s).
 
 Everything real: PostgreSQL (`DATABASE_URL`, default a local `fleetctl_bench_converge`), Redis
-(db 8), the simulator, Envoy, a Celery worker on the `push` queue and Celery beat (which runs
-the converge task every `TRAFFIC_CONVERGE_INTERVAL_S`, as in production). Nobody polls on the
-drains' behalf but the system itself; this script only reads rows and the Envoy.
+(db 8), the simulator, Envoy, a Celery worker on the `push` and `watch` queues and Celery beat
+(which runs the converge task every `TRAFFIC_CONVERGE_INTERVAL_S`, as in production). Nobody
+polls on the drains' behalf but the system itself; this script only reads rows and the Envoy.
 
     .venv/bin/python benchmarks/drain_convergence.py [--rounds 5] [--changes 10] [--down-s 15]
 """

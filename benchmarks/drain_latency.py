@@ -81,7 +81,7 @@ def start_sim(workdir: Path, ports: dict[str, int]) -> subprocess.Popen[bytes]:
 
 def start_worker(workdir: Path) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "fleetctl", "worker", "-Q", "push",
+        [sys.executable, "-m", "celery", "-A", "fleetctl", "worker", "-Q", "push,watch",
          "-c", "16", "--pool", "threads", "-l", "INFO", "--without-gossip",
          "--without-mingle", "-n", f"bench-{os.getpid()}@%h"],
         cwd=ROOT, stdout=open(workdir / "worker.log", "wb"),  # noqa: SIM115

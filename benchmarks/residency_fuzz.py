@@ -111,7 +111,7 @@ def main() -> None:
         start("web", [sys.executable, "-m", "gunicorn", "fleetctl.wsgi", "-b",
                       f"127.0.0.1:{web_port}", "-w", "2", "--threads", "4"], work),
         start("worker", [sys.executable, "-m", "celery", "-A", "fleetctl", "worker", "-Q",
-                         "default,push", "-c", "8", "--pool", "threads", "--without-gossip",
+                         "default,push,watch", "-c", "8", "--pool", "threads", "--without-gossip",
                          "--without-mingle", "-n", f"fuzz-{os.getpid()}@%h"], work),
     ]
     try:

@@ -1,9 +1,18 @@
 """The one Celery app. Queues, routes, limits and the beat schedule are declared here only.
 
-`push` carries gateway pushes and drains and gets its own worker in production, so a drain
-never waits behind a benchmark on `bench` or a shadow run on `shadow`. Every task on it is
-short (one attempt, one look): nothing waits inside a `push` thread, so the pushes always
-have one.
+Queues by concern, each consumed by a worker of its own (docs/queues.md), so no kind of task
+waits behind another:
+
+- `push`: gateway pushes and what drives them (push_run, push_fanout, converge, reconcile).
+  Short tasks: one attempt each, nothing waits inside a `push` thread.
+- `watch`: looks that follow something for minutes (a drain's watcher, a rehearsal waiting
+  for its drain). They never take a push thread.
+- `probe`: pool health probes and gateway traffic samples, on a fixed beat; never behind a
+  benchmark.
+- `bench`: benchmark runs and their shards, which hold a slot for hours.
+- `default`: everything else (plan refresh, prunes, the benchmark reaper).
+
+Every task is routed by its name (ROUTES); a new task must be given a queue there.
 """
 
 from __future__ import annotations
@@ -18,7 +27,25 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
 app = Celery("fleetctl")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
-QUEUES = ("default", "push", "bench", "shadow")
+QUEUES = ("push", "watch", "probe", "bench", "default")
+
+ROUTES: dict[str, str] = {
+    "traffic.push_run": "push",
+    "traffic.push_fanout": "push",
+    "traffic.converge": "push",
+    "traffic.reconcile": "push",
+    "traffic.drain_watch": "watch",
+    "plans.rehearsal_finish": "watch",
+    "fleet.pools_probe_due": "probe",
+    "fleet.pool_probe": "probe",
+    "traffic.sample": "probe",
+    "bench.run": "bench",
+    "bench.shard": "bench",
+    "plans.refresh": "default",
+    "bench.reap": "default",
+    "traffic.samples_prune": "default",
+    "fleet.health_history_prune": "default",
+}
 
 
 def _beat_schedule() -> dict[str, dict[str, object]]:
@@ -67,11 +94,9 @@ app.conf.update(
     accept_content=["json"],
     task_queues=[Queue(name) for name in QUEUES],
     task_default_queue="default",
-    task_routes={
-        "traffic.*": {"queue": "push"},
-        "bench.*": {"queue": "bench"},
-        "shadow.*": {"queue": "shadow"},
-    },
+    task_routes={name: {"queue": queue} for name, queue in ROUTES.items()},
+    # The prefork pool enforces these limits; the workers run threads (docs/queues.md), which
+    # Celery cannot stop, so every task also bounds itself (timeouts on every call, deadlines).
     task_time_limit=600,
     task_soft_time_limit=540,
     task_acks_late=True,

@@ -149,10 +149,10 @@ def _worker_env(database_name: str) -> dict[str, str]:
 
 
 def _purge_broker() -> None:
-    from fleetctl.celery import app
+    from fleetctl.celery import QUEUES, app
 
     with app.connection_for_write() as conn:
-        for queue in ("default", "push", "bench", "shadow"):
+        for queue in QUEUES:
             conn.default_channel.queue_purge(queue)
 
 
@@ -196,6 +196,8 @@ def celery_worker_process(
     """One worker process for the session, consuming every queue, on the test database."""
     from django.db import connection
 
+    from fleetctl.celery import QUEUES
+
     with django_db_blocker.unblock():
         name = connection.settings_dict["NAME"]
     env = _worker_env(name)
@@ -203,7 +205,7 @@ def celery_worker_process(
     log = open(ROOT / "var" / "test-worker.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "fleetctl", "worker", "-Q",
-         "default,push,bench,shadow", "-c", "12", "--pool", "threads", "-l", "INFO",
+         ",".join(QUEUES), "-c", "12", "--pool", "threads", "-l", "INFO",
          "--without-gossip", "--without-mingle", "-n", f"test-{os.getpid()}@%h"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
