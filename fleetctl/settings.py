@@ -1,7 +1,8 @@
 """All settings, read from the environment in this one module.
 
-Defaults run the embedded demo (SQLite, a local Redis, DEBUG on). Production sets DEBUG=0 and
-must then give SECRET_KEY; nothing secret has a default that could leak into production.
+Unset, the defaults suit a developer's machine and the tests (SQLite, a local Redis, DEBUG
+on). `make demo` turns DEBUG off; .env.example and docker-compose.yml ship it off. With DEBUG
+off SECRET_KEY is required: nothing secret has a default that could leak into production.
 """
 
 from __future__ import annotations
