@@ -150,7 +150,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "fleetctl.core.context_processors.navigation",
+                "fleetctl.accounts.dashboard.navigation",
             ],
         },
     },

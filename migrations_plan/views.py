@@ -26,8 +26,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
+from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.core.views import Outcome, call_service, dashboard_view
+from fleetctl.core.views import Outcome, call_service
 from migrations_plan import evidence as ev
 from migrations_plan import selectors, services
 from migrations_plan.forms import (

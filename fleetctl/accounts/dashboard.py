@@ -1,4 +1,5 @@
-"""The navigation every dashboard page shows, and what the signed-in person may do.
+"""What every dashboard page needs from the person signed in: the guard that lets in only
+someone who may read, and the navigation with what they may do.
 
 Templates hide or disable buttons with `can.fleet_manage` etc.; the services check again, so a
 hidden button is a courtesy, never the protection.
@@ -6,20 +7,63 @@ hidden button is a courtesy, never the protection.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import wraps
+from typing import Any, TypeVar, cast
 
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
+from django.http.response import HttpResponseBase
 from django.urls import reverse
+from django_htmx.http import HttpResponseClientRedirect
 
 from fleetctl.accounts import roles
 from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.errors import PermissionDeniedError
+
+View = TypeVar("View", bound=Callable[..., HttpResponseBase])
+
+NO_ROLE_MESSAGE = (
+    "You are signed in, but your account has no fleetctl role yet, so there is nothing you may "
+    "see. Ask an admin to give you a role (viewer, on-call, platform-lead or admin)."
+)
+
+
+def dashboard_view(view: View) -> View:
+    """Require a signed-in person who holds the `read` permission.
+
+    A refused read is audited like the API's (through `Actor.require`) and answered with the
+    403 page. An htmx poll from an expired sign-in gets a client redirect to the login page,
+    so the login form is never swapped into a tile.
+    """
+
+    @wraps(view)
+    def needs_read(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        try:
+            actor_from_request(request).require(roles.READ, action=f"web.read:{request.path}")
+        except PermissionDeniedError as exc:
+            raise PermissionDenied(NO_ROLE_MESSAGE) from exc
+        return view(request, *args, **kwargs)
+
+    signed_in = login_required(needs_read)
+
+    @wraps(view)
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        if getattr(request, "htmx", False) and not request.user.is_authenticated:
+            login = redirect_to_login(request.htmx.current_url_abs_path or "/")  # type: ignore[attr-defined]
+            return HttpResponseClientRedirect(login["Location"])
+        return signed_in(request, *args, **kwargs)
+
+    return cast(View, guarded)
 
 
 @dataclass(frozen=True)
 class NavItem:
     label: str
-    url: str = ""  # empty: the section is not built yet and renders disabled
+    url: str = ""  # empty: this version has no such section; it renders disabled
     section: str = ""  # the URL namespace that marks this item as the current one
     note: str = ""
 
@@ -30,14 +74,16 @@ def _nav_items() -> list[NavItem]:
         NavItem("Plans", reverse("plans:board"), section="plans"),
         NavItem("Traffic", reverse("traffic:routes"), section="traffic"),
         NavItem("Benchmarks", reverse("bench:home"), section="bench"),
-        # Planned sections show disabled: people see what is coming, with no dead link.
-        NavItem("Shadow", note="not built yet"),
+        # Shadow is a migration stage, but no page compares shadow traffic: the item shows
+        # disabled, with no dead link, and its note says so.
+        NavItem("Shadow", note="No page compares shadow traffic in this version."),
         NavItem("Audit", reverse("audit:list"), section="audit"),
         NavItem("API docs", reverse("api-docs")),
     ]
 
 
 def navigation(request: HttpRequest) -> dict[str, Any]:
+    """Context processor (settings.TEMPLATES): the navigation and the `can` flags."""
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {"nav_items": []}

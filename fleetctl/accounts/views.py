@@ -16,10 +16,11 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
 from fleetctl.accounts import roles, selectors, services
+from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.forms import TokenCreateForm
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.accounts.throttle import client_ip
-from fleetctl.core.views import Outcome, call_service, dashboard_view
+from fleetctl.core.views import Outcome, call_service
 
 
 @dashboard_view

@@ -12,11 +12,12 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.audit.api.views import csv_download
 from fleetctl.audit.filters import AuditEventFilter
 from fleetctl.audit.models import AuditEvent
 from fleetctl.audit.selectors import audit_csv_rows, audit_event_list
-from fleetctl.core.views import dashboard_view, filter_form_says_any
+from fleetctl.core.views import filter_form_says_any
 
 PAGE_SIZE = 50
 VALUE_CHARS = 60  # a diff cell shows this much of a value; the CSV and API carry it whole

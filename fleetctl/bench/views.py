@@ -18,13 +18,14 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.bench import charts, selectors, services
 from fleetctl.bench.filters import RunFilter
 from fleetctl.bench.forms import RunForm, TraceGenerateForm, TraceUploadForm
 from fleetctl.bench.models import Level, Run, Trace
 from fleetctl.core.charts import figure_data, pool_colours
-from fleetctl.core.views import Outcome, call_service, dashboard_view, filter_form_says_any
+from fleetctl.core.views import Outcome, call_service, filter_form_says_any
 
 LIVE_ID = "run-live"  # the block htmx re-polls on the run page
 RUNS_PAGE_SIZE = 25

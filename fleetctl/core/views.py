@@ -1,63 +1,24 @@
-"""What every dashboard view shares: the login/read guard and turning service errors into
-form errors. Views stay thin callers of selectors and services; this is the glue."""
+"""What every dashboard view shares: turning service errors into form errors and messages,
+and the 404 answer. Views stay thin callers of selectors and services; this is the glue.
+
+The guard that needs the signed-in person (`dashboard_view`) lives in
+`fleetctl.accounts.dashboard`: core imports nothing of the apps above it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import wraps
-from typing import Any, Generic, TypeVar, cast
+from typing import Generic, TypeVar
 
 from django import forms
 from django.contrib import messages as django_messages
-from django.contrib.auth.decorators import login_required
-from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.http import HttpRequest, JsonResponse
 from django.http.response import HttpResponseBase
 from django.views import defaults
-from django_htmx.http import HttpResponseClientRedirect
 
-from fleetctl.accounts import roles
-from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.api.errors import error_body
-from fleetctl.core.errors import DomainError, PermissionDeniedError
-
-View = TypeVar("View", bound=Callable[..., HttpResponseBase])
-
-NO_ROLE_MESSAGE = (
-    "You are signed in, but your account has no fleetctl role yet, so there is nothing you may "
-    "see. Ask an admin to give you a role (viewer, on-call, platform-lead or admin)."
-)
-
-
-def dashboard_view(view: View) -> View:
-    """Require a signed-in person who holds the `read` permission.
-
-    A refused read is audited like the API's (through `Actor.require`) and answered with the
-    403 page. An htmx poll from an expired session gets a client redirect to the login page,
-    so the login form is never swapped into a tile.
-    """
-
-    @wraps(view)
-    def needs_read(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        try:
-            actor_from_request(request).require(roles.READ, action=f"web.read:{request.path}")
-        except PermissionDeniedError as exc:
-            raise PermissionDenied(NO_ROLE_MESSAGE) from exc
-        return view(request, *args, **kwargs)
-
-    signed_in = login_required(needs_read)
-
-    @wraps(view)
-    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        if getattr(request, "htmx", False) and not request.user.is_authenticated:
-            login = redirect_to_login(request.htmx.current_url_abs_path or "/")  # type: ignore[attr-defined]
-            return HttpResponseClientRedirect(login["Location"])
-        return signed_in(request, *args, **kwargs)
-
-    return cast(View, guarded)
-
+from fleetctl.core.errors import DomainError
 
 T = TypeVar("T")
 

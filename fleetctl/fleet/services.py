@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
+from fleetctl.audit.crud import audited_create, audited_delete, audited_update, editable_fields
 from fleetctl.audit.services import audit_record, refusals_audited
-from fleetctl.core.crud import audited_create, audited_delete, audited_update, editable_fields
 from fleetctl.core.errors import ConflictError
 from fleetctl.fleet.models import HealthCheck, HealthTransition, Pool, PoolModel, Region
 

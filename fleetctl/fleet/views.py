@@ -18,9 +18,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
-from fleetctl.core.views import Outcome, call_service, dashboard_view, filter_form_says_any
+from fleetctl.core.views import Outcome, call_service, filter_form_says_any
 from fleetctl.fleet import charts, selectors, services
 from fleetctl.fleet.filters import PoolFilter
 from fleetctl.fleet.forms import PoolForm, PoolModelForm, RegionForm

@@ -26,8 +26,8 @@ from django.utils import timezone
 
 from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
+from fleetctl.audit.crud import audited_create, audited_delete, audited_update
 from fleetctl.audit.services import audit_record, snapshot
-from fleetctl.core.crud import audited_create, audited_delete, audited_update
 from fleetctl.core.errors import ConflictError
 from fleetctl.fleet.models import Pool, PoolModel
 from fleetctl.traffic import policy, selectors

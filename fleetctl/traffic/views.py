@@ -19,9 +19,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data, pool_colours
-from fleetctl.core.views import Outcome, call_service, dashboard_view
+from fleetctl.core.views import Outcome, call_service
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic import charts, selectors, services
 from fleetctl.traffic.forms import DrainForm, RampForm, RestoreForm

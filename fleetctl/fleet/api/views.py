@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import viewsets
 
-from fleetctl.core.api.viewsets import ServiceModelViewSet
+from fleetctl.accounts.api.viewsets import ServiceModelViewSet
 from fleetctl.fleet import filters, selectors, services
 from fleetctl.fleet.api import serializers
 

@@ -9,8 +9,8 @@ from rest_framework.generics import get_object_or_404  # an id of the wrong type
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from fleetctl.accounts.api.viewsets import ServiceModelViewSet
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.core.api.viewsets import ServiceModelViewSet
 from fleetctl.traffic import selectors, services
 from fleetctl.traffic.api import serializers as s
 from fleetctl.traffic.models import Route
