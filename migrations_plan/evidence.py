@@ -4,8 +4,9 @@ An *evidence kind* is a name ("benchmark", "drain-rehearsal", …) with a label 
 what produces it. A *rule* belongs to a kind: it reads evidence (rows of `Evidence`, or the
 records another app keeps, like drains or health transitions) and answers one of
 pass / warn / fail / insufficient data, with the numbers it used and references to the
-evidence. Later issues add their kinds and rules with `register_kind` / `register_rule`; the
-engine below never changes for them.
+evidence. An app that produces evidence adds its kinds and rules with `register_kind` /
+`register_rule` (the bench app does, for benchmark runs); the engine below never changes for
+them.
 
 A check's *evidence references* are what an approval binds to: each names a row and a
 `version` that changes whenever what the row says changes. The snapshot hash covers the
@@ -82,7 +83,7 @@ class Param:
 class EvidenceKind:
     name: str
     label: str
-    produced_by: str  # what produces it; "" when nothing in this version does yet
+    produced_by: str  # what produces it; "" when nothing in this version does
 
 
 @dataclass(frozen=True)

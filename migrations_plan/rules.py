@@ -29,8 +29,9 @@ KIND_DEFINITIONS = [
     EvidenceKind("cost", "cost per 1M output tokens",
                  "the latest passing benchmark (set by bench services); read from the pool"),
     EvidenceKind("drain-rehearsal", "drain rehearsal", "drain records (dashboard, CLI, REST)"),
-    # Kinds whose jobs arrive with later issues: a check over them reads "insufficient data"
-    # until a job records an Evidence row of that kind.
+    # No job in this version produces these kinds: a check over one reads "insufficient data"
+    # until an Evidence row of that kind is recorded (POST /api/v1/evidence/, `jobs`
+    # permission). The bench app registers "benchmark" again, with its producer, when it loads.
     EvidenceKind("conformance", "OpenAI-contract conformance", ""),
     EvidenceKind("benchmark", "benchmark sweep", ""),
     EvidenceKind("eval", "eval suite", ""),
