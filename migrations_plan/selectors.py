@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from fleetctl.audit.models import AuditEvent
 from migrations_plan import evidence as ev
+from migrations_plan import permissions
 from migrations_plan.models import STAGE_NAMES, Approval, GateCheck, Plan
 
 if TYPE_CHECKING:
@@ -81,28 +82,10 @@ def plan_board(*, include_closed: bool = False) -> list[tuple[str, str, list[Pla
     return board
 
 
-@dataclass
-class ApprovalView:
-    approval: Approval
-    stale_reason: str | None  # set when the evidence moved since (not yet voided by a refresh)
-
-    @property
-    def counts(self) -> bool:
-        return self.approval.is_active and self.stale_reason is None
-
-
-def approvals_for_gate(*, plan: Plan, gate: ev.GateEvaluation) -> list[ApprovalView]:
-    """The current stage's approvals, each marked whether it still counts on this evidence."""
-    snapshot = gate.snapshot()
-    current_hash = ev.snapshot_hash(snapshot)
-    views = []
-    for approval in plan.approvals.filter(stage=gate.stage).select_related("by"):
-        stale = None
-        if approval.is_active and approval.snapshot_hash != current_hash:
-            stale = ev.snapshot_difference(approval.snapshot, snapshot, gate.at) or \
-                "the gate's evidence changed"
-        views.append(ApprovalView(approval=approval, stale_reason=stale))
-    return views
+def approvals_for_gate(*, plan: Plan, gate: ev.GateEvaluation
+                       ) -> list[permissions.ApprovalStanding]:
+    """The gate's stage's approvals, each marked whether it still counts on this evidence."""
+    return permissions.stage_approvals(plan, gate)
 
 
 def plan_checks(*, plan: Plan, include_removed: bool = True) -> QuerySet[GateCheck]:
@@ -139,15 +122,19 @@ def plans_closed() -> QuerySet[Plan]:
     return plan_list().filter(state__in=Plan.CLOSED_STATES).order_by("-closed_at", "-id")
 
 
-def active_approval_counts(*, plans: list[Plan]) -> dict[int, int]:
-    """Per plan, the approvals of its current stage not yet voided or used (one query for
-    the whole board; whether each still matches the evidence is the plan page's business)."""
-    from django.db.models import Count, F
+def counting_approvals(*, cards: list[PlanCard]) -> dict[int, int]:
+    """Per plan, the approvals of its current stage that still count on the gate its card
+    shows (one query for the whole board)."""
+    from django.db.models import F
 
-    rows = (Approval.objects.filter(plan__in=plans, stage=F("plan__stage"),
-                                    voided_at__isnull=True, used_at__isnull=True)
-            .values("plan").annotate(n=Count("id")))
-    return {row["plan"]: row["n"] for row in rows}
+    gates = {card.plan.pk: card.gate for card in cards if card.gate is not None}
+    active: dict[int, list[Approval]] = {}
+    for approval in Approval.objects.filter(plan__in=list(gates), stage=F("plan__stage"),
+                                            voided_at__isnull=True, used_at__isnull=True):
+        active.setdefault(approval.plan_id, []).append(approval)
+    return {plan_id: sum(1 for s in permissions.approval_standings(approvals, gates[plan_id])
+                         if s.counts)
+            for plan_id, approvals in active.items()}
 
 
 def check_get(*, plan: Plan, check_id: int) -> GateCheck | None:

@@ -20,10 +20,11 @@ from django.utils.text import slugify
 from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
 from fleetctl.audit.services import audit_record, audit_refused, snapshot
-from fleetctl.core.errors import ConflictError, DomainError, PermissionDeniedError
+from fleetctl.core.errors import ConflictError, DomainError
 from fleetctl.fleet.models import Pool, PoolModel
 from fleetctl.traffic.models import Drain, Route
 from migrations_plan import evidence as ev
+from migrations_plan import permissions
 from migrations_plan.gates import DEFAULT_GATES
 from migrations_plan.models import (
     STAGE_NAMES,
@@ -42,7 +43,7 @@ EDITABLE_FIELDS = ["slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "late
                    "cost_margin_pct", "quality_margin_pct", "owner", "target_date",
                    "required_approvals", "notes"]
 CHECK_FIELDS = ["stage", "key", "title", "kind", "rule", "params", "attest_role"]
-MIN_JUSTIFICATION = 15
+MIN_JUSTIFICATION = permissions.MIN_JUSTIFICATION
 PAST = {"pause": "paused", "regress": "regressed", "abandon": "abandoned", "resume": "resumed"}
 
 
@@ -62,14 +63,12 @@ def _refusals(actor: Actor, action: str, target: object) -> Iterator[None]:
 
 def _person(actor: Actor, doing: str) -> Any:
     """Approvals, attestations and authorship belong to a named person signed in."""
-    if actor.user is None or not getattr(actor.user, "pk", None):
-        raise PermissionDeniedError(f"{doing} needs a named person; {actor.label} is not one.")
+    permissions.enforce(permissions.person_refusal(actor, doing))
     return actor.user
 
 
 def _open(plan: Plan) -> None:
-    if not plan.is_open:
-        raise ConflictError(f"Plan {plan.name} is {plan.state}; a closed plan cannot be changed.")
+    permissions.enforce(permissions.closed_refusal(plan))
 
 
 def _lock(plan: Plan) -> Plan:
@@ -201,9 +200,7 @@ def plan_update(*, actor: Actor, plan: Plan, **changes: Any) -> Plan:
 def _editable_stage(plan: Plan, stage: int) -> None:
     if stage not in STAGE_NAMES:
         raise ValidationError({"stage": [f"Stages are 1–4, not {stage}."]})
-    if stage < plan.stage:
-        raise ConflictError(f"Stage {stage} ({STAGE_NAMES[stage]}) is behind plan {plan.name}; "
-                            f"its gate is part of the record and cannot be edited.")
+    permissions.enforce(permissions.behind_refusal(plan, stage))
 
 
 def check_add(*, actor: Actor, plan: Plan, stage: int, title: str, rule: str = "",
@@ -310,33 +307,20 @@ def check_remove(*, actor: Actor, check: GateCheck, reason: str) -> GateCheck:
 # --- attestations -----------------------------------------------------------------------------
 
 def attest(*, actor: Actor, check: GateCheck, note: str) -> Attestation:
-    """A person holding the check's role confirms it, in words."""
+    """A person holding the check's role confirms it, in words. Who may, and when, is
+    `permissions.attest_refusal`'s answer."""
     plan = check.plan
     with _refusals(actor, "plan.attest", plan):
-        person = _person(actor, "Attesting")
-        if actor.token is not None:
-            raise PermissionDeniedError("Attest from the dashboard, signed in; not with a token.")
-        if check.kind != GateCheck.Kind.ATTESTED:
-            raise ValidationError({"check": [
-                f"Check {check.title!r} is evidence-backed; its rule decides it."]})
-        held = actor.roles
-        if check.attest_role not in held and roles.ADMIN not in held:
-            raise PermissionDeniedError(
-                f"Check {check.title!r} is attested by a {check.attest_role}; you have "
-                f"{', '.join(sorted(held)) or 'no role'}.")
+        permissions.enforce(permissions.attester_refusal(actor, check))
+        person, held = actor.user, actor.roles
         if len(note.strip()) < 5:
             raise ValidationError({"note": ["Say what you confirm (a few words at least)."]})
         with transaction.atomic():
             locked = _lock(plan)
-            _open(locked)
             row = GateCheck.objects.select_for_update().get(pk=check.pk)
-            if row.removed_at is not None:
-                raise ConflictError(f"Check {row.title!r} was removed from the gate.")
-            _editable_stage(locked, row.stage)
-            existing = row.attestations.filter(withdrawn_at__isnull=True).first()
-            if existing is not None:
-                raise ConflictError(f"Already attested by {existing.by.get_username()} at "
-                                    f"{existing.at:%Y-%m-%d %H:%M} UTC.")
+            existing = (row.attestations.filter(withdrawn_at__isnull=True)
+                        .select_related("by").first())
+            permissions.enforce(permissions.attest_refusal(locked, row, actor, existing))
             role = check.attest_role if check.attest_role in held else roles.ADMIN
             attestation = Attestation.objects.create(check_item=row, by=person, role=role,
                                                      note=note.strip())
@@ -348,46 +332,23 @@ def attest(*, actor: Actor, check: GateCheck, note: str) -> Attestation:
 
 # --- approvals and stage moves ----------------------------------------------------------------
 
-def _separate_from(person: Any, plan: Plan, *, doing: str) -> None:
-    """Separation of duties: whoever opened or owns a plan may neither approve nor advance it,
-    so every stage move involves a second platform lead."""
-    if person.pk in (plan.created_by_id, plan.owner_id):
-        who = "opened" if person.pk == plan.created_by_id else "own"
-        raise PermissionDeniedError(
-            f"You {who} plan {plan.name}; separation of duties: another platform lead "
-            f"must {doing}.")
-
-
 def approve(*, actor: Actor, plan: Plan, justification: str = "") -> Approval:
     """A platform lead, not the plan's author or owner, signs off the current stage's gate,
-    bound to the exact evidence it shows now."""
+    bound to the exact evidence it shows now. Who may, and when, is
+    `permissions.approve_refusal`'s answer, asked again on the locked plan."""
     actor.require(roles.APPROVE, action="plan.approve", target=plan)
     with _refusals(actor, "plan.approve", plan):
-        person = _person(actor, "Approving")
-        _separate_from(person, plan, doing="approve its gates")
+        permissions.enforce(permissions.decider_refusal(actor, plan, permissions.APPROVE))
+        person = actor.user
         justification = justification.strip()
         _void_stale_approvals(plan)
         with transaction.atomic():
             locked = _lock(plan)
-            _at_stage(locked)
             gate = ev.evaluate_gate(locked)
-            if gate.blockers:
-                raise ConflictError(
-                    f"The stage {locked.stage} gate cannot be approved: "
-                    + "; ".join(f"{o.check.title} — {o.result.summary}" for o in gate.blockers))
-            if gate.needs_justification and len(justification) < MIN_JUSTIFICATION:
-                raise ValidationError({"justification": [
-                    f"{len(gate.needs_justification)} check(s) are not a clean pass ("
-                    + ", ".join(f"{o.check.title}: {ev.STATUS_LABELS[o.status]}"
-                                for o in gate.needs_justification)
-                    + f"); write why you approve anyway (at least {MIN_JUSTIFICATION} "
-                      f"characters)."]})
+            permissions.enforce(permissions.approve_refusal(
+                locked, gate, actor, permissions.stage_approvals(locked, gate),
+                justification=justification))
             current_hash = gate.hash()
-            mine = locked.approvals.filter(stage=locked.stage, by=person, voided_at__isnull=True,
-                                           used_at__isnull=True).first()
-            if mine is not None:
-                raise ConflictError(f"You already approved this gate at "
-                                    f"{mine.at:%Y-%m-%d %H:%M} UTC on the same evidence.")
             approval = Approval.objects.create(
                 plan=locked, stage=locked.stage, by=person, gate_status=gate.status,
                 justification=justification, snapshot=gate.snapshot(),
@@ -397,12 +358,6 @@ def approve(*, actor: Actor, plan: Plan, justification: str = "") -> Approval:
                          after={"stage": locked.stage, "gate_status": gate.status,
                                 "snapshot_hash": current_hash, "approval": approval.pk})
     return approval
-
-
-def _at_stage(plan: Plan) -> None:
-    _open(plan)
-    if not plan.in_stage:
-        raise ConflictError(f"Plan {plan.name} is {plan.state}; resume it first.")
 
 
 def _void_stale_approvals(plan: Plan, *, actor: Actor | None = None) -> list[Approval]:
@@ -416,14 +371,12 @@ def _void_stale_approvals(plan: Plan, *, actor: Actor | None = None) -> list[App
         if not active or not locked.in_stage:
             return voided
         gate = ev.evaluate_gate(locked)
-        current = gate.snapshot()
-        current_hash = ev.snapshot_hash(current)
-        for approval in active:
-            why = ev.snapshot_difference(approval.snapshot, current, gate.at)
-            if why is None and approval.snapshot_hash == current_hash:
+        for standing in permissions.approval_standings(active, gate):
+            if standing.counts:
                 continue
+            approval = standing.approval
             approval.voided_at = gate.at
-            approval.void_reason = why or "the gate's evidence changed"
+            approval.void_reason = standing.why_not or ""
             approval.save(update_fields=["voided_at", "void_reason"])
             audit_record(actor=actor or Actor.for_system("plan-gate"),
                          action="plan.approval.void", target=locked,
@@ -437,32 +390,17 @@ def _void_stale_approvals(plan: Plan, *, actor: Actor | None = None) -> list[App
 def advance(*, actor: Actor, plan: Plan, reason: str = "") -> Plan:
     """Move to the next stage (from 4: completed), by a platform lead who neither opened nor
     owns the plan. The gate is evaluated again inside the move's transaction; enough
-    approvals must hold on exactly that evidence."""
+    approvals must hold on exactly that evidence (`permissions.advance_refusal`)."""
     actor.require(roles.APPROVE, action="plan.advance", target=plan)
     with _refusals(actor, "plan.advance", plan):
-        _separate_from(_person(actor, "Advancing a plan"), plan, doing="advance it")
+        permissions.enforce(permissions.decider_refusal(actor, plan, permissions.ADVANCE))
         _void_stale_approvals(plan)
         with transaction.atomic():
             locked = _lock(plan)
-            _at_stage(locked)
             gate = ev.evaluate_gate(locked)
-            if gate.blockers:
-                raise ConflictError(
-                    f"Stage {locked.stage} gate blocks: "
-                    + "; ".join(f"{o.check.title} — {o.result.summary}" for o in gate.blockers))
-            current_hash = gate.hash()
-            approvals = list(locked.approvals.filter(
-                stage=locked.stage, voided_at__isnull=True, used_at__isnull=True,
-                snapshot_hash=current_hash).select_related("by"))
-            if len(approvals) < locked.required_approvals:
-                voided = list(locked.approvals.filter(stage=locked.stage, used_at__isnull=True,
-                                                      voided_at__isnull=False)
-                              .select_related("by")[:3])
-                detail = "".join(f" Voided: {a.by.get_username()} — {a.void_reason}."
-                                 for a in voided)
-                raise ConflictError(
-                    f"Stage {locked.stage} needs {locked.required_approvals} approval(s) on the "
-                    f"current evidence; it has {len(approvals)}.{detail}")
+            standings = permissions.stage_approvals(locked, gate)
+            permissions.enforce(permissions.advance_refusal(locked, gate, actor, standings))
+            approvals = [s.approval for s in standings if s.counts]
             to_state = (Plan.State.COMPLETED if locked.stage == 4
                         else f"stage-{locked.stage + 1}")
             kind = StageMove.Kind.COMPLETE if locked.stage == 4 else StageMove.Kind.ADVANCE

@@ -3,16 +3,17 @@
 the timeline).
 
 Function views that call selectors (reads) and services (writes, through `call_service`).
-The services decide every permission and rule; the views only say in advance why a button
-would be refused, so a disabled button carries its reason. htmx asks for the gate block of
-the same page by targeting its id; the view then renders only that partial.
+The services decide every permission and rule, through `permissions`; the views show its
+answer in advance, so a disabled button carries the reason the service would give. htmx
+asks for the gate block of the same page by targeting its id; the view then renders only
+that partial.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -30,7 +31,7 @@ from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.views import Outcome, call_service
 from migrations_plan import evidence as ev
-from migrations_plan import selectors, services
+from migrations_plan import permissions, selectors, services
 from migrations_plan.forms import (
     AdvanceForm,
     ApproveForm,
@@ -153,7 +154,8 @@ class BoardCard:
 def plan_board(request: HttpRequest) -> HttpResponse:
     board = selectors.plan_board()
     plans = [card.plan for _, _, cards in board for card in cards]
-    approvals = selectors.active_approval_counts(plans=plans)
+    approvals = selectors.counting_approvals(cards=[card for _, _, cards in board
+                                                    for card in cards])
     now = timezone.now()
     columns = [
         (state, label, [BoardCard(plan=c.plan, gate=c.gate,
@@ -201,7 +203,7 @@ class CheckRow:
     outcome: ev.CheckOutcome
     numbers: list[tuple[str, str]]
     attestation: Attestation | None
-    can_attest: bool
+    attest_refusal: permissions.Refusal | None  # None: this person may attest it now
     attest_form: AttestForm
     edit_form: CheckEditForm
     remove_form: ReasonForm
@@ -223,16 +225,13 @@ class CheckRow:
         rule = ev.RULES.get(self.check.rule)
         return rule.description if rule else ""
 
+    @property
+    def can_attest(self) -> bool:
+        return self.attest_refusal is None
 
-@dataclass
-class Decision:
-    """Whether the approve and advance buttons can be used now, and if not, why."""
-
-    approve_blocked: str = ""
-    advance_blocked: str = ""
-    needs_justification: list[ev.CheckOutcome] = field(default_factory=list)
-    counting: int = 0
-    required: int = 1
+    @property
+    def attest_why_not(self) -> str:
+        return self.attest_refusal.reason if self.attest_refusal else ""
 
 
 def _numbers(values: dict[str, Any]) -> list[tuple[str, str]]:
@@ -244,44 +243,6 @@ def _numbers(values: dict[str, Any]) -> list[tuple[str, str]]:
     return [(key.replace("_", " "), show(value)) for key, value in values.items()]
 
 
-def _decision(plan: Plan, gate: ev.GateEvaluation, approvals: list[selectors.ApprovalView],
-              actor: Actor) -> Decision:
-    decision = Decision(needs_justification=gate.needs_justification,
-                        counting=sum(1 for a in approvals if a.counts),
-                        required=plan.required_approvals)
-    user_id = getattr(actor.user, "pk", None)
-    if not plan.is_open:
-        closed = f"Plan is {plan.state}; a closed plan takes no approvals or moves."
-        decision.approve_blocked = decision.advance_blocked = closed
-        return decision
-    if not plan.in_stage:
-        paused = f"Plan is paused at stage {plan.stage}; resume it first."
-        decision.approve_blocked = decision.advance_blocked = paused
-        return decision
-    blockers = "; ".join(f"{o.check.title} ({ev.STATUS_LABELS[o.status]})"
-                         for o in gate.blockers)
-    if user_id == plan.created_by_id:
-        decision.approve_blocked = ("You opened this plan; another platform lead must "
-                                    "approve its gates.")
-    elif user_id == plan.owner_id:
-        decision.approve_blocked = ("You own this plan; another platform lead must approve "
-                                    "its gates.")
-    elif blockers:
-        decision.approve_blocked = f"Blocked by: {blockers}."
-    elif any(a.counts and a.approval.by_id == user_id for a in approvals):
-        decision.approve_blocked = "You already approved this gate on this evidence."
-    if user_id in (plan.created_by_id, plan.owner_id):
-        decision.advance_blocked = (f"You {'opened' if user_id == plan.created_by_id else 'own'}"
-                                    f" this plan; another platform lead must advance it.")
-    elif blockers:
-        decision.advance_blocked = f"Blocked by: {blockers}."
-    elif decision.counting < plan.required_approvals:
-        decision.advance_blocked = (f"Needs {plan.required_approvals} approval"
-                                    f"{'s' if plan.required_approvals != 1 else ''} on the "
-                                    f"current evidence, has {decision.counting}.")
-    return decision
-
-
 def _viewed_stage(request: HttpRequest, plan: Plan) -> int:
     try:
         stage = int(request.GET.get("stage") or plan.stage)
@@ -290,15 +251,13 @@ def _viewed_stage(request: HttpRequest, plan: Plan) -> int:
     return stage if stage in STAGE_NAMES else plan.stage
 
 
-def _check_rows(plan: Plan, gate: ev.GateEvaluation, actor: Actor,
+def _check_rows(gate: ev.GateEvaluation, decision: permissions.GateDecision,
                 bound: dict[str, forms.Form]) -> list[CheckRow]:
-    held = actor.roles
     rows = []
     for outcome in gate.outcomes:
         check = outcome.check
         pk = check.pk
-        attestation = next((a for a in check.attestations.all() if a.withdrawn_at is None),
-                           None)
+        attestation = permissions.standing_attestation(check)
         attest_form = bound.get(f"attest-{pk}") or AttestForm(prefix=f"attest-{pk}")
         edit_form = bound.get(f"edit-{pk}") or CheckEditForm(
             prefix=f"edit-{pk}", initial=check_edit_initial(check))
@@ -306,8 +265,7 @@ def _check_rows(plan: Plan, gate: ev.GateEvaluation, actor: Actor,
                                                               label=LABELS["remove"])
         rows.append(CheckRow(
             outcome=outcome, numbers=_numbers(outcome.result.numbers), attestation=attestation,
-            can_attest=(check.kind == GateCheck.Kind.ATTESTED and attestation is None
-                        and bool({check.attest_role, roles.ADMIN} & held)),
+            attest_refusal=decision.attest.get(pk),
             attest_form=attest_form,  # type: ignore[arg-type]
             edit_form=edit_form,  # type: ignore[arg-type]
             remove_form=remove_form,  # type: ignore[arg-type]
@@ -336,6 +294,7 @@ def _render_plan(request: HttpRequest, plan: Plan, *, stage: int | None = None,
     is_current = viewed == plan.stage
     gate = ev.evaluate_gate(plan, stage=viewed)
     approvals = selectors.approvals_for_gate(plan=plan, gate=gate)
+    decision = permissions.decide(plan, gate, actor, approvals=approvals)
     editable = plan.is_open and viewed >= plan.stage
     context: dict[str, Any] = {
         "plan": plan,
@@ -345,9 +304,9 @@ def _render_plan(request: HttpRequest, plan: Plan, *, stage: int | None = None,
         "viewed_stage": viewed,
         "viewed_stage_name": STAGE_NAMES[viewed],
         "is_current": is_current,
-        "rows": _check_rows(plan, gate, actor, bound),
+        "rows": _check_rows(gate, decision, bound),
         "approvals": approvals,
-        "decision": _decision(plan, gate, approvals, actor),
+        "decision": decision,
         "approve_form": bound.get("approve") or ApproveForm(prefix="approve"),
         "advance_form": bound.get("advance") or AdvanceForm(prefix="advance"),
         "editable": editable,

@@ -14,7 +14,7 @@ from fleetctl.core.api.fields import StrictCharField
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic.models import Route
 from migrations_plan import evidence as ev
-from migrations_plan import selectors
+from migrations_plan import permissions, selectors
 from migrations_plan.models import (
     STAGE_NAMES,
     Approval,
@@ -87,8 +87,7 @@ class CheckOutcomeSerializer(serializers.Serializer):
 
     @extend_schema_field(AttestationSerializer(allow_null=True))
     def get_attestation(self, outcome: ev.CheckOutcome) -> dict[str, Any] | None:
-        standing = next((a for a in outcome.check.attestations.all() if a.withdrawn_at is None),
-                        None)
+        standing = permissions.standing_attestation(outcome.check)
         return AttestationSerializer(standing).data if standing else None
 
 
@@ -142,13 +141,8 @@ class GateApprovalSerializer(serializers.Serializer):
     counts = serializers.BooleanField(help_text="Counts towards advancing on today's evidence.")
     why_not = serializers.SerializerMethodField(help_text="Why it does not count, if it does not.")
 
-    def get_why_not(self, view: selectors.ApprovalView) -> str | None:
-        approval = view.approval
-        if approval.voided_at is not None:
-            return f"voided: {approval.void_reason}"
-        if approval.used_at is not None:
-            return f"used by the stage move at {approval.used_at:%Y-%m-%d %H:%M} UTC"
-        return view.stale_reason
+    def get_why_not(self, standing: permissions.ApprovalStanding) -> str | None:
+        return standing.why_not
 
 
 class StageGateSerializer(GateSerializer):
