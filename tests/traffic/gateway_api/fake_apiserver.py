@@ -24,9 +24,11 @@ none and a changed one keeps its old observedGeneration; `catch_up()` then write
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
+import socket
 import ssl
 import threading
 import time
@@ -111,14 +113,17 @@ class FakeState:
 
 
 class FakeApiServer:
-    def __init__(self, *, token: str | None = None, tls: tuple[Path, Path] | None = None):
-        self.state = FakeState(token=token)
+    def __init__(self, *, token: str | None = None, tls: tuple[Path, Path] | None = None,
+                 port: int = 0, state: FakeState | None = None):
+        """`port` and `state` let a test start it again where a stopped one was, holding
+        what that one held (as an API server restarted over the same etcd)."""
+        self.state = state or FakeState(token=token)
         state = self.state
 
         class Handler(_Handler):
             fake = state
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _Server(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.scheme = "http"
         if tls:
@@ -138,8 +143,10 @@ class FakeApiServer:
         return self
 
     def stop(self) -> None:
+        """Down for every client: the open keep-alive connections are closed too."""
         self.httpd.shutdown()
         self.httpd.server_close()
+        self.httpd.close_connections()
 
     @property
     def requests(self) -> list[Recorded]:
@@ -192,6 +199,27 @@ class FakeApiServer:
     def _bump(self, obj: dict[str, Any]) -> None:
         self.state.version += 1
         obj["metadata"]["resourceVersion"] = str(self.state.version)
+
+
+class _Server(ThreadingHTTPServer):
+    """Keeps its open connections, so stop() can close them as a stopped server would."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.connections: set[socket.socket] = set()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        for connection in list(self.connections):
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
 
 
 class _Handler(BaseHTTPRequestHandler):
