@@ -1,9 +1,9 @@
 """Real Envoy processes in front of real simulated pools, all on loopback and free ports.
 
 `sims`: one simulator process for the session, pools `pa`, `pb`, `pc` (fast profile, both
-test models, ground truth on). `gateway`: a fresh Envoy per test, its working directory in
-tmp_path, and the EnvoyAdapter pointed at it. Which pool served a request is read from the
-pools' own ground truth, never from what Envoy says.
+test models, ground truth on). `gateway`: one Envoy per test module, and the EnvoyAdapter
+pointed at it; each test applies the whole state it needs, as fleetctl does. Which pool
+served a request is read from the pools' own ground truth, never from what Envoy says.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import openai
@@ -86,11 +85,12 @@ class Gateway:
         return served
 
 
-@pytest.fixture
-def gateway(sims: SimProcess, tmp_path: Path) -> Iterator[Gateway]:
+@pytest.fixture(scope="module")
+def gateway(sims: SimProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     for pool in POOLS:
         httpx.delete(f"{sims.url(pool)}/admin/ground-truth", timeout=5)
-    process = EnvoyProcess(tmp_path / "envoy", free_port(), free_port()).start(timeout_s=60)
+    process = EnvoyProcess(tmp_path_factory.mktemp("envoy"), free_port(),
+                           free_port()).start(timeout_s=60)
     # load_timeout_s: how long an apply waits for Envoy to load a swapped file. The default
     # (5 s) is ample on a quiet machine; a loaded one may need longer, and a longer wait
     # costs nothing when the file loads. A rejected file is still detected at once.
