@@ -14,11 +14,13 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
-
-import httpx
+from typing import Any
 
 from fleetctl.core.files import write_atomically
-from fleetctl.traffic.gateways.envoy import config as envoy_config
+from fleetctl.core.http import OutboundError, shared_client
+from fleetctl.traffic.gateways import registry
+from fleetctl.traffic.gateways.base import GatewaySpec
+from fleetctl.traffic.gateways.envoy import render as envoy_config
 from fleetctl.traffic.gateways.envoy.runtime import read_runtime_file, write_runtime_file
 
 
@@ -53,6 +55,14 @@ class EnvoyProcess:
     @property
     def listen_url(self) -> str:
         return f"http://127.0.0.1:{self.listen_port}"
+
+    def gateway(self, name: str = "envoy-test", **options: Any) -> GatewaySpec:
+        """This Envoy as a gateway: its admin URL, its directory as config_dir, and `options`,
+        read by the Envoy options schema (a wrong one fails here, naming it)."""
+        spec = GatewaySpec(name=name, kind="envoy", admin_address=self.admin_url,
+                           options={"config_dir": str(self.workdir), **options})
+        registry.get("envoy").parse_options(spec.options)
+        return spec
 
     @property
     def bootstrap_path(self) -> Path:
@@ -105,10 +115,10 @@ class EnvoyProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"Envoy exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                answer = httpx.get(f"{self.admin_url}/ready", timeout=1.0)
+                answer = shared_client().get(f"{self.admin_url}/ready", timeout_s=1.0)
                 if answer.status_code == 200 and answer.text.strip() == "LIVE":
                     return
-            except httpx.HTTPError:
+            except OutboundError:
                 pass
             time.sleep(0.05)
         self.stop()

@@ -17,12 +17,8 @@ from typing import Any, BinaryIO
 
 from fleetctl.core.ports import free_port
 from fleetctl.traffic.gateways.base import AdapterError, DesiredState, GatewaySpec
-from fleetctl.traffic.gateways.haproxy.adapter import (
-    HAProxySettings,
-    parse_servers_state,
-    render_config,
-    runtime_command,
-)
+from fleetctl.traffic.gateways.haproxy.adapter import parse_servers_state, runtime_command
+from fleetctl.traffic.gateways.haproxy.render import HAProxySettings, render_config
 
 
 class HAProxyProcess:
@@ -56,13 +52,14 @@ class HAProxyProcess:
         return str(self.gateway.options["master_socket"])
 
     def start(self, timeout_s: float = 10.0) -> HAProxyProcess:
+        # The options are read as the adapter reads them: a bad one fails here, named.
         settings = HAProxySettings.from_gateway(self.gateway)
-        config_path, _ = settings.require_files()
+        config_path = settings.config_path
         if not config_path.exists():
             config_path.write_text(render_config(DesiredState(routes=(), pools={}), settings).text)
         self._log = (self.directory / "haproxy.log").open("ab")
         self.proc = subprocess.Popen(
-            [settings.haproxy_bin, "-W", "-S", self.master_socket, "-f", str(config_path),
+            [settings.options.haproxy_bin, "-W", "-S", self.master_socket, "-f", str(config_path),
              "-p", str(self.directory / "haproxy.pid")],
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )

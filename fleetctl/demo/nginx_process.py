@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from fleetctl.core.http import OutboundError, shared_client
 from fleetctl.core.ports import free_port
 from fleetctl.traffic.gateways.base import DesiredState, GatewaySpec
-from fleetctl.traffic.gateways.nginx.adapter import NginxSettings, render_config
+from fleetctl.traffic.gateways.nginx.render import NginxSettings, render_config
 
 
 def _current_user() -> str:
@@ -42,6 +41,7 @@ class NginxProcess:
             defaults["user"] = _current_user()
         self.gateway = GatewaySpec(name=name, kind="nginx", admin_address=str(prefix),
                                    options={**defaults, **options})
+        # The options are read as the adapter reads them: a bad one fails here, named.
         self.settings = NginxSettings.from_gateway(self.gateway)
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -56,7 +56,7 @@ class NginxProcess:
         (self.prefix / "tmp").mkdir(exist_ok=True)
         log = (self.prefix / "nginx.stderr").open("ab")
         self.proc = subprocess.Popen(
-            [self.settings.nginx_bin, "-p", str(self.prefix), "-c", str(self.settings.conf),
+            [self.settings.options.nginx_bin, "-p", str(self.prefix), "-c", str(self.settings.conf),
              "-e", str(self.prefix / "error.log"), "-g", "daemon off;"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -71,10 +71,10 @@ class NginxProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"nginx exited with {self.proc.returncode}: {self.log()}")
             try:
-                if httpx.get(self.settings.status_url, timeout=0.5).status_code == 200 \
-                        and self.settings.pid_file.exists():
+                if shared_client().get(self.settings.status_url, timeout_s=0.5).status_code \
+                        == 200 and self.settings.pid_file.exists():
                     return
-            except httpx.HTTPError:
+            except OutboundError:
                 pass
             time.sleep(0.02)
         raise RuntimeError(f"nginx did not answer within {timeout_s:g} s: {self.log()}")

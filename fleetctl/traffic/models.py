@@ -93,36 +93,47 @@ class SplitRevision(models.Model):
         return {pool: bp / 100 for pool, bp in sorted(self.weights.items())}
 
 
-# What each adapter cannot work without (fleetctl/traffic/ADAPTERS.md, ENVOY.md).
-REQUIRED_OPTIONS: dict[str, tuple[str, ...]] = {
-    "envoy": ("config_dir",),
-    "haproxy": ("bind", "config_path", "master_socket"),
-    "nginx": ("listen",),
-}
-REQUIRED_OPTIONS_WHY = {
-    "envoy": "config_dir: the directory its bootstrap watches",
-    "haproxy": "where it listens, the config file fleetctl renders, the master CLI socket",
-    "nginx": "the address it listens on",
-}
+class GatewayKindField(models.CharField):
+    """Gateway.kind: text in the database, one of the registry's kinds everywhere else
+    (fleetctl.traffic.gateways.registry finds them from their folders). Migrations see a plain
+    CharField without choices, so a new kind needs no migration; forms get a choice of the
+    registered kinds, and validation refuses any other."""
+
+    def formfield(self, **kwargs: Any) -> Any:
+        from django import forms
+        from django.utils.text import capfirst
+
+        from fleetctl.traffic.gateways import registry
+
+        return forms.ChoiceField(choices=registry.choices, initial=self.default,
+                                 label=capfirst(self.verbose_name), help_text=self.help_text)
+
+    def validate(self, value: Any, model_instance: Any) -> None:
+        from django.core.exceptions import ValidationError
+
+        from fleetctl.traffic.gateways import registry
+
+        super().validate(value, model_instance)
+        if registry.find(value) is None:
+            raise ValidationError(registry.unknown_kind_message(value), code="invalid_choice")
+
+    def deconstruct(self) -> Any:
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.CharField", args, kwargs
 
 
 class Gateway(models.Model):
-    class Kind(models.TextChoices):
-        ENVOY = "envoy", "Envoy"
-        HAPROXY = "haproxy", "HAProxy"
-        NGINX = "nginx", "nginx"
-        GATEWAY_API = "gateway-api", "Kubernetes Gateway API"
-
     class State(models.TextChoices):
         UNKNOWN = "unknown", "unknown"
         IN_SYNC = "in-sync", "in sync"
         FAILING = "failing", "failing"
 
     name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
-    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.ENVOY)
+    kind = GatewayKindField(max_length=16, default="envoy",
+                            help_text="The kind of gateway: one of the registered kinds.")
     admin_address = models.CharField(
-        max_length=300, help_text="Envoy admin URL, HAProxy runtime socket, nginx prefix, or "
-                                  "Kubernetes API URL.",
+        max_length=300, help_text="How fleetctl reaches the gateway; each kind says what it "
+                                  "holds (a URL, a socket, a directory).",
         validators=[RegexValidator(r"^\S+$", "No spaces.")],
     )
     options = models.JSONField(default=dict, blank=True)
@@ -140,22 +151,33 @@ class Gateway(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def get_kind_display(self) -> str:
+        from fleetctl.traffic.gateways import registry
+
+        kind = registry.find(self.kind)
+        return kind.label if kind is not None else self.kind
+
     def clean(self) -> None:
+        """The kind's own rules (registry): what admin_address holds, and the options schema
+        (unknown keys, types, required options), each problem naming its option."""
         from django.core.exceptions import ValidationError
 
-        if not isinstance(self.options, dict):
-            raise ValidationError({"options": ['Options are an object, e.g. '
-                                               '{"config_dir": "/var/lib/fleetctl/envoy"}.']})
-        needs_url = self.kind in (self.Kind.ENVOY, self.Kind.GATEWAY_API)
-        if needs_url and not self.admin_address.startswith(("http://", "https://")):
-            raise ValidationError({"admin_address": [
-                f"A {self.get_kind_display()} gateway is reached over HTTP(S): give its "
-                f"{'admin' if self.kind == self.Kind.ENVOY else 'API server'} URL."]})
-        missing = [key for key in REQUIRED_OPTIONS.get(self.kind, ()) if not self.options.get(key)]
-        if missing:
-            raise ValidationError({"options": [
-                f"A {self.get_kind_display()} gateway needs {', '.join(missing)} in its options "
-                f"({REQUIRED_OPTIONS_WHY[self.kind]})."]})
+        from fleetctl.traffic.gateways import registry
+        from fleetctl.traffic.gateways.schema import OptionsError
+
+        kind = registry.find(self.kind)
+        if kind is None:
+            return  # the field's own validation says so
+        errors: dict[str, list[str]] = {}
+        problem = kind.address_problem(self.admin_address)
+        if problem:
+            errors["admin_address"] = [problem]
+        try:
+            kind.parse_options(self.options)
+        except OptionsError as exc:
+            errors["options"] = exc.problems
+        if errors:
+            raise ValidationError(errors)
 
 
 class GatewayPush(models.Model):

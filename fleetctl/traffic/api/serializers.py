@@ -79,6 +79,23 @@ class GatewaySerializer(serializers.ModelSerializer):
                                           queryset=Route.objects.all(), required=False)
     admin_address = StrictCharField(max_length=300)
 
+    def get_fields(self) -> dict[str, Any]:
+        """kind, admin_address and options as the registered kinds define them (the
+        registry finds kinds from their folders, so these are built per serializer)."""
+        from fleetctl.traffic.gateways import registry
+
+        fields = super().get_fields()
+        kinds = registry.kinds().values()
+        fields["kind"] = serializers.ChoiceField(choices=registry.choices(), required=False)
+        fields["admin_address"].help_text = "How fleetctl reaches the gateway: " + "; ".join(
+            f"{kind.name}: {kind.address.help}" for kind in kinds) + "."
+        fields["options"].help_text = (
+            "The kind's options (unknown keys, wrong types and missing required options are "
+            "refused, naming the option). " + " ".join(
+                f"{kind.name}: " + "; ".join(info.describe() for info in kind.option_infos())
+                + "." for kind in kinds))
+        return fields
+
     class Meta:
         model = Gateway
         fields = ["id", "name", "kind", "admin_address", "options", "routes", "state",
@@ -123,7 +140,6 @@ class DrainSerializer(serializers.ModelSerializer):
         fields = ["id", "action", "route", "pool", "restores", "drained_pools", "revisions",
                   "requested_by", "reason", "requested_at", "status", "verified_at",
                   "in_flight_zero_at", "completed_at", "verified_ms", "duration_ms",
-                  "last_error", "gateways"]
         read_only_fields = fields
 
     def get_revisions(self, drain: Drain) -> list[str]:

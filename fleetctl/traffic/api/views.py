@@ -13,6 +13,7 @@ from fleetctl.accounts.api.viewsets import ServiceModelViewSet
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.traffic import selectors, services
 from fleetctl.traffic.api import serializers as s
+from fleetctl.traffic.api.filters import GatewayFilter
 from fleetctl.traffic.models import Route
 
 
@@ -74,7 +75,7 @@ class GatewayViewSet(ServiceModelViewSet):
 
     queryset = selectors.gateway_list()
     serializer_class = s.GatewaySerializer
-    filterset_fields = ["kind", "state"]
+    filterset_class = GatewayFilter
     lookup_field = "name"
     instance_kwarg = "gateway"
     create_service = services.gateway_create

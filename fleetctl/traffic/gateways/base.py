@@ -16,7 +16,7 @@ import re
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 from urllib.parse import urlsplit
 
 TOTAL_WEIGHT = 10_000
@@ -68,7 +68,7 @@ class GatewaySpec:
 
     name: str
     kind: str
-    admin_address: str  # Envoy admin URL, HAProxy runtime socket, nginx config dir, k8s API URL
+    admin_address: str  # how the gateway is reached: its kind's AddressRule says what it holds
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -110,18 +110,37 @@ class AdapterError(Exception):
         self.permanent = permanent
 
 
-class Adapter(ABC):
+class _KindLabel:
+    """`Adapter.label`: the label its kind declares (registry), e.g. "Envoy"."""
+
+    def __get__(self, instance: object, owner: type[Adapter[Any]]) -> str:
+        from fleetctl.traffic.gateways import registry
+
+        kind = registry.find(owner.kind)
+        return kind.label if kind is not None else owner.kind
+
+
+OptionsT = TypeVar("OptionsT")
+
+
+class Adapter(ABC, Generic[OptionsT]):
     """Subclass per gateway kind; override only what differs. Every method is synchronous,
     must time out (use fleetctl.core.http or explicit timeouts) and must never leave the
-    gateway half-configured: validate first, keep the previous state on failure."""
+    gateway half-configured: validate first, keep the previous state on failure.
 
-    kind: ClassVar[str]
-    label: ClassVar[str] = ""  # the product's name, for messages ("Envoy"); default: kind
+    `self.options` is the gateway's options as its kind's schema (options.py) reads them:
+    typed and checked before the adapter exists (an OptionsError otherwise)."""
+
+    kind: ClassVar[str]  # the value stored in Gateway.kind
+    label = _KindLabel()
     # Weights a gateway can represent exactly; others are rounded (e.g. HAProxy: 0..256).
     weight_resolution: ClassVar[str] = "0.01 %"
 
     def __init__(self, gateway: GatewaySpec) -> None:
+        from fleetctl.traffic.gateways import registry
+
         self.gateway = gateway
+        self.options: OptionsT = registry.get(self.kind).parse_options(gateway.options)
 
     @classmethod
     def check_pool(cls, pool: PoolTarget) -> str | None:
@@ -171,10 +190,10 @@ class Adapter(ABC):
 
 
 _fit_lock = threading.Lock()
-_last_fit: dict[type[Adapter], tuple[DesiredState, Renderable]] = {}
+_last_fit: dict[type[Adapter[Any]], tuple[DesiredState, Renderable]] = {}
 
 
-def renderable(kind: type[Adapter], desired: DesiredState) -> Renderable:
+def renderable(kind: type[Adapter[Any]], desired: DesiredState) -> Renderable:
     """`desired` less the pools `kind` cannot route to. A left-out pool's weight counts as
     0: its share goes to the route's other pools that have weight, in proportion (never to
     a pool at 0, which may not be cleared for live traffic), and a route left with none
@@ -274,30 +293,15 @@ def check_plain_names(desired: DesiredState, *, where: str) -> None:
                                    "would need quoting for", permanent=True)
 
 
-_REGISTRY: dict[str, type[Adapter]] = {}
-# One module per gateway kind; each registers its adapter class on import.
-ADAPTER_MODULES = ("envoy", "haproxy", "nginx", "gateway_api")
+def adapter_for(gateway: GatewaySpec) -> Adapter[Any]:
+    """The adapter for a Gateway row (see registry.adapter_for)."""
+    from fleetctl.traffic.gateways import registry
+
+    return registry.adapter_for(gateway)
 
 
-def _load_adapters() -> None:
-    import importlib
+def adapter_class(kind: str) -> type[Adapter[Any]]:
+    """The adapter class of a kind (see registry); a permanent AdapterError if unknown."""
+    from fleetctl.traffic.gateways import registry
 
-    for name in ADAPTER_MODULES:
-        importlib.import_module(f"fleetctl.traffic.gateways.{name}.adapter")
-
-
-def register(cls: type[Adapter]) -> type[Adapter]:
-    _REGISTRY[cls.kind] = cls
-    return cls
-
-
-def adapter_for(gateway: GatewaySpec) -> Adapter:
-    return adapter_class(gateway.kind)(gateway)
-
-
-def adapter_class(kind: str) -> type[Adapter]:
-    _load_adapters()
-    try:
-        return _REGISTRY[kind]
-    except KeyError as exc:
-        raise AdapterError(f"no adapter for gateway kind {kind!r}", permanent=True) from exc
+    return registry.adapter_class(kind)

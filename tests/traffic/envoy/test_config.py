@@ -10,7 +10,7 @@ import pytest
 
 from fleetctl.demo.envoy_process import validate_config
 from fleetctl.traffic.gateways.base import AdapterError, DesiredState, GatewaySpec, PoolTarget
-from fleetctl.traffic.gateways.envoy import config as envoy_config
+from fleetctl.traffic.gateways.envoy import render as envoy_config
 from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter, held_weights
 from fleetctl.traffic.gateways.envoy.runtime import write_runtime_file
 

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from fleetctl.traffic.gateways.base import AdapterError, DesiredState, GatewaySpec
-from fleetctl.traffic.gateways.gateway_api.adapter import GatewayApiAdapter, render_routes
+from fleetctl.traffic.gateways.gateway_api.adapter import GatewayApiAdapter
+from fleetctl.traffic.gateways.gateway_api.render import render_routes
 
 from .conftest import TOKEN
 from .fake_apiserver import FakeApiServer

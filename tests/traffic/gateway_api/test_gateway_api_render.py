@@ -18,12 +18,9 @@ from fleetctl.traffic.gateways.base import (
     RouteSpec,
     adapter_for,
 )
-from fleetctl.traffic.gateways.gateway_api.adapter import (
-    METHODS,
-    GatewayApiAdapter,
-    GatewayApiSettings,
-    render_routes,
-)
+from fleetctl.traffic.gateways.gateway_api.adapter import GatewayApiAdapter
+from fleetctl.traffic.gateways.gateway_api.options import METHODS
+from fleetctl.traffic.gateways.gateway_api.render import GatewayApiSettings, render_routes
 
 MODEL = "llama-3.1-8b-instruct"
 POOLS = {

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from fleetctl.traffic.gateways.base import AdapterError, GatewaySpec
-from fleetctl.traffic.gateways.gateway_api.adapter import GatewayApiAdapter, GatewayApiSettings
+from fleetctl.traffic.gateways.gateway_api.adapter import GatewayApiAdapter
+from fleetctl.traffic.gateways.gateway_api.render import GatewayApiSettings
 
 from .fake_apiserver import FakeApiServer
 from .test_gateway_api_client import TOKEN, desired
@@ -397,5 +398,7 @@ def test_a_lagging_controller_is_reported_after_the_wait(api: FakeApiServer) -> 
 def test_status_wait_must_be_seconds_from_0_to_300(value: Any) -> None:
     spec = GatewaySpec(name="edge", kind="gateway-api", admin_address="http://127.0.0.1:1",
                        options={"status_wait_s": value})
-    with pytest.raises(AdapterError, match="status_wait_s must be a number of seconds"):
+    with pytest.raises(AdapterError, match=r"options\.status_wait_s must be (a number|from 0 to "
+                                           r"300), not ") as caught:
         GatewayApiSettings.from_gateway(spec)
+    assert caught.value.permanent

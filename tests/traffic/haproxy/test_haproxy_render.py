@@ -17,13 +17,11 @@ from fleetctl.traffic.gateways.base import (
 )
 from fleetctl.traffic.gateways.haproxy.adapter import (
     HAProxyAdapter,
-    HAProxySettings,
     LiveServer,
     _commands,
-    render_config,
-    shares,
     with_weights,
 )
+from fleetctl.traffic.gateways.haproxy.render import HAProxySettings, render_config, shares
 from tests.traffic.scenarios import route
 
 POOLS = {

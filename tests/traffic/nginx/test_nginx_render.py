@@ -15,13 +15,8 @@ from fleetctl.traffic.gateways.base import (
     RouteSpec,
     adapter_for,
 )
-from fleetctl.traffic.gateways.nginx.adapter import (
-    NginxAdapter,
-    NginxSettings,
-    _decode,
-    parse_config,
-    render_config,
-)
+from fleetctl.traffic.gateways.nginx.adapter import NginxAdapter, _decode
+from fleetctl.traffic.gateways.nginx.render import NginxSettings, parse_config, render_config
 from tests.traffic.scenarios import route
 
 POOLS = {

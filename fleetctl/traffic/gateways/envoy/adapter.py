@@ -1,10 +1,8 @@
 """Envoy: weights through the admin runtime, structure through atomically renamed CDS/RDS files.
 
-GatewaySpec.admin_address is the admin base URL (`http://127.0.0.1:9901`);
-GatewaySpec.options["config_dir"] is the directory the bootstrap watches for `clusters.json`
-and `routes.json` (see envoy_config and ENVOY.md). Optional options: `load_timeout_s` (how long
-to wait for Envoy to load a swapped file, default 5) and `admin_timeout_s` (per admin request,
-default 2).
+GatewaySpec.admin_address is the admin base URL (`http://127.0.0.1:9901`); the options
+(options.py) name the directory the bootstrap watches for `clusters.json` and `routes.json`
+(render.py writes them; docs/envoy.md explains them) and two timeouts.
 
 An apply, in an order that never leaves a route half-changed:
 1. render and validate (pools Envoy cannot route to were left out by Adapter.apply; anything
@@ -34,8 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from fleetctl.core import http
 from fleetctl.core.files import write_atomically
-from fleetctl.core.http import OutboundError, OutboundTimeout, OutboundUnreachable, admin_request
+from fleetctl.core.http import OutboundError, OutboundTimeout, OutboundUnreachable
 from fleetctl.traffic.gateways.base import (
     Adapter,
     AdapterError,
@@ -44,9 +43,9 @@ from fleetctl.traffic.gateways.base import (
     GatewaySpec,
     PoolCounters,
     PoolTarget,
-    register,
 )
-from fleetctl.traffic.gateways.envoy import config
+from fleetctl.traffic.gateways.envoy import render as config
+from fleetctl.traffic.gateways.envoy.options import EnvoyOptions
 from fleetctl.traffic.gateways.envoy.runtime import read_runtime_file, write_runtime_file
 
 _RDS = f"http.{config.STAT_PREFIX}.rds.{config.ROUTE_CONFIG_NAME}"
@@ -74,8 +73,8 @@ class LoadState:
 
 class EnvoyAdmin:
     """The admin API, with errors an operator can read: unreachable or 5xx is worth a retry,
-    a 4xx is not. Calls go over a kept-alive connection per admin address
-    (fleetctl.core.http.admin_request)."""
+    a 4xx is not. Calls go through fleetctl.core.http.admin_client(), kept alive per admin
+    address."""
 
     def __init__(self, base_url: str, *, timeout_s: float, gateway: str) -> None:
         self.base_url = base_url.rstrip("/")
@@ -135,8 +134,9 @@ class EnvoyAdmin:
                  form: dict[str, str] | None = None) -> bytes:
         where = self._where(path)
         try:
-            status, body = admin_request(self.base_url, method, path, params=params,
-                                         form=form, timeout_s=self.timeout_s)
+            answer = http.admin_client().request(method, self.base_url + path, params=params,
+                                                 form=form, timeout_s=self.timeout_s)
+            status, body = answer.status_code, answer.body
         except OutboundTimeout as exc:
             raise AdapterError(f"{where} timed out after {self.timeout_s:g} s") from exc
         except OutboundUnreachable as exc:
@@ -198,10 +198,8 @@ class _Seen:
 _seen = _Seen()
 
 
-@register
-class EnvoyAdapter(Adapter):
+class EnvoyAdapter(Adapter[EnvoyOptions]):
     kind: ClassVar[str] = "envoy"
-    label: ClassVar[str] = "Envoy"
 
     @classmethod
     def check_pool(cls, pool: PoolTarget) -> str | None:
@@ -209,11 +207,10 @@ class EnvoyAdapter(Adapter):
 
     def __init__(self, gateway: GatewaySpec) -> None:
         super().__init__(gateway)
-        options = gateway.options
-        self.load_timeout_s = float(options.get("load_timeout_s", 5.0))
+        self.load_timeout_s = self.options.load_timeout_s
         self.admin = EnvoyAdmin(gateway.admin_address, gateway=gateway.name,
-                                timeout_s=float(options.get("admin_timeout_s", 2.0)))
-        self._seen_key = (self.admin.base_url, str(options.get("config_dir", "")))
+                                timeout_s=self.options.admin_timeout_s)
+        self._seen_key = (self.admin.base_url, self.options.config_dir)
 
     # --- apply -------------------------------------------------------------------------------
 
@@ -323,7 +320,7 @@ class EnvoyAdapter(Adapter):
                 raise AdapterError(
                     f"Envoy {self.gateway.name} did not load {name} ({version}) within "
                     f"{self.load_timeout_s:g} s; is options.config_dir "
-                    f"({self.gateway.options.get('config_dir')}) the directory it watches?")
+                    f"({self.options.config_dir}) the directory it watches?")
             time.sleep(_POLL_S)
 
     def _stage_runtime_keys(self, rendered: config.RenderedConfig) -> None:
@@ -343,11 +340,7 @@ class EnvoyAdapter(Adapter):
             self.admin.post("/runtime_modify", changes)
 
     def _config_dir(self) -> Path:
-        value = self.gateway.options.get("config_dir")
-        if not value:
-            raise AdapterError(f"gateway {self.gateway.name}: options.config_dir is required "
-                               "(the directory Envoy watches for CDS/RDS files)", permanent=True)
-        path = Path(value)
+        path = Path(self.options.config_dir)
         if not path.is_dir():
             raise AdapterError(f"gateway {self.gateway.name}: config_dir {path} is not a "
                                "directory", permanent=True)

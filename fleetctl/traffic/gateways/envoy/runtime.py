@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fleetctl.traffic.gateways.envoy import config as envoy_config
+from fleetctl.traffic.gateways.envoy import render as envoy_config
 
 
 def write_runtime_file(config_dir: Path, text: str) -> None:

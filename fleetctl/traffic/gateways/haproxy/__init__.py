@@ -1,0 +1,15 @@
+"""HAProxy: weights through the runtime API, structure by a checked reload."""
+
+from fleetctl.traffic.gateways.haproxy.adapter import HAProxyAdapter
+from fleetctl.traffic.gateways.haproxy.options import HAProxyOptions
+from fleetctl.traffic.gateways.registry import GatewayKind
+from fleetctl.traffic.gateways.schema import socket_address
+
+KIND = GatewayKind(
+    label="HAProxy",
+    adapter=HAProxyAdapter,
+    options=HAProxyOptions,
+    address=socket_address("stats socket (runtime API)"),
+    summary="Weights through the runtime API; routes and pools by a config checked with "
+            "haproxy -c and a reload through the master CLI.",
+)

@@ -1,36 +1,8 @@
 """nginx adapter (Debian `nginx-light` 1.22): a rendered config, validated, swapped, reloaded.
 
 `GatewaySpec.admin_address` is the nginx prefix directory: fleetctl owns `nginx.conf` there
-(and the pid file, error log, temp paths and a refusal socket). Options: `listen`
-("127.0.0.1:8080", required), `nginx_bin`, `worker_processes`, `user`, `model_source`,
-`max_body_bytes`, timeouts (see `NginxSettings`).
-
-How a request finds its pool. nginx-light has no njs, so no code reads JSON. Two ways:
-- `model_source: "body"` (default): the core `mirror` module with `mirror_request_body on`
-  makes nginx read the whole body into memory *before* the content phase (the mirror target is
-  an internal location answering 204 at once, so nothing leaves nginx), and a `map` over
-  `$request_body` takes the first `"model": "<value>"` it finds. It is a regex over JSON, not a
-  parser: a request that puts a nested `"model"` key before the top-level one is routed by the
-  nested one (a model mix-up the pool then answers, never a residency crossing: residency comes
-  from a header). Bodies larger than `max_body_bytes` are refused (413) rather than spilled to a
-  temp file, where `$request_body` would be empty.
-- `model_source: "header"`: route by `DesiredState.model_header` (e.g. `X-Fleetctl-Model`) set by
-  the client or a proxy in front; no body is read.
-Either way the model header sent to the pool is the one nginx routed by.
-
-A `map` turns "model|residency|latency class" into an upstream name: exact keys for routes
-with a latency class, regexes for routes that take any class, tried in that order; anything
-else maps to a refusal (404 unknown model, 403 residency, 503 route with no pool, 400 bad
-request) answered by a small server on a unix socket. One `upstream route-<key>` per route
-with one `server` per pool endpoint, `weight=` in basis points (nginx has no upper limit that
-matters here; 7,000,000 is accepted), scaled so that pools with several endpoints keep exact
-shares. A pool at weight 0 is left out of the upstream. Resolution: exactly 0.01 %.
-
-Residency fails closed: a request with a residency header matches only keys carrying that
-exact value, so it reaches a route pinned to it or a refusal. Limits of nginx 1.22: it reads
-only the first of repeated headers (it cannot refuse a request that names two jurisdictions; it
-uses the first) and cannot tell an empty header from a missing one (an empty residency header
-counts as none).
+(and the pid file, error log, temp paths and a refusal socket). render.py says how a request
+finds its pool; options.py lists the options.
 
 Reload: `nginx -t` on a candidate file, atomic rename, SIGHUP to the master. The apply is done
 when `/__fleetctl_version` answers the new version AND every old worker has retired (process
@@ -42,393 +14,43 @@ new connection. Old workers keep serving their in-flight streams (no `worker_shu
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import math
 import os
-import re
 import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
-import httpx
-
+from fleetctl.core.http import OutboundError, shared_client
 from fleetctl.traffic.gateways.base import (
-    SAFE_NAME,
-    TOTAL_WEIGHT,
     Adapter,
     AdapterError,
     ApplyResult,
     DesiredState,
     GatewaySpec,
     PoolTarget,
-    RouteSpec,
-    base_url_problem,
-    check_plain_names,
-    register,
-    url_port,
 )
-
-CONF_NAME = "nginx.conf"
-REFUSE_UPSTREAM = "fleetctl-refusal"
-# Unix socket paths must fit sockaddr_un (108 bytes with the NUL).
-MAX_SOCKET_PATH = 107
-
-
-# --- settings -------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class NginxSettings:
-    gateway: str
-    prefix: Path
-    listen: str
-    nginx_bin: str
-    worker_processes: int
-    user: str  # "" = no user directive (nginx not started as root)
-    model_source: str  # "body" or "header"
-    max_body_bytes: int
-    client_keepalive_s: int
-    connect_timeout_s: float
-    stream_timeout_s: int
-    http_timeout_s: float
-    reload_timeout_s: float
-
-    @classmethod
-    def from_gateway(cls, gateway: GatewaySpec) -> NginxSettings:
-        opts = gateway.options
-        default_user = "nobody nogroup" if os.geteuid() == 0 else ""
-        settings = cls(
-            gateway=gateway.name,
-            prefix=Path(gateway.admin_address),
-            listen=str(opts.get("listen", "")),
-            nginx_bin=str(opts.get("nginx_bin", "/usr/sbin/nginx")),
-            worker_processes=int(opts.get("worker_processes", 2)),
-            user=str(opts.get("user", default_user)),
-            model_source=str(opts.get("model_source", "body")),
-            max_body_bytes=int(opts.get("max_body_bytes", 1024 * 1024)),
-            client_keepalive_s=int(opts.get("client_keepalive_s", 0)),
-            connect_timeout_s=float(opts.get("connect_timeout_s", 2.0)),
-            stream_timeout_s=int(opts.get("stream_timeout_s", 3600)),
-            http_timeout_s=float(opts.get("http_timeout_s", 2.0)),
-            reload_timeout_s=float(opts.get("reload_timeout_s", 10.0)),
-        )
-        settings.check()
-        return settings
-
-    def check(self) -> None:
-        problem = None
-        if not re.match(r"^(\d+\.\d+\.\d+\.\d+|\[[0-9a-fA-F:]+\]|localhost):\d+$", self.listen):
-            problem = f"options.listen must be HOST:PORT, got {self.listen!r}"
-        elif self.model_source not in ("body", "header"):
-            problem = f"options.model_source must be body or header, got {self.model_source!r}"
-        elif len(str(self.refusal_socket)) > MAX_SOCKET_PATH:
-            problem = f"prefix {self.prefix} is too long for a unix socket path inside it"
-        if problem:
-            raise AdapterError(f"gateway {self.gateway}: {problem}", permanent=True)
-
-    @property
-    def conf(self) -> Path:
-        return self.prefix / CONF_NAME
-
-    @property
-    def pid_file(self) -> Path:
-        return self.prefix / "nginx.pid"
-
-    @property
-    def refusal_socket(self) -> Path:
-        return self.prefix / "refusal.sock"
-
-    @property
-    def status_url(self) -> str:
-        host, _, port = self.listen.rpartition(":")
-        host = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)
-        return f"http://{host}:{port}/__fleetctl_version"
-
-
-# --- rendering ------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Upstream:
-    route: RouteSpec
-    servers: tuple[tuple[str, str, int], ...]  # (address, pool, weight)
-
-    @property
-    def name(self) -> str:
-        return f"route-{self.route.key}"
-
-
-@dataclass(frozen=True)
-class Rendered:
-    text: str
-    version: str
-
-
-def render_config(desired: DesiredState, settings: NginxSettings) -> Rendered:
-    check_plain_names(desired, where="the nginx map")
-    upstreams = tuple(_upstream(r, desired) for r in desired.routes)
-    body = _http_block(desired, upstreams, settings)
-    head = _pool_comments(desired) + _main_block(settings)
-    version = hashlib.sha256((head + body).encode()).hexdigest()[:16]
-    text = (f"# fleetctl-version: {version}\n"
-            f"# Rendered by fleetctl for gateway {settings.gateway}; the next push overwrites it."
-            f"\n" + "".join(f"# fleetctl-route {r.key}\n" for r in desired.routes)
-            + head + body.replace("@VERSION@", version))
-    return Rendered(text=text, version=version)
-
-
-def _pool_comments(desired: DesiredState) -> str:
-    """Every declared pool's endpoints, so in_flight() can find connections to a pool that is
-    no longer in any upstream (drained) but may still have streams open. (A pool nginx cannot
-    reach, https or a path prefix, is left out before rendering: Adapter.apply.)"""
-    lines = []
-    for name, pool in sorted(desired.pools.items()):
-        try:
-            addresses = [_address(name, url) for url in pool.base_urls]
-        except AdapterError:
-            continue
-        lines.append(f"# fleetctl-pool {name} {' '.join(addresses)}\n")
-    return "".join(lines)
-
-
-def _upstream(route: RouteSpec, desired: DesiredState) -> Upstream:
-    endpoints = {}
-    for pool, weight in sorted(route.weights.items()):
-        target = desired.pools.get(pool)
-        if target is None:
-            raise AdapterError(f"route {route.key}: pool {pool} is not declared", permanent=True)
-        if weight and route.residency and target.jurisdiction != route.residency:
-            raise AdapterError(f"route {route.key} is pinned to {route.residency}; pool {pool} "
-                               f"is in {target.jurisdiction}", permanent=True)
-        if weight > 0:
-            endpoints[pool] = [_address(pool, url) for url in target.base_urls]
-    # Scale so every endpoint gets an integer share and the pools' totals stay exact.
-    scale = math.lcm(*(len(e) for e in endpoints.values())) if endpoints else 1
-    servers = tuple((address, pool, route.weights[pool] * scale // len(addresses))
-                    for pool, addresses in endpoints.items() for address in addresses)
-    return Upstream(route=route, servers=servers)
-
-
-def pool_problem(pool: PoolTarget) -> str | None:
-    """Why nginx cannot route to `pool` (see Adapter.check_pool): one `proxy_pass` serves
-    every pool of a route, so one scheme (http) and no per-pool path."""
-    if not SAFE_NAME.match(pool.name):
-        return f"cannot list pool {pool.name!r} in its config: use [a-z0-9-]"
-    for url in pool.base_urls:
-        problem = base_url_problem(url, schemes=("http",))
-        if problem:
-            return problem
-    return None
-
-
-def _address(pool: str, url: str) -> str:
-    problem = base_url_problem(url, schemes=("http",))
-    if problem:
-        raise AdapterError(f"pool {pool}: nginx {problem}", permanent=True)
-    parts = urlsplit(url)
-    assert parts.hostname is not None  # base_url_problem checked it
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{host}:{url_port(url, 80)}"
-
-
-def _main_block(settings: NginxSettings) -> str:
-    user = f"user {settings.user};\n" if settings.user else ""
-    return f"""{user}worker_processes {settings.worker_processes};
-pid {settings.pid_file};
-error_log {settings.prefix / "error.log"} warn;
-events {{ worker_connections 4096; }}
-"""
-
-
-def _var(header: str) -> str:
-    return "$http_" + header.replace("-", "_")
-
-
-def _error(status: int, message: str, kind: str, code: str) -> str:
-    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
-    return f"return {status} '{body}\\n';"
-
-
-def _http_block(desired: DesiredState, upstreams: tuple[Upstream, ...],
-                settings: NginxSettings) -> str:
-    p = settings.prefix
-    temp = "".join(f"    {kind}_temp_path {p / 'tmp' / kind};\n"
-                   for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    return f"""http {{
-    access_log off;
-    server_tokens off;
-    # Off by default: on reload nginx closes idle keep-alive connections, and a client that
-    # sends on one at that instant gets a connection error (1.22 has no way around it).
-    keepalive_timeout {settings.client_keepalive_s}s;
-    default_type application/json;
-{temp}    # The whole body in one memory buffer, or $request_body is empty; larger bodies get 413.
-    client_body_buffer_size {settings.max_body_bytes};
-    client_max_body_size {settings.max_body_bytes};
-    client_body_in_single_buffer on;
-
-{_model_map(desired, settings)}
-{_route_map(desired, upstreams)}
-    map $fleetctl_route $fleetctl_upstream {{
-        "~^!" {REFUSE_UPSTREAM};
-        default $fleetctl_route;
-    }}
-
-    upstream {REFUSE_UPSTREAM} {{ server unix:{settings.refusal_socket}; }}
-{"".join(_upstream_block(u) for u in upstreams if u.servers)}
-{_refusal_server(settings)}
-{_main_server(desired, settings)}}}
-"""
-
-
-def _model_map(desired: DesiredState, settings: NginxSettings) -> str:
-    if settings.model_source == "header":
-        return (f"    map {_var(desired.model_header)} $fleetctl_model {{\n"
-                f"        default {_var(desired.model_header)};\n    }}")
-    # nginx unescapes \\ and \" inside quotes; PCRE then sees "model"\s*:\s*"([^"\\]*)"
-    return r'''    map $request_body $fleetctl_model {
-        "~\"model\"\s*:\s*\"(?<fleetctl_m>[^\"\\\\]*)\"" $fleetctl_m;
-        default "";
-    }'''
-
-
-def _route_map(desired: DesiredState, upstreams: tuple[Upstream, ...]) -> str:
-    key = (f'"$fleetctl_model|{_var(desired.residency_header)}|'
-           f'{_var(desired.latency_class_header)}"')
-    exact, regex = [], []
-    for u in sorted(upstreams, key=lambda u: u.route.key):
-        target = u.name if u.servers else "!empty"
-        r = u.route
-        if r.latency_class:
-            exact.append(f'        "{r.model}|{r.residency}|{r.latency_class}" "{target}";')
-        else:
-            pattern = f"^{re.escape(r.model)}\\|{re.escape(r.residency)}\\|[^|]*$"
-            regex.append(f'        "~{pattern}" "{target}";')
-    lines = [
-        f"    map {key} $fleetctl_route {{",
-        '        default "!unknown";',
-        # Exact keys win over regexes; regexes are tried in this order.
-        *exact,
-        '        "~\\|.*\\|.*\\|" "!bad";',  # a value containing "|" could forge a key
-        '        "~^\\|" "!nomodel";',
-        *regex,
-        '        "~^[^|]*\\|[^|]+\\|" "!residency";',
-        "    }",
-    ]
-    return "\n".join(lines)
-
-
-def _upstream_block(u: Upstream) -> str:
-    servers = "".join(f"        server {address} weight={weight};  # pool={pool}\n"
-                      for address, pool, weight in u.servers)
-    return f"    upstream {u.name} {{\n{servers}    }}\n"
-
-
-def _refusal_server(settings: NginxSettings) -> str:
-    residency = _error(403, "no route serves this model in the jurisdiction the request names: "
-                       "residency fails closed", "invalid_request_error", "residency_unavailable")
-    empty = _error(503, "no pool may serve this route now", "service_unavailable",
-                   "no_pool_available")
-    bad = _error(400, "a routing header is repeated or holds |", "invalid_request_error",
-                 "bad_header")
-    no_model = _error(400, "the request has no model", "invalid_request_error", "missing_model")
-    unknown = _error(404, "no route for this model", "invalid_request_error", "model_not_found")
-    # Reached through proxy_pass, so refusals are decided after the body was read.
-    return f"""    # Refusals.
-    server {{
-        listen unix:{settings.refusal_socket};
-        location / {{
-            if ($http_x_fleetctl_route = "!residency") {{ {residency} }}
-            if ($http_x_fleetctl_route = "!empty") {{ {empty} }}
-            if ($http_x_fleetctl_route = "!bad") {{ {bad} }}
-            if ($http_x_fleetctl_route = "!nomodel") {{ {no_model} }}
-            {unknown}
-        }}
-    }}
-"""
-
-
-def _main_server(desired: DesiredState, settings: NginxSettings) -> str:
-    mirror = ("            mirror /__fleetctl_body;\n            mirror_request_body on;\n"
-              if settings.model_source == "body" else "")
-    too_large = _error(413, "request body too large to route", "invalid_request_error",
-                       "too_large")
-    bad_gateway = _error(502, "the pool answered badly or not at all", "server_error",
-                         "bad_gateway")
-    timeout = _error(504, "the pool did not answer in time", "server_error", "gateway_timeout")
-    return f"""    server {{
-        listen {settings.listen};
-        location = /__fleetctl_version {{ default_type text/plain; return 200 "@VERSION@\\n"; }}
-        # The mirror target: reading the body for it is the point; nothing is sent anywhere.
-        location = /__fleetctl_body {{ internal; return 204; }}
-        location @fleetctl_too_large {{ {too_large} }}
-        location @fleetctl_bad_gateway {{ {bad_gateway} }}
-        location @fleetctl_timeout {{ {timeout} }}
-        location / {{
-{mirror}            proxy_pass http://$fleetctl_upstream;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header X-Fleetctl-Route $fleetctl_route;
-            proxy_set_header {desired.model_header} $fleetctl_model;
-            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-            # Streams (SSE) pass through as they are written, for as long as they last.
-            proxy_buffering off;
-            proxy_request_buffering on;
-            proxy_connect_timeout {int(settings.connect_timeout_s * 1000)}ms;
-            proxy_read_timeout {settings.stream_timeout_s}s;
-            proxy_send_timeout {settings.stream_timeout_s}s;
-            # A failed connect may try another server of the same upstream (same route, same
-            # jurisdiction); a request already sent is never repeated (POST is not idempotent).
-            proxy_next_upstream error timeout;
-            # error_page at this level replaces the server's, so all three are here.
-            error_page 413 = @fleetctl_too_large;
-            error_page 502 = @fleetctl_bad_gateway;
-            error_page 504 = @fleetctl_timeout;
-        }}
-    }}
-"""
-
-
-# --- reading the live config ----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class LiveConfig:
-    version: str
-    routes: dict[str, dict[str, int]]  # route key -> pool -> basis points
-    addresses: dict[str, set[str]]  # pool -> host:port
-
-
-def parse_config(text: str) -> LiveConfig:
-    version_match = re.search(r"^# fleetctl-version: (\S+)$", text, re.M)
-    routes: dict[str, dict[str, int]] = {
-        key: {} for key in re.findall(r"^# fleetctl-route (\S+)$", text, re.M)}
-    addresses: dict[str, set[str]] = {}
-    for pool, endpoints in re.findall(r"^# fleetctl-pool (\S+) (.*)$", text, re.M):
-        addresses[pool] = set(endpoints.split())
-    for key, block in re.findall(r"^\s*upstream route-(\S+) \{(.*?)\}", text, re.M | re.S):
-        per_pool: dict[str, int] = {}
-        for _, weight, pool in re.findall(
-                r"server (\S+) weight=(\d+);\s*# pool=(\S+)", block):
-            per_pool[pool] = per_pool.get(pool, 0) + int(weight)
-        total = sum(per_pool.values())
-        routes[key] = {pool: w * TOTAL_WEIGHT // total for pool, w in per_pool.items() if w}
-    return LiveConfig(version=version_match.group(1) if version_match else "",
-                      routes=routes, addresses=addresses)
-
+from fleetctl.traffic.gateways.nginx.options import NginxOptions
+from fleetctl.traffic.gateways.nginx.render import (
+    CONF_NAME,
+    LiveConfig,
+    NginxSettings,
+    Rendered,
+    parse_config,
+    pool_problem,
+    render_config,
+)
 
 # --- the adapter ----------------------------------------------------------------------------------
 
-@register
-class NginxAdapter(Adapter):
+class NginxAdapter(Adapter[NginxOptions]):
     kind = "nginx"
-    label = "nginx"
     weight_resolution = "0.01 % (weights in basis points; a 0 weight leaves the pool out)"
 
     def __init__(self, gateway: GatewaySpec) -> None:
         super().__init__(gateway)
-        self.settings = NginxSettings.from_gateway(gateway)
+        self.settings = NginxSettings(gateway=gateway.name, prefix=Path(gateway.admin_address),
+                                      options=self.options)
 
     @classmethod
     def check_pool(cls, pool: PoolTarget) -> str | None:
@@ -485,9 +107,10 @@ class NginxAdapter(Adapter):
 
     def _running_version(self) -> str:
         try:
-            response = httpx.get(self.settings.status_url, timeout=self.settings.http_timeout_s)
-        except httpx.HTTPError as exc:
-            raise AdapterError(f"nginx at {self.settings.listen} does not answer: {exc}") from exc
+            response = shared_client().get(self.settings.status_url,
+                                            timeout_s=self.options.http_timeout_s)
+        except OutboundError as exc:
+            raise AdapterError(f"nginx at {self.options.listen} does not answer: {exc}") from exc
         return response.text.strip() if response.status_code == 200 else ""
 
     def _master_pid(self) -> int:
@@ -506,11 +129,11 @@ class NginxAdapter(Adapter):
         candidate.write_text(text)
         try:
             done = subprocess.run(
-                [self.settings.nginx_bin, "-t", "-q", "-p", str(self.settings.prefix),
+                [self.options.nginx_bin, "-t", "-q", "-p", str(self.settings.prefix),
                  "-c", str(candidate), "-e", "stderr"],
                 capture_output=True, text=True, timeout=20)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise AdapterError(f"could not run {self.settings.nginx_bin} -t: {exc}") from exc
+            raise AdapterError(f"could not run {self.options.nginx_bin} -t: {exc}") from exc
         finally:
             candidate.unlink(missing_ok=True)
         if done.returncode != 0:
@@ -525,7 +148,7 @@ class NginxAdapter(Adapter):
         started = time.monotonic()
         try:
             os.kill(master, signal.SIGHUP)
-            self._wait_for(rendered.version, serving, started + self.settings.reload_timeout_s)
+            self._wait_for(rendered.version, serving, started + self.options.reload_timeout_s)
         except (AdapterError, OSError) as exc:
             if previous is not None:
                 _write_atomic(conf, previous)
@@ -544,7 +167,7 @@ class NginxAdapter(Adapter):
                 return
             time.sleep(0.002)
         raise AdapterError(f"version {version} not served with old workers retired within "
-                           f"{self.settings.reload_timeout_s:g} s")
+                           f"{self.options.reload_timeout_s:g} s")
 
 
 # --- /proc ----------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Envoy configuration for one gateway, rendered from a DesiredState by pure functions.
 
-Three documents (see ENVOY.md for the why of each choice):
+Three documents (docs/envoy.md says why each choice):
 
 - the **bootstrap**: admin listener, one HTTP listener, an admin runtime layer, and CDS/RDS
   read from two files in a watched directory. It depends on nothing but ports and paths, so it

@@ -1,0 +1,17 @@
+"""What a person sets on an Envoy gateway (Gateway.options), typed and checked by the registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetctl.traffic.gateways.schema import option
+
+
+@dataclass(frozen=True)
+class EnvoyOptions:
+    config_dir: str = option(help="the directory Envoy's bootstrap watches for clusters.json "
+                                  "and routes.json (fleetctl writes them there)")
+    load_timeout_s: float = option(5.0, minimum=0.01, maximum=600,
+                                   help="seconds to wait for Envoy to load a swapped file")
+    admin_timeout_s: float = option(2.0, minimum=0.01, maximum=600,
+                                    help="seconds per call to Envoy's admin API")
