@@ -20,7 +20,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from fleetctl.core.files import write_atomically
 from fleetctl.core.ports import free_port
 from fleetctl.traffic.gateways.base import AdapterError, GatewaySpec, PoolTarget
-from fleetctl.traffic.gateways.envoy import config as envoy_config
+from fleetctl.traffic.gateways.envoy import render as envoy_config
 from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
 from fleetctl.traffic.gateways.envoy.runtime import read_runtime_file
 
