@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetctl import devstack
+from fleetctl.demo import devstack
 from fleetctl.demo.devstack import Stack
 from tests.conftest import ROOT, wait_until
 

@@ -338,6 +338,27 @@ def _start_envoy(stack: Stack, port: int, admin_port: int) -> None:
     stack.on_stop(envoy.stop)
 
 
+# One worker per queue, as in docker-compose.yml (docs/queues.md): name, queue, threads.
+DEMO_WORKERS = [
+    ("worker-push", "push", 8),
+    ("worker-watch", "watch", 4),
+    ("worker-probe", "probe", 4),
+    ("worker-bench", "bench", 2),
+    ("worker-default", "default", 2),
+]
+
+
+def worker_commands() -> dict[str, list[str]]:
+    """The demo's Celery workers: service name -> command line."""
+    # Threads, not prefork (here and in docker-compose.yml): the tasks wait on gateways, pools
+    # and PostgreSQL, not on the CPU; a thread keeps its database connection from task to task
+    # (CELERY_DB_REUSE_MAX) and needs no process of its own, and the drain figures in the
+    # README were measured this way (benchmarks/drain_latency.py).
+    return {name: [PY, "-m", "celery", "-A", "fleetctl", "worker", "-l", "INFO", "-Q", queue,
+                   "-c", str(threads), "--pool", "threads", "-n", f"{queue}@%h"]
+            for name, queue, threads in DEMO_WORKERS}
+
+
 def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
              gateway_admin_port: int) -> int:
     VAR.mkdir(parents=True, exist_ok=True)
@@ -370,13 +391,8 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
         pool_flags = [flag for arg in sim_args for flag in ("--pool", arg)]
         stack.start("sim", [PY, "-m", "fleetctl.sim", *pool_flags], env)
         _start_envoy(stack, gateway_port, gateway_admin_port)
-        # Gateway pushes and drains get a worker of their own, as in production.
-        stack.start("worker-push", [PY, "-m", "celery", "-A", "fleetctl", "worker", "-l",
-                                    "INFO", "-Q", "push", "-c", "8", "--pool", "threads",
-                                    "-n", "push@%h"], env)
-        stack.start("worker", [PY, "-m", "celery", "-A", "fleetctl", "worker", "-l", "INFO",
-                               "-Q", "default,bench,shadow", "-c", "2",
-                               "--pool", "threads", "-n", "jobs@%h"], env)
+        for name, argv in worker_commands().items():
+            stack.start(name, argv, env)
         stack.start("beat", [PY, "-m", "celery", "-A", "fleetctl", "beat", "-l", "INFO",
                              "-s", str(VAR / "celerybeat-schedule")], env)
         stack.start("web", [PY, "-m", "gunicorn", "fleetctl.wsgi", "-b", f"{host}:{port}",
