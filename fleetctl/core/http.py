@@ -1,8 +1,8 @@
 """The one outbound HTTP client: every call fleetctl makes to another server goes through here.
 
-Health probes, gateway admin APIs (Envoy's, nginx's version page), the Kubernetes API server,
-the CLI's calls to the fleetctl API, `fleetctl sim fault` and the readiness checks of the
-process launchers all use this module, so the transport rules live in one place:
+Health probes, gateway admin APIs (Envoy's, nginx's version page), the Kubernetes API server
+and the readiness checks of the process launchers all use this module, so the transport rules
+live in one place:
 
 - a timeout on every call (connect and each read), never a redirect followed;
 - connections kept alive: one pooled client per process for one-off calls (`shared_client`),
@@ -23,7 +23,10 @@ at the median with this transport (12 ms of client CPU) and 42-47 ms with httpx 
 
 Not here: the benchmark runner (fleetctl/bench/runner.py) and the simulator (fleetctl/sim/)
 use aiohttp directly. They hold hundreds of streams open at once in one event loop, where
-aiohttp measured faster than httpx, and their timing is what they report.
+aiohttp measured faster than httpx, and their timing is what they report. The CLI
+(fleetctl/cli/client.py) and `fleetctl sim fault` call httpx themselves: they are programs
+apart that import no product code (tests/test_layers.py), with the same rules (timeouts, no
+redirects).
 """
 
 from __future__ import annotations
