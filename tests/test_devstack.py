@@ -282,3 +282,12 @@ def test_the_demo_runs_with_debug_off_and_serves_its_own_static_files(demo):
             "csrfmiddlewaretoken": browser.cookies["csrftoken"]})
         assert signed_in.status_code == 302 and signed_in.headers["location"] == "/"
         assert "admin" in browser.get("/").text
+
+
+def test_a_demo_password_starting_with_a_dash_reaches_the_seed_whole():
+    from fleetctl.demo.management.commands.demo_seed import Command
+
+    parser = Command().create_parser("manage.py", "demo_seed")
+    [name, *args] = devstack.seed_args("-72n78pkJgSdOpZh", 8100, 9901)
+    assert name == "demo_seed"
+    assert parser.parse_args(args).password == "-72n78pkJgSdOpZh"

@@ -338,6 +338,14 @@ def _start_envoy(stack: Stack, port: int, admin_port: int) -> None:
     stack.on_stop(envoy.stop)
 
 
+def seed_args(password: str, sim_base_port: int, gateway_admin_port: int) -> list[str]:
+    """`manage.py demo_seed`'s arguments. The password is glued to its option: a random one
+    may start with "-", which would otherwise read as an option of its own."""
+    return ["demo_seed", f"--password={password}", "--sim-base-port", str(sim_base_port),
+            "--gateway-admin", f"http://127.0.0.1:{gateway_admin_port}",
+            "--gateway-config-dir", str(VAR / "envoy")]
+
+
 # One worker per queue, as in docker-compose.yml (docs/queues.md): name, queue, threads.
 DEMO_WORKERS = [
     ("worker-push", "push", 8),
@@ -381,10 +389,7 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
         subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
                        check=True)
         password = _demo_password()
-        subprocess.run([PY, "manage.py", "demo_seed", "--password", password,
-                        "--sim-base-port", str(sim_base_port),
-                        "--gateway-admin", f"http://127.0.0.1:{gateway_admin_port}",
-                        "--gateway-config-dir", str(VAR / "envoy")],
+        subprocess.run([PY, "manage.py", *seed_args(password, sim_base_port, gateway_admin_port)],
                        cwd=ROOT, env=env, check=True)
         sim_args = [f"{name}={profile}@{sim_base_port + offset}"
                     for name, profile, offset in DEMO_SIM_POOLS]
