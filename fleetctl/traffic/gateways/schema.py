@@ -19,6 +19,7 @@ directory), checked the same way for every kind.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import types
@@ -81,13 +82,18 @@ def describe(schema: type) -> list[OptionInfo]:
     return infos
 
 
+@functools.cache
+def _schema(schema: type) -> tuple[dict[str, dataclasses.Field[Any]], dict[str, Any]]:
+    """The fields and resolved types of a schema, read once (an adapter is built per push)."""
+    return {f.name: f for f in dataclasses.fields(schema)}, get_type_hints(schema)
+
+
 def parse_options(schema: type, raw: Any, label: str) -> Any:
     """`raw` (the Gateway row's options) as an instance of `schema`, or OptionsError."""
     if not isinstance(raw, Mapping):
         raise OptionsError([f"options must be an object of option names and values, not "
                             f"{_json(raw)}"])
-    fields = {f.name: f for f in dataclasses.fields(schema)}
-    hints = get_type_hints(schema)
+    fields, hints = _schema(schema)
     problems = []
     unknown = sorted(set(raw) - set(fields))
     if unknown:
