@@ -1,20 +1,29 @@
-"""How fast a drain reaches every gateway, and whether anything slips through.
+"""How fast a drain reaches every gateway, how soon its answer arrives, and whether anything
+slips through.
 
 Ten Envoy gateways (or HAProxy / nginx, `--kind`) on loopback carry streamed traffic
-(~50 requests/s, round robin) to two simulated pools split 50/50. Thirty times: drain the
-candidate through the service the REST API calls, wait until the record is complete,
-restore. Reported:
-  * drain call → all gateways verified (median, p99) — `Drain.verified_at` is the moment the
-    last gateway's read-back matched, taken by the push worker;
+(~50 requests/s, round robin) to two simulated pools split 50/50. Thirty times per path:
+drain the candidate, wait until the record is complete, restore. Two paths:
+  * `service`: the service call in this process, then its first push (what the API does);
+  * `rest`: `POST /api/v1/drains/` to gunicorn with a bearer token, as the CLI and any
+    automation do (restores through `POST /api/v1/drains/<id>/restore/`).
+Reported per path:
+  * request → all gateways verified (median, p99) — `Drain.verified_at` is the moment the
+    last gateway's read-back matched (from the rows);
+  * request → answer arrives (client side), and the gap between verified and answered;
+  * where the time goes, from the attempt rows: first and last gateway contacted, one push;
   * client requests that failed during the run (target 0);
   * requests the drained pool's own ground truth says arrived after the verified time
     (target 0).
 
 Everything real: PostgreSQL (`DATABASE_URL`, default a local `fleetctl_bench_drain`), Redis
-(db 9), a Celery worker on the `push` queue (16 threads), the simulator and Envoy processes.
+(db 9), gunicorn (2 workers, 4 threads), a Celery worker on the push queues (16 threads), the
+simulator and gateway processes. The script also runs against an older checkout (the layout
+before gateways moved under traffic/gateways/ and the push engine under traffic/push.py):
+copy it there and give that run a database of its own.
 
     .venv/bin/python benchmarks/drain_latency.py [--gateways 10] [--drains 30] [--rps 50]
-    .venv/bin/python benchmarks/drain_latency.py --kind haproxy --gateways 3
+    .venv/bin/python benchmarks/drain_latency.py --path rest --kind haproxy --gateways 3
 """
 
 from __future__ import annotations
@@ -79,9 +88,34 @@ def start_sim(workdir: Path, ports: dict[str, int]) -> subprocess.Popen[bytes]:
     return proc
 
 
+def push_queues() -> str:
+    """The queues pushes and drain watchers are on (`push`, and `watch` where it exists)."""
+    from fleetctl.celery import QUEUES
+
+    return ",".join(q for q in ("push", "watch") if q in QUEUES)
+
+
+def start_web(workdir: Path, port: int) -> subprocess.Popen[bytes]:
+    import httpx
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "fleetctl.wsgi", "-b", f"127.0.0.1:{port}",
+         "-w", "2", "--threads", "4"],
+        cwd=ROOT, stdout=open(workdir / "web.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/api/v1/", timeout=2)
+            return proc
+        except httpx.HTTPError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise SystemExit("web did not start; see " + str(workdir / "web.log")) from None
+            time.sleep(0.2)
+
+
 def start_worker(workdir: Path) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "fleetctl", "worker", "-Q", "push,watch",
+        [sys.executable, "-m", "celery", "-A", "fleetctl", "worker", "-Q", push_queues(),
          "-c", "16", "--pool", "threads", "-l", "INFO", "--without-gossip",
          "--without-mingle", "-n", f"bench-{os.getpid()}@%h"],
         cwd=ROOT, stdout=open(workdir / "worker.log", "wb"),  # noqa: SIM115
@@ -171,9 +205,8 @@ class GatewayProcess:
 
 
 def start_gateway(kind: str, work: Path, index: int) -> GatewayProcess:
-    from fleetctl.core.ports import free_port
-    from fleetctl.demo.envoy_process import EnvoyProcess
-    from fleetctl.traffic.gateways.base import GatewaySpec
+    layout = Layout()
+    EnvoyProcess, GatewaySpec, free_port = layout.envoy, layout.spec, layout.free_port
 
     name = f"{kind}-{index}"
     if kind == "envoy":
@@ -182,14 +215,58 @@ def start_gateway(kind: str, work: Path, index: int) -> GatewayProcess:
                            options={"config_dir": str(envoy.workdir)})
         return GatewayProcess(spec, envoy.listen_url, envoy.stop)
     if kind == "haproxy":
-        from fleetctl.demo.haproxy_process import HAProxyProcess
-
-        haproxy = HAProxyProcess(work / name, name=name).start()
+        haproxy = layout.process("haproxy_process").HAProxyProcess(work / name, name=name).start()
         return GatewayProcess(haproxy.gateway, haproxy.url, haproxy.stop)
-    from fleetctl.demo.nginx_process import NginxProcess
-
-    nginx = NginxProcess(work / name, name=name).start()
+    nginx = layout.process("nginx_process").NginxProcess(work / name, name=name).start()
     return GatewayProcess(nginx.gateway, nginx.url, nginx.stop)
+
+
+class Layout:
+    """Where things are in the checkout being measured: today's (fleetctl/demo/ processes,
+    traffic/gateways/, the push engine in traffic/push.py) or the older one."""
+
+    def __init__(self) -> None:
+        import fleetctl
+
+        self.new = (Path(fleetctl.__file__).parent / "demo" / "envoy_process.py").exists()
+        if self.new:
+            from fleetctl.core.ports import free_port
+            from fleetctl.demo.envoy_process import EnvoyProcess
+            from fleetctl.traffic.gateways.base import GatewaySpec
+        else:
+            from fleetctl.traffic.adapters.base import GatewaySpec  # type: ignore[no-redef]
+            from fleetctl.traffic.envoy_process import (  # type: ignore[no-redef]
+                EnvoyProcess,
+                free_port,
+            )
+        self.envoy, self.spec, self.free_port = EnvoyProcess, GatewaySpec, free_port
+        try:
+            from fleetctl.traffic import push
+        except ImportError:  # the first push ran in a commit hook of the service call
+            push = None  # type: ignore[assignment]
+        self.push = push
+
+    def process(self, module: str) -> object:
+        import importlib
+
+        return importlib.import_module(
+            f"fleetctl.{'demo' if self.new else 'traffic'}.{module}")
+
+    def drain(self, **kwargs: object) -> object:
+        from fleetctl.traffic import services
+
+        drain = services.drain_request(**kwargs)
+        if self.push is not None:
+            self.push.drain_push_now(drain)
+        return drain
+
+    def restore(self, **kwargs: object) -> object:
+        from fleetctl.traffic import services
+
+        record = services.drain_restore(**kwargs)
+        if self.push is not None:
+            self.push.drain_push_now(record)
+        return record
 
 
 def arrivals(port: int) -> list[float]:
@@ -208,9 +285,10 @@ def p99(values: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gateways", type=int, default=10)
-    parser.add_argument("--drains", type=int, default=30)
+    parser.add_argument("--drains", type=int, default=30, help="per path")
     parser.add_argument("--rps", type=float, default=50.0)
     parser.add_argument("--kind", choices=("envoy", "haproxy", "nginx"), default="envoy")
+    parser.add_argument("--path", choices=("both", "service", "rest"), default="both")
     args = parser.parse_args()
     setup_env()
     import django
@@ -219,22 +297,27 @@ def main() -> None:
     from django.core.management import call_command
 
     from fleetctl.accounts.actor import Actor
-    from fleetctl.core.ports import free_port
     from fleetctl.fleet import services as fleet
     from fleetctl.traffic import services as traffic
-    from fleetctl.traffic.models import Drain, GatewayPush
+    from fleetctl.traffic.models import GatewayPush
 
+    layout = Layout()
     call_command("migrate", verbosity=0)
     call_command("flush", interactive=False, verbosity=0)
     work = Path(tempfile.mkdtemp(prefix="fleetctl-drain-bench-"))
-    ports = {"primary": free_port(), "candidate": free_port()}
+    ports = {"primary": layout.free_port(), "candidate": layout.free_port()}
     sim = start_sim(work, ports)
     envoys: list[GatewayProcess] = []
-    worker = None
+    children: list[subprocess.Popen[bytes]] = []
     system = Actor.for_system("benchmark")
+    paths = ("service", "rest") if args.path == "both" else (args.path,)
+    runs: dict[str, Run] = {}
     try:
         envoys.extend(start_gateway(args.kind, work, i) for i in range(args.gateways))
-        worker = start_worker(work)
+        children.append(start_worker(work))
+        web_port = layout.free_port()
+        if "rest" in paths:
+            children.append(start_web(work, web_port))
         region = fleet.region_create(actor=system, code="us-east", name="US", jurisdiction="US")
         pools = {}
         for name, port in ports.items():
@@ -259,55 +342,132 @@ def main() -> None:
         load = Load([e.url for e in envoys], args.rps)
         load.start()
         time.sleep(2)
-        verified_ms: list[float] = []
-        call_ms: list[float] = []  # the service call itself (validate, store, first push)
-        windows: list[tuple[float, float]] = []  # drained pool closed: verified → restore
-        for _ in range(args.drains):
-            started_wall = time.time()
-            drain = traffic.drain_request(actor=system, pool=pools["candidate"],
-                                          reason="benchmark")
-            call_ms.append((time.time() - started_wall) * 1000)
-            wait(lambda d=drain.pk: Drain.objects.get(pk=d).status == "complete", "drain")
-            done = Drain.objects.get(pk=drain.pk)
-            verified_ms.append((done.verified_at.timestamp() - started_wall) * 1000)
-            time.sleep(0.5)  # traffic flows with the candidate drained
-            closed_until = time.time()
-            windows.append((done.verified_at.timestamp(), closed_until))
-            restore = traffic.drain_restore(actor=system, drain=done, reason="benchmark")
-            wait(lambda r=restore.pk: Drain.objects.get(pk=r).status == "complete", "restore")
-            time.sleep(0.5)
+        for path in paths:
+            if path == "service":
+                runs[path] = drain_through_service(layout, system, pools["candidate"],
+                                                   args.drains)
+            else:
+                runs[path] = drain_through_rest(f"http://127.0.0.1:{web_port}", args.drains)
         load.stop()
-        late = [t for t in arrivals(ports["candidate"])
-                if any(start <= t < end for start, end in windows)]
-        phases = drain_phases()
+        candidate_arrivals = arrivals(ports["candidate"])
+        for run in runs.values():
+            run.late = [t for t in candidate_arrivals
+                        if any(start <= t < end for start, end in run.windows)]
+            run.phases = drain_phases(run.drain_ids)
     finally:
-        if worker is not None:
-            worker.terminate()
+        for child in children:
+            child.terminate()
         for envoy in envoys:
             envoy.stop()
         sim.terminate()
-    print(f"{args.gateways} {args.kind} gateways, {args.drains} drains, ~{args.rps:g} streamed "
-          f"requests/s, 2 cores shared by everything ({datetime.now(UTC):%Y-%m-%d})")
-    print(f"drain call → all gateways verified: median {statistics.median(verified_ms):.1f} ms,"
-          f" p99 {p99(verified_ms):.1f} ms, max {max(verified_ms):.1f} ms")
-    print(f"  the drain call returns after its first attempt at every gateway (validate, "
-          f"store, push, read back): median {statistics.median(call_ms):.1f} ms")
-    print("  where the time goes (medians over the drains, from the attempt rows): first "
-          f"gateway contacted at {phases['first']:.1f} ms, last at {phases['last']:.1f} ms; "
-          f"one push (apply + read back) {phases['push']:.1f} ms")
+    print(f"{args.gateways} {args.kind} gateways, {args.drains} drains per path, ~{args.rps:g} "
+          f"streamed requests/s, 2 cores shared by everything ({datetime.now(UTC):%Y-%m-%d}); "
+          f"code: {'push engine' if layout.push is not None else 'first push in commit hooks'}")
+    for path, run in runs.items():
+        run.report(path)
     print(f"client requests: {load.sent} sent, {load.failed} failed")
     for error in load.errors[:5]:
         print(f"  failed: {error}")
-    print(f"requests that reached the drained pool after verified: {len(late)}")
 
 
-def drain_phases() -> dict[str, float]:
+class Run:
+    """One path's drains: what the rows say and what the caller saw."""
+
+    def __init__(self) -> None:
+        self.verified_ms: list[float] = []  # request → last gateway verified (rows)
+        self.answer_ms: list[float] = []  # request → the answer is in the caller's hands
+        self.drain_ids: list[int] = []
+        self.windows: list[tuple[float, float]] = []  # drained pool closed: verified → restore
+        self.late: list[float] = []
+        self.phases: dict[str, float] = {}
+
+    def drained(self, drain_id: int, started_wall: float, answered_wall: float) -> object:
+        from fleetctl.traffic.models import Drain
+
+        self.answer_ms.append((answered_wall - started_wall) * 1000)
+        wait(lambda: Drain.objects.get(pk=drain_id).status == "complete", "drain")
+        done = Drain.objects.get(pk=drain_id)
+        self.verified_ms.append((done.verified_at.timestamp() - started_wall) * 1000)
+        self.drain_ids.append(drain_id)
+        time.sleep(0.5)  # traffic flows with the candidate drained
+        self.windows.append((done.verified_at.timestamp(), time.time()))
+        return done
+
+    def report(self, path: str) -> None:
+        gaps = [a - v for a, v in zip(self.answer_ms, self.verified_ms, strict=True)]
+        what = ("service call + first push, in this process" if path == "service" else
+                "POST /api/v1/drains/ through gunicorn, bearer token")
+        print(f"[{path}] {what}")
+        print(f"  request → all gateways verified (rows): median "
+              f"{statistics.median(self.verified_ms):.1f} ms, p99 {p99(self.verified_ms):.1f} ms,"
+              f" max {max(self.verified_ms):.1f} ms")
+        print(f"  request → answer arrives (caller): median {statistics.median(self.answer_ms):.1f}"
+              f" ms, p99 {p99(self.answer_ms):.1f} ms")
+        print(f"  answer after verified: median {statistics.median(gaps):.1f} ms, "
+              f"p99 {p99(gaps):.1f} ms")
+        print(f"  where the time goes (medians, from the attempt rows): first gateway contacted "
+              f"at {self.phases['first']:.1f} ms, last at {self.phases['last']:.1f} ms; one push "
+              f"(apply + read back) {self.phases['push']:.1f} ms")
+        print(f"  requests that reached the drained pool after verified: {len(self.late)}")
+
+
+def drain_through_service(layout: Layout, system: object, candidate: object, count: int) -> Run:
+    from fleetctl.traffic.models import Drain
+
+    run = Run()
+    for _ in range(count):
+        started_wall = time.time()
+        drain = layout.drain(actor=system, pool=candidate, reason="benchmark")
+        done = run.drained(drain.pk, started_wall, time.time())  # type: ignore[attr-defined]
+        restore = layout.restore(actor=system, drain=done, reason="benchmark")
+        wait(lambda r=restore.pk: Drain.objects.get(pk=r).status == "complete",  # type: ignore[attr-defined]
+             "restore")
+        time.sleep(0.5)
+    return run
+
+
+def drain_through_rest(base_url: str, count: int) -> Run:
+    import httpx
+    from django.contrib.auth.models import Group, User
+
+    from fleetctl.accounts.actor import Actor
+    from fleetctl.accounts.services import token_create_personal
+    from fleetctl.traffic.models import Drain
+
+    oncall = User.objects.create_user("bench-oncall", password="unused-" + os.urandom(8).hex())
+    oncall.groups.set([Group.objects.get_or_create(name="on-call")[0]])
+    token = token_create_personal(actor=Actor(user=oncall), name="bench",
+                                  scopes=["read", "drain"]).secret
+    run = Run()
+    with httpx.Client(base_url=base_url, timeout=30,
+                      headers={"Authorization": f"Bearer {token}"}) as client:
+        client.get("/api/v1/drains/").raise_for_status()  # a warm connection, as a CLI has
+        for _ in range(count):
+            started_wall = time.time()
+            answer = client.post("/api/v1/drains/",
+                                 json={"pool": "candidate", "reason": "benchmark"})
+            answered_wall = time.time()
+            if answer.status_code != 202:
+                raise SystemExit(f"drain refused: {answer.status_code} {answer.text[:300]}")
+            drain_id = answer.json()["id"]
+            run.drained(drain_id, started_wall, answered_wall)
+            restore = client.post(f"/api/v1/drains/{drain_id}/restore/",
+                                  json={"reason": "benchmark"})
+            if restore.status_code != 202:
+                raise SystemExit(f"restore refused: {restore.status_code} {restore.text[:300]}")
+            restore_id = restore.json()["id"]
+            wait(lambda r=restore_id: Drain.objects.get(pk=r).status == "complete", "restore")
+            time.sleep(0.5)
+    return run
+
+
+def drain_phases(drain_ids: list[int]) -> dict[str, float]:
     """From each drain's first push attempts: when the first and the last gateway were
     contacted after the drain was requested, and how long one push took (medians, ms)."""
     from fleetctl.traffic.models import Drain, GatewayPushAttempt
 
     first, last, push = [], [], []
-    for drain in Drain.objects.filter(action="drain"):
+    for drain in Drain.objects.filter(pk__in=drain_ids):
         attempts = list(GatewayPushAttempt.objects.filter(
             push__revision__in=drain.revisions.all(), number=1))
         if not attempts:

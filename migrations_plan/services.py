@@ -461,7 +461,9 @@ def _void_open_approvals(plan: Plan, *, why: str, actor: Actor,
 
 
 def _drain_candidate(*, actor: Actor, plan: Plan, reason: str) -> list[Drain]:
-    """Leaving stage 4: take the candidate's live weight off the plan's routes first."""
+    """Leaving stage 4: take the candidate's live weight off the plan's routes first. Stores
+    the drain in the caller's transaction; the caller pushes it after its commit
+    (`_push_drains`)."""
     from fleetctl.traffic import services as traffic
 
     routes = list(plan.routes.all())
@@ -471,6 +473,15 @@ def _drain_candidate(*, actor: Actor, plan: Plan, reason: str) -> list[Drain]:
     except ConflictError:
         return []  # nothing to drain: the candidate carries no weight on those routes
     return [drain]
+
+
+def _push_drains(drains: list[Drain]) -> None:
+    """The drains' first push, by name, once the transaction that stored them has committed
+    (the push engine refuses to run inside one)."""
+    from fleetctl.traffic import push
+
+    for drain in drains:
+        push.drain_push_now(drain)
 
 
 def _leave(*, actor: Actor, plan: Plan, to_state: str, kind: str, reason: str,
@@ -505,6 +516,7 @@ def _leave(*, actor: Actor, plan: Plan, to_state: str, kind: str, reason: str,
                                      actor=actor, stages=stages)
             _move(actor=actor, plan=locked, to_state=to_state, kind=kind, reason=reason.strip(),
                   drains=drains)
+    _push_drains(drains)
     return locked
 
 
@@ -609,7 +621,8 @@ def rehearsal_start(*, actor: Actor, plan: Plan) -> Drain:
     """Start a drain rehearsal: drain the candidate off the plan's routes for real, time it,
     and once every gateway verified and its streams closed, restore the split (a task). The
     drain record is the evidence `drain.rehearsed` reads. Only in stage 4: before that the
-    candidate carries no live traffic to drain."""
+    candidate carries no live traffic to drain. The drain's first push is made after the
+    commit, then a watcher task (`plans.rehearsal_finish`) follows it."""
     from fleetctl.traffic import services as traffic
 
     actor.require(roles.JOBS, action="plan.rehearse", target=plan)
@@ -630,27 +643,36 @@ def rehearsal_start(*, actor: Actor, plan: Plan) -> Drain:
         audit_record(actor=actor, action="plan.rehearse", target=locked,
                      message=f"drain rehearsal started (drain #{drain.pk})",
                      after={"drain": drain.pk})
-        from migrations_plan.tasks import rehearsal_finish
+    _push_drains([drain])
+    from migrations_plan.tasks import rehearsal_finish
 
-        transaction.on_commit(lambda: rehearsal_finish.delay(drain.pk))
+    rehearsal_finish.delay(drain.pk)
     return drain
 
 
-def rehearsal_finish(*, drain_id: int, timeout_s: float) -> Drain | None:
-    """Wait for the rehearsal drain to complete, then restore the split. A drain that does not
-    complete leaves traffic on the primary (the safe side) and says so on the record."""
-    import time
-
+def rehearsal_finish(*, drain_id: int, timeout_s: float) -> tuple[bool, Drain | None]:
+    """One look at a rehearsal drain (the `plans.rehearsal_finish` task re-queues it while
+    it is not done): once the drain completed, restore the split and push it. Returns
+    (done, the restore). Done without a restore when the drain failed (it says why on its
+    record) or did not complete within `timeout_s` of its request: traffic stays on the
+    primary, the safe side."""
+    from fleetctl.traffic import push
     from fleetctl.traffic import services as traffic
 
-    deadline = time.monotonic() + timeout_s
-    pause = 0.05
-    while True:
-        drain = Drain.objects.get(pk=drain_id)
-        if drain.status == Drain.Status.COMPLETE:
-            return traffic.drain_restore(actor=Actor.for_system("drain-rehearsal"), drain=drain,
-                                         reason=f"rehearsal over (drain #{drain.pk})")
-        if drain.status == Drain.Status.FAILED or time.monotonic() > deadline:
-            return None
-        time.sleep(pause)
-        pause = min(pause * 1.5, 2.0)
+    drain = Drain.objects.filter(pk=drain_id).first()
+    if drain is None or drain.status == Drain.Status.FAILED:
+        return True, None
+    if drain.status == Drain.Status.COMPLETE:
+        if drain.restored_by.exists():  # a look queued twice: the first one restored
+            return True, None
+        try:
+            restore = traffic.drain_restore(actor=Actor.for_system("drain-rehearsal"),
+                                            drain=drain,
+                                            reason=f"rehearsal over (drain #{drain.pk})")
+        except ConflictError:  # someone changed the route since: their split stands
+            return True, None
+        push.drain_push_now(restore)
+        return True, restore
+    if timezone.now() - drain.requested_at > timedelta(seconds=timeout_s):
+        return True, None
+    return False, None

@@ -266,6 +266,14 @@ class Drain(models.Model):
     # verified everywhere within DRAIN_WATCH_TIMEOUT_S.
     failure_reason = models.TextField(blank=True)
 
+    # Not a column: the pushes drain_request / drain_restore just stored, for the caller to
+    # attempt after its commit (push.drain_push_now); None on a record read from the database.
+    push_ids: list[int] | None = None
+    # Not columns either: the revisions the service stored, and the pushes as push.drain_push_now
+    # recorded them, so the API answers from what it has in hand instead of reading it back.
+    new_revisions: list[SplitRevision] | None = None
+    first_pushes: list[GatewayPush] | None = None
+
     class Meta:
         ordering = ["-requested_at", "-id"]
 

@@ -1,17 +1,21 @@
+"""Traffic tasks, all on the `push` queue. Each is short: one attempt, one look. The
+watcher (`traffic.drain_watch`) re-queues itself with a countdown instead of waiting inside a
+worker thread."""
+
 from __future__ import annotations
 
 import time
 
 from fleetctl.celery import app
-from fleetctl.traffic import services
+from fleetctl.traffic import push, sampling
 from fleetctl.traffic.models import Gateway
 
 
 @app.task(name="traffic.push_run", ignore_result=True, acks_late=True)
 def push_run(push_id: int, attempts: int | None = None) -> str:
-    """One attempt to bring a gateway in line; the service queues the next one with backoff
+    """One attempt to bring a gateway in line; the push engine queues the next one with backoff
     until it works, a permanent error stops it, or a newer push takes over."""
-    return services.push_execute(push_id=push_id, attempts=attempts)
+    return push.push_execute(push_id=push_id, attempts=attempts)
 
 
 @app.task(name="traffic.push_fanout", ignore_result=True, acks_late=True)
@@ -19,8 +23,8 @@ def push_fanout(push_ids: list[int]) -> None:
     """First attempt for every gateway of a new revision, in parallel; each failure then
     retries on its own with backoff (push_run). A gateway that verifies may settle pushes of
     open drains (it is sent its whole state), so they are looked at right after."""
-    services.push_fanout(push_ids=push_ids)
-    services.drains_advance()
+    push.push_fanout(push_ids=push_ids)
+    push.drains_advance()
 
 
 # The watcher's pace: fast at first (drains are timed in milliseconds), then once a second.
@@ -32,10 +36,11 @@ WATCH_FOR_S = 60.0
 
 @app.task(name="traffic.drain_watch", ignore_result=True)
 def drain_watch(drain_id: int, pause_s: float = 0.0, until: float | None = None) -> None:
-    """One look at a drain (every gateway verified? in-flight streams closed?); if it is
-    still open, the next look is queued with a countdown. Nothing waits inside a worker
-    thread, so however many drains are waiting, the pushes always have threads."""
-    if services.drain_progress(drain_id=drain_id):
+    """A watcher: one look at a drain (every gateway verified? in-flight streams closed?
+    given up?); if it is still open, the next look is queued with a countdown. Nothing waits
+    inside a worker thread, so however many drains are waiting, the pushes always have
+    threads."""
+    if push.drain_progress(drain_id=drain_id):
         return
     until = time.time() + WATCH_FOR_S if until is None else until
     pause = min(max(pause_s * 1.5, WATCH_FIRST_PAUSE_S), WATCH_MAX_PAUSE_S)
@@ -49,24 +54,24 @@ def converge() -> int:
     gateway's newest push whose attempt is overdue (lost with a process or a worker), and
     advance every open drain — whatever died since they were made. Returns how many pushes
     it drove."""
-    driven = services.pushes_converge()
-    services.drains_advance()
+    driven = push.pushes_converge()
+    push.drains_advance()
     return driven
 
 
 @app.task(name="traffic.reconcile", ignore_result=True)
 def reconcile() -> int:
     """Beat: compare every gateway with its desired state; re-push where it drifted."""
-    return sum(services.gateway_reconcile(gateway=gateway)
+    return sum(push.gateway_reconcile(gateway=gateway)
                for gateway in Gateway.objects.prefetch_related("routes"))
 
 
 @app.task(name="traffic.sample", ignore_result=True)
 def sample() -> int:
     """Beat: read every gateway's per-pool counters (rates are computed from these rows)."""
-    return sum(services.traffic_sample(gateway=gateway) for gateway in Gateway.objects.all())
+    return sum(sampling.traffic_sample(gateway=gateway) for gateway in Gateway.objects.all())
 
 
 @app.task(name="traffic.samples_prune", ignore_result=True)
 def samples_prune() -> int:
-    return services.traffic_samples_prune()
+    return sampling.traffic_samples_prune()

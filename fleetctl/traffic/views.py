@@ -27,6 +27,7 @@ from fleetctl.fleet.models import Pool
 from fleetctl.traffic import charts, selectors, services
 from fleetctl.traffic.forms import DrainForm, RampForm, RestoreForm
 from fleetctl.traffic.models import Drain, GatewayPush, Route, SplitRevision
+from fleetctl.traffic.push import drain_push_now
 
 # The ids of the blocks htmx refreshes; the view picks the partial by HX-Target.
 GATEWAYS_ID = "gateways"
@@ -217,6 +218,7 @@ def _drain_confirm(request: HttpRequest, *, route: Route | None, pool: Pool | No
             actor=actor, reason=form.cleaned_data["reason"], route=route, pool=pool,
         ), form=form)
         if done.result is not None:
+            drain_push_now(done.result)  # committed: the first attempt, here
             messages.success(request, f"Draining {what} {target.name}.")
             return redirect("traffic:drain-detail", drain_id=done.result.pk)
     return render(request, "traffic/drain_confirm.html", {
@@ -275,9 +277,11 @@ def _timeline(drain: Drain, pushes: list[GatewayPush]) -> list[Step]:
     steps.append(Step("in-flight requests to drained pools at zero", drain.in_flight_zero_at,
                       _ms_since(start, drain.in_flight_zero_at),
                       "done" if drain.in_flight_zero_at else "waiting"))
+    if drain.status == Drain.Status.FAILED:
+        steps.append(Step("failed", None, None, "failing", drain.failure_reason))
+        return steps
     steps.append(Step("complete", drain.completed_at, drain.duration_ms,
-                      "done" if drain.completed_at else
-                      "failing" if drain.status == Drain.Status.FAILED else "waiting"))
+                      "done" if drain.completed_at else "waiting"))
     return steps
 
 
@@ -318,6 +322,7 @@ def drain_restore(request: HttpRequest, drain_id: int) -> HttpResponse:
         done = call_service(request, lambda: services.drain_restore(
             actor=actor, drain=drain, reason=form.cleaned_data["reason"]), form=form)
         if done.result is not None:
+            drain_push_now(done.result)
             messages.success(request, f"Restoring the split from before drain {drain.pk}.")
             return redirect("traffic:drain-detail", drain_id=done.result.pk)
     revisions = [(rev, rev.parent) for rev in drain.revisions.select_related("route", "parent")]

@@ -117,7 +117,11 @@ def _exercise(operation: Any, mode: GenerationMode, headers: dict[str, str],
     def run(case: Any) -> None:
         # A savepoint per request, as each would have its own transaction in a server: a
         # statement PostgreSQL refused must not abort the test's transaction for the next.
-        with transaction.atomic():
+        # Marked like the test case's own blocks: it stands for the server's outermost level,
+        # where the push engine may talk to gateways (a drain's first push).
+        savepoint = transaction.atomic()
+        savepoint._from_testcase = True  # type: ignore[attr-defined]
+        with savepoint:
             case.call_and_validate(headers=headers, checks=CHECKS)
 
     run()

@@ -133,3 +133,41 @@ def test_a_drain_rehearsal_is_timed_restored_and_becomes_gate_evidence(
     else:
         assert outcome.status == ev.FAIL, outcome.result.summary
         assert "Drain slower than the target: llama" in outcome.result.summary
+
+
+def test_a_pause_drains_and_pushes_after_its_commit_so_it_returns_verified(
+    live_world, sims, envoys  # noqa: F811
+):
+    """The plan's transaction stores the drain; once it has committed, pause makes the first
+    push itself: when it returns, every gateway holds the drained split and the drain's row
+    says so — nothing waits on a worker or on someone else's commit."""
+    world = live_world
+    plan = walk_to(world, world.plan, 4)
+    _ramp(world, 30)
+    _settled()
+
+    plan = services.pause(actor=world.actor("oncall"), plan=plan, reason="p95 regression")
+
+    drain = StageMove.objects.get(plan=plan, kind="pause").drains.get()
+    assert drain.status in ("verified", "complete") and drain.verified_at is not None
+    pushes = GatewayPush.objects.filter(revision__in=drain.revisions.all())
+    assert sorted(p.status for p in pushes) == ["verified", "verified"]
+    assert all(p.attempt_rows.filter(verified=True).exists() for p in pushes)
+    assert _share_on_candidate(sims, envoys, 20) == (0, 20)
+
+
+def test_pausing_inside_a_transaction_fails_loudly_and_changes_nothing(live_world):
+    """Gateway I/O never moves silently to someone else's commit: a plan service called
+    inside an open transaction refuses, and the transaction's work is rolled back."""
+    from django.db import transaction
+
+    from fleetctl.traffic.push import InTransactionError
+
+    world = live_world
+    plan = walk_to(world, world.plan, 4)
+    _ramp(world, 30)
+    _settled()
+    with pytest.raises(InTransactionError), transaction.atomic():
+        services.pause(actor=world.actor("oncall"), plan=plan, reason="p95 regression")
+    assert not Drain.objects.exists()
+    assert type(plan).objects.get(pk=plan.pk).state == "stage-4"

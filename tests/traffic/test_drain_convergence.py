@@ -14,7 +14,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection, transaction
 from django.utils import timezone
 
 from fleetctl.core.ports import free_port
@@ -24,6 +23,7 @@ from fleetctl.fleet.services import pool_health_record, pool_model_create
 from fleetctl.traffic import selectors
 from fleetctl.traffic.gateways.base import adapter_for
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, GatewayPushAttempt, Route
+from fleetctl.traffic.push import drain_push_now
 from fleetctl.traffic.services import (
     drain_request,
     drain_restore,
@@ -138,6 +138,7 @@ def drain_and_restore(fleet: Fleet, count: int) -> list[Drain]:
             records.append(drain_restore(actor=SYSTEM, drain=records[-1], reason="back"))
         else:
             records.append(drain_request(actor=SYSTEM, pool=fleet.candidate, reason="drill"))
+        drain_push_now(records[-1])  # what the API does after the commit
     return records
 
 
@@ -180,11 +181,9 @@ def test_a_drain_whose_web_process_died_after_the_commit_completes_from_the_rows
 ):
     gateway = fleet.carry("edge", fleet.envoy.admin_url, fleet.envoy.workdir, fleet.route)
     wait_until(settled, timeout_s=60, what="the first pushes")
-    with transaction.atomic():
-        drain = drain_request(actor=SYSTEM, pool=fleet.candidate, reason="web process dies")
-        # The process dies right after the commit: nothing it meant to do then happens (the
-        # inline push, queueing the watcher).
-        connection.run_on_commit.clear()
+    drain = drain_request(actor=SYSTEM, pool=fleet.candidate, reason="web process dies")
+    # The process dies right after the commit: nothing it meant to do then happens (the first
+    # push, push.drain_push_now, queueing the watcher).
     assert list(GatewayPush.objects.filter(revision__in=drain.revisions.all())
                 .values_list("status", "attempts")) == [("pending", 0)]
     beat.start()

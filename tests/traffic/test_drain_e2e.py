@@ -272,8 +272,8 @@ def test_converge_attempts_a_push_nobody_attempted(fleet, system):
 
     from django.utils import timezone
 
+    from fleetctl.traffic.push import ORPHAN_PUSH_AFTER_S
     from fleetctl.traffic.selectors import revision_current
-    from fleetctl.traffic.services import ORPHAN_PUSH_AFTER_S
     from fleetctl.traffic.tasks import converge
 
     gateway = fleet["gateways"][0]

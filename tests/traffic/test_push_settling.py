@@ -10,7 +10,7 @@ import pytest
 
 from fleetctl.fleet.models import endpoint_key
 from fleetctl.fleet.services import pool_health_record, pool_model_create, pool_update
-from fleetctl.traffic import selectors, services
+from fleetctl.traffic import push, selectors, services
 from fleetctl.traffic.gateways.base import adapter_for
 from fleetctl.traffic.models import Gateway, GatewayPush, Route
 from tests.conftest import SYSTEM
@@ -39,7 +39,7 @@ def test_an_attempt_does_not_settle_a_push_committed_after_it_read_its_state(
                                     routes=list(Route.objects.all()))
     first = GatewayPush.objects.get(gateway=edge)
     # The attempt reads what to send...
-    known = services._open_pushes_now([edge.pk])[edge.pk]
+    known = push._open_pushes_now([edge.pk])[edge.pk]
     desired = selectors.gateway_desired_state(gateway=edge)
     # ...then the registry changes under it, which stores a push of its own.
     with django_capture_on_commit_callbacks():
@@ -47,13 +47,13 @@ def test_an_attempt_does_not_settle_a_push_committed_after_it_read_its_state(
                     base_urls=["http://127.0.0.1:7402"])
     second = GatewayPush.objects.get(gateway=edge, reason="registry")
 
-    services._push_record([services._push_io(first, desired, known)])
+    push._push_record([push._push_io(first, desired, known)])
 
     first.refresh_from_db()
     second.refresh_from_db()
     assert first.status == "verified"
     assert second.status == "pending"  # it stands for an endpoint the attempt never sent
-    services.push_execute(push_id=second.pk)
+    push.push_execute(push_id=second.pk)
     second.refresh_from_db()
     assert second.status == "verified"
     adapter = adapter_for(selectors.gateway_spec(edge))

@@ -14,6 +14,7 @@ from fleetctl.fleet.models import Pool, Region
 from fleetctl.fleet.services import pool_health_record, pool_model_create, region_create
 from fleetctl.traffic import selectors
 from fleetctl.traffic.models import Gateway, SplitRevision
+from fleetctl.traffic.push import drain_push_now
 from fleetctl.traffic.services import (
     drain_request,
     drain_restore,
@@ -70,7 +71,8 @@ def test_a_region_cannot_change_jurisdiction_under_pinned_traffic(eu_fleet, clie
 
 
 def test_a_region_may_change_jurisdiction_once_its_pools_are_drained(eu_fleet, client_for):
-    drain_request(actor=SYSTEM, pool=eu_fleet["pools"]["eu-b"], reason="moving region")
+    drain_push_now(drain_request(actor=SYSTEM, pool=eu_fleet["pools"]["eu-b"],
+                                 reason="moving region"))
     admin = client_for("admin")
 
     answer = admin.patch("/api/v1/regions/eu-west/", {"jurisdiction": "IN"}, format="json")

@@ -28,7 +28,8 @@ from fleetctl.traffic.gateways.haproxy import adapter as haproxy
 from fleetctl.traffic.gateways.nginx import adapter as nginx
 from fleetctl.traffic.gateways.nginx.adapter import NginxAdapter
 from fleetctl.traffic.models import Drain, Gateway, GatewayPushAttempt
-from fleetctl.traffic.services import gateway_create, gateway_reconcile, route_create
+from fleetctl.traffic.push import gateway_reconcile
+from fleetctl.traffic.services import gateway_create, route_create
 from tests.conftest import wait_until
 from tests.sim.simproc import TEST_PROFILES, SimProcess
 

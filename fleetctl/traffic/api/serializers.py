@@ -140,20 +140,26 @@ class DrainSerializer(serializers.ModelSerializer):
         fields = ["id", "action", "route", "pool", "restores", "drained_pools", "revisions",
                   "requested_by", "reason", "requested_at", "status", "verified_at",
                   "in_flight_zero_at", "completed_at", "verified_ms", "duration_ms",
+                  "last_error", "failure_reason", "gateways"]
         read_only_fields = fields
 
     def get_revisions(self, drain: Drain) -> list[str]:
-        return [f"{rev.route.name} r{rev.number}" for rev in drain.revisions.all()]
+        # A drain just made carries what it stored (push.drain_push_now's answer).
+        revisions = drain.new_revisions if drain.new_revisions is not None \
+            else drain.revisions.all()
+        return [f"{rev.route.name} r{rev.number}" for rev in revisions]
 
     def get_gateways(self, drain: Drain) -> list[dict[str, Any]]:
         from fleetctl.traffic.selectors import drain_gateway_times
 
+        pushes = drain.first_pushes if drain.first_pushes is not None \
+            else drain_gateway_times(drain=drain)
         return [
             {"gateway": p.gateway.name, "route": p.revision.route.name,
              "revision": p.revision.number, "status": p.status, "attempts": p.attempts,
              "applied_at": p.applied_at, "verified_at": p.verified_at,
              "last_error": p.last_error}
-            for p in drain_gateway_times(drain=drain)
+            for p in pushes
         ]
 
 

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 
 from fleetctl.accounts.api.viewsets import ServiceModelViewSet
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.traffic import selectors, services
+from fleetctl.traffic import push, selectors, services
 from fleetctl.traffic.api import serializers as s
 from fleetctl.traffic.api.filters import GatewayFilter
 from fleetctl.traffic.models import Route
@@ -107,7 +107,9 @@ class DrainViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         body = s.DrainCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         drain = services.drain_request(actor=actor_from_request(request), **body.validated_data)
-        drain = selectors.drain_list().get(pk=drain.pk)  # as the first attempts left it
+        # Committed: the first attempt at every gateway, here. The answer is the drain as
+        # those attempts left it, from what this process holds (no second read).
+        drain = push.drain_push_now(drain)
         return Response(s.DrainSerializer(drain).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=s.RestoreSerializer, responses={202: s.DrainSerializer})
@@ -119,7 +121,7 @@ class DrainViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         drain = get_object_or_404(selectors.drain_list(), pk=pk)
         record = services.drain_restore(actor=actor_from_request(request), drain=drain,
                                         reason=body.validated_data.get("reason", ""))
-        record = selectors.drain_list().get(pk=record.pk)
+        record = push.drain_push_now(record)
         return Response(s.DrainSerializer(record).data, status=status.HTTP_202_ACCEPTED)
 
 

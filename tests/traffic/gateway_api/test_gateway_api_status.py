@@ -333,7 +333,7 @@ def test_the_default_requires_status() -> None:
 # --- what a push attempt records ------------------------------------------------------------------
 
 def test_a_push_attempt_records_why_the_route_is_not_held(api: FakeApiServer) -> None:
-    from fleetctl.traffic import services
+    from fleetctl.traffic import push as engine
     from fleetctl.traffic.models import Gateway, GatewayPush
 
     options = {"namespace": "llm", "gateway_name": "public", "token": TOKEN,
@@ -342,15 +342,15 @@ def test_a_push_attempt_records_why_the_route_is_not_held(api: FakeApiServer) ->
     push = GatewayPush(gateway=Gateway(name="edge", kind="gateway-api",
                                        admin_address=api.url, options=options))
     api.lag()
-    lagging = services._push_io(push, split(7000), frozenset())
+    lagging = engine._push_io(push, split(7000), frozenset())
     assert lagging.result is not None and lagging.result.applied
     assert not lagging.verified and not lagging.permanent
     assert "controller has not yet observed generation 1 of HTTPRoute" in lagging.error
     api.catch_up()
-    caught_up = services._push_io(push, split(7000), frozenset())
+    caught_up = engine._push_io(push, split(7000), frozenset())
     assert caught_up.verified and caught_up.error == ""
     api.reject("ResolvedRefs", "BackendNotFound", "gone", only={CHAT})
-    refused = services._push_io(push, split(3000), frozenset())
+    refused = engine._push_io(push, split(3000), frozenset())
     assert not refused.verified and refused.permanent
     assert "ResolvedRefs is False, reason BackendNotFound: gone" in refused.error
 

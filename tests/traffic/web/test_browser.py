@@ -23,7 +23,7 @@ from playwright.sync_api import Browser, Page, expect
 from fleetctl.core.ports import free_port
 from fleetctl.demo.envoy_process import EnvoyProcess
 from fleetctl.fleet.services import pool_create
-from fleetctl.traffic import services
+from fleetctl.traffic import sampling, services
 from fleetctl.traffic.models import Gateway, Route
 from tests.conftest import wait_until
 from tests.sim.simproc import TEST_PROFILES, SimProcess
@@ -154,12 +154,12 @@ def send_requests(url: str, gateway: Gateway, *, count: int) -> None:
     """Requests for the unpinned route, with a traffic sample before and after them (two
     readings make one rate per pool)."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="test", max_retries=0, timeout=30)
-    services.traffic_sample(gateway=gateway)
+    sampling.traffic_sample(gateway=gateway)
     for _ in range(count):
         client.chat.completions.create(model=MODEL, max_tokens=4,
                                        messages=[{"role": "user", "content": "hello"}])
     time.sleep(1)
-    services.traffic_sample(gateway=gateway)
+    sampling.traffic_sample(gateway=gateway)
 
 
 def test_an_on_call_engineer_drains_a_route_behind_a_real_envoy_in_the_browser(

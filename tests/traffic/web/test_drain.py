@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from fleetctl.audit.models import AuditEvent
 from fleetctl.fleet.models import Pool
-from fleetctl.traffic import selectors, services
+from fleetctl.traffic import push, selectors, services
 from fleetctl.traffic.models import Drain, Route, SplitRevision
 from tests.traffic.web.conftest import SYSTEM, make_route, ramp
 
@@ -43,7 +43,7 @@ def test_an_on_call_engineer_drains_a_route_by_typing_its_name(oncall: Client, r
     assert SplitRevision.objects.get(route=route, number=3).weights == {"h200-us": 10_000}
     assert AuditEvent.objects.filter(action="drain.request", actor="olga").exists()
 
-    services.drain_progress(drain_id=drain.pk)  # what the watcher task does
+    push.drain_progress(drain_id=drain.pk)  # what the watcher task does
     html = oncall.get(response["Location"]).content.decode()
     assert "Draining route llama." in html
     assert "complete" in html and "+0 ms" in html
@@ -111,7 +111,7 @@ def test_draining_a_route_already_on_its_primary_says_there_is_nothing_to_drain(
 def test_a_completed_drain_is_restored_to_the_split_from_before(oncall: Client, route: Route):
     oncall.post(drain_url(route), {"confirm_name": "llama", "reason": "canary 5xx"})
     drain = Drain.objects.get()
-    services.drain_progress(drain_id=drain.pk)
+    push.drain_progress(drain_id=drain.pk)
     restore_url = reverse("traffic:drain-restore", args=[drain.pk])
     confirm = oncall.get(restore_url).content.decode()
     assert "as r2" in confirm and "mi300x-us 5 %" in confirm
@@ -128,7 +128,7 @@ def test_a_completed_drain_is_restored_to_the_split_from_before(oncall: Client, 
 
 def test_a_restore_after_someone_changed_the_route_is_a_409(oncall: Client, route: Route):
     drain = services.drain_request(actor=SYSTEM, route=route, reason="x")
-    services.drain_progress(drain_id=drain.pk)
+    push.drain_progress(drain_id=drain.pk)
     ramp(route, {"h200-us": 99, "mi300x-us": 1}, reason="moved on")
     response = oncall.post(reverse("traffic:drain-restore", args=[drain.pk]), {"reason": ""})
     assert response.status_code == 409
@@ -138,7 +138,7 @@ def test_a_restore_after_someone_changed_the_route_is_a_409(oncall: Client, rout
 
 def test_a_restore_cannot_itself_be_restored(oncall: Client, route: Route):
     drain = services.drain_request(actor=SYSTEM, route=route, reason="x")
-    services.drain_progress(drain_id=drain.pk)
+    push.drain_progress(drain_id=drain.pk)
     restore = services.drain_restore(actor=SYSTEM, drain=drain, reason="back")
     url = reverse("traffic:drain-restore", args=[restore.pk])
     page = oncall.get(url).content.decode()

@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from fleetctl.traffic import services
+from fleetctl.traffic import push, services
 from fleetctl.traffic.models import Drain, Gateway, Route
 from tests.traffic.web.conftest import SYSTEM, make_route
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 def drained(route: Route) -> Drain:
     """A route drain, taken to the end the way the watcher task would (no gateway here)."""
     drain = services.drain_request(actor=SYSTEM, route=route, reason="canary errors")
-    services.drain_progress(drain_id=drain.pk)
+    push.drain_progress(drain_id=drain.pk)
     drain.refresh_from_db()
     return drain
 
@@ -150,7 +150,7 @@ def test_a_drain_page_polls_every_half_second_until_the_drain_is_complete(
     assert 'hx-trigger="every 500ms"' in html
     assert "pushing" in html and "Restore…" not in html
 
-    services.drain_progress(drain_id=drain.pk)  # what the watcher task does
+    push.drain_progress(drain_id=drain.pk)  # what the watcher task does
     block = oncall.get(url, headers={"HX-Request": "true", "HX-Target": "drain-progress"})
     html = block.content.decode()
     assert "<html" not in html and 'id="drain-progress"' in html
@@ -165,7 +165,7 @@ def test_the_drain_list_shows_drains_and_restores_newest_first_with_their_times(
 ):
     first = drained(route)
     restore = services.drain_restore(actor=SYSTEM, drain=first, reason="fixed")
-    services.drain_progress(drain_id=restore.pk)
+    push.drain_progress(drain_id=restore.pk)
     html = viewer.get(reverse("traffic:drains")).content.decode()
     assert html.index(f">{restore.pk}</a>") < html.index(f">{first.pk}</a>")
     assert "restored by" in html and " ms</td>" in html
@@ -176,7 +176,7 @@ def test_the_drain_list_pages_fifty_at_a_time(viewer: Client, route: Route):
     for i in range(26):
         drain = drained(route)
         restore = services.drain_restore(actor=SYSTEM, drain=drain, reason=f"r{i}")
-        services.drain_progress(drain_id=restore.pk)
+        push.drain_progress(drain_id=restore.pk)
     first = viewer.get(reverse("traffic:drains")).content.decode()
     assert "page 1 of 2" in first and first.count('class="badge drain-') == 50
     second = viewer.get(reverse("traffic:drains"), {"page": 2}).content.decode()

@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from fleetctl.fleet.models import Pool
 from fleetctl.fleet.services import pool_model_create
-from fleetctl.traffic import services
+from fleetctl.traffic import push, services
 from fleetctl.traffic.models import Route
 from tests.traffic.web.conftest import SYSTEM, make_route, ramp
 
@@ -42,7 +42,7 @@ def seed_routes(first: int, last: int) -> None:
         options=NO_ENVOY, routes=[route])
         route.refresh_from_db()
         drain = services.drain_request(actor=SYSTEM, route=route, reason="test")
-        services.drain_progress(drain_id=drain.pk)
+        push.drain_progress(drain_id=drain.pk)
 
 
 def test_the_routes_page_query_count_does_not_grow_with_the_number_of_routes(

@@ -1,0 +1,595 @@
+"""The push engine: everything that talks to gateways, and the rows it writes about it.
+
+A push is one gateway to bring in line with its whole desired state (every route it carries,
+at its current revision). `services` stores pushes inside its transactions and never talks to
+a gateway; this module does the talking, after those transactions commit:
+
+* fan-out: the first attempt of several pushes at once, one thread per gateway (the work is
+  waiting on gateways), every outcome recorded together in a few queries;
+* attempts and retries: each attempt is a row; a failure retries on the `push` queue with
+  backoff (push_run), a permanent error stops it;
+* settling: a verified attempt settles the gateway's other open pushes — only those that were
+  open when it read its desired state (`_open_pushes_now`);
+* converge and reconcile (beat): drive pushes whose attempt was lost, re-push a gateway that
+  drifted;
+* drains: a drain's first push is made by the caller right after its transaction commits
+  (`drain_push_now`, named at every call site), then the drain is followed from the rows
+  (`drain_progress`): verified, in-flight streams closed, or failed.
+
+Every entry point that may run in a request refuses to run inside a transaction
+(`refuse_in_transaction`): gateway I/O must never sit inside someone's open transaction, nor
+move silently to its commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Case, DateTimeField, F, Max, PositiveIntegerField, Value, When
+from django.utils import timezone
+
+from fleetctl.traffic import selectors
+from fleetctl.traffic.gateways.base import AdapterError, ApplyResult, DesiredState, adapter_for
+from fleetctl.traffic.models import Drain, Gateway, GatewayPush, GatewayPushAttempt
+
+log = logging.getLogger("fleetctl.traffic")
+
+
+class InTransactionError(RuntimeError):
+    """Gateway I/O was asked for inside an open transaction."""
+
+
+def refuse_in_transaction(what: str) -> None:
+    """Fail loudly when called inside an atomic block: the rows this pushes were written by
+    the caller's transaction, which must have committed (other processes retry from them),
+    and gateway I/O must not hold a transaction open. The atomic blocks a test case wraps
+    every test in do not count (Django's durable atomic blocks make the same exception)."""
+    if any(not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks):
+        raise InTransactionError(
+            f"{what} talks to gateways: call it after the transaction that stored the pushes "
+            f"has committed, not inside it.")
+
+
+# --- pushing ---------------------------------------------------------------------------------
+
+# Every push sends the gateway its whole desired state, so a gateway that is down needs only
+# one push retried (its newest open one) and the retry is the probe: cheap (a refused
+# connection) and capped low, so a gateway that answers again is sent the current state
+# within seconds, which settles every older open push to it (_gateways_in_sync).
+RETRY_DELAYS_S = (0.2, 0.5, 1, 2, 5)
+# A push stored but not attempted this long after its commit lost the process that was to
+# make its first attempt (a web process killed right after a drain committed): the converge
+# task attempts it. An inline first attempt still in flight this late (a hung gateway) may be
+# doubled by that — harmless: a push is idempotent, it sets the gateway's whole state.
+ORPHAN_PUSH_AFTER_S = 3.0
+# A retrying push whose retry is this late was lost (countdown messages can die with their
+# worker): the converge task drives it again.
+RETRY_LOST_AFTER_S = 3.0
+OPEN = (GatewayPush.Status.PENDING, GatewayPush.Status.RETRYING)
+
+
+@dataclass
+class Settled:
+    """What the attempts recorded by one call settled: push id → (status, verified at), and
+    the pushes read (their statuses as those attempts left them)."""
+
+    statuses: dict[int, tuple[str, Any]]
+    pushes: list[GatewayPush]
+
+
+def push_fanout(*, push_ids: list[int], budget_s: float | None = None) -> Settled:
+    """First attempt of several pushes at once: one thread per gateway does the talking (the
+    work is waiting on gateways), then every outcome is recorded together in a few queries
+    and each failure is queued to retry on its own with backoff (push_run). Gateways
+    carrying the same routes share one desired state.
+
+    With `budget_s`, only the attempts that finish within it are recorded here; a slower
+    gateway's attempt records itself from its thread when it ends and queues its own retry,
+    so a caller waiting on this is never held by one slow gateway for longer than the
+    budget. Returns what the attempts recorded here settled."""
+    # Every open push of these gateways in one read, made before the desired states (see
+    # _open_pushes_now): the ones to attempt, and what a verified attempt may settle.
+    open_now = list(GatewayPush.objects.select_related("gateway", "revision__route")
+                    .prefetch_related("gateway__routes").filter(
+                        status__in=OPEN, gateway_id__in=GatewayPush.objects.filter(
+                            pk__in=push_ids).values("gateway_id")))
+    known: dict[int, frozenset[int]] = {}
+    for each in open_now:
+        known[each.gateway_id] = known.get(each.gateway_id, frozenset()) | {each.pk}
+    # One attempt per gateway (it sends the whole state; its verification settles the
+    # gateway's other open pushes): two at once would race on the gateway's configuration.
+    wanted = set(push_ids)
+    first: dict[int, GatewayPush] = {}
+    for push in sorted(open_now, key=lambda p: p.pk):
+        if push.pk in wanted:
+            first.setdefault(push.gateway_id, push)
+    pushes = list(first.values())
+    states: dict[tuple[int, ...], DesiredState] = {}
+    work = []
+    for push in pushes:
+        routes = tuple(sorted(route.pk for route in push.gateway.routes.all()))
+        if routes not in states:
+            states[routes] = selectors.gateway_desired_state(gateway=push.gateway)
+        work.append((push, states[routes], known.get(push.gateway_id, frozenset())))
+    futures = [_push_threads().submit(_push_io, *item) for item in work]
+    finished, late = wait_futures(futures, timeout=budget_s)
+    caller = threading.get_ident()
+    for future in late:
+        # Runs in the push thread when the attempt ends — or here at once if it ended in
+        # the meantime, and then this thread's connection must be left alone.
+        future.add_done_callback(
+            lambda done: _record_late(done, own_thread=threading.get_ident() != caller))
+    outcomes = [future.result() for future in futures if future in finished]
+    settled: dict[int, tuple[str, Any]] = {}
+    for io, (status, retry_in) in zip(outcomes, _push_record(outcomes, settled=settled),
+                                      strict=True):
+        if retry_in is not None:
+            _retry_later(io.push.pk, retry_in, attempts=io.push.attempts + 1)
+        if io.push.pk not in settled:  # failed: retrying, or failed for good
+            settled[io.push.pk] = (status, None)
+    by_gateway = {io.push.gateway_id: io for io in outcomes}
+    for push in open_now:  # the rows as these attempts left them, for the caller's answer
+        attempt = by_gateway.get(push.gateway_id)
+        if attempt is not None and attempt.push.pk == push.pk:
+            push.attempts, push.last_error = push.attempts + 1, attempt.error
+        if push.pk in settled:
+            push.status, verified_at = settled[push.pk]
+            if push.status == GatewayPush.Status.VERIFIED and attempt is not None:
+                push.applied_at, push.verified_at = attempt.answered, verified_at
+                push.last_error = ""
+    return Settled(statuses=settled, pushes=open_now)
+
+
+def _open_pushes_now(gateway_ids: Any) -> dict[int, frozenset[int]]:
+    """Per gateway, its open pushes as committed right now. Read *before* the desired state:
+    whatever these pushes stand for (a revision, a registry edit) committed with them, so
+    the desired state read next includes it, and a verified attempt may settle exactly these.
+    A push committed later may stand for a change the attempt never saw: it keeps its own."""
+    known: dict[int, set[int]] = {}
+    for pk, gateway_id in GatewayPush.objects.filter(
+            gateway_id__in=gateway_ids, status__in=OPEN).values_list("pk", "gateway_id"):
+        known.setdefault(gateway_id, set()).add(pk)
+    return {gateway_id: frozenset(pks) for gateway_id, pks in known.items()}
+
+
+def push_inline(*, push_ids: list[int]) -> Settled | None:
+    """First attempt of pushes just committed, made by the calling process (a drain: no queue
+    hop), waiting at most TRAFFIC_INLINE_PUSH_BUDGET_S; failures retry on the `push` queue.
+    Refuses to run inside a transaction. Returns what the attempts settled (None when
+    something went wrong: the rows then say what happened)."""
+    refuse_in_transaction("push_inline")
+    if not push_ids:
+        return Settled(statuses={}, pushes=[])
+    try:
+        return push_fanout(push_ids=push_ids, budget_s=settings.TRAFFIC_INLINE_PUSH_BUDGET_S)
+    except Exception:  # the pushes are stored: converge attempts those nobody attempted
+        log.exception("inline push of %s failed; the converge task will retry", push_ids)
+        return None
+
+
+def drain_push_now(drain: Drain) -> Drain:
+    """The first push of a drain or restore that `services` just stored and committed, made
+    here and now (it is what the drain's figures time), then the record notes whether every
+    gateway verified, so the caller's answer says so, and the watcher takes over (in-flight
+    streams to the drained pools). Should this process die before any of it, nothing is
+    lost: the converge task attempts the pushes and advances the drain from the rows.
+    Refuses to run inside a transaction.
+
+    Returns the drain as those attempts left it, with its pushes (`first_pushes`) as they
+    were recorded, so an answer needs no second read."""
+    refuse_in_transaction("drain_push_now")
+    from fleetctl.traffic.tasks import drain_watch
+
+    push_ids = drain.push_ids
+    if push_ids is None:
+        push_ids = list(GatewayPush.objects.filter(revision__drains=drain, status__in=OPEN)
+                        .values_list("pk", flat=True))
+    try:
+        settled = push_inline(push_ids=push_ids)
+        if settled is None or not _verified_now(drain, push_ids, settled):
+            drain_progress(drain_id=drain.pk, look_in_flight=False)
+            drain.refresh_from_db(fields=["status", "verified_at", "last_error",
+                                          "failure_reason"])
+        mine = [p for p in (settled.pushes if settled else []) if p.pk in set(push_ids)]
+        if len(mine) == len(push_ids):  # else one was settled elsewhere: the answer reads rows
+            drain.first_pushes = sorted(
+                mine, key=lambda p: (p.gateway.name, p.revision.route.name, p.pk))
+    finally:
+        drain_watch.delay(drain.pk)
+    return drain
+
+
+def _verified_now(drain: Drain, push_ids: list[int], settled: Settled) -> bool:
+    """When the attempts just made settled every push of the drain, note its verified time
+    (the last gateway's read-back) from what is in hand: one write, no read. False when
+    some push is still open or failed: drain_progress reads the rows then."""
+    done = (GatewayPush.Status.VERIFIED, GatewayPush.Status.SUPERSEDED)
+    outcome = [settled.statuses.get(pk) for pk in push_ids]
+    if not all(o is not None and o[0] in done for o in outcome):
+        return False
+    times = [o[1] for o in outcome if o is not None and o[1] is not None]
+    verified_at = max(times) if times else timezone.now()
+    if Drain.objects.filter(pk=drain.pk, verified_at__isnull=True,
+                            status__in=(Drain.Status.PUSHING, Drain.Status.PARTIAL)).update(
+            verified_at=verified_at, status=Drain.Status.VERIFIED, last_error=""):
+        drain.verified_at, drain.status, drain.last_error = (
+            verified_at, Drain.Status.VERIFIED, "")
+        return True
+    return False  # someone looked first (the watcher, converge): read what they wrote
+
+
+def _retry_later(push_id: int, retry_in: float, *, attempts: int) -> None:
+    """Queue the next attempt. `attempts`: how many the push has had by then; if another
+    attempt is made meanwhile (converge drove it again), this retry stands down."""
+    from fleetctl.traffic.tasks import push_run
+
+    push_run.apply_async((push_id, attempts), countdown=retry_in)
+
+
+def _record_late(future: Future[_PushIO], *, own_thread: bool) -> None:
+    """Done-callback of an attempt that outlived its caller's budget. In a push thread
+    (`own_thread`) it records with that thread's own connection and closes it after."""
+    from django.db import connections
+
+    try:
+        io = future.result()
+        _status, retry_in = _push_record([io])[0]
+        if retry_in is not None:
+            _retry_later(io.push.pk, retry_in, attempts=io.push.attempts + 1)
+    except Exception:
+        log.exception("recording a late push attempt failed; the converge task will retry")
+    finally:
+        if own_thread:
+            connections.close_all()
+
+
+DONE = (GatewayPush.Status.VERIFIED, GatewayPush.Status.SUPERSEDED, GatewayPush.Status.FAILED)
+_pool: Any = None
+
+
+def _push_threads() -> Any:
+    """Threads kept for the process's life: a drain is timed in milliseconds."""
+    global _pool
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="push")
+    return _pool
+
+
+@dataclass
+class _PushIO:
+    """What one attempt found out from the gateway; recorded afterwards."""
+
+    push: GatewayPush
+    desired: DesiredState
+    known: frozenset[int]
+    sent: Any
+    started: float
+    answered: Any = None
+    verified_at: Any = None
+    result: ApplyResult | None = None
+    verified: bool = False
+    error: str = ""
+    permanent: bool = False
+    duration_ms: float = 0.0
+
+
+def _push_io(push: GatewayPush, desired: DesiredState, known: frozenset[int]) -> _PushIO:
+    """Apply and read back; no database work here (it runs in a thread per gateway).
+    `known`: the gateway's open pushes read before `desired` (_open_pushes_now)."""
+    io = _PushIO(push=push, desired=desired, known=known, sent=timezone.now(),
+                 started=time.monotonic())
+    try:
+        adapter = adapter_for(selectors.gateway_spec(push.gateway))
+        io.result = adapter.apply(desired)
+        io.answered = timezone.now()
+        held = adapter.read_back()
+        io.verified = adapter.matches(desired, held)
+        io.verified_at = timezone.now()
+        if not io.verified:
+            io.error = f"read back {held} differs from what was applied"
+    except AdapterError as exc:
+        io.error, io.permanent = str(exc), exc.permanent
+        io.answered = io.answered or timezone.now()
+    io.duration_ms = (time.monotonic() - io.started) * 1000
+    return io
+
+
+def push_execute(*, push_id: int, attempts: int | None = None) -> str:
+    """One attempt at making a gateway hold its whole desired state (the push_run task);
+    queues its own retry. Returns the push's status.
+
+    It stands down — no attempt, no retry — when the push is done, when `attempts` (what the
+    push had when this attempt was queued) no longer matches (someone attempted it since and
+    their retry carries on), or when a newer push to the same gateway is open: that one
+    sends the same whole state, and its verification settles this one. So however many
+    pushes pile up while a gateway is down, one is retried."""
+    push = (GatewayPush.objects.select_related("gateway", "revision__route")
+            .filter(pk=push_id).first())
+    if push is None:  # its gateway or route was deleted meanwhile
+        return "gone"
+    if push.status in DONE or (attempts is not None and push.attempts != attempts):
+        return push.status
+    known = _open_pushes_now([push.gateway_id]).get(push.gateway_id, frozenset())
+    if any(pk > push.pk for pk in known):
+        return push.status
+    desired = selectors.gateway_desired_state(gateway=push.gateway)
+    status, retry_in = _push_record([_push_io(push, desired, known)])[0]
+    if retry_in is not None:
+        _retry_later(push.pk, retry_in, attempts=push.attempts + 1)
+    elif status == GatewayPush.Status.VERIFIED:
+        drains_advance()  # the gateway may be back: drains waiting on it complete now
+    return status
+
+
+def _push_record(outcomes: list[_PushIO], *, settled: dict[int, tuple[str, Any]] | None = None
+                 ) -> list[tuple[str, float | None]]:
+    """Attempt rows in one insert, then the pushes a verified attempt settles and its gateway
+    in one update each; failures one by one (they are rare and each has its own retry).
+    `settled` collects push id → (status, verified at) of every push settled here."""
+    if not outcomes:
+        return []
+    GatewayPushAttempt.objects.bulk_create([
+        GatewayPushAttempt(
+            push=io.push, number=io.push.attempts + 1, sent_at=io.sent,
+            answered_at=io.answered, applied=bool(io.result and io.result.applied),
+            verified=io.verified, method=io.result.method if io.result else "",
+            detail=io.result.detail if io.result else "", error=io.error,
+            duration_ms=io.duration_ms)
+        for io in outcomes
+    ])
+    _gateways_in_sync([io for io in outcomes if io.verified],
+                      settled if settled is not None else {})
+    return [(GatewayPush.Status.VERIFIED, None) if io.verified
+            else _push_failed(io.push, io.push.attempts + 1, io.error, io.permanent)
+            for io in outcomes]
+
+
+def _push_failed(push: GatewayPush, attempts: int, error: str,
+                 permanent: bool) -> tuple[str, float | None]:
+    retry = None if permanent else RETRY_DELAYS_S[min(attempts - 1, len(RETRY_DELAYS_S) - 1)]
+    status = GatewayPush.Status.FAILED if permanent else GatewayPush.Status.RETRYING
+    GatewayPush.objects.filter(pk=push.pk).update(status=status, last_error=error,
+                                                  attempts=F("attempts") + 1)
+    gateway = push.gateway
+    if gateway.state != Gateway.State.FAILING:
+        log.error("gateway %s cannot be updated: %s", gateway.name, error)
+    Gateway.objects.filter(pk=gateway.pk).update(
+        state=Gateway.State.FAILING, last_error=error,
+        state_changed_at=timezone.now() if gateway.state != Gateway.State.FAILING
+        else gateway.state_changed_at,
+    )
+    return status, retry
+
+
+def _gateways_in_sync(outcomes: list[_PushIO], settled: dict[int, tuple[str, Any]]) -> None:
+    """Each gateway holds exactly the revisions it was sent: its open pushes of those
+    revisions are verified, open pushes of older ones (or of routes it no longer carries)
+    superseded. Only pushes that were committed before the attempt read its desired state
+    are settled: one made meanwhile (a newer revision, a registry edit the attempt never saw)
+    stays open for its own attempt. The attempted pushes count their attempt. Fills
+    `settled` with push id → (status, verified at)."""
+    if not outcomes:
+        return
+    now = timezone.now()
+    by_gateway = {io.push.gateway_id: io for io in outcomes}
+    attempted = [io.push.pk for io in outcomes]
+    open_pushes = GatewayPush.objects.filter(
+        gateway_id__in=by_gateway,
+        status__in=[GatewayPush.Status.PENDING, GatewayPush.Status.RETRYING],
+    ).select_related("revision__route")
+    verified: dict[int, _PushIO] = {}
+    superseded = []
+    for push in open_pushes:
+        io = by_gateway[push.gateway_id]
+        if push.pk not in io.known and push.pk != io.push.pk:
+            continue  # committed after this attempt read its state: it may hold more
+        held = {spec.key: spec.revision for spec in io.desired.routes}
+        number = held.get(push.revision.route.name)
+        if number == push.revision.number:
+            verified[push.pk] = io
+        elif number is None or push.revision.number < number:
+            superseded.append(push.pk)
+    counted = Case(When(pk__in=attempted, then=F("attempts") + 1), default=F("attempts"),
+                   output_field=PositiveIntegerField())
+    if verified:
+        # One statement for every push settled verified (applied and verified when its
+        # gateway's attempt was); `status__in` keeps a push another attempt settled meanwhile.
+        GatewayPush.objects.filter(pk__in=verified, status__in=OPEN).update(
+            status=GatewayPush.Status.VERIFIED, last_error="",
+            applied_at=Case(*[When(gateway_id=g, then=Value(io.answered))
+                              for g, io in by_gateway.items()], output_field=DateTimeField()),
+            verified_at=Case(*[When(gateway_id=g, then=Value(io.verified_at))
+                               for g, io in by_gateway.items()], output_field=DateTimeField()),
+            attempts=counted)
+        settled.update({pk: (GatewayPush.Status.VERIFIED, io.verified_at)
+                        for pk, io in verified.items()})
+    if superseded:
+        GatewayPush.objects.filter(pk__in=superseded, status__in=OPEN).update(
+            status=GatewayPush.Status.SUPERSEDED, attempts=counted)
+        settled.update({pk: (GatewayPush.Status.SUPERSEDED, None) for pk in superseded})
+    uncounted = [pk for pk in attempted if pk not in verified and pk not in superseded]
+    if uncounted:  # settled by another attempt meanwhile: it still had this one
+        GatewayPush.objects.filter(pk__in=uncounted).update(attempts=F("attempts") + 1)
+    Gateway.objects.filter(pk__in=by_gateway).update(
+        state=Gateway.State.IN_SYNC, last_error="", last_verified_at=now,
+        state_changed_at=Case(When(state=Gateway.State.IN_SYNC, then=F("state_changed_at")),
+                              default=Value(now), output_field=DateTimeField()))
+    # In sync with all it can hold; what it had to leave out (a pool it cannot route to)
+    # stays in view until a push holds everything again.
+    for gateway_id, io in by_gateway.items():
+        if io.result is not None and io.result.warning:
+            log.warning("gateway %s: %s", io.push.gateway.name, io.result.warning)
+            Gateway.objects.filter(pk=gateway_id).update(
+                last_error=f"warning: {io.result.warning}")
+
+
+# --- converge and reconcile (beat) ---------------------------------------------------------
+
+def gateway_reconcile(*, gateway: Gateway) -> bool:
+    """Compare what the gateway holds with what it should; re-push on drift (e.g. an Envoy
+    restarted empty). Returns True when a push was queued. A gateway with an open push is
+    left to it: that push sends the whole state and brings the gateway in line, and
+    pushes_converge keeps it going even if its own retry was lost."""
+    if GatewayPush.objects.filter(gateway=gateway, status__in=OPEN).exists():
+        return False
+    desired = selectors.gateway_desired_state(gateway=gateway)
+    try:
+        adapter = adapter_for(selectors.gateway_spec(gateway))
+        if adapter.matches(desired, adapter.read_back()):
+            return False
+    except AdapterError as exc:
+        Gateway.objects.filter(pk=gateway.pk).update(state=Gateway.State.FAILING,
+                                                      last_error=str(exc))
+    revisions = [r for r in (selectors.revision_current(route=route)
+                             for route in gateway.routes.all()) if r is not None]
+    if not revisions:
+        return False
+    refuse_in_transaction("gateway_reconcile")
+    push = GatewayPush.objects.create(revision=revisions[0], gateway=gateway, reason="reconcile")
+    _retry_later(push.pk, 0, attempts=0)
+    log.warning("gateway %s drifted from its desired state; re-pushing", gateway.name)
+    return True
+
+
+def pushes_converge() -> int:
+    """From the rows alone: drive again the newest open push of every gateway whose
+    attempt is overdue — never attempted ORPHAN_PUSH_AFTER_S after it was stored, or its
+    retry later than its backoff plus RETRY_LOST_AFTER_S (the message died with a worker).
+    Older open pushes need nothing: the newest sends the same whole state and settles them.
+    Returns how many were driven; the converge task calls this every few seconds."""
+    newest: dict[int, GatewayPush] = {}
+    for push in (GatewayPush.objects.filter(status__in=OPEN).select_related("gateway")
+                 .annotate(last_attempt_at=Max("attempt_rows__answered_at")).order_by("-pk")):
+        newest.setdefault(push.gateway_id, push)
+    now = timezone.now()
+    overdue = [push for push in newest.values() if _overdue(push, now)]
+    for late in overdue:
+        log.warning("push %s to %s is overdue (%s attempt(s), none queued); driving it again",
+                    late.pk, late.gateway.name, late.attempts)
+        _retry_later(late.pk, 0, attempts=late.attempts)
+    return len(overdue)
+
+
+def _overdue(push: GatewayPush, now: Any) -> bool:
+    if push.attempts == 0:
+        return now - push.created_at > timedelta(seconds=ORPHAN_PUSH_AFTER_S)
+    backoff = RETRY_DELAYS_S[min(push.attempts - 1, len(RETRY_DELAYS_S) - 1)]
+    last = push.last_attempt_at or push.created_at  # type: ignore[attr-defined]
+    return now - last > timedelta(seconds=backoff + RETRY_LOST_AFTER_S)
+
+
+# --- drains ----------------------------------------------------------------------------------
+
+DRAINS_OPEN = (Drain.Status.PUSHING, Drain.Status.VERIFIED, Drain.Status.PARTIAL)
+
+
+def drain_progress(*, drain_id: int, look_in_flight: bool = True) -> bool:
+    """One look at a drain: all pushes verified? in-flight to drained pools zero? Updates
+    the record and returns True when there is nothing more to wait for. Without
+    `look_in_flight` it stops after noting the verified time (no gateway is asked).
+
+    A drain gives up — status `failed`, the reason stored — when a gateway refused one of its
+    pushes for good (a permanent adapter error: nothing retries it), or when it is still not
+    verified on every gateway DRAIN_WATCH_TIMEOUT_S after it was requested. Retrying pushes
+    carry on after that (a gateway that answers again still gets the current state); the
+    record says the drain did not do what it was asked in time."""
+    drain = Drain.objects.filter(pk=drain_id).first()
+    if drain is None or drain.status in (Drain.Status.COMPLETE, Drain.Status.FAILED):
+        return True
+    pushes = list(GatewayPush.objects.select_related("gateway", "revision__route")
+                  .filter(revision__in=drain.revisions.all()))
+    now = timezone.now()
+    failing = [p for p in pushes if p.status in (GatewayPush.Status.RETRYING,
+                                                 GatewayPush.Status.FAILED)]
+    done = [p for p in pushes if p.status in (GatewayPush.Status.VERIFIED,
+                                              GatewayPush.Status.SUPERSEDED)]
+    if len(done) < len(pushes):
+        error = "; ".join(f"{p.gateway.name}: {p.last_error}" for p in failing)
+        reason = _given_up(drain, pushes, now)
+        if reason:
+            log.error("%s %s failed: %s", drain.action, drain.pk, reason)
+            Drain.objects.filter(pk=drain.pk).update(
+                status=Drain.Status.FAILED, failure_reason=reason, last_error=error)
+            return True
+        status = Drain.Status.PARTIAL if failing else Drain.Status.PUSHING
+        if (drain.status, drain.last_error) != (status, error):  # the watcher polls: no idle writes
+            Drain.objects.filter(pk=drain.pk).update(status=status, last_error=error)
+        return False
+    if drain.verified_at is None:
+        verified_times = [p.verified_at for p in pushes if p.verified_at] or [now]
+        drain.verified_at = max(verified_times)
+        Drain.objects.filter(pk=drain.pk).update(verified_at=drain.verified_at,
+                                                 status=Drain.Status.VERIFIED, last_error="")
+    if not look_in_flight:
+        return False
+    if drain.in_flight_zero_at is None and not _in_flight_zero(drain):
+        return False
+    zero_at = drain.in_flight_zero_at or now
+    Drain.objects.filter(pk=drain.pk).update(
+        in_flight_zero_at=zero_at, completed_at=max(zero_at, drain.verified_at),
+        status=Drain.Status.COMPLETE,
+    )
+    return True
+
+
+def _given_up(drain: Drain, pushes: list[GatewayPush], now: Any) -> str:
+    """Why a drain not yet verified everywhere will not be: a push refused for good, or the
+    watch timeout passed. Empty while there is still reason to wait."""
+    refused = [p for p in pushes if p.status == GatewayPush.Status.FAILED]
+    if refused:
+        return "; ".join(f"gateway {p.gateway.name} refused {p.revision.route.name} "
+                         f"r{p.revision.number} for good: {p.last_error}" for p in refused)
+    timeout_s = settings.DRAIN_WATCH_TIMEOUT_S
+    if now - drain.requested_at <= timedelta(seconds=timeout_s):
+        return ""
+    waiting = sorted({p.gateway.name for p in pushes
+                      if p.status not in (GatewayPush.Status.VERIFIED,
+                                          GatewayPush.Status.SUPERSEDED)})
+    return (f"not verified on {', '.join(waiting)} within {timeout_s:g} s "
+            f"(DRAIN_WATCH_TIMEOUT_S); their pushes keep retrying")
+
+
+def _in_flight_zero(drain: Drain) -> bool:
+    """In-flight requests to each drained pool, summed over the gateways that carried it.
+    A pool that still has weight on some other route of a gateway cannot be told apart per
+    route, so that gateway is not waited for (its cluster counts both routes)."""
+    if drain.action == Drain.Action.RESTORE or not drain.drained_pools:
+        return True
+    for gateway in Gateway.objects.filter(routes__in=[r.route_id for r in
+                                                      drain.revisions.all()]).distinct():
+        desired = selectors.gateway_desired_state(gateway=gateway)
+        adapter = adapter_for(selectors.gateway_spec(gateway))
+        for pool in drain.drained_pools:
+            if any(r.weights.get(pool) for r in desired.routes):
+                continue
+            try:
+                count = adapter.in_flight(pool)
+            except AdapterError:
+                return False
+            if count > 0:
+                return False
+    return True
+
+
+def drains_advance() -> int:
+    """One look at every open drain and restore (drain_progress), whoever made it and
+    whatever process died since: the converge task runs this every few seconds, and a push
+    that verifies runs it at once. Returns how many are settled now (complete or failed)."""
+    complete = 0
+    for pk in Drain.objects.filter(status__in=DRAINS_OPEN).values_list("pk", flat=True):
+        try:
+            complete += drain_progress(drain_id=pk)
+        except Exception:  # one drain's trouble must not keep the others waiting
+            log.exception("drain %s: could not look at its progress", pk)
+    return complete
