@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 from playwright.sync_api import Browser, BrowserContext, Dialog, Page
 
@@ -65,9 +66,15 @@ def seed_fleet(people: dict[str, User]) -> None:
                                      latency_ms=1.0, error="" if ok else PAYLOAD)
         fleet.pool_set_cost(actor=SYSTEM, pool=pool, cost_per_1m=Decimal("1.5"),
                             measured_at=timezone.now())
+    # A script URL is no nginx prefix directory: refused. A directory path carrying markup
+    # is a valid one, so it is stored and must stay text on every page.
+    with pytest.raises(ValidationError, match="not an absolute path"):
+        traffic.gateway_create(actor=SYSTEM, name="edge-nginx", kind="nginx",
+                               admin_address=SCRIPT_URL, options={"listen": "127.0.0.1:9"},
+                               routes=[])
     traffic.gateway_create(actor=SYSTEM, name="edge-nginx", kind="nginx",
-                           admin_address=SCRIPT_URL, options={"listen": "127.0.0.1:9"},
-                           routes=[])
+                           admin_address="/srv/'\"><img_src=x_onerror=__xss=1>",
+                           options={"listen": "127.0.0.1:9"}, routes=[])
     for person in people.values():
         token_create_personal(actor=Actor(user=person), name=PAYLOAD, scopes=["read"])
     token_create_service(actor=SYSTEM, name=PAYLOAD, scopes=["read"])
