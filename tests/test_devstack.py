@@ -291,3 +291,15 @@ def test_a_demo_password_starting_with_a_dash_reaches_the_seed_whole():
     [name, *args] = devstack.seed_args("-72n78pkJgSdOpZh", 8100, 9901)
     assert name == "demo_seed"
     assert parser.parse_args(args).password == "-72n78pkJgSdOpZh"
+
+
+def test_everything_after_test_goes_to_pytest_options_first_included(monkeypatch):
+    """`make test PYTEST_ARGS="-m 'not slow'"` (the README's advice) passes a leading option."""
+    from fleetctl.demo import devstack
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(devstack, "run_tests", lambda args: seen.append(args) or 0)
+    assert devstack.main(["test", "-m", "not slow", "-q"]) == 0
+    assert devstack.main(["test"]) == 0
+    assert devstack.main(["test", "tests/api", "-x"]) == 0
+    assert seen == [["-m", "not slow", "-q"], [], ["tests/api", "-x"]]

@@ -443,6 +443,11 @@ def _print_banner(host: str, port: int, password: str, sim_base_port: int,
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["test"]:
+        # Everything after `test` is pytest's, options first included (`test -m 'not slow'`):
+        # argparse's REMAINDER refuses a leading option, so it never sees these.
+        return run_tests(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m fleetctl.demo.devstack")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the embedded stack in the foreground")
@@ -454,13 +459,11 @@ def main(argv: list[str] | None = None) -> int:
                       default=int(os.environ.get("FLEETCTL_GATEWAY_PORT", "8080")))
     demo.add_argument("--gateway-admin-port", type=int,
                       default=int(os.environ.get("FLEETCTL_GATEWAY_ADMIN_PORT", "9901")))
-    test = sub.add_parser("test", help="run the test suite against real services")
-    test.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    sub.add_parser("test", help="run the test suite against real services (the arguments "
+                                "after `test` go to pytest)")
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        return run_demo(args.host, args.port, args.sim_base_port, args.gateway_port,
-                        args.gateway_admin_port)
-    return run_tests(args.pytest_args)
+    return run_demo(args.host, args.port, args.sim_base_port, args.gateway_port,
+                    args.gateway_admin_port)
 
 
 if __name__ == "__main__":

@@ -219,8 +219,8 @@ class Command(BaseCommand):
             candidate_pool=Pool.objects.get(name="mi300x-us-east"), **self._plan_terms(),
             notes="Move llama-8b interactive traffic from H200 to MI300X (demo).")
         plans.approve(actor=lead2, plan=plan, justification=(
-            "Demo: the conformance probe and the benchmark that derives cost arrive with "
-            "later issues; routing is in place and the pool is new."))
+            "Demo: signed off on the seeded evidence; routing is in place and the pool "
+            "is new."))
         plan = plans.advance(actor=lead2, plan=plan, reason="stage 1 signed off")
         plans.check_add(actor=lead, plan=plan, stage=2, title="", rule="pool.healthy_for",
                         params={"hours": 0.1})
