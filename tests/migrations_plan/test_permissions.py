@@ -29,7 +29,7 @@ from migrations_plan import services
 from migrations_plan.models import Approval, GateCheck, Plan, StageMove
 from tests.migrations_plan.helpers import walk_to
 
-JUSTIFICATION = "conformance and cost jobs arrive with later work"
+JUSTIFICATION = "conformance and cost signed off by hand"
 ROLE_NOTE = "Approving and advancing need the <code>platform-lead</code> role"
 
 

@@ -358,7 +358,7 @@ def test_regress_needs_an_earlier_stage_and_voids_approvals(world):
     plan = walk_to(world, world.plan(), 2)
     attest_all(world, plan)
     services.approve(actor=world.actor("lead"), plan=plan,
-                     justification="evidence comes with later issues")
+                     justification="signed off by hand")
     with pytest.raises(ValidationError, match=r"Regress goes back"):
         services.regress(actor=world.actor("lead"), plan=plan, to_stage=3, reason="x")
     plan = services.regress(actor=world.actor("lead"), plan=plan, to_stage=1,

@@ -24,7 +24,7 @@ from tests.migrations_plan.helpers import walk_to
 
 DEFAULT_CHECKS = sum(len(checks) for checks in DEFAULT_GATES.values())
 
-JUSTIFICATION = "conformance and cost jobs arrive with later issues"
+JUSTIFICATION = "conformance and cost signed off by hand"
 
 
 @pytest.fixture
