@@ -221,6 +221,12 @@ DRAIN_WATCH_TIMEOUT_S = env_int("DRAIN_WATCH_TIMEOUT_S", 900)
 # A drain's first push attempt is made by the process that stored it; it waits this long for
 # the gateways before answering (slower ones finish and record on their own).
 TRAFFIC_INLINE_PUSH_BUDGET_S = env_float("TRAFFIC_INLINE_PUSH_BUDGET_S", 2.0)
+# A process that pushes to gateways (web, push worker) hands the interpreter lock between its
+# threads this often (Python's default is 5 ms): a drain's pushes run in one thread per
+# gateway, and each waits for the lock between its admin calls (benchmarks/drain_latency.py).
+TRAFFIC_THREAD_SWITCH_INTERVAL_S = env_float("TRAFFIC_THREAD_SWITCH_INTERVAL_S", 0.0005)
+if not TRAFFIC_THREAD_SWITCH_INTERVAL_S > 0:
+    raise ImproperlyConfigured("TRAFFIC_THREAD_SWITCH_INTERVAL_S must be more than 0 (seconds).")
 # How often beat re-evaluates open plans' gates (voids approvals whose evidence moved).
 PLAN_REFRESH_INTERVAL_S = env_int("PLAN_REFRESH_INTERVAL_S", 60)
 
