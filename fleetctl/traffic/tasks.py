@@ -1,6 +1,7 @@
-"""Traffic tasks, all on the `push` queue. Each is short: one attempt, one look. The
-watcher (`traffic.drain_watch`) re-queues itself with a countdown instead of waiting inside a
-worker thread."""
+"""Traffic tasks. Each is short: one attempt, one look. Their queues are set by name in
+fleetctl/celery.py (pushes, converge and reconcile on `push`, the drain watcher on `watch`,
+sampling on `probe`, pruning on `default`). The watcher (`traffic.drain_watch`) re-queues
+itself with a countdown instead of waiting inside a worker thread."""
 
 from __future__ import annotations
 
