@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from fleetctl.core.files import write_atomically
 from fleetctl.core.http import OutboundError, shared_client
+from fleetctl.demo.readiness import wait_ready
 from fleetctl.traffic.gateways import registry
 from fleetctl.traffic.gateways.base import GatewaySpec
 from fleetctl.traffic.gateways.envoy import render as envoy_config
@@ -109,20 +109,21 @@ class EnvoyProcess:
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"Envoy exited with {self.proc.returncode}:\n{self.log_tail()}")
+        assert self.proc is not None
+
+        def live() -> bool:
             try:
                 answer = shared_client().get(f"{self.admin_url}/ready", timeout_s=1.0)
-                if answer.status_code == 200 and answer.text.strip() == "LIVE":
-                    return
             except OutboundError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"Envoy was not LIVE within {timeout_s:g} s:\n{self.log_tail()}")
+                return False
+            return answer.status_code == 200 and answer.text.strip() == "LIVE"
+
+        try:
+            wait_ready(self.proc, live, what="Envoy", timeout_s=timeout_s, log=self.log_tail,
+                       pause_s=0.05)
+        except RuntimeError:
+            self.stop()
+            raise
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fleetctl.core.ports import free_port
+from fleetctl.demo.readiness import wait_ready
 from fleetctl.traffic.gateways.base import AdapterError, DesiredState, GatewaySpec
 from fleetctl.traffic.gateways.haproxy.adapter import parse_servers_state, runtime_command
 from fleetctl.traffic.gateways.haproxy.render import HAProxySettings, render_config
@@ -67,17 +68,17 @@ class HAProxyProcess:
         return self
 
     def _wait_for_runtime_api(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"haproxy exited with {self.proc.returncode}: {self.log()}")
+        assert self.proc is not None
+
+        def answers() -> bool:
             try:
                 runtime_command(self.gateway.admin_address, "show info", timeout_s=0.5)
-                return
             except AdapterError:
-                time.sleep(0.02)
-        raise RuntimeError(f"haproxy's runtime API did not answer in {timeout_s:g} s: {self.log()}")
+                return False
+            return True
+
+        wait_ready(self.proc, answers, what="haproxy's runtime API", timeout_s=timeout_s,
+                   log=self.log)
 
     def reload(self, timeout_s: float = 10.0) -> float:
         """A reload as an operator would do it (same config file): save the live server state,

@@ -14,12 +14,12 @@ import os
 import pwd
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 from fleetctl.core.http import OutboundError, shared_client
 from fleetctl.core.ports import free_port
+from fleetctl.demo.readiness import wait_ready
 from fleetctl.traffic.gateways.base import DesiredState, GatewaySpec
 from fleetctl.traffic.gateways.nginx.render import NginxSettings, render_config
 
@@ -65,19 +65,16 @@ class NginxProcess:
         return self
 
     def _wait_until_serving(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"nginx exited with {self.proc.returncode}: {self.log()}")
+        assert self.proc is not None
+
+        def serving() -> bool:
             try:
-                if shared_client().get(self.settings.status_url, timeout_s=0.5).status_code \
-                        == 200 and self.settings.pid_file.exists():
-                    return
+                answer = shared_client().get(self.settings.status_url, timeout_s=0.5)
             except OutboundError:
-                pass
-            time.sleep(0.02)
-        raise RuntimeError(f"nginx did not answer within {timeout_s:g} s: {self.log()}")
+                return False
+            return answer.status_code == 200 and self.settings.pid_file.exists()
+
+        wait_ready(self.proc, serving, what="nginx", timeout_s=timeout_s, log=self.log)
 
     @property
     def master_pid(self) -> int:

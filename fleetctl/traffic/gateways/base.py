@@ -13,9 +13,12 @@ them anywhere. A pool with weight 0 must receive no new requests.
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 from urllib.parse import urlsplit
 
@@ -256,6 +259,33 @@ def base_url_problem(url: str, *, schemes: tuple[str, ...] = ("http", "https")) 
         port = 0
     if port == 0:
         return f"cannot route to {url!r}: its port is not a number from 1 to 65535"
+    return None
+
+
+def run_config_check(argv: Callable[[Path], list[str]], candidate: Path, text: str, *,
+                     what: str) -> subprocess.CompletedProcess[str]:
+    """Check a rendered config with the gateway's own binary before it replaces the live one:
+    `text` is written to `candidate` (beside the live file, so relative paths resolve alike),
+    `argv(candidate)` runs on it, and the file is removed. Returns the run for the kind to word
+    a refusal; a check that cannot run at all (`what`: e.g. "haproxy -c") is a transient
+    AdapterError."""
+    candidate.write_text(text)
+    try:
+        return subprocess.run(argv(candidate), capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise AdapterError(f"could not run {what}: {exc}") from exc
+    finally:
+        candidate.unlink(missing_ok=True)
+
+
+def pool_base_url_problem(pool: PoolTarget, *,
+                          schemes: tuple[str, ...] = ("http", "https")) -> str | None:
+    """The first of the pool's base URLs such a gateway cannot route to, said as
+    base_url_problem says it, or None."""
+    for url in pool.base_urls:
+        problem = base_url_problem(url, schemes=schemes)
+        if problem:
+            return problem
     return None
 
 

@@ -37,7 +37,7 @@ from fleetctl.traffic.gateways.base import (
     DesiredState,
     PoolTarget,
     RouteSpec,
-    base_url_problem,
+    pool_base_url_problem,
 )
 
 CLUSTERS_FILE = "clusters.json"
@@ -154,10 +154,9 @@ def pool_problem(pool: PoolTarget) -> str | None:
     than silently dropped; a cluster speaks one scheme."""
     if not NAME_RE.match(pool.name):
         return f"cannot name a cluster after pool {pool.name!r}: use [a-z0-9-], at most 63"
-    for url in pool.base_urls:
-        problem = base_url_problem(url)
-        if problem:
-            return problem
+    problem = pool_base_url_problem(pool)
+    if problem:
+        return problem
     if len({urlsplit(url).scheme for url in pool.base_urls}) > 1:
         return "cannot mix http and https base URLs in one pool (one cluster, one scheme)"
     return None

@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from fleetctl.traffic.gateways.base import (
     GatewaySpec,
     PoolCounters,
     PoolTarget,
+    run_config_check,
 )
 from fleetctl.traffic.gateways.haproxy.options import HAProxyOptions
 from fleetctl.traffic.gateways.haproxy.render import (
@@ -275,15 +275,10 @@ class HAProxyAdapter(Adapter[HAProxyOptions]):
         return (time.monotonic() - started) * 1000
 
     def _check(self, config: str, config_path: Path) -> None:
-        candidate = config_path.with_name(config_path.name + ".fleetctl-check")
-        candidate.write_text(config)
-        try:
-            done = subprocess.run([self.options.haproxy_bin, "-c", "-f", str(candidate)],
-                                  capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise AdapterError(f"could not run {self.options.haproxy_bin} -c: {exc}") from exc
-        finally:
-            candidate.unlink(missing_ok=True)
+        binary = self.options.haproxy_bin
+        done = run_config_check(lambda candidate: [binary, "-c", "-f", str(candidate)],
+                                config_path.with_name(config_path.name + ".fleetctl-check"),
+                                config, what=f"{binary} -c")
         if done.returncode != 0:
             output = (done.stderr + done.stdout).splitlines()
             alerts = [line for line in output if "[ALERT]" in line] or output

@@ -35,8 +35,8 @@ from fleetctl.traffic.gateways.base import (
     GatewaySpec,
     PoolTarget,
     RouteSpec,
-    base_url_problem,
     check_plain_names,
+    pool_base_url_problem,
     url_port,
 )
 from fleetctl.traffic.gateways.haproxy.options import HAProxyOptions
@@ -137,11 +137,7 @@ def pool_problem(pool: PoolTarget) -> str | None:
     the server's root."""
     if not SAFE_NAME.match(pool.name):
         return f"cannot name a server after pool {pool.name!r}: use [a-z0-9-]"
-    for url in pool.base_urls:
-        problem = base_url_problem(url)
-        if problem:
-            return problem
-    return None
+    return pool_base_url_problem(pool)
 
 
 def _pool_servers(pool: str, base_urls: tuple[str, ...]) -> list[Server]:

@@ -17,7 +17,6 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from fleetctl.traffic.gateways.base import (
     DesiredState,
     GatewaySpec,
     PoolTarget,
+    run_config_check,
 )
 from fleetctl.traffic.gateways.nginx.options import NginxOptions
 from fleetctl.traffic.gateways.nginx.render import (
@@ -125,17 +125,11 @@ class NginxAdapter(Adapter[NginxOptions]):
         return pid
 
     def _validate(self, text: str) -> None:
-        candidate = self.settings.prefix / f"{CONF_NAME}.fleetctl-check"
-        candidate.write_text(text)
-        try:
-            done = subprocess.run(
-                [self.options.nginx_bin, "-t", "-q", "-p", str(self.settings.prefix),
-                 "-c", str(candidate), "-e", "stderr"],
-                capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise AdapterError(f"could not run {self.options.nginx_bin} -t: {exc}") from exc
-        finally:
-            candidate.unlink(missing_ok=True)
+        binary, prefix = self.options.nginx_bin, str(self.settings.prefix)
+        done = run_config_check(
+            lambda candidate: [binary, "-t", "-q", "-p", prefix, "-c", str(candidate),
+                               "-e", "stderr"],
+            self.settings.prefix / f"{CONF_NAME}.fleetctl-check", text, what=f"{binary} -t")
         if done.returncode != 0:
             raise AdapterError(f"nginx -t rejected the rendered config: "
                                f"{(done.stderr or done.stdout).strip()[:800]}", permanent=True)

@@ -50,6 +50,7 @@ from fleetctl.traffic.gateways.base import (
     RouteSpec,
     base_url_problem,
     check_plain_names,
+    pool_base_url_problem,
     url_port,
 )
 from fleetctl.traffic.gateways.nginx.options import NginxOptions
@@ -171,11 +172,7 @@ def pool_problem(pool: PoolTarget) -> str | None:
     every pool of a route, so one scheme (http) and no per-pool path."""
     if not SAFE_NAME.match(pool.name):
         return f"cannot list pool {pool.name!r} in its config: use [a-z0-9-]"
-    for url in pool.base_urls:
-        problem = base_url_problem(url, schemes=("http",))
-        if problem:
-            return problem
-    return None
+    return pool_base_url_problem(pool, schemes=("http",))
 
 
 def _address(pool: str, url: str) -> str:
