@@ -136,6 +136,10 @@ class Level(models.Model):
     tpot_p95_ms = models.FloatField(null=True, blank=True)
     error_rate = models.FloatField(null=True, blank=True)
     cost_per_1m = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    # The pool's hourly rate and currency when the level was judged: what `cost_per_1m` was
+    # computed with (the pool's own may change later).
+    hourly_rate = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+    currency = models.CharField(max_length=3, blank=True)
     note = models.TextField(blank=True)
     started_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -147,6 +147,14 @@ class Pool(models.Model):
         max_digits=14, decimal_places=4, null=True, blank=True, editable=False
     )
     cost_measured_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # What the cost was computed with: a later change of the hourly rate or the currency
+    # leaves the cost stale (`cost_stale_reason`) until a benchmark measures it again.
+    cost_hourly_rate = models.DecimalField(
+        max_digits=12, decimal_places=4, null=True, blank=True, editable=False
+    )
+    cost_currency = models.CharField(max_length=3, blank=True, editable=False)
+    cost_source = models.CharField(max_length=100, blank=True, editable=False,
+                                   help_text='Where the cost comes from, e.g. "run #12".')
 
     # Health, kept on the row so lists never scan the history.
     health_state = models.CharField(
@@ -176,6 +184,82 @@ class Pool(models.Model):
     @property
     def jurisdiction(self) -> str:
         return self.region.jurisdiction
+
+    @property
+    def cost_stale_reason(self) -> str | None:
+        """Why the derived cost no longer describes the pool (its hourly rate or currency
+        changed since the benchmark it comes from), or None."""
+        return cost_stale_reason(
+            cost=self.cost_per_1m_output_tokens, rate_then=self.cost_hourly_rate,
+            currency_then=self.cost_currency, rate_now=self.node_hourly_rate,
+            currency_now=self.currency, source=self.cost_source)
+
+
+def money(value: Decimal | str | float | None) -> str:
+    """A rate or price as people write it: at least two decimals, no trailing zeros beyond
+    them (39.8000 -> 39.80, 1.08500000 -> 1.085)."""
+    if value is None:
+        return "—"
+    number = Decimal(str(value))
+    text = format(number.normalize(), "f")
+    whole, _, frac = text.partition(".")
+    return f"{whole}.{frac.ljust(2, '0')}"
+
+
+def cost_stale_reason(*, cost: object, rate_then: Decimal | str | None, currency_then: str,
+                      rate_now: Decimal | str, currency_now: str, source: str = "") -> str | None:
+    """Why a cost computed at `rate_then` `currency_then` no longer holds at the rate now."""
+    if cost is None or rate_then is None or not currency_then:
+        return None
+    after = f" after {source}" if source else ""
+    if currency_then != currency_now:
+        return (f"currency changed from {currency_then} to {currency_now}{after} (the cost was "
+                f"computed at {money(rate_then)} {currency_then}/h); re-run the benchmark")
+    if Decimal(str(rate_then)) != Decimal(str(rate_now)):
+        return (f"hourly rate changed from {money(rate_then)} to {money(rate_now)} "
+                f"{currency_now}{after}; re-run the benchmark")
+    return None
+
+
+class CurrencyRate(models.Model):
+    """One dated exchange rate: 1 `from_currency` = `rate` `to_currency` as of a day. Costs of
+    pools in different currencies are compared only through these rows, never as raw
+    numbers."""
+
+    from_currency = models.CharField(max_length=3, choices=[(c, c) for c in CURRENCIES])
+    to_currency = models.CharField(max_length=3, choices=[(c, c) for c in CURRENCIES])
+    rate = models.DecimalField(
+        max_digits=18, decimal_places=8, validators=[MinValueValidator(Decimal("0.00000001"))],
+        help_text="How many to_currency one from_currency buys, e.g. 1.08 (USD per EUR).",
+    )
+    as_of = models.DateField(help_text="The day the rate is for.")
+    source = models.CharField(max_length=200, blank=True,
+                              help_text="Where the rate comes from, e.g. a central bank's "
+                                        "reference rate.")
+    created_by = models.CharField(max_length=150, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["-as_of", "from_currency", "to_currency", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["from_currency", "to_currency", "as_of"],
+                                    name="one_rate_per_pair_and_day"),
+            models.CheckConstraint(condition=models.Q(rate__gt=0), name="rate_positive"),
+            models.CheckConstraint(condition=~models.Q(from_currency=models.F("to_currency")),
+                                   name="rate_between_two_currencies"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.label} as of {self.as_of:%Y-%m-%d}"
+
+    @property
+    def label(self) -> str:
+        """"1.08 USD/EUR": to-currency per one from-currency."""
+        return f"{money(self.rate)} {self.to_currency}/{self.from_currency}"
+
+    def clean(self) -> None:
+        if self.from_currency and self.from_currency == self.to_currency:
+            raise ValidationError({"to_currency": "A rate is between two different currencies."})
 
 
 class PoolModel(models.Model):
