@@ -9,9 +9,17 @@ from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
 from fleetctl.accounts.models import ApiToken
 
+# Marks the request a view is given while the API's schema is built (see
+# accounts/api/viewsets.describing_request): the view is described, never run.
+DESCRIBING_API = "fleetctl_describing_api"
+
 
 def actor_from_request(request: Any) -> Actor:
-    """The Actor behind a DRF or Django request (session user, personal or service token)."""
+    """The Actor behind a DRF or Django request (session user, personal or service token).
+    For a view built to describe the API (schema generation), the platform itself: the
+    caller's permissions are not checked and no refusal is audited, since nothing runs."""
+    if getattr(request, DESCRIBING_API, False):
+        return Actor.for_system("api-schema")
     token = getattr(request, "auth", None)
     token = token if isinstance(token, ApiToken) else None
     user = getattr(request, "user", None)
