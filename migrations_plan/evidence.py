@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -31,15 +32,52 @@ if TYPE_CHECKING:
     from fleetctl.traffic.models import Route
     from migrations_plan.models import Evidence, GateCheck, Plan
 
+# --- one status vocabulary: checks, gates, the API, the CLI, metrics and approvals -------------
+
 PASS = "pass"
 WARN = "warn"
 INSUFFICIENT = "insufficient"
-PENDING = "pending"  # an attested check nobody has attested yet: blocks like a failure
+AWAITING = "awaiting-attestation"  # an attested check nobody has attested yet: blocks
 FAIL = "fail"
-STATUSES = (PASS, WARN, INSUFFICIENT, PENDING, FAIL)
-BLOCKING = frozenset({FAIL, PENDING})
+PENDING = AWAITING  # the name this status had before
+# Worst first: a gate's status is the worst of its checks'.
+STATUSES = (FAIL, AWAITING, INSUFFICIENT, WARN, PASS)
+GATE_STATUSES = STATUSES
+BLOCKING = frozenset({FAIL, AWAITING})
 STATUS_LABELS = {PASS: "pass", WARN: "warn", INSUFFICIENT: "insufficient data",
-                 PENDING: "awaiting attestation", FAIL: "fail"}
+                 AWAITING: "awaiting attestation", FAIL: "fail"}
+STATUS_MEANINGS = {
+    FAIL: "a check fails: the gate cannot be approved or advanced",
+    AWAITING: "no check fails, but an attested check is not attested yet: the gate cannot be "
+              "approved or advanced until it is",
+    INSUFFICIENT: "no check fails, but one lacks the evidence it needs: approving takes a "
+                  "written justification",
+    WARN: "no check fails or lacks evidence, but one warns: approving takes a written "
+          "justification",
+    PASS: "every check passes",
+}
+# "Blocked" means exactly this everywhere it is shown: the gate cannot be approved or advanced.
+BLOCKED_LABEL = "blocked"
+# Values stored before the vocabulary was one: read as today's.
+LEGACY_STATUSES = {"pending": AWAITING}
+
+
+def normalise_status(status: str) -> str:
+    return LEGACY_STATUSES.get(status, status)
+
+
+def status_label(status: str) -> str:
+    return STATUS_LABELS.get(normalise_status(status), status)
+
+
+def gate_status(statuses: Iterable[str]) -> str:
+    """A gate's status from its checks' statuses: the worst of them (no check: pass)."""
+    seen = {normalise_status(s) for s in statuses}
+    return next((status for status in STATUSES if status in seen), PASS)
+
+
+def blocks_advance(status: str) -> bool:
+    return normalise_status(status) in BLOCKING
 
 
 @dataclass(frozen=True)
@@ -53,12 +91,36 @@ class EvidenceRef:
     url: str = ""
     observed_at: datetime | None = None
     expires_at: datetime | None = None
+    # Where it comes from: measured by fleetctl, reported by another system, attested by a
+    # person (ORIGINS), and who: the job, the system named, the person.
+    origin: str = "measured"
+    source: str = ""
+    source_url: str = ""  # the job's run, the report's URL
+
+    @property
+    def source_label(self) -> str:
+        return source_label(self.origin, self.source)
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "ref": self.ref, "label": self.label, "version": self.version,
                 "url": self.url,
                 "observed_at": self.observed_at.isoformat() if self.observed_at else None,
-                "expires_at": self.expires_at.isoformat() if self.expires_at else None}
+                "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+                "origin": self.origin, "source": self.source, "source_url": self.source_url,
+                "source_label": self.source_label}
+
+
+MEASURED = "measured"
+REPORTED = "reported"
+ATTESTED = "attested"
+ORIGINS = (MEASURED, REPORTED, ATTESTED)
+_ORIGIN_WORDS = {MEASURED: "measured by", REPORTED: "reported by", ATTESTED: "attested by"}
+
+
+def source_label(origin: str, source: str) -> str:
+    """ "measured by benchmark run 12", "reported by grafana-slo-bot", "attested by ana"."""
+    who = source.removeprefix("system:") if origin == MEASURED else source
+    return f"{_ORIGIN_WORDS.get(origin, origin)} {who or 'fleetctl'}"
 
 
 @dataclass
@@ -77,13 +139,50 @@ class Param:
     min: float | None = None
     max: float | None = None
     choices: Callable[[], list[str]] | None = None
+    refuse: Callable[[Any], str | None] | None = None  # why a value is refused, or None
+
+
+# A kind that declares no data schema takes no data: an empty object, nothing else.
+EMPTY_DATA_SCHEMA: dict[str, Any] = {"type": "object", "maxProperties": 0}
+EXTERNAL = "external"
 
 
 @dataclass(frozen=True)
 class EvidenceKind:
+    """An evidence kind. `measured` kinds are written only by fleetctl's own jobs
+    (`services.evidence_record`, which the API does not expose); the one kind that is not
+    measured, `external`, is what another system reports (`services.evidence_report`, the
+    API) and never satisfies a check over a measured kind. `data_schema` is the JSON Schema
+    each row's `data` must match when written; none declared means no data at all
+    (`EMPTY_DATA_SCHEMA`)."""
+
     name: str
     label: str
     produced_by: str  # what produces it; "" when nothing in this version does
+    data_schema: dict[str, Any] | None = None
+    measured: bool = True
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        return self.data_schema if self.data_schema is not None else EMPTY_DATA_SCHEMA
+
+
+def data_problems(kind: EvidenceKind, data: Any) -> list[str]:
+    """What is wrong with `data` for `kind`, each problem with its JSON path ("$.slo.ttft")."""
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(kind.schema)
+    problems = []
+    for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
+                             for p in error.absolute_path)
+        if kind.data_schema is None and error.validator == "maxProperties":
+            message = (f"the {kind.name} kind declares no data schema, so it takes no data "
+                       f"(send {{}} or leave data out)")
+        else:
+            message = error.message
+        problems.append(f"{path}: {message}")
+    return problems[:20]
 
 
 @dataclass(frozen=True)
@@ -111,7 +210,9 @@ class Rule:
             value = raw.get(name, spec.default)
             try:
                 if spec.type is str:
-                    if not isinstance(value, str) or not value.strip():
+                    if isinstance(value, str) and not value.strip():
+                        raise ValidationError({"params": [f"{name}: required ({spec.help})."]})
+                    if not isinstance(value, str):
                         raise ValueError
                     value = value.strip()
                 else:
@@ -128,6 +229,9 @@ class Rule:
             if spec.choices is not None and value not in spec.choices():
                 raise ValidationError({"params": [
                     f"{name}: {value!r} is not one of {', '.join(spec.choices())}."]})
+            refusal = spec.refuse(value) if spec.refuse is not None else None
+            if refusal:
+                raise ValidationError({"params": [f"{name}: {refusal}"]})
             clean[name] = value
         return clean
 
@@ -144,7 +248,16 @@ RULES: dict[str, Rule] = {}
 
 def register_kind(kind: EvidenceKind) -> EvidenceKind:
     """Register (or replace) a kind. A placeholder (nothing produces it yet) never replaces
-    a kind whose producer registered it, whichever app loads first."""
+    a kind whose producer registered it, whichever app loads first. A data schema that is not
+    a valid JSON Schema is refused here, not at the first write."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(kind.schema)
+    except SchemaError as exc:
+        raise ValueError(f"evidence kind {kind.name!r}: its data schema is not valid JSON "
+                         f"Schema: {exc.message}") from exc
     existing = KINDS.get(kind.name)
     if existing is not None and existing.produced_by and not kind.produced_by:
         return existing
@@ -159,22 +272,58 @@ def register_rule(rule: Rule) -> Rule:
     return rule
 
 
+# --- figures shown against a limit ----------------------------------------------------------
+
+def honest(value: float, limit: float, decimals: int = 1) -> str:
+    """`value` written so that, read against `limit`, it compares as the real value does:
+    rounded down (never more than it is), with as many decimals as keeping the comparison
+    takes. "0.1 h of the 0.1 h required" is never shown while the requirement is unmet."""
+    for places in range(decimals, 10):
+        scale = 10 ** places
+        shown = (math.floor(value * scale + 1e-9) if value != limit
+                 else round(value * scale)) / scale
+        if (shown < limit) == (value < limit) and (shown > limit) == (value > limit):
+            return f"{shown:.{places}f}"
+    return repr(value)
+
+
+def duration_of(have_h: float, need_h: float) -> tuple[str, str]:
+    """ "have" and "need" hours as shown side by side: minutes under two hours, else hours."""
+    if need_h < 2:
+        have_min, need_min = have_h * 60, need_h * 60
+        return f"{honest(have_min, need_min, 0)} min", f"{need_min:g} min"
+    return f"{honest(have_h, need_h)} h", f"{need_h:g} h"
+
+
 # --- what a pool "was" when evidence was measured ---------------------------------------------
 
 FINGERPRINT_LABELS = {"model_revision": "model revision", "runtime_version": "runtime version",
-                      "driver": "driver label"}
+                      "driver": "driver label", "quantisation": "quantisation",
+                      "weight_format": "weight format"}
 
 
 def pool_fingerprint(pool: Pool, model_ids: list[str]) -> dict[str, str]:
     """Evidence measured on a pool stays valid while these stay the same."""
     from fleetctl.fleet.models import PoolModel
 
-    revisions = dict(PoolModel.objects.filter(pool=pool, model_id__in=model_ids)
-                     .values_list("model_id", "revision"))
+    served = {m: (revision, quantisation, weight_format)
+              for m, revision, quantisation, weight_format in
+              PoolModel.objects.filter(pool=pool, model_id__in=model_ids)
+              .values_list("model_id", "revision", "quantisation", "weight_format")}
+    models = sorted(model_ids)
+    one = len(models) == 1
+
+    def each(index: int) -> str:
+        values = [served.get(m, ("", "", ""))[index] for m in models]
+        return values[0] if one else ",".join(f"{m}={v}" for m, v in zip(models, values,
+                                                                           strict=True))
+
     return {
-        "model_revision": ",".join(f"{m}@{revisions.get(m, '')}" for m in sorted(model_ids)),
+        "model_revision": ",".join(f"{m}@{served.get(m, ('',))[0]}" for m in models),
         "runtime_version": pool.runtime_version,
         "driver": str((pool.labels or {}).get("driver", "")),
+        "quantisation": each(1),
+        "weight_format": each(2),
     }
 
 
@@ -233,9 +382,48 @@ class RuleContext:
 
 
 def evidence_ref(row: Evidence) -> EvidenceRef:
+    external = row.kind == EXTERNAL
     return EvidenceRef(kind=row.kind, ref=f"evidence:{row.pk}", label=row.summary,
                        version=f"{row.pk}:{row.verdict}", url=row.url or "",
-                       observed_at=row.observed_at, expires_at=row.expires_at)
+                       observed_at=row.observed_at, expires_at=row.expires_at,
+                       origin=REPORTED if external else MEASURED,
+                       source=row.reported_by if external else row.source,
+                       source_url=row.url or "")
+
+
+def reports_about(ctx: RuleContext, kind: str, *, pool: Pool | None = None) -> list[Evidence]:
+    """External reports about `kind` on a pool, newest first, still current (not expired, the
+    pool unchanged since)."""
+    from migrations_plan.models import Evidence
+
+    pool = pool or ctx.candidate
+    rows = Evidence.objects.filter(kind=EXTERNAL, about=kind, pool=pool)
+    if ctx.model_ids:
+        rows = rows.filter(model_id__in=[*ctx.model_ids, ""])
+    current = ctx.fingerprint(pool)
+    return [row for row in rows.order_by("-observed_at", "-id")[:20]
+            if (row.expires_at is None or row.expires_at > ctx.now)
+            and fingerprint_change(row.pool_fingerprint, current) is None]
+
+
+def _with_reports(result: CheckResult, rule: Rule, params: dict[str, Any],
+                  ctx: RuleContext) -> CheckResult:
+    """A check over a measured kind with no measured evidence that counts: what other systems
+    reported about it is shown (and bound), but it stays insufficient data — an approver sees
+    it and must justify."""
+    kind = KINDS.get(str(params.get("kind", rule.kind)))
+    if result.status != INSUFFICIENT or kind is None or not kind.measured:
+        return result
+    reports = reports_about(ctx, kind.name)
+    if not reports:
+        return result
+    latest = reports[0]
+    said = (f"reported by {latest.reported_by}: {latest.verdict} — not measured by fleetctl"
+            f" ({latest.summary})")
+    return CheckResult(INSUFFICIENT, f"{result.summary} {said[:1].upper()}{said[1:]}.",
+                       {**result.numbers, "reported": {"by": latest.reported_by,
+                                                       "verdict": latest.verdict}},
+                       [*result.evidence, evidence_ref(latest)])
 
 
 # --- evaluating a gate ------------------------------------------------------------------------
@@ -263,14 +451,11 @@ class GateEvaluation:
 
     @property
     def status(self) -> str:
-        statuses = {o.status for o in self.outcomes}
-        if statuses & BLOCKING:
-            return FAIL
-        if INSUFFICIENT in statuses:
-            return INSUFFICIENT
-        if WARN in statuses:
-            return WARN
-        return PASS
+        return gate_status(o.status for o in self.outcomes)
+
+    @property
+    def blocks_advance(self) -> bool:
+        return blocks_advance(self.status)
 
     @property
     def blockers(self) -> list[CheckOutcome]:
@@ -319,7 +504,8 @@ def _bound(snapshot: dict[str, Any]) -> dict[str, Any]:
         "stage": snapshot["stage"],
         "terms": snapshot["terms"],
         "checks": [
-            {"key": c["key"], "rule": c["rule"], "params": c["params"], "status": c["status"],
+            {"key": c["key"], "rule": c["rule"], "params": c["params"],
+             "status": normalise_status(c["status"]),
              "evidence": sorted(f"{e['ref']}@{e['version']}" for e in c["evidence"])}
             for c in snapshot["checks"]
         ],
@@ -353,8 +539,8 @@ def snapshot_difference(old: dict[str, Any], new: dict[str, Any], now: datetime)
         if was["params"] != now_["params"]:
             return f"the thresholds of check {titles[key]!r} changed"
         if was["status"] != now_["status"]:
-            return (f"check {titles[key]!r} went from {STATUS_LABELS.get(was['status'])} to "
-                    f"{STATUS_LABELS.get(now_['status'])}")
+            return (f"check {titles[key]!r} went from {status_label(was['status'])} to "
+                    f"{status_label(now_['status'])}")
         if was["evidence"] != now_["evidence"]:
             return f"the evidence behind check {titles[key]!r} changed"
     if _bound(old) != _bound(new):
@@ -375,20 +561,21 @@ def evaluate_check(check: GateCheck, ctx: RuleContext) -> CheckResult:
         params = rule.clean_params(check.params)
     except ValidationError as exc:
         return CheckResult(FAIL, f"Invalid parameters: {'; '.join(exc.messages)}")
-    return rule.evaluate(ctx, params)
+    return _with_reports(rule.evaluate(ctx, params), rule, params, ctx)
 
 
 def _evaluate_attested(check: GateCheck) -> CheckResult:
     attestation = next((a for a in check.attestations.all() if a.withdrawn_at is None), None)
     if attestation is None:
-        return CheckResult(PENDING, f"Awaiting attestation by a {check.attest_role}.")
+        return CheckResult(AWAITING, f"Awaiting attestation by a {check.attest_role}.")
     who = attestation.by.get_username()
     return CheckResult(
         PASS, f"Attested by {who} ({attestation.role}): {attestation.note}",
         numbers={"attested_by": who, "attested_at": attestation.at.isoformat()},
         evidence=[EvidenceRef(kind="attestation", ref=f"attestation:{attestation.pk}",
                               label=f"{who}: {attestation.note[:80]}",
-                              version=str(attestation.pk), observed_at=attestation.at)],
+                              version=str(attestation.pk), observed_at=attestation.at,
+                              origin=ATTESTED, source=who)],
     )
 
 

@@ -129,7 +129,7 @@ class GateCheck(models.Model):
     removed_by = models.CharField(max_length=150, blank=True)
     removed_reason = models.TextField(blank=True)
     # The last evaluated status, so the refresh task can put changes on the timeline.
-    last_status = models.CharField(max_length=12, blank=True)
+    last_status = models.CharField(max_length=20, blank=True)
     last_status_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -170,7 +170,7 @@ class Approval(models.Model):
     stage = models.PositiveSmallIntegerField()
     by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     at = models.DateTimeField(default=timezone.now)
-    gate_status = models.CharField(max_length=12)
+    gate_status = models.CharField(max_length=20)
     justification = models.TextField(blank=True)
     snapshot = models.JSONField()
     snapshot_hash = models.CharField(max_length=64)
@@ -222,8 +222,9 @@ class StageMove(models.Model):
 
 class Evidence(models.Model):
     """A result an evidence job produced about a pool (benchmark, conformance, shadow, eval,
-    soak...). Bound to what the pool was when measured: if its model revision, runtime version
-    or driver label changes, or the row passes `expires_at`, it no longer counts."""
+    soak...), or, of kind "external", what another system reported about it. Bound to what the
+    pool was when measured: if its model revision, runtime version, driver label, quantisation
+    or weight format changes, or the row passes `expires_at`, it no longer counts."""
 
     class Verdict(models.TextChoices):
         PASS = "pass", "pass"
@@ -246,6 +247,11 @@ class Evidence(models.Model):
     url = models.CharField(max_length=300, blank=True, validators=[validate_link_url],
                            help_text="Where the details are: an http(s) URL or a /path.")
     source = models.CharField(max_length=150, help_text="Who or which job produced it.")
+    # Kind "external" only: what another system reported. `reported_by` names that system
+    # ("grafana-slo-bot"), `about` the kind or check it speaks to ("shadow", "slo-burn");
+    # `source` is who posted it.
+    reported_by = models.CharField(max_length=100, blank=True)
+    about = models.CharField(max_length=63, blank=True, db_index=True)
 
     class Meta:
         ordering = ["-observed_at", "-id"]

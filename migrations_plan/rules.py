@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from migrations_plan.evidence import (
+    EXTERNAL,
     FAIL,
     INSUFFICIENT,
     PASS,
@@ -18,20 +19,34 @@ from migrations_plan.evidence import (
     Param,
     Rule,
     RuleContext,
+    duration_of,
     evidence_ref,
+    honest,
     register_kind,
     register_rule,
+    reports_about,
 )
 
+# What another system reports: flat facts (numbers, labels, flags), at most 50 of them.
+EXTERNAL_DATA_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "maxProperties": 50,
+    "additionalProperties": {"type": ["string", "number", "boolean", "null"],
+                             "maxLength": 1000},
+}
+
 KIND_DEFINITIONS = [
+    # Measured: read from the records fleetctl keeps, never from an Evidence row.
     EvidenceKind("health", "pool health", "the health probe (every pool, continuously)"),
     EvidenceKind("routing", "routing", "routes and gateways (the traffic registry)"),
     EvidenceKind("cost", "cost per 1M output tokens",
                  "the latest passing benchmark (set by bench services); read from the pool"),
     EvidenceKind("drain-rehearsal", "drain rehearsal", "drain records (dashboard, CLI, REST)"),
-    # No job in this version produces these kinds: a check over one reads "insufficient data"
-    # until an Evidence row of that kind is recorded (POST /api/v1/evidence/, `jobs`
-    # permission). The bench app registers "benchmark" again, with its producer, when it loads.
+    # Measured by fleetctl's own jobs. No job in this version produces the ones with an empty
+    # producer yet: a check over one reads "insufficient data" until its job records a row;
+    # nobody can post them (an `external` report about one is shown, and does not satisfy
+    # it). The bench and conformance apps register their kinds again, with their producer and
+    # data schema, when they load.
     EvidenceKind("conformance", "OpenAI-contract conformance", ""),
     EvidenceKind("benchmark", "benchmark sweep", ""),
     EvidenceKind("eval", "eval suite", ""),
@@ -40,6 +55,11 @@ KIND_DEFINITIONS = [
     EvidenceKind("checkpoint-resume", "checkpoint and resume", ""),
     EvidenceKind("cost-arbitrage", "measured cost arbitrage", ""),
     EvidenceKind("ramp-slo", "per-pool SLO during the ramp", ""),
+    # Not measured: what another system reports (POST /api/v1/evidence/). Shown as "reported
+    # by <system>"; never satisfies a check over a measured kind.
+    EvidenceKind(EXTERNAL, "reported by another system",
+                 "other systems, through POST /api/v1/evidence/ (scope jobs)",
+                 data_schema=EXTERNAL_DATA_SCHEMA, measured=False),
 ]
 
 
@@ -69,12 +89,12 @@ def healthy_for(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
                       f"{pool.name} healthy since {since:%Y-%m-%d %H:%M} UTC" if since
                       else f"{pool.name} healthy", version=str(flip.pk if flip else "healthy"),
                       url=_pool_url(pool.name), observed_at=since)
-    numbers = {"healthy_hours": round(healthy_h, 2), "required_hours": hours}
+    numbers = {"healthy_hours": float(honest(healthy_h, hours, 2)), "required_hours": hours}
+    have, need = duration_of(healthy_h, hours)
     if healthy_h < hours:
-        return CheckResult(INSUFFICIENT, f"{pool.name} healthy for {healthy_h:.1f} h of the "
-                                         f"{hours:g} h required.", numbers, [ref])
-    return CheckResult(PASS, f"{pool.name} healthy for {healthy_h:.1f} h (≥ {hours:g} h).",
-                       numbers, [ref])
+        return CheckResult(INSUFFICIENT, f"{pool.name} healthy for {have} of the {need} "
+                                         f"required.", numbers, [ref])
+    return CheckResult(PASS, f"{pool.name} healthy for {have} (≥ {need}).", numbers, [ref])
 
 
 def only_through_route(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
@@ -131,8 +151,9 @@ def cost_reported(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
                       url=_pool_url(pool.name), observed_at=pool.cost_measured_at,
                       expires_at=pool.cost_measured_at + timedelta(days=max_age))
     if age_days > max_age:
-        return CheckResult(INSUFFICIENT, f"Cost of {pool.name} was measured {age_days:.0f} days "
-                                         f"ago (older than {max_age:g}); re-run its benchmark.",
+        return CheckResult(INSUFFICIENT, f"Cost of {pool.name} was measured "
+                                         f"{honest(age_days, max_age, 0)} days ago (older than "
+                                         f"{max_age:g}); re-run its benchmark.",
                            numbers, [ref])
     return CheckResult(PASS, f"{pool.name}: {pool.cost_per_1m_output_tokens} {pool.currency} per "
                              f"1M output tokens, measured {age_days:.1f} days ago.", numbers, [ref])
@@ -161,7 +182,8 @@ def drain_rehearsed(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
         timings[route.name] = round(ms, 1) if ms is not None else None
         refs.append(EvidenceRef("drain-rehearsal", f"drain:{drain.pk}",
                                 f"drain #{drain.pk} of {route.name}: {drain.status}"
-                                + (f", verified in {ms:.0f} ms" if ms is not None else ""),
+                                + (f", verified in {honest(ms, max_ms, 0)} ms"
+                                   if ms is not None else ""),
                                 version=f"{drain.pk}:{drain.status}",
                                 url=f"/traffic/drains/{drain.pk}/",
                                 observed_at=drain.requested_at,
@@ -169,7 +191,7 @@ def drain_rehearsed(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
         if drain.status != Drain.Status.COMPLETE or ms is None:
             failed.append(f"{route.name} (drain #{drain.pk} {drain.status})")
         elif ms > max_ms:
-            slow.append(f"{route.name} ({ms:.0f} ms > {max_ms:g} ms)")
+            slow.append(f"{route.name} ({honest(ms, max_ms, 0)} ms > {max_ms:g} ms)")
     numbers = {"verified_ms_by_route": timings, "target_ms": max_ms, "within_days": days}
     if failed:
         return CheckResult(FAIL, f"Latest drain did not complete: {', '.join(failed)}.",
@@ -181,7 +203,8 @@ def drain_rehearsed(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
         return CheckResult(INSUFFICIENT, f"No drain of {', '.join(missing)} in the last "
                                          f"{days:g} days: rehearse one.", numbers, refs)
     return CheckResult(PASS, "Drained and verified on every gateway within the target: "
-                             + ", ".join(f"{r} {ms:.0f} ms" for r, ms in timings.items()
+                             + ", ".join(f"{r} {honest(ms, max_ms, 0)} ms"
+                                         for r, ms in timings.items()
                                          if ms is not None) + ".", numbers, refs)
 
 
@@ -200,7 +223,7 @@ def latest_evidence(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
                                {"expired": len(expired)}, [evidence_ref(row)])
         producer = KINDS[kind].produced_by
         hint = f" It comes from {producer}." if producer else \
-            " No job in this version produces it yet; record it through the evidence API."
+            " No job in this version measures it yet."
         return CheckResult(INSUFFICIENT, f"No {label} evidence for {ctx.candidate.name} yet.{hint}")
     row = valid[0]
     status = {"pass": PASS, "warn": WARN, "fail": FAIL}.get(row.verdict, INSUFFICIENT)
@@ -209,9 +232,43 @@ def latest_evidence(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
 
 
 def _kind_names() -> list[str]:
+    """Kinds a check can read rows of: the measured ones (reports: `external.reported`)."""
     from migrations_plan.evidence import KINDS
 
-    return sorted(KINDS)
+    return sorted(name for name, kind in KINDS.items() if kind.measured)
+
+
+def _not_measured(about: Any) -> str | None:
+    from migrations_plan.evidence import KINDS
+
+    if about in KINDS and KINDS[about].measured:
+        return (f"{about} is measured by fleetctl; a report cannot stand in for it (use "
+                f"evidence.latest with kind {about}, or a rule of the {about} kind).")
+    return None
+
+
+def external_reported(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
+    """An organisation's own check, answered by another system: the latest report about it
+    decides, and the check says who reported it. It can only speak to what fleetctl does not
+    measure (`about` is not a measured kind)."""
+    from migrations_plan.evidence import KINDS
+
+    about, days = params["about"], params["within_days"]
+    if about in KINDS and KINDS[about].measured:
+        return CheckResult(FAIL, f"{about} is measured by fleetctl; a report cannot stand in "
+                                 f"for it. Use the rule that reads the measured {about} "
+                                 f"evidence instead.")
+    reports = [r for r in reports_about(ctx, about)
+               if r.observed_at >= ctx.now - timedelta(days=days)]
+    if not reports:
+        return CheckResult(INSUFFICIENT, f"No report about {about} for {ctx.candidate.name} in "
+                                         f"the last {days:g} days (POST /api/v1/evidence/, kind "
+                                         f"external, about {about}).")
+    row = reports[0]
+    status = {"pass": PASS, "warn": WARN, "fail": FAIL}.get(row.verdict, INSUFFICIENT)
+    return CheckResult(status, f"Reported by {row.reported_by}: {row.verdict} — {row.summary}",
+                       {"data": row.data, "reported_by": row.reported_by,
+                        "observed_at": row.observed_at.isoformat()}, [evidence_ref(row)])
 
 
 RULE_DEFINITIONS = [
@@ -243,6 +300,14 @@ RULE_DEFINITIONS = [
          {"kind": Param(str, "conformance", "evidence kind", choices=_kind_names),
           "within_days": Param(float, 30.0, "oldest acceptable evidence, days", 0.01, 365)},
          latest_evidence),
+    Rule("external.reported", EXTERNAL, "Reported by another system: {about}",
+         "An organisation's own check that another system answers (e.g. an SLO bot): the "
+         "newest report about it decides, shown as reported by that system. It cannot stand in "
+         "for a kind fleetctl measures.",
+         {"about": Param(str, "", "what the reports speak to, e.g. slo-burn (not a measured "
+                                  "kind)", refuse=_not_measured),
+          "within_days": Param(float, 7.0, "oldest acceptable report, days", 0.01, 365)},
+         external_reported),
 ]
 
 

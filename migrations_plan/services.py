@@ -548,14 +548,12 @@ def abandon(*, actor: Actor, plan: Plan, reason: str) -> Plan:
 
 # --- evidence and the refresh task ------------------------------------------------------------
 
-def evidence_record(*, actor: Actor, pool: Pool, kind: str, verdict: str, summary: str,
-                    data: Any = None, url: str = "", route: Route | None = None,
-                    model_id: str = "", ttl_hours: float | None = None) -> Evidence:
-    """Record what an evidence job found about a pool, bound to the pool as it is now."""
-    actor.require(roles.JOBS, action="evidence.record", target=pool)
-    if kind not in ev.KINDS:
-        raise ValidationError({"kind": [f"Unknown evidence kind {kind!r}; kinds: "
-                                        f"{', '.join(sorted(ev.KINDS))}."]})
+def _measured_by_whom(kind: ev.EvidenceKind) -> str:
+    return kind.produced_by or "a fleetctl job (none in this version yet)"
+
+
+def _evidence_problems(kind: ev.EvidenceKind, *, verdict: str, summary: str, data: Any,
+                       ttl_hours: float | None) -> None:
     if verdict not in Evidence.Verdict.values:
         raise ValidationError({"verdict": [f"Verdict is one of "
                                            f"{', '.join(Evidence.Verdict.values)}."]})
@@ -563,8 +561,16 @@ def evidence_record(*, actor: Actor, pool: Pool, kind: str, verdict: str, summar
         raise ValidationError({"summary": ["Say what was found, in one line."]})
     if ttl_hours is not None and not (0 < ttl_hours <= 24 * 365):
         raise ValidationError({"ttl_hours": ["Between 0 and 8760 hours."]})
-    if data is not None and not isinstance(data, dict):
-        raise ValidationError({"data": ["An object of numbers and labels."]})
+    problems = ev.data_problems(kind, {} if data is None else data)
+    if problems:
+        raise ValidationError({"data": [f"Does not match the {kind.name} kind's data schema "
+                                        f"(GET /api/v1/evidence-kinds/): {p}" for p in problems]})
+
+
+def _store_evidence(*, actor: Actor, pool: Pool, kind: str, verdict: str, summary: str,
+                    data: Any, url: str, route: Route | None, model_id: str,
+                    ttl_hours: float | None, source: str, reported_by: str = "",
+                    about: str = "") -> Evidence:
     model_ids = [model_id] if model_id else ([route.model_id] if route else
                                              list(pool.models.values_list("model_id", flat=True)))
     if model_id and not pool.models.filter(model_id=model_id).exists():
@@ -575,14 +581,85 @@ def evidence_record(*, actor: Actor, pool: Pool, kind: str, verdict: str, summar
                    expires_at=now + timedelta(hours=ttl_hours) if ttl_hours else None,
                    pool_fingerprint=ev.pool_fingerprint(pool, model_ids), verdict=verdict,
                    summary=summary.strip()[:300], data=data or {}, url=url[:300],
-                   source=actor.label)
+                   source=source[:150], reported_by=reported_by, about=about)
     row.full_clean()
     with transaction.atomic():
         row.save()
+        said = f"reported by {reported_by} about {about}" if reported_by else f"{kind}"
         audit_record(actor=actor, action="evidence.record", target=pool,
-                     message=f"{kind}: {verdict} — {row.summary}",
-                     after={"evidence": row.pk, "kind": kind, "verdict": verdict})
+                     message=f"{said}: {verdict} — {row.summary}",
+                     after={"evidence": row.pk, "kind": kind, "verdict": verdict,
+                            **({"reported_by": reported_by, "about": about}
+                               if reported_by else {})})
     return row
+
+
+def evidence_record(*, actor: Actor, pool: Pool, kind: str, verdict: str, summary: str,
+                    data: Any = None, url: str = "", route: Route | None = None,
+                    model_id: str = "", ttl_hours: float | None = None,
+                    source: str = "") -> Evidence:
+    """Record what one of fleetctl's own jobs measured about a pool, bound to the pool as it is
+    now. Only the platform's jobs call this (the actor is a system actor, e.g.
+    `Actor.for_system("benchmark")`); the API does not expose it. `source` names the job
+    ("benchmark run 12"; default: the actor) and `url` links to its record."""
+    actor.require(roles.JOBS, action="evidence.record", target=pool)
+    known = ev.KINDS.get(kind)
+    if known is None:
+        raise ValidationError({"kind": [f"Unknown evidence kind {kind!r}; kinds: "
+                                        f"{', '.join(sorted(ev.KINDS))}."]})
+    if not known.measured:
+        raise ValidationError({"kind": [f"{kind} is what other systems report: record it with "
+                                        f"evidence_report (POST /api/v1/evidence/)."]})
+    if not actor.system:
+        raise ValidationError({"kind": [
+            f"{kind} is measured by fleetctl ({_measured_by_whom(known)}); only its own jobs "
+            f"record it, not {actor.label}."]})
+    if data is not None and not isinstance(data, dict):
+        raise ValidationError({"data": ["An object of numbers and labels."]})
+    _evidence_problems(known, verdict=verdict, summary=summary, data=data, ttl_hours=ttl_hours)
+    return _store_evidence(actor=actor, pool=pool, kind=kind, verdict=verdict, summary=summary,
+                           data=data, url=url, route=route, model_id=model_id,
+                           ttl_hours=ttl_hours, source=source or actor.label)
+
+
+def evidence_report(*, actor: Actor, pool: Pool, kind: str = ev.EXTERNAL, reported_by: str,
+                    about: str, verdict: str, summary: str, data: Any = None, url: str = "",
+                    route: Route | None = None, model_id: str = "",
+                    ttl_hours: float | None = None) -> Evidence:
+    """Record what another system reports about a pool (kind `external`): the system named
+    (`reported_by`), what it speaks to (`about`: a kind or an organisation's own check) and
+    its verdict. Shown as "reported by <system>" everywhere; it never satisfies a check over a
+    kind fleetctl measures. A measured kind sent here is refused with what to send instead."""
+    actor.require(roles.JOBS, action="evidence.record", target=pool)
+    with _refusals(actor, "evidence.record", pool):
+        known = ev.KINDS.get(kind)
+        if known is None:
+            raise ValidationError({"kind": [
+                f"Unknown evidence kind {kind!r}. Other systems post kind {ev.EXTERNAL!r} "
+                f"(with reported_by and about); see GET /api/v1/evidence-kinds/."]})
+        if known.measured:
+            raise ValidationError({"kind": [
+                f"{kind} is measured by fleetctl, not posted: it comes from "
+                f"{_measured_by_whom(known)}. To record what another system found about it, "
+                f"post kind {ev.EXTERNAL!r} with about={kind!r} and reported_by naming that "
+                f"system; it is shown as reported by it and does not satisfy the {kind} "
+                f"check."]})
+        reported_by, about = reported_by.strip(), about.strip()
+        if not reported_by:
+            raise ValidationError({"reported_by": [
+                "Name the system that reports it, e.g. grafana-slo-bot."]})
+        if not about:
+            raise ValidationError({"about": [
+                "Say what the report speaks to: an evidence kind (e.g. shadow) or your own "
+                "check's name (e.g. slo-burn)."]})
+        if data is not None and not isinstance(data, dict):
+            raise ValidationError({"data": ["An object of numbers and labels."]})
+        _evidence_problems(known, verdict=verdict, summary=summary, data=data,
+                           ttl_hours=ttl_hours)
+        return _store_evidence(actor=actor, pool=pool, kind=kind, verdict=verdict,
+                               summary=summary, data=data, url=url, route=route,
+                               model_id=model_id, ttl_hours=ttl_hours, source=actor.label,
+                               reported_by=reported_by[:100], about=about[:63])
 
 
 def plan_refresh(*, plan: Plan) -> list[str]:
@@ -600,12 +677,12 @@ def plan_refresh(*, plan: Plan) -> list[str]:
         gate = ev.evaluate_gate(locked)
         for outcome in gate.outcomes:
             check = outcome.check
-            if check.last_status == outcome.status:
+            if ev.normalise_status(check.last_status) == outcome.status:
                 continue
             if check.last_status:
                 line = (f"stage {check.stage}: {check.title} — "
-                        f"{ev.STATUS_LABELS.get(check.last_status, check.last_status)} → "
-                        f"{ev.STATUS_LABELS[outcome.status]}: {outcome.result.summary}")
+                        f"{ev.status_label(check.last_status)} → "
+                        f"{ev.status_label(outcome.status)}: {outcome.result.summary}")
                 audit_record(actor=system, action="plan.check.status", target=locked,
                              message=line[:2000], before={"status": check.last_status},
                              after={"status": outcome.status, "check": check.key})

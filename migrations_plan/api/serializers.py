@@ -370,23 +370,50 @@ class StageMoveSerializer(serializers.ModelSerializer):
 class EvidenceSerializer(serializers.ModelSerializer):
     pool = serializers.CharField(source="pool.name", read_only=True)
     route = serializers.CharField(source="route.name", read_only=True, allow_null=True)
+    origin = serializers.SerializerMethodField(
+        help_text="measured (by one of fleetctl's jobs) or reported (by another system).")
+    source_label = serializers.SerializerMethodField(
+        help_text='"measured by <job>" or "reported by <system>".')
 
     class Meta:
         model = Evidence
         fields = ["id", "kind", "pool", "route", "model_id", "verdict", "summary", "data", "url",
-                  "source", "observed_at", "expires_at", "pool_fingerprint"]
+                  "origin", "source", "source_label", "reported_by", "about", "observed_at",
+                  "expires_at", "pool_fingerprint"]
         read_only_fields = fields
+        extra_kwargs = {
+            "source": {"help_text": "Measured: the job that wrote it. Reported: who posted it."},
+            "reported_by": {"help_text": "Reported: the system that reports it."},
+            "about": {"help_text": "Reported: the kind or check it speaks to."},
+        }
+
+    @extend_schema_field(serializers.ChoiceField(choices=[ev.MEASURED, ev.REPORTED]))
+    def get_origin(self, row: Evidence) -> str:
+        return ev.evidence_ref(row).origin
+
+    def get_source_label(self, row: Evidence) -> str:
+        return ev.evidence_ref(row).source_label
 
 
 class EvidenceCreateSerializer(serializers.Serializer):
-    pool = _pool_field(help_text="Name of the pool measured.")
-    kind = StrictCharField(max_length=40,
-                           help_text="An evidence kind from /api/v1/evidence-kinds/.")
+    """What another system reports about a pool. Kinds fleetctl measures are refused (400,
+    saying which job measures them); a report is shown as "reported by <reported_by>" and never
+    satisfies a check over a measured kind."""
+
+    pool = _pool_field(help_text="Name of the pool the report is about.")
+    kind = StrictCharField(max_length=40, required=False, default=ev.EXTERNAL,
+                           help_text="external (the only kind that can be posted; default).")
+    reported_by = StrictCharField(max_length=100, help_text="The system that reports it, e.g. "
+                                                            "grafana-slo-bot.")
+    about = StrictCharField(max_length=63, help_text="What it speaks to: an evidence kind (e.g. "
+                                                     "shadow) or your own check (e.g. slo-burn).")
     verdict = StrictCharField(help_text="pass, warn, fail or info.")
     summary = StrictCharField(max_length=300, allow_blank=True,
                               help_text="What was found, one line.")
-    data: Any = serializers.JSONField(required=False, default=None,
-                                 help_text="An object of the numbers and labels behind it.")
+    data: Any = serializers.JSONField(
+        required=False, default=None,
+        help_text="An object matching the kind's data_schema (GET /api/v1/evidence-kinds/); "
+                  "for external: flat numbers, labels and flags.")
     url = StrictCharField(required=False, allow_blank=True, default="", max_length=300)
     route = serializers.SlugRelatedField(
         slug_field="name", queryset=Route.objects.all(), required=False, allow_null=True,
@@ -417,6 +444,10 @@ class EvidenceKindSerializer(serializers.Serializer):
     name = serializers.CharField()
     label: Any = serializers.CharField()
     produced_by = serializers.CharField(help_text="What produces it; empty when nothing does yet.")
+    measured = serializers.BooleanField(
+        help_text="Written only by fleetctl's own jobs; cannot be posted.")
+    data_schema = serializers.JSONField(
+        help_text="The JSON Schema every row's data matches (checked when written).")
     rules = serializers.ListField(child=serializers.CharField())
 
 
@@ -434,4 +465,5 @@ def rule_json(rule: ev.Rule) -> dict[str, Any]:
 
 def kind_json(kind: ev.EvidenceKind) -> dict[str, Any]:
     return {"name": kind.name, "label": kind.label, "produced_by": kind.produced_by,
+            "measured": kind.measured, "data_schema": kind.schema,
             "rules": sorted(r.name for r in ev.RULES.values() if r.kind == kind.name)}

@@ -245,8 +245,9 @@ class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
 
 class EvidenceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
                       viewsets.GenericViewSet):
-    """What evidence jobs found about pools. Rows are immutable: record a new one.
-    Recording needs the `jobs` permission (service tokens with the `jobs` scope may)."""
+    """What fleetctl's evidence jobs measured about pools, and what other systems reported
+    (kind external). Rows are immutable: record a new one. Posting is for other systems'
+    reports only and needs the `jobs` permission (service tokens with the `jobs` scope may)."""
 
     queryset = Evidence.objects.select_related("pool", "route")
     serializer_class = s.EvidenceSerializer
@@ -255,11 +256,13 @@ class EvidenceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
 
     @extend_schema(request=s.EvidenceCreateSerializer, responses={201: s.EvidenceSerializer})
     def create(self, request: Request) -> Response:
-        """Record a result, bound to the pool as it is now (model revision, runtime, driver):
-        when those change, or `ttl_hours` pass, it stops counting."""
+        """Record what another system reports (kind external), bound to the pool as it is now
+        (model revision, runtime, driver, quantisation, weight format): when those change, or
+        `ttl_hours` pass, it stops counting. Shown as "reported by <reported_by>"; it never
+        satisfies a check over a kind fleetctl measures (400 if you post such a kind)."""
         body = s.EvidenceCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        row = services.evidence_record(actor=actor_from_request(request), **body.validated_data)
+        row = services.evidence_report(actor=actor_from_request(request), **body.validated_data)
         return Response(s.EvidenceSerializer(row).data, status=status.HTTP_201_CREATED)
 
 

@@ -29,7 +29,7 @@ def test_the_demo_plan_sits_in_stage_2_with_a_partly_green_gate(seeded):
     gate = ev.evaluate_gate(plan)
     statuses = {o.check.key: o.status for o in gate.outcomes}
     assert statuses["the-model-reaches-the-candidate-only-through-a-route"] == ev.PASS
-    assert statuses["dashboards"] == ev.PENDING
+    assert statuses["dashboards"] == ev.AWAITING
     assert statuses["benchmark-slo"] == ev.INSUFFICIENT
     assert Plan.objects.count() == 2
 

@@ -29,6 +29,8 @@ from migrations_plan import services
 from migrations_plan.models import Approval, GateCheck, Plan, StageMove
 from tests.migrations_plan.helpers import walk_to
 
+PROBE = Actor.for_system("conformance-probe")
+
 JUSTIFICATION = "conformance and cost signed off by hand"
 ROLE_NOTE = "Approving and advancing need the <code>platform-lead</code> role"
 
@@ -44,7 +46,7 @@ def decide(world, plan: Plan, who: str | Actor, stage: int | None = None) -> per
 
 
 def conformance(world, verdict: str, summary: str, **extra: Any) -> None:
-    services.evidence_record(actor=world.actor("oncall"), pool=world.candidate,
+    services.evidence_record(actor=PROBE, pool=world.candidate,
                              kind="conformance", verdict=verdict, summary=summary, **extra)
 
 

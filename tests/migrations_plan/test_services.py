@@ -10,6 +10,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from fleetctl.accounts.actor import Actor
 from fleetctl.audit.models import AuditEvent
 from fleetctl.core.errors import ConflictError, PermissionDeniedError
 from fleetctl.fleet.services import pool_model_create, pool_update, region_create
@@ -19,6 +20,8 @@ from migrations_plan import services
 from migrations_plan.models import Approval, GateCheck, Plan, StageMove
 from tests.migrations_plan.conftest import MODEL
 from tests.migrations_plan.helpers import attest_all, gate_status, pass_gate, walk_to
+
+PROBE = Actor.for_system("conformance-probe")
 
 
 def denied(plan: Plan, action: str) -> list[AuditEvent]:
@@ -137,7 +140,7 @@ def test_three_valued_gates(world):
     assert "conformance" in str(no_reason.value).lower()
     assert not Approval.objects.exists()
     # Fail blocks, justification or not.
-    services.evidence_record(actor=world.actor("oncall"), pool=world.candidate,
+    services.evidence_record(actor=PROBE, pool=world.candidate,
                              kind="conformance", verdict="fail",
                              summary="3 of 40 contract cases fail (logprobs)")
     assert gate_status(plan)["conformance"] == ev.FAIL
@@ -145,7 +148,7 @@ def test_three_valued_gates(world):
         services.approve(actor=world.actor("lead"), plan=plan,
                          justification="ship it anyway, please")
     # Warn asks a human: approvable with a justification.
-    services.evidence_record(actor=world.actor("oncall"), pool=world.candidate,
+    services.evidence_record(actor=PROBE, pool=world.candidate,
                              kind="conformance", verdict="warn",
                              summary="logprobs missing; everything else conforms")
     assert gate_status(plan)["conformance"] == ev.WARN
@@ -171,7 +174,7 @@ def test_a_clean_pass_needs_no_justification(world, system):
 def test_attested_checks_block_until_a_person_with_the_role_attests(world):
     plan = walk_to(world, world.plan(), 2)
     dashboards = plan.checks.get(stage=2, key="dashboards")
-    assert gate_status(plan)["dashboards"] == ev.PENDING
+    assert gate_status(plan)["dashboards"] == ev.AWAITING
     with pytest.raises(ConflictError, match=r"Awaiting attestation by a platform-lead"):
         services.approve(actor=world.actor("lead"), plan=plan,
                          justification="approving without the attestation")
@@ -204,11 +207,11 @@ def test_n_approver_plans(world):
 
 def test_an_approval_is_voided_when_its_evidence_changes(world):
     plan = world.plan()
-    services.evidence_record(actor=world.actor("oncall"), pool=world.candidate,
+    services.evidence_record(actor=PROBE, pool=world.candidate,
                              kind="conformance", verdict="pass", summary="40/40 cases")
     approval = services.approve(actor=world.actor("lead"), plan=plan,
                                 justification="cost and health are not in yet, that's fine")
-    services.evidence_record(actor=world.actor("oncall"), pool=world.candidate,
+    services.evidence_record(actor=PROBE, pool=world.candidate,
                              kind="conformance", verdict="fail", summary="38/40 cases")
     with pytest.raises(ConflictError, match=r"Stage 1 gate blocks: .*38/40"):
         services.advance(actor=world.actor("lead"), plan=plan)
@@ -222,7 +225,7 @@ def test_an_approval_is_voided_when_its_evidence_changes(world):
 
 def test_an_approval_is_voided_when_the_pools_runtime_changes(world, system):
     plan = world.plan()
-    services.evidence_record(actor=world.actor("oncall"), pool=world.candidate,
+    services.evidence_record(actor=PROBE, pool=world.candidate,
                              kind="conformance", verdict="pass", summary="40/40 cases")
     approval = services.approve(actor=world.actor("lead"), plan=plan,
                                 justification="cost and health are not in yet, that's fine")
@@ -239,7 +242,7 @@ def test_an_approval_is_voided_when_the_pools_runtime_changes(world, system):
 
 def test_an_approval_is_voided_when_its_evidence_expires(world, monkeypatch):
     plan = world.plan()
-    services.evidence_record(actor=world.actor("oncall"), pool=world.candidate,
+    services.evidence_record(actor=PROBE, pool=world.candidate,
                              kind="conformance", verdict="pass", summary="40/40 cases",
                              ttl_hours=1)
     services.approve(actor=world.actor("lead"), plan=plan,
@@ -258,7 +261,7 @@ def test_the_refresh_task_voids_stale_approvals_and_logs_status_changes(world):
     assert services.plan_refresh(plan=plan) == []  # first look: statuses recorded silently
     services.approve(actor=world.actor("lead"), plan=plan,
                      justification="cost and health are not in yet, that's fine")
-    services.evidence_record(actor=world.actor("oncall"), pool=world.candidate,
+    services.evidence_record(actor=PROBE, pool=world.candidate,
                              kind="conformance", verdict="pass", summary="40/40 cases")
     changes = services.plan_refresh(plan=plan)
     assert any("insufficient data → pass: 40/40 cases" in line for line in changes)
