@@ -1,6 +1,7 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
+from fleetctl.accounts.api.people import PersonViewSet, token_current
 from fleetctl.accounts.api.views import ServiceTokenViewSet, TokenViewSet, me
 from fleetctl.audit.api.views import AuditEventViewSet
 from fleetctl.bench.api.views import RunViewSet, TraceViewSet
@@ -39,9 +40,11 @@ router.register("evidence-kinds", EvidenceKindViewSet, basename="evidence-kind")
 router.register("evidence-rules", EvidenceRuleViewSet, basename="evidence-rule")
 router.register("tokens", TokenViewSet, basename="token")
 router.register("service-tokens", ServiceTokenViewSet, basename="service-token")
+router.register("people", PersonViewSet, basename="person")
 
 urlpatterns = [
     path("me/", me, name="me"),
+    path("tokens/current/", token_current, name="token-current"),
     path("metrics", MetricsView.as_view(), name="metrics"),
     path("", include(router.urls)),
 ]

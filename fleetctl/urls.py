@@ -10,6 +10,7 @@ urlpatterns = [
     path("bench/", include("fleetctl.bench.urls")),
     path("audit/", include("fleetctl.audit.urls")),
     path("account/", include("fleetctl.accounts.urls")),
+    path("people/", include("fleetctl.accounts.people_urls")),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

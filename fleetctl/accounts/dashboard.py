@@ -89,8 +89,11 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
         return {"nav_items": []}
     actor = actor_from_request(request)
     match = getattr(request, "resolver_match", None)
+    items = _nav_items()
+    if actor.can(roles.ADMIN_MANAGE):
+        items.insert(-1, NavItem("People", reverse("people:list"), section="people"))
     return {
-        "nav_items": _nav_items(),
+        "nav_items": items,
         "nav_current": match.namespace if match else "",
         "nav_roles": sorted(actor.roles),
         "can": {
@@ -101,5 +104,6 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
             "drain": actor.can(roles.DRAIN),
             "jobs": actor.can(roles.JOBS),
             "approve": actor.can(roles.APPROVE),
+            "admin_manage": actor.can(roles.ADMIN_MANAGE),
         },
     }

@@ -36,3 +36,27 @@ class TokenCreateForm(forms.Form):
         if day is None:
             return None
         return datetime.combine(day + timedelta(days=1), time.min, tzinfo=UTC)
+
+
+ROLE_HELP = {
+    roles.VIEWER: "reads everything",
+    roles.ON_CALL: "also drains, restores, ramps and starts jobs",
+    roles.PLATFORM_LEAD: "also registers pools and approves gates",
+    roles.ADMIN: "everything, including people, roles and service tokens",
+}
+ROLE_CHOICES = [(role, f"{role} — {ROLE_HELP[role]}") for role in roles.ROLES]
+
+
+class PersonInviteForm(forms.Form):
+    username = forms.CharField(max_length=150, help_text="What they sign in with, e.g. 'jdoe'.")
+    email = forms.EmailField(max_length=254)
+    roles = forms.MultipleChoiceField(
+        choices=ROLE_CHOICES, widget=forms.CheckboxSelectMultiple, initial=[roles.VIEWER],
+    )
+
+
+class PersonRolesForm(forms.Form):
+    roles = forms.MultipleChoiceField(
+        choices=ROLE_CHOICES, widget=forms.CheckboxSelectMultiple, required=False,
+        help_text="With no role a person can sign in but sees nothing.",
+    )

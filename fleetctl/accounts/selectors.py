@@ -6,8 +6,12 @@ from typing import Any
 
 from axes.helpers import get_cool_off
 from axes.models import AccessAttempt
-from django.db.models import Max, QuerySet
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db.models import Count, Max, Prefetch, Q, QuerySet
+from django.utils import timezone
 
+from fleetctl.accounts import roles
 from fleetctl.accounts.models import ApiToken
 
 
@@ -39,3 +43,32 @@ def login_locked_until(*, username: str, ip_address: str) -> datetime | None:
         last=Max("attempt_time"))["last"]
     cool_off = get_cool_off()
     return last + cool_off if last is not None and cool_off is not None else None
+
+
+def person_list() -> QuerySet[Any]:
+    """Everyone, with their fleetctl roles (prefetched as `role_groups`) and how many of
+    their personal tokens work now (`tokens_active`), in two queries."""
+    now = timezone.now()
+    usable = Q(api_tokens__revoked_at__isnull=True) & (
+        Q(api_tokens__expires_at__isnull=True) | Q(api_tokens__expires_at__gt=now))
+    return (
+        get_user_model().objects
+        .annotate(tokens_active=Count("api_tokens", filter=usable, distinct=True))
+        .prefetch_related(Prefetch(
+            "groups", queryset=Group.objects.filter(name__in=roles.ROLES).order_by("name"),
+            to_attr="role_groups"))
+        .order_by("username")
+    )
+
+
+def person_get(*, username: str) -> Any | None:
+    return person_list().filter(username=username).first()
+
+
+def person_roles(user: Any) -> list[str]:
+    """A person's roles as stored (groups), in the order roles.ROLES lists them."""
+    groups = getattr(user, "role_groups", None)
+    if groups is None:
+        groups = user.groups.filter(name__in=roles.ROLES)
+    held = {group.name for group in groups}
+    return [name for name in roles.ROLES if name in held]

@@ -3,12 +3,14 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from fleetctl.accounts import roles
@@ -16,7 +18,7 @@ from fleetctl.accounts.actor import Actor
 from fleetctl.accounts.models import ApiToken
 from fleetctl.accounts.selectors import login_locked_until, secret_hash
 from fleetctl.audit.services import audit_auth_refused, audit_record, snapshot
-from fleetctl.core.errors import NotFoundError
+from fleetctl.core.errors import ConflictError, NotFoundError
 
 TOKEN_PREFIX = "fct_"
 _SNAPSHOT_FIELDS = ["id", "kind", "name", "user", "scopes", "prefix", "expires_at", "revoked_at"]
@@ -109,6 +111,32 @@ def token_revoke(*, actor: Actor, token_id: int) -> ApiToken:
     return token
 
 
+NO_CURRENT_TOKEN = (
+    "This request was not made with an API token, so there is no current token. Send "
+    "`Authorization: Bearer <token>`, or revoke one of your tokens by id "
+    "(DELETE /api/v1/tokens/{id}/) or on the Tokens page."
+)
+
+
+def token_revoke_current(*, actor: Actor) -> ApiToken:
+    """Revoke the token this request was made with. Needs no permission beyond holding the
+    token: whoever can use it may end it (a leaked token should be easy to kill), personal
+    or service alike."""
+    if actor.token is None:
+        raise ValidationError(NO_CURRENT_TOKEN)
+    with transaction.atomic():
+        token = ApiToken.objects.select_for_update().get(pk=actor.token.pk)
+        before = snapshot(token, _SNAPSHOT_FIELDS)
+        if token.revoked_at is None:
+            token.revoked_at = timezone.now()
+            token.save(update_fields=["revoked_at"])
+        audit_record(
+            actor=actor, action="token.revoke", target=token, before=before,
+            after=snapshot(token, _SNAPSHOT_FIELDS), message="revoked with itself",
+        )
+    return token
+
+
 def token_touch(*, token: ApiToken) -> None:
     """Record use at most once a minute, so reads don't turn into a write per request."""
     now = timezone.now()
@@ -188,23 +216,206 @@ def roles_ensure_groups() -> None:
         Group.objects.get_or_create(name=name)
 
 
-def user_set_roles(*, actor: Actor, username: str, role_names: list[str]) -> object:
-    actor.require(roles.ADMIN_MANAGE, action="user.set_roles")
+def user_set_roles(*, actor: Actor, username: str, role_names: list[str]) -> Any:
+    actor.require(roles.ADMIN_MANAGE, action="user.set_roles", target=username)
+    _check_roles(role_names)
+    user = _person(username)
+    with transaction.atomic():
+        _lock_admin_count()
+        before = sorted(user.groups.filter(name__in=roles.ROLES).values_list("name", flat=True))
+        if roles.ADMIN in before and roles.ADMIN not in role_names and not user.is_superuser:
+            _refuse_last_admin(user, losing="taking their admin role away")
+        keep = user.groups.exclude(name__in=roles.ROLES)
+        user.groups.set([*keep, *Group.objects.filter(name__in=role_names)])
+        user._fleetctl_roles = None  # the Actor's cached roles are stale now
+        after = sorted(set(role_names))
+        if before != after:
+            audit_record(
+                actor=actor, action="user.set_roles", target=user,
+                before={"roles": before}, after={"roles": after},
+            )
+    return user
+
+
+# --- people: invite, disable / enable, roles (admins only, audited) ---------------------------
+
+_PERSON_FIELDS = ["id", "username", "email", "is_active", "is_superuser"]
+_EMAIL_MAX = 254
+
+
+@dataclass(frozen=True)
+class InvitedPerson:
+    user: Any
+    set_password_path: str  # shown once; it stops working once a password is set
+
+
+def _person_snapshot(user: Any) -> dict[str, Any]:
+    picture = snapshot(user, _PERSON_FIELDS)
+    picture["roles"] = sorted(
+        user.groups.filter(name__in=roles.ROLES).values_list("name", flat=True))
+    return picture
+
+
+def _check_roles(role_names: list[str]) -> None:
     unknown = sorted(set(role_names) - set(roles.ROLES))
     if unknown:
         raise ValidationError(
             {"roles": [f"Unknown role(s) {', '.join(unknown)}; roles: {', '.join(roles.ROLES)}."]}
         )
+
+
+def _person(username: str) -> Any:
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
-        raise NotFoundError(f"No user named {username!r}.")
+        raise NotFoundError(f"No person named {username!r}.")
+    return user
+
+
+def _active_admin_ids() -> set[int]:
+    """People who may act as admin now: active, and in the admin role or superusers. Called
+    with the admin group's row locked, so two admins demoting each other cannot both pass."""
+    model = get_user_model()
+    return set(
+        model.objects.filter(is_active=True)
+        .filter(Q(groups__name=roles.ADMIN) | Q(is_superuser=True))
+        .values_list("pk", flat=True)
+    )
+
+
+def _lock_admin_count() -> None:
+    roles_ensure_groups()
+    Group.objects.select_for_update().get(name=roles.ADMIN)
+
+
+def _refuse_last_admin(user: Any, *, losing: str) -> None:
+    admins = _active_admin_ids()
+    if user.pk in admins and admins == {user.pk}:
+        raise ConflictError(
+            f"{user.get_username()} is the last active admin; {losing} would leave nobody "
+            f"who can manage people. Make someone else an admin first."
+        )
+
+
+def set_password_path(user: Any) -> str:
+    """The one-time link that lets a person choose their password. It is derived from the
+    person's current password hash and last sign-in, so it stops working once used (and after
+    settings.PASSWORD_RESET_TIMEOUT); nothing about it is stored."""
+    from django.contrib.auth.tokens import default_token_generator
+    from django.urls import reverse
+    from django.utils.encoding import force_bytes
+    from django.utils.http import urlsafe_base64_encode
+
+    return reverse("accounts:set-password", kwargs={
+        "uidb64": urlsafe_base64_encode(force_bytes(user.pk)),
+        "token": default_token_generator.make_token(user),
+    })
+
+
+def _validate_invite(*, username: str, email: str, role_names: list[str]) -> None:
+    from django.contrib.auth.validators import UnicodeUsernameValidator
+    from django.core.validators import validate_email
+
+    errors: dict[str, list[str]] = {}
+    model = get_user_model()
+    if not username:
+        errors["username"] = ["Give the person a username to sign in with."]
+    elif len(username) > 150:
+        errors["username"] = ["Keep the username to 150 characters or fewer."]
+    else:
+        try:
+            UnicodeUsernameValidator()(username)
+        except ValidationError:
+            errors["username"] = ["Use letters, digits and @ . + - _ only (no spaces)."]
+        else:
+            if model.objects.filter(username__iexact=username).exists():
+                errors["username"] = [f"Someone is already called {username!r}."]
+    if not email:
+        errors["email"] = ["Give an email address, so people can tell who this is."]
+    else:
+        try:
+            validate_email(email)
+        except ValidationError:
+            errors["email"] = [f"{email!r} is not an email address."]
+        else:
+            if len(email) > _EMAIL_MAX:
+                errors["email"] = [f"Keep the email to {_EMAIL_MAX} characters or fewer."]
+            elif model.objects.filter(email__iexact=email).exists():
+                errors["email"] = [f"{email} already belongs to someone."]
+    try:
+        _check_roles(role_names)
+    except ValidationError as exc:
+        errors.update(exc.message_dict)
+    else:
+        if not role_names:
+            errors["roles"] = [f"Pick at least one role of: {', '.join(roles.ROLES)}."]
+    if errors:
+        raise ValidationError(errors)
+
+
+def person_invite(*, actor: Actor, username: str, email: str,
+                  role_names: list[str]) -> InvitedPerson:
+    """Create a person with the given roles and no password yet. The answer carries a
+    one-time set-password link for the admin to hand over (fleetctl sends no email)."""
+    actor.require(roles.ADMIN_MANAGE, action="person.invite", target=username)
+    username, email = username.strip(), email.strip()
+    _validate_invite(username=username, email=email, role_names=role_names)
     with transaction.atomic():
         roles_ensure_groups()
-        before = sorted(user.groups.filter(name__in=roles.ROLES).values_list("name", flat=True))
-        keep = user.groups.exclude(name__in=roles.ROLES)
-        user.groups.set([*keep, *Group.objects.filter(name__in=role_names)])
-        audit_record(
-            actor=actor, action="user.set_roles", target=user,
-            before={"roles": before}, after={"roles": sorted(set(role_names))},
-        )
+        user = get_user_model().objects.create_user(username=username, email=email)
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+        user.groups.set(Group.objects.filter(name__in=role_names))
+        audit_record(actor=actor, action="person.invite", target=user,
+                     after=_person_snapshot(user),
+                     message="invited; a one-time set-password link was shown to the inviter")
+    return InvitedPerson(user=user, set_password_path=set_password_path(user))
+
+
+def person_set_password_link(*, actor: Actor, username: str) -> InvitedPerson:
+    """A fresh one-time set-password link (for someone who lost theirs or forgot their
+    password). Their current password keeps working until they use it."""
+    actor.require(roles.ADMIN_MANAGE, action="person.set_password_link", target=username)
+    user = _person(username)
+    if not user.is_active:
+        raise ConflictError(f"{username} is disabled; enable them before sending a link.")
+    audit_record(actor=actor, action="person.set_password_link", target=user,
+                 message="a one-time set-password link was shown to the admin")
+    return InvitedPerson(user=user, set_password_path=set_password_path(user))
+
+
+def person_set_active(*, actor: Actor, username: str, active: bool) -> Any:
+    """Disable (cannot sign in, sessions end, personal tokens answer 401) or enable a person.
+    Their rows, tokens and history stay."""
+    action = "person.enable" if active else "person.disable"
+    actor.require(roles.ADMIN_MANAGE, action=action, target=username)
+    user = _person(username)
+    if not active and user.pk == getattr(actor.user, "pk", None):
+        raise ConflictError("You cannot disable yourself; ask another admin.")
+    with transaction.atomic():
+        _lock_admin_count()
+        user = get_user_model().objects.select_for_update().get(pk=user.pk)
+        if user.is_active == active:
+            return user
+        if not active:
+            _refuse_last_admin(user, losing="disabling them")
+        before = _person_snapshot(user)
+        user.is_active = active
+        user.save(update_fields=["is_active"])
+        audit_record(actor=actor, action=action, target=user,
+                     before=before, after=_person_snapshot(user))
+    return user
+
+
+def person_update(*, actor: Actor, username: str, role_names: list[str] | None = None,
+                  active: bool | None = None) -> Any:
+    """Set roles and/or active in one go: both change or neither does."""
+    actor.require(roles.ADMIN_MANAGE, action="person.update", target=username)
+    if role_names is None and active is None:
+        raise ValidationError("Send `roles`, `active` or both.")
+    with transaction.atomic():
+        user: Any = _person(username)
+        if role_names is not None:
+            user = user_set_roles(actor=actor, username=username, role_names=role_names)
+        if active is not None:
+            user = person_set_active(actor=actor, username=username, active=active)
     return user
