@@ -6,6 +6,7 @@ from fleetctl.accounts.api.views import ServiceTokenViewSet, TokenViewSet, me
 from fleetctl.audit.api.views import AuditEventViewSet
 from fleetctl.bench.api.views import RunViewSet, TraceViewSet
 from fleetctl.fleet.api.views import (
+    CurrencyRateViewSet,
     HealthCheckViewSet,
     HealthTransitionViewSet,
     PoolModelViewSet,
@@ -25,6 +26,7 @@ router = DefaultRouter()
 router.register("regions", RegionViewSet, basename="region")
 router.register("pools", PoolViewSet, basename="pool")
 router.register("pool-models", PoolModelViewSet, basename="pool-model")
+router.register("currency-rates", CurrencyRateViewSet, basename="currency-rate")
 router.register("health-checks", HealthCheckViewSet, basename="health-check")
 router.register("health-transitions", HealthTransitionViewSet, basename="health-transition")
 router.register("audit-events", AuditEventViewSet, basename="audit-event")

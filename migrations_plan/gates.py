@@ -39,6 +39,8 @@ DEFAULT_GATES: dict[int, list[CheckTemplate]] = {
                       rule="benchmark.meets_slo", params={"min_concurrency": 8}),
         CheckTemplate("cost-vs-primary", "Cost per 1M output tokens within the margin of the "
                                          "primary's", rule="benchmark.cost_vs_primary"),
+        CheckTemplate("latency-vs-primary", "TTFT and TPOT p95 within the latency margin of "
+                                            "the primary's", rule="benchmark.latency_vs_primary"),
         CheckTemplate("eval", "Eval suite passes on this backend",
                       rule="evidence.latest", params={"kind": "eval"}),
         CheckTemplate("divergence", "Divergence vs primary within the noise floor plus margin",

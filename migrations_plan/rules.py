@@ -149,7 +149,14 @@ def cost_reported(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
                       f"{pool.cost_per_1m_output_tokens} {pool.currency} per 1M output tokens",
                       version=f"{pool.cost_per_1m_output_tokens}@{pool.cost_measured_at.isoformat()}",
                       url=_pool_url(pool.name), observed_at=pool.cost_measured_at,
-                      expires_at=pool.cost_measured_at + timedelta(days=max_age))
+                      expires_at=pool.cost_measured_at + timedelta(days=max_age),
+                      source="its latest passing benchmark")
+    stale = pool.cost_stale_reason
+    if stale:
+        numbers["stale"] = stale
+        then = f"{pool.cost_per_1m_output_tokens} {pool.cost_currency or pool.currency}"
+        return CheckResult(INSUFFICIENT, f"The cost of {pool.name} ({then} per 1M output "
+                                         f"tokens) no longer holds: {stale}.", numbers, [ref])
     if age_days > max_age:
         return CheckResult(INSUFFICIENT, f"Cost of {pool.name} was measured "
                                          f"{honest(age_days, max_age, 0)} days ago (older than "

@@ -61,8 +61,9 @@ def _hover(point: dict[str, Any], value: str) -> str:
 
 def _metric_figure(points: Points, *, key: str, title: str, y_title: str, unit: str,
                    slo: float | None = None, fmt: str = "{:,.1f}",
-                   timing: str = "concurrency") -> go.Figure:
-    colours = pool_colours(points)
+                   timing: str = "concurrency",
+                   colours: dict[str, str] | None = None) -> go.Figure:
+    colours = colours or pool_colours(points)
     fig = go.Figure()
     concurrencies: list[float] = []
     for pool in sorted(points):
@@ -116,12 +117,44 @@ def tpot_figure(points: Points, *, slo_ms: float, timing: str = "concurrency") -
                           timing=timing)
 
 
-def cost_figure(points: Points, *, timing: str = "concurrency") -> go.Figure:
+def by_currency(points: Points) -> dict[str, Points]:
+    """The points split by the currency each level's cost is in: costs in two currencies
+    never share an axis."""
+    out: dict[str, Points] = {}
+    for pool, rows in points.items():
+        for point in rows:
+            out.setdefault(point["currency"], {}).setdefault(pool, []).append(point)
+    return dict(sorted(out.items()))
+
+
+def cost_figure(points: Points, *, timing: str = "concurrency",
+                colours: dict[str, str] | None = None) -> go.Figure:
+    """Cost per 1M output tokens of pools whose costs are in one currency."""
     currencies = sorted({p["currency"] for rows in points.values() for p in rows})
-    unit = currencies[0] if len(currencies) == 1 else "(pool currency)"
-    return _metric_figure(points, key="cost_per_1m", title="Cost per 1M output tokens",
+    if len(currencies) > 1:
+        raise ValueError(f"costs in {', '.join(currencies)} cannot share an axis; draw one "
+                         f"figure per currency (by_currency)")
+    unit = currencies[0] if currencies else ""
+    return _metric_figure(points, key="cost_per_1m",
+                          title=f"Cost per 1M output tokens ({unit})" if unit else
+                          "Cost per 1M output tokens",
                           y_title=f"{unit} per 1M output tokens", unit=f"{unit}/1M",
-                          fmt="{:,.4f}", timing=timing)
+                          fmt="{:,.4f}", timing=timing, colours=colours)
+
+
+def cost_figures(points: Points, *, timing: str = "concurrency"
+                 ) -> list[tuple[str, str, go.Figure]]:
+    """One cost chart per currency (each pool in its own colour on every chart); a run whose
+    pools all cost in one currency has one, `cost-chart`."""
+    x = AXES[timing][0]
+    groups = by_currency(points) or {"": points}
+    colours = pool_colours(points)
+    single = len(groups) == 1
+    return [("cost-chart" if single else f"cost-chart-{currency.lower()}",
+             f"Cost per 1M output tokens against {x}, per pool"
+             + (f", in {currency} (pools costed in {currency} only)" if not single else ""),
+             cost_figure(group, timing=timing, colours=colours))
+            for currency, group in groups.items()]
 
 
 def run_figures(points: Points, *, slo_ttft_ms: float, slo_tpot_ms: float,
@@ -136,6 +169,5 @@ def run_figures(points: Points, *, slo_ttft_ms: float, slo_tpot_ms: float,
          ttft_figure(points, slo_ms=slo_ttft_ms, timing=timing)),
         ("tpot-chart", f"TPOT p95 against {x} per pool; SLO {slo_tpot_ms:g} ms",
          tpot_figure(points, slo_ms=slo_tpot_ms, timing=timing)),
-        ("cost-chart", f"Cost per 1M output tokens against {x}, per pool",
-         cost_figure(points, timing=timing)),
+        *cost_figures(points, timing=timing),
     ]

@@ -367,14 +367,14 @@ def latency_vs_primary(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
         if lost:
             return CheckResult(FAIL, f"{c_name} failed the SLO at {_load(c_levels[lost[0]])}, "
                                      f"where {p_name} met it ({where}).", numbers, refs)
+        measured = ", ".join(numbers["levels_measured_by_both"]) or "none"
         return CheckResult(INSUFFICIENT, f"No level that both {c_name} and {p_name} passed "
-                                         f"({where}; both measured: "
-                                         f"{', '.join(numbers['levels_measured_by_both']) or 'none'}"
-                                         f"): run both at the same levels.", numbers, refs)
+                                         f"({where}; both measured: {measured}): run both at "
+                                         f"the same levels.", numbers, refs)
     key = both[-1]
     c, p = c_levels[key], p_levels[key]
     factor = 1 + margin / 100
-    figures = {}
+    figures: dict[str, dict[str, Any]] = {}
     over = []
     for metric, label in (("ttft_p95_ms", "TTFT p95"), ("tpot_p95_ms", "TPOT p95")):
         limit = float(p[metric]) * factor

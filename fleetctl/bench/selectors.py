@@ -98,14 +98,39 @@ class PoolOutcome:
         """The arithmetic behind the cost, in the pool's currency."""
         if self.best is None or not self.best.output_tokens_per_s:
             return ""
-        return (f"{self.pool.node_hourly_rate} {self.pool.currency}/h ÷ "
+        return (f"{self.hourly_rate} {self.currency}/h ÷ "
                 f"{self.best.output_tokens_per_s:,.1f} tok/s × 1e6 ÷ 3600")
+
+    @property
+    def hourly_rate(self) -> Decimal:
+        """The rate the cost was computed with (the pool's own may have changed since)."""
+        if self.best is not None and self.best.hourly_rate is not None:
+            return self.best.hourly_rate
+        return self.pool.node_hourly_rate
+
+    @property
+    def currency(self) -> str:
+        return (self.best.currency if self.best is not None and self.best.currency
+                else self.pool.currency)
+
+    @property
+    def cost_stale_reason(self) -> str | None:
+        """Why this run's cost no longer holds for the pool (its rate or currency changed)."""
+        from fleetctl.fleet.models import cost_stale_reason
+
+        if self.best is None:
+            return None
+        return cost_stale_reason(cost=self.best.cost_per_1m, rate_then=self.hourly_rate,
+                                 currency_then=self.currency,
+                                 rate_now=self.pool.node_hourly_rate,
+                                 currency_now=self.pool.currency,
+                                 source=f"run #{self.best.run_id}")
 
     def as_dict(self) -> dict[str, Any]:
         best = self.best
         return {
-            "pool": self.pool.name, "currency": self.pool.currency,
-            "node_hourly_rate": str(self.pool.node_hourly_rate),
+            "pool": self.pool.name, "currency": self.currency,
+            "node_hourly_rate": str(self.hourly_rate),
             "best_concurrency": best.concurrency if best and best.speed is None else None,
             "best_speed": best.speed if best else None,
             "output_tokens_per_s": best.output_tokens_per_s if best else None,
@@ -144,7 +169,7 @@ def chart_points(*, levels: list[Level]) -> dict[str, list[dict[str, Any]]]:
             "ttft_p95_ms": level.ttft_p95_ms, "tpot_p95_ms": level.tpot_p95_ms,
             "error_rate": level.error_rate,
             "cost_per_1m": float(level.cost_per_1m) if level.cost_per_1m is not None else None,
-            "currency": level.pool.currency,
+            "currency": level.currency or level.pool.currency,
         })
     return points
 

@@ -497,6 +497,7 @@ def _judge(level: Level, ctx: _Context) -> stats.Verdict:
     level.tpot_p95_ms = summary.tpot_p95_s * 1000 if summary.tpot_p95_s is not None else None
     level.error_rate = summary.error_rate
     rate = level.pool.node_hourly_rate
+    level.hourly_rate, level.currency = rate, level.pool.currency  # what the cost is in
     if summary.output_tokens_per_s:
         level.cost_per_1m = stats.cost_per_1m(rate, summary.output_tokens_per_s)
     level.note = verdict.reason if not errors else f"{verdict.reason}; shard errors: " + \
@@ -703,18 +704,19 @@ def _record(run: Run, pools: list[Pool], outcome: dict[str, Any], *, cancelled: 
         run.refresh_from_db()
         if cancelled:
             return run
-        for result in run_results(run):
+        results = run_results(run)
+        for result in results:
             pool, best = result.pool, result.best
-            slo = {"ttft_p95_ms": run.slo_ttft_p95_ms, "tpot_p95_ms": run.slo_tpot_p95_ms,
-                   "error_rate": run.slo_error_rate}
             if best is not None and best.cost_per_1m is not None:
                 pool_set_cost(actor=system, pool=pool, cost_per_1m=best.cost_per_1m,
-                              measured_at=now)
+                              measured_at=now, hourly_rate=best.hourly_rate,
+                              currency=best.currency, source=f"run #{run.pk}")
                 load = (f"trace speed {best.speed:g}×" if best.speed is not None
                         else f"concurrency {best.concurrency}")
                 summary = (f"highest SLO-passing {load}: "
                            f"{best.output_tokens_per_s:,.0f} output tok/s, "
-                           f"{best.cost_per_1m} {pool.currency} per 1M (run {run.pk})")
+                           f"{best.cost_per_1m} {best.currency or pool.currency} per 1M "
+                           f"(run {run.pk})")
                 verdict = "pass"
             else:
                 summary = f"no level met the SLO (run {run.pk})"
@@ -722,18 +724,49 @@ def _record(run: Run, pools: list[Pool], outcome: dict[str, Any], *, cancelled: 
             evidence_record(
                 actor=system, pool=pool, kind="benchmark", verdict=verdict, summary=summary,
                 model_id=run.model_id, url=f"/bench/runs/{run.pk}/",
-                data={"run": run.pk, "timing": run.timing,
-                      "best_concurrency": best.concurrency if best and best.speed is None
-                      else None,
-                      "best_speed": best.speed if best else None,
-                      "output_tokens_per_s": best.output_tokens_per_s if best else None,
-                      "cost_per_1m": str(best.cost_per_1m) if best and best.cost_per_1m
-                      is not None else None,
-                      "binding": best.binding if best else None, "slo": slo,
-                      "client_bound": result.client_bound, "trace": run.trace.name})
+                data=benchmark_evidence_data(run, result, [r.pool.name for r in results],
+                                             measured_at=now))
         audit_record(actor=system, action="bench.run.finish", target=run,
                      after={"status": status, "best": progress["best"]})
     return run
+
+
+def benchmark_evidence_data(run: Run, result: PoolResult, pools: list[str], *,
+                            measured_at: Any) -> dict[str, Any]:
+    """What a run's benchmark evidence about one pool says (the kind's data schema in
+    rules.py describes it): the best level and its cost, and what makes two runs comparable —
+    the trace (by content), the SLO, the timing and window, the pools measured together — the
+    hourly rate and currency the cost was computed with, and every counted level's
+    latencies."""
+    best = result.best
+    last: dict[tuple[int, float | None], Level] = {}
+    for level in result.levels:  # ordered by load then attempt: the latest attempt wins
+        if level.verdict in (Level.Verdict.PASS, Level.Verdict.FAIL):
+            last[(level.concurrency, level.speed)] = level
+    rate = best.hourly_rate if best is not None and best.hourly_rate is not None else None
+    return {
+        "run": run.pk, "timing": run.timing,
+        "best_concurrency": best.concurrency if best and best.speed is None else None,
+        "best_speed": best.speed if best else None,
+        "output_tokens_per_s": best.output_tokens_per_s if best else None,
+        "cost_per_1m": str(best.cost_per_1m) if best and best.cost_per_1m is not None
+        else None,
+        "hourly_rate": str(rate if rate is not None else result.pool.node_hourly_rate),
+        "currency": (best.currency if best is not None and best.currency
+                     else result.pool.currency),
+        "measured_on": measured_at.date().isoformat(),
+        "binding": best.binding if best else None,
+        "slo": {"ttft_p95_ms": run.slo_ttft_p95_ms, "tpot_p95_ms": run.slo_tpot_p95_ms,
+                "error_rate": run.slo_error_rate},
+        "window_s": run.window_s, "warmup_s": run.warmup_s,
+        "client_bound": result.client_bound, "trace": run.trace.name,
+        "trace_sha256": run.trace.sha256, "pools": sorted(pools),
+        "levels": [{"concurrency": lv.concurrency if lv.speed is None else None,
+                    "speed": lv.speed, "verdict": lv.verdict,
+                    "ttft_p95_ms": lv.ttft_p95_ms, "tpot_p95_ms": lv.tpot_p95_ms,
+                    "output_tokens_per_s": lv.output_tokens_per_s}
+                   for _, lv in sorted(last.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0))],
+    }
 
 
 def runs_reap(*, stale_after_s: float = HEARTBEAT_STALE_S) -> int:

@@ -9,6 +9,7 @@ put back on the form by the view.
 from __future__ import annotations
 
 import copy
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -17,7 +18,14 @@ from django.db import models
 
 from fleetctl.core.views import form_add_service_errors
 from fleetctl.fleet import selectors
-from fleetctl.fleet.models import CURRENCIES, JURISDICTIONS, Pool, PoolModel, Region
+from fleetctl.fleet.models import (
+    CURRENCIES,
+    JURISDICTIONS,
+    CurrencyRate,
+    Pool,
+    PoolModel,
+    Region,
+)
 
 
 def preview_model_validation(form: forms.Form, candidate: models.Model) -> None:
@@ -167,4 +175,24 @@ class RegionForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         preview_model_validation(self, Region())
+        return cleaned
+
+
+class CurrencyRateForm(forms.Form):
+    from_currency = forms.ChoiceField(choices=[(c, c) for c in CURRENCIES], initial="EUR",
+                                      label="From")
+    to_currency = forms.ChoiceField(choices=[(c, c) for c in CURRENCIES], initial="USD",
+                                    label="To")
+    rate = forms.DecimalField(max_digits=18, decimal_places=8, min_value=Decimal("0.00000001"),
+                              help_text="How many of the “to” currency one “from” buys, e.g. "
+                                        "1.08 for EUR → USD.")
+    as_of = forms.DateField(label="As of", widget=forms.DateInput(attrs={"type": "date"}),
+                            help_text="The day the rate is for (YYYY-MM-DD).")
+    source = forms.CharField(max_length=200, required=False,
+                             help_text="Where it comes from, e.g. a central bank's reference "
+                                       "rate.")
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        preview_model_validation(self, CurrencyRate())
         return cleaned

@@ -3,18 +3,21 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import date, timedelta
+from decimal import Decimal
 
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from fleetctl.fleet.models import (
+    CurrencyRate,
     HealthCheck,
     HealthTransition,
     Pool,
     PoolModel,
     Region,
     endpoint_key,
+    money,
 )
 
 
@@ -139,3 +142,79 @@ def endpoints_registered_elsewhere(*, base_urls: Iterable[str], jurisdiction: st
                 clashes.append(f"{wanted[endpoint_key(url)]} is already pool {name}'s, in "
                                f"{where}")
     return sorted(clashes)
+
+
+# --- currency rates --------------------------------------------------------------------------
+
+def currency_rate_list() -> QuerySet[CurrencyRate]:
+    return CurrencyRate.objects.all()
+
+
+def currency_rate_get(*, rate_id: int) -> CurrencyRate | None:
+    return CurrencyRate.objects.filter(pk=rate_id).first()
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """An amount in one currency, expressed in another through one dated rate row."""
+
+    amount: Decimal
+    from_currency: str
+    to_currency: str
+    rate: Decimal  # to_currency per one from_currency, as used
+    row: CurrencyRate
+    inverted: bool  # the row is the to→from rate; `rate` is its inverse
+
+    @property
+    def text(self) -> str:
+        """"EUR converted at 1.08 USD/EUR as of 2026-11-30"."""
+        via = (f" (the inverse of {self.row.label})" if self.inverted else "")
+        shown = money(self.rate.quantize(Decimal("0.000001")))
+        return (f"{self.from_currency} converted at {shown} "
+                f"{self.to_currency}/{self.from_currency}{via} as of {self.row.as_of:%Y-%m-%d}")
+
+    def as_json(self) -> dict[str, object]:
+        return {"from": self.from_currency, "to": self.to_currency, "rate": str(self.rate),
+                "as_of": self.row.as_of.isoformat(), "rate_id": self.row.pk,
+                "source": self.row.source, "inverted": self.inverted}
+
+
+class NoRate(LookupError):
+    """No usable rate: the message says which and what to do."""
+
+
+def rate_on(*, from_currency: str, to_currency: str, on: date) -> tuple[CurrencyRate, bool] | None:
+    """The latest rate between the two currencies dated on or before `on`: (row, inverted).
+    A to→from row counts too (inverted); on the same day the direct row wins."""
+    rows = (CurrencyRate.objects.filter(as_of__lte=on)
+            .filter(Q(from_currency=from_currency, to_currency=to_currency)
+                    | Q(from_currency=to_currency, to_currency=from_currency))
+            .order_by("-as_of", "-id"))
+    found = list(rows[:2])
+    if not found:
+        return None
+    best = found[0]
+    if (len(found) == 2 and found[1].as_of == best.as_of
+            and found[1].from_currency == from_currency):
+        best = found[1]
+    return best, best.from_currency != from_currency
+
+
+def convert(*, amount: Decimal | str, from_currency: str, to_currency: str, on: date,
+            max_age_days: float) -> Conversion:
+    """`amount` in `to_currency`, at the latest rate on or before `on`; raises NoRate when
+    there is none, or when the latest is more than `max_age_days` older than `on`."""
+    found = rate_on(from_currency=from_currency, to_currency=to_currency, on=on)
+    pair = f"{from_currency}→{to_currency}"
+    if found is None:
+        raise NoRate(f"no {pair} rate dated on or before {on:%Y-%m-%d}: add one "
+                     f"(Fleet → Currency rates) to compare the two")
+    row, inverted = found
+    age = (on - row.as_of).days
+    if age > max_age_days:
+        raise NoRate(f"the latest {pair} rate ({row.label}) is as of {row.as_of:%Y-%m-%d}, "
+                     f"{age} days before the measurement (limit {max_age_days:g}): add a newer "
+                     f"one")
+    rate = (Decimal(1) / row.rate) if inverted else row.rate
+    return Conversion(amount=Decimal(str(amount)) * rate, from_currency=from_currency,
+                      to_currency=to_currency, rate=rate, row=row, inverted=inverted)

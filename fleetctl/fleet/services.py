@@ -13,7 +13,14 @@ from fleetctl.accounts.actor import Actor
 from fleetctl.audit.crud import audited_create, audited_delete, audited_update, editable_fields
 from fleetctl.audit.services import audit_record, refusals_audited
 from fleetctl.core.errors import ConflictError
-from fleetctl.fleet.models import HealthCheck, HealthTransition, Pool, PoolModel, Region
+from fleetctl.fleet.models import (
+    CurrencyRate,
+    HealthCheck,
+    HealthTransition,
+    Pool,
+    PoolModel,
+    Region,
+)
 
 REGION_FIELDS = ["code", "name", "jurisdiction"]
 POOL_FIELDS = editable_fields(Pool)
@@ -197,17 +204,82 @@ def pool_model_delete(*, actor: Actor, entry: PoolModel) -> None:
         _gateways_follow()
 
 
-def pool_set_cost(*, actor: Actor, pool: Pool, cost_per_1m: Any, measured_at: Any) -> Pool:
-    """Only the benchmarks service calls this: cost per 1M output tokens is derived, not typed."""
+def pool_set_cost(*, actor: Actor, pool: Pool, cost_per_1m: Any, measured_at: Any,
+                  hourly_rate: Any = None, currency: str = "", source: str = "") -> Pool:
+    """Only the benchmarks service calls this: cost per 1M output tokens is derived, not typed.
+    `hourly_rate` and `currency` are what it was computed with (default: the pool's now); a
+    later change of either marks the cost stale (`Pool.cost_stale_reason`)."""
     with transaction.atomic():
         locked = Pool.objects.select_for_update().get(pk=pool.pk)
         before = {"cost_per_1m_output_tokens": locked.cost_per_1m_output_tokens}
         locked.cost_per_1m_output_tokens = cost_per_1m
         locked.cost_measured_at = measured_at
-        locked.save(update_fields=["cost_per_1m_output_tokens", "cost_measured_at", "updated_at"])
+        locked.cost_hourly_rate = (hourly_rate if hourly_rate is not None
+                                   else locked.node_hourly_rate)
+        locked.cost_currency = currency or locked.currency
+        locked.cost_source = source[:100]
+        locked.save(update_fields=["cost_per_1m_output_tokens", "cost_measured_at",
+                                   "cost_hourly_rate", "cost_currency", "cost_source",
+                                   "updated_at"])
         audit_record(actor=actor, action="pool.cost_derived", target=locked, before=before,
-                     after={"cost_per_1m_output_tokens": cost_per_1m})
+                     after={"cost_per_1m_output_tokens": cost_per_1m,
+                            "hourly_rate": str(locked.cost_hourly_rate),
+                            "currency": locked.cost_currency, "source": locked.cost_source})
     return locked
+
+
+# --- currency rates --------------------------------------------------------------------------
+
+RATE_FIELDS = ["from_currency", "to_currency", "rate", "as_of", "source"]
+
+
+def _refuse_inverse_same_day(rate: CurrencyRate) -> None:
+    """EUR→USD and USD→EUR on one day would be two answers to one question."""
+    inverse = (CurrencyRate.objects.filter(from_currency=rate.to_currency,
+                                           to_currency=rate.from_currency, as_of=rate.as_of)
+               .exclude(pk=rate.pk).first())
+    if inverse is not None:
+        raise ValidationError({"from_currency": [
+            f"There is already a {inverse.label} rate as of {inverse.as_of:%Y-%m-%d}; the "
+            f"{rate.from_currency}→{rate.to_currency} rate is its inverse. Change that one "
+            f"instead."]})
+    same = (CurrencyRate.objects.filter(from_currency=rate.from_currency,
+                                        to_currency=rate.to_currency, as_of=rate.as_of)
+            .exclude(pk=rate.pk).first())
+    if same is not None:
+        raise ValidationError({"as_of": [
+            f"There is already a {same.label} rate as of {same.as_of:%Y-%m-%d}; change it "
+            f"instead of adding a second one."]})
+
+
+def currency_rate_create(*, actor: Actor, **fields: Any) -> CurrencyRate:
+    """A dated exchange rate (platform leads and admins). Costs of pools in two currencies
+    are compared only through these."""
+    unknown = set(fields) - set(RATE_FIELDS)
+    if unknown:
+        raise ValidationError({name: ["Unknown or read-only field."] for name in sorted(unknown)})
+    rate = CurrencyRate(created_by=actor.label, **fields)
+    actor.require(roles.FLEET_MANAGE, action="currency_rate.create", target="fleet.currencyrate")
+    with transaction.atomic():
+        _refuse_inverse_same_day(rate)
+        return audited_create(actor=actor, permission=roles.FLEET_MANAGE,
+                              action="currency_rate.create", instance=rate)
+
+
+def currency_rate_update(*, actor: Actor, rate: CurrencyRate, **changes: Any) -> CurrencyRate:
+    actor.require(roles.FLEET_MANAGE, action="currency_rate.update", target=rate)
+    with transaction.atomic():
+        preview = CurrencyRate(pk=rate.pk, **{name: changes.get(name, getattr(rate, name))
+                                              for name in RATE_FIELDS})
+        _refuse_inverse_same_day(preview)
+        return audited_update(actor=actor, permission=roles.FLEET_MANAGE,
+                              action="currency_rate.update", instance=rate, changes=changes,
+                              allowed=RATE_FIELDS)
+
+
+def currency_rate_delete(*, actor: Actor, rate: CurrencyRate) -> None:
+    audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="currency_rate.delete",
+                   instance=rate)
 
 
 # --- health ----------------------------------------------------------------------------------

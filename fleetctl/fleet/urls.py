@@ -17,4 +17,7 @@ urlpatterns = [
     ),
     path("regions/", views.region_list, name="region-list"),
     path("regions/new/", views.region_create, name="region-create"),
+    path("currency-rates/", views.currency_rates, name="currency-rates"),
+    path("currency-rates/<int:rate_id>/delete/", views.currency_rate_delete,
+         name="currency-rate-delete"),
 ]

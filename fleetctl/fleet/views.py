@@ -24,8 +24,8 @@ from fleetctl.core.charts import figure_data
 from fleetctl.core.views import Outcome, call_service, filter_form_says_any
 from fleetctl.fleet import charts, selectors, services
 from fleetctl.fleet.filters import PoolFilter
-from fleetctl.fleet.forms import PoolForm, PoolModelForm, RegionForm
-from fleetctl.fleet.models import Pool, PoolModel, Region
+from fleetctl.fleet.forms import CurrencyRateForm, PoolForm, PoolModelForm, RegionForm
+from fleetctl.fleet.models import CurrencyRate, Pool, PoolModel, Region
 
 # The ids of the overview blocks htmx refreshes; the view picks the partial by HX-Target.
 TILES_ID = "summary-tiles"
@@ -224,3 +224,47 @@ def region_create(request: HttpRequest) -> HttpResponse:
             messages.success(request, f"Created region {region.code} ({region.jurisdiction}).")
             return redirect("fleet:region-list")
     return render(request, "fleet/region_form.html", {"form": form}, status=done.status)
+
+
+# --- currency rates --------------------------------------------------------------------------
+
+RATES_SHOWN = 200
+
+
+def _render_rates(request: HttpRequest, form: CurrencyRateForm, status: int = 200
+                  ) -> HttpResponse:
+    return render(request, "fleet/currency_rates.html", {
+        "form": form, "rates": selectors.currency_rate_list()[:RATES_SHOWN],
+        "rate_count": selectors.currency_rate_list().count(),
+        "audit_url": f"{reverse('audit:list')}?"
+                     f"{urlencode({'object_type': CurrencyRate._meta.label_lower})}",
+    }, status=status)
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def currency_rates(request: HttpRequest) -> HttpResponse:
+    """Dated exchange rates: the only way costs in two currencies are compared."""
+    form = CurrencyRateForm(request.POST if request.method == "POST" else None)
+    done: Outcome[CurrencyRate] = Outcome()
+    if request.method == "POST" and form.is_valid():
+        actor = actor_from_request(request)
+        done = call_service(request, lambda: services.currency_rate_create(
+            actor=actor, **form.cleaned_data), form=form)
+        if done.result is not None:
+            messages.success(request, f"Added {done.result}.")
+            return redirect("fleet:currency-rates")
+    return _render_rates(request, form, status=done.status)
+
+
+@dashboard_view
+@require_POST
+def currency_rate_delete(request: HttpRequest, rate_id: int) -> HttpResponse:
+    rate = selectors.currency_rate_get(rate_id=rate_id)
+    if rate is None:
+        messages.error(request, "That rate was already deleted.")
+        return redirect("fleet:currency-rates")
+    actor = actor_from_request(request)
+    if call_service(request, lambda: services.currency_rate_delete(actor=actor, rate=rate)).ok:
+        messages.success(request, f"Deleted {rate}.")
+    return redirect("fleet:currency-rates")

@@ -1,11 +1,19 @@
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from rest_framework import serializers
 
 from fleetctl.core.api.fields import StrictCharField
-from fleetctl.fleet.models import HealthCheck, HealthTransition, Pool, PoolModel, Region
+from fleetctl.fleet.models import (
+    CurrencyRate,
+    HealthCheck,
+    HealthTransition,
+    Pool,
+    PoolModel,
+    Region,
+)
 
 
 class RegionSerializer(serializers.ModelSerializer):
@@ -33,6 +41,11 @@ class PoolSerializer(serializers.ModelSerializer):
     )
     labels = serializers.DictField(child=StrictCharField(max_length=200), required=False)
     node_hourly_rate = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0)
+    cost_stale = serializers.SerializerMethodField(
+        help_text="True when the hourly rate or currency changed since the benchmark the "
+                  "cost comes from: the cost no longer holds until a benchmark re-measures it.")
+    cost_stale_reason = serializers.SerializerMethodField(
+        help_text="Why the cost is stale (null when it is not).")
 
     class Meta:
         model = Pool
@@ -40,17 +53,26 @@ class PoolSerializer(serializers.ModelSerializer):
             "id", "name", "runtime", "runtime_version", "accelerator", "region", "jurisdiction",
             "base_urls", "latency_class", "max_context_tokens", "node_hourly_rate", "currency",
             "labels", "models", "cost_per_1m_output_tokens", "cost_measured_at",
-            "health_state", "health_changed_at", "consecutive_failures", "last_probe_at",
+            "cost_hourly_rate", "cost_currency", "cost_source", "cost_stale",
+            "cost_stale_reason", "health_state", "health_changed_at", "consecutive_failures",
+            "last_probe_at",
             "last_probe_latency_ms", "last_probe_error", "created_at", "updated_at",
         ]
         read_only_fields = [
-            "id", "cost_per_1m_output_tokens", "cost_measured_at", "health_state",
+            "id", "cost_per_1m_output_tokens", "cost_measured_at", "cost_hourly_rate",
+            "cost_currency", "cost_source", "health_state",
             "health_changed_at", "consecutive_failures", "last_probe_at",
             "last_probe_latency_ms", "last_probe_error", "created_at", "updated_at",
         ]
         # Uniqueness is checked by the service (full_clean) so the message is the same
         # everywhere; DRF's own check would be a second, differently worded one.
         extra_kwargs: dict[str, Any] = {"name": {"validators": []}}
+
+    def get_cost_stale(self, pool: Pool) -> bool:
+        return pool.cost_stale_reason is not None
+
+    def get_cost_stale_reason(self, pool: Pool) -> str | None:
+        return pool.cost_stale_reason
 
 
 class PoolModelSerializer(serializers.ModelSerializer):
@@ -66,6 +88,8 @@ class PoolModelSerializer(serializers.ModelSerializer):
 
 class HealthCheckSerializer(serializers.ModelSerializer):
     pool = serializers.CharField(source="pool.name", read_only=True)
+    models_seen = serializers.ListField(child=serializers.CharField(), read_only=True,
+                                        help_text="The model ids the pool listed.")
 
     class Meta:
         model = HealthCheck
@@ -81,3 +105,19 @@ class HealthTransitionSerializer(serializers.ModelSerializer):
         model = HealthTransition
         fields = ["id", "pool", "at", "from_state", "to_state", "reason"]
         read_only_fields = fields
+
+
+class CurrencyRateSerializer(serializers.ModelSerializer):
+    rate = serializers.DecimalField(max_digits=18, decimal_places=8,
+                                    min_value=Decimal("0.00000001"),
+                                    help_text="How many to_currency one from_currency buys.")
+    text = serializers.CharField(source="label", read_only=True,
+                                 help_text='The rate as written: "1.08 USD/EUR".')
+
+    class Meta:
+        model = CurrencyRate
+        fields = ["id", "from_currency", "to_currency", "rate", "text", "as_of", "source",
+                  "created_by", "created_at"]
+        read_only_fields = ["id", "text", "created_by", "created_at"]
+        # Checked by the service with a message that says what to do.
+        validators: list[Any] = []

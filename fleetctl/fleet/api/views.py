@@ -61,3 +61,18 @@ class HealthTransitionViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = selectors.health_transition_list()
     serializer_class = serializers.HealthTransitionSerializer
     filterset_class = filters.HealthTransitionFilter
+
+
+class CurrencyRateViewSet(ServiceModelViewSet):
+    """Dated exchange rates: 1 from_currency = rate to_currency as of a day. Costs of pools
+    in different currencies are compared only through these (platform leads and admins
+    write; everyone reads)."""
+
+    queryset = selectors.currency_rate_list()
+    serializer_class = serializers.CurrencyRateSerializer
+    filterset_fields = ["from_currency", "to_currency", "as_of"]
+    ordering_fields = ["as_of", "created_at"]
+    instance_kwarg = "rate"
+    create_service = services.currency_rate_create
+    update_service = services.currency_rate_update
+    delete_service = services.currency_rate_delete
