@@ -30,7 +30,8 @@ from rest_framework.views import APIView
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic.gateways.base import TOTAL_WEIGHT
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, Route
-from migrations_plan.models import Plan
+from migrations_plan import evidence as ev
+from migrations_plan.models import GateCheck, Plan
 
 # The Prometheus text exposition format, version 0.0.4 (what generate_latest writes).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -198,7 +199,7 @@ class FleetCollector:
                                1 if state == Pool.Health.HEALTHY else 0)
         return [healthy]
 
-    # --- plans: 1 query ------------------------------------------------------------------
+    # --- plans: 2 queries ----------------------------------------------------------------
 
     def _plans(self) -> list[Metric]:
         stage = GaugeMetricFamily(
@@ -207,12 +208,44 @@ class FleetCollector:
             "state says whether it is at that stage or paused there. Closed plans have no "
             "sample. The gate blocking the next stage is on /plans/<plan>/.",
             labels=["plan", "candidate", "state"])
-        for name, candidate, state, number in (
+        gate = GaugeMetricFamily(
+            "fleetctl_plan_gate_status",
+            "1 for the status the current stage's gate of each plan at a stage has, 0 for the "
+            "others, in the words the API, the CLI and the dashboard use: fail (a check fails), "
+            "awaiting-attestation (an attested check is not attested yet), insufficient, warn, "
+            "pass. As the last gate refresh (plans.refresh) found it; no sample before a gate "
+            "was first evaluated, or for a paused or closed plan.",
+            labels=["plan", "stage", "status"])
+        blocks = GaugeMetricFamily(
+            "fleetctl_plan_gate_blocks_advance",
+            "1 when the current stage's gate of the plan can be neither approved nor advanced "
+            "(status fail or awaiting-attestation; the dashboard says blocked), 0 otherwise. "
+            "Same refresh and samples as fleetctl_plan_gate_status.",
+            labels=["plan", "stage"])
+        at_stage: dict[int, tuple[str, int]] = {}
+        for pk, name, candidate, state, number in (
             Plan.objects.exclude(state__in=Plan.CLOSED_STATES).order_by("name")
-            .values_list("name", "candidate_pool__name", "state", "stage")
+            .values_list("pk", "name", "candidate_pool__name", "state", "stage")
         ):
             stage.add_metric([name, candidate, state], number)
-        return [stage]
+            if state.startswith("stage-"):
+                at_stage[pk] = (name, number)
+        statuses: dict[int, list[str]] = {pk: [] for pk in at_stage}
+        for plan_id, last in (
+            GateCheck.objects.filter(plan__in=list(at_stage), stage=F("plan__stage"),
+                                     removed_at__isnull=True)
+            .values_list("plan_id", "last_status")
+        ):
+            statuses[plan_id].append(last)
+        for pk, (name, number) in at_stage.items():
+            seen = statuses[pk]
+            if "" in seen:
+                continue  # not evaluated since a check was added
+            now = ev.gate_status(seen)
+            for status in ev.STATUSES:
+                gate.add_metric([name, str(number), status], 1 if status == now else 0)
+            blocks.add_metric([name, str(number)], 1 if ev.blocks_advance(now) else 0)
+        return [stage, gate, blocks]
 
 
 def render_metrics() -> bytes:

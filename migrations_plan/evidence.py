@@ -344,13 +344,19 @@ class RuleContext:
     primary: Pool
     routes: list[Route]
     now: datetime
+    # Read once per evaluation: fingerprints per pool, external reports per pool.
+    cache: dict[Any, Any] = field(default_factory=dict)
 
     @property
     def model_ids(self) -> list[str]:
         return sorted({route.model_id for route in self.routes})
 
     def fingerprint(self, pool: Pool | None = None) -> dict[str, str]:
-        return pool_fingerprint(pool or self.candidate, self.model_ids)
+        pool = pool or self.candidate
+        key = ("fingerprint", pool.pk)
+        if key not in self.cache:
+            self.cache[key] = pool_fingerprint(pool, self.model_ids)
+        return dict(self.cache[key])
 
     def evidence(self, kind: str, *, pool: Pool | None = None, within_days: float | None = None
                  ) -> tuple[list[Evidence], list[tuple[Evidence, str]]]:
@@ -397,13 +403,16 @@ def reports_about(ctx: RuleContext, kind: str, *, pool: Pool | None = None) -> l
     from migrations_plan.models import Evidence
 
     pool = pool or ctx.candidate
-    rows = Evidence.objects.filter(kind=EXTERNAL, about=kind, pool=pool)
-    if ctx.model_ids:
-        rows = rows.filter(model_id__in=[*ctx.model_ids, ""])
-    current = ctx.fingerprint(pool)
-    return [row for row in rows.order_by("-observed_at", "-id")[:20]
-            if (row.expires_at is None or row.expires_at > ctx.now)
-            and fingerprint_change(row.pool_fingerprint, current) is None]
+    key = ("reports", pool.pk)
+    if key not in ctx.cache:
+        rows = Evidence.objects.filter(kind=EXTERNAL, pool=pool)
+        if ctx.model_ids:
+            rows = rows.filter(model_id__in=[*ctx.model_ids, ""])
+        current = ctx.fingerprint(pool)
+        ctx.cache[key] = [row for row in rows.order_by("-observed_at", "-id")[:200]
+                          if (row.expires_at is None or row.expires_at > ctx.now)
+                          and fingerprint_change(row.pool_fingerprint, current) is None]
+    return [row for row in ctx.cache[key] if row.about == kind]
 
 
 def _with_reports(result: CheckResult, rule: Rule, params: dict[str, Any],
@@ -573,7 +582,7 @@ def _evaluate_attested(check: GateCheck) -> CheckResult:
         PASS, f"Attested by {who} ({attestation.role}): {attestation.note}",
         numbers={"attested_by": who, "attested_at": attestation.at.isoformat()},
         evidence=[EvidenceRef(kind="attestation", ref=f"attestation:{attestation.pk}",
-                              label=f"{who}: {attestation.note[:80]}",
+                              label=attestation.note[:80],
                               version=str(attestation.pk), observed_at=attestation.at,
                               origin=ATTESTED, source=who)],
     )

@@ -190,6 +190,12 @@ class Approval(models.Model):
     def is_active(self) -> bool:
         return self.voided_at is None and self.used_at is None
 
+    @property
+    def gate_status_label(self) -> str:
+        from migrations_plan.evidence import status_label
+
+        return status_label(self.gate_status)
+
 
 class StageMove(models.Model):
     class Kind(models.TextChoices):

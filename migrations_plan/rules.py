@@ -80,7 +80,8 @@ def healthy_for(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
                            numbers={"state": pool.health_state},
                            evidence=[EvidenceRef("health", f"pool:{pool.pk}", pool.name,
                                                  version=f"{pool.health_state}",
-                                                 url=_pool_url(pool.name))])
+                                                 url=_pool_url(pool.name),
+                                                 source="the health probe")])
     since = pool.health_changed_at
     flip = (HealthTransition.objects.filter(pool=pool, to_state=Pool.Health.HEALTHY)
             .order_by("-at", "-id").first())
@@ -88,7 +89,7 @@ def healthy_for(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
     ref = EvidenceRef("health", f"health-transition:{flip.pk}" if flip else f"pool:{pool.pk}",
                       f"{pool.name} healthy since {since:%Y-%m-%d %H:%M} UTC" if since
                       else f"{pool.name} healthy", version=str(flip.pk if flip else "healthy"),
-                      url=_pool_url(pool.name), observed_at=since)
+                      url=_pool_url(pool.name), observed_at=since, source="the health probe")
     numbers = {"healthy_hours": float(honest(healthy_h, hours, 2)), "required_hours": hours}
     have, need = duration_of(healthy_h, hours)
     if healthy_h < hours:
@@ -119,7 +120,8 @@ def only_through_route(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
                             f"(it does not serve {route.model_id} in the route's jurisdiction)")
         refs.append(EvidenceRef("routing", f"route:{route.pk}", f"route {route.name}",
                                 version=f"{','.join(gateways)}|{ctx.candidate.name in eligible}",
-                                url=f"/traffic/routes/{route.name}/"))
+                                url=f"/traffic/routes/{route.name}/",
+                                source="the traffic registry"))
     numbers = {"gateways_by_route": carried}
     if problems:
         text = "; ".join(problems)
@@ -193,6 +195,7 @@ def drain_rehearsed(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
                                    if ms is not None else ""),
                                 version=f"{drain.pk}:{drain.status}",
                                 url=f"/traffic/drains/{drain.pk}/",
+                                source=f"drain #{drain.pk}",
                                 observed_at=drain.requested_at,
                                 expires_at=drain.requested_at + timedelta(days=days)))
         if drain.status != Drain.Status.COMPLETE or ms is None:

@@ -104,7 +104,9 @@ def plan_timeline(*, plan: Plan, limit: int = 200) -> list[AuditEvent]:
 
 
 def gate_summary(gate: ev.GateEvaluation) -> dict[str, Any]:
-    return {"stage": gate.stage, "status": gate.status, "passed": gate.passed,
+    return {"stage": gate.stage, "status": gate.status,
+            "status_label": ev.status_label(gate.status),
+            "blocks_advance": gate.blocks_advance, "passed": gate.passed,
             "total": len(gate.outcomes),
             "blockers": [o.check.title for o in gate.blockers]}
 

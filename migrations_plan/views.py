@@ -48,15 +48,15 @@ from migrations_plan.models import STAGE_NAMES, Attestation, GateCheck, Plan
 GATE_ID = "plan-gate"  # the block htmx re-polls
 TIMELINE_LIMIT = 200
 
-# What the gate as a whole means for the person deciding.
-# A gate's status is its worst check's; "fail" covers a check still awaiting attestation.
-GATE_LABELS = {ev.PASS: "pass", ev.WARN: "warn", ev.INSUFFICIENT: "insufficient data",
-               ev.FAIL: "blocked"}
+# A gate's status is its worst check's, in the words the API, the CLI and the metrics use
+# (evidence.STATUS_LABELS); this is what it means for the person deciding.
+GATE_LABELS = ev.STATUS_LABELS
 GATE_MEANING = {
     ev.PASS: "ready to approve",
     ev.WARN: "approvable with a justification",
     ev.INSUFFICIENT: "approvable with a justification",
-    ev.FAIL: "nothing can be approved until the blockers clear",
+    ev.AWAITING: f"{ev.BLOCKED_LABEL}: nothing can be approved until the attestation is given",
+    ev.FAIL: f"{ev.BLOCKED_LABEL}: nothing can be approved until the failing checks clear",
 }
 
 # What each reason box asks.
@@ -146,7 +146,11 @@ class BoardCard:
 
     @property
     def meaning(self) -> str:
-        return "" if self.status == ev.FAIL else GATE_MEANING.get(self.status, "")
+        return "" if ev.blocks_advance(self.status) else GATE_MEANING.get(self.status, "")
+
+    @property
+    def blocks_advance(self) -> bool:
+        return bool(self.gate) and ev.blocks_advance(self.status)
 
 
 @dashboard_view
@@ -218,7 +222,7 @@ class CheckRow:
 
     @property
     def status_label(self) -> str:
-        return ev.STATUS_LABELS[self.outcome.status]
+        return ev.status_label(self.outcome.status)
 
     @property
     def rule_label(self) -> str:

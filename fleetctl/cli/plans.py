@@ -11,8 +11,8 @@ from fleetctl.cli.client import ApiClient
 from fleetctl.cli.output import print_fields, print_json, print_table
 
 STATES = ("stage-1", "stage-2", "stage-3", "stage-4", "paused", "abandoned", "completed")
-STATUS_LABELS = {"pass": "pass", "warn": "warn", "insufficient": "insufficient data",
-                 "pending": "awaiting attestation", "fail": "fail"}
+# Statuses are printed in the server's words (status_label): one vocabulary everywhere.
+BLOCKED = "blocked"
 
 
 def _client(args: argparse.Namespace) -> ApiClient:
@@ -29,8 +29,8 @@ def _days_since(stamp: str | None) -> str:
 def _gate_brief(gate: dict[str, Any] | None) -> str:
     if not gate:
         return "—"
-    status = STATUS_LABELS.get(gate["status"], gate["status"])
-    return f"{gate['passed']}/{gate['total']} pass · {status}"
+    blocked = f" ({BLOCKED})" if gate.get("blocks_advance") else ""
+    return f"{gate['passed']}/{gate['total']} pass · {gate['status_label']}{blocked}"
 
 
 def cmd_plans_list(args: argparse.Namespace) -> int:
@@ -50,9 +50,14 @@ def cmd_plans_list(args: argparse.Namespace) -> int:
 
 def _approval_line(approval: dict[str, Any]) -> list[Any]:
     counts = "yes" if approval["counts"] else f"no: {approval['why_not']}"
-    return [approval["by"], approval["at"], STATUS_LABELS.get(approval["gate_status"],
-                                                              approval["gate_status"]),
+    return [approval["by"], approval["at"], approval["gate_status_label"],
             counts, approval["justification"] or "—"]
+
+
+def _sources(check: dict[str, Any]) -> str:
+    """Where each piece of evidence comes from: measured by, reported by, attested by."""
+    seen = dict.fromkeys(ref["source_label"] for ref in check["evidence"])
+    return "; ".join(seen) or "—"
 
 
 def _state(plan: dict[str, Any]) -> str:
@@ -82,12 +87,12 @@ def cmd_plans_show(args: argparse.Namespace) -> int:
         ("approvals", f"{counting} of {plan['required_approvals']} required"),
     ])
     print()
+    blocked = f" ({BLOCKED}: cannot be approved or advanced)" if gate["blocks_advance"] else ""
     print(f"gate to leave stage {gate['stage']} ({gate['stage_name']}): "
-          f"{STATUS_LABELS.get(gate['status'], gate['status'])} · "
-          f"{gate['passed']}/{gate['total']} pass")
-    print_table(["status", "check", "kind", "summary"],
-                [[STATUS_LABELS.get(c["status"], c["status"]), c["title"], c["kind"],
-                  c["summary"]] for c in gate["checks"]])
+          f"{gate['status_label']}{blocked} · {gate['passed']}/{gate['total']} pass")
+    print_table(["status", "check", "kind", "summary", "evidence from"],
+                [[c["status_label"], c["title"], c["kind"], c["summary"], _sources(c)]
+                 for c in gate["checks"]])
     if plan["approvals"]:
         print()
         print_table(["approved by", "at", "gate was", "counts", "justification"],

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -27,7 +26,24 @@ from migrations_plan.models import (
 from migrations_plan.services import EDITABLE_FIELDS
 
 User = get_user_model()
-STATUS_HELP = ", ".join(ev.STATUSES) + " (pending: awaiting attestation; blocks like fail)"
+STATUS_HELP = "; ".join(f"{status}: {ev.STATUS_MEANINGS[status]}" for status in ev.STATUSES)
+
+
+def _status_field(**kwargs: Any) -> serializers.ChoiceField:
+    """A check's or a gate's status: one vocabulary (evidence.STATUSES) for the API, the CLI,
+    the dashboard, the metrics and the approvals."""
+    return serializers.ChoiceField(choices=list(ev.STATUSES), help_text=STATUS_HELP, **kwargs)
+
+
+class StatusField(serializers.ChoiceField):
+    """A stored status, read in today's vocabulary (an older "pending" reads
+    awaiting-attestation)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=list(ev.STATUSES), help_text=STATUS_HELP, **kwargs)
+
+    def to_representation(self, value: Any) -> str:
+        return ev.normalise_status(str(value))
 
 
 def _pool_field(**kwargs: Any) -> serializers.SlugRelatedField:
@@ -54,6 +70,17 @@ class EvidenceRefSerializer(serializers.Serializer):
     url = serializers.CharField(help_text="Where the details are (may be empty).")
     observed_at = serializers.DateTimeField(allow_null=True)
     expires_at = serializers.DateTimeField(allow_null=True)
+    origin = serializers.ChoiceField(
+        choices=list(ev.ORIGINS),
+        help_text="measured (by fleetctl: a job or its records), reported (by another system; "
+                  "never satisfies a measured check), attested (by a person).")
+    source: Any = serializers.CharField(
+        help_text="Who: the job or record (measured), the system (reported), the person "
+                  "(attested).")
+    source_url = serializers.CharField(help_text="The job's run or the report's link (may be "
+                                                 "empty).")
+    source_label = serializers.CharField(
+        help_text='"measured by <job>", "reported by <system>" or "attested by <person>".')
 
 
 class AttestationSerializer(serializers.ModelSerializer):
@@ -75,7 +102,7 @@ class CheckOutcomeSerializer(serializers.Serializer):
     rule = serializers.CharField(source="check.rule")
     params = serializers.JSONField(source="check.params")
     attest_role = serializers.CharField(source="check.attest_role")
-    status = serializers.CharField(help_text=STATUS_HELP)
+    status = _status_field()
     status_label = serializers.SerializerMethodField()
     summary = serializers.CharField(source="result.summary")
     numbers = serializers.JSONField(source="result.numbers", help_text="The numbers the rule used.")
@@ -83,7 +110,7 @@ class CheckOutcomeSerializer(serializers.Serializer):
     attestation = serializers.SerializerMethodField(help_text="The standing attestation, if any.")
 
     def get_status_label(self, outcome: ev.CheckOutcome) -> str:
-        return ev.STATUS_LABELS[outcome.status]
+        return ev.status_label(outcome.status)
 
     @extend_schema_field(AttestationSerializer(allow_null=True))
     def get_attestation(self, outcome: ev.CheckOutcome) -> dict[str, Any] | None:
@@ -93,12 +120,15 @@ class CheckOutcomeSerializer(serializers.Serializer):
 
 class GateSerializer(serializers.Serializer):
     """One stage's gate: pass advances; warn or insufficient data needs a written
-    justification to approve; fail (or a pending attestation) blocks."""
+    justification to approve; fail or awaiting-attestation blocks (`blocks_advance`)."""
 
     stage = serializers.IntegerField()
     stage_name = serializers.SerializerMethodField()
-    status = serializers.CharField(help_text=STATUS_HELP)
+    status = _status_field()
     status_label = serializers.SerializerMethodField()
+    blocks_advance = serializers.BooleanField(
+        help_text="The gate can be neither approved nor advanced (status fail or "
+                  "awaiting-attestation); the dashboard says blocked.")
     evaluated_at = serializers.DateTimeField(source="at")
     snapshot_hash = serializers.SerializerMethodField(
         help_text="What an approval given now binds to.")
@@ -113,7 +143,7 @@ class GateSerializer(serializers.Serializer):
         return STAGE_NAMES[gate.stage]
 
     def get_status_label(self, gate: ev.GateEvaluation) -> str:
-        return ev.STATUS_LABELS[gate.status]
+        return ev.status_label(gate.status)
 
     def get_snapshot_hash(self, gate: ev.GateEvaluation) -> str:
         return gate.hash()
@@ -135,7 +165,8 @@ class GateApprovalSerializer(serializers.Serializer):
     stage = serializers.IntegerField(source="approval.stage")
     by = serializers.CharField(source="approval.by.username")
     at = serializers.DateTimeField(source="approval.at")
-    gate_status = serializers.CharField(source="approval.gate_status")
+    gate_status = StatusField(source="approval.gate_status")
+    gate_status_label = serializers.CharField(source="approval.gate_status_label")
     justification = serializers.CharField(source="approval.justification")
     snapshot_hash = serializers.CharField(source="approval.snapshot_hash")
     counts = serializers.BooleanField(help_text="Counts towards advancing on today's evidence.")
@@ -160,13 +191,29 @@ class StageGateSerializer(GateSerializer):
 
 # --- plans ------------------------------------------------------------------------------------
 
+class GateBriefSerializer(serializers.Serializer):
+    """The current stage's gate in brief."""
+
+    stage = serializers.IntegerField()
+    status = _status_field()
+    status_label = serializers.CharField()
+    blocks_advance = serializers.BooleanField(
+        help_text="Neither approvable nor advanceable now (fail or awaiting-attestation).")
+    passed = serializers.IntegerField()
+    total = serializers.IntegerField()
+    blockers = serializers.ListField(child=serializers.CharField(),
+                                     help_text="Titles of the checks that block.")
+
+
 class PlanSerializer(serializers.ModelSerializer):
     candidate_pool = serializers.CharField(source="candidate_pool.name", read_only=True)
     primary_pool = serializers.CharField(source="primary_pool.name", read_only=True)
     routes = serializers.SerializerMethodField()
     owner = serializers.CharField(source="owner.username", read_only=True)
     created_by = serializers.CharField(source="created_by.username", read_only=True)
-    state = serializers.CharField(read_only=True, help_text=", ".join(Plan.State.values))
+    state = serializers.ChoiceField(choices=Plan.State.choices, read_only=True,
+                                    help_text="Where the plan is: stage-1 … stage-4, paused "
+                                              "(at `stage`), abandoned or completed.")
     state_label = serializers.CharField(source="get_state_display", read_only=True)
     stage_name = serializers.CharField(read_only=True)
     gate = serializers.SerializerMethodField(
@@ -184,7 +231,7 @@ class PlanSerializer(serializers.ModelSerializer):
     def get_routes(self, plan: Plan) -> list[str]:
         return sorted(r.name for r in plan.routes.all())
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field(GateBriefSerializer(allow_null=True))
     def get_gate(self, plan: Plan) -> dict[str, Any] | None:
         if not plan.is_open:
             return None
@@ -344,6 +391,11 @@ class ApprovalSerializer(serializers.ModelSerializer):
                   "active", "voided_at", "void_reason", "used_at", "snapshot"]
         read_only_fields = fields
 
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        fields["gate_status"] = StatusField(read_only=True)
+        return fields
+
 
 class StageMoveSerializer(serializers.ModelSerializer):
     gate_status = serializers.SerializerMethodField()
@@ -358,8 +410,10 @@ class StageMoveSerializer(serializers.ModelSerializer):
                   "snapshot_hash", "approvals", "approved_by", "drains", "gate_snapshot"]
         read_only_fields = fields
 
+    @extend_schema_field(serializers.ChoiceField(choices=list(ev.STATUSES), allow_null=True))
     def get_gate_status(self, move: StageMove) -> str | None:
-        return (move.gate_snapshot or {}).get("status")
+        status = (move.gate_snapshot or {}).get("status")
+        return ev.normalise_status(status) if status else None
 
     def get_approved_by(self, move: StageMove) -> list[str]:
         return [a.by.username for a in move.approvals.all()]
@@ -403,10 +457,13 @@ class EvidenceCreateSerializer(serializers.Serializer):
     pool = _pool_field(help_text="Name of the pool the report is about.")
     kind = StrictCharField(max_length=40, required=False, default=ev.EXTERNAL,
                            help_text="external (the only kind that can be posted; default).")
-    reported_by = StrictCharField(max_length=100, help_text="The system that reports it, e.g. "
-                                                            "grafana-slo-bot.")
-    about = StrictCharField(max_length=63, help_text="What it speaks to: an evidence kind (e.g. "
-                                                     "shadow) or your own check (e.g. slo-burn).")
+    reported_by = StrictCharField(
+        max_length=100, required=False, allow_blank=True, default="",
+        help_text="The system that reports it, e.g. grafana-slo-bot (required).")
+    about = StrictCharField(
+        max_length=63, required=False, allow_blank=True, default="",
+        help_text="What it speaks to (required): an evidence kind (e.g. shadow) or your own "
+                  "check (e.g. slo-burn).")
     verdict = StrictCharField(help_text="pass, warn, fail or info.")
     summary = StrictCharField(max_length=300, allow_blank=True,
                               help_text="What was found, one line.")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.core.exceptions import ValidationError
 from rest_framework.test import APIClient
 
 from fleetctl.accounts.actor import Actor
@@ -170,10 +171,13 @@ def test_any_stage_gate_can_be_read_and_a_bad_stage_is_a_400(world):
     world.plan()
     viewer = signed_in(world.viewer)
     stage2 = viewer.get("/api/v1/plans/mi300x-llama/gates/2/").json()
-    assert (stage2["stage"], stage2["status"]) == (2, "fail")
+    # No check fails: the gate awaits an attestation, and that blocks.
+    assert (stage2["stage"], stage2["status"], stage2["blocks_advance"]) == (
+        2, "awaiting-attestation", True)
+    assert stage2["status_label"] == "awaiting attestation"
     dashboards = next(c for c in stage2["checks"] if c["key"] == "dashboards")
     assert (dashboards["kind"], dashboards["status"], dashboards["attest_role"]) == (
-        "attested", "pending", "platform-lead")
+        "attested", "awaiting-attestation", "platform-lead")
     assert stage2["blockers"] == [dashboards["title"]]
     assert stage2["approvals"] == [] and stage2["required_approvals"] == 1
     for bad in ("5", "0", "live"):
@@ -505,28 +509,89 @@ def test_gate_checks_are_added_tuned_removed_and_attested_with_the_record_kept(w
 
 # --- evidence ---------------------------------------------------------------------------------
 
-def test_an_evidence_job_records_a_result_and_the_check_turns_green(world, system):
+def test_a_measured_kind_cannot_be_posted_and_the_answer_says_what_to_post(world, system):
     world.plan()
     bot = service_token(system, "read", "jobs")
-    before = checks_by_key(bot.get("/api/v1/plans/mi300x-llama/").json())["conformance"]
-    assert before["status"] == "insufficient"
+    for kind, measured_by in (("conformance", "nothing in this version"),
+                              ("benchmark", "benchmark runs"), ("shadow", "none"),
+                              ("eval", "none"), ("soak", "none"), ("ramp-slo", "none"),
+                              ("checkpoint-resume", "none"), ("cost-arbitrage", "none"),
+                              ("health", "the health probe")):
+        response = bot.post("/api/v1/evidence/", {
+            "pool": "mi300x-us", "kind": kind, "verdict": "pass", "summary": "42/42 pass"},
+            format="json")
+        assert response.status_code == 400, (kind, response.json())
+        body = response.json()["error"]
+        assert list(body["fields"]) == ["kind"]
+        assert body["message"].startswith(f"kind: {kind} is measured by fleetctl, not posted")
+        assert f"post kind 'external' with about={kind!r}" in body["message"]
+        if measured_by != "none" and measured_by != "nothing in this version":
+            assert measured_by in body["message"]
+    assert not Evidence.objects.exists()
+    checks = checks_by_key(bot.get("/api/v1/plans/mi300x-llama/").json())
+    assert checks["conformance"]["status"] == "insufficient"
+    assert AuditEvent.objects.filter(action="evidence.record", outcome="denied").count() == 9
+
+
+def test_a_report_is_shown_as_reported_by_its_system_and_never_satisfies_a_measured_check(
+    world, system
+):
+    world.plan()
+    bot = service_token(system, "read", "jobs")
     response = bot.post("/api/v1/evidence/", {
-        "pool": "mi300x-us", "kind": "conformance", "verdict": "pass",
-        "summary": "42/42 contract probes pass", "data": {"probes": 42, "failed": 0},
-        "url": "https://ci.example/runs/7", "ttl_hours": 72}, format="json")
+        "pool": "mi300x-us", "kind": "external", "reported_by": "ci-contract-suite",
+        "about": "conformance", "verdict": "pass", "summary": "42/42 contract probes pass",
+        "data": {"probes": 42, "failed": 0}, "url": "https://ci.example/runs/7",
+        "ttl_hours": 72}, format="json")
     assert response.status_code == 201, response.json()
     row = response.json()
-    assert (row["source"], row["pool"], row["verdict"]) == ("service:evidence-bot", "mi300x-us",
-                                                            "pass")
+    assert (row["kind"], row["origin"], row["reported_by"], row["about"], row["source"]) == (
+        "external", "reported", "ci-contract-suite", "conformance", "service:evidence-bot")
+    assert row["source_label"] == "reported by ci-contract-suite"
     assert row["pool_fingerprint"]["driver"] == "6.4.1" and row["expires_at"]
-    after = checks_by_key(bot.get("/api/v1/plans/mi300x-llama/").json())["conformance"]
-    assert (after["status"], after["summary"]) == ("pass", "42/42 contract probes pass")
-    assert after["evidence"][0]["url"] == "https://ci.example/runs/7"
-    assert after["evidence"][0]["ref"] == f"evidence:{row['id']}"
-    listed = bot.get("/api/v1/evidence/", {"kind": "conformance", "pool": "mi300x-us"}).json()
+    conformance = checks_by_key(bot.get("/api/v1/plans/mi300x-llama/").json())["conformance"]
+    assert conformance["status"] == "insufficient"
+    assert ("Reported by ci-contract-suite: pass — not measured by fleetctl (42/42 contract "
+            "probes pass).") in conformance["summary"]
+    [ref] = conformance["evidence"]
+    assert (ref["ref"], ref["origin"], ref["source"], ref["source_label"], ref["url"]) == (
+        f"evidence:{row['id']}", "reported", "ci-contract-suite",
+        "reported by ci-contract-suite", "https://ci.example/runs/7")
+    listed = bot.get("/api/v1/evidence/", {"kind": "external", "pool": "mi300x-us"}).json()
     assert [e["id"] for e in listed["results"]] == [row["id"]]
-    assert bot.get("/api/v1/evidence/", {"kind": "eval"}).json()["count"] == 0
-    assert AuditEvent.objects.get(action="evidence.record").actor == "service:evidence-bot"
+    assert bot.get("/api/v1/evidence/", {"kind": "conformance"}).json()["count"] == 0
+    event = AuditEvent.objects.get(action="evidence.record", outcome="ok")
+    assert event.actor == "service:evidence-bot"
+    assert "reported by ci-contract-suite about conformance" in event.message
+
+
+def test_measured_evidence_names_the_job_that_measured_it(world, system):
+    world.plan()
+    services.evidence_record(actor=Actor.for_system("conformance-probe"), pool=world.candidate,
+                             kind="conformance", verdict="pass", summary="42/42 cases",
+                             url="/conformance/runs/3/", source="conformance run 3")
+    viewer = signed_in(world.viewer)
+    [ref] = checks_by_key(viewer.get("/api/v1/plans/mi300x-llama/").json())[
+        "conformance"]["evidence"]
+    assert (ref["origin"], ref["source"], ref["source_label"], ref["source_url"]) == (
+        "measured", "conformance run 3", "measured by conformance run 3",
+        "/conformance/runs/3/")
+    healthy = checks_by_key(viewer.get("/api/v1/plans/mi300x-llama/").json())["healthy"]
+    assert healthy["evidence"][0]["source_label"] == "measured by the health probe"
+
+
+def test_only_fleetctls_own_jobs_record_measured_evidence(world):
+    with pytest.raises(ValidationError, match="only its own jobs record it, not bob"):
+        services.evidence_record(actor=world.actor("lead"), pool=world.candidate,
+                                 kind="conformance", verdict="pass", summary="trust me")
+    with pytest.raises(ValidationError, match="what other systems report"):
+        services.evidence_record(actor=Actor.for_system("x"), pool=world.candidate,
+                                 kind="external", verdict="pass", summary="trust me")
+    assert not Evidence.objects.exists()
+
+
+REPORT = {"pool": "mi300x-us", "kind": "external", "reported_by": "grafana-slo-bot",
+          "about": "slo-burn", "verdict": "pass", "summary": "ok"}
 
 
 @pytest.mark.parametrize(("change", "status", "words"), [
@@ -538,21 +603,23 @@ def test_an_evidence_job_records_a_result_and_the_check_turns_green(world, syste
     ({"data": [1, 2]}, 400, "An object of numbers"),
     ({"ttl_hours": 0}, 400, "Between 0 and 8760 hours"),
     ({"summary": "  "}, 400, "Say what was found"),
+    ({"reported_by": " "}, 400, "Name the system that reports it"),
+    ({"about": ""}, 400, "Say what the report speaks to"),
+    ({"data": {"nested": {"a": 1}}}, 400,
+     "data: Does not match the external kind's data schema (GET /api/v1/evidence-kinds/): "
+     "$.nested: {'a': 1} is not of type 'string', 'number', 'boolean', 'null'"),
+    ({"data": {"note": "x" * 1001}}, 400, "$.note: "),
 ])
 def test_bad_evidence_is_refused_naming_the_field(world, system, change, status, words):
     bot = service_token(system, "read", "jobs")
-    body = {"pool": "mi300x-us", "kind": "conformance", "verdict": "pass", "summary": "ok",
-            **change}
-    response = bot.post("/api/v1/evidence/", body, format="json")
+    response = bot.post("/api/v1/evidence/", {**REPORT, **change}, format="json")
     assert response.status_code == status, response.json()
     assert words in error(response)
     assert not Evidence.objects.exists()
 
 
 def test_recording_evidence_needs_the_jobs_scope(world, system):
-    response = service_token(system, "read").post("/api/v1/evidence/", {
-        "pool": "mi300x-us", "kind": "conformance", "verdict": "pass", "summary": "ok"},
-        format="json")
+    response = service_token(system, "read").post("/api/v1/evidence/", REPORT, format="json")
     assert response.status_code == 403 and "lacks the scope for 'jobs'" in error(response)
     assert not Evidence.objects.exists()
     assert AuditEvent.objects.filter(action="evidence.record", outcome="denied").exists()

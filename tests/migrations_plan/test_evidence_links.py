@@ -58,8 +58,8 @@ def test_evidence_with_an_unsafe_url_is_refused_naming_the_field_and_stores_noth
     world, system, url
 ):
     response = evidence_bot(system).post("/api/v1/evidence/", {
-        "pool": "mi300x-us", "kind": "conformance", "verdict": "pass", "summary": "ok",
-        "url": url}, format="json")
+        "pool": "mi300x-us", "kind": "external", "reported_by": "ci", "about": "conformance",
+        "verdict": "pass", "summary": "ok", "url": url}, format="json")
     assert response.status_code == 400, response.json()
     body = response.json()["error"]
     assert "url" in body["fields"]
@@ -71,8 +71,8 @@ def test_evidence_with_an_unsafe_url_is_refused_naming_the_field_and_stores_noth
 @pytest.mark.parametrize("url", [*SAFE, ""])
 def test_evidence_with_an_http_url_or_a_site_path_is_recorded(world, system, url):
     response = evidence_bot(system).post("/api/v1/evidence/", {
-        "pool": "mi300x-us", "kind": "conformance", "verdict": "pass", "summary": "ok",
-        "url": url}, format="json")
+        "pool": "mi300x-us", "kind": "external", "reported_by": "ci", "about": "conformance",
+        "verdict": "pass", "summary": "ok", "url": url}, format="json")
     assert response.status_code == 201, response.json()
     assert Evidence.objects.get().url == url
 
