@@ -99,8 +99,9 @@ def _render_person(request: HttpRequest, found: Any, *, form: PersonRolesForm,
                    status: int = 200, link: str = "") -> HttpResponse:
     from fleetctl.audit.models import AuditEvent
 
-    history = AuditEvent.objects.filter(
+    events = AuditEvent.objects.filter(
         object_type=found._meta.label_lower, object_id=str(found.pk)).order_by("-at")[:20]
+    history = [(event, _changes(event.before, event.after)) for event in events]
     return render(request, "accounts/person.html", {
         "person": found, "roles": selectors.person_roles(found), "form": form,
         "tokens": selectors.token_list_for_user(user=found), "history": history,
@@ -137,6 +138,24 @@ def person_link(request: HttpRequest, username: str) -> HttpResponse:
         return redirect("people:detail", username=username)
     form = PersonRolesForm(initial={"roles": selectors.person_roles(found)})
     return _render_person(request, found, form=form, link=_link(request, done.result))
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(str(item) for item in value) or "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return "—" if value in (None, "") else str(value)
+
+
+def _changes(before: Any, after: Any) -> list[tuple[str, str, str]]:
+    """What an audit event changed, field by field: (field, before, after)."""
+    before, after = before or {}, after or {}
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return []
+    fields = [name for name in dict.fromkeys([*before, *after]) if name != "id"]
+    return [(name, _shown(before.get(name)) if before else "", _shown(after.get(name)))
+            for name in fields if not before or before.get(name) != after.get(name)]
 
 
 class SetPasswordView(PasswordResetConfirmView):

@@ -166,7 +166,11 @@ def login_failure_record(*, username: str, ip_address: str, user_agent: str,
                    + (f" until {until:%Y-%m-%d %H:%M:%S} UTC." if until else "."))
     else:
         message = f"Wrong username or password for {username!r} from {ip_address}."
-    audit_auth_refused(action="auth.login_failed", target=_login_target(username),
+    target = _login_target(username)
+    if not while_locked and getattr(target, "is_active", True) is False:
+        # Django refuses a disabled person whatever the password; say so, not "wrong".
+        message = f"Sign-in as {username!r} from {ip_address} refused: the account is disabled."
+    audit_auth_refused(action="auth.login_failed", target=target,
                        message=message, details=_client(username, ip_address, user_agent))
 
 

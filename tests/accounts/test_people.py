@@ -247,6 +247,8 @@ def test_a_disabled_person_cannot_sign_in_loses_their_session_and_tokens(
     assert session.get("/").status_code == 302  # the open session ends
     refused = Client().post("/login/", {"username": "bo", "password": PASSWORD})
     assert refused.status_code == 200 and refused.context["form"].errors
+    failed = AuditEvent.objects.filter(action="auth.login_failed").get()
+    assert failed.message == "Sign-in as 'bo' from 127.0.0.1 refused: the account is disabled."
     denied = Client().get("/api/v1/me/", headers=bearer)
     assert denied.status_code == 401
     assert "inactive" in denied.json()["error"]["message"]

@@ -8,7 +8,12 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import (
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+)
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
@@ -19,6 +24,7 @@ from fleetctl.accounts.api.serializers import TokenSerializer
 from fleetctl.accounts.permissions import actor_from_request
 
 ROLES_HELP = f"Any of: {', '.join(roles.ROLES)}."
+ROLE_NAMES = roles.ROLES  # class bodies below have a field called `roles`
 
 
 class _NoUnknownFields(serializers.Serializer):
@@ -49,6 +55,7 @@ class PersonSerializer(serializers.Serializer):
     tokens_active = serializers.IntegerField(
         read_only=True, help_text="Personal tokens that are neither revoked nor expired.")
 
+    @extend_schema_field(serializers.ListField(child=serializers.ChoiceField(ROLE_NAMES)))
     def get_roles(self, user: Any) -> list[str]:
         return selectors.person_roles(user)
 

@@ -256,8 +256,7 @@ class Command(BaseCommand):
 
     @staticmethod
     def _person(actor: Actor, username: str, role: str, password: str) -> User:
-        user = User.objects.create_user(username=username, password=password,
-                                        # the Django admin is handy for people and roles
-                                        is_staff=username == "admin")
+        # People and roles are managed on the People page (/people/), not the Django admin.
+        user = User.objects.create_user(username=username, password=password)
         user_set_roles(actor=actor, username=username, role_names=[role])
         return user
