@@ -6,16 +6,28 @@ Kept apart from the aiohttp routes so the shapes can be read (and tested) on the
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from .engine import Delta
-from .textgen import VOCAB, VOCAB_JSON, Token, render_chat, tokenize
+from .textgen import (
+    VOCAB,
+    VOCAB_JSON,
+    Token,
+    render_chat,
+    render_chat_other,
+    tokenize,
+    tokenize_other,
+)
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MAX_STOPS = 4
 MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETIONS = 5
+FUNCTION_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+TOOL_CHOICES = ("none", "auto", "required")
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
 class ApiError(Exception):
@@ -29,6 +41,7 @@ class ApiError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -36,6 +49,7 @@ class ApiError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {
@@ -46,6 +60,14 @@ class ApiError(Exception):
                 "code": self.code,
             }
         }
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One function from `tools`: its name and its JSON-Schema `parameters`."""
+
+    name: str
+    parameters: dict[str, Any]
 
 
 @dataclass
@@ -63,6 +85,16 @@ class GenRequest:
     seed: int | None
     top_logprobs: int | None  # None: no logprobs; 0..20: logprob of chosen + that many top
     ignore_eos: bool
+    # The function this answer calls (decided from tools and tool_choice), if any.
+    tool_call: Tool | None = None
+    # None (free text), "json_object" or "json_schema" (with its schema, possibly empty).
+    json_format: str | None = None
+    json_schema: dict[str, Any] | None = None
+    # Chat messages as (role, text) for another tokenizer's template; None for completions.
+    messages: list[tuple[str, str]] | None = None
+    # The prompt was given as token ids: one token each, whatever the tokenizer.
+    token_ids: bool = False
+    tools: list[Tool] = field(default_factory=list)
 
 
 # ---- field readers ---------------------------------------------------------------------
@@ -196,7 +228,14 @@ def _message_text(index: int, message: Any) -> tuple[str, str]:
         raise ApiError(400, f"Invalid value for '{where}.role': expected one of "
                        f"{', '.join(sorted(CHAT_ROLES))}.", param=f"{where}.role",
                        code="invalid_value")
-    return role, _content_text(where, message.get("content"))
+    text = _content_text(where, message.get("content"))
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise ApiError(400, f"Invalid type for '{where}.tool_calls': expected an array.",
+                           param=f"{where}.tool_calls", code="invalid_type")
+        text += "".join(json.dumps(call, sort_keys=True) for call in calls)
+    return role, text
 
 
 def _content_text(where: str, content: Any) -> str:
@@ -217,7 +256,160 @@ def _content_text(where: str, content: Any) -> str:
                    "of content parts.", param=f"{where}.content", code="invalid_type")
 
 
-def parse_chat(body: dict[str, Any]) -> GenRequest:
+# ---- tools and response_format -----------------------------------------------------------
+
+
+def _read_tools(body: dict[str, Any]) -> list[Tool]:
+    tools = body.get("tools")
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise ApiError(400, "Invalid type for 'tools': expected an array of tool objects.",
+                       param="tools", code="invalid_type")
+    if not tools:
+        raise ApiError(400, "Invalid 'tools': empty array. Give at least one tool, or leave "
+                       "'tools' out.", param="tools", code="invalid_value")
+    out: list[Tool] = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise ApiError(400, f"Invalid type for '{where}': expected an object like "
+                           '{"type": "function", "function": {"name": ...}}.', param=where,
+                           code="invalid_type")
+        if tool.get("type") != "function":
+            raise ApiError(400, f"Invalid value for '{where}.type': expected 'function'.",
+                           param=f"{where}.type", code="invalid_value")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise ApiError(400, f"Missing or invalid '{where}.function': expected an object "
+                           "with 'name' and optional 'description' and 'parameters'.",
+                           param=f"{where}.function", code="invalid_value")
+        out.append(_read_function(f"{where}.function", function))
+    names = [t.name for t in out]
+    for name in names:
+        if names.count(name) > 1:
+            raise ApiError(400, f"Invalid 'tools': the function name '{name}' is used twice.",
+                           param="tools", code="invalid_value")
+    return out
+
+
+def _read_function(where: str, function: dict[str, Any]) -> Tool:
+    name = function.get("name")
+    if not isinstance(name, str) or not FUNCTION_NAME_RE.match(name):
+        raise ApiError(400, f"Invalid '{where}.name': expected 1 to 64 letters, digits, "
+                       f"underscores or dashes, got {name!r}.", param=f"{where}.name",
+                       code="invalid_value")
+    description = function.get("description")
+    if description is not None and not isinstance(description, str):
+        raise ApiError(400, f"Invalid type for '{where}.description': expected a string.",
+                       param=f"{where}.description", code="invalid_type")
+    parameters = function.get("parameters", {})
+    if parameters is None:
+        parameters = {}
+    if not isinstance(parameters, dict):
+        raise ApiError(400, f"Invalid type for '{where}.parameters': expected a JSON Schema "
+                       "object.", param=f"{where}.parameters", code="invalid_type")
+    if "type" in parameters and parameters["type"] != "object":
+        raise ApiError(400, f"Invalid '{where}.parameters': the schema's type must be "
+                       f"'object', got {parameters['type']!r}.", param=f"{where}.parameters",
+                       code="invalid_value")
+    strict = function.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise ApiError(400, f"Invalid type for '{where}.strict': expected a boolean.",
+                       param=f"{where}.strict", code="invalid_type")
+    return Tool(name=name, parameters=parameters)
+
+
+def _read_tool_choice(body: dict[str, Any], tools: list[Tool]) -> str | Tool:
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto" if tools else "none"
+    if not tools:
+        raise ApiError(400, "Invalid 'tool_choice': it is only allowed when 'tools' are "
+                       "given.", param="tool_choice", code="invalid_value")
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICES:
+            raise ApiError(400, f"Invalid value for 'tool_choice': expected one of "
+                           f"{', '.join(TOOL_CHOICES)} or a named function, got {choice!r}.",
+                           param="tool_choice", code="invalid_value")
+        return choice
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(
+        name, str
+    ):
+        raise ApiError(400, "Invalid 'tool_choice': expected 'none', 'auto', 'required' or "
+                       '{"type": "function", "function": {"name": "..."}}.',
+                       param="tool_choice", code="invalid_value")
+    for tool in tools:
+        if tool.name == name:
+            return tool
+    raise ApiError(400, f"Invalid 'tool_choice': no function named '{name}' in 'tools' "
+                   f"(given: {', '.join(t.name for t in tools)}).", param="tool_choice",
+                   code="invalid_value")
+
+
+def choose_tool(tools: list[Tool], choice: str | Tool,
+                messages: list[tuple[str, str]]) -> Tool | None:
+    """The function an answer calls. A named choice calls it; "required" calls the first
+    tool whose name the last user message contains, else the first tool; "auto" calls a tool
+    only when the last message is the user's and contains a tool's name (case-insensitive,
+    first tool in `tools` order); "none" never calls one."""
+    if isinstance(choice, Tool):
+        return choice
+    if choice == "none" or not tools:
+        return None
+    last_role, last_text = messages[-1]
+    asked = None
+    if last_role == "user":
+        text = last_text.lower()
+        asked = next((t for t in tools if t.name.lower() in text), None)
+    if choice == "required":
+        return asked or tools[0]
+    return asked
+
+
+def _read_response_format(body: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None, None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in RESPONSE_FORMATS:
+        raise ApiError(400, "Invalid 'response_format': expected an object with 'type' one of "
+                       f"{', '.join(RESPONSE_FORMATS)}.", param="response_format",
+                       code="invalid_value")
+    if kind == "text":
+        return None, None
+    if kind == "json_object":
+        return "json_object", None
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict):
+        raise ApiError(400, "Invalid 'response_format.json_schema': expected an object with "
+                       "'name' and 'schema'.", param="response_format.json_schema",
+                       code="invalid_value")
+    name = spec.get("name")
+    if not isinstance(name, str) or not FUNCTION_NAME_RE.match(name):
+        raise ApiError(400, "Invalid 'response_format.json_schema.name': expected 1 to 64 "
+                       f"letters, digits, underscores or dashes, got {name!r}.",
+                       param="response_format.json_schema.name", code="invalid_value")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise ApiError(400, "Invalid type for 'response_format.json_schema.schema': expected "
+                       "a JSON Schema object.", param="response_format.json_schema.schema",
+                       code="invalid_type")
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise ApiError(400, "Invalid type for 'response_format.json_schema.strict': expected "
+                       "a boolean.", param="response_format.json_schema.strict",
+                       code="invalid_type")
+    return "json_schema", schema
+
+
+def parse_chat(
+    body: dict[str, Any], *, tool_calls: bool = True, json_mode: bool = True
+) -> GenRequest:
+    """A chat request. With `tool_calls` False the pool ignores `tools` and `tool_choice`
+    (a server without tool parsing); with `json_mode` False it ignores `response_format`."""
     model = _read_model(body)
     messages = body.get("messages")
     if messages is None:
@@ -226,7 +418,14 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "Invalid 'messages': expected a non-empty array of messages.",
                        param="messages", code="invalid_value")
-    rendered = render_chat([_message_text(i, m) for i, m in enumerate(messages)])
+    parsed = [_message_text(i, m) for i, m in enumerate(messages)]
+    rendered = render_chat(parsed)
+    tools: list[Tool] = []
+    tool = None
+    if tool_calls:
+        tools = _read_tools(body)
+        tool = choose_tool(tools, _read_tool_choice(body, tools), parsed)
+    json_format, json_schema = _read_response_format(body) if json_mode else (None, None)
     max_tokens = _read_int(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _read_int(body, "max_tokens", 1)
@@ -238,7 +437,8 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
     return GenRequest(
         endpoint="chat", model=model, prompt_text=rendered, prompt_tokens=tokenize(rendered),
         max_tokens=max_tokens, top_logprobs=(top or 0) if logprobs else None,
-        **_read_common(body),
+        tool_call=tool, json_format=json_format, json_schema=json_schema, messages=parsed,
+        tools=tools, **_read_common(body),
     )
 
 
@@ -265,16 +465,28 @@ def parse_completion(body: dict[str, Any]) -> GenRequest:
                        code="missing_required_parameter")
     text = _prompt_text(body["prompt"])
     logprobs = _read_int(body, "logprobs", 0, MAX_LOGPROBS_COMPLETIONS)
+    prompt = body["prompt"]
+    token_ids = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], str)
     return GenRequest(
         endpoint="completions", model=model, prompt_text=text, prompt_tokens=tokenize(text),
         max_tokens=_read_int(body, "max_tokens", 1), top_logprobs=logprobs,
-        **_read_common(body),
+        token_ids=token_ids, **_read_common(body),
     )
 
 
-def prompt_token_count(req: GenRequest) -> int:
-    """Regex tokens of the (rendered) prompt plus one BOS token."""
-    return len(req.prompt_tokens) + 1
+def prompt_token_list(req: GenRequest, tokenizer: str = "llama3") -> list[str]:
+    """The prompt's tokens under a pool's tokenizer ("llama3" or "other"). The generated text
+    never depends on it: only the prompt's token count (and its prefix-cache blocks) do."""
+    if tokenizer == "llama3" or req.token_ids:
+        return req.prompt_tokens
+    if req.messages is not None:
+        return tokenize_other(render_chat_other(req.messages))
+    return tokenize_other(req.prompt_text)
+
+
+def prompt_token_count(req: GenRequest, tokens: list[str] | None = None) -> int:
+    """Tokens of the (rendered) prompt plus one BOS token."""
+    return len(req.prompt_tokens if tokens is None else tokens) + 1
 
 
 def resolve_max_tokens(req: GenRequest, prompt_tokens: int, max_context: int) -> int:
@@ -307,6 +519,19 @@ class ResponseMeta:
     fingerprint: str
     endpoint: str
     prompt_tokens: int
+    # Set when the answer is a tool call: its id and the function's name. The generated
+    # text is then the call's `arguments`.
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+
+    def finish(self, finish_reason: str) -> str:
+        """A tool call that ends by itself finishes with "tool_calls" (cut short: "length")."""
+        return "tool_calls" if self.tool_name is not None and finish_reason == "stop" \
+            else finish_reason
+
+    def tool_call(self, arguments: str) -> dict[str, Any]:
+        return {"id": self.tool_call_id, "type": "function",
+                "function": {"name": self.tool_name, "arguments": arguments}}
 
 
 def usage(meta: ResponseMeta, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -352,11 +577,15 @@ def completion_body(
     if meta.endpoint == "chat":
         if with_logprobs:
             logprobs = {"content": [_chat_logprob_entry(t) for t in tokens], "refusal": None}
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if meta.tool_name is not None:
+            message["content"] = None
+            message["tool_calls"] = [meta.tool_call(text)]
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None},
+            "message": message,
             "logprobs": logprobs,
-            "finish_reason": finish_reason,
+            "finish_reason": meta.finish(finish_reason),
         }
         obj = "chat.completion"
     else:
@@ -391,6 +620,7 @@ class ChunkRenderer:
         self.include_usage = include_usage
         self.with_logprobs = with_logprobs
         self.chat = meta.endpoint == "chat"
+        self.tool = self.chat and meta.tool_name is not None
         self._sent_role = False
         self._text_offset = 0
         self._completion_tokens = 0
@@ -412,6 +642,8 @@ class ChunkRenderer:
         return b"".join(self.render_one(delta, cached_tokens) for delta in deltas)
 
     def render_one(self, delta: Delta, cached_tokens: int) -> bytes:
+        if self.tool:
+            return self._tool_one(delta, cached_tokens)
         out = self._token_chunk(delta)
         if self.chat and not self._sent_role:
             # The role chunk goes out with the first token, so clients' TTFT stays honest.
@@ -420,6 +652,28 @@ class ChunkRenderer:
         self._completion_tokens += delta.token is not None
         if delta.finish_reason is not None:
             out += self._finish(delta.finish_reason, cached_tokens)
+        return out
+
+    def _tool_one(self, delta: Delta, cached_tokens: int) -> bytes:
+        """A streamed tool call: the first chunk names the call (id, type, function name,
+        empty arguments), then each token's text is a piece of `arguments`, as OpenAI and
+        vLLM stream them."""
+        out = b""
+        if not self._sent_role:
+            self._sent_role = True
+            head = {"role": "assistant", "content": None,
+                    "tool_calls": [{"index": 0, **self.meta.tool_call("")}]}
+            out = self._event(head, None, None)
+        token = delta.token
+        self._completion_tokens += token is not None
+        if delta.text or (self.with_logprobs and token is not None):
+            logprobs = None
+            if self.with_logprobs and token is not None:
+                logprobs = {"content": [_chat_logprob_entry(token)], "refusal": None}
+            piece = {"tool_calls": [{"index": 0, "function": {"arguments": delta.text}}]}
+            out += self._event(piece, logprobs, None)
+        if delta.finish_reason is not None:
+            out += self._finish(self.meta.finish(delta.finish_reason), cached_tokens)
         return out
 
     def _token_chunk(self, delta: Delta) -> bytes:

@@ -4,6 +4,7 @@ Mounted by the main CLI through `add_arguments(parser)` and `run(args)`; also ru
 `python -m fleetctl.sim`.
 
     fleetctl sim --pool h200@8101 --pool mi300x@8102 [--model NAME ...] [--profiles F.toml]
+    fleetctl sim --pool cand=a100:tool_calls=false,tokenizer=other@8102
     fleetctl sim fault --url http://127.0.0.1:8101 --error-rate 0.2 --added-latency-ms 50
 """
 
@@ -20,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from .groundtruth import DEFAULT_REQUEST_CAPACITY
-from .profiles import Profile, ProfileError, load_profiles
+from .profiles import Profile, ProfileError, load_profiles, with_overrides
 
 _POOL_RE = re.compile(
-    r"^(?:(?P<name>[A-Za-z0-9_.-]+)=)?(?P<profile>[A-Za-z0-9_.-]+)@(?P<port>\d+)$"
+    r"^(?:(?P<name>[A-Za-z0-9_.-]+)=)?(?P<profile>[A-Za-z0-9_.-]+)"
+    r"(?::(?P<overrides>[^@]*))?@(?P<port>\d+)$"
 )
+_OVERRIDE_RE = re.compile(r"^(?P<key>[a-z_]+)=(?P<value>[A-Za-z0-9_.+-]+)$")
 _FAULT_FIELDS = ("error_rate", "added_latency_ms", "slowdown", "down")
 
 
@@ -33,18 +36,30 @@ class PoolArg:
     name: str
     profile: str
     port: int
+    overrides: tuple[tuple[str, str], ...] = ()
 
 
 def pool_arg(text: str) -> PoolArg:
     match = _POOL_RE.match(text)
     if match is None:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not PROFILE@PORT or NAME=PROFILE@PORT (e.g. h200@8101)"
+            f"{text!r} is not [NAME=]PROFILE[:KEY=VALUE,...]@PORT (e.g. h200@8101 or "
+            "cand=a100:tool_calls=false@8102)"
         )
     port = int(match["port"])
     if port > 65535:
         raise argparse.ArgumentTypeError(f"port {port} in {text!r} is out of range 0..65535")
-    return PoolArg(name=match["name"] or match["profile"], profile=match["profile"], port=port)
+    overrides: list[tuple[str, str]] = []
+    if match["overrides"] is not None:
+        for item in match["overrides"].split(","):
+            pair = _OVERRIDE_RE.match(item)
+            if pair is None:
+                raise argparse.ArgumentTypeError(
+                    f"{item!r} in {text!r} is not KEY=VALUE (e.g. tool_calls=false)"
+                )
+            overrides.append((pair["key"], pair["value"]))
+    return PoolArg(name=match["name"] or match["profile"], profile=match["profile"], port=port,
+                   overrides=tuple(overrides))
 
 
 def _number(low: float, high: float | None, what: str) -> Callable[[str], float]:
@@ -79,8 +94,9 @@ def _url(text: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(sim_error=parser.error, sim_command=None)
     parser.add_argument("--pool", action="append", type=pool_arg, default=[],
-                        metavar="[NAME=]PROFILE@PORT",
-                        help="serve a pool (repeatable); port 0 picks a free port")
+                        metavar="[NAME=]PROFILE[:KEY=VALUE,...]@PORT",
+                        help="serve a pool (repeatable); port 0 picks a free port; KEY=VALUE "
+                        "overrides profile fields for this pool, e.g. tool_calls=false")
     parser.add_argument("--model", action="append", default=[], metavar="NAME",
                         help="serve this model on every pool (repeatable; default: the "
                         "profile's models)")
@@ -155,7 +171,14 @@ def run_serve(args: argparse.Namespace) -> int:
     if problem:
         return _fail(args, problem)
     models = tuple(args.model)
-    specs = [PoolSpec(p.name, profiles[p.profile], p.port, models) for p in args.pool]
+    try:
+        specs = [
+            PoolSpec(p.name, with_overrides(profiles[p.profile], list(p.overrides),
+                                            f"--pool {p.name}"), p.port, models)
+            for p in args.pool
+        ]
+    except ProfileError as exc:
+        return _fail(args, str(exc))
     try:
         serve(specs, args.host, record_ground_truth=args.record_ground_truth,
               ground_truth_size=args.ground_truth_size)

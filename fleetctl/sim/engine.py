@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from .gcgovernor import GOVERNOR, GcGovernor
 from .profiles import Profile
-from .textgen import Token, TokenStream
+from .textgen import Token, TokenSource
 from .timing import DeadlineTimer, sleep_until
 
 log = logging.getLogger("fleetctl.sim")
@@ -71,7 +71,7 @@ class SeqParams:
 class Sequence:
     """One request inside the engine: its KV footprint, timings and output mailbox."""
 
-    def __init__(self, params: SeqParams, stream: TokenStream, *, arrival: float) -> None:
+    def __init__(self, params: SeqParams, stream: TokenSource, *, arrival: float) -> None:
         self.params = params
         self.stream = stream
         self.model = params.model

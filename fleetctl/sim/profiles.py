@@ -28,6 +28,9 @@ from typing import Any, cast
 
 DEFAULT_MODELS: tuple[str, ...] = ("llama-3.1-8b-instruct", "qwen2.5-7b-instruct")
 VENDORS: tuple[str, ...] = ("cuda", "rocm", "tpu", "gaudi", "other")
+TOKENIZERS: tuple[str, ...] = ("llama3", "other")
+# Switches that make a pool ignore part of the OpenAI contract (all on by default).
+SWITCHES: tuple[str, ...] = ("tool_calls", "json_mode", "stream_usage", "logprobs", "tokenizer")
 
 
 class ProfileError(ValueError):
@@ -56,6 +59,22 @@ class Profile:
     # the head of the queue is always admitted alone even when its prompt is larger.
     max_prefill_tokens_per_step: int = 16384
     models: tuple[str, ...] = field(default=DEFAULT_MODELS)
+    # Contract switches. False: the pool ignores `tools`/`tool_choice` (plain text, as a
+    # server started without tool parsing), `response_format`, `stream_options.include_usage`,
+    # or logprobs requests. tokenizer "other" counts prompt tokens with another tokenizer and
+    # chat template, so `usage.prompt_tokens` differs from a "llama3" pool's.
+    tool_calls: bool = True
+    json_mode: bool = True
+    stream_usage: bool = True
+    logprobs: bool = True
+    tokenizer: str = "llama3"
+
+    def broken(self) -> list[str]:
+        """The switches that differ from the default, as `name=value`."""
+        defaults = {"tool_calls": True, "json_mode": True, "stream_usage": True,
+                    "logprobs": True, "tokenizer": "llama3"}
+        return [f"{k}={_show(getattr(self, k))}" for k, v in defaults.items()
+                if getattr(self, k) != v]
 
     def step_seconds(self, batch_size: int, prefill_tokens: int, slowdown: float) -> float:
         decode_ms = (self.decode_base_ms + self.decode_per_seq_ms * batch_size) * slowdown
@@ -65,6 +84,10 @@ class Profile:
         data = dataclasses.asdict(self)
         data["models"] = list(self.models)
         return data
+
+
+def _show(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def _builtin(**kwargs: Any) -> Profile:
@@ -166,6 +189,14 @@ BUILTIN_PROFILES: dict[str, Profile] = {
         ),
     )
 }
+BUILTIN_PROFILES["a100-legacy"] = dataclasses.replace(
+    BUILTIN_PROFILES["a100"],
+    name="a100-legacy",
+    description="simulated A100-class on an older serving stack: no tool parsing, another "
+    "tokenizer",
+    tool_calls=False,
+    tokenizer="other",
+)
 
 # field name -> (accepted python types, human description of the constraint, check)
 _FLOAT = (int, float)
@@ -186,7 +217,13 @@ _CHECKS: dict[str, tuple[tuple[type, ...], str, Any]] = {
     "divergence_rate": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
     "near_tie_fraction": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
     "max_prefill_tokens_per_step": ((int,), "an integer >= 1", lambda v: v >= 1),
+    "tool_calls": ((bool,), "true or false", lambda v: True),
+    "json_mode": ((bool,), "true or false", lambda v: True),
+    "stream_usage": ((bool,), "true or false", lambda v: True),
+    "logprobs": ((bool,), "true or false", lambda v: True),
+    "tokenizer": ((str,), f"one of {', '.join(TOKENIZERS)}", lambda v: v in TOKENIZERS),
 }
+_OPTIONAL = ("description", "models", "max_prefill_tokens_per_step", *SWITCHES)
 _REQUIRED = (*_CHECKS, "models")
 
 
@@ -198,6 +235,10 @@ def _check_field(where: str, key: str, value: Any) -> Any:
         raise ProfileError(f"{where}.{key}: unknown field (known fields: {known})")
     types, expected, check = _CHECKS[key]
     # bool is an int subclass; `max_seqs = true` is a typo, not a number.
+    if types == (bool,):
+        if not isinstance(value, bool):
+            raise ProfileError(f"{where}.{key}: expected {expected}, got {value!r}")
+        return value
     if isinstance(value, bool) or not isinstance(value, types) or not check(value):
         raise ProfileError(f"{where}.{key}: expected {expected}, got {value!r}")
     return float(cast(float, value)) if types is _FLOAT else value
@@ -227,7 +268,7 @@ def build_profile(name: str, table: dict[str, Any], known: dict[str, Profile]) -
         raise ProfileError(f"{where}.base: unknown profile {base_name!r}")
     fields = {k: _check_field(where, k, v) for k, v in table.items() if k != "base"}
     if base_name is None:
-        missing = [k for k in _REQUIRED if k not in fields and k not in ("description", "models")]
+        missing = [k for k in _REQUIRED if k not in fields and k not in _OPTIONAL]
         if missing:
             raise ProfileError(f"{where}: new profile needs `base` or fields: {', '.join(missing)}")
         fields.setdefault("description", f"simulated {name}")
@@ -238,6 +279,45 @@ def build_profile(name: str, table: dict[str, Any], known: dict[str, Profile]) -
             profile = dataclasses.replace(profile, description=f"{profile.description} ({name})")
     _check_consistency(where, profile)
     return profile
+
+
+def _parse_override(key: str, text: str) -> Any:
+    """A `KEY=VALUE` from the command line, typed as the profile field wants it."""
+    if key not in _CHECKS:
+        return text  # `_check_field` names the unknown field
+    types = _CHECKS[key][0]
+    if types == (bool,):
+        lowered = text.lower()
+        return {"true": True, "false": False}.get(lowered, text)
+    if types == (int,):
+        try:
+            return int(text)
+        except ValueError:
+            return text
+    if types == _FLOAT:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+    return text
+
+
+def with_overrides(profile: Profile, overrides: list[tuple[str, str]], where: str) -> Profile:
+    """`profile` with command-line overrides (`KEY=VALUE` strings) applied and checked like a
+    profile file's fields. The name stays, so its text and divergence stay the profile's."""
+    if not overrides:
+        return profile
+    fields: dict[str, Any] = {}
+    for key, text in overrides:
+        if key in ("name", "base", "models"):
+            raise ProfileError(f"{where}.{key}: cannot be set on --pool (use a profiles file "
+                               "or --model)")
+        fields[key] = _check_field(where, key, _parse_override(key, text))
+    changed = ", ".join(f"{k}={_show(v)}" for k, v in fields.items())
+    description = fields.pop("description", f"{profile.description} [{changed}]")
+    result = dataclasses.replace(profile, description=description, **fields)
+    _check_consistency(where, result)
+    return result
 
 
 def load_profiles(path: Path | None) -> dict[str, Profile]:

@@ -32,6 +32,7 @@ from .api import (
     parse_chat,
     parse_completion,
     prompt_token_count,
+    prompt_token_list,
     resolve_max_tokens,
 )
 from .engine import (
@@ -48,7 +49,8 @@ from .gcgovernor import GOVERNOR
 from .groundtruth import DEFAULT_REQUEST_CAPACITY, GroundTruth, RequestInfo, request_record
 from .metrics import CONTENT_TYPE, Gauges, PoolMetrics
 from .profiles import Profile
-from .textgen import TextKey, TokenStream
+from .structured import ScriptedStream, json_text
+from .textgen import TextKey, TokenSource, TokenStream, stable_hash
 
 log = logging.getLogger("fleetctl.sim")
 
@@ -114,8 +116,10 @@ def _check_fault(key: str, value: Any) -> Any:
 
 
 def error_response(err: ApiError, request_id: str | None = None) -> web.Response:
-    headers = {"x-request-id": request_id} if request_id else None
-    return web.json_response(err.body(), status=err.status, headers=headers)
+    headers = dict(err.headers)
+    if request_id:
+        headers["x-request-id"] = request_id
+    return web.json_response(err.body(), status=err.status, headers=headers or None)
 
 
 @web.middleware
@@ -351,25 +355,50 @@ class SimPool:
         body = await read_json(request)
         if not isinstance(body, dict):
             raise ApiError(400, "Invalid request body: expected a JSON object.")
-        req = parse_chat(body) if info.endpoint == "chat" else parse_completion(body)
+        profile = self.profile
+        if info.endpoint == "chat":
+            req = parse_chat(body, tool_calls=profile.tool_calls, json_mode=profile.json_mode)
+        else:
+            req = parse_completion(body)
+        # Profile switches that make a pool ignore part of the contract, as some servers do.
+        if not profile.stream_usage:
+            req.include_usage = False
+        if not profile.logprobs:
+            req.top_logprobs = None
         info.model, info.stream = req.model, req.stream
         self._check_model(req.model)
-        prompt_tokens = prompt_token_count(req)
+        tokens = prompt_token_list(req, profile.tokenizer)
+        prompt_tokens = prompt_token_count(req, tokens)
         max_tokens = resolve_max_tokens(req, prompt_tokens, self.profile.max_context)
         await self._network_delay()
         self._maybe_inject_error()
-        seq = self._sequence(req, info, prompt_tokens, max_tokens)
+        seq = self._sequence(req, info, tokens, prompt_tokens, max_tokens)
         try:
             self.engine.submit(seq, time.monotonic())
         except QueueFull:
             raise ApiError(429, "The pool's waiting queue is full; retry later.",
-                           type="rate_limit_error", code="rate_limit_exceeded") from None
+                           type="rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(self._retry_after_s())}) from None
+        tool = req.tool_call
         meta = ResponseMeta(response_id=info.response_id, created=int(time.time()),
                             model=req.model, fingerprint=self._fingerprint,
-                            endpoint=info.endpoint, prompt_tokens=prompt_tokens)
+                            endpoint=info.endpoint, prompt_tokens=prompt_tokens,
+                            tool_call_id=None if tool is None else
+                            f"call_{stable_hash('call', info.response_id):016x}",
+                            tool_name=None if tool is None else tool.name)
         if req.stream:
             return await self._stream(request, req, seq, meta)
         return await self._complete(req, seq, meta)
+
+    def _retry_after_s(self) -> int:
+        """Whole seconds until the queue has likely moved: the running sequences' remaining
+        tokens at the current step time, at least 1 (the Retry-After header)."""
+        engine = self.engine
+        running = max(1, len(engine.running))
+        step_s = self.profile.step_seconds(running, 0, engine.slowdown)
+        left = min((max(1, s.params.max_tokens - s.generated) for s in engine.running),
+                   default=1)
+        return max(1, min(60, int(left * step_s + 0.999)))
 
     async def _network_delay(self) -> None:
         delay_ms = self.profile.network_latency_ms + self.faults.added_latency_ms
@@ -385,25 +414,36 @@ class SimPool:
                            type="server_error", code="internal_error")
 
     def _sequence(
-        self, req: GenRequest, info: RequestInfo, prompt_tokens: int, max_tokens: int
+        self, req: GenRequest, info: RequestInfo, tokens: list[str], prompt_tokens: int,
+        max_tokens: int,
     ) -> Sequence:
         profile = self.profile
-        stream = TokenStream(
-            key=TextKey.of(req.model, req.prompt_text, req.seed),
-            profile_name=profile.name,
-            divergence_rate=profile.divergence_rate,
-            near_tie_fraction=profile.near_tie_fraction,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_logprobs=req.top_logprobs,
-        )
+        key = TextKey.of(req.model, req.prompt_text, req.seed)
+        stream: TokenSource
+        if req.tool_call is not None:
+            text = json_text(req.tool_call.parameters, key, f"tool:{req.tool_call.name}")
+            stream = ScriptedStream(text, key, req.top_logprobs)
+        elif req.json_format is not None:
+            text = json_text(req.json_schema, key, req.json_format)
+            stream = ScriptedStream(text, key, req.top_logprobs)
+        else:
+            stream = TokenStream(
+                key=key,
+                profile_name=profile.name,
+                divergence_rate=profile.divergence_rate,
+                near_tie_fraction=profile.near_tie_fraction,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_logprobs=req.top_logprobs,
+            )
         params = SeqParams(
             model=req.model,
             prompt_tokens=prompt_tokens,
-            prefix_hashes=PrefixCache.block_hashes(req.model, req.prompt_tokens),
+            prefix_hashes=PrefixCache.block_hashes(req.model, tokens),
             max_tokens=max_tokens,
             stops=req.stops,
-            ignore_eos=req.ignore_eos,
+            # A structured answer ends with its JSON, whatever ignore_eos says.
+            ignore_eos=req.ignore_eos and isinstance(stream, TokenStream),
         )
         seq = Sequence(params, stream, arrival=info.arrival_mono)
         seq.request_info = info

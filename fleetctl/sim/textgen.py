@@ -32,6 +32,7 @@ import math
 import random
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 DIVERGENCE_WINDOW = 48
@@ -88,6 +89,24 @@ def render_chat(messages: list[tuple[str, str]]) -> str:
     parts = [f"<|{role}|>\n{content}\n" for role, content in messages]
     parts.append("<|assistant|>\n")
     return "".join(parts)
+
+
+# A second tokenizer and chat template (profile field `tokenizer = "other"`), standing in for
+# a pool that serves the same model with another tokenizer or template: words split into
+# pieces of at most 4 characters, and `[role]` markers instead of `<|role|>`. The generated
+# text is the same; only the prompt's token count differs.
+TOKENIZERS: tuple[str, ...] = ("llama3", "other")
+OTHER_TOKEN_RE = re.compile(r"\w{1,4}|[^\w\s]")
+
+
+def render_chat_other(messages: list[tuple[str, str]]) -> str:
+    parts = [f"[{role}]\n{content}\n" for role, content in messages]
+    parts.append("[assistant]\n")
+    return "".join(parts)
+
+
+def tokenize_other(text: str) -> list[str]:
+    return OTHER_TOKEN_RE.findall(text)
 
 
 def stable_hash(*parts: object) -> int:
@@ -163,6 +182,16 @@ def _probabilities(bits: int) -> list[float]:
     rest -= p_second
     tail = [rest * 0.5, rest * 0.25, rest * 0.125]
     return [p_top, p_second, *tail]
+
+
+class TokenSource(Protocol):
+    """What the engine draws tokens from: free text (`TokenStream`) or a fixed JSON text
+    (`structured.ScriptedStream`)."""
+
+    natural_length: int
+    divergence: Divergence | None
+
+    def next(self) -> Token: ...
 
 
 class TokenStream:

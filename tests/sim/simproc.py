@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -71,6 +72,10 @@ max_waiting = 1
 [profiles.prefill]
 base = "quick"
 prefill_tokens_per_s = 4000.0
+
+[profiles.quick-other]
+base = "quick"
+tokenizer = "other"
 """
 
 FLEET_POOLS = {
@@ -85,6 +90,12 @@ FLEET_POOLS = {
     "faulty": "quick",
     "gt": "quick",
     "metrics": "quick",
+    # One part of the OpenAI contract switched off each: on the command line, and in a file.
+    "notools": "quick:tool_calls=false",
+    "nojson": "quick:json_mode=false",
+    "nousage": "quick:stream_usage=false",
+    "nologprobs": "quick:logprobs=false",
+    "othertok": "quick-other",
 }
 
 
@@ -126,7 +137,11 @@ class SimProcess:
                 raise RuntimeError(f"simulator exited: {self.log()}")
             self.banners.append(line)
             name = line.split()[2]
-            self.urls[name] = line.split(" on ")[1].split()[0]
+            # The description may itself contain " on ": take the URL, not the first " on ".
+            match = re.search(r" on (https?://\S+) models: ", line)
+            if match is None:
+                raise RuntimeError(f"unexpected start-up line {line!r}: {self.log()}")
+            self.urls[name] = match[1]
         for url in self.urls.values():
             _wait_healthy(url, deadline)
 

@@ -82,9 +82,17 @@ def test_a_signal_stops_the_process_cleanly_even_mid_stream(
 @pytest.mark.parametrize(
     ("args", "complaint"),
     [
-        (["--pool", "h200"], "is not PROFILE@PORT or NAME=PROFILE@PORT"),
+        (["--pool", "h200"], "is not [NAME=]PROFILE[:KEY=VALUE,...]@PORT"),
         (["--pool", "h200@99999"], "out of range"),
-        (["--pool", "nope@0"], "unknown profile 'nope' (known: a100, gaudi3, h200, mi300x"),
+        (["--pool", "nope@0"], "unknown profile 'nope' (known: a100, a100-legacy, gaudi3, h200"),
+        (["--pool", "h200:tool_calls@0"], "'tool_calls' in 'h200:tool_calls@0' is not KEY=VALUE"),
+        (["--pool", "h200:tool_calls=maybe@0"], "--pool h200.tool_calls: expected true or "
+         "false, got 'maybe'"),
+        (["--pool", "h200:tokenizer=gpt2@0"], "--pool h200.tokenizer: expected one of llama3, "
+         "other, got 'gpt2'"),
+        (["--pool", "h200:speed=3@0"], "--pool h200.speed: unknown field"),
+        (["--pool", "h200:max_seqs=lots@0"], "--pool h200.max_seqs: expected an integer >= 1"),
+        (["--pool", "h200:models=m1@0"], "--pool h200.models: cannot be set on --pool"),
         ([], "at least one --pool is required"),
         (["--pool", "h200@0", "--pool", "h200@0"], "pool name 'h200' used twice"),
         (["--pool", "a=h200@8555", "--pool", "b=a100@8555"], "port 8555 used twice"),
@@ -120,9 +128,10 @@ def test_a_busy_port_is_reported_without_a_traceback() -> None:
 def test_list_profiles_shows_every_builtin() -> None:
     done = run_cli("--list-profiles")
     assert done.returncode == 0
-    for name in ("h200", "a100", "mi300x", "tpu-v5e", "gaudi3"):
+    for name in ("h200", "a100", "a100-legacy", "mi300x", "tpu-v5e", "gaudi3"):
         assert re.search(rf"^{re.escape(name)}\s", done.stdout, re.M), name
-    assert done.stdout.count("simulated") == 5
+    assert done.stdout.count("simulated") == 6
+    assert "older serving stack: no tool parsing, another tokenizer" in done.stdout
 
 
 def test_the_cli_mounts_on_any_parser() -> None:
