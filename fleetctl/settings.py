@@ -126,6 +126,8 @@ MIDDLEWARE = [
     "django.middleware.gzip.GZipMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "fleetctl.core.middleware.RequestIdMiddleware",
+    # /api/v1/drains is /api/v1/drains/ for every method (no redirect dropping a POST body).
+    "fleetctl.core.middleware.ApiTrailingSlashMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -127,6 +127,8 @@ def revision_create(*, actor: Actor, route: Route, weights: Any, base_revision: 
     if not reason.strip():
         raise ValidationError({"reason": ["Say why the split changes (it goes in the record)."]})
     split = parse_percentages(weights)
+    if base_revision > route.revision_number:
+        _refuse_future_base(route, base_revision)
     current = selectors.revision_current(route=route)
     if base_revision != route.revision_number:
         raise _stale(route, base_revision)
@@ -137,6 +139,17 @@ def revision_create(*, actor: Actor, route: Route, weights: Any, base_revision: 
                                    kind=SplitRevision.Kind.CHANGE, reason=reason, forced=force,
                                    parent=current, pool_ids=pool_ids)
     return revision
+
+
+def _refuse_future_base(route: Route, base: int) -> None:
+    """A base revision the route never had is a mistake in the request (400), not someone
+    else's change (409). Read again first: the route may have moved on since it was loaded,
+    and then `base` may exist and merely be stale."""
+    current = Route.objects.get(pk=route.pk).revision_number
+    if base > current:
+        raise ValidationError({"base_revision": [
+            f"Route {route.name}'s current revision is {current}; revision {base} does not "
+            f"exist. Send the revision you read (the route's revision_number)."]})
 
 
 def _stale(route: Route, base: int) -> ConflictError:

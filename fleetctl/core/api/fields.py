@@ -12,3 +12,18 @@ class StrictCharField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("not_text", kind=type(data).__name__)
         return super().to_internal_value(data)
+
+
+class MillisecondsField(serializers.FloatField):
+    """A read-only duration in milliseconds, answered to 0.1 ms (core.numbers.round_ms): no
+    binary noise such as 41.223000000000006."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("read_only", True)
+        kwargs.setdefault("help_text", "Milliseconds, to 0.1 ms.")
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: Any) -> Any:
+        from fleetctl.core.numbers import round_ms
+
+        return round_ms(float(value))

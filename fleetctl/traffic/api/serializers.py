@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from fleetctl.core.api.fields import StrictCharField
+from fleetctl.core.api.fields import MillisecondsField, StrictCharField
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic.models import (
     Drain,
@@ -106,6 +106,8 @@ class GatewaySerializer(serializers.ModelSerializer):
 
 
 class PushAttemptSerializer(serializers.ModelSerializer):
+    duration_ms = MillisecondsField(allow_null=True)
+
     class Meta:
         model = GatewayPushAttempt
         fields = ["number", "sent_at", "answered_at", "applied", "verified", "method",
@@ -130,8 +132,8 @@ class DrainSerializer(serializers.ModelSerializer):
     route = serializers.CharField(source="route.name", read_only=True, allow_null=True)
     pool = serializers.CharField(source="pool.name", read_only=True, allow_null=True)
     revisions = serializers.SerializerMethodField()
-    verified_ms = serializers.FloatField(read_only=True, allow_null=True)
-    duration_ms = serializers.FloatField(read_only=True, allow_null=True)
+    verified_ms = MillisecondsField(allow_null=True)
+    duration_ms = MillisecondsField(allow_null=True)
     gateways = serializers.SerializerMethodField(
         help_text="Per gateway and route: the drain revision's push, applied and verified.")
 
