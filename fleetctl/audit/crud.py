@@ -75,12 +75,16 @@ def audited_update(
     return locked
 
 
-def audited_delete(*, actor: Actor, permission: str, action: str, instance: models.Model) -> None:
+def audited_delete(*, actor: Actor, permission: str, action: str, instance: models.Model,
+                   message: str = "", after: dict[str, Any] | None = None) -> None:
+    """`message`, `after`: what the deletion did besides removing the row (records it kept,
+    rows that went with it), for the event."""
     actor.require(permission, action=action, target=instance)
     try:
         with transaction.atomic():
             before = snapshot(instance, _snapshot_fields(instance))
-            audit_record(actor=actor, action=action, target=instance, before=before)
+            audit_record(actor=actor, action=action, target=instance, before=before,
+                         after=after, message=message)
             instance.delete()
     except (ProtectedError, RestrictedError) as exc:
         blockers = sorted({str(obj) for obj in exc.protected_objects} if isinstance(

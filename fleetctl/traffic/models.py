@@ -181,7 +181,12 @@ class Gateway(models.Model):
 
 
 class GatewayPush(models.Model):
-    """Getting one gateway to hold one revision (of one route). Attempts are child rows."""
+    """Getting one gateway to hold one revision (of one route). Attempts are child rows.
+
+    A push outlives its gateway: deleting a gateway keeps its pushes and their attempts (the
+    history of every drain and ramp that reached it) with the gateway's name and kind copied
+    onto them and the link nulled; a push still open then is `abandoned` — the gateway was
+    deleted before it verified (services.gateway_delete)."""
 
     class Status(models.TextChoices):
         PENDING = "pending", "pending"
@@ -189,9 +194,16 @@ class GatewayPush(models.Model):
         RETRYING = "retrying", "retrying"
         FAILED = "failed", "failed"
         SUPERSEDED = "superseded", "superseded"
+        ABANDONED = "abandoned", "abandoned: gateway deleted before verifying"
 
     revision = models.ForeignKey(SplitRevision, on_delete=models.CASCADE, related_name="pushes")
-    gateway = models.ForeignKey(Gateway, on_delete=models.CASCADE, related_name="pushes")
+    gateway = models.ForeignKey(Gateway, on_delete=models.SET_NULL, null=True, blank=True,
+                                related_name="pushes")
+    # The gateway as it was when it was deleted (empty while it exists): the record still
+    # names it.
+    gateway_name = models.CharField(max_length=63, blank=True)
+    gateway_kind = models.CharField(max_length=16, blank=True)
+    gateway_deleted_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     reason = models.CharField(max_length=20, default="revision")  # revision | reconcile
     created_at = models.DateTimeField(default=timezone.now)
@@ -205,7 +217,39 @@ class GatewayPush(models.Model):
         indexes = [models.Index(fields=["gateway", "status"])]
 
     def __str__(self) -> str:
-        return f"{self.revision} → {self.gateway.name}: {self.status}"
+        return f"{self.revision} → {self.gateway_label}: {self.status}"
+
+    @property
+    def gateway_deleted(self) -> bool:
+        return self.gateway_id is None
+
+    @property
+    def live_gateway(self) -> Gateway:
+        """The gateway of a push the engine works on. An open push always has one: deleting
+        a gateway abandons its open pushes in the same transaction."""
+        if self.gateway is None:
+            raise Gateway.DoesNotExist(f"push {self.pk}: gateway {self.gateway_name} was "
+                                       f"deleted")
+        return self.gateway
+
+    @property
+    def live_gateway_id(self) -> int:
+        if self.gateway_id is None:
+            raise Gateway.DoesNotExist(f"push {self.pk}: gateway {self.gateway_name} was "
+                                       f"deleted")
+        return self.gateway_id
+
+    @property
+    def recorded_gateway_name(self) -> str:
+        """The gateway's name now, or the name it had when it was deleted."""
+        return self.gateway.name if self.gateway is not None else self.gateway_name
+
+    @property
+    def gateway_label(self) -> str:
+        """The gateway's name, or the name it had followed by "(deleted)"."""
+        if self.gateway is not None:
+            return self.gateway.name
+        return f"{self.gateway_name or 'a gateway'} (deleted)"
 
 
 class GatewayPushAttempt(models.Model):

@@ -104,22 +104,22 @@ def push_fanout(*, push_ids: list[int], budget_s: float | None = None) -> Settle
                             pk__in=push_ids).values("gateway_id")))
     known: dict[int, frozenset[int]] = {}
     for each in open_now:
-        known[each.gateway_id] = known.get(each.gateway_id, frozenset()) | {each.pk}
+        known[each.live_gateway_id] = known.get(each.live_gateway_id, frozenset()) | {each.pk}
     # One attempt per gateway (it sends the whole state; its verification settles the
     # gateway's other open pushes): two at once would race on the gateway's configuration.
     wanted = set(push_ids)
     first: dict[int, GatewayPush] = {}
     for push in sorted(open_now, key=lambda p: p.pk):
         if push.pk in wanted:
-            first.setdefault(push.gateway_id, push)
+            first.setdefault(push.live_gateway_id, push)
     pushes = list(first.values())
     states: dict[tuple[int, ...], DesiredState] = {}
     work = []
     for push in pushes:
-        routes = tuple(sorted(route.pk for route in push.gateway.routes.all()))
+        routes = tuple(sorted(route.pk for route in push.live_gateway.routes.all()))
         if routes not in states:
-            states[routes] = selectors.gateway_desired_state(gateway=push.gateway)
-        work.append((push, states[routes], known.get(push.gateway_id, frozenset())))
+            states[routes] = selectors.gateway_desired_state(gateway=push.live_gateway)
+        work.append((push, states[routes], known.get(push.live_gateway_id, frozenset())))
     futures = [_push_threads().submit(_push_io, *item) for item in work]
     finished, late = wait_futures(futures, timeout=budget_s)
     caller = threading.get_ident()
@@ -136,9 +136,9 @@ def push_fanout(*, push_ids: list[int], budget_s: float | None = None) -> Settle
             _retry_later(io.push.pk, retry_in, attempts=io.push.attempts + 1)
         if io.push.pk not in settled:  # failed: retrying, or failed for good
             settled[io.push.pk] = (status, None)
-    by_gateway = {io.push.gateway_id: io for io in outcomes}
+    by_gateway = {io.push.live_gateway_id: io for io in outcomes}
     for push in open_now:  # the rows as these attempts left them, for the caller's answer
-        attempt = by_gateway.get(push.gateway_id)
+        attempt = by_gateway.get(push.live_gateway_id)
         if attempt is not None and attempt.push.pk == push.pk:
             push.attempts, push.last_error = push.attempts + 1, attempt.error
         if push.pk in settled:
@@ -202,7 +202,7 @@ def drain_push_now(drain: Drain) -> Drain:
         mine = [p for p in (settled.pushes if settled else []) if p.pk in set(push_ids)]
         if len(mine) == len(push_ids):  # else one was settled elsewhere: the answer reads rows
             drain.first_pushes = sorted(
-                mine, key=lambda p: (p.gateway.name, p.revision.route.name, p.pk))
+                mine, key=lambda p: (p.gateway_label, p.revision.route.name, p.pk))
     finally:
         # Queued from a push thread, so the answer does not wait for the broker (~3 ms);
         # should this process die first, the converge task advances the drain from its rows.
@@ -254,7 +254,8 @@ def _record_late(future: Future[_PushIO], *, own_thread: bool) -> None:
             connections.close_all()
 
 
-DONE = (GatewayPush.Status.VERIFIED, GatewayPush.Status.SUPERSEDED, GatewayPush.Status.FAILED)
+DONE = (GatewayPush.Status.VERIFIED, GatewayPush.Status.SUPERSEDED, GatewayPush.Status.FAILED,
+        GatewayPush.Status.ABANDONED)
 _pool: Any = None
 
 
@@ -298,7 +299,7 @@ def _push_io(push: GatewayPush, desired: DesiredState, known: frozenset[int]) ->
     io = _PushIO(push=push, desired=desired, known=known, sent=timezone.now(),
                  started=time.monotonic())
     try:
-        adapter = adapter_for(selectors.gateway_spec(push.gateway))
+        adapter = adapter_for(selectors.gateway_spec(push.live_gateway))
         io.result = adapter.apply(desired)
         io.answered = timezone.now()
         held = adapter.read_back()
@@ -324,14 +325,16 @@ def push_execute(*, push_id: int, attempts: int | None = None) -> str:
     pushes pile up while a gateway is down, one is retried."""
     push = (GatewayPush.objects.select_related("gateway", "revision__route")
             .filter(pk=push_id).first())
-    if push is None:  # its gateway or route was deleted meanwhile
+    if push is None:  # its route was deleted meanwhile
         return "gone"
+    if push.gateway is None:  # its gateway was deleted meanwhile: the push was abandoned
+        return push.status
     if push.status in DONE or (attempts is not None and push.attempts != attempts):
         return push.status
-    known = _open_pushes_now([push.gateway_id]).get(push.gateway_id, frozenset())
+    known = _open_pushes_now([push.live_gateway_id]).get(push.live_gateway_id, frozenset())
     if any(pk > push.pk for pk in known):
         return push.status
-    desired = selectors.gateway_desired_state(gateway=push.gateway)
+    desired = selectors.gateway_desired_state(gateway=push.live_gateway)
     status, retry_in = _push_record([_push_io(push, desired, known)])[0]
     if retry_in is not None:
         _retry_later(push.pk, retry_in, attempts=push.attempts + 1)
@@ -367,9 +370,10 @@ def _push_failed(push: GatewayPush, attempts: int, error: str,
                  permanent: bool) -> tuple[str, float | None]:
     retry = None if permanent else RETRY_DELAYS_S[min(attempts - 1, len(RETRY_DELAYS_S) - 1)]
     status = GatewayPush.Status.FAILED if permanent else GatewayPush.Status.RETRYING
-    GatewayPush.objects.filter(pk=push.pk).update(status=status, last_error=error,
-                                                  attempts=F("attempts") + 1)
-    gateway = push.gateway
+    # A push abandoned meanwhile (its gateway deleted) stays abandoned: it counts the attempt.
+    GatewayPush.objects.filter(pk=push.pk).exclude(status=GatewayPush.Status.ABANDONED).update(
+        status=status, last_error=error, attempts=F("attempts") + 1)
+    gateway = push.live_gateway
     if gateway.state != Gateway.State.FAILING:
         log.error("gateway %s cannot be updated: %s", gateway.name, error)
     Gateway.objects.filter(pk=gateway.pk).update(
@@ -390,7 +394,7 @@ def _gateways_in_sync(outcomes: list[_PushIO], settled: dict[int, tuple[str, Any
     if not outcomes:
         return
     now = timezone.now()
-    by_gateway = {io.push.gateway_id: io for io in outcomes}
+    by_gateway = {io.push.live_gateway_id: io for io in outcomes}
     attempted = [io.push.pk for io in outcomes]
     open_pushes = GatewayPush.objects.filter(
         gateway_id__in=by_gateway,
@@ -399,7 +403,7 @@ def _gateways_in_sync(outcomes: list[_PushIO], settled: dict[int, tuple[str, Any
     verified: dict[int, _PushIO] = {}
     superseded = []
     for push in open_pushes:
-        io = by_gateway[push.gateway_id]
+        io = by_gateway[push.live_gateway_id]
         if push.pk not in io.known and push.pk != io.push.pk:
             continue  # committed after this attempt read its state: it may hold more
         held = {spec.key: spec.revision for spec in io.desired.routes}
@@ -429,7 +433,7 @@ def _gateways_in_sync(outcomes: list[_PushIO], settled: dict[int, tuple[str, Any
     # stays in view until a push holds everything again.
     for gateway_id, io in by_gateway.items():
         if io.result is not None and io.result.warning:
-            log.warning("gateway %s: %s", io.push.gateway.name, io.result.warning)
+            log.warning("gateway %s: %s", io.push.live_gateway.name, io.result.warning)
             Gateway.objects.filter(pk=gateway_id).update(
                 last_error=f"warning: {io.result.warning}")
 
@@ -502,12 +506,12 @@ def pushes_converge() -> int:
     newest: dict[int, GatewayPush] = {}
     for push in (GatewayPush.objects.filter(status__in=OPEN).select_related("gateway")
                  .annotate(last_attempt_at=Max("attempt_rows__answered_at")).order_by("-pk")):
-        newest.setdefault(push.gateway_id, push)
+        newest.setdefault(push.live_gateway_id, push)
     now = timezone.now()
     overdue = [push for push in newest.values() if _overdue(push, now)]
     for late in overdue:
         log.warning("push %s to %s is overdue (%s attempt(s), none queued); driving it again",
-                    late.pk, late.gateway.name, late.attempts)
+                    late.pk, late.live_gateway.name, late.attempts)
         _retry_later(late.pk, 0, attempts=late.attempts)
     return len(overdue)
 
@@ -530,11 +534,13 @@ def drain_progress(*, drain_id: int, look_in_flight: bool = True) -> bool:
     the record and returns True when there is nothing more to wait for. Without
     `look_in_flight` it stops after noting the verified time (no gateway is asked).
 
-    A drain gives up — status `failed`, the reason stored — when a gateway refused one of its
-    pushes for good (a permanent adapter error: nothing retries it), or when it is still not
-    verified on every gateway DRAIN_WATCH_TIMEOUT_S after it was requested. Retrying pushes
-    carry on after that (a gateway that answers again still gets the current state); the
-    record says the drain did not do what it was asked in time."""
+    A drain gives up — status `failed`, the reason stored, never left `partial` or
+    `verified` — when a gateway refused one of its pushes for good (a permanent adapter
+    error: nothing retries it), when it is still not verified on every gateway
+    DRAIN_WATCH_TIMEOUT_S after it was requested, or when the drained pools' in-flight
+    requests have not reached zero by then (or could not be read). Retrying pushes carry on
+    after that (a gateway that answers again still gets the current state); the record says
+    the drain did not do what it was asked in time."""
     drain = Drain.objects.filter(pk=drain_id).first()
     if drain is None or drain.status in (Drain.Status.COMPLETE, Drain.Status.FAILED):
         return True
@@ -543,10 +549,13 @@ def drain_progress(*, drain_id: int, look_in_flight: bool = True) -> bool:
     now = timezone.now()
     failing = [p for p in pushes if p.status in (GatewayPush.Status.RETRYING,
                                                  GatewayPush.Status.FAILED)]
+    # A push whose gateway was deleted before it verified waits no more: the drain finishes
+    # for the remaining gateways, and its record keeps saying which one never verified.
     done = [p for p in pushes if p.status in (GatewayPush.Status.VERIFIED,
-                                              GatewayPush.Status.SUPERSEDED)]
+                                              GatewayPush.Status.SUPERSEDED,
+                                              GatewayPush.Status.ABANDONED)]
     if len(done) < len(pushes):
-        error = "; ".join(f"{p.gateway.name}: {p.last_error}" for p in failing)
+        error = "; ".join(f"{p.gateway_label}: {p.last_error}" for p in failing)
         reason = _given_up(drain, pushes, now)
         if reason:
             log.error("%s %s failed: %s", drain.action, drain.pk, reason)
@@ -558,13 +567,23 @@ def drain_progress(*, drain_id: int, look_in_flight: bool = True) -> bool:
             Drain.objects.filter(pk=drain.pk).update(status=status, last_error=error)
         return False
     if drain.verified_at is None:
-        verified_times = [p.verified_at for p in pushes if p.verified_at] or [now]
+        # The last gateway's read-back — or the moment a gateway it waited on was deleted:
+        # the drain was not done with its gateways before that.
+        verified_times = [p.verified_at for p in pushes if p.verified_at] + [
+            p.gateway_deleted_at for p in pushes
+            if p.status == GatewayPush.Status.ABANDONED and p.gateway_deleted_at] or [now]
         drain.verified_at = max(verified_times)
         Drain.objects.filter(pk=drain.pk).update(verified_at=drain.verified_at,
                                                  status=Drain.Status.VERIFIED, last_error="")
     if not look_in_flight:
         return False
     if drain.in_flight_zero_at is None and not _in_flight_zero(drain):
+        reason = _in_flight_given_up(drain, now)
+        if reason:
+            log.error("%s %s failed: %s", drain.action, drain.pk, reason)
+            Drain.objects.filter(pk=drain.pk).update(status=Drain.Status.FAILED,
+                                                     failure_reason=reason)
+            return True
         return False
     zero_at = drain.in_flight_zero_at or now
     Drain.objects.filter(pk=drain.pk).update(
@@ -579,16 +598,31 @@ def _given_up(drain: Drain, pushes: list[GatewayPush], now: Any) -> str:
     watch timeout passed. Empty while there is still reason to wait."""
     refused = [p for p in pushes if p.status == GatewayPush.Status.FAILED]
     if refused:
-        return "; ".join(f"gateway {p.gateway.name} refused {p.revision.route.name} "
+        return "; ".join(f"gateway {p.gateway_label} refused {p.revision.route.name} "
                          f"r{p.revision.number} for good: {p.last_error}" for p in refused)
     timeout_s = settings.DRAIN_WATCH_TIMEOUT_S
-    if now - drain.requested_at <= timedelta(seconds=timeout_s):
+    if not _past_deadline(drain, now):
         return ""
-    waiting = sorted({p.gateway.name for p in pushes
+    waiting = sorted({p.gateway_label for p in pushes
                       if p.status not in (GatewayPush.Status.VERIFIED,
-                                          GatewayPush.Status.SUPERSEDED)})
+                                          GatewayPush.Status.SUPERSEDED,
+                                          GatewayPush.Status.ABANDONED)})
     return (f"not verified on {', '.join(waiting)} within {timeout_s:g} s "
             f"(DRAIN_WATCH_TIMEOUT_S); their pushes keep retrying")
+
+
+def _past_deadline(drain: Drain, now: Any) -> bool:
+    return now - drain.requested_at > timedelta(seconds=settings.DRAIN_WATCH_TIMEOUT_S)
+
+
+def _in_flight_given_up(drain: Drain, now: Any) -> str:
+    """Why a drain verified everywhere stops waiting for in-flight requests: the watch
+    timeout passed. Empty while there is still reason to wait."""
+    if not _past_deadline(drain, now):
+        return ""
+    return (f"verified on every gateway, but in-flight requests to "
+            f"{', '.join(drain.drained_pools)} did not reach zero (or could not be read) "
+            f"within {settings.DRAIN_WATCH_TIMEOUT_S:g} s (DRAIN_WATCH_TIMEOUT_S)")
 
 
 def _in_flight_zero(drain: Drain) -> bool:
@@ -613,6 +647,18 @@ def _in_flight_zero(drain: Drain) -> bool:
     return True
 
 
+def _give_up_unfollowable(drain_id: int, exc: Exception) -> bool:
+    """A drain whose progress cannot even be looked at (every look raises) is not left open
+    for ever: past the watch timeout it is failed, with what went wrong."""
+    now = timezone.now()
+    reason = (f"its progress could not be followed within {settings.DRAIN_WATCH_TIMEOUT_S:g} "
+              f"s (DRAIN_WATCH_TIMEOUT_S): {type(exc).__name__}: {exc}")
+    return bool(Drain.objects.filter(
+        pk=drain_id, status__in=DRAINS_OPEN,
+        requested_at__lt=now - timedelta(seconds=settings.DRAIN_WATCH_TIMEOUT_S)).update(
+            status=Drain.Status.FAILED, failure_reason=reason))
+
+
 def drains_advance() -> int:
     """One look at every open drain and restore (drain_progress), whoever made it and
     whatever process died since: the converge task runs this every few seconds, and a push
@@ -621,6 +667,7 @@ def drains_advance() -> int:
     for pk in Drain.objects.filter(status__in=DRAINS_OPEN).values_list("pk", flat=True):
         try:
             complete += drain_progress(drain_id=pk)
-        except Exception:  # one drain's trouble must not keep the others waiting
+        except Exception as exc:  # one drain's trouble must not keep the others waiting
             log.exception("drain %s: could not look at its progress", pk)
+            complete += _give_up_unfollowable(pk, exc)
     return complete

@@ -131,8 +131,12 @@ def drain_list() -> QuerySet[Drain]:
 
 def drain_gateway_times(*, drain: Drain) -> list[GatewayPush]:
     """Per gateway and route: when it applied and verified the drain's revision."""
+    from django.db.models.functions import Coalesce
+
+    # A deleted gateway's pushes stay, under the name it had (services.gateway_delete).
     return list(GatewayPush.objects.filter(revision__in=drain.revisions.all())
-                .select_related("gateway", "revision__route").order_by("gateway__name"))
+                .select_related("gateway", "revision__route")
+                .order_by(Coalesce("gateway__name", "gateway_name"), "revision__route__name"))
 
 
 def pool_rates(*, gateway_ids: list[int] | None = None, minutes: int = 15
@@ -269,6 +273,11 @@ def drain_preview(*, route: Route | None = None, pool: Pool | None = None
 
 def drain_get(*, drain_id: int) -> Drain | None:
     return drain_list().prefetch_related("restored_by").filter(pk=drain_id).first()
+
+
+def drain_restored_by(*, drain: Drain) -> Drain | None:
+    """The restore that already undid this drain, if any (the first, should there be more)."""
+    return Drain.objects.filter(restores=drain).order_by("requested_at", "pk").first()
 
 
 def drains_recent(*, limit: int = 8) -> list[Drain]:

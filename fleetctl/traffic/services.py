@@ -33,6 +33,8 @@ from fleetctl.traffic.split import as_percentages, parse_percentages
 log = logging.getLogger("fleetctl.traffic")
 
 GATEWAY_FIELDS = ["name", "kind", "admin_address", "options"]
+PUSH_OPEN = (GatewayPush.Status.PENDING, GatewayPush.Status.RETRYING)
+DRAIN_OPEN = (Drain.Status.PUSHING, Drain.Status.VERIFIED, Drain.Status.PARTIAL)
 
 
 # --- validation ------------------------------------------------------------------------------
@@ -248,8 +250,42 @@ def gateway_update(*, actor: Actor, gateway: Gateway, routes: list[Route] | None
 
 
 def gateway_delete(*, actor: Actor, gateway: Gateway) -> None:
-    audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="gateway.delete",
-                   instance=gateway)
+    """Delete a gateway, keeping history: its pushes and their attempts stay, naming it
+    (name and kind copied onto them, the link nulled), so drains and ramps that reached it
+    read as they did. A push still open is `abandoned` — deleted before verifying — and
+    nothing retries it; a drain that was waiting on it then finishes for the remaining
+    gateways, saying so. Its traffic samples go with it. The audit event says all this."""
+    actor.require(roles.FLEET_MANAGE, action="gateway.delete", target=gateway)
+    with transaction.atomic():
+        locked = Gateway.objects.select_for_update().get(pk=gateway.pk)
+        now = timezone.now()
+        pushes = GatewayPush.objects.filter(gateway=locked)
+        open_ids = list(pushes.filter(status__in=PUSH_OPEN).values_list("pk", flat=True))
+        waiting = sorted(set(Drain.objects.filter(
+            status__in=DRAIN_OPEN, revisions__pushes__in=open_ids).values_list("pk", flat=True)))
+        GatewayPush.objects.filter(pk__in=open_ids).update(
+            status=GatewayPush.Status.ABANDONED,
+            last_error=f"gateway {locked.name} was deleted before it verified")
+        kept = pushes.update(gateway_name=locked.name, gateway_kind=locked.kind,
+                             gateway_deleted_at=now)
+        samples = locked.samples.count()
+        message = (f"Gateway {locked.name} ({locked.kind}) deleted; {kept} push(es) and their "
+                   f"attempts kept as history")
+        if open_ids:
+            message += (f"; {len(open_ids)} open push(es) abandoned (deleted before "
+                        f"verifying)")
+        if waiting:
+            message += (f"; drain(s) {', '.join(map(str, waiting))} no longer wait for it and "
+                        f"finish for the remaining gateways")
+        message += f"; {samples} traffic sample(s) deleted with it."
+        audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="gateway.delete",
+                       instance=locked, message=message,
+                       after={"pushes_kept": kept, "pushes_abandoned": open_ids,
+                              "drains_waiting": waiting, "samples_deleted": samples})
+        if waiting:
+            from fleetctl.traffic.tasks import drain_watch
+
+            transaction.on_commit(lambda: [drain_watch.delay(pk) for pk in waiting])
 
 
 def gateway_set_routes(*, actor: Actor, gateway: Gateway, routes: list[Route]) -> None:
@@ -374,6 +410,14 @@ def drain_restore(*, actor: Actor, drain: Drain, reason: str) -> Drain:
         revisions = list(drain.revisions.select_related("route", "parent"))
         routes = {r.pk: r for r in Route.objects.select_for_update().filter(
             pk__in=[rev.route_id for rev in revisions])}
+        # Under the routes' locks, so of two restores of one drain the second sees the first.
+        already = selectors.drain_restored_by(drain=drain)
+        if already is not None:
+            raise ConflictError(
+                f"Drain {drain.pk} was already restored: restore {already.pk} by "
+                f"{already.requested_by} at {already.requested_at:%Y-%m-%d %H:%M:%S} UTC "
+                f"({already.status}). See /traffic/drains/{already.pk}/.",
+                fields={"restored_by": [str(already.pk)]})
         for rev in revisions:
             if routes[rev.route_id].revision_number != rev.number:
                 raise ConflictError(

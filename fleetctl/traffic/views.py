@@ -250,7 +250,7 @@ class Step:
     label: str
     at: datetime | None
     ms: float | None
-    state: str  # done | waiting | failing
+    state: str  # done | waiting | failing | gone (its gateway was deleted)
     detail: str = ""
 
 
@@ -258,8 +258,13 @@ def _timeline(drain: Drain, pushes: list[GatewayPush]) -> list[Step]:
     start = drain.requested_at
     steps = [Step("requested", start, 0.0, "done", f"by {drain.requested_by}")]
     for push in pushes:
-        where = f"{push.gateway.name} · {push.revision.route.name} r{push.revision.number}"
+        where = f"{push.gateway_label} · {push.revision.route.name} r{push.revision.number}"
         failing = push.status in (GatewayPush.Status.RETRYING, GatewayPush.Status.FAILED)
+        if push.status == GatewayPush.Status.ABANDONED:
+            steps.append(Step(f"{where}: deleted before verifying", push.gateway_deleted_at,
+                              _ms_since(start, push.gateway_deleted_at), "gone",
+                              "the gateway was deleted; nothing verified this revision on it"))
+            continue
         if push.status == GatewayPush.Status.SUPERSEDED:
             steps.append(Step(f"{where}: superseded", None, None, "done",
                               "a later push carried a newer state"))
@@ -271,9 +276,13 @@ def _timeline(drain: Drain, pushes: list[GatewayPush]) -> list[Step]:
         steps.append(Step(f"{where}: verified", push.verified_at,
                           _ms_since(start, push.verified_at),
                           "done" if push.verified_at else "failing" if failing else "waiting"))
-    steps.append(Step("every gateway verified", drain.verified_at, drain.verified_ms,
+    gone = sorted({p.gateway_label for p in pushes
+                   if p.status == GatewayPush.Status.ABANDONED})
+    steps.append(Step("every remaining gateway verified" if gone else "every gateway verified",
+                      drain.verified_at, drain.verified_ms,
                       "done" if drain.verified_at else "waiting",
-                      "" if pushes else "no gateway carries these routes"))
+                      f"{', '.join(gone)} deleted before verifying" if gone
+                      else "" if pushes else "no gateway carries these routes"))
     steps.append(Step("in-flight requests to drained pools at zero", drain.in_flight_zero_at,
                       _ms_since(start, drain.in_flight_zero_at),
                       "done" if drain.in_flight_zero_at else "waiting"))
@@ -301,6 +310,7 @@ def drain_detail(request: HttpRequest, drain_id: int) -> HttpResponse:
         "drain": drain,
         "pushes": pushes,
         "steps": _timeline(drain, pushes),
+        "gateways_gone": [p for p in pushes if p.status == GatewayPush.Status.ABANDONED],
         "polling": _still_watched(drain),
         "restored_by": restored_by,
         "restorable": (drain.action == Drain.Action.DRAIN

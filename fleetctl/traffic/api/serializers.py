@@ -116,14 +116,19 @@ class PushAttemptSerializer(serializers.ModelSerializer):
 
 
 class PushSerializer(serializers.ModelSerializer):
-    gateway = serializers.CharField(source="gateway.name", read_only=True)
+    gateway = serializers.CharField(
+        source="recorded_gateway_name", read_only=True,
+        help_text="The gateway's name (the name it had, if it was deleted since).")
+    gateway_deleted = serializers.BooleanField(
+        read_only=True, help_text="The gateway was deleted; this push is kept as history.")
     route = serializers.CharField(source="revision.route.name", read_only=True)
     revision = serializers.IntegerField(source="revision.number", read_only=True)
     attempt_rows = PushAttemptSerializer(many=True, read_only=True)
 
     class Meta:
         model = GatewayPush
-        fields = ["id", "gateway", "route", "revision", "reason", "status", "created_at",
+        fields = ["id", "gateway", "gateway_deleted", "route", "revision", "reason", "status",
+                  "created_at",
                   "applied_at", "verified_at", "attempts", "last_error", "attempt_rows"]
         read_only_fields = fields
 
@@ -157,7 +162,8 @@ class DrainSerializer(serializers.ModelSerializer):
         pushes = drain.first_pushes if drain.first_pushes is not None \
             else drain_gateway_times(drain=drain)
         return [
-            {"gateway": p.gateway.name, "route": p.revision.route.name,
+            {"gateway": p.recorded_gateway_name, "gateway_deleted": p.gateway_deleted,
+             "route": p.revision.route.name,
              "revision": p.revision.number, "status": p.status, "attempts": p.attempts,
              "applied_at": p.applied_at, "verified_at": p.verified_at,
              "last_error": p.last_error}

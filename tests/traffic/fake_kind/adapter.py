@@ -24,4 +24,7 @@ class FileAdapter(Adapter[FileOptions]):
         return json.loads(self.path.read_text())
 
     def in_flight(self, pool: str) -> int:
-        return 0
+        """What in_flight.json beside the weights says (pool → open requests), as a gateway
+        would report it; 0 without the file."""
+        counts = Path(self.gateway.admin_address) / "in_flight.json"
+        return int(json.loads(counts.read_text()).get(pool, 0)) if counts.exists() else 0
