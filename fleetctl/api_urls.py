@@ -5,6 +5,7 @@ from fleetctl.accounts.api.people import PersonViewSet, token_current
 from fleetctl.accounts.api.views import ServiceTokenViewSet, TokenViewSet, me
 from fleetctl.audit.api.views import AuditEventViewSet
 from fleetctl.bench.api.views import RunViewSet, TraceViewSet
+from fleetctl.conformance.api.views import ConformanceRunViewSet
 from fleetctl.fleet.api.views import (
     CurrencyRateViewSet,
     HealthCheckViewSet,
@@ -36,6 +37,7 @@ router.register("pushes", PushViewSet, basename="push")
 router.register("drains", DrainViewSet, basename="drain")
 router.register("bench/traces", TraceViewSet, basename="bench-trace")
 router.register("bench/runs", RunViewSet, basename="bench-run")
+router.register("conformance-runs", ConformanceRunViewSet, basename="conformance-run")
 router.register("plans", PlanViewSet, basename="plan")
 router.register("evidence", EvidenceViewSet, basename="evidence")
 router.register("evidence-kinds", EvidenceKindViewSet, basename="evidence-kind")

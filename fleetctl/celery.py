@@ -8,7 +8,7 @@ waits behind another:
 - `watch`: looks that follow something for minutes (a drain's watcher, a rehearsal waiting
   for its drain). They never take a push thread.
 - `probe`: pool health probes and gateway traffic samples, on a fixed beat; never behind a
-  benchmark.
+  benchmark. Conformance probe runs too (short: a few dozen requests per endpoint).
 - `bench`: benchmark runs and their shards, which hold a slot for hours.
 - `default`: everything else (plan refresh, prunes, the benchmark reaper).
 
@@ -39,10 +39,12 @@ ROUTES: dict[str, str] = {
     "fleet.pools_probe_due": "probe",
     "fleet.pool_probe": "probe",
     "traffic.sample": "probe",
+    "conformance.run": "probe",
     "bench.run": "bench",
     "bench.shard": "bench",
     "plans.refresh": "default",
     "bench.reap": "default",
+    "conformance.reap": "default",
     "traffic.samples_prune": "default",
     "fleet.health_history_prune": "default",
 }
@@ -76,6 +78,8 @@ def _beat_schedule() -> dict[str, dict[str, object]]:
         "prune-traffic-samples": {"task": "traffic.samples_prune", "schedule": 3600.0},
         "reap-benchmark-runs": {"task": "bench.reap", "schedule": 60.0,
                                 "options": {"expires": 60.0}},
+        "reap-conformance-runs": {"task": "conformance.reap", "schedule": 60.0,
+                                  "options": {"expires": 60.0}},
         "refresh-plan-gates": {
             "task": "plans.refresh",
             "schedule": float(settings.PLAN_REFRESH_INTERVAL_S),

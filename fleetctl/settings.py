@@ -114,6 +114,7 @@ INSTALLED_APPS = [
     "fleetctl.traffic",
     "migrations_plan",
     "fleetctl.bench",
+    "fleetctl.conformance",
     "fleetctl.demo",
     # Sign-in lockout; fleetctl.accounts audits each failure and lockout it sees.
     "axes",
@@ -312,6 +313,9 @@ SPECTACULAR_SETTINGS = {
     # Views are built with a request of nobody's identity while the schema is generated: no
     # permission is checked as the caller, nothing audited (accounts/api/viewsets.py).
     "GET_MOCK_REQUEST": "fleetctl.accounts.api.viewsets.describing_request",
+    # Every operation documents the errors it can answer, in the one error shape.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "fleetctl.core.api.schema.add_error_responses"],
 }
 
 LOGGING = {

@@ -8,6 +8,7 @@ urlpatterns = [
     path("plans/", include("migrations_plan.urls")),
     path("traffic/", include("fleetctl.traffic.urls")),
     path("bench/", include("fleetctl.bench.urls")),
+    path("conformance/", include("fleetctl.conformance.urls")),
     path("audit/", include("fleetctl.audit.urls")),
     path("account/", include("fleetctl.accounts.urls")),
     path("people/", include("fleetctl.accounts.people_urls")),

@@ -39,10 +39,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     "traffic": BELOW_FLEET | {"fleet"},
     "plans": BELOW_FLEET | {"fleet", "traffic"},
     "bench": BELOW_FLEET | {"fleet", "traffic", "plans"},
+    # The conformance probe sits beside bench: it records plan evidence the same way.
+    "conformance": BELOW_FLEET | {"fleet", "traffic", "plans"},
     "sim": set(),
     "cli": {"sim", "fleetctl.bench.traces"},
     "project": {"core", "accounts", "audit", "fleet", "traffic", "plans", "bench", "sim",
-                "cli"},
+                "cli", "conformance"},
 }
 ALL_UNITS = set(MAY_IMPORT) | {"demo"}
 # What any unit may import: the Celery app and the package itself (its version).

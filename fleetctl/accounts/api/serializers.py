@@ -6,6 +6,8 @@ from fleetctl.accounts.models import ApiToken
 
 class TokenSerializer(serializers.ModelSerializer):
     owner = serializers.SerializerMethodField()
+    scopes = serializers.ListField(child=serializers.CharField(), read_only=True,
+                                   help_text=f"Any of: {', '.join(roles.SCOPES)}.")
 
     class Meta:
         model = ApiToken

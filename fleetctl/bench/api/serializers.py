@@ -12,6 +12,7 @@ from rest_framework import serializers
 from fleetctl.bench import selectors
 from fleetctl.bench.models import Level, Run, Sample, Trace
 from fleetctl.core.api.fields import StrictCharField
+from fleetctl.core.api.schema import OBJECT_SCHEMA, ObjectField
 from fleetctl.fleet.models import Pool
 
 SOURCES = ("auto", "fleetctl", "mooncake", "azure-csv")
@@ -23,7 +24,21 @@ ARRIVAL_HELP = ('{"kind": "constant|poisson|bursty|on_off", …}, e.g. {"kind": 
 
 # --- traces ----------------------------------------------------------------------------------
 
+@extend_schema_field({"oneOf": [{"type": "integer"}, OBJECT_SCHEMA]})
+class LengthField(serializers.JSONField):
+    """A token count, or a distribution object (checked by the trace generator)."""
+
+
+@extend_schema_field({**OBJECT_SCHEMA, "nullable": True})
+class ArrivalField(serializers.JSONField):
+    """An arrival process object, or null (checked by the trace generator)."""
+
+
 class TraceSerializer(serializers.ModelSerializer):
+    summary = ObjectField(read_only=True, help_text="Counts and token statistics.")
+    generator = ObjectField(read_only=True,
+                            help_text="How a generated trace was made ({} for an upload).")
+
     class Meta:
         model = Trace
         fields = ["name", "description", "source", "requests", "duration_s", "sha256",
@@ -48,10 +63,10 @@ class TraceGenerateSerializer(serializers.Serializer):
     n = serializers.IntegerField(min_value=1, max_value=1_000_000, default=1000,
                                  help_text="How many requests.")
     seed = serializers.IntegerField(default=0, help_text="Same seed, same trace.")
-    prompt_tokens = serializers.JSONField(default=512, help_text=LENGTH_HELP)  # type: ignore[arg-type]
-    completion_tokens = serializers.JSONField(default=128,  # type: ignore[arg-type]
-                                              help_text=LENGTH_HELP)
-    arrival = serializers.JSONField(required=False, allow_null=True, default=None,
+    prompt_tokens = LengthField(default=512, help_text=LENGTH_HELP)  # type: ignore[arg-type]
+    completion_tokens = LengthField(default=128,  # type: ignore[arg-type]
+                                    help_text=LENGTH_HELP)
+    arrival = ArrivalField(required=False, allow_null=True, default=None,
                                     help_text=ARRIVAL_HELP)
     shared_prefix_groups = serializers.IntegerField(min_value=0, default=0)
     shared_prefix_tokens = serializers.IntegerField(min_value=0, default=0)
@@ -145,6 +160,7 @@ class RunCreateSerializer(serializers.Serializer):
 
 class LevelSerializer(serializers.ModelSerializer):
     pool = serializers.CharField(source="pool.name", read_only=True)
+    summary = ObjectField(read_only=True, help_text="The level's measured numbers.")
 
     class Meta:
         model = Level
@@ -158,6 +174,10 @@ class RunSerializer(serializers.ModelSerializer):
     trace = serializers.CharField(source="trace.name", read_only=True)
     pools: Any = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
     url = serializers.SerializerMethodField(help_text="The run's dashboard page.")
+    levels = serializers.ListField(child=serializers.IntegerField(), read_only=True,
+                                   help_text="mode=levels: the concurrency levels.")
+    speeds = serializers.ListField(child=serializers.FloatField(), read_only=True,
+                                   help_text="timing=trace: speed factors, e.g. [0.5, 1, 2, 4].")
 
     class Meta:
         model = Run
@@ -236,6 +256,8 @@ class SampleSerializer(serializers.ModelSerializer):
     concurrency = serializers.IntegerField(source="level.concurrency", read_only=True)
     speed = serializers.FloatField(source="level.speed", read_only=True, allow_null=True)
     attempt = serializers.IntegerField(source="level.attempt", read_only=True)
+    itl_s = serializers.ListField(child=serializers.FloatField(), read_only=True,
+                                  help_text="Seconds between consecutive streamed tokens.")
 
     class Meta:
         model = Sample

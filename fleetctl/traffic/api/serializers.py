@@ -2,9 +2,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from fleetctl.core.api.fields import MillisecondsField, StrictCharField
+from fleetctl.core.api.schema import ObjectField
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic.models import (
     Drain,
@@ -15,6 +17,15 @@ from fleetctl.traffic.models import (
     SplitRevision,
 )
 from fleetctl.traffic.split import as_percentages
+
+WEIGHTS_SCHEMA = {"type": "object", "additionalProperties": {"type": "number"}}
+
+
+@extend_schema_field(WEIGHTS_SCHEMA)
+class WeightsField(serializers.JSONField):
+    """Pool name → percent. Checked by the service (pools, sum, precision), which names
+    the pool at fault; here only documented."""
+
 
 WEIGHTS_HELP = ('Pool name → percent (up to two decimals, adding up to 100), e.g. '
                 '{"h200-us-east": 99.9, "mi300x-us-east": 0.1}.')
@@ -32,6 +43,7 @@ class RevisionSerializer(serializers.ModelSerializer):
                   "created_by", "created_at"]
         read_only_fields = fields
 
+    @extend_schema_field(WEIGHTS_SCHEMA)
     def get_weights(self, revision: SplitRevision) -> dict[str, float]:
         return as_percentages(revision.weights)
 
@@ -39,7 +51,8 @@ class RevisionSerializer(serializers.ModelSerializer):
 class RouteSerializer(serializers.ModelSerializer):
     primary_pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all())
     gateways: Any = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
-    current = serializers.SerializerMethodField()
+    current = serializers.SerializerMethodField(
+        help_text="The revision in force (null before the first).")
 
     class Meta:
         model = Route
@@ -49,13 +62,14 @@ class RouteSerializer(serializers.ModelSerializer):
         extra_kwargs: dict[str, Any] = {"name": {"validators": []}}
         validators: list[Any] = []
 
+    @extend_schema_field(RevisionSerializer(allow_null=True))
     def get_current(self, route: Route) -> dict[str, Any] | None:
         current = self.context.get("current_revisions", {}).get(route.pk)
         return RevisionSerializer(current).data if current else None
 
 
 class RouteCreateSerializer(RouteSerializer):
-    weights = serializers.JSONField(required=False, help_text=WEIGHTS_HELP + " Default: all "
+    weights = WeightsField(required=False, help_text=WEIGHTS_HELP + " Default: all "
                                     "to the primary.")
     reason = serializers.CharField(required=False, allow_blank=True, max_length=2000)
     force = serializers.BooleanField(required=False, default=False)
@@ -65,7 +79,7 @@ class RouteCreateSerializer(RouteSerializer):
 
 
 class RevisionCreateSerializer(serializers.Serializer):
-    weights = serializers.JSONField(help_text=WEIGHTS_HELP)
+    weights = WeightsField(help_text=WEIGHTS_HELP)
     base_revision = serializers.IntegerField(
         min_value=0, help_text="The revision number you are changing (409 if it moved on).")
     reason = serializers.CharField(max_length=2000)
@@ -78,6 +92,7 @@ class GatewaySerializer(serializers.ModelSerializer):
     routes = serializers.SlugRelatedField(slug_field="name", many=True,
                                           queryset=Route.objects.all(), required=False)
     admin_address = StrictCharField(max_length=300)
+    options = ObjectField(required=False)
 
     def get_fields(self) -> dict[str, Any]:
         """kind, admin_address and options as the registered kinds define them (the
@@ -133,10 +148,36 @@ class PushSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class DrainGatewaySerializer(serializers.Serializer):
+    """One gateway's push of one route's drain revision."""
+
+    gateway = serializers.CharField(help_text="The gateway's name (the name it had, if it "
+                                              "was deleted since).")
+    gateway_deleted = serializers.BooleanField(
+        help_text="The gateway was deleted; with status abandoned, before it verified.")
+    route = serializers.CharField()
+    revision = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=GatewayPush.Status.choices)
+    attempts = serializers.IntegerField()
+    applied_at = serializers.DateTimeField(allow_null=True)
+    verified_at = serializers.DateTimeField(allow_null=True)
+    last_error = serializers.CharField(allow_blank=True)
+
+
+class RouteRevisionSerializer(serializers.Serializer):
+    route = serializers.CharField()
+    revision = serializers.IntegerField()
+
+
 class DrainSerializer(serializers.ModelSerializer):
     route = serializers.CharField(source="route.name", read_only=True, allow_null=True)
     pool = serializers.CharField(source="pool.name", read_only=True, allow_null=True)
-    revisions = serializers.SerializerMethodField()
+    revisions = serializers.SerializerMethodField(
+        help_text='The revisions this drain stored, as labels ("llama-8b r10"); the same as '
+                  'route_revisions.')
+    route_revisions = serializers.SerializerMethodField(
+        help_text="The revisions this drain stored: each route and revision number.")
+    drained_pools = serializers.ListField(child=serializers.CharField(), read_only=True)
     verified_ms = MillisecondsField(allow_null=True)
     duration_ms = MillisecondsField(allow_null=True)
     gateways = serializers.SerializerMethodField(
@@ -145,17 +186,26 @@ class DrainSerializer(serializers.ModelSerializer):
     class Meta:
         model = Drain
         fields = ["id", "action", "route", "pool", "restores", "drained_pools", "revisions",
+                  "route_revisions",
                   "requested_by", "reason", "requested_at", "status", "verified_at",
                   "in_flight_zero_at", "completed_at", "verified_ms", "duration_ms",
                   "last_error", "failure_reason", "gateways"]
         read_only_fields = fields
 
-    def get_revisions(self, drain: Drain) -> list[str]:
+    def _revisions(self, drain: Drain) -> list[SplitRevision]:
         # A drain just made carries what it stored (push.drain_push_now's answer).
-        revisions = drain.new_revisions if drain.new_revisions is not None \
-            else drain.revisions.all()
-        return [f"{rev.route.name} r{rev.number}" for rev in revisions]
+        return list(drain.new_revisions if drain.new_revisions is not None
+                    else drain.revisions.all())
 
+    def get_revisions(self, drain: Drain) -> list[str]:
+        return [f"{rev.route.name} r{rev.number}" for rev in self._revisions(drain)]
+
+    @extend_schema_field(RouteRevisionSerializer(many=True))
+    def get_route_revisions(self, drain: Drain) -> list[dict[str, Any]]:
+        return [{"route": rev.route.name, "revision": rev.number}
+                for rev in self._revisions(drain)]
+
+    @extend_schema_field(DrainGatewaySerializer(many=True))
     def get_gateways(self, drain: Drain) -> list[dict[str, Any]]:
         from fleetctl.traffic.selectors import drain_gateway_times
 

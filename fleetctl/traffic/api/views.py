@@ -52,8 +52,11 @@ class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Crea
         context = cast(dict[str, Any], serializer.context)  # DRF's is a plain dict
         context["current_revisions"] = selectors.revisions_current(routes=[serializer.instance])
 
-    @extend_schema(request=s.RevisionCreateSerializer, responses={201: s.RevisionSerializer})
-    @action(detail=True, methods=["get", "post"])
+    @extend_schema(methods=["GET"], responses={200: s.RevisionSerializer(many=True)})
+    @extend_schema(methods=["POST"], request=s.RevisionCreateSerializer,
+                   responses={201: s.RevisionSerializer})
+    # The history of the route named in the URL: the route list's filters do not apply.
+    @action(detail=True, methods=["get", "post"], filter_backends=[])
     def revisions(self, request: Request, name: str) -> Response:
         """GET: the route's revision history, newest first. POST: a new split (scope `ramp`);
         409 with the current revision when `base_revision` is stale."""

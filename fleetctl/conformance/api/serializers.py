@@ -1,0 +1,109 @@
+"""Conformance runs over REST. Inputs are shapes only; the services decide what is allowed
+(the `jobs` permission, a pool with endpoints, a plan whose candidate is the pool, a model
+both pools serve) and say why when it is not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from fleetctl.conformance import cases as suite
+from fleetctl.conformance.models import ConformanceCase, ConformanceRun
+from fleetctl.core.api.fields import StrictCharField
+from fleetctl.fleet.models import Pool
+from migrations_plan.models import Plan
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """true or false, not "yes", 1 or "true"."""
+
+    default_error_messages = {"strict": "Must be true or false (a JSON boolean)."}
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("strict")
+        return data
+
+
+class RunCreateSerializer(serializers.Serializer):
+    pool = serializers.SlugRelatedField(
+        slug_field="name", queryset=Pool.objects.all(),
+        help_text="The pool to probe (every one of its endpoints).",
+        error_messages={"does_not_exist": "No pool named {value}; see GET /api/v1/pools/."})
+    plan = serializers.SlugRelatedField(
+        slug_field="name", queryset=Plan.objects.all(), required=False, allow_null=True,
+        default=None, help_text="A plan whose candidate is the pool: its primary is the "
+                                "reference and its routes' model is probed.",
+        error_messages={"does_not_exist": "No plan named {value}; see GET /api/v1/plans/."})
+    primary = serializers.SlugRelatedField(
+        slug_field="name", queryset=Pool.objects.all(), required=False, allow_null=True,
+        default=None, help_text="The reference pool when no plan is named.",
+        error_messages={"does_not_exist": "No pool named {value}; see GET /api/v1/pools/."})
+    model = StrictCharField(max_length=200, required=False, allow_blank=True, default="",
+                            help_text="Default: the plan's routes' model, or the pool's only "
+                                      "model.")
+    include_saturation = StrictBooleanField(
+        required=False, default=False,
+        help_text="Also run errors.rate_limit, which floods the pool until it answers 429.")
+    # The metaclass moves declared fields off the class, so this does not hide Field.required.
+    required = serializers.ListField(  # type: ignore[assignment]
+        child=StrictCharField(max_length=60), required=False, default=list, max_length=50,
+        help_text="Case keys to require beyond the default required set.")
+
+
+class RunSerializer(serializers.ModelSerializer):
+    pool = serializers.CharField(source="pool.name", read_only=True)
+    primary = serializers.CharField(source="primary.name", read_only=True, allow_null=True,
+                                    default=None)
+    plan = serializers.CharField(source="plan.name", read_only=True, allow_null=True,
+                                 default=None)
+    model = serializers.CharField(source="model_id", read_only=True)
+    url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ConformanceRun
+        fields = ["id", "pool", "primary", "plan", "model", "include_saturation",
+                  "required_keys", "status", "verdict", "summary", "counts", "error",
+                  "evidence_id", "created_by", "created_at", "started_at", "finished_at",
+                  "url"]
+        read_only_fields = fields
+
+    def get_url(self, run: ConformanceRun) -> str:
+        return f"/conformance/runs/{run.pk}/"
+
+
+class CaseSerializer(serializers.ModelSerializer):
+    pool = serializers.CharField(source="pool.name", read_only=True)
+    latency_ms = serializers.FloatField(read_only=True, allow_null=True,
+                                       help_text="Milliseconds, to 0.1 ms.")
+
+    class Meta:
+        model = ConformanceCase
+        fields = ["key", "title", "required", "pool", "role", "endpoint", "status",
+                  "expected", "got", "latency_ms", "request_excerpt", "response_excerpt",
+                  "numbers", "at"]
+        read_only_fields = fields
+
+
+class RunDetailSerializer(RunSerializer):
+    cases = CaseSerializer(many=True, read_only=True)
+
+    class Meta(RunSerializer.Meta):
+        fields = [*RunSerializer.Meta.fields, "cases"]
+        read_only_fields = fields
+
+
+class SuiteCaseSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    title = serializers.CharField()
+    required = serializers.BooleanField()  # type: ignore[assignment]
+    opt_in = serializers.BooleanField()
+    parity = serializers.BooleanField()
+    sends = serializers.CharField()
+    judges = serializers.CharField()
+
+
+def suite_data() -> list[dict[str, Any]]:
+    return [{"key": c.key, "title": c.title, "required": c.required, "opt_in": c.opt_in,
+             "parity": c.parity, "sends": c.sends, "judges": c.judges} for c in suite.CASES]

@@ -1,0 +1,20 @@
+"""What the plan's stage-1 gate needs to offer "Run the conformance probe": the plan's latest
+run, one still going, and whether the person may start one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+
+from fleetctl.conformance.models import ConformanceRun
+
+register = template.Library()
+
+
+@register.simple_tag
+def conformance_gate(plan: Any) -> dict[str, Any]:
+    latest = (ConformanceRun.objects.filter(pool_id=plan.candidate_pool_id)
+              .order_by("-created_at", "-id").first())
+    return {"latest": latest,
+            "active": latest is not None and latest.status in ConformanceRun.ACTIVE}

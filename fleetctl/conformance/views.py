@@ -1,0 +1,103 @@
+"""Conformance dashboard: the runs, starting one, the run page (every case side by side on
+the pool's endpoints and the reference, what failed and why, a plain summary) and the
+button on a plan's stage-1 gate. htmx re-polls the run's live block every 2 s while it can
+still change."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from fleetctl.accounts.dashboard import dashboard_view
+from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.conformance import selectors, services
+from fleetctl.conformance.filters import RunFilter
+from fleetctl.conformance.forms import RunForm
+from fleetctl.conformance.models import ConformanceRun
+from fleetctl.core.views import Outcome, call_service, filter_form_says_any
+from migrations_plan.models import Plan
+
+LIVE_ID = "conformance-live"
+PAGE_SIZE = 25
+
+
+def _run_or_404(run_id: int) -> ConformanceRun:
+    run = selectors.run_get(run_id=run_id)
+    if run is None:
+        raise Http404(f"No conformance run with id {run_id}.")
+    return run
+
+
+@dashboard_view
+@require_GET
+def run_list(request: HttpRequest) -> HttpResponse:
+    runs = RunFilter(request.GET or None, queryset=selectors.run_list())
+    filter_form_says_any(runs.form)
+    page = Paginator(runs.qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "conformance/home.html", {
+        "filter": runs, "page": page, "suite": selectors.suite_table()})
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def run_create(request: HttpRequest) -> HttpResponse:
+    initial = {k: request.GET[k] for k in ("pool", "plan", "primary", "model") if k in request.GET}
+    form = RunForm(request.POST if request.method == "POST" else None, initial=initial)
+    done: Outcome[ConformanceRun] = Outcome()
+    if request.method == "POST" and form.is_valid():
+        actor = actor_from_request(request)
+        kwargs = form.service_kwargs()
+        done = call_service(request, lambda: services.run_create(actor=actor, **kwargs),
+                            form=form)
+        if done.result is not None:
+            messages.success(request, f"Started conformance run {done.result.pk} of "
+                                      f"{done.result.pool.name}.")
+            return redirect("conformance:run-detail", run_id=done.result.pk)
+    return render(request, "conformance/run_form.html", {"form": form}, status=done.status)
+
+
+@dashboard_view
+@require_POST
+def plan_run(request: HttpRequest, name: str) -> HttpResponse:
+    """The stage-1 gate's button: the plan's candidate against its primary, on the model its
+    routes serve."""
+    plan = Plan.objects.select_related("candidate_pool", "primary_pool").filter(
+        name=name).first()
+    if plan is None:
+        raise Http404(f"No plan named {name!r}.")
+    actor = actor_from_request(request)
+    done = call_service(request, lambda: services.run_create(
+        actor=actor, pool=plan.candidate_pool, plan=plan))
+    if done.result is None:
+        return redirect("plans:detail", plan.name)
+    messages.success(request, f"Started conformance run {done.result.pk} of "
+                              f"{plan.candidate_pool.name} against {plan.primary_pool.name}.")
+    return redirect("conformance:run-detail", run_id=done.result.pk)
+
+
+@dashboard_view
+@require_GET
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _run_or_404(run_id)
+    context = {"run": run, "lines": selectors.case_lines(run=run),
+               "progress": selectors.progress(run=run), "live_id": LIVE_ID,
+               "polling": run.status in ConformanceRun.ACTIVE,
+               "endpoints": list(run.pool.base_urls or [])}
+    if request.htmx.target == LIVE_ID:  # type: ignore[attr-defined]
+        return render(request, "conformance/_run_live.html", context)
+    return render(request, "conformance/run_detail.html", context)
+
+
+@dashboard_view
+@require_POST
+def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _run_or_404(run_id)
+    actor = actor_from_request(request)
+    done = call_service(request, lambda: services.run_cancel(actor=actor, run=run))
+    if done.result is not None:
+        messages.success(request, f"Cancelled conformance run {run.pk}; the cases judged so "
+                                  "far are kept.")
+    return redirect("conformance:run-detail", run_id=run.pk)

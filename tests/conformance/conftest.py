@@ -1,0 +1,69 @@
+"""One simulator process for the conformance tests, with a pool per contract variant: a
+conforming pool and its twin (the reference), the legacy A100 profile (no tool parsing,
+another tokenizer), pools with one switch off each, and a tiny one that saturates at once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl.fleet.models import Pool
+from fleetctl.fleet.services import pool_model_create
+from tests.sim.simproc import TEST_PROFILES, SimProcess
+
+MODEL = "llama-3.1-8b-instruct"
+CONFORMANCE_PROFILES = TEST_PROFILES + """
+[profiles.legacy]
+base = "a100-legacy"
+decode_base_ms = 2.0
+decode_per_seq_ms = 0.01
+network_latency_ms = 0.0
+divergence_rate = 0.0
+max_context = 4096
+
+[profiles.no-usage]
+base = "quick"
+stream_usage = false
+
+[profiles.no-json]
+base = "quick"
+json_mode = false
+
+[profiles.tiny]
+base = "quick"
+decode_base_ms = 20.0
+max_seqs = 1
+max_waiting = 1
+"""
+SIM_POOLS = {"good": "quick", "twin": "quick-twin", "legacy": "legacy",
+             "no-usage": "no-usage", "no-json": "no-json", "tiny": "tiny"}
+
+
+@pytest.fixture(scope="session")
+def conformance_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
+    folder = tmp_path_factory.mktemp("conformance-sim")
+    profiles = folder / "profiles.toml"
+    profiles.write_text(CONFORMANCE_PROFILES)
+    args = ["--profiles", str(profiles), "--log-level", "WARNING"]
+    for name, profile in SIM_POOLS.items():
+        args += ["--pool", f"{name}={profile}@0"]
+    sim = SimProcess(args, len(SIM_POOLS), Path(folder) / "sim.log")
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture
+def sim_pool(conformance_sim: SimProcess, make_pool: Callable[..., Pool], system: Any
+             ) -> Callable[..., Pool]:
+    """A registry pool pointing at simulated pools (several: one endpoint each)."""
+
+    def make(name: str, *sims: str, max_context: int = 4096) -> Pool:
+        pool = make_pool(name=name, base_urls=[conformance_sim.url(s) for s in sims])
+        pool_model_create(actor=system, pool=pool, model_id=MODEL,
+                          max_context_tokens=max_context)
+        return pool
+
+    return make
