@@ -322,3 +322,36 @@ def test_revoking_the_current_token_without_a_token_is_400(client_for: Any):
     assert response.status_code == 400
     assert "not made with an API token" in response.json()["error"]["message"]
     assert not AuditEvent.objects.filter(action="token.revoke").exists()
+
+
+@pytest.mark.slow
+def test_two_admins_demoting_each_other_at_once_leave_one_admin(transactional_db: None,
+                                                                make_user: Callable[..., User]):
+    import threading
+
+    from django.db import connection
+
+    ada, eve = make_user("ada", "admin"), make_user("eve", "admin")
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, str] = {}
+
+    def demote(actor: User, username: str) -> None:
+        try:
+            barrier.wait(timeout=30)
+            services.user_set_roles(actor=Actor(user=actor), username=username,
+                                    role_names=["viewer"])
+            outcomes[username] = "demoted"
+        except ConflictError:
+            outcomes[username] = "refused"
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=demote, args=(ada, "eve")),
+               threading.Thread(target=demote, args=(eve, "ada"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(outcomes.values()) == ["demoted", "refused"]
+    admins = User.objects.filter(groups__name="admin", is_active=True)
+    assert admins.count() == 1
