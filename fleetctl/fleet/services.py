@@ -266,20 +266,21 @@ def currency_rate_create(*, actor: Actor, **fields: Any) -> CurrencyRate:
                               action="currency_rate.create", instance=rate)
 
 
-def currency_rate_update(*, actor: Actor, rate: CurrencyRate, **changes: Any) -> CurrencyRate:
-    actor.require(roles.FLEET_MANAGE, action="currency_rate.update", target=rate)
+def currency_rate_update(*, actor: Actor, currency_rate: CurrencyRate,
+                         **changes: Any) -> CurrencyRate:
+    actor.require(roles.FLEET_MANAGE, action="currency_rate.update", target=currency_rate)
     with transaction.atomic():
-        preview = CurrencyRate(pk=rate.pk, **{name: changes.get(name, getattr(rate, name))
-                                              for name in RATE_FIELDS})
+        preview = CurrencyRate(pk=currency_rate.pk, **{
+            name: changes.get(name, getattr(currency_rate, name)) for name in RATE_FIELDS})
         _refuse_inverse_same_day(preview)
         return audited_update(actor=actor, permission=roles.FLEET_MANAGE,
-                              action="currency_rate.update", instance=rate, changes=changes,
-                              allowed=RATE_FIELDS)
+                              action="currency_rate.update", instance=currency_rate,
+                              changes=changes, allowed=RATE_FIELDS)
 
 
-def currency_rate_delete(*, actor: Actor, rate: CurrencyRate) -> None:
+def currency_rate_delete(*, actor: Actor, currency_rate: CurrencyRate) -> None:
     audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="currency_rate.delete",
-                   instance=rate)
+                   instance=currency_rate)
 
 
 # --- health ----------------------------------------------------------------------------------

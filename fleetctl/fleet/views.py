@@ -265,6 +265,7 @@ def currency_rate_delete(request: HttpRequest, rate_id: int) -> HttpResponse:
         messages.error(request, "That rate was already deleted.")
         return redirect("fleet:currency-rates")
     actor = actor_from_request(request)
-    if call_service(request, lambda: services.currency_rate_delete(actor=actor, rate=rate)).ok:
+    if call_service(request, lambda: services.currency_rate_delete(actor=actor,
+                                                                   currency_rate=rate)).ok:
         messages.success(request, f"Deleted {rate}.")
     return redirect("fleet:currency-rates")

@@ -72,7 +72,7 @@ class CurrencyRateViewSet(ServiceModelViewSet):
     serializer_class = serializers.CurrencyRateSerializer
     filterset_fields = ["from_currency", "to_currency", "as_of"]
     ordering_fields = ["as_of", "created_at"]
-    instance_kwarg = "rate"
+    instance_kwarg = "currency_rate"
     create_service = services.currency_rate_create
     update_service = services.currency_rate_update
     delete_service = services.currency_rate_delete
