@@ -324,6 +324,8 @@ def _read_tool_choice(body: dict[str, Any], tools: list[Tool]) -> str | Tool:
     choice = body.get("tool_choice")
     if choice is None:
         return "auto" if tools else "none"
+    if choice == "none":
+        return "none"
     if not tools:
         raise ApiError(400, "Invalid 'tool_choice': it is only allowed when 'tools' are "
                        "given.", param="tool_choice", code="invalid_value")

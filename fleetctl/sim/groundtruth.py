@@ -38,6 +38,7 @@ class RequestInfo:
     arrival_mono: float
     wall_offset: float = field(default_factory=lambda: time.time() - time.monotonic())
     recorded: bool = False  # one record per request, whichever path ends it
+    tool_call: bool = False  # the answer is a tool call: a natural end is "tool_calls"
 
 
 class GroundTruth:
@@ -146,7 +147,10 @@ def _sequence_fields(seq: Sequence, info: RequestInfo) -> dict[str, Any]:
         "prompt_tokens": seq.params.prompt_tokens,
         "cached_tokens": seq.cached_tokens,
         "completion_tokens": seq.generated,
-        "finish_reason": seq.finish_reason,
+        # What the client was told: a tool call that ends by itself finishes with "tool_calls"
+        # (the engine and its vLLM metrics say "stop", as vLLM's do).
+        "finish_reason": "tool_calls" if info.tool_call and seq.finish_reason == "stop"
+        else seq.finish_reason,
         "preemptions": seq.preemptions,
         "diverged_at": None if seq.stream.divergence is None else seq.stream.divergence.position,
     }

@@ -366,6 +366,7 @@ class SimPool:
         if not profile.logprobs:
             req.top_logprobs = None
         info.model, info.stream = req.model, req.stream
+        info.tool_call = req.tool_call is not None
         self._check_model(req.model)
         tokens = prompt_token_list(req, profile.tokenizer)
         prompt_tokens = prompt_token_count(req, tokens)

@@ -160,6 +160,12 @@ def test_auto_without_a_named_tool_and_none_answer_text(
     assert reply.choices[0].finish_reason == "length"
 
 
+def test_tool_choice_none_without_tools_is_accepted_as_vllm_does(fleet: SimProcess) -> None:
+    response = post(fleet.url("ref"), "chat/completions", chat(tool_choice="none", max_tokens=2))
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"]
+
+
 def test_a_tool_result_turn_is_accepted_and_answered_with_text(fleet: SimProcess) -> None:
     api = client(fleet.url("ref"))
     first = api.chat.completions.create(model=MODEL, messages=ASKS_WEATHER, tools=TOOLS)
@@ -327,6 +333,9 @@ BAD = [
     ("tool-choice-bad-object", chat(tools=TOOLS, tool_choice={"type": "function"}),
      "tool_choice"),
     ("tool-choice-without-tools", chat(tool_choice="required"), "tool_choice"),
+    ("named-tool-choice-without-tools",
+     chat(tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+     "tool_choice"),
     ("response-format-unknown", chat(response_format={"type": "xml"}), "response_format"),
     ("response-format-string", chat(response_format="json"), "response_format"),
     ("json-schema-missing", chat(response_format={"type": "json_schema"}),
@@ -571,4 +580,21 @@ def test_a100_legacy_and_command_line_switches_serve_as_documented(start_sim: An
     legacy = contract_failures(sim.url("legacy"), sim.url("plain"))
     assert legacy == {"tools", "tokenizer"}
     assert contract_failures(sim.url("cut"), sim.url("plain")) == {"stream_usage", "logprobs"}
+    assert sim.stop() == 0
+
+
+def test_ground_truth_records_what_the_client_was_told(start_sim: Any) -> None:
+    sim = start_sim("--pool", "h200@0", "--record-ground-truth")
+    url = sim.url("h200")
+    call = client(url).chat.completions.create(model=MODEL, messages=ASKS_WEATHER, tools=TOOLS)
+    text = client(url).chat.completions.create(model=MODEL, messages=ASKS_WEATHER, tools=TOOLS,
+                                               tool_choice="none", max_tokens=3)
+    records = httpx.get(f"{url}/admin/ground-truth", params={"kind": "requests"}).json()
+    by_id = {r["response_id"]: r for r in records["requests"]}
+    assert by_id[call.id]["finish_reason"] == "tool_calls"
+    assert by_id[call.id]["completion_tokens"] == call.usage.completion_tokens  # type: ignore[union-attr]
+    assert by_id[text.id]["finish_reason"] == "length"
+    # the vLLM-style metric counts the tool call as a natural stop, as vLLM's engine does
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'finished_reason="stop"' in metrics
     assert sim.stop() == 0
