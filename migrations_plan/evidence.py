@@ -291,7 +291,7 @@ def duration_of(have_h: float, need_h: float) -> tuple[str, str]:
     """ "have" and "need" hours as shown side by side: minutes under two hours, else hours."""
     if need_h < 2:
         have_min, need_min = have_h * 60, need_h * 60
-        return f"{honest(have_min, need_min, 0)} min", f"{need_min:g} min"
+        return f"{honest(have_min, need_min, 0 if need_min >= 10 else 1)} min", f"{need_min:g} min"
     return f"{honest(have_h, need_h)} h", f"{need_h:g} h"
 
 

@@ -229,6 +229,25 @@ def test_pool_health_and_open_plans(client_for, fleet):
     }
 
 
+
+def test_the_gate_status_of_each_plan_at_a_stage_in_the_apis_words(client_for, fleet):
+    viewer = client_for("viewer")
+    # No sample until the refresh has evaluated the gate.
+    assert not of(samples(viewer.get(URL)), "fleetctl_plan_gate_status")
+    for plan in Plan.objects.all():
+        plans.plan_refresh(plan=plan)
+    found = samples(viewer.get(URL))
+    # gaudi-llama's stage-3 gate: a check fails or waits for an attestation; the API agrees.
+    status = viewer.get("/api/v1/plans/gaudi-llama/").json()["gate"]["status"]
+    gate = of(found, "fleetctl_plan_gate_status")
+    assert {dict(labels)["status"]: value for labels, value in gate.items()} == {
+        s: (1 if s == status else 0)
+        for s in ("fail", "awaiting-attestation", "insufficient", "warn", "pass")}
+    assert {dict(labels)["plan"] for labels in gate} == {"gaudi-llama"}  # paused: no sample
+    assert of(found, "fleetctl_plan_gate_blocks_advance") == {
+        frozenset({("plan", "gaudi-llama"), ("stage", "3")}): 1}
+
+
 def test_every_metric_has_help_and_a_gauge_type(client_for, fleet):
     text = client_for("viewer").get(URL).content.decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
@@ -238,7 +257,7 @@ def test_every_metric_has_help_and_a_gauge_type(client_for, fleet):
         "fleetctl_gateway_pushes_open", "fleetctl_route_weight_ratio",
         "fleetctl_route_revision", "fleetctl_drains", "fleetctl_drains_open",
         "fleetctl_drain_last_duration_seconds", "fleetctl_pool_healthy",
-        "fleetctl_plan_stage",
+        "fleetctl_plan_stage", "fleetctl_plan_gate_status", "fleetctl_plan_gate_blocks_advance",
     }
     for family in families.values():
         assert family.type == "gauge", family.name
