@@ -79,6 +79,14 @@ def test_every_page_renders_for_a_viewer(login_as: LoginAs, viewer: User, pool: 
         assert response.status_code == 200, url
 
 
+def test_no_page_prints_template_comment_text(login_as: LoginAs, viewer: User, pool: Pool):
+    """A `{# … #}` comment spanning lines is not a comment to Django: its text is printed."""
+    client = login_as(viewer)
+    for url in [u for u in page_urls(pool) if u != reverse("audit:export")]:
+        body = client.get(url).content.decode()
+        assert "{#" not in body and "#}" not in body, url
+
+
 def test_the_navigation_shows_shadow_disabled_and_says_why(login_as: LoginAs, viewer: User):
     html = login_as(viewer).get(reverse("fleet:overview")).content.decode()
     assert ('title="No page compares shadow traffic in this version.">Shadow</span>'
