@@ -397,7 +397,7 @@ class SimPool:
         engine = self.engine
         running = max(1, len(engine.running))
         step_s = self.profile.step_seconds(running, 0, engine.slowdown)
-        left = min((max(1, s.params.max_tokens - s.generated) for s in engine.running),
+        left = min((max(1, _expected_length(s) - s.generated) for s in engine.running),
                    default=1)
         return max(1, min(60, int(left * step_s + 0.999)))
 
@@ -630,6 +630,13 @@ class DirectStream:
             self.seq.abort("client not reading its stream")
         else:
             transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+
+def _expected_length(seq: Sequence) -> int:
+    """Tokens a running sequence will generate in all: its natural length or max_tokens."""
+    if seq.params.ignore_eos:
+        return seq.params.max_tokens
+    return min(seq.params.max_tokens, seq.stream.natural_length)
 
 
 def _request_id(seq: Sequence) -> str:
