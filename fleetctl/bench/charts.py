@@ -171,3 +171,39 @@ def run_figures(points: Points, *, slo_ttft_ms: float, slo_tpot_ms: float,
          tpot_figure(points, slo_ms=slo_tpot_ms, timing=timing)),
         *cost_figures(points, timing=timing),
     ]
+
+
+# ---- load shape: when each stream of a level started ------------------------------------------
+
+STRIP_WIDTH = 600
+STRIP_PAD = 12
+
+
+def load_strip(shape: dict[str, Any]) -> dict[str, Any] | None:
+    """Geometry of a level's start-offset strip (an inline SVG on the run page): one tick per
+    stream at its first send, coloured by endpoint, on an axis from 0 to the window's start,
+    with the ramp's end and the window's start marked. None for a level without streams
+    (trace timing, or stored before streams were recorded)."""
+    streams = list(shape.get("streams") or [])
+    if not streams:
+        return None
+    starts = [float(s["start_s"]) for s in streams]
+    window = shape.get("window_start_s")
+    ramp = float(shape.get("ramp_s") or 0.0)
+    span = max([*starts, ramp, float(window or 0.0), 1e-3])
+    inner = STRIP_WIDTH - 2 * STRIP_PAD
+
+    def x(t: float) -> float:
+        return round(STRIP_PAD + inner * t / span, 1)
+
+    ticks = [{"x": x(float(s["start_s"])), "stream": s["stream"], "start_s": s["start_s"],
+              "endpoint": s.get("endpoint", 0),
+              "colour": POOL_PALETTE[int(s.get("endpoint", 0)) % len(POOL_PALETTE)]}
+             for s in streams]
+    return {
+        "width": STRIP_WIDTH, "ticks": ticks, "span_s": span,
+        "first_s": min(starts), "last_s": max(starts),
+        "ramp_s": ramp, "ramp_x": x(ramp) if ramp > 0 else None,
+        "window_start_s": window, "window_x": x(float(window)) if window is not None else None,
+        "end_x": STRIP_WIDTH - STRIP_PAD,
+    }

@@ -168,6 +168,10 @@ class RunForm(forms.Form):
                                            "highest level allowed).")
     warmup_s = _run_field("warmup_s", label="Warm-up per level (s)")
     window_s = _run_field("window_s", label="Steady-state window (s)")
+    ramp_s = _run_field("ramp_s", label="Start ramp (s)",
+                        help_text="Fixed concurrency: the streams' first requests are spread "
+                                  "over this many seconds (at most the warm-up). Blank: half "
+                                  "the warm-up.")
     min_samples = _run_field("min_samples", label="Minimum samples per level",
                              help_text="Fewer measured requests: the level is insufficient.")
     shards = _run_field("shards", label="Client processes (shards)")
@@ -207,6 +211,7 @@ class RunForm(forms.Form):
         data["pools"] = list(data["pools"])
         if data["timing"] == Run.Timing.TRACE:
             data["mode"], data["levels"] = Run.Mode.LEVELS, []
+            data["ramp_s"] = None  # not read for trace timing (no streams to stagger)
             return data
         data["speeds"] = []
         if data["mode"] != Run.Mode.LEVELS:

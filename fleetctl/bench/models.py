@@ -9,6 +9,9 @@ from django.utils import timezone
 
 from fleetctl.fleet.models import Pool, model_id_validator, slug_validator
 
+DEFAULT_WARMUP_S = 15.0
+DEFAULT_WINDOW_S = 60.0
+
 
 class Trace(models.Model):
     """A request trace, stored normalised as fleetctl JSONL on disk (never in a row)."""
@@ -80,10 +83,17 @@ class Run(models.Model):
                                                     MaxValueValidator(10_000)])
     slo_error_rate = models.FloatField(validators=[MinValueValidator(0),
                                                    MaxValueValidator(0.5)])
-    warmup_s = models.FloatField(default=2.0, validators=[MinValueValidator(0),
-                                                          MaxValueValidator(600)])
-    window_s = models.FloatField(default=10.0, validators=[MinValueValidator(0.5),
-                                                           MaxValueValidator(3600)])
+    # Defaults (docs/benchmarks.md, "Load shape"): a warm-up long enough for the streams'
+    # staggered starts and for the server's queue to settle, and a window that holds a p95's
+    # worth of requests at moderate rates instead of a burst or two.
+    warmup_s = models.FloatField(default=DEFAULT_WARMUP_S, validators=[MinValueValidator(0),
+                                                                       MaxValueValidator(600)])
+    window_s = models.FloatField(default=DEFAULT_WINDOW_S, validators=[MinValueValidator(0.5),
+                                                                       MaxValueValidator(3600)])
+    ramp_s = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0), MaxValueValidator(600)],
+        help_text="Fixed concurrency: seconds over which a level's streams send their first "
+                  "requests (staggered, seeded). Blank: half the warm-up. At most the warm-up.")
     min_samples = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
     shards = models.PositiveSmallIntegerField(
         default=1, validators=[MinValueValidator(1), MaxValueValidator(64)],
@@ -171,6 +181,12 @@ class ShardPart(models.Model):
     client_cpu_s = models.FloatField(default=0)
     wall_s = models.FloatField(default=0)
     loop_lag_s = models.JSONField(default=list)
+    # fixed concurrency: [stream, first send (s after the level's start), endpoint index]
+    # for each of this process's streams; and the endpoint URLs it drove, by index
+    stream_starts = models.JSONField(default=list, blank=True)
+    endpoints = models.JSONField(default=list, blank=True)
+    window_start_s = models.FloatField(default=0, help_text="When its steady-state window "
+                                       "began: after the warm-up and its last stream's start.")
     error = models.TextField(blank=True)
     worker = models.CharField(max_length=150, blank=True)
     finished_at = models.DateTimeField(default=timezone.now)
@@ -203,6 +219,10 @@ class Sample(models.Model):
     status = models.CharField(max_length=8)
     http_status = models.PositiveSmallIntegerField(null=True)
     error = models.TextField(blank=True)
+    stream = models.PositiveIntegerField(default=0, help_text="Fixed concurrency: the stream "
+                                         "that sent it (0 … concurrency − 1).")
+    endpoint = models.PositiveSmallIntegerField(default=0, help_text="Which of the pool's base "
+                                                "URLs it went to (their order in the run).")
 
     class Meta:
         ordering = ["level", "shard", "index"]

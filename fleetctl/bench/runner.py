@@ -13,11 +13,28 @@ Two ways to load the endpoint:
   how late each one went out is its *schedule lag*. In-flight requests are capped by
   `LevelPlan.max_in_flight`; a send that waits for that cap shows as lag, not hidden in TTFT.
 
+**Staggered starts** (fixed concurrency): the N streams do not all send their first request at
+once. Stream k's first request goes out at `(k + u_k) / N × ramp_s` seconds after the level's
+start, u_k a seeded draw in [0, 0.8) (`stagger_offsets`): spread evenly over the ramp, jittered
+inside each slot so that no two runs' streams land on the same decode-step boundaries by
+construction. After its first request a stream is a plain closed loop (no think time: a stream
+that paused would leave fewer than N requests in flight, and "concurrency N" would be untrue).
+Why: N streams started together with equal request lengths stay in lock step — every prompt
+reaches the server in the same step, and the level measures bursts the client made. With
+start phases spread over at least one request duration they stay spread (closed loop, equal
+lengths) and the server sees a steady N in flight. Each stream's start is recorded
+(`LevelResult.stream_starts`), and every result says which stream sent it.
+
+**Endpoints**: `run_level` takes one endpoint or several (a pool's `base_urls`); stream k
+drives endpoint k mod E (fixed concurrency), request n goes to endpoint n mod E (trace timing).
+Every result says which endpoint it went to.
+
 A level = warm-up (results kept but flagged `warmup=True` and left out of the statistics),
-then a steady-state window that ends once `window_s` has elapsed *and* `min_samples` requests
-started inside it have finished (or at `max_duration_s`). Then no new request is sent and the
-ones in flight are awaited (up to `drain_timeout_s`); they still count, because dropping them
-would favour short requests.
+then a steady-state window that starts at the end of the warm-up or once the last stream has
+sent its first request, whichever is later, and ends once `window_s` has elapsed *and*
+`min_samples` requests started inside it have finished (or at `max_duration_s`). Then no new
+request is sent and the ones in flight are awaited (up to `drain_timeout_s`); they still
+count, because dropping them would favour short requests.
 
 **Clock**: `time.perf_counter()` (CLOCK_MONOTONIC on Linux, the simulator's clock too). Every
 time in a result is seconds relative to the level's start.
@@ -131,14 +148,38 @@ class Endpoint:
 
 @dataclass(frozen=True, slots=True)
 class LevelPlan:
-    warmup_s: float = 5.0
-    window_s: float = 30.0
+    warmup_s: float = 15.0
+    window_s: float = 60.0
     min_samples: int = 50
     max_duration_s: float = 300.0
     request_timeout_s: float = 300.0
     connect_timeout_s: float = 10.0
     drain_timeout_s: float | None = None  # default: request_timeout_s
     max_in_flight: int = 1024  # trace timing only: cap on open requests (and connections)
+    # fixed concurrency: the streams' first requests are spread over this many seconds;
+    # None = half the warm-up (RAMP_SHARE_OF_WARMUP), so the queue settles before the window
+    ramp_s: float | None = None
+
+    @property
+    def ramp(self) -> float:
+        return self.ramp_s if self.ramp_s is not None else self.warmup_s * RAMP_SHARE_OF_WARMUP
+
+
+RAMP_SHARE_OF_WARMUP = 0.5
+STAGGER_JITTER = 0.8  # a stream starts somewhere in the first 80 % of its slot of the ramp
+
+
+def stagger_offsets(streams: int, ramp_s: float, seed: int = 0) -> list[float]:
+    """When each of `streams` streams sends its first request, in seconds after the level's
+    start: stream k in [k/N, (k + 0.8)/N) of the ramp, seeded (reproducible). Stream 0 starts
+    at 0 or just after; all are < ramp_s. A ramp of 0 starts every stream at once."""
+    if streams < 1:
+        raise ValueError("streams must be >= 1")
+    if not ramp_s > 0:
+        return [0.0] * streams
+    rng = random.Random(seed)
+    slot = ramp_s / streams
+    return [(k + STAGGER_JITTER * rng.random()) * slot for k in range(streams)]
 
 
 @dataclass(slots=True)
@@ -163,6 +204,8 @@ class RequestResult:
     schedule_lag_s: float
     warmup: bool = False
     window_tokens: float = 0.0  # output tokens that arrived inside the level's window
+    stream: int = 0  # fixed concurrency: which stream sent it (trace timing: 0)
+    endpoint: int = 0  # index of the endpoint it went to (a pool's base_urls order)
 
     @property
     def itl_s(self) -> list[float]:
@@ -183,6 +226,10 @@ class LevelResult:
     loop_lag_s: array[float]
     stopped_by: Literal["window", "max_duration"]
     origin: float = 0.0  # time.perf_counter() at the level's start: result times are after it
+    # fixed concurrency: (stream, when it sent its first request, its endpoint), in seconds
+    # after the level's start (the planned offset plus any client lateness)
+    stream_starts: list[tuple[int, float, int]] = field(default_factory=list)
+    endpoints: list[str] = field(default_factory=list)  # the URLs, by endpoint index
 
     @property
     def window_s(self) -> float:
@@ -329,31 +376,37 @@ def _http_error(status: int, body: bytes) -> str:
 class _Client:
     """One level's HTTP session and request bookkeeping."""
 
-    def __init__(self, endpoint: Endpoint, plan: LevelPlan, session: aiohttp.ClientSession,
-                 t0: float, prefix: str) -> None:
-        self.endpoint = endpoint
+    def __init__(self, endpoints: Sequence[Endpoint], plan: LevelPlan,
+                 session: aiohttp.ClientSession, t0: float, prefix: str) -> None:
+        self.endpoints = endpoints
         self.plan = plan
         self.session = session
         self.t0 = t0
         self.prefix = prefix
-        self.prompts = PromptMaker(endpoint, seed=zlib.crc32(prefix.encode()))
-        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
-                        **endpoint.headers}
-        if endpoint.api_key:
-            self.headers["Authorization"] = f"Bearer {endpoint.api_key}"
+        # One model and API for the level: the endpoints differ only in where they are.
+        self.prompts = PromptMaker(endpoints[0], seed=zlib.crc32(prefix.encode()))
+        self.headers: list[dict[str, str]] = []
+        for endpoint in endpoints:
+            headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
+                       **endpoint.headers}
+            if endpoint.api_key:
+                headers["Authorization"] = f"Bearer {endpoint.api_key}"
+            self.headers.append(headers)
 
     async def send(self, row: TraceRequestLike, index: int, seq: int,
-                   scheduled_at: float) -> RequestResult:
+                   scheduled_at: float, *, stream: int = 0, endpoint: int = 0
+                   ) -> RequestResult:
         body = self.prompts.body(row, seq)
         request_id = f"{self.prefix}-{seq}"
-        headers = {**self.headers, "x-request-id": request_id}
+        headers = {**self.headers[endpoint], "x-request-id": request_id}
+        url = self.endpoints[endpoint].url
         state = _Stream(self.t0)
         http_status: int | None = None
         status: Status = "ok"
         error: str | None = None
         started = time.perf_counter() - self.t0
         try:
-            async with self.session.post(self.endpoint.url, data=body, headers=headers) as resp:
+            async with self.session.post(url, data=body, headers=headers) as resp:
                 http_status = resp.status
                 error = await self._read(resp, state)
         except TimeoutError:
@@ -372,8 +425,10 @@ class _Client:
             finished = state.done_at
         if error is not None and status == "ok":
             status = "error"
-        return _result(row, index, seq, request_id, scheduled_at, started, finished, state,
-                       status, http_status, error)
+        result = _result(row, index, seq, request_id, scheduled_at, started, finished, state,
+                         status, http_status, error)
+        result.stream, result.endpoint = stream, endpoint
+        return result
 
     async def _read(self, resp: aiohttp.ClientResponse, state: _Stream) -> str | None:
         if resp.status >= 400:
@@ -428,7 +483,10 @@ class _Level:
                  on_result: Callable[[RequestResult], None] | None) -> None:
         self.plan = plan
         self.t0 = t0
+        # The window starts after the warm-up and after the last stream's first send
+        # (`started_all`); until then a stream start may still push it later.
         self.warm_end = plan.warmup_s
+        self.started_all = asyncio.Event()
         self.results: list[RequestResult] = []
         self.measured_done = 0
         self.enough = asyncio.Event()
@@ -440,8 +498,14 @@ class _Level:
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
+    def all_started(self, at: float) -> None:
+        """Every stream has sent its first request (at `at`): the window may start."""
+        self.warm_end = max(self.plan.warmup_s, at)
+        self.started_all.set()
+
     def record(self, result: RequestResult) -> None:
-        result.warmup = result.started_at < self.warm_end
+        # Before every stream has started nothing is measured: the window starts later.
+        result.warmup = (not self.started_all.is_set()) or result.started_at < self.warm_end
         self.results.append(result)
         if not result.warmup:
             self.measured_done += 1
@@ -454,7 +518,10 @@ class _Level:
         """Wait until window elapsed and min samples done (or max duration), then stop sends."""
         plan = self.plan
         stopped_by: Literal["window", "max_duration"] = "window"
-        window_end = plan.warmup_s + plan.window_s
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.started_all.wait(),
+                                   timeout=max(0.0, plan.max_duration_s - self.now()))
+        window_end = self.warm_end + plan.window_s
         await asyncio.sleep(max(0.0, min(window_end, plan.max_duration_s) - self.now()))
         try:
             await asyncio.wait_for(self.enough.wait(),
@@ -482,7 +549,7 @@ class _Level:
 
 
 async def run_level(
-    endpoint: Endpoint,
+    endpoint: Endpoint | Sequence[Endpoint],
     trace: Sequence[TraceRequestLike],
     plan: LevelPlan,
     *,
@@ -490,11 +557,22 @@ async def run_level(
     speed: float | None = None,
     request_id_prefix: str | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
+    streams: Sequence[int] | None = None,
+    start_offsets: Sequence[float] | None = None,
 ) -> LevelResult:
     """Run one level: give exactly one of `concurrency` (closed loop) or `speed` (trace timing).
 
+    Several endpoints: stream k (closed loop) or request n (trace timing) goes to endpoint
+    k (n) mod their number. `streams` numbers this call's streams when a level is split over
+    client processes (default 0 … concurrency − 1; the endpoint follows the number) and
+    `start_offsets` gives each its first send, in seconds after the start (default:
+    `stagger_offsets` over the plan's ramp, seeded from the request-id prefix).
+
     `on_result` is called in the event loop for every finished request (progress reporting;
     keep it cheap)."""
+    endpoints = [endpoint] if isinstance(endpoint, Endpoint) else list(endpoint)
+    if not endpoints:
+        raise ValueError("give at least one endpoint")
     if not trace:
         raise ValueError("the trace is empty")
     if (concurrency is None) == (speed is None):
@@ -503,8 +581,18 @@ async def run_level(
         raise ValueError("concurrency must be >= 1")
     if speed is not None and speed <= 0:
         raise ValueError("speed must be > 0")
-    limit = concurrency if concurrency is not None else plan.max_in_flight
+    if plan.ramp < 0:
+        raise ValueError("ramp_s must be >= 0")
     prefix = request_id_prefix or f"bench-{random.getrandbits(32):08x}"
+    stream_ids: list[int] = []
+    offsets: list[float] = []
+    if concurrency is not None:
+        stream_ids = list(streams) if streams is not None else list(range(concurrency))
+        offsets = (list(start_offsets) if start_offsets is not None
+                   else stagger_offsets(concurrency, plan.ramp, zlib.crc32(prefix.encode())))
+        if len(stream_ids) != concurrency or len(offsets) != concurrency:
+            raise ValueError("give one stream number and one start offset per stream")
+    limit = concurrency if concurrency is not None else plan.max_in_flight
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=60,
                                      ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=plan.request_timeout_s,
@@ -512,12 +600,13 @@ async def run_level(
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     level = _Level(plan, t0, on_result)
+    starts: list[tuple[int, float, int]] = []
     async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                      auto_decompress=False) as session:
-        client = _Client(endpoint, plan, session, t0, prefix)
+        client = _Client(endpoints, plan, session, t0, prefix)
         probe = asyncio.create_task(level.probe())
         if concurrency is not None:
-            stopped_by = await _closed_loop(level, client, trace, concurrency)
+            stopped_by = await _closed_loop(level, client, trace, stream_ids, offsets, starts)
         else:
             assert speed is not None
             stopped_by = await _open_loop(level, client, trace, speed)
@@ -525,28 +614,53 @@ async def run_level(
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     window_end = level.stop_at if level.stop_at is not None else wall
-    _count_window_tokens(level.results, plan.warmup_s, window_end)
+    window_start = min(level.warm_end, window_end)
+    for result in level.results:  # the window's final start decides (see _Level.record)
+        result.warmup = result.started_at < window_start
+    _count_window_tokens(level.results, window_start, window_end)
     level.results.sort(key=lambda r: r.seq)
     return LevelResult(
         mode="concurrency" if concurrency is not None else "trace", concurrency=concurrency,
-        speed=speed, results=level.results, window_start_s=min(plan.warmup_s, window_end),
+        speed=speed, results=level.results, window_start_s=window_start,
         window_end_s=window_end, wall_s=wall, client_cpu_s=cpu, loop_lag_s=level.loop_lag,
-        stopped_by=stopped_by, origin=t0,
+        stopped_by=stopped_by, origin=t0, stream_starts=sorted(starts),
+        endpoints=[e.url for e in endpoints],
     )
 
 
 async def _closed_loop(level: _Level, client: _Client, trace: Sequence[TraceRequestLike],
-                       concurrency: int) -> Literal["window", "max_duration"]:
+                       stream_ids: Sequence[int], offsets: Sequence[float],
+                       starts: list[tuple[int, float, int]]
+                       ) -> Literal["window", "max_duration"]:
     counter = iter(range(1 << 62))
+    waiting = len(stream_ids)
+    n_endpoints = len(client.endpoints)
 
-    async def worker() -> None:
+    async def worker(stream: int, offset: float) -> None:
+        nonlocal waiting
+        endpoint = stream % n_endpoints
+        delay = offset - level.now()
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(level.stopping.wait(), timeout=delay)
+        first = True
         while not level.stopping.is_set():
             seq = next(counter)
             index = seq % len(trace)
-            ready = level.now()  # the worker wanted to send now; lag = how long until it did
-            level.record(await client.send(trace[index], index, seq, ready))
+            # the worker wanted to send now (its first: at its offset); lag = until it did
+            ready = offset if first else level.now()
+            if first:
+                now = level.now()
+                starts.append((stream, now, endpoint))
+                waiting -= 1
+                if waiting == 0:
+                    level.all_started(now)
+                first = False
+            level.record(await client.send(trace[index], index, seq, ready, stream=stream,
+                                           endpoint=endpoint))
 
-    workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    workers = [asyncio.create_task(worker(stream, offset))
+               for stream, offset in zip(stream_ids, offsets, strict=True)]
     stopped_by = await level.control()
     await _drain(workers, level.plan)
     return stopped_by
@@ -560,10 +674,13 @@ async def _open_loop(level: _Level, client: _Client, trace: Sequence[TraceReques
     period = span + span / (len(order) - 1) if len(order) > 1 and span > 0 else 1.0
     slots = asyncio.Semaphore(level.plan.max_in_flight)
     tasks: set[asyncio.Task[None]] = set()
+    n_endpoints = len(client.endpoints)
+    level.all_started(0.0)  # no streams: the window starts after the warm-up
 
     async def one(index: int, seq: int, scheduled: float) -> None:
         try:
-            level.record(await client.send(trace[index], index, seq, scheduled))
+            level.record(await client.send(trace[index], index, seq, scheduled,
+                                           endpoint=seq % n_endpoints))
         finally:
             slots.release()
 

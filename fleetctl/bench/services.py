@@ -35,6 +35,7 @@ import os
 import socket
 import tempfile
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
@@ -45,13 +46,22 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import close_old_connections, transaction
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
 from fleetctl.audit.services import audit_record
 from fleetctl.bench import runner, stats, sweep, traces
-from fleetctl.bench.models import Level, Run, Sample, ShardPart, Trace
+from fleetctl.bench.models import (
+    DEFAULT_WARMUP_S,
+    DEFAULT_WINDOW_S,
+    Level,
+    Run,
+    Sample,
+    ShardPart,
+    Trace,
+)
 from fleetctl.core.errors import ConflictError
 from fleetctl.fleet.models import Pool, PoolModel
 
@@ -222,13 +232,14 @@ SPEEDS_HELP = ("Give trace speeds as a list of positive numbers up to 1000, e.g.
 RUN_FIELDS = ["name", "trace", "model_id", "mode", "levels", "timing", "speeds",
               "max_concurrency",
               "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "warmup_s", "window_s",
-              "min_samples", "shards", "lag_limit_ms"]
+              "ramp_s", "min_samples", "shards", "lag_limit_ms"]
 
 
 def run_create(*, actor: Actor, trace: Trace, pools: list[Pool], model_id: str,
                slo_ttft_p95_ms: float, slo_tpot_p95_ms: float, slo_error_rate: float,
                mode: str = Run.Mode.SEARCH, levels: list[int] | None = None,
-               max_concurrency: int = 256, warmup_s: float = 2.0, window_s: float = 10.0,
+               max_concurrency: int = 256, warmup_s: float = DEFAULT_WARMUP_S,
+               window_s: float = DEFAULT_WINDOW_S, ramp_s: float | None = None,
                min_samples: int = 30, shards: int = 1, lag_limit_ms: float = 25.0,
                name: str = "", timing: str = Run.Timing.CONCURRENCY,
                speeds: list[float] | None = None) -> Run:
@@ -263,8 +274,20 @@ def run_create(*, actor: Actor, trace: Trace, pools: list[Pool], model_id: str,
         if max(levels) > max_concurrency:
             raise ValidationError({"levels": [f"Levels go up to max_concurrency "
                                               f"({max_concurrency})."]})
+    if ramp_s is not None and timing == Run.Timing.TRACE:
+        raise ValidationError({"ramp_s": ["A ramp staggers fixed-concurrency streams; trace "
+                                          "timing sends at the trace's own times. Leave it "
+                                          "out."]})
+    if ramp_s is not None and (isinstance(ramp_s, bool) or not isinstance(ramp_s, int | float)
+                               or not math.isfinite(ramp_s) or ramp_s < 0):
+        raise ValidationError({"ramp_s": ["Give the ramp in seconds, a number from 0 up to the "
+                                          "warm-up, or leave it out (half the warm-up)."]})
+    if ramp_s is not None and isinstance(warmup_s, int | float) and ramp_s > warmup_s:
+        raise ValidationError({"ramp_s": [f"The ramp ({ramp_s:g} s) must fit in the warm-up "
+                                          f"({warmup_s:g} s): the window starts once every "
+                                          f"stream runs. Lower ramp_s or raise warmup_s."]})
     run = Run(name=name, trace=trace, model_id=model_id, mode=mode, levels=sorted(set(levels)),
-              timing=timing, speeds=speeds,
+              timing=timing, speeds=speeds, ramp_s=ramp_s,
               max_concurrency=max_concurrency, slo_ttft_p95_ms=slo_ttft_p95_ms,
               slo_tpot_p95_ms=slo_tpot_p95_ms, slo_error_rate=slo_error_rate,
               warmup_s=warmup_s, window_s=window_s, min_samples=min_samples, shards=shards,
@@ -327,13 +350,28 @@ class _Context:
 
 def _plan(run: Run) -> runner.LevelPlan:
     return runner.LevelPlan(warmup_s=run.warmup_s, window_s=run.window_s,
-                            min_samples=run.min_samples,
+                            min_samples=run.min_samples, ramp_s=run.ramp_s,
                             max_duration_s=run.warmup_s + max(run.window_s * 6, 60.0))
 
 
-def _endpoint(pool: Pool, model_id: str) -> runner.Endpoint:
-    return runner.Endpoint(base_url=pool.base_urls[0].rstrip("/").removesuffix("/v1"),
-                           model=model_id)
+def _endpoints(pool: Pool, model_id: str) -> list[runner.Endpoint]:
+    """Every endpoint of the pool, in its `base_urls` order: a level drives them all (the
+    cost divides the whole pool's hourly rate by the whole pool's throughput)."""
+    return [runner.Endpoint(base_url=url.rstrip("/").removesuffix("/v1"), model=model_id)
+            for url in pool.base_urls]
+
+
+def _streams(run: Run, pool: Pool, total: int, shard: int) -> tuple[list[int], list[float]]:
+    """Shard `shard`'s streams of a level of `total` streams, and their first sends: the
+    level's streams are numbered 0 … total − 1 across its client processes (shard 0 the
+    first share, …) and their offsets drawn once for the whole level, seeded by run, pool
+    and level, so every process staggers its share into one common ramp."""
+    shares = _split(total, run.shards)
+    first = sum(shares[:shard])
+    ids = list(range(first, first + shares[shard]))
+    offsets = runner.stagger_offsets(total, _plan(run).ramp,
+                                     zlib.crc32(f"run{run.pk}-{pool.name}-c{total}".encode()))
+    return ids, [offsets[i] for i in ids]
 
 
 def _split(concurrency: int, shards: int) -> list[int]:
@@ -345,15 +383,19 @@ def _split(concurrency: int, shards: int) -> list[int]:
 
 async def _measure_shard(*, run: Run, requests: list[traces.TraceRequest], pool: Pool,
                          concurrency: int, start_at: float, speed: float | None = None,
-                         shard: int = 0, shards: int = 1) -> runner.LevelResult:
+                         shard: int = 0, shards: int = 1, total: int | None = None
+                         ) -> runner.LevelResult:
+    """One client process's share: `concurrency` of the level's `total` streams (default:
+    all of them), or its part of a trace-timing level."""
     if speed is not None:
         return await _replay_shard(run=run, requests=requests, pool=pool, start_at=start_at,
                                    speed=speed, shard=shard, shards=shards)
+    ids, offsets = _streams(run, pool, total or concurrency, shard)
     delay = start_at - time.time()
     if delay > 0:
         await asyncio.sleep(delay)
-    return await runner.run_level(_endpoint(pool, run.model_id), requests, _plan(run),
-                                  concurrency=concurrency,
+    return await runner.run_level(_endpoints(pool, run.model_id), requests, _plan(run),
+                                  concurrency=concurrency, streams=ids, start_offsets=offsets,
                                   request_id_prefix=f"run{run.pk}-{pool.name}-c{concurrency}")
 
 
@@ -410,7 +452,7 @@ async def _replay_shard(*, run: Run, requests: list[traces.TraceRequest], pool: 
     if delay > 0:
         await asyncio.sleep(delay)
     result = await runner.run_level(
-        _endpoint(pool, run.model_id), rows, plan, speed=speed,
+        _endpoints(pool, run.model_id), rows, plan, speed=speed,
         request_id_prefix=f"run{run.pk}-{pool.name}-s{speed:g}-{shard}")
     for r in result.results:  # the sample index: the request's place in the whole schedule
         r.seq = (r.seq // len(rows)) * per_layout + positions[r.index]
@@ -429,7 +471,7 @@ def _save_part(level: Level, shard: int, concurrency: int, result: runner.LevelR
                 itl_s=[round(g, 6) for g in r.itl_s], input_tokens=r.input_tokens or 0,
                 output_tokens=r.output_tokens, window_tokens=r.window_tokens,
                 tokens_source=r.tokens_source, status=r.status, http_status=r.http_status,
-                error=(r.error or "")[:2000]))
+                error=(r.error or "")[:2000], stream=r.stream, endpoint=r.endpoint))
     with transaction.atomic():
         Sample.objects.bulk_create(rows, batch_size=1000)
         samples = result.samples() if result is not None else None
@@ -440,6 +482,10 @@ def _save_part(level: Level, shard: int, concurrency: int, result: runner.LevelR
             measured_requests=part.measured_requests if part else 0,
             client_cpu_s=part.client_cpu_s if part else 0, wall_s=part.wall_s if part else 0,
             loop_lag_s=[round(x, 6) for x in (result.loop_lag_s if result else [])],
+            stream_starts=[[s, round(t, 6), e] for s, t, e in result.stream_starts]
+            if result else [],
+            endpoints=result.endpoints if result else [],
+            window_start_s=result.window_start_s if result else 0,
             error=error[:2000], worker=socket.gethostname())
 
 
@@ -452,11 +498,48 @@ def shard_execute(*, level_id: int, shard: int, concurrency: int, start_at: floa
         result = asyncio.run(_measure_shard(
             run=run, requests=requests, pool=level.pool, concurrency=concurrency,
             start_at=start_at, speed=level.speed, shard=shard,
-            shards=_trace_shards(run, len(requests))))
+            shards=_trace_shards(run, len(requests)), total=level.concurrency))
         _save_part(level, shard, concurrency, result)
     except Exception as exc:  # recorded on the level; the coordinator decides
         log.exception("bench shard %s/%s failed", level_id, shard)
         _save_part(level, shard, concurrency, None, error=f"{type(exc).__name__}: {exc}")
+
+
+def _load_shape(level: Level) -> dict[str, Any]:
+    """How the level loaded the pool, for its page and export: each stream's first send and
+    endpoint (fixed concurrency), when the window began, and per endpoint how many requests
+    it got and the output tokens/s it gave inside the window."""
+    parts = [p for p in level.parts.order_by("shard") if p.shard < 1000]
+    urls: list[str] = next((list(p.endpoints) for p in parts if p.endpoints),
+                           list(level.pool.base_urls))
+    window = {p.shard: p.window_s for p in parts}
+    rows: dict[int, dict[str, Any]] = {
+        i: {"endpoint": i, "url": url, "requests": 0, "measured": 0, "ok": 0,
+            "output_tokens_per_s": 0.0} for i, url in enumerate(urls)}
+    counts = (Sample.objects.filter(level=level)
+              .values("shard", "endpoint", "warmup", "status")
+              .annotate(n=Count("id"), tokens=Sum("window_tokens")))
+    for c in counts:
+        row = rows.setdefault(c["endpoint"], {
+            "endpoint": c["endpoint"], "url": "", "requests": 0, "measured": 0, "ok": 0,
+            "output_tokens_per_s": 0.0})
+        row["requests"] += c["n"]
+        if not c["warmup"]:
+            row["measured"] += c["n"]
+            row["ok"] += c["n"] if c["status"] == "ok" else 0
+        if window.get(c["shard"]):
+            row["output_tokens_per_s"] += (c["tokens"] or 0.0) / window[c["shard"]]
+    streams = sorted(
+        ({"stream": s, "start_s": t, "endpoint": e, "shard": p.shard}
+         for p in parts for s, t, e in p.stream_starts), key=lambda x: x["stream"])
+    return {
+        "ramp_s": level.run.ramp_s if level.run.ramp_s is not None
+        else _plan(level.run).ramp if level.speed is None else 0.0,
+        "warmup_s": level.run.warmup_s,
+        "window_start_s": max((p.window_start_s for p in parts), default=None),
+        "streams": streams,
+        "endpoints": [rows[i] for i in sorted(rows)],
+    }
 
 
 def _merged(level: Level) -> stats.LevelSamples:
@@ -487,7 +570,8 @@ def _judge(level: Level, ctx: _Context) -> stats.Verdict:
     if summary.n_measured and summary.n_ok == 0:
         first = next((s.error for s in level.samples.exclude(error="")[:1]), "")
         verdict = replace(verdict, reason=f"{verdict.reason}: {first}")
-    level.summary = asdict(summary) | {"reason": verdict.reason,
+    level.summary = asdict(summary) | {"load_shape": _load_shape(level)} | {
+        "reason": verdict.reason,
                                                 "ratios": verdict.ratios,
                                                 "shard_errors": errors}
     level.verdict = "error" if errors and summary.n_measured == 0 else verdict.outcome
@@ -537,7 +621,8 @@ async def _measure(ctx: _Context, pool: Pool, concurrency: int,
         try:
             result = await _measure_shard(run=run, requests=ctx.requests, pool=pool,
                                           concurrency=shares[0], start_at=start_at,
-                                          speed=speed, shard=0, shards=len(shares))
+                                          speed=speed, shard=0, shards=len(shares),
+                                          total=concurrency)
             await sync_to_async(_save_part)(level, 0, shares[0], result)
         except Exception as exc:
             await sync_to_async(_save_part)(level, 0, shares[0], None,

@@ -5,6 +5,7 @@ trace speed) and its cost per 1M output tokens."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -196,7 +197,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                  "max_concurrency": max(args.max_concurrency or 0, max(args.levels), 256)}
     else:
         body |= {"mode": "search", "max_concurrency": args.max_concurrency or 256}
-    for key in ("warmup_s", "window_s", "min_samples", "lag_limit_ms"):
+    for key in ("warmup_s", "window_s", "ramp_s", "min_samples", "lag_limit_ms"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
     client = _client(args)
@@ -255,6 +256,13 @@ def _number(value: str) -> float:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number") from exc
 
 
+def _seconds(value: str) -> float:
+    number = _number(value)
+    if not math.isfinite(number) or number < 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: give seconds, a number >= 0")
+    return number
+
+
 def add_commands(sub: Any, common: Any) -> None:
     bench = sub.add_parser("bench", help="benchmark traces against pools (cost per 1M tokens)")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="ACTION", required=True)
@@ -307,8 +315,13 @@ def add_commands(sub: Any, common: Any) -> None:
                             "0.5,1,2 (implies trace timing)")
     run.add_argument("--shards", type=_positive_int, default=1,
                      help="client processes per level (bench workers)")
-    run.add_argument("--warmup-s", type=_number)
-    run.add_argument("--window-s", type=_number)
+    run.add_argument("--warmup-s", type=_number,
+                     help="seconds per level before the window (server default 15)")
+    run.add_argument("--window-s", type=_number,
+                     help="steady-state seconds per level (server default 60)")
+    run.add_argument("--ramp-s", type=_seconds,
+                     help="spread each level's stream starts over this many seconds, at most "
+                          "the warm-up (default half the warm-up)")
     run.add_argument("--min-samples", type=_positive_int)
     run.add_argument("--lag-limit-ms", type=_number)
     run.add_argument("--name", default="")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from fleetctl.bench import selectors
-from fleetctl.bench.models import Level, Run, Sample, Trace
+from fleetctl.bench.models import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S, Level, Run, Sample, Trace
 from fleetctl.core.api.fields import StrictCharField
 from fleetctl.core.api.schema import OBJECT_SCHEMA, ObjectField
 from fleetctl.fleet.models import Pool
@@ -124,6 +124,8 @@ def json_text(value: Any) -> str:
         return repr(value)
 
 
+# Component names say "Bench": another app has runs of its own (conformance probes).
+@extend_schema_serializer(component_name="BenchRunCreate")
 class RunCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
     trace = serializers.SlugRelatedField(
@@ -146,8 +148,14 @@ class RunCreateSerializer(serializers.Serializer):
     slo_ttft_p95_ms = serializers.FloatField(help_text="1 … 600,000 ms")
     slo_tpot_p95_ms = serializers.FloatField(help_text="0.1 … 10,000 ms")
     slo_error_rate = serializers.FloatField(help_text="0 … 0.5 (errors and timeouts / measured)")
-    warmup_s = serializers.FloatField(default=2.0)
-    window_s = serializers.FloatField(default=10.0)
+    warmup_s = serializers.FloatField(
+        default=DEFAULT_WARMUP_S, help_text="Seconds per level before the window (0 … 600).")
+    window_s = serializers.FloatField(
+        default=DEFAULT_WINDOW_S, help_text="Steady-state seconds per level (0.5 … 3600).")
+    ramp_s = serializers.FloatField(
+        required=False, allow_null=True, default=None,
+        help_text="timing=concurrency: seconds over which a level's streams send their first "
+                  "requests (0 … warmup_s); null = half the warm-up.")
     min_samples = serializers.IntegerField(default=30)
     shards = serializers.IntegerField(default=1, help_text="Client processes per level (1 … 64).")
     lag_limit_ms = serializers.FloatField(default=25.0)
@@ -170,6 +178,7 @@ class LevelSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+@extend_schema_serializer(component_name="BenchRun")
 class RunSerializer(serializers.ModelSerializer):
     trace = serializers.CharField(source="trace.name", read_only=True)
     pools: Any = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
@@ -183,7 +192,8 @@ class RunSerializer(serializers.ModelSerializer):
         model = Run
         fields = ["id", "name", "trace", "pools", "model_id", "mode", "levels", "timing", "speeds",
                   "max_concurrency", "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate",
-                  "warmup_s", "window_s", "min_samples", "shards", "lag_limit_ms", "status",
+                  "warmup_s", "window_s", "ramp_s", "min_samples", "shards", "lag_limit_ms",
+                  "status",
                   "error", "created_by", "created_at", "started_at", "finished_at", "url"]
         read_only_fields = fields
 
@@ -223,6 +233,7 @@ class ProgressSerializer(serializers.Serializer):
     percent = serializers.IntegerField(allow_null=True)
 
 
+@extend_schema_serializer(component_name="BenchRunDetail")
 class RunDetailSerializer(RunSerializer):
     progress = serializers.SerializerMethodField()
     results = serializers.SerializerMethodField()
@@ -276,6 +287,7 @@ class ExportSampleSerializer(SampleSerializer):
         read_only_fields = fields
 
 
+@extend_schema_serializer(component_name="BenchRunExport")
 class RunExportSerializer(RunDetailSerializer):
     """For the schema only: what …/export.json streams (exports.json_chunks)."""
 
