@@ -279,7 +279,9 @@ DEMO_SIM_POOLS = [
     ("h200-us-east", "h200", 1),
     ("mi300x-us-east", "mi300x", 2),
     ("tpu-v5e-eu-west", "tpu-v5e", 3),
-    ("a100-eu-central", "a100", 4),
+    # An older serving stack on the A100s: no tool parsing, another tokenizer. Its
+    # conformance probe fails on exactly those (tools, prompt-token parity).
+    ("a100-eu-central", "a100-legacy", 4),
     ("gaudi3-in-west", "gaudi3", 5),
 ]
 
@@ -343,7 +345,7 @@ def seed_args(password: str, sim_base_port: int, gateway_admin_port: int) -> lis
     may start with "-", which would otherwise read as an option of its own."""
     return ["demo_seed", f"--password={password}", "--sim-base-port", str(sim_base_port),
             "--gateway-admin", f"http://127.0.0.1:{gateway_admin_port}",
-            "--gateway-config-dir", str(VAR / "envoy")]
+            "--gateway-config-dir", str(VAR / "envoy"), "--conformance"]
 
 
 # One worker per queue, as in docker-compose.yml (docs/queues.md): name, queue, threads.
@@ -389,12 +391,16 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
         subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
                        check=True)
         password = _demo_password()
-        subprocess.run([PY, "manage.py", *seed_args(password, sim_base_port, gateway_admin_port)],
-                       cwd=ROOT, env=env, check=True)
+        # The simulated pools first: the seed queues a conformance probe of each demo plan,
+        # which the probe worker (started below) runs at once, so the pools must answer.
         sim_args = [f"{name}={profile}@{sim_base_port + offset}"
                     for name, profile, offset in DEMO_SIM_POOLS]
         pool_flags = [flag for arg in sim_args for flag in ("--pool", arg)]
         stack.start("sim", [PY, "-m", "fleetctl.sim", *pool_flags], env)
+        for _, _, offset in DEMO_SIM_POOLS:
+            wait_for_port("127.0.0.1", sim_base_port + offset, what="the simulated fleet")
+        subprocess.run([PY, "manage.py", *seed_args(password, sim_base_port, gateway_admin_port)],
+                       cwd=ROOT, env=env, check=True)
         _start_envoy(stack, gateway_port, gateway_admin_port)
         for name, argv in worker_commands().items():
             stack.start(name, argv, env)

@@ -76,6 +76,9 @@ class Command(BaseCommand):
         parser.add_argument("--gateway-admin", default="",
                             help="Envoy admin URL; with it, routes and a gateway are seeded")
         parser.add_argument("--gateway-config-dir", default="")
+        parser.add_argument("--conformance", action="store_true",
+                            help="queue a conformance probe of each demo plan's candidate "
+                                 "(a worker on the probe queue runs it once the pools answer)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.created: list[str] = []
@@ -92,6 +95,8 @@ class Command(BaseCommand):
         if options["gateway_admin"]:
             self._traffic(actor, options["gateway_admin"], options["gateway_config_dir"])
             self._plans()
+            if options["conformance"]:
+                self._probe()
         made = ", ".join(self.created) if self.created else "nothing (all there already)"
         self.stdout.write(f"demo fleet: {Pool.objects.count()} pools in "
                           f"{Region.objects.count()} regions; created {made}")
@@ -192,9 +197,10 @@ class Command(BaseCommand):
 
     def _plans(self) -> None:
         """Two plans, both opened by `lead` so that `lead2` is the second platform lead:
-        MI300X in stage 2 (shadow) with a partly green gate, and the A100 in stage 1 with a
-        failing conformance result, which nobody can approve. Every step goes through the
-        services, so each plan's timeline shows it; a plan is seeded whole or not at all."""
+        MI300X in stage 2 (shadow) with a partly green gate, and the A100 in stage 1, whose
+        conformance check waits for a real probe (`--conformance`, which `make demo` passes).
+        Every step goes through the services, so each plan's timeline shows it; a plan is
+        seeded whole or not at all."""
         from migrations_plan.models import Plan
 
         if not Plan.objects.filter(name="mi300x-llama-8b").exists():
@@ -234,14 +240,26 @@ class Command(BaseCommand):
         lead = Actor(user=User.objects.get(username="lead"))
         terms = self._plan_terms()
         a100 = Pool.objects.get(name="a100-eu-central")
-        plan = plans.plan_create(actor=lead, name="a100-llama-8b", candidate_pool=a100,
+        return plans.plan_create(actor=lead, name="a100-llama-8b", candidate_pool=a100,
                                  **terms, notes="Previous-generation A100s for batch "
                                                 "traffic (demo).")
-        plans.evidence_record(
-            actor=Actor.for_system("demo-seed"), pool=a100, kind="conformance",
-            verdict="fail", route=terms["routes"][0],
-            summary="(demo data) 3 of 40 contract cases fail: logprobs, tool_choice")
-        return plan
+
+    def _probe(self) -> None:
+        """A real conformance probe of each demo plan's candidate against its primary, queued
+        on every start: the probe queue's worker runs it against the simulated pools (the
+        A100 runs the legacy serving profile: no tool parsing, another tokenizer, so its
+        run fails; the MI300X's passes). A plan whose candidate is being probed already, or
+        that is gone, is skipped with a note."""
+        from fleetctl.conformance import services as conformance
+        from migrations_plan.models import Plan
+
+        actor = Actor.for_system("demo-seed")
+        for name in ("a100-llama-8b", "mi300x-llama-8b"):
+            plan = Plan.objects.filter(name=name).select_related("candidate_pool").first()
+            if plan is None:
+                continue
+            self._create(f"conformance run of {plan.candidate_pool.name}", partial(
+                conformance.run_create, actor=actor, pool=plan.candidate_pool, plan=plan))
 
     def _people(self, actor: Actor, password: str) -> None:
         roles_ensure_groups()

@@ -1,0 +1,67 @@
+"""The demo's probes, for real: the simulated fleet `make demo` starts (the A100 on the
+legacy serving profile), the seed with --conformance as `make demo` runs it, and a worker on
+the probe queue. The A100 plan's probe fails on tools and prompt-token parity and blocks its
+gate; the MI300X candidate's passes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+
+from fleetctl.accounts.actor import Actor
+from fleetctl.conformance.models import ConformanceRun
+from fleetctl.core.errors import ConflictError
+from fleetctl.demo import devstack
+from migrations_plan import evidence as ev
+from migrations_plan import services as plans
+from migrations_plan.models import Plan
+from tests.conftest import wait_until
+from tests.sim.simproc import SimProcess
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def demo_fleet(tmp_path: Path) -> Iterator[int]:
+    """The demo's simulated pools, with the demo's profiles, on consecutive free ports."""
+    while True:
+        base = devstack.free_port()
+        if base + 6 < 65536 and not any(devstack.port_answers("127.0.0.1", base + i)
+                                        for i in range(1, 6)):
+            break
+    args = ["--log-level", "WARNING"]
+    for name, profile, offset in devstack.DEMO_SIM_POOLS:
+        args += ["--pool", f"{name}={profile}@{base + offset}"]
+    sim = SimProcess(args, len(devstack.DEMO_SIM_POOLS), tmp_path / "sim.log")
+    yield base
+    sim.stop()
+
+
+def test_the_demo_probes_fail_the_a100_on_tools_and_parity_and_pass_the_mi300x(
+        celery_worker, demo_fleet):
+    call_command("demo_seed", "--password=demo-pw", "--sim-base-port", str(demo_fleet),
+                 "--gateway-admin", "http://127.0.0.1:1",
+                 "--gateway-config-dir", "/tmp/fleetctl-demo-test", "--conformance")
+    assert ConformanceRun.objects.count() == 2
+    wait_until(lambda: not ConformanceRun.objects.filter(
+        status__in=ConformanceRun.ACTIVE).exists(), timeout_s=240, what="the demo's probes")
+    a100 = ConformanceRun.objects.get(pool__name="a100-eu-central")
+    mi300x = ConformanceRun.objects.get(pool__name="mi300x-us-east")
+    assert (a100.status, a100.verdict) == ("done", "fail"), a100.error
+    assert a100.primary.name == "h200-us-east" and a100.plan.name == "a100-llama-8b"
+    evidence = a100.pool.evidence.get(kind="conformance")
+    assert set(evidence.data["required_failing"]) == {"tools.required", "tools.named",
+                                                      "parity.prompt_tokens"}
+    assert "tokens vs h200-us-east" in a100.summary
+    assert (mi300x.status, mi300x.verdict) == ("done", "pass"), mi300x.summary
+
+    plan = Plan.objects.get(name="a100-llama-8b")
+    check = next(o for o in ev.evaluate_gate(plan).outcomes if o.check.key == "conformance")
+    assert check.status == ev.FAIL
+    lead2 = Actor(user=User.objects.get(username="lead2"))
+    with pytest.raises(ConflictError, match="tools, tool_choice required"):
+        plans.approve(actor=lead2, plan=plan, justification="it is only a demo, really")
