@@ -49,7 +49,7 @@ from .gcgovernor import GOVERNOR
 from .groundtruth import DEFAULT_REQUEST_CAPACITY, GroundTruth, RequestInfo, request_record
 from .metrics import CONTENT_TYPE, Gauges, PoolMetrics
 from .profiles import Profile
-from .structured import ScriptedStream, json_text
+from .structured import SchemaError, ScriptedStream, json_text
 from .textgen import TextKey, TokenSource, TokenStream, stable_hash
 
 log = logging.getLogger("fleetctl.sim")
@@ -421,12 +421,8 @@ class SimPool:
         profile = self.profile
         key = TextKey.of(req.model, req.prompt_text, req.seed)
         stream: TokenSource
-        if req.tool_call is not None:
-            text = json_text(req.tool_call.parameters, key, f"tool:{req.tool_call.name}")
-            stream = ScriptedStream(text, key, req.top_logprobs)
-        elif req.json_format is not None:
-            text = json_text(req.json_schema, key, req.json_format)
-            stream = ScriptedStream(text, key, req.top_logprobs)
+        if req.tool_call is not None or req.json_format is not None:
+            stream = ScriptedStream(_structured_text(req, key), key, req.top_logprobs)
         else:
             stream = TokenStream(
                 key=key,
@@ -630,6 +626,23 @@ class DirectStream:
             self.seq.abort("client not reading its stream")
         else:
             transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+
+def _structured_text(req: GenRequest, key: TextKey) -> str:
+    """The JSON a tool call's arguments or a JSON answer will be, or a 400 naming the schema."""
+    tool = req.tool_call
+    try:
+        if tool is not None:
+            return json_text(tool.parameters, key, f"tool:{tool.name}")
+        return json_text(req.json_schema, key, req.json_format or "json_object")
+    except SchemaError as exc:
+        if tool is not None:
+            index = next(i for i, t in enumerate(req.tools) if t.name == tool.name)
+            param = f"tools[{index}].function.parameters"
+        else:
+            param = "response_format.json_schema.schema"
+        raise ApiError(400, f"Invalid '{param}': no value can be produced for this schema "
+                       f"({exc}).", param=param, code="invalid_value") from None
 
 
 def _expected_length(seq: Sequence) -> int:

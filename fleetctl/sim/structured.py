@@ -239,13 +239,18 @@ JSON_OBJECT_SCHEMA: dict[str, Any] = {
 }
 
 
+class SchemaError(ValueError):
+    """No value can be produced for this schema (e.g. infinite bounds)."""
+
+
 def json_text(schema: dict[str, Any] | None, key: TextKey, salt: str) -> str:
     """The JSON answer for (model, prompt, seed) and a schema: a JSON object for
     `json_object` (schema None), a schema-valid value for `json_schema` or tool arguments."""
     rng = random.Random(stable_hash("json", salt, key))
-    if schema is None:
-        return compact_json(value_for(JSON_OBJECT_SCHEMA, rng))
-    return compact_json(value_for(schema, rng))
+    try:
+        return compact_json(value_for(JSON_OBJECT_SCHEMA if schema is None else schema, rng))
+    except (ArithmeticError, ValueError, TypeError, RecursionError) as exc:
+        raise SchemaError(str(exc) or type(exc).__name__) from exc
 
 
 class ScriptedStream:

@@ -365,6 +365,25 @@ def test_bad_tools_and_formats_are_400_error_objects_naming_the_field(
     assert param.split("[")[0].split(".")[0] in error["message"]
 
 
+@pytest.mark.parametrize(("fields", "param"), [
+    ('"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": '
+     '"object", "properties": {"n": {"type": "integer", "minimum": Infinity}}}}}], '
+     '"tool_choice": "required"', "tools[0].function.parameters"),
+    ('"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": '
+     '{"type": "integer", "maximum": -Infinity}}}', "response_format.json_schema.schema"),
+])
+def test_a_schema_no_value_can_satisfy_is_a_400_not_a_crash(
+    fleet: SimProcess, fields: str, param: str
+) -> None:
+    raw = f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "x"}}], {fields}}}'
+    response = httpx.post(f"{fleet.url('ref')}/v1/chat/completions", content=raw.encode(),
+                          headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert "no value can be produced for this schema" in error["message"]
+
+
 def test_a_malformed_body_is_a_400_the_sdk_reads(fleet: SimProcess) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client(fleet.url("ref")).chat.completions.create(
