@@ -10,6 +10,7 @@ from fleetctl.accounts.actor import Actor
 from fleetctl.accounts.services import token_create_personal
 from fleetctl.traffic import services as traffic
 from migrations_plan import services
+from migrations_plan.models import Plan
 from tests.cli.test_cli import run
 from tests.migrations_plan.conftest import MODEL, World, world  # noqa: F401 - the fixture
 
@@ -22,8 +23,9 @@ def plans(transactional_db, world: World) -> World:  # noqa: F811 - the fixture
     plan = world.plan()
     services.approve(actor=world.actor("lead"), plan=plan,
                      justification="conformance evidence arrives with a later issue")
-    services.evidence_record(actor=Actor.for_system("test"), pool=world.candidate,
-                             kind="conformance", verdict="pass", summary="42/42 probes pass")
+    services.evidence_record(actor=Actor.for_system("conformance-probe"), pool=world.candidate,
+                             kind="conformance", verdict="pass", summary="42/42 probes pass",
+                             source="conformance run 4")
     batch = traffic.route_create(actor=Actor.for_system("test"), name="llama-batch",
                                  model_id=MODEL, latency_class="batch",
                                  primary_pool=world.primary)
@@ -64,6 +66,13 @@ def test_plans_show_prints_the_checklist_and_the_approvals(live_server, viewer_t
     checklist = {line.split("  ")[0]: line for line in out.splitlines()}
     assert "pass" in checklist and "insufficient data" in checklist
     assert "42/42 probes pass" in out and "Cost per 1M output tokens is reported" in out
+    # Where each check's evidence comes from.
+    assert "EVIDENCE FROM" in out.splitlines()[next(
+        i for i, line in enumerate(out.splitlines()) if line.startswith("STATUS"))]
+    conformance = next(line for line in out.splitlines() if "42/42 probes pass" in line)
+    assert conformance.rstrip().endswith("measured by conformance run 4")
+    healthy = next(line for line in out.splitlines() if "Candidate healthy" in line)
+    assert healthy.rstrip().endswith("measured by the health probe")
     # Bob approved before the conformance evidence arrived: his approval no longer counts.
     approval = next(line for line in out.splitlines() if line.startswith("bob"))
     assert "no: check 'Passes the OpenAI-contract conformance probe'" in approval
@@ -83,3 +92,22 @@ def test_plans_errors_are_one_line_and_exit_codes_say_whose_fault(live_server, v
     assert bad_state.returncode == 2 and "invalid choice" in bad_state.stderr
     no_token = run(live_server, "plans", "list")
     assert no_token.returncode == 2 and "FLEETCTL_TOKEN" in no_token.stderr
+
+
+def test_a_gate_awaiting_an_attestation_reads_the_same_as_in_the_api(live_server, plans,
+                                                                     viewer_token):
+    plan = Plan.objects.get(name="mi300x-llama")
+    for check in plan.checks.filter(stage=1):
+        services.check_remove(actor=plans.actor("lead"), check=check, reason="not for this test")
+    services.check_add(actor=plans.actor("lead"), plan=plan, stage=1, title="Runbook reviewed",
+                       attest_role="on-call")
+    table = run(live_server, "plans", "list", token=viewer_token)
+    row = next(line for line in table.stdout.splitlines() if line.startswith("mi300x-llama"))
+    assert "0/1 pass · awaiting attestation (blocked)" in row
+    shown = run(live_server, "plans", "show", "mi300x-llama", token=viewer_token).stdout
+    assert ("gate to leave stage 1 (abstraction): awaiting attestation (blocked: cannot be "
+            "approved or advanced) · 0/1 pass") in shown
+    as_json = json.loads(run(live_server, "plans", "show", "mi300x-llama", "--json",
+                             token=viewer_token).stdout)
+    assert (as_json["gate"]["status"], as_json["gate"]["blocks_advance"]) == (
+        "awaiting-attestation", True)

@@ -121,3 +121,54 @@ def test_a_platform_lead_approves_a_gate_and_a_viewer_sees_no_button(
     expect(viewer.get_by_text("Approving and advancing need the platform-lead role")
            ).to_be_visible()
     assert viewer_problems.items == []
+
+
+@pytest.fixture
+def plan_with_every_source(transactional_db: None, world: Any) -> str:
+    """A stage-1 gate with evidence of each origin: the health probe's record (measured), a CI
+    system's report about conformance (reported), and an on-call's attestation."""
+    plan = world.plan(name="mi300x-llama")
+    services.evidence_report(
+        actor=Actor.for_system("ci"), pool=world.candidate, reported_by="ci-contract-suite",
+        about="conformance", verdict="pass", summary="42/42 contract cases",
+        url="https://ci.example/runs/7")
+    check = services.check_add(actor=world.actor("lead"), plan=plan, stage=1,
+                               title="Runbook reviewed", attest_role="on-call")
+    services.attest(actor=world.actor("oncall"), check=check, note="walked through it")
+    return plan.name
+
+
+def test_the_gate_page_says_where_each_piece_of_evidence_comes_from(
+    live_server: Any, plan_with_every_source: str, browser: Browser
+):
+    url = f"{live_server.url}/plans/{plan_with_every_source}/"
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems = Problems(page)
+    sign_in(page, url, "vic")
+    gate = page.locator("#plan-gate")
+
+    conformance = gate.locator('tr[data-check="conformance"]')
+    expect(conformance.locator(".badge")).to_have_text("○ insufficient data")
+    expect(conformance.locator(".summary")).to_contain_text(
+        "Reported by ci-contract-suite: pass — not measured by fleetctl")
+    reported = conformance.locator('li[data-origin="reported"]')
+    expect(reported.locator(".evidence-source")).to_have_text("Reported by ci-contract-suite")
+    expect(reported.get_by_role("link", name="42/42 contract cases")).to_have_attribute(
+        "href", "https://ci.example/runs/7")
+
+    healthy = gate.locator('tr[data-check="healthy"] li[data-origin="measured"]')
+    expect(healthy.locator(".evidence-source")).to_have_text("Measured by the health probe")
+
+    attested = gate.locator('tr[data-check="runbook-reviewed"]')
+    expect(attested.locator(".badge")).to_have_text("● pass")
+    expect(attested.locator('li[data-origin="attested"] .evidence-source')).to_have_text(
+        "Attested by olga")
+
+    # The measured result arrives: it decides, and says which job measured it.
+    evidence_arrives("mi300x-us")
+    expect(conformance.locator(".badge")).to_have_text("● pass", timeout=60_000)
+    measured = conformance.locator('li[data-origin="measured"]')
+    expect(measured.locator(".evidence-source")).to_have_text("Measured by conformance-probe")
+    expect(measured.get_by_role("link")).to_have_attribute("href", "/pools/mi300x-us/")
+    expect(conformance.locator('li[data-origin="reported"]')).to_have_count(0)
+    assert problems.items == []
