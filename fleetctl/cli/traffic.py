@@ -109,7 +109,8 @@ def _report(drain: dict[str, Any], as_json: bool) -> int:
         print_json(drain)
     else:
         print_table(["gateway", "route", "rev", "status", "applied", "verified", "error"],
-                    [[g["gateway"], g["route"], g["revision"], g["status"], g["applied_at"],
+                    [[g["gateway"] + (" (deleted)" if g.get("gateway_deleted") else ""),
+                      g["route"], g["revision"], g["status"], g["applied_at"],
                       g["verified_at"], g["last_error"]] for g in drain["gateways"]])
         total = f"{drain['duration_ms']:.0f} ms" if drain["duration_ms"] is not None else "—"
         print(f"outcome: {drain['status']}; in-flight zero at "

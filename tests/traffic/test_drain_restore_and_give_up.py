@@ -103,25 +103,6 @@ def test_a_drain_whose_in_flight_never_closes_fails_instead_of_waiting_for_ever(
     assert drain.verified_at is not None and drain.completed_at is None
 
 
-def test_a_partial_drain_past_its_deadline_is_failed_by_the_converge_task(
-    route, gateway, tmp_path: Path, settings
-):
-    (tmp_path / "down").mkdir()
-    services.gateway_create(actor=SYSTEM, name="gw-down", kind="envoy",
-                            admin_address="http://127.0.0.1:1",
-                            options={"config_dir": str(tmp_path / "down")}, routes=[route])
-    drain = push.drain_push_now(
-        services.drain_request(actor=SYSTEM, route=route, reason="incident"))
-    drain.refresh_from_db()
-    assert drain.status == Drain.Status.PARTIAL
-    Drain.objects.filter(pk=drain.pk).update(
-        requested_at=timezone.now() - timedelta(seconds=settings.DRAIN_WATCH_TIMEOUT_S + 1))
-    assert push.drains_advance() == 1
-    drain.refresh_from_db()
-    assert drain.status == Drain.Status.FAILED
-    assert "not verified on gw-down" in drain.failure_reason
-
-
 def test_a_drain_that_cannot_be_followed_is_failed_past_its_deadline(
     route, gateway, tmp_path: Path, settings
 ):
