@@ -74,6 +74,7 @@ def _nav_items() -> list[NavItem]:
         NavItem("Plans", reverse("plans:board"), section="plans"),
         NavItem("Traffic", reverse("traffic:routes"), section="traffic"),
         NavItem("Benchmarks", reverse("bench:home"), section="bench"),
+        NavItem("Conformance", reverse("conformance:home"), section="conformance"),
         # Shadow is a migration stage, but no page compares shadow traffic: the item shows
         # disabled, with no dead link, and its note says so.
         NavItem("Shadow", note="No page compares shadow traffic in this version."),
