@@ -145,6 +145,10 @@ def pool_edit(request: HttpRequest, name: str) -> HttpResponse:
         )
         if done.result is not None:
             messages.success(request, f"Saved pool {done.result.name}.")
+            stale = done.result.cost_stale_reason
+            if stale and stale != pool.cost_stale_reason:
+                messages.warning(request, f"Its cost per 1M output tokens is now stale: "
+                                          f"{stale}.")
             return redirect("fleet:pool-detail", name=done.result.name)
     return render(request, "fleet/pool_form.html", {"form": form, "pool": pool},
                   status=done.status)

@@ -70,3 +70,25 @@ def test_a_rate_change_after_the_run_leaves_its_figures_and_says_they_are_stale(
     assert (f"This cost no longer holds for paced: hourly rate changed from 39.80 to 45.00 "
             f"USD after run #{run.pk}; re-run the benchmark") in card
     assert "no longer holds for faulty" not in html
+
+
+def test_editing_the_rate_on_the_pool_page_says_the_cost_is_now_stale(make_user, make_pool):
+    from django.utils import timezone
+
+    from fleetctl.fleet.services import pool_set_cost
+
+    pool = serving(make_pool, "paced")
+    pool_set_cost(actor=SYSTEM, pool=pool, cost_per_1m=Decimal("27.6389"),
+                  measured_at=timezone.now(), source="run #3")
+    lead = Client()
+    lead.force_login(make_user("lena", "platform-lead"))
+    form = {"name": "paced", "runtime": "cuda", "accelerator": "H200", "region": "us-east",
+            "base_urls": pool.base_urls[0], "latency_class": "standard",
+            "max_context_tokens": "32768", "node_hourly_rate": "42.00", "currency": "USD",
+            "labels": ""}
+    answer = lead.post(f"/pools/{pool.name}/edit/", form, follow=True)
+    html = answer.content.decode()
+    assert answer.status_code == 200 and "Saved pool paced." in html
+    reason = "hourly rate changed from 39.80 to 42.00 USD after run #3; re-run the benchmark"
+    assert f"Its cost per 1M output tokens is now stale: {reason}." in html
+    assert "Stale:" in html
