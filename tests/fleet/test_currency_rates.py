@@ -89,3 +89,20 @@ def test_the_rates_page_lists_and_adds_rates_for_leads_only(make_user):
     assert "A rate is between two different currencies." in bad.content.decode()
     assert CurrencyRate.objects.count() == 1
     assert 'href="/currency-rates/"' in viewer.get("/").content.decode()
+
+
+def test_a_lead_deletes_a_rate_from_the_page_and_a_viewer_cannot(make_user, client_for):
+    client_for("platform-lead").post(URL, EUR_USD, format="json")
+    rate = CurrencyRate.objects.get()
+    viewer, lead = Client(), Client()
+    viewer.force_login(make_user("vic", "viewer"))
+    lead.force_login(make_user("lena", "platform-lead"))
+    assert "Delete" not in viewer.get("/currency-rates/").content.decode().split(
+        'id="currency-rates"')[1].split("</table>")[0]
+    refused = viewer.post(f"/currency-rates/{rate.pk}/delete/", follow=True)
+    assert refused.status_code == 200 and CurrencyRate.objects.filter(pk=rate.pk).exists()
+    done = lead.post(f"/currency-rates/{rate.pk}/delete/", follow=True).content.decode()
+    assert "Deleted 1.08 USD/EUR as of 2026-11-30." in done
+    assert not CurrencyRate.objects.exists()
+    again = lead.post(f"/currency-rates/{rate.pk}/delete/", follow=True).content.decode()
+    assert "That rate was already deleted." in again
