@@ -316,6 +316,20 @@ SPECTACULAR_SETTINGS = {
     # Every operation documents the errors it can answer, in the one error shape.
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "fleetctl.core.api.schema.add_error_responses"],
+    # Stable names for choice sets that share a field name, so a generated client's enums
+    # do not get hash-suffixed names that change with the choices.
+    "ENUM_NAME_OVERRIDES": {
+        "PushStatusEnum": "fleetctl.traffic.models.GatewayPush.Status",
+        "BenchRunStatusEnum": "fleetctl.bench.models.Run.Status",
+        "ConformanceRunStatusEnum": "fleetctl.conformance.models.ConformanceRun.Status",
+        "ConformanceVerdictEnum": "fleetctl.conformance.models.ConformanceRun.Verdict",
+        "TokenKindEnum": "fleetctl.accounts.models.ApiToken.Kind",
+        "GateStatusEnum": "migrations_plan.evidence.STATUSES",
+        "HealthStateEnum": "fleetctl.fleet.models.Pool.Health",
+        "JurisdictionEnum": "fleetctl.fleet.models.JURISDICTIONS.items",
+        "CurrencyEnum": "fleetctl.fleet.models.CURRENCIES",
+        "PlanStateEnum": "migrations_plan.models.Plan.State",
+    },
 }
 
 LOGGING = {

@@ -29,3 +29,100 @@ def test_responses_carry_a_request_id_and_keep_a_plain_one_from_the_caller(clien
     assert len(viewer.get("/api/v1/pools/")["X-Request-ID"]) == 32
     assert viewer.get("/api/v1/pools/", HTTP_X_REQUEST_ID="ci-42")["X-Request-ID"] == "ci-42"
     assert viewer.get("/api/v1/pools/", HTTP_X_REQUEST_ID="bad id;")["X-Request-ID"] != "bad id;"
+
+
+def test_the_schema_builds_without_a_warning_and_validates(tmp_path):
+    """No two components share a name (one would silently take the other's place), no enum
+    gets a hash-suffixed name, and the document is valid OpenAPI 3."""
+    from django.core.management import call_command
+
+    call_command("spectacular", "--fail-on-warn", "--validate",
+                 "--file", str(tmp_path / "schema.yaml"))
+
+
+def _schema(client_for) -> dict:
+    response = client_for("viewer").get("/api/schema/",
+                                        HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    return response.json()
+
+
+def _operations(schema: dict):
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            if method in ("get", "post", "put", "patch", "delete"):
+                yield path, method, operation
+
+
+def test_every_operation_takes_a_token_and_documents_its_errors_in_the_one_error_shape(
+        client_for):
+    schema = _schema(client_for)
+    # Swagger UI's Authorize sends the token as `Authorization: Bearer …`.
+    assert schema["components"]["securitySchemes"]["bearerAuth"] == {
+        "type": "http", "scheme": "bearer",
+        "description": "An API token (fct_…) from the Tokens page or /api/v1/tokens/."}
+    assert schema["components"]["securitySchemes"]["cookieAuth"]["in"] == "cookie"
+    for path, method, operation in _operations(schema):
+        assert {"bearerAuth": []} in operation["security"], (method, path)
+        assert {"cookieAuth": []} in operation["security"], (method, path)
+    error = schema["components"]["schemas"]["Error"]
+    assert error["required"] == ["error"]
+    assert error["properties"]["error"]["required"] == ["code", "message", "fields"]
+    ref = {"$ref": "#/components/schemas/Error"}
+    for path, method, operation in _operations(schema):
+        responses = operation["responses"]
+        expected = {"401", "403", "429"}
+        if "{" in path:
+            expected |= {"400", "404"}
+        if method != "get":
+            expected |= {"409"}
+        if "requestBody" in operation:
+            expected |= {"400"}
+        assert expected <= set(responses), (method, path, sorted(responses))
+        for code in expected:
+            assert responses[code]["content"]["application/json"]["schema"] == ref, (
+                method, path, code)
+        assert "Retry-After" in responses["429"]["headers"]
+        # A body is documented once, as JSON (form bodies are accepted too, undocumented).
+        if "requestBody" in operation:
+            content = operation["requestBody"]["content"]
+            assert "application/json" in content or "multipart/form-data" in content
+            assert "application/x-www-form-urlencoded" not in content, (method, path)
+
+
+def test_documented_answers_are_typed_and_the_revision_history_is_a_page(client_for):
+    schema = _schema(client_for)
+    components = schema["components"]["schemas"]
+    history = schema["paths"]["/api/v1/routes/{name}/revisions/"]["get"]
+    assert set(history["responses"]) >= {"200"} and "201" not in history["responses"]
+    assert history["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/PaginatedRevisionList"}
+    # The route list's filters are not the history's.
+    assert {p["name"] for p in history["parameters"]} == {"name", "page", "page_size"}
+    route = components["Route"]["properties"]
+    assert route["current"]["allOf"] == [{"$ref": "#/components/schemas/Revision"}]
+    assert route["current"]["nullable"] is True
+    assert components["Revision"]["properties"]["weights"] == {
+        "type": "object", "additionalProperties": {"type": "number"}, "readOnly": True,
+        "description": "Pool name → percent."}
+    drain = components["Drain"]["properties"]
+    assert drain["gateways"]["items"] == {"$ref": "#/components/schemas/DrainGateway"}
+    assert drain["route_revisions"]["items"] == {"$ref": "#/components/schemas/RouteRevision"}
+    assert drain["revisions"]["items"] == {"type": "string"}
+    assert drain["drained_pools"]["items"] == {"type": "string"}
+    assert components["Token"]["properties"]["scopes"]["items"] == {"type": "string"}
+
+    def untyped(name: str, node: dict, where: str) -> list[str]:
+        found = []
+        for key, prop in node.get("properties", {}).items():
+            if not ({"type", "$ref", "allOf", "oneOf", "anyOf"} & set(prop)):
+                found.append(f"{name}.{where}{key}")
+            found += untyped(name, prop, f"{where}{key}.")
+        if isinstance(node.get("items"), dict):
+            found += untyped(name, node["items"], f"{where}[].")
+        return found
+
+    names = ("Route", "Revision", "Drain", "DrainGateway", "Gateway", "Push", "Token",
+             "TokenIssued", "AuditEvent", "HealthCheck", "Trace", "BenchRun", "BenchRunDetail",
+             "Level", "Sample", "Pool", "Region", "PoolModel")
+    problems = [p for name in names for p in untyped(name, components[name], "")]
+    assert not problems, problems

@@ -1,11 +1,15 @@
 """Generated requests (schemathesis) against the app's own OpenAPI schema, in-process through
-Django's WSGI app and the test database: no answer is a 5xx and every documented answer
-matches its schema. Every read operation runs with generated data (valid and invalid); every
-operation that takes an id also runs with ids of the wrong type and with ids of real rows."""
+Django's WSGI app and the test database, with a token that holds every scope: no answer is a
+5xx, every status is one the operation documents, and every answer matches its schema. Every
+operation, reads and writes (POST, PUT, PATCH, DELETE), runs with generated parameters and
+bodies, valid and invalid; every operation that takes an id also runs with ids of the wrong
+type and with ids of real rows (deletes of real rows last, so the rest have rows to act on)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import date
+from decimal import Decimal
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -18,14 +22,19 @@ from django.db import close_old_connections, transaction
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import response_schema_conformance
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from fleetctl.accounts.actor import Actor
-from fleetctl.accounts.services import token_create_personal
+from fleetctl.accounts.services import token_create_personal, token_create_service
 from fleetctl.audit.models import AuditEvent
 from fleetctl.bench import services as bench
+from fleetctl.conformance import services as conformance
 from fleetctl.fleet.models import Pool
-from fleetctl.fleet.services import pool_health_record, pool_model_create
+from fleetctl.fleet.services import currency_rate_create, pool_health_record, pool_model_create
 from fleetctl.traffic import services as traffic
 from fleetctl.traffic.models import Route
 from fleetctl.wsgi import application
@@ -34,7 +43,8 @@ from migrations_plan import services as plans
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 MODEL = "llama-3.1-8b-instruct"
-CHECKS = [not_a_server_error, response_schema_conformance]
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
+          response_schema_conformance]
 # Per operation and mode; with derandomize the cases are the same on every run.
 EXAMPLES = 6
 # {name} and {id} mean a different table under each collection.
@@ -43,7 +53,8 @@ NAMED = {"pools": "pool", "routes": "route", "gateways": "gateway", "traces": "t
 NUMBERED = {"pool-models": "pool_model", "health-checks": "health_check",
             "health-transitions": "health_transition", "audit-events": "audit_event",
             "pushes": "push", "drains": "drain", "evidence": "evidence", "runs": "run",
-            "tokens": "token", "service-tokens": "token"}
+            "tokens": "token", "service-tokens": "service_token",
+            "conformance-runs": "conformance_run", "currency-rates": "currency_rate"}
 
 
 def _healthy(pool: Pool) -> Pool:
@@ -73,14 +84,19 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
     plan = plans.plan_create(actor=Actor(user=author), name="mi300x-llama",
                              candidate_pool=candidate, primary_pool=primary, routes=[route],
                              slo_ttft_p95_ms=800, slo_tpot_p95_ms=60, slo_error_rate=0.01)
-    evidence = plans.evidence_record(actor=system, pool=candidate, kind="conformance",
-                                     verdict="pass", summary="40/40 cases")
+    # A kind with no data schema (the conformance kind's needs a probe run's cases).
+    evidence = plans.evidence_record(actor=system, pool=candidate, kind="eval",
+                                     verdict="pass", summary="412/420 eval cases")
+    rate = currency_rate_create(actor=system, from_currency="EUR", to_currency="USD",
+                                rate=Decimal("1.08"), as_of=date(2026, 11, 30), source="ECB")
+    probe = conformance.run_create(actor=system, pool=candidate, plan=plan)
     trace = bench.trace_generate(actor=system, name="short-chat", n=20, seed=7)
     run = bench.run_create(actor=system, trace=trace, pools=[primary], model_id=MODEL,
                            slo_ttft_p95_ms=800, slo_tpot_p95_ms=60, slo_error_rate=0.01)
     admin = make_user("ada", "admin")
     issued = token_create_personal(actor=Actor(user=admin), name="fuzz",
                                    scopes=["read", "jobs", "ramp", "drain", "fleet"])
+    bot = token_create_service(actor=system, name="ci-bot", scopes=["read"])
     return {
         "code": primary.region.code, "pool": primary.name, "route": route.name,
         "gateway": gateway.name, "trace": trace.name, "plan": plan.name, "stage": 1,
@@ -91,7 +107,9 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
         "audit_event": AuditEvent.objects.first().pk,
         "push": gateway.pushes.first().pk,
         "drain": drain.pk, "evidence": evidence.pk, "run": run.pk, "token": issued.token.pk,
-        "authorization": f"Bearer {issued.secret}",
+        "service_token": bot.token.pk, "conformance_run": probe.pk, "currency_rate": rate.pk,
+        "authorization": f"Bearer {issued.secret}", "username": admin.username,
+        "admin": admin,
     }
 
 
@@ -103,8 +121,9 @@ def _real_path_parameters(path: str, rows: dict[str, Any]) -> dict[str, Any]:
         if part == "{name}":
             values["name"] = rows[NAMED[before]]
         elif part == "{id}":
+            assert before in NUMBERED, f"add a row of {before} to the rows fixture"
             values["id"] = rows[NUMBERED[before]]
-        elif part in ("{code}", "{stage}", "{check_id}"):
+        elif part in ("{code}", "{stage}", "{check_id}", "{username}"):
             values[part.strip("{}")] = rows[part.strip("{}")]
     return values
 
@@ -146,29 +165,37 @@ def test_generated_requests_get_no_server_error_and_answers_match_the_schema(
     headers = {"Authorization": rows["authorization"], "Accept-Encoding": "identity"}
     failures: list[str] = []
     tried = 0
+    runs: list[tuple[Any, GenerationMode, dict[str, Any] | None]] = []
+    deletes: list[tuple[Any, GenerationMode, dict[str, Any] | None]] = []
+    methods: set[str] = set()
     for result in schema.get_all_operations():
         operation = result.ok()
-        method = operation.method.upper()
+        methods.add(operation.method.upper())
         takes_id = "{" in operation.path
-        runs: list[tuple[GenerationMode, dict[str, Any] | None]] = []
-        if method == "GET":
-            runs += [(GenerationMode.POSITIVE, None), (GenerationMode.NEGATIVE, None)]
+        has_body = bool(operation.body)
+        if not takes_id or has_body or operation.query:
+            # Generated parameters and bodies, valid and invalid.
+            runs += [(operation, GenerationMode.POSITIVE, None),
+                     (operation, GenerationMode.NEGATIVE, None)]
         if takes_id:
-            # Ids of the wrong type (what a typo or a fuzzer sends), then real rows; deleting
-            # a real row would leave the operations after it nothing to read.
-            wrong = {name: "null,null" for name in _real_path_parameters(operation.path, rows)}
-            runs.append((GenerationMode.POSITIVE, wrong))
-            if method != "DELETE":
-                runs.append((GenerationMode.POSITIVE,
-                             _real_path_parameters(operation.path, rows)))
-        for mode, path_parameters in runs:
-            tried += 1
-            try:
-                _exercise(operation, mode, headers, path_parameters)
-            # schemathesis reports several failures of one operation as a FailureGroup (a
-            # BaseExceptionGroup); every operation's are collected, then reported together.
-            except (Exception, BaseExceptionGroup) as exc:
-                ids = f" with ids {path_parameters}" if path_parameters else ""
-                failures.append(f"{method} {operation.path} ({mode.value}{ids}): {exc}")
-    assert tried > 80  # every read and id-taking operation, not a schema that lost its paths
+            # Ids of the wrong type (what a typo or a fuzzer sends), then real rows.
+            real = _real_path_parameters(operation.path, rows)
+            runs.append((operation, GenerationMode.POSITIVE,
+                         {name: "null,null" for name in real}))
+            later = deletes if operation.method.upper() == "DELETE" else runs
+            later.append((operation, GenerationMode.POSITIVE, real))
+            if has_body:
+                later.append((operation, GenerationMode.NEGATIVE, real))
+    for operation, mode, path_parameters in runs + deletes:
+        method = operation.method.upper()
+        tried += 1
+        try:
+            _exercise(operation, mode, headers, path_parameters)
+        # schemathesis reports several failures of one operation as a FailureGroup (a
+        # BaseExceptionGroup); every operation's are collected, then reported together.
+        except (Exception, BaseExceptionGroup) as exc:
+            ids = f" with ids {path_parameters}" if path_parameters else ""
+            failures.append(f"{method} {operation.path} ({mode.value}{ids}): {exc}")
+    assert methods == {"GET", "POST", "PUT", "PATCH", "DELETE"}
+    assert tried > 200  # every operation, not a schema that lost its paths
     assert not failures, "\n\n".join(failures)

@@ -59,6 +59,9 @@ class RunSerializer(serializers.ModelSerializer):
     plan = serializers.CharField(source="plan.name", read_only=True, allow_null=True,
                                  default=None)
     model = serializers.CharField(source="model_id", read_only=True)
+    # Blank until the run finishes: documented, so a generated client accepts "".
+    verdict = serializers.ChoiceField(choices=ConformanceRun.Verdict.choices, allow_blank=True,
+                                      read_only=True)
     url = serializers.SerializerMethodField()
 
     class Meta:

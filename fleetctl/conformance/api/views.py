@@ -65,8 +65,9 @@ class ConformanceRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
                                   run=get_object_or_404(selectors.run_list(), pk=pk))
         return self._detail(run)
 
+    # A plain list, as answered: not paginated, and the run list's filters do not apply.
     @extend_schema(responses={200: s.SuiteCaseSerializer(many=True)})
-    @action(detail=False, methods=["get"])
+    @action(detail=False, methods=["get"], pagination_class=None, filter_backends=[])
     def suite(self, request: Request) -> Response:
         """Every case of the suite: what it sends, how it judges, whether it is required."""
         return Response(s.suite_data())
