@@ -486,7 +486,7 @@ def completions_stream(probe: Probe, ref: Probe | None) -> Outcome:
                  expected)
 
 
-@case("chat.stop", "stop sequence ends the answer",
+@case("chat.stop", "A stop sequence ends the answer",
       short="stop", required=True,
       sends="a first answer (temperature 0, seed 7), then the same request with one of its "
             "words as stop",
@@ -556,7 +556,7 @@ def chat_length(probe: Probe, ref: Probe | None) -> Outcome:
     return _call(judge, expected)
 
 
-@case("chat.seed", "seed: same request, same text at temperature 0",
+@case("chat.seed", "Seed: the same request gives the same text at temperature 0",
       short="seed determinism", required=False,
       sends="the same chat request twice, temperature 0, seed 1234, max_tokens 24",
       judges="the two contents are identical")
