@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.metadata
 import json
 import os
 import re
@@ -33,8 +34,7 @@ def generate(schema: dict[str, Any]) -> ModuleType:
     """The generated package for this schema, imported (generated only when it is new)."""
     text = json.dumps(schema, sort_keys=True)
     generator = Path(sys.executable).with_name("openapi-python-client")
-    version = subprocess.run([generator, "--version"], capture_output=True, text=True,
-                             check=True).stdout.strip()
+    version = importlib.metadata.version("openapi-python-client")
     digest = hashlib.sha256((version + text).encode()).hexdigest()[:16]
     package = f"fleetctl_client_{digest}"
     target = CACHE / digest
@@ -58,10 +58,21 @@ def generate(schema: dict[str, Any]) -> ModuleType:
             work.rename(target)
         except OSError:  # generated meanwhile by another process: use theirs
             shutil.rmtree(work, ignore_errors=True)
+        _prune(keep=target)
     if str(target) not in sys.path:
         sys.path.insert(0, str(target))
     importlib.import_module(f"{package}.models")
     return importlib.import_module(package)
+
+
+def _prune(*, keep: Path, newest: int = 4) -> None:
+    """Clients of older schemas go (each is a couple of MB); the newest few stay, for other
+    checkouts' test runs."""
+    done = sorted((p for p in CACHE.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                  key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in done[newest:]:
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def warnings(client: ModuleType) -> list[str]:
