@@ -177,7 +177,8 @@ class Pair:
 
     @property
     def same_run(self) -> bool:
-        return self.cand.data.get("run") == self.prim.data.get("run")
+        run = self.cand.data.get("run")
+        return run is not None and run == self.prim.data.get("run")
 
     @property
     def runs(self) -> list[int]:
@@ -215,9 +216,10 @@ def pair_with_primary(ctx: RuleContext, days: float) -> tuple[Pair | None, Check
         return None, CheckResult(INSUFFICIENT, _sentence("; ".join(whys)))
     by_run: dict[Any, Any] = {}
     for row in prims:
-        by_run.setdefault(row.data.get("run"), row)
+        if row.data.get("run") is not None:
+            by_run.setdefault(row.data["run"], row)
     for row in cands:
-        if row.data.get("run") in by_run:
+        if row.data.get("run") is not None and row.data["run"] in by_run:
             return Pair(row, by_run[row.data["run"]]), None
     for c in cands:
         for p in prims:
