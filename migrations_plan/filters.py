@@ -25,4 +25,5 @@ class EvidenceFilter(django_filters.FilterSet):
 
     class Meta:
         model = Evidence
-        fields = ["kind", "pool", "route", "verdict", "model_id", "since"]
+        fields = ["kind", "pool", "route", "verdict", "model_id", "since", "about",
+                  "reported_by"]

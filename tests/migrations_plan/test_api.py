@@ -560,6 +560,8 @@ def test_a_report_is_shown_as_reported_by_its_system_and_never_satisfies_a_measu
     listed = bot.get("/api/v1/evidence/", {"kind": "external", "pool": "mi300x-us"}).json()
     assert [e["id"] for e in listed["results"]] == [row["id"]]
     assert bot.get("/api/v1/evidence/", {"kind": "conformance"}).json()["count"] == 0
+    assert bot.get("/api/v1/evidence/", {"about": "conformance"}).json()["count"] == 1
+    assert bot.get("/api/v1/evidence/", {"reported_by": "someone-else"}).json()["count"] == 0
     event = AuditEvent.objects.get(action="evidence.record", outcome="ok")
     assert event.actor == "service:evidence-bot"
     assert "reported by ci-contract-suite about conformance" in event.message
