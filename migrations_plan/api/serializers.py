@@ -10,6 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from fleetctl.core.api.fields import StrictCharField
+from fleetctl.core.api.schema import NullableObjectField, ObjectField
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic.models import Route
 from migrations_plan import evidence as ev
@@ -100,12 +101,12 @@ class CheckOutcomeSerializer(serializers.Serializer):
     title = serializers.CharField(source="check.title")
     kind = serializers.CharField(source="check.kind", help_text="evidence or attested")
     rule = serializers.CharField(source="check.rule")
-    params = serializers.JSONField(source="check.params")
+    params = ObjectField(source="check.params")
     attest_role = serializers.CharField(source="check.attest_role")
     status = _status_field()
     status_label = serializers.SerializerMethodField()
     summary = serializers.CharField(source="result.summary")
-    numbers = serializers.JSONField(source="result.numbers", help_text="The numbers the rule used.")
+    numbers = ObjectField(source="result.numbers", help_text="The numbers the rule used.")
     evidence = EvidenceRefSerializer(source="result.evidence", many=True)
     attestation = serializers.SerializerMethodField(help_text="The standing attestation, if any.")
 
@@ -324,6 +325,7 @@ class PlanUpdateSerializer(serializers.ModelSerializer):
 class GateCheckSerializer(serializers.ModelSerializer):
     stage_name = serializers.SerializerMethodField()
     attestations = AttestationSerializer(many=True, read_only=True)
+    params = ObjectField(read_only=True)
 
     class Meta:
         model = GateCheck
@@ -342,8 +344,8 @@ class CheckCreateSerializer(serializers.Serializer):
                             help_text="Default for a rule: the rule's label.")
     rule = StrictCharField(required=False, allow_blank=True, default="", max_length=63,
                            help_text="Evidence-backed: a rule name from /api/v1/evidence-rules/.")
-    params = serializers.JSONField(required=False, default=None,
-                                   help_text='The rule\'s parameters, e.g. {"hours": 24}.')
+    params = NullableObjectField(required=False, default=None,
+                                 help_text='The rule\'s parameters, e.g. {"hours": 24}.')
     attest_role = StrictCharField(required=False, allow_blank=True, default="", max_length=20,
                                   help_text="Attested: the role whose holder confirms it.")
     key = StrictCharField(required=False, allow_blank=True, default="", max_length=55)
@@ -351,7 +353,7 @@ class CheckCreateSerializer(serializers.Serializer):
 
 class CheckUpdateSerializer(serializers.Serializer):
     title = StrictCharField(required=False, max_length=200, allow_blank=True)
-    params = serializers.JSONField(required=False, help_text="New thresholds (evidence-backed).")
+    params = ObjectField(required=False, help_text="New thresholds (evidence-backed).")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not attrs:
@@ -384,6 +386,7 @@ class ApproveSerializer(serializers.Serializer):
 class ApprovalSerializer(serializers.ModelSerializer):
     by = serializers.CharField(source="by.username", read_only=True)
     active = serializers.BooleanField(source="is_active", read_only=True)
+    snapshot = ObjectField(read_only=True, help_text="The gate as it was approved.")
 
     class Meta:
         model = Approval
@@ -401,6 +404,7 @@ class StageMoveSerializer(serializers.ModelSerializer):
     gate_status = serializers.SerializerMethodField()
     approvals: Any = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
     approved_by = serializers.SerializerMethodField()
+    gate_snapshot = ObjectField(read_only=True, help_text="The gate as it was at the move.")
     drains: Any = serializers.PrimaryKeyRelatedField(
         many=True, read_only=True, help_text="Drains that took the candidate off stage 4 first.")
 
@@ -428,6 +432,9 @@ class EvidenceSerializer(serializers.ModelSerializer):
         help_text="measured (by one of fleetctl's jobs) or reported (by another system).")
     source_label = serializers.SerializerMethodField(
         help_text='"measured by <job>" or "reported by <system>".')
+    data: Any = ObjectField(read_only=True, help_text="As the kind's data_schema says.")
+    pool_fingerprint = ObjectField(read_only=True,
+                                   help_text="The pool as it was when this was observed.")
 
     class Meta:
         model = Evidence
@@ -467,7 +474,7 @@ class EvidenceCreateSerializer(serializers.Serializer):
     verdict = StrictCharField(help_text="pass, warn, fail or info.")
     summary = StrictCharField(max_length=300, allow_blank=True,
                               help_text="What was found, one line.")
-    data: Any = serializers.JSONField(
+    data: Any = NullableObjectField(
         required=False, default=None,
         help_text="An object matching the kind's data_schema (GET /api/v1/evidence-kinds/); "
                   "for external: flat numbers, labels and flags.")
@@ -503,7 +510,7 @@ class EvidenceKindSerializer(serializers.Serializer):
     produced_by = serializers.CharField(help_text="What produces it; empty when nothing does yet.")
     measured = serializers.BooleanField(
         help_text="Written only by fleetctl's own jobs; cannot be posted.")
-    data_schema = serializers.JSONField(
+    data_schema = ObjectField(
         help_text="The JSON Schema every row's data matches (checked when written).")
     rules = serializers.ListField(child=serializers.CharField())
 

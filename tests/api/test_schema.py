@@ -121,8 +121,8 @@ def test_documented_answers_are_typed_and_the_revision_history_is_a_page(client_
             found += untyped(name, node["items"], f"{where}[].")
         return found
 
-    names = ("Route", "Revision", "Drain", "DrainGateway", "Gateway", "Push", "Token",
-             "TokenIssued", "AuditEvent", "HealthCheck", "Trace", "BenchRun", "BenchRunDetail",
-             "Level", "Sample", "Pool", "Region", "PoolModel")
-    problems = [p for name in names for p in untyped(name, components[name], "")]
+    # A rule parameter's default is whatever the parameter is (a number, a string, a list).
+    any_value = {"Param.default"}
+    problems = [p for name, component in components.items()
+                for p in untyped(name, component, "") if p not in any_value]
     assert not problems, problems

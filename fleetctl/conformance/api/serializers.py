@@ -11,6 +11,7 @@ from rest_framework import serializers
 from fleetctl.conformance import cases as suite
 from fleetctl.conformance.models import ConformanceCase, ConformanceRun
 from fleetctl.core.api.fields import StrictCharField
+from fleetctl.core.api.schema import ObjectField
 from fleetctl.fleet.models import Pool
 from migrations_plan.models import Plan
 
@@ -62,6 +63,8 @@ class RunSerializer(serializers.ModelSerializer):
     # Blank until the run finishes: documented, so a generated client accepts "".
     verdict = serializers.ChoiceField(choices=ConformanceRun.Verdict.choices, allow_blank=True,
                                       read_only=True)
+    required_keys = serializers.ListField(child=serializers.CharField(), read_only=True)
+    counts = ObjectField(read_only=True)
     url = serializers.SerializerMethodField()
 
     class Meta:
@@ -80,6 +83,7 @@ class CaseSerializer(serializers.ModelSerializer):
     pool = serializers.CharField(source="pool.name", read_only=True)
     latency_ms = serializers.FloatField(read_only=True, allow_null=True,
                                        help_text="Milliseconds, to 0.1 ms.")
+    numbers = ObjectField(read_only=True)
 
     class Meta:
         model = ConformanceCase
