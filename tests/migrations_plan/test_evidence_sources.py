@@ -185,6 +185,7 @@ def test_a_new_quantisation_or_weight_format_expires_the_evidence_with_the_reaso
 def test_evidence_stored_before_the_fingerprint_had_those_keys_stays_valid(world, system):
     plan = world.plan()
     row = conformance(world)
+    assert {"quantisation", "weight_format"} <= set(row.pool_fingerprint)
     old = {k: v for k, v in row.pool_fingerprint.items()
            if k not in ("quantisation", "weight_format")}
     Evidence.objects.filter(pk=row.pk).update(pool_fingerprint=old)
