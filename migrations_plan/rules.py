@@ -171,13 +171,13 @@ def cost_reported(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
 def drain_rehearsed(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
     """For every route of the plan, the latest drain within N days finished, and every gateway
     verified within the target time (drain call → last gateway's read-back matched)."""
-    from fleetctl.traffic.models import Drain
+    from fleetctl.traffic.models import Drain, GatewayPush
 
     days, max_ms = params["within_days"], params["max_ms"]
     since = ctx.now - timedelta(days=days)
     refs: list[EvidenceRef] = []
     timings: dict[str, float | None] = {}
-    missing, slow, failed = [], [], []
+    missing, slow, failed, lost = [], [], [], []
     for route in ctx.routes:
         drain = (Drain.objects.filter(action=Drain.Action.DRAIN, requested_at__gte=since,
                                       revisions__route=route)
@@ -198,8 +198,14 @@ def drain_rehearsed(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
                                 source=f"drain #{drain.pk}",
                                 observed_at=drain.requested_at,
                                 expires_at=drain.requested_at + timedelta(days=days)))
+        gone = sorted({p.gateway_name for p in GatewayPush.objects.filter(
+            revision__drains=drain, status=GatewayPush.Status.ABANDONED)})
         if drain.status != Drain.Status.COMPLETE or ms is None:
             failed.append(f"{route.name} (drain #{drain.pk} {drain.status})")
+        elif gone:
+            # Verified only on the gateways that remained: not a rehearsal of every gateway.
+            lost.append(f"{route.name} (drain #{drain.pk}: {', '.join(gone)} deleted before "
+                        f"verifying)")
         elif ms > max_ms:
             slow.append(f"{route.name} ({honest(ms, max_ms, 0)} ms > {max_ms:g} ms)")
     numbers = {"verified_ms_by_route": timings, "target_ms": max_ms, "within_days": days}
@@ -209,6 +215,9 @@ def drain_rehearsed(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
     if slow:
         return CheckResult(FAIL, f"Drain slower than the target: {', '.join(slow)}.",
                            numbers, refs)
+    if lost:
+        return CheckResult(INSUFFICIENT, f"The latest drain did not reach every gateway: "
+                                         f"{'; '.join(lost)}. Rehearse it again.", numbers, refs)
     if missing:
         return CheckResult(INSUFFICIENT, f"No drain of {', '.join(missing)} in the last "
                                          f"{days:g} days: rehearse one.", numbers, refs)

@@ -7,11 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from fleetctl.audit.models import AuditEvent
 from fleetctl.fleet.services import pool_health_record, pool_model_create
 from fleetctl.traffic import push, services
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, GatewayPushAttempt, Route
+from migrations_plan.evidence import RuleContext
+from migrations_plan.rules import drain_rehearsed
 from tests.conftest import SYSTEM
 
 pytestmark = pytest.mark.django_db
@@ -105,6 +108,13 @@ def test_a_drain_waiting_on_a_deleted_gateway_finishes_for_the_others_and_says_s
     assert "Remaining gateways verified" in html
     assert "All gateways verified" not in html
     assert "every remaining gateway verified" in html
+
+    # Verified on the remaining gateways only: no rehearsal of every gateway for a gate.
+    ctx = RuleContext(plan=None, candidate=None, primary=None,  # type: ignore[arg-type]
+                      routes=[route], now=timezone.now())
+    result = drain_rehearsed(ctx, {"within_days": 7, "max_ms": 600_000})
+    assert result.status == "insufficient", result.summary
+    assert "gw-3 deleted before verifying" in result.summary
 
 
 def test_a_finished_drain_reads_the_same_after_its_gateway_is_deleted(
