@@ -3,10 +3,14 @@ Celery worker against simulated pools: an on-call engineer presses "Run the conf
 probe" on a plan whose candidate cannot call tools and counts prompt tokens differently,
 watches the run page fill through its own htmx poll, reads what failed and why side by side
 with the primary, and goes back to a gate that now reads fail. No console error or failed
-request anywhere (CSP forbids inline script)."""
+request anywhere (CSP forbids inline script).
+
+Set FLEETCTL_SCREENSHOTS=1 to also write docs/conformance-run.png (1280 wide)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +22,7 @@ from tests.web.test_browser import Problems
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 PASSWORD = "pw-for-tests-only"
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "conformance-run.png"
 
 
 @pytest.fixture
@@ -61,6 +66,8 @@ def test_the_gate_button_runs_the_probe_and_the_gate_reads_its_verdict(
     expect(parity).to_contain_text("required")
     expect(parity.locator("td.case-cell").nth(0)).to_contain_text("prompt tokens")
     assert "hx-trigger" not in (live.get_attribute("outerHTML") or "")
+    if os.environ.get("FLEETCTL_SCREENSHOTS") == "1":
+        page.screenshot(path=str(SCREENSHOT), full_page=True)
 
     page.goto(plan_url)
     check = page.locator('tr[data-check="conformance"]')
