@@ -1,6 +1,6 @@
 """The OpenAI-contract suite: a registry of cases, each saying what it sends and how it judges
-the answer. `runner.py` runs them against every endpoint of a pool (and, side by side, one
-endpoint of the reference pool); nothing here writes a row.
+the answer. `services.run_execute` runs them against every endpoint of a pool (and, side by
+side, one endpoint of the reference pool); nothing here writes a row.
 
 A case returns an `Outcome`: pass / fail / skip / error (no answer to judge), what was
 expected and what came back in a sentence each, a short phrase for the run's summary, and
