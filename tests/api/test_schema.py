@@ -126,3 +126,23 @@ def test_documented_answers_are_typed_and_the_revision_history_is_a_page(client_
     problems = [p for name, component in components.items()
                 for p in untyped(name, component, "") if p not in any_value]
     assert not problems, problems
+
+
+def test_an_error_to_a_csv_export_is_the_json_error_it_documents(client_for, api):
+    viewer = client_for("viewer")
+    for url in ("/api/v1/bench/runs/999/export/?format=csv", "/api/v1/bench/runs/999/export.csv"):
+        response = viewer.get(url)
+        assert response.status_code == 404, url
+        assert response["Content-Type"] == "application/json", url
+        assert response.json()["error"]["code"] == "not_found"
+        # Refused before the view runs: no credentials, then a token that is not one.
+        for authorization, status in (("", 401), ("Bearer fct_not-a-token", 401)):
+            api.credentials(**({"HTTP_AUTHORIZATION": authorization} if authorization else {}))
+            response = api.get(url)
+            assert response.status_code == status, url
+            assert response["Content-Type"] == "application/json", (url, response.content)
+            assert response.json()["error"]["code"] in ("not_authenticated",
+                                                        "authentication_failed")
+    schema = viewer.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    answers = schema["paths"]["/api/v1/bench/runs/{id}/export/"]["get"]["responses"]
+    assert set(answers["404"]["content"]) == {"application/json"}

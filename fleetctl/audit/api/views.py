@@ -1,5 +1,6 @@
 from django.http import StreamingHttpResponse
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import viewsets
 from rest_framework.decorators import action
@@ -25,7 +26,8 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = AuditEventFilter
     ordering_fields = ["at", "id"]
 
-    @extend_schema(responses={200: OpenApiResponse(description="CSV, one row per event")})
+    @extend_schema(responses={(200, "text/csv"): OpenApiResponse(
+        OpenApiTypes.STR, description="CSV, one row per event")})
     @action(detail=False, methods=["get"], url_path="export")
     def export(self, request: Request) -> StreamingHttpResponse:
         """The filtered events as CSV (same filters as the list)."""

@@ -97,6 +97,16 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def get_serializer_class(self):  # type: ignore[no-untyped-def]
         return s.RunDetailSerializer if self.action == "retrieve" else s.RunSerializer
 
+    def finalize_response(self, request: Request, response: Any, *args: Any,
+                          **kwargs: Any) -> Any:
+        """An error answer to `…/export.csv` is the JSON error body, as documented: the CSV
+        renderer only lets the streamed rows through, and would answer the word "error"."""
+        if (isinstance(response, Response) and response.status_code >= 400
+                and isinstance(getattr(request, "accepted_renderer", None), CSVRenderer)):
+            request.accepted_renderer = renderers.JSONRenderer()
+            request.accepted_media_type = "application/json"
+        return super().finalize_response(request, response, *args, **kwargs)
+
     def _run(self, pk: str) -> Run:
         return get_object_or_404(selectors.run_list(), pk=pk)
 
