@@ -1,26 +1,41 @@
-"""The same endpoint measured by fleetctl's runner and by GuideLLM, side by side.
+"""fleetctl's runner and GuideLLM against the same endpoint: TTFT and TPOT medians per client.
 
-One OpenAI-compatible endpoint — `fleetctl sim` with the paced profile of `bench_accuracy.py`
-(decode step 20 ms, prefill 20,000 tok/s, network 0), in its own process — is measured at a
-few fixed concurrencies by (a) `fleetctl.bench.runner.run_level` (in this process) and (b)
-`guidellm run` (GuideLLM 0.8.x, a subprocess), one after the other per level (interleaved:
-fleetctl@1, guidellm@1, fleetctl@8, ...), with the same request shape: chat completions,
-~256 prompt tokens, 128 output tokens (`max_tokens` + `ignore_eos`), streamed, closed loop.
-Both get the same warm-up (1 s, requests *started* in it are left out) and the same
-measured window (`--window` seconds). Printed: TTFT median/p95, TPOT median, ITL median,
-output tokens/s and sample counts per tool, then the reasons the two differ.
+Answers one question: at fixed concurrency, does fleetctl's runner measure the server, or
+partly the bursts it makes itself? Before streams were staggered, a level started all N
+streams at once and, with equal request lengths, they stayed in lock step: every prompt
+reached the server in the same decode step, and TTFT medians read higher than another
+client's on the same endpoint while per-token times agreed.
 
-GuideLLM 0.8.1's CLI is `guidellm run` with `kind=...` options; this script writes a scenario
-file (`-c`) instead: backend openai_http, profile concurrent (streams=[N], warm-up 1 s),
-data synthetic_text (prompt_tokens=256, output_tokens=128), constraint max_duration, output
-json. Its synthetic data needs a tokenizer; so that nothing is downloaded from a hub, the
-script builds a local word-level one (`tokenizers` WordLevel, lower-cased, split like the
-simulator's `\\w+|[^\\w\\s]`, vocabulary = the simulator's and fleetctl's words + Faker's
-lorem words, which is what GuideLLM's synthetic prompts are made of) in a temp dir and runs
+The endpoint is **the project's own simulator** (`fleetctl sim`, the paced profile of
+`bench_accuracy.py`: decode step 20 ms for any batch, prefill 20,000 tok/s, network 0), in
+its own process; with `--endpoint mock` (or `both`) also **GuideLLM's mock server**
+(`guidellm mock-server`, not written by this project; a fixed TTFT and ITL per request, no
+batching, so lock step costs nothing there: it shows what the clients themselves add).
+No independent OpenAI-compatible server that batches requests runs here without model weights.
+
+Three clients, alternated in every round and at every level (the order rotates per round so
+drift hits each alike):
+
+- **fleetctl before**: the runner of `--before` (default: the commit before staggered
+  starts), its `runner.py` and `stats.py` read with `git show` into a temporary package;
+  all streams start at once.
+- **fleetctl now**: this checkout's runner, streams staggered over the ramp (default: half
+  the warm-up, as a run does).
+- **GuideLLM** 0.8.1 (`guidellm run`, profile concurrent, a subprocess with its own workers).
+
+Same request shape for all: chat completions, ~256 prompt tokens, 128 output tokens
+(`max_tokens` + `ignore_eos`), streamed, closed loop; same warm-up (requests *started* in it
+are left out) and the same measured window. Printed per level and client: the TTFT median
+and the per-token time median of every round, their median over rounds, and the ratio to
+GuideLLM's. Per-token time: fleetctl's TPOT, (E2E − TTFT)/(N − 1), against GuideLLM's ITL,
+(last − first token)/(N − 1) — the same quantity; GuideLLM's own "TPOT" includes TTFT
+(spread over the tokens) and is printed beside it for reference.
+
+GuideLLM's synthetic prompts need a tokenizer; so that nothing is downloaded, the script
+builds a local word-level one (`tokenizers` WordLevel, split like the simulator) and runs
 GuideLLM with HF_HUB_OFFLINE=1. One word = one token in it and in the simulator.
 
-GuideLLM install (measurement only, separate venv; the recipe of `bench_accuracy.py` plus two
-packages that `guidellm run` imports but that recipe lacks, jinja2 and torch (CPU build)):
+GuideLLM install (measurement only, a separate venv under var/, not a project dependency):
 
     python3.11 -m venv var/compare-venv
     var/compare-venv/bin/pip install --no-deps guidellm==0.8.1
@@ -28,11 +43,12 @@ packages that `guidellm run` imports but that recipe lacks, jinja2 and torch (CP
         ftfy 'httpx[http2]<1' loguru msgpack 'numpy>=2' protobuf 'pydantic>=2.11.7' \\
         pydantic-settings pyyaml rich sanic tabulate transformers uvloop \\
         'more-itertools>=10.8' 'typing-extensions>=4.15' 'websockets>=13' datasets jinja2
-    var/compare-venv/bin/pip install torch==2.13.0   # a CPU build (this machine has one on disk)
+    var/compare-venv/bin/pip install torch   # a CPU build is enough
 
 Prints figures; asserts nothing. Usage:
 
-    .venv/bin/python benchmarks/bench_vs_guidellm.py [--levels 1,8,32] [--window 10] \\
+    .venv/bin/python benchmarks/bench_vs_guidellm.py [--levels 8,32] [--rounds 3] \\
+        [--warmup 5] [--window 20] [--endpoint sim|mock|both] [--before COMMIT] \\
         [--guidellm var/compare-venv/bin/guidellm] [--keep DIR]
 """
 
@@ -40,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import shutil
@@ -55,15 +72,26 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_accuracy import MODEL, PACED_PROFILE, STEP_MS, Row, start_simulator, stop  # noqa: E402
+from bench_accuracy import (  # noqa: E402
+    MOCK_ITL_MS,
+    MOCK_TTFT_MS,
+    MODEL,
+    PACED_PROFILE,
+    STEP_MS,
+    Row,
+    start_guidellm_mock,
+    start_simulator,
+    stop,
+)
 
-from fleetctl.bench.runner import WORDS, Endpoint, LevelPlan, run_level  # noqa: E402
-from fleetctl.bench.stats import summarize  # noqa: E402
+from fleetctl.bench import runner as runner_now  # noqa: E402
+from fleetctl.bench.runner import WORDS  # noqa: E402
 from fleetctl.sim.textgen import _WORDS as SIM_WORDS  # noqa: E402
 
 PROMPT_TOKENS = 256
 OUTPUT_TOKENS = 128
-WARMUP_S = 1.0
+# The last commit whose runner started every stream of a level at once.
+BEFORE = "4a3f163"
 
 TOKENIZER_SCRIPT = r"""
 import json, os, sys
@@ -100,153 +128,157 @@ def build_tokenizer(python: str, folder: Path) -> None:
                    check=True, env=offline_env(), capture_output=True, text=True)
 
 
-# ---- fleetctl ---------------------------------------------------------------------------------
+# ---- fleetctl, before and now ------------------------------------------------------------------
 
 
-def run_fleetctl(url: str, concurrency: int, window_s: float) -> dict[str, Any]:
-    plan = LevelPlan(warmup_s=WARMUP_S, window_s=window_s, min_samples=1,
-                     max_duration_s=window_s + 60, request_timeout_s=60.0)
-    level = asyncio.run(run_level(Endpoint(url, MODEL), [Row(PROMPT_TOKENS, OUTPUT_TOKENS)],
-                                  plan, concurrency=concurrency,
-                                  request_id_prefix=f"vs-fleetctl-{concurrency}"))
-    s = summarize(level.samples())
+def runner_before(commit: str, folder: Path) -> Any:
+    """The runner of `commit` as a package of its own (its runner.py and stats.py)."""
+    package = folder / "fleetctl_bench_before"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text("")
+    for name in ("runner.py", "stats.py"):
+        text = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:fleetctl/bench/{name}"],
+                              check=True, capture_output=True, text=True).stdout
+        (package / name).write_text(text)
+    sys.path.insert(0, str(folder))
+    return importlib.import_module("fleetctl_bench_before.runner")
+
+
+def run_fleetctl(module: Any, url: str, concurrency: int, warmup_s: float, window_s: float,
+                 tag: str, ramp_s: float | None = None) -> dict[str, Any]:
+    extra = {} if ramp_s is None else {"ramp_s": ramp_s}  # the runner before has no ramp
+    plan = module.LevelPlan(warmup_s=warmup_s, window_s=window_s, min_samples=1,
+                            max_duration_s=warmup_s + window_s + 60, request_timeout_s=60.0,
+                            **extra)
+    level = asyncio.run(module.run_level(
+        module.Endpoint(url, MODEL), [Row(PROMPT_TOKENS, OUTPUT_TOKENS)], plan,
+        concurrency=concurrency, request_id_prefix=f"vs-{tag}-{concurrency}-{time.time():.0f}"))
     ok = [r for r in level.results if r.status == "ok" and not r.warmup]
+    starts = getattr(level, "stream_starts", None)
     return {
-        "n": s.n_ok, "errors": s.n_errors + s.n_timeouts,
-        "ttft_p50": s.ttft_p50_s * 1e3, "ttft_p95": s.ttft_p95_s * 1e3,
-        "tpot_p50": s.tpot_p50_s * 1e3, "itl_p50": s.itl_p50_s * 1e3,
-        # GuideLLM's per-request ITL for comparison: first → last content chunk over N − 1
-        "itl_req_p50": statistics.median(
-            (r.chunk_times[-1] - r.chunk_times[0]) / (r.output_tokens - 1) * 1e3 for r in ok),
-        "tok_s": s.output_tokens_per_s,
-        "in_tok": statistics.median(r.input_tokens or 0 for r in ok),
-        "out_tok": statistics.median(r.output_tokens for r in ok),
+        "n": len(ok),
+        "errors": sum(1 for r in level.results if r.status != "ok" and not r.warmup),
+        "ttft_p50": statistics.median(r.ttft_s for r in ok) * 1e3,
+        "tpot_p50": statistics.median(r.tpot_s for r in ok if r.tpot_s is not None) * 1e3,
+        "start_spread": (max(t for _s, t, _e in starts) - min(t for _s, t, _e in starts)
+                         if starts else 0.0),
     }
 
 
 # ---- GuideLLM ---------------------------------------------------------------------------------
 
 
-def run_guidellm(guidellm: str, url: str, concurrency: int, window_s: float, tokenizer: Path,
-                 work: Path) -> dict[str, Any]:
-    out = work / f"guidellm-c{concurrency}.json"
+def run_guidellm(guidellm: str, url: str, concurrency: int, warmup_s: float, window_s: float,
+                 tokenizer: Path, work: Path, tag: str, rampup_s: float = 0.0
+                 ) -> dict[str, Any]:
+    out = work / f"guidellm-{tag}.json"
     scenario = {"spec": {
         "backend": {"kind": "openai_http", "target": url, "model": MODEL,
                     "request_format": "/v1/chat/completions"},
         "profile": {"kind": "concurrent", "streams": [concurrency],
-                    "warmup": {"value": WARMUP_S, "mode": "duration"}},
+                    "rampup_duration": rampup_s,
+                    "warmup": {"value": warmup_s, "mode": "duration"}},
         "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer)},
         "data": [{"kind": "synthetic_text", "prompt_tokens": PROMPT_TOKENS,
                   "output_tokens": OUTPUT_TOKENS}],
-        "constraints": [{"kind": "max_duration", "seconds": WARMUP_S + window_s}],
+        "constraints": [{"kind": "max_duration", "seconds": warmup_s + window_s}],
         "outputs": [{"kind": "json", "path": str(out)}],
     }}
-    path = work / f"scenario-c{concurrency}.json"
+    path = work / f"scenario-{tag}.json"
     path.write_text(json.dumps(scenario, indent=1))
-    t0 = time.monotonic()
     proc = subprocess.run([guidellm, "run", "-c", str(path), "--disable-progress"],
                           env=offline_env(), capture_output=True, text=True, cwd=work)
-    wall = time.monotonic() - t0
-    (work / f"guidellm-c{concurrency}.log").write_text(proc.stdout + proc.stderr)
+    (work / f"guidellm-{tag}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not out.exists():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise SystemExit(f"guidellm failed (exit {proc.returncode}):\n" + "\n".join(tail))
-    bench = json.loads(out.read_text())["benchmarks"][0]
-    m = bench["metrics"]
+    m = json.loads(out.read_text())["benchmarks"][0]["metrics"]
 
     def ok(name: str) -> dict[str, Any]:
         return m[name]["successful"]
 
     return {
-        "n": m["request_totals"]["successful"],
-        "errors": m["request_totals"]["errored"],
-        "incomplete": m["request_totals"]["incomplete"],
+        "n": m["request_totals"]["successful"], "errors": m["request_totals"]["errored"],
         "ttft_p50": ok("time_to_first_token_ms")["median"],
-        "ttft_p95": ok("time_to_first_token_ms")["percentiles"]["p95"],
-        "tpot_p50": ok("time_per_output_token_ms")["median"],
-        "itl_p50": ok("inter_token_latency_ms")["median"],
-        "tok_s": m["output_tokens_per_second"]["total"]["mean"],
-        "in_tok": ok("prompt_token_count")["median"],
-        "out_tok": ok("output_token_count")["median"],
-        "window_s": bench["duration"], "wall_s": wall,
+        "tpot_p50": ok("inter_token_latency_ms")["median"],  # the per-token decode time
+        "own_tpot_p50": ok("time_per_output_token_ms")["median"],  # includes TTFT
     }
 
 
-# ---- report -------------------------------------------------------------------------------------
+# ---- rounds and report ---------------------------------------------------------------------
+
+CLIENTS = ("fleetctl before", "fleetctl now", "guidellm", "guidellm ramp")
 
 
-def print_table(rows: list[tuple[int, dict[str, Any], dict[str, Any]]]) -> None:
-    print("\nconc  tool       n  TTFT p50  TTFT p95  TPOT p50  ITL p50   out tok/s  "
-          "in/out tok   (ms; ITL = per-request (last−first chunk)/(N−1) for both)")
-    for c, f, g in rows:
-        print(f"{c:>4}  fleetctl {f['n']:>3}  {f['ttft_p50']:8.2f}  {f['ttft_p95']:8.2f}  "
-              f"{f['tpot_p50']:8.3f}  {f['itl_req_p50']:7.3f}  {f['tok_s']:9.1f}  "
-              f"{f['in_tok']:.0f}/{f['out_tok']:.0f}")
-        print(f"{'':>4}  guidellm {g['n']:>3}  {g['ttft_p50']:8.2f}  {g['ttft_p95']:8.2f}  "
-              f"{g['tpot_p50']:8.3f}  {g['itl_p50']:7.3f}  {g['tok_s']:9.1f}  "
-              f"{g['in_tok']:.0f}/{g['out_tok']:.0f}   (+{g['incomplete']} cancelled at "
-              f"the end, {g['errors']} errors)")
-        print(f"{'':>4}  Δ guidellm−fleetctl: TTFT p50 {g['ttft_p50'] - f['ttft_p50']:+.2f} ms, "
-              f"ITL {g['itl_p50'] - f['itl_req_p50']:+.3f} ms, tok/s "
-              f"{(g['tok_s'] / f['tok_s'] - 1) * 100:+.1f} %; fleetctl TPOT − ITL "
-              f"{f['tpot_p50'] - f['itl_req_p50']:+.3f} ms")
+def measure(args: argparse.Namespace, url: str, endpoint: str, before: Any, guidellm: str,
+            work: Path) -> dict[int, dict[str, list[dict[str, Any]]]]:
+    found: dict[int, dict[str, list[dict[str, Any]]]] = {
+        c: {name: [] for name in CLIENTS} for c in args.levels}
+    for r in range(args.rounds):
+        for c in args.levels:
+            k = r % len(CLIENTS)
+            order = CLIENTS[k:] + CLIENTS[:k]  # rotate: nobody always goes first
+            for name in order:
+                tag = f"{endpoint}-{name.replace(' ', '-')}-c{c}-r{r}"
+                if name.startswith("guidellm"):
+                    ramp = args.ramp if name == "guidellm ramp" else 0.0
+                    row = run_guidellm(guidellm, url, c, args.warmup, args.window,
+                                       work / "tokenizer", work, tag, rampup_s=ramp)
+                else:
+                    now = name == "fleetctl now"
+                    row = run_fleetctl(runner_now if now else before, url, c, args.warmup,
+                                       args.window, tag, args.ramp if now else None)
+                found[c][name].append(row)
+                print(f"  {endpoint} round {r + 1} c={c:<3} {name:<16} n={row['n']:<4} "
+                      f"TTFT p50 {row['ttft_p50']:7.2f} ms  per-token p50 "
+                      f"{row['tpot_p50']:6.3f} ms"
+                      + (f"  (stream starts spread over {row['start_spread']:.2f} s)"
+                         if row.get("start_spread") else ""), flush=True)
+    return found
 
 
-EXPLANATION = f"""
-Why the columns differ (definitions first):
-- TTFT. Both: request sent → first streamed token. fleetctl starts the clock just before
-  aiohttp writes the request and stops it at the first *content-bearing* SSE chunk; GuideLLM
-  (httpx, HTTP/1.1 here) stamps request_start in its backend and first_token_iteration at the
-  first streamed iteration that carries output. Differences of a few ms are client overhead:
-  GuideLLM's request path (pydantic request objects, httpx, worker processes that hand each
-  request over through queues) versus one aiohttp event loop; the simulator's own TTFT
-  (prefill ≈ {PROMPT_TOKENS / 20:.0f} ms + waiting for the next {STEP_MS:g} ms decode step)
-  is the same for both. At 8 and 32 streams TTFT is dominated by something else:
-  how many prompts reach
-  the server in the same decode step (each costs ~13 ms of prefill before anyone's first
-  token, so 32 at once ≈ 430 ms). fleetctl's closed loop starts all N streams together and,
-  with equal request lengths, they stay in lock step; GuideLLM's streams start from several
-  worker processes at slightly different times and drift apart, so fewer prompts coincide
-  (lower median at 8) or its batches form differently (higher median at 32). That is the load
-  pattern differing, not the clock: p95, which both see at the fully coincident batches, is
-  close. The TTFT at high concurrency is a property of the stream phasing, so compare those
-  medians as "same order", not to the ms.
-- TPOT. Not the same metric under the same name. fleetctl: (E2E − TTFT)/(N − 1), where E2E
-  ends at `data: [DONE]`, i.e. the per-token decode time. GuideLLM's "TPOT" is
-  (last token − request start)/N: it *includes TTFT* spread over the tokens, so it is higher
-  than fleetctl's by about (TTFT − TPOT)/N. GuideLLM's ITL, (last − first token)/(N − 1), is
-  the counterpart of fleetctl's TPOT; fleetctl's ITL column here is computed the same way
-  from its chunk times. fleetctl's TPOT can exceed that ITL by a hair: its E2E runs to
-  [DONE], one more chunk after the last token (usage chunk, then [DONE]).
-- Token counting. Both read the server's usage (GuideLLM asks for continuous_usage_stats as
-  well; the simulator ignores it), so output tokens agree (128). Prompts differ slightly:
-  fleetctl sends 256 one-token words (+11 chat-template tokens = 267); GuideLLM builds its
-  prompt from Faker text cut to 256 tokens of the given tokenizer and decodes it back, and
-  that round trip (punctuation joined, lower-cased) comes back a few simulator tokens short.
-  The prefill difference this causes is well under 1 ms at 20,000 tok/s.
-- Warm-up and window. Both leave out requests that started in the first {WARMUP_S:g} s. At the
-  end fleetctl stops sending and drains the requests in flight (they count); GuideLLM's
-  max_duration cancels them ("incomplete", not counted). With a fixed request shape that
-  removes no bias from latency but changes n.
-- Throughput. fleetctl: output tokens whose chunk arrived inside the window / window length.
-  GuideLLM: the mean of its output-tokens-per-second time series over the whole benchmark,
-  all requests, warm-up excluded but the ramp and the cancelled tail's partial tokens in it;
-  with N streams of 128 tokens each request is ~{OUTPUT_TOKENS * STEP_MS / 1000:.1f} s long,
-  so in a short window both depend on where the request boundaries fall — a few % either way.
-- Client overhead. fleetctl runs in one process and reports its CPU share; GuideLLM spreads
-  requests over worker processes (one per core by default) and warns itself when its data
-  generation is a measurable share of TTFT. Both share this machine's cores with the server.
-"""
+def report(endpoint_label: str, found: dict[int, dict[str, list[dict[str, Any]]]],
+           ramp_s: float) -> None:
+    print(f"\n{endpoint_label}")
+    print(f"GuideLLM = its default (rampup_duration 0: all streams start together); GuideLLM "
+          f"ramp = rampup_duration {ramp_s:g} s, the same ramp as fleetctl now.")
+    print("conc  client            TTFT p50 per round (ms)   median  ÷GuideLLM ÷G.ramp   "
+          "per-token p50 ms ÷GuideLLM ÷G.ramp")
+
+    def med(rows: list[dict[str, Any]], key: str) -> float:
+        return statistics.median(x[key] for x in rows)
+
+    for c, clients in found.items():
+        g = {k: med(clients["guidellm"], k) for k in ("ttft_p50", "tpot_p50")}
+        gr = {k: med(clients["guidellm ramp"], k) for k in ("ttft_p50", "tpot_p50")}
+        for name in CLIENTS:
+            rows = clients[name]
+            ttft, tpot = med(rows, "ttft_p50"), med(rows, "tpot_p50")
+            rounds = " ".join(f"{x['ttft_p50']:6.1f}" for x in rows)
+            print(f"{c:>4}  {name:<16}  {rounds:<24} {ttft:7.1f}  {ttft / g['ttft_p50']:8.3f} "
+                  f"{ttft / gr['ttft_p50']:7.3f}   {tpot:8.3f}         "
+                  f"{tpot / g['tpot_p50']:7.3f} {tpot / gr['tpot_p50']:7.3f}")
+        own = med(clients["guidellm"], "own_tpot_p50")
+        print(f"{'':>4}  (GuideLLM's own TPOT, which includes TTFT: {own:.3f} ms)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--levels", default="1,8,32")
-    parser.add_argument("--window", type=float, default=10.0, help="measured seconds per level")
+    parser.add_argument("--levels", default="8,32")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=float, default=5.0, help="warm-up seconds per level")
+    parser.add_argument("--window", type=float, default=20.0, help="measured seconds per level")
+    parser.add_argument("--endpoint", choices=("sim", "mock", "both"), default="sim")
+    parser.add_argument("--ramp", type=float, default=None,
+                        help="fleetctl now's and GuideLLM ramp's start ramp (default: half the "
+                             "warm-up, as a run)")
+    parser.add_argument("--before", default=BEFORE, help="commit of the runner to compare")
     parser.add_argument("--guidellm", default=str(REPO / "var/compare-venv/bin/guidellm"))
     parser.add_argument("--keep", help="keep scenario, JSON and log files in this directory")
     args = parser.parse_args()
-    levels = [int(x) for x in args.levels.split(",")]
+    args.levels = [int(x) for x in args.levels.split(",")]
+    if args.ramp is None:
+        args.ramp = runner_now.LevelPlan(warmup_s=args.warmup).ramp
     guidellm = Path(args.guidellm)
     if not guidellm.exists():
         raise SystemExit(f"{guidellm} not found: install GuideLLM as this script's docstring says")
@@ -254,27 +286,39 @@ def main() -> None:
             else Path(tempfile.mkdtemp(prefix="bench-vs-guidellm-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     build_tokenizer(str(guidellm.parent / "python"), work / "tokenizer")
+    before = runner_before(args.before, work / "before")
     version = subprocess.run([str(guidellm), "--version"], capture_output=True, text=True,
                              env=offline_env()).stdout.strip()
     print(f"bench_vs_guidellm: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; "
-          f"{version}; endpoint fleetctl sim profile paced (step {STEP_MS:g} ms, prefill "
-          f"20,000 tok/s); chat, {PROMPT_TOKENS} prompt / {OUTPUT_TOKENS} output tokens; "
-          f"warm-up {WARMUP_S:g} s, window {args.window:g} s; interleaved per level")
-    proc, url = start_simulator(PACED_PROFILE, "paced")
-    rows = []
+          f"{version}; chat, {PROMPT_TOKENS} prompt / {OUTPUT_TOKENS} output tokens; warm-up "
+          f"{args.warmup:g} s, window {args.window:g} s; {args.rounds} rounds, clients "
+          f"alternated; fleetctl before = runner of {args.before}, now = this checkout "
+          f"(ramp {args.ramp:g} s)", flush=True)
+    endpoints = ["sim", "mock"] if args.endpoint == "both" else [args.endpoint]
+    results = []
     try:
-        for c in levels:
-            f = run_fleetctl(url, c, args.window)
-            g = run_guidellm(str(guidellm), url, c, args.window, work / "tokenizer", work)
-            print(f"  level {c}: fleetctl n={f['n']}, guidellm n={g['n']} "
-                  f"(guidellm process {g['wall_s']:.1f} s incl. start-up)", flush=True)
-            rows.append((c, f, g))
+        for endpoint in endpoints:
+            if endpoint == "sim":
+                proc, url = start_simulator(PACED_PROFILE, "paced")
+                label = (f"endpoint: fleetctl's own simulator (fleetctl sim, paced: decode step "
+                         f"{STEP_MS:g} ms for any batch, prefill 20,000 tok/s)")
+            else:
+                mock_proc, url = start_guidellm_mock(str(guidellm), MOCK_TTFT_MS, MOCK_ITL_MS)
+                proc = mock_proc  # type: ignore[assignment]
+                label = (f"endpoint: GuideLLM's mock server (not written by this project; "
+                         f"TTFT {MOCK_TTFT_MS:g} ms, ITL {MOCK_ITL_MS:g} ms, no batching)")
+            try:
+                results.append((label, measure(args, url, endpoint, before, str(guidellm),
+                                               work)))
+            finally:
+                stop(proc)
     finally:
-        stop(proc)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    print_table(rows)
-    print(EXPLANATION)
+    for label, found in results:
+        report(label, found, args.ramp)
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores shared "
+          "with the server and any other work: compare within a round, not across machines)")
 
 
 if __name__ == "__main__":

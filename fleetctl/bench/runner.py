@@ -15,10 +15,11 @@ Two ways to load the endpoint:
 
 **Staggered starts** (fixed concurrency): the N streams do not all send their first request at
 once. Stream k's first request goes out at `(k + u_k) / N × ramp_s` seconds after the level's
-start, u_k a seeded draw in [0, 0.8) (`stagger_offsets`): spread evenly over the ramp, jittered
-inside each slot so that no two runs' streams land on the same decode-step boundaries by
-construction. After its first request a stream is a plain closed loop (no think time: a stream
-that paused would leave fewer than N requests in flight, and "concurrency N" would be untrue).
+start, u_k a seeded draw in [0, 0.25) (`stagger_offsets`): spread evenly over the ramp, with a
+little jitter so that the starts do not sit on a fixed grid, yet any two streams stay at least
+three quarters of a slot apart. After its first request a stream is a plain closed loop (no
+think time: a stream that paused would leave fewer than N requests in flight, and
+"concurrency N" would be untrue).
 Why: N streams started together with equal request lengths stay in lock step — every prompt
 reaches the server in the same step, and the level measures bursts the client made. With
 start phases spread over at least one request duration they stay spread (closed loop, equal
@@ -166,12 +167,12 @@ class LevelPlan:
 
 
 RAMP_SHARE_OF_WARMUP = 0.5
-STAGGER_JITTER = 0.8  # a stream starts somewhere in the first 80 % of its slot of the ramp
+STAGGER_JITTER = 0.25  # a stream starts somewhere in the first quarter of its slot of the ramp
 
 
 def stagger_offsets(streams: int, ramp_s: float, seed: int = 0) -> list[float]:
     """When each of `streams` streams sends its first request, in seconds after the level's
-    start: stream k in [k/N, (k + 0.8)/N) of the ramp, seeded (reproducible). Stream 0 starts
+    start: stream k in [k/N, (k + 0.25)/N) of the ramp, seeded (reproducible). Stream 0 starts
     at 0 or just after; all are < ramp_s. A ramp of 0 starts every stream at once."""
     if streams < 1:
         raise ValueError("streams must be >= 1")
