@@ -11,24 +11,12 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from fleetctl.fleet.models import Pool
-from fleetctl.fleet.services import pool_health_record, pool_model_create
 from fleetctl.traffic import push, services
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, GatewayPushAttempt, Route
 from tests.conftest import SYSTEM
 
 pytestmark = pytest.mark.django_db
 MODEL = "llama-3.1-8b-instruct"
-
-
-@pytest.fixture
-def route(make_pool) -> Route:
-    pools: list[Pool] = [make_pool(name="primary"), make_pool(name="cand")]
-    for pool in pools:
-        pool_model_create(actor=SYSTEM, pool=pool, model_id=MODEL, max_context_tokens=4096)
-        pool_health_record(pool_id=pool.pk, ok=True, status_code=200, latency_ms=1.0)
-    return services.route_create(actor=SYSTEM, name="llama", model_id=MODEL,
-                                 primary_pool=pools[0], weights={"primary": 80, "cand": 20})
 
 
 @pytest.fixture

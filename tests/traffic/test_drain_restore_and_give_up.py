@@ -11,35 +11,12 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from fleetctl.fleet.services import pool_health_record, pool_model_create
 from fleetctl.traffic import push, services
-from fleetctl.traffic.models import Drain, Gateway, Route
+from fleetctl.traffic.models import Drain, Route
 from tests.conftest import SYSTEM
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("file_kind")]
 MODEL = "llama-3.1-8b-instruct"
-
-
-@pytest.fixture(autouse=True)
-def file_kind(settings):
-    settings.FLEETCTL_GATEWAY_KINDS = ["tests.traffic.fake_kind"]
-
-
-@pytest.fixture
-def route(make_pool) -> Route:
-    pools = [make_pool(name="primary"), make_pool(name="cand")]
-    for pool in pools:
-        pool_model_create(actor=SYSTEM, pool=pool, model_id=MODEL, max_context_tokens=4096)
-        pool_health_record(pool_id=pool.pk, ok=True, status_code=200, latency_ms=1.0)
-    return services.route_create(actor=SYSTEM, name="llama", model_id=MODEL,
-                                 primary_pool=pools[0], weights={"primary": 80, "cand": 20})
-
-
-@pytest.fixture
-def gateway(route: Route, tmp_path: Path) -> Gateway:
-    return services.gateway_create(actor=SYSTEM, name="gw-1", kind="file",
-                                   admin_address=str(tmp_path),
-                                   options={"file_name": "weights.json"}, routes=[route])
 
 
 def _complete_drain(route: Route) -> Drain:
