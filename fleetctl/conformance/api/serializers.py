@@ -10,24 +10,13 @@ from rest_framework import serializers
 
 from fleetctl.conformance import cases as suite
 from fleetctl.conformance.models import ConformanceCase, ConformanceRun
-from fleetctl.core.api.fields import StrictCharField
+from fleetctl.core.api.fields import StrictBooleanField, StrictCharField
 from fleetctl.core.api.schema import ObjectField
 from fleetctl.fleet.models import Pool
 from migrations_plan.models import Plan
 
 
-class StrictBooleanField(serializers.BooleanField):
-    """true or false, not "yes", 1 or "true"."""
-
-    default_error_messages = {"strict": "Must be true or false (a JSON boolean)."}
-
-    def to_internal_value(self, data: Any) -> bool:
-        if not isinstance(data, bool):
-            self.fail("strict")
-        return data
-
-
-class RunCreateSerializer(serializers.Serializer):
+class ConformanceRunCreateSerializer(serializers.Serializer):
     pool = serializers.SlugRelatedField(
         slug_field="name", queryset=Pool.objects.all(),
         help_text="The pool to probe (every one of its endpoints).",
@@ -53,7 +42,7 @@ class RunCreateSerializer(serializers.Serializer):
         help_text="Case keys to require beyond the default required set.")
 
 
-class RunSerializer(serializers.ModelSerializer):
+class ConformanceRunSerializer(serializers.ModelSerializer):
     pool = serializers.CharField(source="pool.name", read_only=True)
     primary = serializers.CharField(source="primary.name", read_only=True, allow_null=True,
                                     default=None)
@@ -79,7 +68,7 @@ class RunSerializer(serializers.ModelSerializer):
         return f"/conformance/runs/{run.pk}/"
 
 
-class CaseSerializer(serializers.ModelSerializer):
+class ConformanceCaseSerializer(serializers.ModelSerializer):
     pool = serializers.CharField(source="pool.name", read_only=True)
     latency_ms = serializers.FloatField(read_only=True, allow_null=True,
                                        help_text="Milliseconds, to 0.1 ms.")
@@ -93,15 +82,15 @@ class CaseSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class RunDetailSerializer(RunSerializer):
-    cases = CaseSerializer(many=True, read_only=True)
+class ConformanceRunDetailSerializer(ConformanceRunSerializer):
+    cases = ConformanceCaseSerializer(many=True, read_only=True)
 
-    class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "cases"]
+    class Meta(ConformanceRunSerializer.Meta):
+        fields = [*ConformanceRunSerializer.Meta.fields, "cases"]
         read_only_fields = fields
 
 
-class SuiteCaseSerializer(serializers.Serializer):
+class ConformanceSuiteCaseSerializer(serializers.Serializer):
     key = serializers.CharField()
     title = serializers.CharField()
     required = serializers.BooleanField()  # type: ignore[assignment]

@@ -24,12 +24,14 @@ class ConformanceRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
     run queued, poll it for its cases and verdict."""
 
     queryset = selectors.run_list()
-    serializer_class = s.RunSerializer
+    serializer_class = s.ConformanceRunSerializer
     filterset_class = RunFilter
     ordering_fields = ["created_at", "id", "status"]
 
     def get_serializer_class(self):  # type: ignore[no-untyped-def]
-        return s.RunDetailSerializer if self.action == "retrieve" else s.RunSerializer
+        if self.action == "retrieve":
+            return s.ConformanceRunDetailSerializer
+        return s.ConformanceRunSerializer
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
         runs = selectors.run_list()
@@ -40,14 +42,15 @@ class ConformanceRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
     def _detail(self, run: ConformanceRun, code: int = status.HTTP_200_OK) -> Response:
         fresh = get_object_or_404(selectors.run_list().prefetch_related("cases__pool"),
                                   pk=run.pk)
-        return Response(s.RunDetailSerializer(fresh).data, status=code)
+        return Response(s.ConformanceRunDetailSerializer(fresh).data, status=code)
 
-    @extend_schema(request=s.RunCreateSerializer, responses={202: s.RunDetailSerializer})
+    @extend_schema(request=s.ConformanceRunCreateSerializer,
+                   responses={202: s.ConformanceRunDetailSerializer})
     def create(self, request: Request) -> Response:
         """Start a run. 400 names an unknown pool or plan, a pool with no endpoints, a plan
         whose candidate is another pool, a model the pools do not serve or an unknown case
         key; 409 when a run of the pool is still queued or running."""
-        body = s.RunCreateSerializer(data=request.data)
+        body = s.ConformanceRunCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
         run = services.run_create(actor=actor_from_request(request), pool=data["pool"],
@@ -57,7 +60,7 @@ class ConformanceRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
                                   required_keys=data["required"])
         return self._detail(run, status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=None, responses={200: s.RunDetailSerializer})
+    @extend_schema(request=None, responses={200: s.ConformanceRunDetailSerializer})
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
         """Stop a queued or running run (409 otherwise); the cases judged so far are kept."""
@@ -66,7 +69,7 @@ class ConformanceRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         return self._detail(run)
 
     # A plain list, as answered: not paginated, and the run list's filters do not apply.
-    @extend_schema(responses={200: s.SuiteCaseSerializer(many=True)})
+    @extend_schema(responses={200: s.ConformanceSuiteCaseSerializer(many=True)})
     @action(detail=False, methods=["get"], pagination_class=None, filter_backends=[])
     def suite(self, request: Request) -> Response:
         """Every case of the suite: what it sends, how it judges, whether it is required."""

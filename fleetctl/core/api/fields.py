@@ -14,6 +14,17 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """true or false, not "yes", 1 or "true"."""
+
+    default_error_messages = {"strict": "Must be true or false (a JSON boolean)."}
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("strict")
+        return data
+
+
 class MillisecondsField(serializers.FloatField):
     """A read-only duration in milliseconds, answered to 0.1 ms (core.numbers.round_ms): no
     binary noise such as 41.223000000000006."""
