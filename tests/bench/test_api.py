@@ -14,7 +14,7 @@ from django.core.files.uploadedfile import UploadedFile
 
 from fleetctl.bench import services
 from fleetctl.bench.api.exports import CSV_COLUMNS
-from fleetctl.bench.models import Run, Trace
+from fleetctl.bench.models import Run, Sample, Trace
 from tests.bench.helpers import (
     BAD_LINE,
     GOOD_LINE,
@@ -228,7 +228,12 @@ def test_levels_and_samples_are_paginated(client_for, pools):
 
 def test_exports_stream_every_request_as_csv_and_json(client_for, pools):
     run = finished_run(small_trace(), pools["paced"], pools["faulty"])
+    # Which stream sent a request and which endpoint it went to are in every per-request form.
+    marked = Sample.objects.filter(level__run=run).order_by("pk").last()
+    Sample.objects.filter(pk=marked.pk).update(stream=3, endpoint=1)
     viewer = client_for("viewer")
+    pages = viewer.get(f"{RUNS}{run.pk}/samples/", {"page_size": 500}).json()["results"]
+    assert [(r["stream"], r["endpoint"]) for r in pages].count((3, 1)) == 1
     as_csv = viewer.get(f"{RUNS}{run.pk}/export.csv")
     assert as_csv.status_code == 200 and as_csv.streaming
     assert as_csv["Content-Type"].startswith("text/csv")
@@ -237,12 +242,14 @@ def test_exports_stream_every_request_as_csv_and_json(client_for, pools):
     row = next(r for r in rows if r["pool"] == "paced" and r["concurrency"] == "4")
     assert row["verdict"] == "pass" and row["itl_count"] == "3" and row["itl_max_s"] == "0.03"
     assert row["ttft_s"] == "0.9" and row["tokens_source"] == "usage"
+    assert [(r["stream"], r["endpoint"]) for r in rows].count(("3", "1")) == 1
 
     as_json = viewer.get(f"{RUNS}{run.pk}/export.json")
     assert as_json.status_code == 200 and as_json.streaming
     body = json.loads(b"".join(as_json.streaming_content))
     assert body["id"] == run.pk and len(body["samples"]) == 15 and len(body["level_rows"]) == 5
     assert body["samples"][0]["itl_s"] == [0.02, 0.03, 0.02]
+    assert [(r["stream"], r["endpoint"]) for r in body["samples"]].count((3, 1)) == 1
 
 
 def test_cancelling_a_run_and_cancelling_it_again(client_for, pools):

@@ -12,6 +12,8 @@ CSV columns, one row per request the client sent (warm-up requests included, fla
 | verdict | the level's verdict: pass, fail, insufficient, invalid, error |
 | shard | which client process measured the request (0 … shards − 1) |
 | index | sequence number within its shard (trace timing: place in the whole schedule) |
+| stream | fixed concurrency: the stream that sent it (0 … concurrency − 1) |
+| endpoint | which of the pool's base URLs it went to (0 = the first, in the pool's order) |
 | warmup | 1 when sent during warm-up (left out of every statistic), else 0 |
 | status | ok, error or timeout |
 | http_status | the HTTP status the server answered (empty if none) |
@@ -45,7 +47,8 @@ from fleetctl.bench.models import Run, Sample
 from fleetctl.core.csvcells import spreadsheet_safe
 
 CSV_COLUMNS = [
-    "run", "pool", "concurrency", "speed", "attempt", "verdict", "shard", "index", "warmup",
+    "run", "pool", "concurrency", "speed", "attempt", "verdict", "shard", "index", "stream",
+    "endpoint", "warmup",
     "status", "http_status", "scheduled_s", "schedule_lag_s", "ttft_s", "tpot_s", "e2e_s",
     "itl_count", "itl_p50_s", "itl_max_s", "input_tokens", "output_tokens", "window_tokens",
     "tokens_source", "error",
@@ -62,7 +65,8 @@ def sample_row(sample: Sample) -> list[Any]:
     return [
         level.run_id, level.pool.name, level.concurrency, _cell(level.speed), level.attempt,
         level.verdict,
-        sample.shard, sample.index, int(sample.warmup), sample.status,
+        sample.shard, sample.index, sample.stream, sample.endpoint, int(sample.warmup),
+        sample.status,
         _cell(sample.http_status), sample.scheduled_s, sample.schedule_lag_s,
         _cell(sample.ttft_s), _cell(sample.tpot_s), _cell(sample.e2e_s), len(gaps),
         _cell(stats.percentile(gaps, 50)), _cell(max(gaps, default=None)),
@@ -97,6 +101,7 @@ def sample_json(sample: Sample) -> dict[str, Any]:
         "pool": level.pool.name, "concurrency": level.concurrency, "speed": level.speed,
         "attempt": level.attempt,
         "verdict": level.verdict, "shard": sample.shard, "index": sample.index,
+        "stream": sample.stream, "endpoint": sample.endpoint,
         "warmup": sample.warmup, "status": sample.status, "http_status": sample.http_status,
         "scheduled_s": sample.scheduled_s, "schedule_lag_s": sample.schedule_lag_s,
         "ttft_s": sample.ttft_s, "tpot_s": sample.tpot_s, "e2e_s": sample.e2e_s,

@@ -272,7 +272,8 @@ class SampleSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Sample
-        fields = ["pool", "concurrency", "speed", "attempt", "shard", "index", "warmup", "status",
+        fields = ["pool", "concurrency", "speed", "attempt", "shard", "index", "stream",
+                  "endpoint", "warmup", "status",
                   "http_status", "scheduled_s", "schedule_lag_s", "ttft_s", "tpot_s", "e2e_s",
                   "itl_s", "input_tokens", "output_tokens", "window_tokens", "tokens_source",
                   "error"]
