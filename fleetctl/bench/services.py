@@ -809,6 +809,7 @@ def _record(run: Run, pools: list[Pool], outcome: dict[str, Any], *, cancelled: 
             evidence_record(
                 actor=system, pool=pool, kind="benchmark", verdict=verdict, summary=summary,
                 model_id=run.model_id, url=f"/bench/runs/{run.pk}/",
+                source=f"benchmark run {run.pk}",
                 data=benchmark_evidence_data(run, result, [r.pool.name for r in results],
                                              measured_at=now))
         audit_record(actor=system, action="bench.run.finish", target=run,

@@ -65,6 +65,9 @@ def test_a_run_measures_levels_derives_cost_and_records_evidence(
     evidence = Evidence.objects.get(kind="benchmark", pool=pool)
     assert evidence.verdict == "pass" and evidence.data["best_concurrency"] == 4
     assert evidence.data["slo"]["ttft_p95_ms"] == 2000
+    # Measured by fleetctl, and it names the run that measured it.
+    assert evidence.source == f"benchmark run {run.pk}"
+    assert evidence.url == f"/bench/runs/{run.pk}/"
 
 
 def test_a_level_split_over_two_workers_is_merged_exactly(
