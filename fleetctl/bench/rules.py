@@ -5,8 +5,8 @@ highest SLO-passing concurrency, its output tokens/s, cost per 1M output tokens 
 was measured against, the hourly rate and currency the cost was computed with, what makes two
 runs comparable (the trace's sha256, the SLO, the timing and window, the pools measured
 together) and every counted level's latencies. The rules below read the newest still-valid
-rows (the engine expires them when the pool's model revision, runtime version or driver label
-changes).
+rows (the engine expires them when the pool's model revision, runtime version, driver label,
+or a served model's quantisation or weight format changes).
 
 Comparisons with the primary compare like with like: the latest run that measured both pools,
 else the latest pair of runs on the same trace (by content) with the same SLO, timing and
