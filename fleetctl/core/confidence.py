@@ -31,16 +31,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import numpy as np
-from scipy import stats
-from statsmodels.stats.contingency_tables import mcnemar
-from statsmodels.stats.power import NormalIndPower
-from statsmodels.stats.proportion import (
-    confint_proportions_2indep,
-    proportion_confint,
-    proportion_effectsize,
-)
 
 from fleetctl.core.errors import DomainError
+
+# scipy and statsmodels are imported where they are used: together they take most of a second
+# to import, which every web and worker process would otherwise pay at start-up whether or not
+# it ever judges a gate.
 
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 2000
@@ -153,7 +149,7 @@ def wilson_interval(successes: int, n: int, confidence: float = DEFAULT_CONFIDEN
     if successes > n:
         raise ConfidenceInputError(
             f"The number of successes ({successes}) cannot exceed the number of samples ({n}).")
-    lower, upper = proportion_confint(successes, n, alpha=1.0 - confidence, method="wilson")
+    lower, upper = _wilson_limits(successes, n, confidence)
     return Interval(estimate=successes / n, lower=max(0.0, float(lower)),
                     upper=min(1.0, float(upper)), confidence=confidence, method="wilson", n=n)
 
@@ -177,6 +173,8 @@ def bootstrap_mean_interval(
 
 def _bootstrap(array: np.ndarray, confidence: float, resamples: int, seed: int,
                *, method: str) -> Interval:
+    from scipy import stats
+
     mean = float(np.mean(array))
     n = int(array.size)
     if n == 1 or float(np.ptp(array)) == 0.0:
@@ -203,6 +201,8 @@ def _bootstrap(array: np.ndarray, confidence: float, resamples: int, seed: int,
 # -- differences ----------------------------------------------------------------------------
 
 def _wilson_limits(successes: int, n: int, confidence: float) -> tuple[float, float]:
+    from statsmodels.stats.proportion import proportion_confint
+
     lower, upper = proportion_confint(successes, n, alpha=1.0 - confidence, method="wilson")
     return float(lower), float(upper)
 
@@ -271,6 +271,8 @@ def paired_difference(
         neither = n - both - only_candidate - only_reference
         lower, upper = newcombe_paired_interval(
             both, only_candidate, only_reference, neither, confidence)
+        from statsmodels.stats.contingency_tables import mcnemar
+
         if only_candidate + only_reference == 0:
             p_value = 1.0
         else:
@@ -288,6 +290,8 @@ def independent_difference(
 ) -> Interval:
     """Candidate rate − reference rate from two independent samples (e.g. two batches'
     error counts): Newcombe's hybrid score interval (statsmodels, method "newcomb")."""
+    from statsmodels.stats.proportion import confint_proportions_2indep
+
     confidence = _check_confidence(confidence)
     n1 = _check_count("The candidate's number of samples", candidate_n, minimum=1)
     n2 = _check_count("The reference's number of samples", reference_n, minimum=1)
@@ -395,6 +399,9 @@ def samples_needed(p0: float, delta: float, *, alpha: float = 0.05, power: float
             f"(p0 = {p0}, delta = {delta}).")
     if not 0.0 < alpha < 1.0 or not 0.0 < power < 1.0:
         raise ConfidenceInputError("alpha and power must be strictly between 0 and 1.")
+    from statsmodels.stats.power import NormalIndPower
+    from statsmodels.stats.proportion import proportion_effectsize
+
     effect = abs(float(proportion_effectsize(p0 + delta, p0)))
     size = NormalIndPower().solve_power(effect_size=effect, alpha=alpha, power=power,
                                         ratio=1.0, alternative="larger")

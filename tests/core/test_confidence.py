@@ -4,6 +4,9 @@ regressed samples, and clear errors on bad input."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +21,17 @@ def _pairs(both: int, only_candidate: int, only_reference: int,
     candidate = [1] * both + [1] * only_candidate + [0] * only_reference + [0] * neither
     reference = [1] * both + [0] * only_candidate + [1] * only_reference + [0] * neither
     return candidate, reference
+
+
+def test_importing_the_module_leaves_scipy_and_statsmodels_for_first_use() -> None:
+    # Web and worker processes import gate code at start-up; the heavy libraries load only
+    # when a bound is computed.
+    probe = ("import sys, fleetctl.core.confidence as c; "
+             "print(sorted(m for m in ('scipy', 'statsmodels') if m in sys.modules)); "
+             "c.wilson_interval(1, 2); print('statsmodels' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[2]).stdout.split("\n")
+    assert out[:2] == ["[]", "True"]
 
 
 # -- textbook values ------------------------------------------------------------------------
