@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from statistics import NormalDist
 from typing import Any, Literal
 
 import numpy as np
@@ -161,7 +162,7 @@ def bootstrap_mean_interval(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
 ) -> Interval:
-    """BCa bootstrap interval for the mean of `values` (scipy.stats.bootstrap).
+    """BCa bootstrap interval for the mean of `values` (see `_bootstrap`).
 
     When every value is the same there is nothing to resample: the interval is that value."""
     confidence = _check_confidence(confidence)
@@ -171,29 +172,49 @@ def bootstrap_mean_interval(
     return _bootstrap(array, confidence, resamples, seed, method="bootstrap-bca")
 
 
+# Resampled values held at once while bootstrapping (a batch of resamples × n).
+_BOOTSTRAP_BATCH_VALUES = 2_000_000
+
+
 def _bootstrap(array: np.ndarray, confidence: float, resamples: int, seed: int,
                *, method: str) -> Interval:
-    from scipy import stats
+    """BCa interval for the mean (Efron 1987), computed directly.
 
+    scipy.stats.bootstrap jackknifes by recomputing the statistic n times on n − 1 values,
+    O(n²): 19 s at 20,000 items and out of memory at 50,000. The mean's jackknife is closed
+    form ((sum − xᵢ)/(n − 1)), and resamples are drawn in batches, so this is O(resamples · n)
+    time and bounded memory."""
     mean = float(np.mean(array))
     n = int(array.size)
     if n == 1 or float(np.ptp(array)) == 0.0:
         return Interval(estimate=mean, lower=mean, upper=mean, confidence=confidence,
                         method=method, n=n)
-    result = stats.bootstrap(
-        (array,), np.mean, confidence_level=confidence, n_resamples=resamples, method="BCa",
-        rng=np.random.default_rng(seed), vectorized=True)
-    lower = float(result.confidence_interval.low)
-    upper = float(result.confidence_interval.high)
-    if not (math.isfinite(lower) and math.isfinite(upper)):
-        # BCa is undefined when the resampled means are degenerate (e.g. one value differs
-        # from all the others in a tiny sample); the percentile interval still is.
-        result = stats.bootstrap(
-            (array,), np.mean, confidence_level=confidence, n_resamples=resamples,
-            method="percentile", rng=np.random.default_rng(seed), vectorized=True)
-        lower = float(result.confidence_interval.low)
-        upper = float(result.confidence_interval.high)
+    rng = np.random.default_rng(seed)
+    batch = max(1, _BOOTSTRAP_BATCH_VALUES // n)
+    means = np.empty(resamples)
+    for start in range(0, resamples, batch):
+        stop = min(resamples, start + batch)
+        means[start:stop] = array[rng.integers(0, n, size=(stop - start, n))].mean(axis=1)
+    means.sort()
+    normal = NormalDist()
+    tail = (1.0 - confidence) / 2.0
+    # Bias correction: where the estimate sits among the resampled means.
+    below = (np.count_nonzero(means < mean) + 0.5 * np.count_nonzero(means == mean)) / resamples
+    z0 = normal.inv_cdf(min(max(below, 0.5 / resamples), 1.0 - 0.5 / resamples))
+    # Acceleration: the skew of the jackknife means.
+    jack = (float(np.sum(array)) - array) / (n - 1)
+    dev = jack.mean() - jack
+    spread = float(np.sum(dev ** 2))
+    accel = float(np.sum(dev ** 3)) / (6.0 * spread ** 1.5) if spread > 0 else 0.0
+    levels = []
+    for z in (normal.inv_cdf(tail), normal.inv_cdf(1.0 - tail)):
+        denominator = 1.0 - accel * (z0 + z)
+        levels.append(normal.cdf(z0 + (z0 + z) / denominator) if denominator > 0 else math.nan)
+    if not all(math.isfinite(level) for level in levels):
+        # BCa is undefined for extreme skew; the percentile interval still is.
+        levels = [tail, 1.0 - tail]
         method = method.replace("bca", "percentile")
+    lower, upper = (float(np.quantile(means, level)) for level in levels)
     return Interval(estimate=mean, lower=min(lower, mean), upper=max(upper, mean),
                     confidence=confidence, method=method, n=n)
 
