@@ -209,11 +209,10 @@ def _bootstrap(array: np.ndarray, confidence: float, resamples: int, seed: int,
     levels = []
     for z in (normal.inv_cdf(tail), normal.inv_cdf(1.0 - tail)):
         denominator = 1.0 - accel * (z0 + z)
-        levels.append(normal.cdf(z0 + (z0 + z) / denominator) if denominator > 0 else math.nan)
-    if not all(math.isfinite(level) for level in levels):
-        # BCa is undefined for extreme skew; the percentile interval still is.
-        levels = [tail, 1.0 - tail]
-        method = method.replace("bca", "percentile")
+        # As the denominator falls to 0 the level runs to 0 or 1; past it, stay there (the
+        # extreme resample) rather than wrap around.
+        levels.append(normal.cdf(z0 + (z0 + z) / denominator) if denominator > 0
+                      else float(z0 + z > 0))
     lower, upper = (float(np.quantile(means, level)) for level in levels)
     return Interval(estimate=mean, lower=min(lower, mean), upper=max(upper, mean),
                     confidence=confidence, method=method, n=n)
