@@ -1,9 +1,10 @@
 """Comparing two answers from OpenAI-compatible endpoints: the one place that does it.
 
-Shadow runs (primary vs secondary is the noise floor, primary vs candidate the signal),
-eval runs and batch jobs all build an `Answer` from each endpoint's response and call
-`compare(a, b, greedy=...)`. Everything here is pure and deterministic: no I/O, no
-Django, no clock. [docs/compare.md](../../docs/compare.md) defines every field.
+Made for shadow runs (primary vs secondary is the noise floor, primary vs candidate the
+signal), eval runs and batch jobs: each builds an `Answer` from each endpoint's response and
+calls `compare(a, b, greedy=...)` (no job does yet). Everything here is pure and
+deterministic: no I/O, no Django, no clock. [docs/compare.md](../../docs/compare.md)
+defines every field.
 
 Tokens. When a response carries logprobs, its tokens are the logprob entries' tokens
 (the server's own tokenisation). Otherwise the text is split with `TOKEN_RE`: a run of

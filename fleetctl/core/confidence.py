@@ -3,8 +3,8 @@
 Gates compare a candidate with a reference from samples — shadow divergence rates (candidate
 vs primary against the primary-vs-secondary noise floor, paired per request), eval scores
 (0/1 or [0, 1] per item, paired on the same items), batch error rates — and ask whether
-candidate − reference is within a margin. Every such gate computes its interval here and hands
-it to `judge`, so each verdict says the same thing the same way.
+candidate − reference is within a margin. Every such gate is to compute its interval here and
+hand it to `judge`, so each verdict says the same thing the same way (no gate does yet).
 
 Methods (see docs/confidence.md for why):
 
