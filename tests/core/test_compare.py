@@ -388,39 +388,13 @@ def test_comparing_is_deterministic() -> None:
 
 # -- real simulator pools ---------------------------------------------------------------
 
-PROFILES = """
-[profiles.quick]
-base = "h200"
-decode_base_ms = 1.0
-decode_per_seq_ms = 0.01
-network_latency_ms = 0.0
-divergence_rate = 0.0
-max_context = 4096
-
-[profiles.diverging]
-base = "quick"
-divergence_rate = 0.5
-near_tie_fraction = 0.5
-
-[profiles.tie]
-base = "quick"
-divergence_rate = 1.0
-near_tie_fraction = 1.0
-
-[profiles.flip]
-base = "quick"
-divergence_rate = 1.0
-near_tie_fraction = 0.0
-"""
-
-
 @pytest.fixture(scope="module")
 def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tests.sim.simproc import SimProcess
+    from tests.sim.simproc import TEST_PROFILES, SimProcess
 
     directory = tmp_path_factory.mktemp("compare-sim")
     profiles = directory / "profiles.toml"
-    profiles.write_text(PROFILES)
+    profiles.write_text(TEST_PROFILES)
     args = ["--profiles", str(profiles), "--log-level", "WARNING"]
     for name in ("primary", "diverging", "tie", "flip"):
         args += ["--pool", f"{name}={'quick' if name == 'primary' else name}@0"]
@@ -476,7 +450,7 @@ def test_a_stream_and_a_body_from_a_pool_build_equal_answers(pools: Any) -> None
 @pytest.mark.slow
 def test_a_diverging_pool_shows_where_and_how_it_diverged(pools: Any) -> None:
     found = []
-    for i in range(16):
+    for i in range(32):
         body = request(f"shadow probe {i}")
         c = compare(ask(pools.url("primary"), body), ask(pools.url("diverging"), body),
                     greedy=True)
@@ -484,7 +458,7 @@ def test_a_diverging_pool_shows_where_and_how_it_diverged(pools: Any) -> None:
             found.append(c)
             assert c.first_divergence is not None and c.token_a != c.token_b
             assert c.near_tie is not None and c.hard_flip is (not c.near_tie)
-    assert found, "no divergence in 16 requests at a rate of one half"
+    assert found, "no divergence in 32 requests at a rate of a quarter"
 
     body = request("tie or flip")
     primary = ask(pools.url("primary"), body)
