@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fleetctl.cli.client import ApiClient, CliError
-from fleetctl.cli.output import print_fields, print_json, print_table
+from fleetctl.cli.output import print_fields, print_json, print_table, row_limit
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
 VERDICTS = ("pass", "warn", "fail")
@@ -142,16 +142,6 @@ def _run_id(value: str) -> int:
     return number
 
 
-def _limit(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from exc
-    if not 1 <= number <= 10000:
-        raise argparse.ArgumentTypeError("choose between 1 and 10000")
-    return number
-
-
 def add_commands(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
     parser = sub.add_parser("conformance", help="probe a pool against the OpenAI contract")
     actions = parser.add_subparsers(dest="conformance_command", metavar="ACTION",
@@ -181,7 +171,7 @@ def add_commands(sub: Any, common: Callable[[argparse.ArgumentParser], None]) ->
     listing.add_argument("--plan")
     listing.add_argument("--status", choices=STATUSES)
     listing.add_argument("--verdict", choices=VERDICTS)
-    listing.add_argument("--limit", type=_limit, default=50, help="rows (default 50)")
+    listing.add_argument("--limit", type=row_limit, default=50, help="rows (default 50)")
     common(listing)
     listing.set_defaults(func=cmd_list)
 

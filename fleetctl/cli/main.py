@@ -12,7 +12,7 @@ from typing import Any
 from fleetctl import __version__
 from fleetctl.cli import bench, conformance, plans, tokens, traffic
 from fleetctl.cli.client import ApiClient, CliError
-from fleetctl.cli.output import print_fields, print_json, print_table
+from fleetctl.cli.output import print_fields, print_json, print_table, row_limit
 
 HEALTH = ("healthy", "unhealthy", "unknown")
 RUNTIMES = ("cuda", "rocm", "tpu", "gaudi", "other")
@@ -85,16 +85,6 @@ def _iso(value: str) -> str:
     return value
 
 
-def _positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from exc
-    if not 1 <= number <= 10000:
-        raise argparse.ArgumentTypeError("choose between 1 and 10000")
-    return number
-
-
 def cmd_audit(args: argparse.Namespace) -> int:
     params = {"action": args.action, "actor": args.actor, "since": args.since,
               "until": args.until, "object_type": args.object_type, "outcome": args.outcome}
@@ -155,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--outcome", choices=("ok", "denied", "failed"))
     audit.add_argument("--since", type=_iso, help="ISO date/time")
     audit.add_argument("--until", type=_iso, help="ISO date/time")
-    audit.add_argument("--limit", type=_positive, default=50, help="rows (default 50)")
+    audit.add_argument("--limit", type=row_limit, default=50, help="rows (default 50)")
     _common(audit)
     audit.set_defaults(func=cmd_audit)
 

@@ -1,9 +1,21 @@
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+
+def row_limit(value: str) -> int:
+    """A `--limit` flag: how many rows to print, 1 to 10000."""
+    try:
+        number = int(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from exc
+    if not 1 <= number <= 10000:
+        raise argparse.ArgumentTypeError("choose between 1 and 10000")
+    return number
 
 
 def print_json(data: Any) -> None:
