@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -32,3 +32,13 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Browser]:
         launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield launched
         launched.close()
+
+
+def sign_in(page: Page, url: str, username: str, password: str) -> None:
+    """Open `url`, sign in on the login page it sends an anonymous visitor to, and land on it."""
+    page.goto(url)
+    page.wait_for_url("**/login/**")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(url)

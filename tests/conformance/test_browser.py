@@ -17,6 +17,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from fleetctl.fleet.models import Pool
+from tests.browser import sign_in
 from tests.migrations_plan.conftest import World, world  # noqa: F401 - the fixture
 from tests.web.test_browser import Problems
 
@@ -33,21 +34,12 @@ def legacy_plan(celery_worker: Any, world: World, conformance_sim: Any) -> str: 
     return world.plan().name
 
 
-def login(page: Any, url: str, who: str) -> None:
-    page.goto(url)
-    page.wait_for_url("**/login/**")
-    page.fill("#id_username", who)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(url)
-
-
 def test_the_gate_button_runs_the_probe_and_the_gate_reads_its_verdict(
         live_server: Any, legacy_plan: str, browser: Browser):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     problems = Problems(page)
     plan_url = f"{live_server.url}/plans/{legacy_plan}/"
-    login(page, plan_url, "olga")
+    sign_in(page, plan_url, "olga", PASSWORD)
     check = page.locator('tr[data-check="conformance"]')
     expect(check.locator(".badge").first).to_contain_text("insufficient")
     check.get_by_role("button", name="Run the conformance probe").click()
@@ -85,7 +77,7 @@ def test_a_viewer_sees_the_runs_but_no_button(live_server: Any, world: World,  #
     page = browser.new_page()
     problems = Problems(page)
     plan_url = f"{live_server.url}/plans/{plan.name}/"
-    login(page, plan_url, "vic")
+    sign_in(page, plan_url, "vic", PASSWORD)
     check = page.locator('tr[data-check="conformance"]')
     expect(check).to_be_visible()
     expect(check.get_by_role("button", name="Run the conformance probe")).to_have_count(0)

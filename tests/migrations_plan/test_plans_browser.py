@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 from django.db import connection
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, expect
 
 from fleetctl.accounts.actor import Actor
 from fleetctl.fleet.models import Pool
 from migrations_plan import services
+from tests.browser import sign_in
 from tests.web.test_browser import Problems
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -35,15 +36,6 @@ def plan_in_stage_1(transactional_db: None, world: Any) -> str:
     """alice opens the plan; bob (another platform lead) will approve it. Seeded before the
     browser starts."""
     return world.plan(name="mi300x-llama", target_date="2030-01-31").name
-
-
-def sign_in(page: Page, url: str, username: str) -> None:
-    page.goto(url)
-    page.wait_for_url("**/login/**")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(url)
 
 
 def evidence_arrives(pool_name: str) -> None:
@@ -71,7 +63,7 @@ def test_a_platform_lead_approves_a_gate_and_a_viewer_sees_no_button(
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     problems = Problems(page)
 
-    sign_in(page, f"{live_server.url}/plans/", "bob")
+    sign_in(page, f"{live_server.url}/plans/", "bob", PASSWORD)
     card = page.locator(f'article[data-plan="{plan_in_stage_1}"]')
     expect(card).to_contain_text("1 of 4 checks pass")
     card.get_by_role("link", name=plan_in_stage_1).click()
@@ -113,7 +105,7 @@ def test_a_platform_lead_approves_a_gate_and_a_viewer_sees_no_button(
 
     viewer = browser.new_page(viewport={"width": 1280, "height": 900})
     viewer_problems = Problems(viewer)
-    sign_in(viewer, url, "vic")
+    sign_in(viewer, url, "vic", PASSWORD)
     expect(viewer.locator("#plan-gate")).to_contain_text("Stage 1 · abstraction gate")
     expect(viewer.locator("table.approvals")).to_contain_text("bob")
     expect(viewer.get_by_role("button", name="Approve")).to_have_count(0)
@@ -144,7 +136,7 @@ def test_the_gate_page_says_where_each_piece_of_evidence_comes_from(
     url = f"{live_server.url}/plans/{plan_with_every_source}/"
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     problems = Problems(page)
-    sign_in(page, url, "vic")
+    sign_in(page, url, "vic", PASSWORD)
     gate = page.locator("#plan-gate")
 
     conformance = gate.locator('tr[data-check="conformance"]')

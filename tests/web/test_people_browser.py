@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, Response, expect
+from playwright.sync_api import Browser, Page, expect
 
 from tests.web.factories import PASSWORD, make_user
+from tests.web.test_browser import Problems
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -31,22 +32,6 @@ def shoot(page: Page, name: str) -> None:
 def people(transactional_db: None) -> None:
     make_user("ada", "admin")
     make_user("vera", "viewer")
-
-
-class Problems:
-    def __init__(self, page: Page) -> None:
-        self.items: list[str] = []
-        page.on("console", self.on_console)
-        page.on("pageerror", lambda error: self.items.append(f"page error: {error}"))
-        page.on("response", self.on_response)
-
-    def on_console(self, message: ConsoleMessage) -> None:
-        if message.type == "error":
-            self.items.append(f"console error: {message.text}")
-
-    def on_response(self, response: Response) -> None:
-        if response.status >= 400:
-            self.items.append(f"HTTP {response.status} for {response.url}")
 
 
 def sign_in(page: Page, base: str, username: str, password: str) -> None:

@@ -25,6 +25,7 @@ from fleetctl.demo.envoy_process import EnvoyProcess
 from fleetctl.fleet.services import pool_create
 from fleetctl.traffic import sampling, services
 from fleetctl.traffic.models import Gateway, Route
+from tests.browser import sign_in
 from tests.conftest import wait_until
 from tests.sim.simproc import TEST_PROFILES, SimProcess
 from tests.traffic.web.conftest import MODEL, SYSTEM, healthy, make_route, ramp
@@ -62,15 +63,6 @@ def seed_traffic(base_urls: dict[str, str] | None = None) -> None:
     make_route("llama-batch", primary="mi300x-us", latency_class="batch")
 
 
-def sign_in(page: Page, url: str) -> None:
-    page.goto(url)
-    page.wait_for_url("**/login/**")
-    page.fill("#id_username", "olga")
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(url)
-
-
 def drain_llama_through_the_dashboard(page: Page, base_url: str) -> None:
     page.goto(f"{base_url}/traffic/")
     expect(page.locator("a.route-link", has_text="llama-eu")).to_be_visible()
@@ -104,7 +96,7 @@ def test_an_on_call_engineer_drains_a_route_in_the_browser(
 ):
     page = browser.new_page(viewport={"width": 1366, "height": 768})
     problems = Problems(page)
-    sign_in(page, f"{live_server.url}/traffic/")
+    sign_in(page, f"{live_server.url}/traffic/", "olga", PASSWORD)
 
     drain_llama_through_the_dashboard(page, live_server.url)
     progress = page.locator("#drain-progress")
@@ -167,7 +159,7 @@ def test_an_on_call_engineer_drains_a_route_behind_a_real_envoy_in_the_browser(
 ):
     page = browser.new_page(viewport={"width": 1366, "height": 768})
     problems = Problems(page)
-    sign_in(page, f"{live_server.url}/traffic/routes/llama/")
+    sign_in(page, f"{live_server.url}/traffic/routes/llama/", "olga", PASSWORD)
     page.wait_for_selector("#rates-chart .main-svg", timeout=30_000)
     expect(page.locator("#gw-title + .table-wrap")).to_contain_text("in sync")
 
