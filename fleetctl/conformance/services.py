@@ -182,9 +182,9 @@ def _take(run_id: int) -> ConformanceRun | None:
 
 
 def _still_running(run: ConformanceRun) -> bool:
-    ConformanceRun.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now())
-    return ConformanceRun.objects.filter(pk=run.pk,
-                                         status=ConformanceRun.Status.RUNNING).exists()
+    """Beat the heartbeat; False once the run is no longer running (cancelled meanwhile)."""
+    return ConformanceRun.objects.filter(pk=run.pk, status=ConformanceRun.Status.RUNNING).update(
+        heartbeat_at=timezone.now()) == 1
 
 
 def _store(run: ConformanceRun, case: suite.Case, position: int, probe: suite.Probe,
