@@ -5,8 +5,10 @@ when something cannot start at all."""
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -126,12 +128,24 @@ def test_a_child_that_cannot_start_the_first_time_stops_with_a_clear_message(sup
 
 # --- the real demo ----------------------------------------------------------------------------
 
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_ports(count: int) -> int:
-    """The first of `count` consecutive ports nobody listens on."""
+    """The first of `count` consecutive ports that can be bound now, below Linux's ephemeral
+    range (32768-60999): a port in that range can be taken meanwhile by any outgoing
+    connection's local end (the workers' Redis and database connections), and the simulated
+    fleet then cannot listen on it."""
+    pick = random.Random()
     while True:
-        base = devstack.free_port()
-        if base + count < 65536 and not any(devstack.port_answers("127.0.0.1", base + i)
-                                            for i in range(count)):
+        base = pick.randrange(20000, 32768 - count)
+        if all(_bindable(base + i) for i in range(count)):
             return base
 
 
