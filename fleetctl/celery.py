@@ -10,6 +10,8 @@ waits behind another:
 - `probe`: pool health probes and gateway traffic samples, on a fixed beat; never behind a
   benchmark. Conformance probe runs too (short: a few dozen requests per endpoint).
 - `bench`: benchmark runs and their shards, which hold a slot for hours.
+- `shadow`: shadow pairs (one sampled request sent to primary, secondary and candidate) and
+  trace replays; never behind a benchmark, never in front of a push.
 - `default`: everything else (plan refresh, prunes, the benchmark reaper).
 
 Every task is routed by its name (ROUTES); a new task must be given a queue there.
@@ -27,7 +29,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
 app = Celery("fleetctl")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
-QUEUES = ("push", "watch", "probe", "bench", "default")
+QUEUES = ("push", "watch", "probe", "bench", "shadow", "default")
 
 ROUTES: dict[str, str] = {
     "traffic.push_run": "push",
@@ -42,6 +44,10 @@ ROUTES: dict[str, str] = {
     "conformance.run": "probe",
     "bench.run": "bench",
     "bench.shard": "bench",
+    "shadow.pair": "shadow",
+    "shadow.replay": "shadow",
+    "shadow.judge": "default",
+    "shadow.purge": "default",
     "plans.refresh": "default",
     "bench.reap": "default",
     "conformance.reap": "default",

@@ -115,6 +115,7 @@ INSTALLED_APPS = [
     "migrations_plan",
     "fleetctl.bench",
     "fleetctl.conformance",
+    "fleetctl.shadow",
     "fleetctl.demo",
     # Sign-in lockout; fleetctl.accounts audits each failure and lockout it sees.
     "axes",

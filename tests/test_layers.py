@@ -41,10 +41,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     "bench": BELOW_FLEET | {"fleet", "traffic", "plans"},
     # The conformance probe sits beside bench: it records plan evidence the same way.
     "conformance": BELOW_FLEET | {"fleet", "traffic", "plans"},
+    # Shadow runs replay stored traces (bench) and record plan evidence.
+    "shadow": BELOW_FLEET | {"fleet", "traffic", "plans", "bench"},
     "sim": set(),
     "cli": {"sim", "fleetctl.bench.traces"},
     "project": {"core", "accounts", "audit", "fleet", "traffic", "plans", "bench", "sim",
-                "cli", "conformance"},
+                "cli", "conformance", "shadow"},
 }
 ALL_UNITS = set(MAY_IMPORT) | {"demo"}
 # What any unit may import: the Celery app and the package itself (its version).

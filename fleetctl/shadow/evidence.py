@@ -1,0 +1,45 @@
+"""The `shadow` evidence kind, registered with its producer: this app's runs. A running
+shadow run's judge (beat) records one Evidence row of this kind about the candidate as pairs
+arrive (services.run_judge); the stage-2 check "Divergence vs primary within the noise floor
+plus margin" (rule `evidence.latest`) reads the newest still-valid one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from migrations_plan.evidence import EvidenceKind, register_kind
+
+KIND = "shadow"
+PRODUCED_BY = ("shadow runs (the plan page's Shadow panel, fleetctl shadow start, "
+               "POST /api/v1/shadow-runs/)")
+
+_INTERVAL = {"type": "object", "additionalProperties": True}
+
+# What a run's evidence row carries in `data` (none required, so rows written before the
+# shadow job existed, with no data, still read).
+DATA_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "run": {"type": "integer"},
+        "mode": {"enum": ["mirror", "replay"]},
+        "pairs": {"type": "integer", "minimum": 0},
+        "min_pairs": {"type": "integer", "minimum": 1},
+        "margin": {"type": "number"},
+        "confidence": {"type": "number"},
+        "window": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
+        "metrics": {"type": "object", "additionalProperties": _INTERVAL},
+        "gated": {"type": "array", "items": {"type": "string"}},
+        "counters": {"type": "object",
+                     "additionalProperties": {"type": "integer", "minimum": 0}},
+        "primary": {"type": "string"},
+        "candidate": {"type": "string"},
+        "fingerprints": {"type": "object", "additionalProperties": {"type": "object"}},
+        "route": {"type": ["string", "null"]},
+        "model": {"type": "string"},
+    },
+}
+
+
+def register() -> None:
+    register_kind(EvidenceKind(KIND, "shadow divergence", PRODUCED_BY, data_schema=DATA_SCHEMA))
