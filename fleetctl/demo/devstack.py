@@ -283,6 +283,9 @@ DEMO_SIM_POOLS = [
     # conformance probe fails on exactly those (tools, prompt-token parity).
     ("a100-eu-central", "a100-legacy", 4),
     ("gaudi3-in-west", "gaudi3", 5),
+    # The H200 primary's second endpoint (demo_seed gives the pool both URLs): a shadow run's
+    # secondary is another replica of the primary, so its noise floor is replica noise.
+    ("h200-us-east-2", "h200", 6),
 ]
 
 
@@ -338,6 +341,23 @@ def _start_envoy(stack: Stack, port: int, admin_port: int) -> None:
     stack.add("envoy", spawn, own_group=False)
     # Ctrl-C during a restart's readiness wait leaves the new process known only to `envoy`.
     stack.on_stop(envoy.stop)
+
+
+def _start_traffic(stack: Stack, env: dict[str, str], gateway_port: int) -> None:
+    """A steady trickle of chat requests through Envoy (fleetctl/demo/traffic.py), so the
+    seeded shadow run and the dashboards have live traffic. FLEETCTL_DEMO_TRAFFIC_RPS=0
+    switches it off. Until the push worker has sent Envoy its routes, it backs off."""
+    rps = env.get("FLEETCTL_DEMO_TRAFFIC_RPS", "2")
+    try:
+        off = float(rps) <= 0
+    except ValueError:
+        raise SystemExit(f"[fleetctl] FLEETCTL_DEMO_TRAFFIC_RPS={rps!r} is not a number of "
+                         "requests per second (0 switches the demo traffic off)") from None
+    if off:
+        log("demo traffic off (FLEETCTL_DEMO_TRAFFIC_RPS=0)")
+        return
+    stack.start("demo-traffic", [PY, "-m", "fleetctl.demo.traffic", "--gateway",
+                                 f"http://127.0.0.1:{gateway_port}", "--rps", rps], env)
 
 
 def seed_args(password: str, sim_base_port: int, gateway_admin_port: int) -> list[str]:
@@ -402,6 +422,7 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
         subprocess.run([PY, "manage.py", *seed_args(password, sim_base_port, gateway_admin_port)],
                        cwd=ROOT, env=env, check=True)
         _start_envoy(stack, gateway_port, gateway_admin_port)
+        _start_traffic(stack, env, gateway_port)
         for name, argv in worker_commands().items():
             stack.start(name, argv, env)
         stack.start("beat", [PY, "-m", "celery", "-A", "fleetctl", "beat", "-l", "INFO",
