@@ -195,7 +195,7 @@ def demo(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
            if k not in ("DATABASE_URL", "REDIS_URL", "TEST_DATABASE_NAME")}
     gateway_port = devstack.free_port()
     env.update(FLEETCTL_DATA_DIR=str(tmp_path), PORT=str(devstack.free_port()),
-               FLEETCTL_SIM_BASE_PORT=str(free_ports(6)),
+               FLEETCTL_SIM_BASE_PORT=str(free_ports(len(devstack.DEMO_SIM_POOLS) + 1)),
                FLEETCTL_GATEWAY_PORT=str(gateway_port),
                FLEETCTL_GATEWAY_ADMIN_PORT=str(devstack.free_port()),
                FLEETCTL_REDIS_PORT=str(devstack.free_port()), TRAFFIC_RECONCILE_INTERVAL_S="5")
