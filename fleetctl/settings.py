@@ -234,6 +234,13 @@ if not TRAFFIC_THREAD_SWITCH_INTERVAL_S > 0:
 # How often beat re-evaluates open plans' gates (voids approvals whose evidence moved).
 PLAN_REFRESH_INTERVAL_S = env_int("PLAN_REFRESH_INTERVAL_S", 60)
 
+# --- shadow collector (fleetctl/shadow/collector.py) ---
+# A mirrored request body larger than this is refused (413) and counted dropped_too_large.
+SHADOW_MAX_BODY_BYTES = env_int("SHADOW_MAX_BODY_BYTES", 1024 * 1024)
+# The collector (and replay) drop samples, counted dropped_behind, while the Celery `shadow`
+# queue holds this many messages: the workers are behind, and a backlog only grows stale.
+SHADOW_MAX_QUEUED = env_int("SHADOW_MAX_QUEUED", 500)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
