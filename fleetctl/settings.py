@@ -240,6 +240,9 @@ SHADOW_MAX_BODY_BYTES = env_int("SHADOW_MAX_BODY_BYTES", 1024 * 1024)
 # The collector (and replay) drop samples, counted dropped_behind, while the Celery `shadow`
 # queue holds this many messages: the workers are behind, and a backlog only grows stale.
 SHADOW_MAX_QUEUED = env_int("SHADOW_MAX_QUEUED", 500)
+# Where gateways send mirrored requests (http://host:port), unless a gateway's option
+# `shadow_collector` names another: the collector of this deployment.
+SHADOW_COLLECTOR_URL = os.environ.get("SHADOW_COLLECTOR_URL", "http://127.0.0.1:9911")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
