@@ -48,6 +48,8 @@ def region_update(*, actor: Actor, region: Region, **changes: Any) -> Region:
         if moved_to != locked.jurisdiction:
             pools = list(locked.pools.all())
             _refuse_border_crossing(f"Region {locked.code}", pools, moved_to)
+            _refuse_mirror_targets(f"Region {locked.code} cannot move to {moved_to}", pools,
+                                   outside=moved_to)
             for pool in pools:
                 _refuse_shared_endpoints(pool.base_urls, moved_to,
                                          exclude=[p.pk for p in pools])
@@ -99,8 +101,12 @@ def pool_update(*, actor: Actor, pool: Pool, **changes: Any) -> Pool:
         region = changes.get("region", locked.region)
         if isinstance(region, Region) and region.jurisdiction != locked.region.jurisdiction:
             _refuse_border_crossing(f"Pool {locked.name}", [locked], region.jurisdiction)
+            _refuse_mirror_targets(f"Pool {locked.name} cannot move to "
+                                   f"{region.jurisdiction}", [locked],
+                                   outside=region.jurisdiction)
         if changes.get("name", locked.name) != locked.name:
             _refuse_while_relied_on(locked, "renamed")
+            _refuse_mirror_targets(f"Pool {locked.name} cannot be renamed", [locked])
         urls = changes.get("base_urls", locked.base_urls)
         if isinstance(region, Region) and isinstance(urls, list):
             _refuse_shared_endpoints(urls, region.jurisdiction, exclude=[locked.pk])
@@ -121,6 +127,7 @@ def pool_delete(*, actor: Actor, pool: Pool) -> None:
             transaction.atomic():
         locked = Pool.objects.select_for_update().get(pk=pool.pk)
         _refuse_while_relied_on(locked, "deleted")
+        _refuse_mirror_targets(f"Pool {locked.name} cannot be deleted", [locked])
         audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="pool.delete",
                        instance=locked)
         _gateways_follow()
@@ -156,6 +163,19 @@ def _refuse_while_relied_on(pool: Pool, what: str) -> None:
             f"{'; '.join(relied_on)}. Drain it first; nothing was changed.")
 
 
+def _refuse_mirror_targets(what: str, pools: list[Pool], *, outside: str | None = None,
+                           model_id: str | None = None) -> None:
+    """409 when a shadow run mirrors a route to one of `pools` and the edit would leave that
+    pool outside the route's pin (`outside`: the jurisdiction the pools move to), not
+    serving its model (`model_id` removed), or gone or renamed (neither given). Gateways
+    would stop mirroring anyway (traffic selectors fail closed); refusing says why."""
+    from fleetctl.traffic.selectors import routes_mirroring_to
+
+    found = routes_mirroring_to(pools=pools, outside=outside, model_id=model_id)
+    if found:
+        raise ConflictError(f"{what}: {'; '.join(found)}. Nothing was changed.")
+
+
 def _refuse_unroutable(name: str, base_urls: Any) -> None:
     """400 when a registered gateway could not route to the pool (e.g. a path prefix)."""
     from fleetctl.traffic.renderable import pool_routable_check
@@ -189,6 +209,8 @@ def pool_model_update(*, actor: Actor, entry: PoolModel, **changes: Any) -> Pool
     if "pool" in changes and changes["pool"] == entry.pool:
         del changes["pool"]
     with transaction.atomic():
+        if changes.get("model_id", entry.model_id) != entry.model_id:
+            _refuse_mirror_model_removal(entry, "stop serving")
         updated = audited_update(actor=actor, permission=roles.FLEET_MANAGE,
                                  action="pool_model.update", instance=entry, changes=changes,
                                  allowed=POOL_MODEL_FIELDS)
@@ -199,9 +221,18 @@ def pool_model_update(*, actor: Actor, entry: PoolModel, **changes: Any) -> Pool
 
 def pool_model_delete(*, actor: Actor, entry: PoolModel) -> None:
     with transaction.atomic():
+        _refuse_mirror_model_removal(entry, "stop serving")
         audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="pool_model.delete",
                        instance=entry)
         _gateways_follow()
+
+
+def _refuse_mirror_model_removal(entry: PoolModel, what: str) -> None:
+    """Under the pool's row lock (route_mirror_set takes it too): a pool a shadow run mirrors
+    to may not stop serving the route's model."""
+    pool = Pool.objects.select_for_update().get(pk=entry.pool_id)
+    _refuse_mirror_targets(f"Pool {pool.name} cannot {what} {entry.model_id}", [pool],
+                           model_id=entry.model_id)
 
 
 def pool_set_cost(*, actor: Actor, pool: Pool, cost_per_1m: Any, measured_at: Any,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.validators import RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
@@ -35,6 +35,18 @@ class Route(models.Model):
     # cannot both win. The revision rows themselves are the record.
     revision_number = models.PositiveIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Mirroring (a shadow run): the share of the route's requests its gateways copy to the
+    # shadow collector, and the pools the copies are compared on ({name: id}: the identity
+    # behind each name, as SplitRevision.pool_ids). Not a revision: no request's answer
+    # changes. Written only by services.route_mirror_set / route_mirror_clear; gateways get
+    # 0 whenever a pool here is gone, renamed or outside the pin (selectors, fails closed).
+    mirror_percent = models.FloatField(
+        default=0, editable=False,
+        validators=[MinValueValidator(0), MaxValueValidator(100)],
+        help_text="Percent of requests copied to the shadow collector (0: none).")
+    mirror_pools = models.JSONField(default=dict, blank=True, editable=False)
+    mirror_owner = models.CharField(max_length=100, blank=True, editable=False,
+                                    help_text='Who mirrors, e.g. "shadow run 12".')
 
     class Meta:
         ordering = ["name"]

@@ -304,8 +304,15 @@ def _push_io(push: GatewayPush, desired: DesiredState, known: frozenset[int]) ->
         io.answered = timezone.now()
         held = adapter.read_back()
         io.verified = adapter.matches(desired, held)
+        if io.verified:
+            # The mirror fraction (shadow runs) is held too, or this kind says it cannot tell.
+            io.verified, mirror_note = adapter.mirror_matches(desired)
+            if not io.verified:
+                io.error = mirror_note
+            elif mirror_note and io.result is not None:
+                io.result.detail = "; ".join(t for t in (io.result.detail, mirror_note) if t)
         io.verified_at = timezone.now()
-        if not io.verified:
+        if not io.verified and not io.error:
             io.error = f"read back {held} differs from what was applied"
     except AdapterError as exc:
         io.error, io.permanent = str(exc), exc.permanent
@@ -481,7 +488,7 @@ def gateway_reconcile(*, gateway: Gateway) -> bool:
     desired = selectors.gateway_desired_state(gateway=gateway)
     try:
         adapter = adapter_for(selectors.gateway_spec(gateway))
-        if adapter.matches(desired, adapter.read_back()):
+        if adapter.matches(desired, adapter.read_back()) and adapter.mirror_matches(desired)[0]:
             return False
     except AdapterError as exc:
         Gateway.objects.filter(pk=gateway.pk).update(state=Gateway.State.FAILING,

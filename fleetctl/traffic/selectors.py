@@ -6,7 +6,13 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 
 from fleetctl.fleet.models import Pool, PoolModel
-from fleetctl.traffic.gateways.base import DesiredState, GatewaySpec, PoolTarget, RouteSpec
+from fleetctl.traffic.gateways.base import (
+    TOTAL_WEIGHT,
+    DesiredState,
+    GatewaySpec,
+    PoolTarget,
+    RouteSpec,
+)
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, Route, SplitRevision
 
 log = logging.getLogger("fleetctl.traffic")
@@ -57,6 +63,7 @@ def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
     # one query: the drain path reads this.
     ids = {pk for revision in current.values() for pk in revision.pool_ids.values()}
     ids |= {route.primary_pool_id for route in routes}
+    ids |= {pk for route in routes for pk in (route.mirror_pools or {}).values()}
     names = set().union(*eligible.values())
     registry = list(Pool.objects.select_related("region")
                     .filter(Q(pk__in=ids) | Q(name__in=names)))
@@ -68,9 +75,12 @@ def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
         weights = _renderable_weights(route, revision, by_id) if revision else {}
         if weights:
             weights = {pool: 0 for pool in eligible[route.pk]} | weights
+        mirror_bp = _renderable_mirror(route, by_id, eligible.get(route.pk, set())) \
+            if weights else 0
         specs.append(RouteSpec(key=route.name, model=route.model_id,
                                latency_class=route.latency_class, residency=route.residency,
-                               revision=route.revision_number, weights=weights))
+                               revision=route.revision_number, weights=weights,
+                               mirror_bp=mirror_bp))
     pools = {
         name: PoolTarget(name=name, base_urls=tuple(by_name[name].base_urls),
                          jurisdiction=by_name[name].region.jurisdiction)
@@ -80,7 +90,39 @@ def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
         routes=tuple(specs), pools=pools,
         residency_header=settings.TRAFFIC_RESIDENCY_HEADER,
         latency_class_header=settings.TRAFFIC_LATENCY_CLASS_HEADER,
+        mirror_url=mirror_url(gateway=gateway),
     )
+
+
+def mirror_url(*, gateway: Gateway) -> str:
+    """The shadow collector this gateway mirrors to: its option `shadow_collector`, else the
+    SHADOW_COLLECTOR_URL setting."""
+    return str((gateway.options or {}).get("shadow_collector") or settings.SHADOW_COLLECTOR_URL)
+
+
+def mirror_bp(percent: float) -> int:
+    """A mirror percentage in basis points, as gateways hold it."""
+    return max(0, min(TOTAL_WEIGHT, round(percent * 100)))
+
+
+def _renderable_mirror(route: Route, by_id: dict[int, Pool], eligible: set[str]) -> int:
+    """The route's mirror share for gateways, failing closed like _renderable_weights: 0
+    unless every mirror pool is still the pool it was (same id under the same name), serves
+    the route's model and sits inside its pin now. The registry refuses the edits that
+    would break this (fleet services ask mirror_targets_refusals), so a 0 here is logged
+    loudly: a second line, not the rule."""
+    share = mirror_bp(route.mirror_percent or 0)
+    if not share:
+        return 0
+    for name, pk in sorted((route.mirror_pools or {}).items()):
+        pool = by_id.get(pk)
+        if pool is None or pool.name != name or name not in eligible:
+            log.error("route %s: mirroring withheld from gateways (%s): mirror pool %s is "
+                      "gone, renamed, no longer serves %s or is outside the pin %s",
+                      route.name, route.mirror_owner or "-", name, route.model_id,
+                      route.residency or "-")
+            return 0
+    return share
 
 
 def _renderable_weights(route: Route, revision: SplitRevision,
@@ -324,4 +366,28 @@ def routes_relying_on(*, pools: list[Pool], outside: str | None = None) -> list[
                 found.append(f"route {route.name}{pin} sends {share / 100:g} % to {pool.name}")
             if route.primary_pool_id == pool.pk:
                 found.append(f"route {route.name}{pin} has {pool.name} as its primary")
+    return found
+
+
+def routes_mirroring_to(*, pools: list[Pool], outside: str | None = None,
+                        model_id: str | None = None) -> list[str]:
+    """Routes that mirror now (a shadow run) with one of `pools` among their mirror pools,
+    as sentences for an error: "pool X is a mirror target of route Y (shadow run N); stop
+    the shadow run first". With `outside`, only routes pinned to a jurisdiction other than
+    `outside` (the pools' jurisdiction after a move); with `model_id`, only routes of that
+    model (a pool that stops serving it). A pool counts only under the identity it was
+    mirrored as (name and id). Callers hold the pools' row locks, which route_mirror_set
+    takes too."""
+    routes = Route.objects.filter(mirror_percent__gt=0).order_by("name")
+    if model_id is not None:
+        routes = routes.filter(model_id=model_id)
+    found = []
+    for route in routes:
+        if outside is not None and not (route.residency and route.residency != outside):
+            continue
+        for pool in pools:
+            if (route.mirror_pools or {}).get(pool.name) == pool.pk:
+                owner = f" ({route.mirror_owner})" if route.mirror_owner else ""
+                found.append(f"pool {pool.name} is a mirror target of route "
+                             f"{route.name}{owner}; stop the shadow run first")
     return found

@@ -57,8 +57,10 @@ class RouteSerializer(serializers.ModelSerializer):
     class Meta:
         model = Route
         fields = ["id", "name", "model_id", "latency_class", "residency", "primary_pool",
-                  "revision_number", "current", "gateways", "created_at"]
-        read_only_fields = ["id", "revision_number", "current", "gateways", "created_at"]
+                  "revision_number", "current", "gateways", "mirror_percent", "mirror_owner",
+                  "created_at"]
+        read_only_fields = ["id", "revision_number", "current", "gateways", "mirror_percent",
+                            "mirror_owner", "created_at"]
         extra_kwargs: dict[str, Any] = {"name": {"validators": []}}
         validators: list[Any] = []
 
@@ -93,6 +95,16 @@ class GatewaySerializer(serializers.ModelSerializer):
                                           queryset=Route.objects.all(), required=False)
     admin_address = StrictCharField(max_length=300)
     options = ObjectField(required=False)
+    supports_mirror = serializers.SerializerMethodField(
+        help_text="Whether this gateway's kind can copy a share of a route's requests to the "
+                  "shadow collector (a mirror shadow run); HAProxy cannot: use a replay run.")
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_supports_mirror(self, gateway: Gateway) -> bool:
+        from fleetctl.traffic.gateways import registry
+
+        kind = registry.find(gateway.kind)
+        return kind.supports_mirror if kind is not None else False
 
     def get_fields(self) -> dict[str, Any]:
         """kind, admin_address and options as the registered kinds define them (the
@@ -114,9 +126,10 @@ class GatewaySerializer(serializers.ModelSerializer):
     class Meta:
         model = Gateway
         fields = ["id", "name", "kind", "admin_address", "options", "routes", "state",
-                  "state_changed_at", "last_error", "last_verified_at", "created_at"]
+                  "state_changed_at", "last_error", "last_verified_at", "supports_mirror",
+                  "created_at"]
         read_only_fields = ["id", "state", "state_changed_at", "last_error",
-                            "last_verified_at", "created_at"]
+                            "last_verified_at", "supports_mirror", "created_at"]
         extra_kwargs: dict[str, Any] = {"name": {"validators": []}}
 
 

@@ -23,6 +23,9 @@ from typing import Any, ClassVar, Generic, TypeVar
 from urllib.parse import urlsplit
 
 TOTAL_WEIGHT = 10_000
+# The header every mirrored request carries: the key of the route it was copied from, so the
+# shadow collector knows which run it belongs to.
+MIRROR_HEADER = "x-fleetctl-shadow-route"
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,16 @@ class RouteSpec:
     residency: str  # "" = not pinned; else a jurisdiction code the request must carry
     revision: int
     weights: dict[str, int]  # pool name -> basis points; empty = answer an error
+    # Share of the route's requests copied to DesiredState.mirror_url, in basis points (a
+    # shadow run); 0 = none. Never > 0 on a route with empty weights (selectors).
+    mirror_bp: int = 0
 
     def __post_init__(self) -> None:
         if self.weights and sum(self.weights.values()) != TOTAL_WEIGHT:
             raise ValueError(f"route {self.key}: weights sum to {sum(self.weights.values())}")
+        if not 0 <= self.mirror_bp <= TOTAL_WEIGHT:
+            raise ValueError(f"route {self.key}: mirror_bp {self.mirror_bp} is not "
+                             f"0..{TOTAL_WEIGHT}")
 
 
 @dataclass(frozen=True)
@@ -59,10 +68,20 @@ class DesiredState:
     model_header: str = "x-fleetctl-model"  # set by the gateway from the body (Envoy) or sent
     residency_header: str = "x-fleetctl-residency"
     latency_class_header: str = "x-fleetctl-latency-class"
+    # Where mirrored requests go (the shadow collector, http://host:port); "" = no mirroring
+    # is rendered at all. Each copy carries MIRROR_HEADER: <route key>.
+    mirror_url: str = ""
 
     def held_weights(self) -> dict[str, dict[str, int]]:
         """What read_back() should return once this state is applied (zero weights dropped)."""
         return {r.key: {p: w for p, w in r.weights.items() if w > 0} for r in self.routes}
+
+    def held_mirror(self) -> dict[str, int]:
+        """What read_back_mirror() should return once this state is applied: route key ->
+        mirror basis points, for the routes that mirror (none without a mirror_url)."""
+        if not self.mirror_url:
+            return {}
+        return {r.key: r.mirror_bp for r in self.routes if r.mirror_bp > 0 and r.weights}
 
 
 @dataclass(frozen=True)
@@ -98,11 +117,13 @@ class Renderable:
 
     desired: DesiredState
     left_out: dict[str, str]  # pool -> why this kind cannot route to it
+    # What else was left out, said whole (e.g. "HAProxy cannot mirror; ...").
+    notes: tuple[str, ...] = ()
 
     @property
     def warning(self) -> str:
-        return "; ".join(f"pool {pool} left out: this gateway {why}"
-                         for pool, why in sorted(self.left_out.items()))
+        return "; ".join([f"pool {pool} left out: this gateway {why}"
+                          for pool, why in sorted(self.left_out.items())] + list(self.notes))
 
 
 class AdapterError(Exception):
@@ -138,6 +159,9 @@ class Adapter(ABC, Generic[OptionsT]):
     label = _KindLabel()
     # Weights a gateway can represent exactly; others are rounded (e.g. HAProxy: 0..256).
     weight_resolution: ClassVar[str] = "0.01 %"
+    # Can this kind copy a share of a route's requests to the shadow collector (mirror_bp)?
+    # A kind that cannot renders no mirror and its apply says so (a shadow run then replays).
+    supports_mirror: ClassVar[bool] = True
 
     def __init__(self, gateway: GatewaySpec) -> None:
         from fleetctl.traffic.gateways import registry
@@ -162,7 +186,7 @@ class Adapter(ABC, Generic[OptionsT]):
         weight, always applies. What was left out is the result's warning."""
         fit = self.renderable(desired)
         result = self.apply_checked(fit.desired)
-        if fit.left_out:
+        if fit.warning:
             result.warning = fit.warning
             result.detail = "; ".join(text for text in (result.detail,
                                                         f"warning: {fit.warning}") if text)
@@ -176,6 +200,25 @@ class Adapter(ABC, Generic[OptionsT]):
     @abstractmethod
     def read_back(self) -> dict[str, dict[str, int]]:
         """Route key -> {pool name: weight in basis points > 0} that the gateway holds now."""
+
+    def read_back_mirror(self) -> dict[str, int] | None:
+        """Route key -> mirror basis points (> 0) the gateway holds now, read from the
+        gateway; None when this kind cannot read it back (a push then verifies the weights
+        alone and its attempt says so). Called right after read_back()."""
+        return None
+
+    def mirror_matches(self, desired: DesiredState) -> tuple[bool, str]:
+        """Does the gateway hold the mirror fractions of what it can hold of `desired`?
+        (True, a note saying so) when this kind cannot read them back. Call it right after
+        read_back(): adapters may answer from that read."""
+        wanted = self.renderable(desired).desired.held_mirror()
+        held = self.read_back_mirror()
+        if held is None:
+            return True, (f"mirror fraction not verified: {self.label} gateways cannot read it "
+                          f"back" if wanted else "")
+        if held == wanted:
+            return True, ""
+        return False, f"mirror fractions read back {held} differ from {wanted} (basis points)"
 
     @abstractmethod
     def in_flight(self, pool: str) -> int:
@@ -209,11 +252,24 @@ def renderable(kind: type[Adapter[Any]], desired: DesiredState) -> Renderable:
         return last[1]
     left_out = {name: why for name, pool in desired.pools.items()
                 if (why := kind.check_pool(pool)) is not None}
-    fit = Renderable(desired=_without_pools(desired, set(left_out)) if left_out else desired,
-                     left_out=left_out)
+    fit_desired = _without_pools(desired, set(left_out)) if left_out else desired
+    notes: tuple[str, ...] = ()
+    if not kind.supports_mirror and desired.mirror_url:
+        mirrored = sorted(r.key for r in desired.routes if r.mirror_bp > 0)
+        if mirrored:
+            notes = (f"{_kind_label(kind)} cannot mirror; route(s) {', '.join(mirrored)} "
+                     f"are not mirrored here (use a replay shadow run)",)
+            fit_desired = replace(fit_desired, routes=tuple(
+                replace(r, mirror_bp=0) if r.mirror_bp else r for r in fit_desired.routes))
+    fit = Renderable(desired=fit_desired, left_out=left_out, notes=notes)
     with _fit_lock:
         _last_fit[kind] = (desired, fit)
     return fit
+
+
+def _kind_label(kind: type[Adapter[Any]]) -> str:
+    label = kind.label
+    return label if isinstance(label, str) else kind.kind
 
 
 def _without_pools(desired: DesiredState, gone: set[str]) -> DesiredState:

@@ -40,6 +40,12 @@ class GatewayKind:
     def name(self) -> str:
         return self.adapter.kind
 
+    @property
+    def supports_mirror(self) -> bool:
+        """Can its gateways copy a share of a route's requests to the shadow collector? The
+        API and pages say so ("HAProxy cannot mirror; use replay")."""
+        return self.adapter.supports_mirror
+
     def parse_options(self, raw: Any) -> Any:
         """The options schema's instance for `raw`, or OptionsError naming each problem."""
         return parse_options(self.options, raw, self.label)

@@ -247,3 +247,27 @@ def directory(what: str, *, max_length: int | None = None) -> AddressRule:
             return f"{value!r} is longer than {max_length} characters"
         return None
     return AddressRule(help=f"the {what}, an absolute directory path", check=check)
+
+
+# --- the shadow collector a gateway mirrors to -----------------------------------------------
+
+def collector_url_problem(value: str) -> str | None:
+    """Why `value` cannot be a shadow collector URL, or None: http://host:port, nothing more
+    (a mirrored request keeps its own path; the collector answers at its root)."""
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None:
+        return f"must be http://host:port, not {value!r}"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return f"must be http://host:port without a path, not {value!r}"
+    return None
+
+
+def shadow_collector_option() -> Any:
+    """The `shadow_collector` option kinds that mirror share (default: SHADOW_COLLECTOR_URL)."""
+    return option(None, check=collector_url_problem,
+                  help="the shadow collector mirrored requests go to, http://host:port; "
+                       "default: the SHADOW_COLLECTOR_URL setting")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleetctl.traffic.gateways.schema import option
+from fleetctl.traffic.gateways.schema import option, shadow_collector_option
 
 
 @dataclass(frozen=True)
@@ -15,3 +15,4 @@ class EnvoyOptions:
                                    help="seconds to wait for Envoy to load a swapped file")
     admin_timeout_s: float = option(2.0, minimum=0.01, maximum=600,
                                     help="seconds per call to Envoy's admin API")
+    shadow_collector: str | None = shadow_collector_option()

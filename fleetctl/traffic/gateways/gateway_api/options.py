@@ -3,6 +3,7 @@ checked by the registry."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,7 @@ from fleetctl.traffic.gateways.schema import option
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
 DEFAULT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 DEFAULT_PORT = 8000
+DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MAX_MATCHES_PER_ROUTE = 128
 MAX_PATHS = MAX_MATCHES_PER_ROUTE // len(METHODS)  # the residency guard matches each method
 
@@ -59,6 +61,14 @@ def _not_empty(value: str) -> str | None:
     return None if value else "must not be empty"
 
 
+def _collector_service(value: str) -> str | None:
+    """`name:port` of the Service in front of the shadow collector (the routes' namespace)."""
+    name, _, port = value.rpartition(":")
+    if not DNS_NAME.match(name) or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"must be SERVICE:PORT (a Service name and a port number), not {value!r}"
+    return None
+
+
 @dataclass(frozen=True)
 class GatewayApiOptions:
     namespace: str = option("default", check=_not_empty, help="the namespace of the HTTPRoutes")
@@ -91,3 +101,8 @@ class GatewayApiOptions:
     controller_name: str | None = option(None, check=_not_empty,
                                          help="only this GatewayClass controllerName's status "
                                               "counts")
+    shadow_collector_service: str | None = option(
+        None, check=_collector_service,
+        help="SERVICE:PORT of the shadow collector's Service in the routes' namespace, the "
+             "backendRef of the RequestMirror filter; without it routes are not mirrored "
+             "(the push says so)")

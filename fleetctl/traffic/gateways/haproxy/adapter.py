@@ -140,6 +140,9 @@ class HAProxyAdapter(Adapter[HAProxyOptions]):
     kind = "haproxy"
     weight_resolution = ("1/256 per backend (≈0.39 %); each non-zero weight keeps at least 1, "
                          "so it never rounds to 0")
+    # HAProxy has no request mirroring (its SPOE mirror agent is a separate process fleetctl
+    # does not run): a shadow run on a route behind HAProxy replays a stored trace instead.
+    supports_mirror = False
 
     def __init__(self, gateway: GatewaySpec) -> None:
         super().__init__(gateway)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fleetctl.traffic.gateways.schema import option
+from fleetctl.traffic.gateways.schema import option, shadow_collector_option
 
 _LISTEN = re.compile(r"^(\d+\.\d+\.\d+\.\d+|\[[0-9a-fA-F:]+\]|localhost):\d+$")
 
@@ -40,3 +40,4 @@ class NginxOptions:
                                    help="seconds per call to nginx's version page")
     reload_timeout_s: float = option(10.0, minimum=0.1, maximum=600,
                                      help="seconds a reload may take before it counts as failed")
+    shadow_collector: str | None = shadow_collector_option()
