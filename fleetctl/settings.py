@@ -243,6 +243,12 @@ SHADOW_MAX_QUEUED = env_int("SHADOW_MAX_QUEUED", 500)
 # Where gateways send mirrored requests (http://host:port), unless a gateway's option
 # `shadow_collector` names another: the collector of this deployment.
 SHADOW_COLLECTOR_URL = os.environ.get("SHADOW_COLLECTOR_URL", "http://127.0.0.1:9911")
+# --- shadow runs (fleetctl/shadow/services.py) ---
+# How often beat judges every running shadow run (a judgement row, evidence when it changed).
+SHADOW_JUDGE_INTERVAL_S = env_int("SHADOW_JUDGE_INTERVAL_S", 15)
+# One side of a shadow pair (a whole answer, streamed or not) gets this long, then it is an
+# error answer (status 0): never retried, never failed over.
+SHADOW_PAIR_TIMEOUT_S = env_float("SHADOW_PAIR_TIMEOUT_S", 120.0)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
