@@ -6,7 +6,9 @@ run have live requests to show without anyone typing curl.
 
 What it sends: model llama-3.1-8b-instruct, temperature 0 (greedy, so a shadow run can compare
 the answers token for token), one prompt after another from a fixed rotation of a few hundred
-varied prompts (`PROMPTS`), about one request in five streamed and one in ten in JSON mode.
+varied prompts (`PROMPTS`), about one request in five streamed and one in ten in JSON mode;
+the others ask for logprobs (top 5), as an evaluation harness would, so a shadow comparison
+can tell a near-tie flip from a real divergence.
 The same position in the rotation is always the same request, so two demos send the same load.
 
 Polite: requests leave on a fixed schedule (`--rps`), never more than `--max-in-flight` at once
@@ -85,9 +87,14 @@ def request_body(i: int) -> dict[str, Any]:
             {"role": "user", "content": f"{prompt} Reply as JSON with keys title and text."},
         ]
         body["response_format"] = {"type": "json_object"}
-    elif i % STREAM_EVERY == 0:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
+    else:
+        # Logprobs let a shadow comparison tell a near-tie flip (what a GPU batch does on the
+        # primary itself) from a real divergence; without them every text flip counts.
+        body["logprobs"] = True
+        body["top_logprobs"] = 5
+        if i % STREAM_EVERY == 0:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
     return body
 
 
