@@ -132,8 +132,8 @@ def _read_stream(response: httpx.Response, started: float, deadline: float) -> A
             first = now if first is None else first
             last = now
             pieces += 1
-    usage = next((c["usage"] for c in reversed(chunks) if isinstance(c.get("usage"), dict)),
-                 {})
+    usage: dict[str, Any] = next(
+        (c["usage"] for c in reversed(chunks) if isinstance(c.get("usage"), dict)), {})
     produced = usage.get("completion_tokens") or pieces
     ttft = None if first is None else first - started
     tpot = (None if first is None or last is None or produced < 2
