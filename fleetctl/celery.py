@@ -95,6 +95,13 @@ def _beat_schedule() -> dict[str, dict[str, object]]:
             "task": "fleet.health_history_prune",
             "schedule": 3600.0,
         },
+        "judge-shadow-runs": {
+            "task": "shadow.judge",
+            "schedule": float(settings.SHADOW_JUDGE_INTERVAL_S),
+            "options": {"expires": float(settings.SHADOW_JUDGE_INTERVAL_S)},
+        },
+        "purge-shadow-content": {"task": "shadow.purge", "schedule": 600.0,
+                                 "options": {"expires": 600.0}},
     }
 
 
