@@ -374,6 +374,7 @@ DEMO_WORKERS = [
     ("worker-watch", "watch", 4),
     ("worker-probe", "probe", 4),
     ("worker-bench", "bench", 2),
+    ("worker-shadow", "shadow", 4),
     ("worker-default", "default", 2),
 ]
 
