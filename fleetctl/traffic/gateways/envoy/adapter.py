@@ -211,6 +211,7 @@ class EnvoyAdapter(Adapter[EnvoyOptions]):
         self.admin = EnvoyAdmin(gateway.admin_address, gateway=gateway.name,
                                 timeout_s=self.options.admin_timeout_s)
         self._seen_key = (self.admin.base_url, self.options.config_dir)
+        self._held_mirror: dict[str, int] | None = None
 
     # --- apply -------------------------------------------------------------------------------
 
@@ -246,8 +247,7 @@ class EnvoyAdapter(Adapter[EnvoyOptions]):
             # these weights, whatever becomes of the POST.
             write_runtime_file(config_dir, rendered.runtime_text)
             if rendered.runtime:
-                self.admin.post("/runtime_modify",
-                                {k: str(v) for k, v in rendered.runtime.items()})
+                self.admin.post("/runtime_modify", rendered.runtime_values)
             return []
         # Until the new routes file is loaded, a restart would load the one on disk now: its
         # routes read the keys they read today, so those stay (at their current values).
@@ -272,7 +272,7 @@ class EnvoyAdapter(Adapter[EnvoyOptions]):
                                rendered.routes_version, state, routes=True)
             swapped.append(f"routes ({rendered.routes_version})")
         if rendered.runtime:
-            self.admin.post("/runtime_modify", {k: str(v) for k, v in rendered.runtime.items()})
+            self.admin.post("/runtime_modify", rendered.runtime_values)
         if staged != rendered.clusters:
             state = self._swap_clusters(config_dir, rendered.clusters, state)
             swapped.append("clusters (pruned)")
@@ -334,7 +334,7 @@ class EnvoyAdapter(Adapter[EnvoyOptions]):
         ours = [key for key in self.admin.admin_layer_keys()
                 if key.startswith(f"{config.RUNTIME_ROOT}.")]
         changes = {key: "" for key in ours if key.rsplit(".", 1)[0] not in live}  # "" removes
-        changes |= {key: str(value) for key, value in rendered.runtime.items()
+        changes |= {key: value for key, value in rendered.runtime_values.items()
                     if key.rsplit(".", 1)[0] not in live}
         if changes:
             self.admin.post("/runtime_modify", changes)
@@ -370,7 +370,16 @@ class EnvoyAdapter(Adapter[EnvoyOptions]):
             _seen.forget(self._seen_key)
             raise
         _seen.saw_load_state(self._seen_key, state)
+        self._held_mirror = held_mirror(route_config, runtime)
         return held_weights(route_config, runtime)
+
+    def read_back_mirror(self) -> dict[str, int] | None:
+        """The mirror fractions of the same read as the last read_back() (the runtime keys
+        `<prefix>._mirror`, else the loaded file's defaults); a read of its own otherwise."""
+        if self._held_mirror is None:
+            self.read_back()
+        held, self._held_mirror = self._held_mirror, None
+        return held
 
     def matches(self, desired: DesiredState, held: dict[str, dict[str, int]]) -> bool:
         """Weights equal and, when a read-back saw them, the loaded clusters are the wanted
@@ -393,7 +402,7 @@ class EnvoyAdapter(Adapter[EnvoyOptions]):
     def pool_counters(self) -> dict[str, PoolCounters]:
         stats = self.admin.stats(
             r"^cluster\.[^.]+\.(upstream_rq_total|upstream_rq_5xx|upstream_rq_active)$")
-        pools = {name.split(".")[1] for name in stats}
+        pools = {name.split(".")[1] for name in stats} - {config.COLLECTOR_CLUSTER}
         return {pool: PoolCounters(
             requests_total=int(stats.get(f"cluster.{pool}.upstream_rq_total") or 0),
             # Envoy counts its own 503s for failed connections here too.
@@ -425,10 +434,32 @@ def held_weights(route_config: dict[str, Any] | None,
     return held
 
 
-def _runtime_complete(route_config: dict[str, Any] | None, runtime: dict[str, str]) -> bool:
-    """Does the runtime hold an integer for every weighted cluster of every route, so that
-    held_weights() does not depend on the file's default weights?"""
+def held_mirror(route_config: dict[str, Any] | None, runtime: dict[str, str]) -> dict[str, int]:
+    """Route key -> mirror basis points > 0 as Envoy applies them: the runtime key's
+    FractionalPercent when it holds one, else the policy's default."""
+    held: dict[str, int] = {}
     for route in _routes(route_config):
+        name = route.get("name", "")
+        for policy in route.get("route", {}).get("request_mirror_policies") or []:
+            fraction = policy.get("runtime_fraction") or {}
+            key = fraction.get("runtime_key", "")
+            bp = config.runtime_value_bp(key, runtime.get(key)) if key else None
+            if bp is None:
+                bp = config.fraction_bp(fraction.get("default_value") or {}) or 0
+            if bp > 0 and name and ":" not in name:
+                held[name] = bp
+    return held
+
+
+def _runtime_complete(route_config: dict[str, Any] | None, runtime: dict[str, str]) -> bool:
+    """Does the runtime hold an integer for every weighted cluster of every route (and a
+    fraction for every mirror policy), so that held_weights() and held_mirror() do not
+    depend on the file's defaults?"""
+    for route in _routes(route_config):
+        for policy in route.get("route", {}).get("request_mirror_policies") or []:
+            key = (policy.get("runtime_fraction") or {}).get("runtime_key", "")
+            if not key or config.runtime_value_bp(key, runtime.get(key)) is None:
+                return False
         weighted = route.get("route", {}).get("weighted_clusters")
         if weighted is None:
             continue

@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetctl.traffic.gateways.base import (
+    MIRROR_HEADER,
     ROOT_PATHS,
     TOTAL_WEIGHT,
     DesiredState,
@@ -39,6 +40,7 @@ from fleetctl.traffic.gateways.base import (
     RouteSpec,
     pool_base_url_problem,
 )
+from fleetctl.traffic.gateways.schema import collector_url_problem
 
 CLUSTERS_FILE = "clusters.json"
 ROUTES_FILE = "routes.json"
@@ -58,6 +60,11 @@ STAT_PREFIX = "ingress"
 RUNTIME_ROOT = "fleetctl"
 LUA_FILTER = "envoy.filters.http.lua"
 POOL_HEADER = "x-fleetctl-pool"  # response header naming the pool that answered
+# The shadow collector's cluster: `_` is no pool name's character, so it never clashes.
+COLLECTOR_CLUSTER = "fleetctl_shadow_collector"
+# The runtime key of a route's mirror fraction: `<prefix>._mirror`, next to its weights'
+# `<prefix>.<pool>` (again `_`: never a pool's key).
+MIRROR_KEY = "_mirror"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's; used for https pools
 
 # Streams of an LLM answer last minutes and can be silent for a long prefill; the route
@@ -108,7 +115,9 @@ class RenderedConfig:
     clusters: dict[str, dict[str, Any]]  # cluster name -> Cluster
     route_config: dict[str, Any]  # the RouteConfiguration
     routes_version: str  # hash of the route structure (weights excluded)
-    runtime: dict[str, int]  # runtime key -> weight, for every weighted cluster of every route
+    # runtime key -> weight, for every weighted cluster of every route; and, when mirroring
+    # is rendered, `<prefix>._mirror` -> the route's mirror basis points
+    runtime: dict[str, int]
 
     @cached_property
     def clusters_version(self) -> str:
@@ -117,6 +126,11 @@ class RenderedConfig:
     @cached_property
     def runtime_text(self) -> str:
         return runtime_file(self.runtime)
+
+    @cached_property
+    def runtime_values(self) -> dict[str, str]:
+        """The runtime as POST /runtime_modify takes it."""
+        return runtime_strings(self.runtime)
 
 
 # --- validation ------------------------------------------------------------------------------
@@ -130,6 +144,9 @@ def validate(desired: DesiredState) -> None:
     _check(len(headers) == 3, "model, residency and latency-class headers must differ")
     for key, pool in desired.pools.items():
         _validate_pool(key, pool)
+    if desired.mirror_url:
+        problem = collector_url_problem(desired.mirror_url)
+        _check(problem is None, f"shadow collector {problem}")
     seen_keys: set[str] = set()
     seen_matches: dict[tuple[str, str, str], str] = {}
     for route in desired.routes:
@@ -204,7 +221,13 @@ def parse_base_url(url: str, pool: str) -> tuple[str, str, int]:
 # --- clusters --------------------------------------------------------------------------------
 
 def render_clusters(desired: DesiredState) -> dict[str, dict[str, Any]]:
-    return {name: render_cluster(desired.pools[name]) for name in sorted(desired.pools)}
+    clusters = {name: render_cluster(desired.pools[name]) for name in sorted(desired.pools)}
+    if desired.mirror_url:
+        # Always there while mirroring is rendered (every route has a policy, at 0 % when it
+        # does not mirror): starting or stopping a shadow run is a runtime change.
+        clusters[COLLECTOR_CLUSTER] = render_cluster(PoolTarget(
+            name=COLLECTOR_CLUSTER, base_urls=(desired.mirror_url,), jurisdiction=""))
+    return clusters
 
 
 def render_cluster(pool: PoolTarget) -> dict[str, Any]:
@@ -273,6 +296,8 @@ def render(desired: DesiredState) -> RenderedConfig:
     for route in desired.routes:
         prefix = runtime_prefix(route, desired)
         runtime.update({f"{prefix}.{pool}": weight for pool, weight in route.weights.items()})
+        if desired.mirror_url and route.weights:
+            runtime[f"{prefix}.{MIRROR_KEY}"] = route.mirror_bp
     return RenderedConfig(
         clusters=render_clusters(desired),
         route_config=route_config,
@@ -345,22 +370,46 @@ def _spec_route(route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
             route.key, match, 503, "service_unavailable", "no_pool_available",
             f"route {route.key}: no pool {where}may serve model {route.model} now",
         )
+    action: dict[str, Any] = {
+        "weighted_clusters": {
+            "runtime_key_prefix": runtime_prefix(route, desired),
+            "clusters": [{"name": pool, "weight": route.weights[pool]}
+                         for pool in sorted(route.weights)],
+        },
+        "timeout": "0s",
+        "auto_host_rewrite": True,
+    }
+    if desired.mirror_url:
+        action["request_mirror_policies"] = [mirror_policy(route, desired)]
     return {
         "name": route.key,
         "match": match,
-        "route": {
-            "weighted_clusters": {
-                "runtime_key_prefix": runtime_prefix(route, desired),
-                "clusters": [{"name": pool, "weight": route.weights[pool]}
-                             for pool in sorted(route.weights)],
-            },
-            "timeout": "0s",
-            "auto_host_rewrite": True,
-        },
+        "route": action,
         "response_headers_to_add": [{
             "header": {"key": POOL_HEADER, "value": "%UPSTREAM_CLUSTER%"},
             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
         }],
+    }
+
+
+def mirror_policy(route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
+    """Copy the route's requests, `mirror_bp` of 10,000 of them, to the shadow collector.
+    The share is a runtime key beside the weights' (one /runtime_modify changes it, no file
+    swap; the runtime file keeps it over a restart); the default is what a freshly loaded
+    file means. Envoy sends the copy and never waits for it: its answer, or its absence, is
+    dropped, so a slow or dead collector costs the live request nothing. Only the copy
+    carries MIRROR_HEADER (the live pool never sees it); Envoy appends "-shadow" to its
+    Host."""
+    return {
+        "cluster": COLLECTOR_CLUSTER,
+        "runtime_fraction": {
+            "default_value": _fraction(route.mirror_bp),
+            "runtime_key": f"{runtime_prefix(route, desired)}.{MIRROR_KEY}",
+        },
+        "request_headers_mutations": [{"append": {
+            "header": {"key": MIRROR_HEADER, "value": route.key},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }}],
     }
 
 
@@ -458,9 +507,13 @@ def _absent(header: str) -> dict[str, Any]:
 
 
 def _without_weights(node: Any) -> Any:
-    """The route config minus default weights: two configs that differ only in weights have
-    the same version, and such a change goes through the runtime, not a file swap."""
+    """The route config minus default weights and mirror fractions: two configs that differ
+    only in those have the same version, and such a change goes through the runtime, not a
+    file swap."""
     if isinstance(node, dict):
+        if "runtime_fraction" in node and "cluster" in node:  # a request mirror policy
+            node = {**node, "runtime_fraction": {
+                k: v for k, v in node["runtime_fraction"].items() if k != "default_value"}}
         if "weighted_clusters" in node:
             node = {**node, "weighted_clusters": {
                 **node["weighted_clusters"],
@@ -703,20 +756,92 @@ def routes_file(route_config: dict[str, Any], version: str) -> str:
 
 
 def runtime_file(weights: dict[str, int]) -> str:
-    """The runtime file: an RTDS DiscoveryResponse whose layer holds every weight key."""
-    layer = {key: str(weights[key]) for key in sorted(weights)}
+    """The runtime file: an RTDS DiscoveryResponse whose layer holds every weight key (and
+    every mirror fraction)."""
+    # A mirror fraction is an object here: Envoy reads a FractionalPercent from an RTDS
+    # layer's struct value, not from a string (which the admin endpoint does parse).
+    layer: dict[str, Any] = {key: (_fraction(weights[key]) if _is_mirror_key(key)
+                                   else str(weights[key])) for key in sorted(weights)}
     return json.dumps({"version_info": "w-" + _digest(layer), "resources": [{
         "@type": RUNTIME_TYPE, "name": RUNTIME_LAYER, "layer": layer,
     }]}, separators=(",", ":")) + "\n"
 
 
 def runtime_file_weights(text: str) -> dict[str, int]:
-    """The weights a runtime file holds ({} for one that is not fleetctl's)."""
+    """The weights (and mirror fractions) a runtime file holds ({} for one that is not
+    fleetctl's)."""
     try:
         layer = json.loads(text)["resources"][0]["layer"]
-        return {str(key): int(value) for key, value in layer.items()}
+        values = {str(key): (fraction_bp(value) if _is_mirror_key(str(key))
+                             else runtime_value_bp(str(key), str(value)))
+                  for key, value in layer.items()}
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return {}
+    if any(value is None for value in values.values()):
+        return {}
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def runtime_strings(runtime: dict[str, int]) -> dict[str, str]:
+    """Runtime values as Envoy reads them: a weight is an integer; a mirror fraction is a
+    FractionalPercent in basis points (an integer there would mean whole percent)."""
+    return {key: (json.dumps(_fraction(value), separators=(",", ":"))
+                  if _is_mirror_key(key) else str(value))
+            for key, value in runtime.items()}
+
+
+def _is_mirror_key(key: str) -> bool:
+    return key.endswith(f".{MIRROR_KEY}")
+
+
+def _fraction(bp: int) -> dict[str, Any]:
+    return {"numerator": bp, "denominator": "TEN_THOUSAND"}
+
+
+def runtime_value_bp(key: str, text: str | None) -> int | None:
+    """A runtime value as runtime_strings wrote it, back as an integer (basis points for a
+    mirror key); None when it is not one of those (Envoy then uses the default)."""
+    if text is None:
+        return None
+    if not _is_mirror_key(key):
+        try:
+            return int(text)
+        except ValueError:
+            return None
+    return fraction_bp(text)
+
+
+_DENOMINATORS = {"HUNDRED": 100, "TEN_THOUSAND": 10_000, "MILLION": 1_000_000}
+_DEBUG_FIELD = re.compile(r'key: "(numerator|denominator)"\s*value \{\s*'
+                          r'(?:number_value: ([0-9.e+]+)|string_value: "([A-Z_]+)")')
+
+
+def _debug_struct(text: str) -> dict[str, Any] | None:
+    """A FractionalPercent as /runtime shows a struct value of the runtime file's layer
+    (protobuf debug text, not JSON), or None."""
+    found = {name: (float(number) if number else word)
+             for name, number, word in _DEBUG_FIELD.findall(text)}
+    return found or None
+
+
+def fraction_bp(value: Any) -> int | None:
+    """A FractionalPercent (a dict, or its JSON text) in basis points, capped at 10,000;
+    None when it is not one. Envoy reads a bare integer as whole percent."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            value = _debug_struct(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return min(TOTAL_WEIGHT, value * 100)
+    if not isinstance(value, dict):
+        return None
+    try:
+        numerator = int(value.get("numerator", 0))
+        denominator = _DENOMINATORS[str(value.get("denominator", "HUNDRED"))]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return min(TOTAL_WEIGHT, numerator * TOTAL_WEIGHT // denominator)
 
 
 UNCONFIGURED_ROUTES_VERSION = "unconfigured"
