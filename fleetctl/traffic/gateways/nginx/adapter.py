@@ -51,6 +51,7 @@ class NginxAdapter(Adapter[NginxOptions]):
         super().__init__(gateway)
         self.settings = NginxSettings(gateway=gateway.name, prefix=Path(gateway.admin_address),
                                       options=self.options)
+        self._held_mirror: dict[str, int] | None = None
 
     @classmethod
     def check_pool(cls, pool: PoolTarget) -> str | None:
@@ -78,7 +79,16 @@ class NginxAdapter(Adapter[NginxOptions]):
         if running != live.version:
             raise AdapterError(f"nginx serves version {running or '(none)'} but its config file "
                                f"holds {live.version or '(none)'}: a reload failed or is pending")
+        self._held_mirror = live.mirror
         return live.routes
+
+    def read_back_mirror(self) -> dict[str, int] | None:
+        """The `# fleetctl-mirror` lines of the config read_back() just found running (the
+        file's version is the one nginx serves, so what it says is held)."""
+        if self._held_mirror is None:
+            self.read_back()
+        held, self._held_mirror = self._held_mirror, None
+        return held
 
     def in_flight(self, pool: str) -> int:
         """Established connections from nginx workers (old ones included) to the pool's

@@ -41,6 +41,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from fleetctl.traffic.gateways.base import (
+    MIRROR_HEADER,
     SAFE_NAME,
     TOTAL_WEIGHT,
     AdapterError,
@@ -54,10 +55,16 @@ from fleetctl.traffic.gateways.base import (
     url_port,
 )
 from fleetctl.traffic.gateways.nginx.options import NginxOptions
-from fleetctl.traffic.gateways.schema import parse_options
+from fleetctl.traffic.gateways.schema import collector_url_problem, parse_options
 
 CONF_NAME = "nginx.conf"
 REFUSE_UPSTREAM = "fleetctl-refusal"
+COLLECTOR_UPSTREAM = "fleetctl-shadow-collector"  # "route-" prefixes every route's upstream
+MIRROR_LOCATION = "/__fleetctl_shadow"
+# A copy the collector has not taken within these gives up (the collector answers at once;
+# the live request never waits for its copy either way).
+MIRROR_CONNECT_TIMEOUT_MS = 500
+MIRROR_TIMEOUT_S = 10
 REFUSAL_SOCKET = "refusal.sock"
 # Unix socket paths must fit sockaddr_un (108 bytes with the NUL).
 MAX_SOCKET_PATH = 107
@@ -131,6 +138,7 @@ def render_config(desired: DesiredState, settings: NginxSettings) -> Rendered:
     text = (f"# fleetctl-version: {version}\n"
             f"# Rendered by fleetctl for gateway {settings.gateway}; the next push overwrites it."
             f"\n" + "".join(f"# fleetctl-route {r.key}\n" for r in desired.routes)
+            + "".join(f"# fleetctl-mirror {key} {bp}\n" for key, bp in _mirrored(desired))
             + head + body.replace("@VERSION@", version))
     return Rendered(text=text, version=version)
 
@@ -185,6 +193,64 @@ def _address(pool: str, url: str) -> str:
     return f"{host}:{url_port(url, 80)}"
 
 
+def _mirrored(desired: DesiredState) -> list[tuple[str, int]]:
+    """(route key, basis points) of the routes that mirror, when a collector is set."""
+    if not desired.mirror_url:
+        return []
+    return [(r.key, r.mirror_bp) for r in desired.routes if r.mirror_bp > 0 and r.weights]
+
+
+def _mirror_blocks(desired: DesiredState) -> str:
+    """Which requests are copied: per mirroring route a split_clients over $request_id (a
+    fresh random id per request) that yields the route's key for its share (2 decimals of a
+    percent: exactly its basis points), and a map from the route the request took to that
+    draw. $fleetctl_shadow is the key of a request to copy, "" for every other."""
+    mirrored = _mirrored(desired)
+    if not mirrored:
+        return ""
+    problem = collector_url_problem(desired.mirror_url)
+    if problem:
+        raise AdapterError(f"shadow collector {problem}", permanent=True)
+    parts = urlsplit(desired.mirror_url)
+    assert parts.hostname is not None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    lines = [f"    upstream {COLLECTOR_UPSTREAM} {{ server {host}:{parts.port}; }}"]
+    choices = []
+    for key, bp in mirrored:
+        if bp >= TOTAL_WEIGHT:
+            choices.append(f'        "route-{key}" "{key}";')
+            continue
+        variable = f"$fleetctl_shadow_{key.replace('-', '_')}"
+        lines.append(f'    split_clients "${{request_id}}" {variable} {{\n'
+                     f'        {bp // 100}.{bp % 100:02d}% "{key}";\n        * "";\n    }}')
+        choices.append(f'        "route-{key}" {variable};')
+    lines.append('    map $fleetctl_route $fleetctl_shadow {\n        default "";\n'
+                 + "\n".join(choices) + "\n    }")
+    return "\n".join(lines) + "\n"
+
+
+def _mirror_location(desired: DesiredState) -> str:
+    """The copy: a background subrequest (nginx `mirror`) with the request's method, headers
+    and body, sent to the collector under the request's own URI with the route header, or
+    answered 204 inside nginx when this request is not drawn. nginx never holds the live
+    answer for it."""
+    if not _mirrored(desired):
+        return ""
+    return f"""        location = {MIRROR_LOCATION} {{
+            internal;
+            if ($fleetctl_shadow = "") {{ return 204; }}
+            proxy_pass http://{COLLECTOR_UPSTREAM}$request_uri;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header {MIRROR_HEADER} $fleetctl_shadow;
+            proxy_connect_timeout {MIRROR_CONNECT_TIMEOUT_MS}ms;
+            proxy_read_timeout {MIRROR_TIMEOUT_S}s;
+            proxy_send_timeout {MIRROR_TIMEOUT_S}s;
+            proxy_next_upstream off;
+        }}
+"""
+
+
 def _main_block(settings: NginxSettings) -> str:
     user = f"user {settings.user};\n" if settings.user else ""
     return f"""{user}worker_processes {settings.options.worker_processes};
@@ -228,7 +294,7 @@ def _http_block(desired: DesiredState, upstreams: tuple[Upstream, ...],
     }}
 
     upstream {REFUSE_UPSTREAM} {{ server unix:{settings.refusal_socket}; }}
-{"".join(_upstream_block(u) for u in upstreams if u.servers)}
+{"".join(_upstream_block(u) for u in upstreams if u.servers)}{_mirror_blocks(desired)}
 {_refusal_server(settings)}
 {_main_server(desired, settings)}}}
 """
@@ -302,8 +368,12 @@ def _refusal_server(settings: NginxSettings) -> str:
 
 
 def _main_server(desired: DesiredState, settings: NginxSettings) -> str:
-    mirror = ("            mirror /__fleetctl_body;\n            mirror_request_body on;\n"
-              if settings.options.model_source == "body" else "")
+    mirrors = ["/__fleetctl_body"] if settings.options.model_source == "body" else []
+    if _mirrored(desired):
+        mirrors.append(MIRROR_LOCATION)
+    mirror = "".join(f"            mirror {uri};\n" for uri in mirrors)
+    if mirrors:
+        mirror += "            mirror_request_body on;\n"
     too_large = _error(413, "request body too large to route", "invalid_request_error",
                        "too_large")
     bad_gateway = _error(502, "the pool answered badly or not at all", "server_error",
@@ -314,7 +384,7 @@ def _main_server(desired: DesiredState, settings: NginxSettings) -> str:
         location = /__fleetctl_version {{ default_type text/plain; return 200 "@VERSION@\\n"; }}
         # The mirror target: reading the body for it is the point; nothing is sent anywhere.
         location = /__fleetctl_body {{ internal; return 204; }}
-        location @fleetctl_too_large {{ {too_large} }}
+{_mirror_location(desired)}        location @fleetctl_too_large {{ {too_large} }}
         location @fleetctl_bad_gateway {{ {bad_gateway} }}
         location @fleetctl_timeout {{ {timeout} }}
         location / {{
@@ -349,6 +419,7 @@ class LiveConfig:
     version: str
     routes: dict[str, dict[str, int]]  # route key -> pool -> basis points
     addresses: dict[str, set[str]]  # pool -> host:port
+    mirror: dict[str, int]  # route key -> mirror basis points > 0
 
 
 def parse_config(text: str) -> LiveConfig:
@@ -365,5 +436,7 @@ def parse_config(text: str) -> LiveConfig:
             per_pool[pool] = per_pool.get(pool, 0) + int(weight)
         total = sum(per_pool.values())
         routes[key] = {pool: w * TOTAL_WEIGHT // total for pool, w in per_pool.items() if w}
+    mirror = {key: int(bp) for key, bp in
+              re.findall(r"^# fleetctl-mirror (\S+) (\d+)$", text, re.M) if int(bp) > 0}
     return LiveConfig(version=version_match.group(1) if version_match else "",
-                      routes=routes, addresses=addresses)
+                      routes=routes, addresses=addresses, mirror=mirror)
