@@ -1,0 +1,126 @@
+"""The shadow gate (stats.judge_pairs): which flips count as divergence, which pairs each
+metric is judged on, the verdict rules and the one-line summary. Pure: no database."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from fleetctl.core.compare import Answer, compare
+from fleetctl.shadow import stats
+
+SAME = {"diverged": 0, "finish_mismatch": 0, "error_mismatch": 0, "refusal_mismatch": 0,
+        "exact_match": 1}
+FLIP = {**SAME, "diverged": 1, "exact_match": 0, "near_tie": 0, "hard_flip": 1}
+TIE = {**SAME, "diverged": 1, "exact_match": 0, "near_tie": 1, "hard_flip": 0}
+ERROR = {**SAME, "diverged": 1, "error_mismatch": 1, "errored_b": 1}
+
+
+def _chosen(token: str, alt: str, gap: float) -> dict:
+    return {"token": token, "logprob": -0.69,
+            "top_logprobs": [{"token": token, "logprob": -0.69},
+                             {"token": alt, "logprob": -0.69 - gap}]}
+
+
+def _answer(tokens: list[tuple[str, str, float]], finish: str = "stop") -> Answer:
+    return Answer.from_body({"choices": [{
+        "message": {"content": "".join(t for t, _, _ in tokens)}, "finish_reason": finish,
+        "logprobs": {"content": [_chosen(t, a, g) for t, a, g in tokens]}}]})
+
+
+def test_a_lone_near_tie_flip_is_not_divergence_but_is_counted_in_diverged_any():
+    a = _answer([("The", "A", 0.01), (" cat", " dog", 0.01)])
+    b = _answer([("The", "A", 0.01), (" dog", " cat", 0.01)])
+    metrics = compare(a, b, greedy=True).metrics()
+    assert metrics["near_tie"] == 1 and metrics["diverged"] == 1
+    assert stats.metric_values(metrics) == {"diverged_any": 1, "divergence": 0,
+                                            "finish_mismatch": 0, "error_mismatch": 0,
+                                            "refusal_mismatch": 0}
+
+
+def test_a_near_tie_flip_that_also_changes_the_finish_is_divergence():
+    a = _answer([("The", "A", 0.01), (" cat", " dog", 0.01)])
+    b = _answer([("The", "A", 0.01), (" dog", " cat", 0.01)], finish="length")
+    assert stats.metric_values(compare(a, b, greedy=True).metrics())["divergence"] == 1
+
+
+def test_a_hard_flip_and_a_flip_without_logprobs_are_divergence():
+    a = _answer([("The", "A", 0.01), (" cat", " dog", 3.0)])
+    b = _answer([("The", "A", 0.01), (" dog", " cat", 3.0)])
+    assert stats.metric_values(compare(a, b, greedy=True).metrics())["divergence"] == 1
+    plain = compare(Answer.from_text("the cat"), Answer.from_text("the dog"), greedy=True)
+    assert "near_tie" not in plain.metrics()
+    assert stats.metric_values(plain.metrics())["divergence"] == 1
+
+
+def test_a_metric_is_judged_only_on_the_pairs_where_both_comparisons_have_it():
+    json_pair = ({**SAME, "validity_mismatch": 0}, {**SAME, "validity_mismatch": 1})
+    half = ({**SAME, "validity_mismatch": 0}, SAME)  # the signal did not check JSON
+    judged = stats.judge_pairs([json_pair] * 3 + [half] * 5 + [(SAME, SAME)] * 12,
+                               margin=0.02, min_pairs=10, confidence=0.95)
+    assert judged.metrics["validity_mismatch"].n == 3
+    assert judged.metrics["validity_mismatch"].signal_rate == 1.0
+    assert judged.metrics["divergence"].n == 20
+
+
+def test_no_pairs_is_insufficient_with_every_metric_empty():
+    judged = stats.judge_pairs([], margin=0.02, min_pairs=200, confidence=0.95)
+    assert judged.verdict == "insufficient" and judged.pairs == 0
+    assert {m.n for m in judged.metrics.values()} == {0}
+    assert judged.summary == "no pairs compared yet (need 200): insufficient (margin 2 pts)"
+
+
+def test_below_min_pairs_is_insufficient_even_when_everything_diverges():
+    judged = stats.judge_pairs([(SAME, FLIP)] * 50, margin=0.02, min_pairs=200,
+                               confidence=0.95)
+    assert judged.verdict == "insufficient"
+    assert judged.metrics["divergence"].verdict == "insufficient"
+    assert "over 50 pairs (of 200 needed): insufficient" in judged.summary
+
+
+def test_a_candidate_diverging_far_beyond_the_noise_floor_fails():
+    pairs = [(FLIP if i % 50 == 0 else SAME, FLIP if i % 4 == 0 else SAME) for i in range(400)]
+    judged = stats.judge_pairs(pairs, margin=0.02, min_pairs=200, confidence=0.95)
+    div = judged.metrics["divergence"]
+    assert judged.verdict == "fail" and div.verdict == "fail"
+    assert div.noise_rate == pytest.approx(0.02) and div.signal_rate == pytest.approx(0.25)
+    assert div.estimate == pytest.approx(0.23) and div.lower > 0.02
+    assert div.method == "newcombe-paired" and div.p_value < 1e-6 and div.gated
+
+
+def test_an_error_mismatch_alone_fails_the_run():
+    pairs = [(SAME, ERROR if i % 3 == 0 else SAME) for i in range(300)]
+    judged = stats.judge_pairs(pairs, margin=0.02, min_pairs=200, confidence=0.95)
+    assert judged.metrics["error_mismatch"].verdict == "fail"
+    assert judged.verdict == "fail"
+    assert judged.summary.endswith("; error mismatch fail")
+
+
+def test_near_tie_noise_on_both_sides_passes_and_shows_in_diverged_any():
+    pairs = [(TIE if i % 10 == 0 else SAME, TIE if i % 7 == 0 else SAME) for i in range(500)]
+    judged = stats.judge_pairs(pairs, margin=0.02, min_pairs=200, confidence=0.95)
+    assert judged.verdict == "pass"
+    assert judged.metrics["divergence"].signal_rate == 0
+    assert judged.metrics["diverged_any"].signal_rate > 0.1
+    assert not judged.metrics["diverged_any"].gated
+
+
+def test_an_interval_straddling_the_margin_warns():
+    pairs = [(SAME, FLIP if i % 33 == 0 else SAME) for i in range(200)]
+    judged = stats.judge_pairs(pairs, margin=0.02, min_pairs=200, confidence=0.95)
+    assert judged.metrics["divergence"].verdict == "warn"
+    assert judged.verdict == "warn"
+
+
+def test_the_summary_reads_estimate_interval_noise_floor_pairs_verdict_and_margin():
+    pairs = [(FLIP if i % 25 == 0 else SAME, FLIP if i % 25 == 0 or i % 97 == 1 else SAME)
+             for i in range(412)]
+    judged = stats.judge_pairs(pairs, margin=0.02, min_pairs=200, confidence=0.95)
+    assert re.fullmatch(r"divergence \+\d\.\d pts \[[−+]\d\.\d, \+\d\.\d\] vs noise floor "
+                        r"4\.1 % over 412 pairs: (pass|warn) \(margin 2 pts\)", judged.summary), \
+        judged.summary
+    as_dict = judged.metrics_dict()["divergence"]
+    assert set(as_dict) == {"n", "noise_rate", "signal_rate", "estimate", "lower", "upper",
+                            "p_value", "method", "verdict", "gated"}
+    assert set(judged.metrics) == set(stats.GATED) | {"diverged_any"}
