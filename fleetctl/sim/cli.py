@@ -108,6 +108,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ground-truth-size", type=_positive_int,
                         default=DEFAULT_REQUEST_CAPACITY, metavar="N",
                         help="ground-truth ring buffer size in requests")
+    parser.add_argument("--random-seed", type=int, metavar="N",
+                        help="seed the pools' random draws (replica noise, injected errors) "
+                        "so a run repeats; give each process its own (default: unseeded)")
     parser.add_argument("--list-profiles", action="store_true",
                         help="print the available profiles and exit")
     parser.add_argument("--log-level", default="INFO",
@@ -181,7 +184,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return _fail(args, str(exc))
     try:
         serve(specs, args.host, record_ground_truth=args.record_ground_truth,
-              ground_truth_size=args.ground_truth_size)
+              ground_truth_size=args.ground_truth_size, random_seed=args.random_seed)
     except OSError as exc:
         print(f"fleetctl sim: cannot listen on {args.host}: {exc.strerror or exc}",
               file=sys.stderr)

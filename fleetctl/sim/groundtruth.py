@@ -39,6 +39,8 @@ class RequestInfo:
     wall_offset: float = field(default_factory=lambda: time.time() - time.monotonic())
     recorded: bool = False  # one record per request, whichever path ends it
     tool_call: bool = False  # the answer is a tool call: a natural end is "tool_calls"
+    # A regress switch that hit this answer: "json_broken" or "truncated" (None: healthy).
+    regression: str | None = None
 
 
 class GroundTruth:
@@ -153,4 +155,7 @@ def _sequence_fields(seq: Sequence, info: RequestInfo) -> dict[str, Any]:
         else seq.finish_reason,
         "preemptions": seq.preemptions,
         "diverged_at": None if seq.stream.divergence is None else seq.stream.divergence.position,
+        # Replica noise: the position this answer flipped at (a near-tie), if it did.
+        "flipped_at": seq.stream.flipped_at,
+        "regression": info.regression,
     }

@@ -31,6 +31,9 @@ VENDORS: tuple[str, ...] = ("cuda", "rocm", "tpu", "gaudi", "other")
 TOKENIZERS: tuple[str, ...] = ("llama3", "other")
 # Switches that make a pool ignore part of the OpenAI contract (all on by default).
 SWITCHES: tuple[str, ...] = ("tool_calls", "json_mode", "stream_usage", "logprobs", "tokenizer")
+# Regress switches: shares (0..1) of answers a candidate gets wrong, so a shadow run can be
+# shown to catch a regression. Off (0) in every built-in profile.
+REGRESSIONS: tuple[str, ...] = ("json_broken", "truncate_rate")
 
 
 class ProfileError(ValueError):
@@ -68,6 +71,17 @@ class Profile:
     stream_usage: bool = True
     logprobs: bool = True
     tokenizer: str = "llama3"
+    # Replica (batch) nondeterminism: the probability that one greedy answer of this server
+    # flips at one near-tie position, drawn per request and not keyed (as GPU batch
+    # nondeterminism), so two endpoints of one pool, or one endpoint asked twice, differ a
+    # little: the noise floor a shadow run measures between primary and secondary.
+    replica_noise: float = 0.0
+    # Regress switches (shares of answers, keyed like divergence so a prompt regresses the
+    # same way every time): JSON-mode answers made invalid JSON (the object cut short, yet
+    # finish_reason "stop"), and answers cut short with finish_reason "length" well before
+    # max_tokens.
+    json_broken: float = 0.0
+    truncate_rate: float = 0.0
 
     def broken(self) -> list[str]:
         """The switches that differ from the default, as `name=value`."""
@@ -114,6 +128,7 @@ BUILTIN_PROFILES: dict[str, Profile] = {
             max_waiting=512,
             divergence_rate=0.02,
             near_tie_fraction=0.8,
+            replica_noise=0.01,
         ),
         _builtin(
             name="a100",
@@ -132,6 +147,7 @@ BUILTIN_PROFILES: dict[str, Profile] = {
             max_waiting=256,
             divergence_rate=0.03,
             near_tie_fraction=0.8,
+            replica_noise=0.01,
         ),
         _builtin(
             name="mi300x",
@@ -150,6 +166,7 @@ BUILTIN_PROFILES: dict[str, Profile] = {
             max_waiting=512,
             divergence_rate=0.06,
             near_tie_fraction=0.7,
+            replica_noise=0.015,
         ),
         _builtin(
             name="tpu-v5e",
@@ -168,6 +185,7 @@ BUILTIN_PROFILES: dict[str, Profile] = {
             max_waiting=128,
             divergence_rate=0.08,
             near_tie_fraction=0.6,
+            replica_noise=0.02,
         ),
         _builtin(
             name="gaudi3",
@@ -186,6 +204,7 @@ BUILTIN_PROFILES: dict[str, Profile] = {
             max_waiting=256,
             divergence_rate=0.10,
             near_tie_fraction=0.5,
+            replica_noise=0.02,
         ),
     )
 }
@@ -222,8 +241,12 @@ _CHECKS: dict[str, tuple[tuple[type, ...], str, Any]] = {
     "stream_usage": ((bool,), "true or false", lambda v: True),
     "logprobs": ((bool,), "true or false", lambda v: True),
     "tokenizer": ((str,), f"one of {', '.join(TOKENIZERS)}", lambda v: v in TOKENIZERS),
+    "replica_noise": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
+    "json_broken": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
+    "truncate_rate": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
 }
-_OPTIONAL = ("description", "models", "max_prefill_tokens_per_step", *SWITCHES)
+_OPTIONAL = ("description", "models", "max_prefill_tokens_per_step", *SWITCHES,
+             "replica_noise", *REGRESSIONS)
 _REQUIRED = (*_CHECKS, "models")
 
 

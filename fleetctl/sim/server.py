@@ -49,8 +49,8 @@ from .gcgovernor import GOVERNOR
 from .groundtruth import DEFAULT_REQUEST_CAPACITY, GroundTruth, RequestInfo, request_record
 from .metrics import CONTENT_TYPE, Gauges, PoolMetrics
 from .profiles import Profile
-from .structured import SchemaError, ScriptedStream, json_text
-from .textgen import TextKey, TokenSource, TokenStream, stable_hash
+from .structured import SchemaError, ScriptedStream, broken_json, json_text
+from .textgen import TextKey, TokenSource, TokenStream, stable_hash, stable_unit
 
 log = logging.getLogger("fleetctl.sim")
 
@@ -175,6 +175,7 @@ class SimPool:
         *,
         record_ground_truth: bool = False,
         ground_truth_size: int = DEFAULT_REQUEST_CAPACITY,
+        random_seed: int | None = None,
     ) -> None:
         self.spec = spec
         self.profile = spec.profile
@@ -191,7 +192,10 @@ class SimPool:
         self.app = self._build_app()
         self.port = spec.port
         self._runner: web.AppRunner | None = None
-        self._random = random.Random()
+        # The pool's own random draws (injected errors, replica noise): unseeded as real
+        # nondeterminism is, or reproducible per process and pool with `random_seed`.
+        self._random = random.Random(
+            None if random_seed is None else stable_hash("pool-random", random_seed, spec.name))
         self._fingerprint = f"fp_sim_{spec.profile.name}"
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -422,7 +426,12 @@ class SimPool:
         key = TextKey.of(req.model, req.prompt_text, req.seed)
         stream: TokenSource
         if req.tool_call is not None or req.json_format is not None:
-            stream = ScriptedStream(_structured_text(req, key), key, req.top_logprobs)
+            text = _structured_text(req, key)
+            if req.tool_call is None and _regressed(profile.json_broken, "json-broken",
+                                                    profile.name, key):
+                text = broken_json(text, stable_unit("json-broken-at", profile.name, key))
+                info.regression = "json_broken"
+            stream = ScriptedStream(text, key, req.top_logprobs)
         else:
             stream = TokenStream(
                 key=key,
@@ -433,14 +442,28 @@ class SimPool:
                 top_p=req.top_p,
                 top_logprobs=req.top_logprobs,
             )
+        # A structured answer ends with its JSON, whatever ignore_eos says.
+        ignore_eos = req.ignore_eos and isinstance(stream, TokenStream)
+        length = max_tokens if ignore_eos else min(max_tokens, stream.natural_length)
+        if length > 1 and _regressed(profile.truncate_rate, "truncate", profile.name, key):
+            # Cut short at 25..60 % of the answer, reported as "length" though max_tokens was
+            # far: the regress switch `truncate_rate`.
+            share = 0.25 + 0.35 * stable_unit("truncate-at", profile.name, key)
+            max_tokens = length = max(1, int(length * share))
+            info.regression = "+".join(filter(None, (info.regression, "truncated")))
+        if (isinstance(stream, TokenStream) and req.temperature == 0
+                and profile.replica_noise > 0 and self._random.random() < profile.replica_noise):
+            # Replica noise: not keyed, so the same request may flip on one call and not the
+            # next, here and not on another endpoint. Only greedy answers: sampled ones differ
+            # anyway, and structured ones are scripted.
+            stream.add_flip(self._random.random(), length)
         params = SeqParams(
             model=req.model,
             prompt_tokens=prompt_tokens,
             prefix_hashes=PrefixCache.block_hashes(req.model, tokens),
             max_tokens=max_tokens,
             stops=req.stops,
-            # A structured answer ends with its JSON, whatever ignore_eos says.
-            ignore_eos=req.ignore_eos and isinstance(stream, TokenStream),
+            ignore_eos=ignore_eos,
         )
         seq = Sequence(params, stream, arrival=info.arrival_mono)
         seq.request_info = info
@@ -645,6 +668,12 @@ def _structured_text(req: GenRequest, key: TextKey) -> str:
                        f"({exc}).", param=param, code="invalid_value") from None
 
 
+def _regressed(rate: float, what: str, profile_name: str, key: TextKey) -> bool:
+    """Whether a regress switch hits this (model, prompt, seed): keyed like divergence, so a
+    regressed pool gets the same prompts wrong every time, at `rate` of all prompts."""
+    return rate > 0 and stable_unit(what, profile_name, key) < rate
+
+
 def _expected_length(seq: Sequence) -> int:
     """Tokens a running sequence will generate in all: its natural length or max_tokens."""
     if seq.params.ignore_eos:
@@ -678,6 +707,7 @@ async def serve_async(
     ground_truth_size: int = DEFAULT_REQUEST_CAPACITY,
     out: TextIO = sys.stdout,
     stop: asyncio.Event | None = None,
+    random_seed: int | None = None,
 ) -> None:
     """Run every pool until SIGINT/SIGTERM (or `stop` is set)."""
     loop = asyncio.get_running_loop()
@@ -687,7 +717,8 @@ async def serve_async(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     sims = [
-        SimPool(spec, record_ground_truth=record_ground_truth, ground_truth_size=ground_truth_size)
+        SimPool(spec, record_ground_truth=record_ground_truth, ground_truth_size=ground_truth_size,
+                random_seed=random_seed)
         for spec in pools
     ]
     started: list[SimPool] = []
@@ -713,9 +744,10 @@ def serve(
     *,
     record_ground_truth: bool = False,
     ground_truth_size: int = DEFAULT_REQUEST_CAPACITY,
+    random_seed: int | None = None,
 ) -> None:
     """Blocking entrypoint: serve `pools` on `host` until SIGINT or SIGTERM."""
     asyncio.run(serve_async(
         pools, host, record_ground_truth=record_ground_truth,
-        ground_truth_size=ground_truth_size,
+        ground_truth_size=ground_truth_size, random_seed=random_seed,
     ))

@@ -253,11 +253,27 @@ def json_text(schema: dict[str, Any] | None, key: TextKey, salt: str) -> str:
         raise SchemaError(str(exc) or type(exc).__name__) from exc
 
 
+def broken_json(text: str, u: float) -> str:
+    """`text` (a JSON answer) made invalid the way a regressed server breaks it: cut short
+    after 40..90 % of its tokens (`u` in [0, 1) picks where), so an object or array misses
+    its closing bracket. A value no cut can break (a short number, `true`) gets a stray
+    comma instead. The caller still ends it with finish_reason "stop": that is the bug."""
+    parts = pieces(text)
+    if len(parts) >= 2:
+        keep = max(1, min(len(parts) - 1, int(len(parts) * (0.4 + 0.5 * u))))
+        cut = "".join(parts[:keep]).rstrip()
+        try:
+            json.loads(cut)
+        except ValueError:
+            return cut
+    return text.rstrip() + ","
+
 class ScriptedStream:
     """A TokenStream look-alike that yields a fixed text one simulator token at a time and
     ends naturally after the last piece. Never diverges: every pool gives the same JSON."""
 
     divergence: Divergence | None = None
+    flipped_at: int | None = None  # replica noise flips free text only
 
     def __init__(self, text: str, key: TextKey, top_logprobs: int | None) -> None:
         self.pieces = pieces(text) or [" "]

@@ -19,6 +19,11 @@ length), after which a different stream is used. At that position the logprobs s
 near-tie (-0.69 chosen vs -0.70 for the shared token) for `near_tie_fraction` of
 divergences, or a hard flip (the chosen token clearly below the shared one) otherwise.
 
+Replica noise: a pool may flip one greedy answer at one position (`TokenStream.add_flip`,
+decided per request by the server's own random draw, not by the key, as GPU batch
+nondeterminism does): the runner-up wins a near-tie there and the text continues
+deterministically from the flipped token, so two replicas that flip alike agree again.
+
 Natural stop: each key has a target length of 24..384 tokens (skewed short:
 24 + 360·u², u uniform from the hash); generation ends there with finish_reason "stop"
 unless `max_tokens` comes first ("length") or `ignore_eos` is set.
@@ -190,6 +195,7 @@ class TokenSource(Protocol):
 
     natural_length: int
     divergence: Divergence | None
+    flipped_at: int | None
 
     def next(self) -> Token: ...
 
@@ -219,6 +225,34 @@ class TokenStream:
         self._top_p = top_p
         self._top_logprobs = top_logprobs
         self._sampler = self._make_sampler(key, temperature)
+        # Replica noise (`add_flip`): the position this answer flips at, if any.
+        self.flipped_at: int | None = None
+
+    def add_flip(self, draw: float, limit: int) -> None:
+        """Flip this (greedy) answer at one position: `draw` in [0, 1) picks it uniformly among
+        the first `limit` tokens (those the answer will have), never the profile's divergence
+        position. The runner-up wins a near-tie there and the text continues from it."""
+        div = self.divergence
+        skip = div is not None and div.position < limit
+        span = limit - int(skip)
+        if span <= 0:
+            return
+        position = min(int(draw * span), span - 1)
+        if div is not None and skip and position >= div.position:
+            position += 1
+        self.flipped_at = position
+
+    def _flip(self, token: Token) -> None:
+        """After the flip the text continues from the flipped token: a stream seeded by the
+        position and the token (two replicas flipping alike agree again), with its own length.
+        A later divergence of the profile no longer applies: the prefix is another one."""
+        position = self.position - 1
+        self._rng = random.Random(stable_hash("noise-text", self.key, position, token.vocab_index))
+        factor = 0.75 + 0.5 * stable_unit("noise-len", self.key, position, token.vocab_index)
+        after = max(0, self.natural_length - position - 1)
+        self.natural_length = position + 1 + int(after * factor)
+        if self.divergence is not None and self.divergence.position > position:
+            self.divergence = None
 
     def _diverged_length(self, base_length: int, profile_name: str) -> int:
         # A different continuation ends at a different place, but never before it diverges.
@@ -244,6 +278,10 @@ class TokenStream:
             # From here on a different continuation: switch to this profile's own stream.
             self._rng = random.Random(stable_hash("div-text", self._profile_name, self.key))
         bits = self._rng.getrandbits(64)
+        if position == self.flipped_at:
+            token = self._full_token(bits, Divergence(position=position, near_tie=True))
+            self._flip(token)
+            return token
         at_divergence = div is not None and position == div.position
         if not at_divergence and self._sampler is None and self._top_logprobs is None:
             index = bits & 0xFF  # fast path: greedy, no logprobs

@@ -24,6 +24,7 @@ MODEL = "llama-3.1-8b-instruct"
 
 # Small, fast profiles so the suite runs in seconds on 2 cores. Steps of a few ms keep
 # requests short; the pools that test queueing and prefill are slowed down on purpose.
+# No replica noise (the built-ins have a little): tests that compare answers stay exact.
 TEST_PROFILES = """
 [profiles.quick]
 base = "h200"
@@ -31,6 +32,7 @@ decode_base_ms = 2.0
 decode_per_seq_ms = 0.01
 network_latency_ms = 0.0
 divergence_rate = 0.0
+replica_noise = 0.0
 max_context = 4096
 kv_cache_tokens = 400000
 
@@ -40,6 +42,7 @@ decode_base_ms = 3.0
 decode_per_seq_ms = 0.01
 network_latency_ms = 0.0
 divergence_rate = 0.0
+replica_noise = 0.0
 max_context = 4096
 
 [profiles.diverging]
