@@ -377,8 +377,8 @@ def pair_execute(*, run_id: int, request: Any, received_at: str | None = None,
         live.count(run.pk, pair_errors=1)
         return None
     errored = any(side.answer.failed for side in sides.values())
-    live.count(run.pk, pairs=1, **({"pair_errors": 1} if errored else {}))
     tokens = sum(_tokens(side.answer) for side in sides.values())
+    live.count(run.pk, pairs=1, tokens=tokens, **({"pair_errors": 1} if errored else {}))
     if tokens:
         live.add_tokens(run.pk, tokens)
     return pair
