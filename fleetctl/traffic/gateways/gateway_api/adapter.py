@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from fleetctl.traffic.gateways.base import (
     ApplyResult,
     DesiredState,
     GatewaySpec,
+    Renderable,
 )
 from fleetctl.traffic.gateways.gateway_api.options import GatewayApiOptions
 from fleetctl.traffic.gateways.gateway_api.render import (
@@ -55,6 +56,7 @@ from fleetctl.traffic.gateways.gateway_api.render import (
     ROLE_LABEL,
     ROUTE_ANNOTATION,
     GatewayApiSettings,
+    held_mirror,
     held_weights,
     parent_refs,
     render_routes,
@@ -159,6 +161,20 @@ class GatewayApiAdapter(Adapter[GatewayApiOptions]):
         self.settings = GatewayApiSettings.of(gateway.name, gateway.admin_address, self.options)
         self._guard_held = True
         self._http: Client | None = None
+        self._held_mirror: dict[str, int] | None = None
+
+    def renderable(self, desired: DesiredState) -> Renderable:
+        """What every kind leaves out, and the mirror when no collector Service is named
+        (option shadow_collector_service): a RequestMirror filter needs a backendRef."""
+        fit = super().renderable(desired)
+        mirrored = sorted(r.key for r in fit.desired.routes if r.mirror_bp > 0)
+        if not mirrored or not fit.desired.mirror_url or self.settings.collector is not None:
+            return fit
+        note = (f"route(s) {', '.join(mirrored)} not mirrored: set the gateway option "
+                f"shadow_collector_service (SERVICE:PORT of the shadow collector)")
+        routes = tuple(replace(r, mirror_bp=0) for r in fit.desired.routes)
+        return Renderable(desired=replace(fit.desired, routes=routes), left_out=fit.left_out,
+                          notes=(*fit.notes, note))
 
     def apply_checked(self, desired: DesiredState) -> ApplyResult:
         started = time.monotonic()
@@ -198,6 +214,10 @@ class GatewayApiAdapter(Adapter[GatewayApiOptions]):
             time.sleep(STATUS_POLL_S)
         roles = [item["metadata"].get("labels", {}).get(ROLE_LABEL) for item in items]
         self._guard_held = "residency-guard" in roles
+        self._held_mirror = {
+            item["metadata"].get("annotations", {}).get(ROUTE_ANNOTATION, ""): bp
+            for item, role in zip(items, roles, strict=True)
+            if role == "route" and (bp := held_mirror(item)) > 0}
         return {item["metadata"].get("annotations", {}).get(ROUTE_ANNOTATION, ""):
                 held_weights(item, self.settings)
                 for item, role in zip(items, roles, strict=True) if role == "route"}
@@ -206,6 +226,14 @@ class GatewayApiAdapter(Adapter[GatewayApiOptions]):
         """Weights equal, and the residency guard is in place (without it a request naming a
         jurisdiction could reach an unpinned route)."""
         return self._guard_held and super().matches(desired, held)
+
+    def read_back_mirror(self) -> dict[str, int] | None:
+        """The RequestMirror shares of the HTTPRoutes read_back() just read (the API
+        objects, as for weights: not the data plane)."""
+        if self._held_mirror is None:
+            self.read_back()
+        held, self._held_mirror = self._held_mirror, None
+        return held
 
     def in_flight(self, pool: str) -> int:
         return -1  # not observable through the Gateway API; drains are verified by read-back

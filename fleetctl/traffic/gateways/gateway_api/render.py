@@ -31,7 +31,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from fleetctl.traffic.gateways.base import AdapterError, DesiredState, GatewaySpec, RouteSpec
+from fleetctl.traffic.gateways.base import (
+    MIRROR_HEADER,
+    TOTAL_WEIGHT,
+    AdapterError,
+    DesiredState,
+    GatewaySpec,
+    RouteSpec,
+)
 from fleetctl.traffic.gateways.gateway_api.options import (
     DEFAULT_PORT,
     METHODS,
@@ -74,6 +81,8 @@ class GatewayApiSettings:
     require_status: bool = True
     controller_name: str | None = None
     status_wait_s: float = 5.0
+    # The shadow collector's Service (option shadow_collector_service); None: no mirroring.
+    collector: ServiceRef | None = None
 
     @classmethod
     def from_gateway(cls, gateway: GatewaySpec) -> GatewayApiSettings:
@@ -99,6 +108,7 @@ class GatewayApiSettings:
             require_status=options.require_status,
             controller_name=options.controller_name,
             status_wait_s=options.status_wait_s,
+            collector=_collector(options.shadow_collector_service),
         )
 
     def service(self, pool: str) -> ServiceRef:
@@ -113,6 +123,13 @@ class GatewayApiSettings:
     @property
     def collection(self) -> str:
         return f"/apis/{GROUP}/v1/namespaces/{self.namespace}/httproutes"
+
+
+def _collector(value: str | None) -> ServiceRef | None:
+    if not value:
+        return None
+    name, _, port = value.rpartition(":")
+    return ServiceRef(name=name, port=int(port), namespace=None)
 
 
 # --- rendering ------------------------------------------------------------------------------------
@@ -193,6 +210,8 @@ def render_route(route: RouteSpec, desired: DesiredState,
     refs = _backend_refs(route, desired, settings)
     if refs:
         rule["backendRefs"] = refs
+        if desired.mirror_url and route.mirror_bp > 0 and settings.collector is not None:
+            rule["filters"] = mirror_filters(route, settings.collector)
     return _object(route_name(settings, route.key), "route", settings, [rule], {
         ROUTE_ANNOTATION: route.key,
         "fleetctl.io/model": route.model,
@@ -219,6 +238,44 @@ def _backend_refs(route: RouteSpec, desired: DesiredState,
             ref["namespace"] = service.namespace  # needs a ReferenceGrant in that namespace
         refs.append(ref)
     return refs
+
+
+def mirror_filters(route: RouteSpec, collector: ServiceRef) -> list[dict[str, Any]]:
+    """Copy `mirror_bp` of the route's requests to the collector's Service: a RequestMirror
+    filter with `percent` when the share is whole percent, else `fraction` in basis points
+    (both are experimental-channel fields of Gateway API v1.2+; an implementation on the
+    standard channel mirrors every request or refuses the route: check yours). The route
+    header is set on the rule, so the live backends see it too (the API has no header
+    change for the copy alone)."""
+    mirror: dict[str, Any] = {"backendRef": {"group": "", "kind": "Service",
+                                             "name": collector.name, "port": collector.port}}
+    if route.mirror_bp % 100 == 0:
+        mirror["percent"] = route.mirror_bp // 100
+    else:
+        mirror["fraction"] = {"numerator": route.mirror_bp, "denominator": TOTAL_WEIGHT}
+    return [
+        {"type": "RequestHeaderModifier", "requestHeaderModifier": {
+            "set": [{"name": MIRROR_HEADER, "value": route.key}]}},
+        {"type": "RequestMirror", "requestMirror": mirror},
+    ]
+
+
+def held_mirror(item: dict[str, Any]) -> int:
+    """One stored HTTPRoute -> its mirror share in basis points (0: none)."""
+    rules = item.get("spec", {}).get("rules") or [{}]
+    for rule_filter in rules[0].get("filters") or []:
+        mirror = rule_filter.get("requestMirror") if isinstance(rule_filter, dict) else None
+        if rule_filter.get("type") != "RequestMirror" or not isinstance(mirror, dict):
+            continue
+        try:
+            if "fraction" in mirror:
+                fraction = mirror["fraction"]
+                return int(fraction["numerator"]) * TOTAL_WEIGHT // int(
+                    fraction.get("denominator", 100))
+            return int(mirror.get("percent", 100)) * 100
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            return 0
+    return 0
 
 
 def held_weights(item: dict[str, Any], settings: GatewayApiSettings) -> dict[str, int]:
