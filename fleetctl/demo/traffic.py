@@ -237,7 +237,15 @@ class Generator:
                                - self.clock()))
         return self.total
 
-    def close(self) -> None:
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Let the requests in flight finish (up to `wait_s`), then close the connections."""
+        deadline = self.clock() + wait_s
+        while self.in_flight() and self.clock() < deadline:
+            time.sleep(0.05)
         self.client.close()
 
 
