@@ -184,7 +184,7 @@ def run_create(*, actor: Actor, plan: Plan, mode: str = "mirror", route: Route |
                     confidence=confidence, margin=plan.quality_margin_pct / 100,
                     gateways_without_mirror=without, created_by=actor.label,
                     heartbeat_at=timezone.now())
-    run.full_clean()
+    run.full_clean(validate_constraints=False)  # one running run per plan: checked below
     try:
         with transaction.atomic():
             busy = (ShadowRun.objects.select_for_update()
