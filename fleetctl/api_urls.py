@@ -15,6 +15,7 @@ from fleetctl.fleet.api.views import (
     RegionViewSet,
 )
 from fleetctl.observability import MetricsView
+from fleetctl.shadow.api.views import ShadowRunViewSet
 from fleetctl.traffic.api.views import DrainViewSet, GatewayViewSet, PushViewSet, RouteViewSet
 from migrations_plan.api.views import (
     EvidenceKindViewSet,
@@ -38,6 +39,7 @@ router.register("drains", DrainViewSet, basename="drain")
 router.register("bench/traces", TraceViewSet, basename="bench-trace")
 router.register("bench/runs", RunViewSet, basename="bench-run")
 router.register("conformance-runs", ConformanceRunViewSet, basename="conformance-run")
+router.register("shadow-runs", ShadowRunViewSet, basename="shadow-run")
 router.register("plans", PlanViewSet, basename="plan")
 router.register("evidence", EvidenceViewSet, basename="evidence")
 router.register("evidence-kinds", EvidenceKindViewSet, basename="evidence-kind")

@@ -338,8 +338,13 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "PushStatusEnum": "fleetctl.traffic.models.GatewayPush.Status",
         "BenchRunStatusEnum": "fleetctl.bench.models.Run.Status",
+        "BenchRunModeEnum": "fleetctl.bench.models.Run.Mode",
         "ConformanceRunStatusEnum": "fleetctl.conformance.models.ConformanceRun.Status",
         "ConformanceVerdictEnum": "fleetctl.conformance.models.ConformanceRun.Verdict",
+        "ShadowRunStatusEnum": "fleetctl.shadow.models.ShadowRun.Status",
+        "ShadowModeEnum": "fleetctl.shadow.models.ShadowRun.Mode",
+        "ShadowContentEnum": "fleetctl.shadow.models.ShadowRun.Content",
+        "ShadowVerdictEnum": "fleetctl.shadow.models.ShadowRun.Verdict",
         "TokenKindEnum": "fleetctl.accounts.models.ApiToken.Kind",
         "GateStatusEnum": "migrations_plan.evidence.STATUSES",
         "HealthStateEnum": "fleetctl.fleet.models.Pool.Health",

@@ -35,10 +35,12 @@ from fleetctl.bench import services as bench
 from fleetctl.conformance import services as conformance
 from fleetctl.fleet.models import Pool
 from fleetctl.fleet.services import currency_rate_create, pool_health_record, pool_model_create
+from fleetctl.shadow import services as shadow_services
 from fleetctl.traffic import services as traffic
 from fleetctl.traffic.models import Route
 from fleetctl.wsgi import application
 from migrations_plan import services as plans
+from tests.shadow.test_api import _pair as _shadow_pair
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -54,7 +56,8 @@ NUMBERED = {"pool-models": "pool_model", "health-checks": "health_check",
             "health-transitions": "health_transition", "audit-events": "audit_event",
             "pushes": "push", "drains": "drain", "evidence": "evidence", "runs": "run",
             "tokens": "token", "service-tokens": "service_token",
-            "conformance-runs": "conformance_run", "currency-rates": "currency_rate"}
+            "conformance-runs": "conformance_run", "currency-rates": "currency_rate",
+            "shadow-runs": "shadow_run"}
 
 
 def _healthy(pool: Pool) -> Pool:
@@ -90,6 +93,9 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
     rate = currency_rate_create(actor=system, from_currency="EUR", to_currency="USD",
                                 rate=Decimal("1.08"), as_of=date(2026, 11, 30), source="ECB")
     probe = conformance.run_create(actor=system, pool=candidate, plan=plan)
+    shadow = shadow_services.run_create(actor=system, plan=plan, min_pairs=10)
+    _shadow_pair(shadow, 1, content={"prompt": "hi", "primary": "hello"})  # no pools run here
+    shadow_services.run_judge(run=shadow)
     trace = bench.trace_generate(actor=system, name="short-chat", n=20, seed=7)
     run = bench.run_create(actor=system, trace=trace, pools=[primary], model_id=MODEL,
                            slo_ttft_p95_ms=800, slo_tpot_p95_ms=60, slo_error_rate=0.01)
@@ -111,6 +117,7 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
         "push": gateway.pushes.first().pk,
         "drain": drain.pk, "evidence": evidence.pk, "run": run.pk, "token": issued.token.pk,
         "service_token": bot.token.pk, "conformance_run": probe.pk, "currency_rate": rate.pk,
+        "shadow_run": shadow.pk,
         "authorization": f"Bearer {issued.secret}", "username": admin.username,
         "disposable_authorization": f"Bearer {disposable.secret}",
         "admin": admin,
