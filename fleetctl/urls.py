@@ -9,6 +9,7 @@ urlpatterns = [
     path("traffic/", include("fleetctl.traffic.urls")),
     path("bench/", include("fleetctl.bench.urls")),
     path("conformance/", include("fleetctl.conformance.urls")),
+    path("shadow/", include("fleetctl.shadow.urls")),
     path("audit/", include("fleetctl.audit.urls")),
     path("account/", include("fleetctl.accounts.urls")),
     path("people/", include("fleetctl.accounts.people_urls")),

@@ -75,9 +75,7 @@ def _nav_items() -> list[NavItem]:
         NavItem("Traffic", reverse("traffic:routes"), section="traffic"),
         NavItem("Benchmarks", reverse("bench:home"), section="bench"),
         NavItem("Conformance", reverse("conformance:home"), section="conformance"),
-        # Shadow is a migration stage, but no page compares shadow traffic: the item shows
-        # disabled, with no dead link, and its note says so.
-        NavItem("Shadow", note="No page compares shadow traffic in this version."),
+        NavItem("Shadow", reverse("shadow:home"), section="shadow"),
         NavItem("Audit", reverse("audit:list"), section="audit"),
         NavItem("API docs", reverse("api-docs")),
     ]

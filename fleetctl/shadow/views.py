@@ -1,0 +1,300 @@
+"""Shadow dashboard: the runs, the run page (live counters, divergence against the noise
+floor over time, the per-metric verdicts, the most divergent pairs side by side) and the
+forms that start, adjust and stop a run. Views stay thin: selectors read, services write.
+
+The run page has two live blocks that htmx re-polls while the run is running: the counters
+every 3 s (the collector and the workers move them constantly) and the judgement (chart,
+table, verdict) every 15 s, which is how often the judge looks at the pairs. Re-drawing the
+chart every 3 s would only burn the reader's CPU.
+
+Stored answers are user content: every text reaches the page through `escape` (the first
+divergent token is wrapped in <mark> around escaped pieces), never through `|safe` on raw
+text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils.html import escape
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.safestring import SafeString, mark_safe
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from fleetctl.accounts.dashboard import dashboard_view
+from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.charts import figure_data
+from fleetctl.core.compare import TOKEN_RE
+from fleetctl.core.errors import DomainError
+from fleetctl.core.views import Outcome, filter_form_says_any, form_add_service_errors
+from fleetctl.shadow import charts, live, selectors, services
+from fleetctl.shadow.filters import RunFilter
+from fleetctl.shadow.forms import AdjustForm, StartForm, StopForm
+from fleetctl.shadow.models import ShadowRun
+from migrations_plan.models import Plan
+
+COUNTERS_ID = "shadow-counters"
+JUDGEMENT_ID = "shadow-judgement"
+PAGE_SIZE = 25
+PAIRS_SHOWN = 10
+SIDES = ("primary", "secondary", "candidate")
+DROP_REASONS = (("dropped_rate", "over the requests/s cap"),
+                ("dropped_tokens", "over the daily token cap"),
+                ("dropped_behind", "collector or workers behind"),
+                ("dropped_malformed", "malformed body"),
+                ("dropped_too_large", "body too large"),
+                ("dropped_stopped", "run no longer running"),
+                ("dropped_residency", "outside the route's residency pin"))
+HAPROXY_NOTE = ("HAProxy cannot mirror: these gateways' traffic is not sampled; use a replay "
+                "run.")
+
+
+def _run_or_404(run_id: int) -> ShadowRun:
+    run = selectors.run_get(run_id)
+    if run is None:
+        raise Http404(f"No shadow run with id {run_id}.")
+    return run
+
+
+def _plan_or_404(name: str) -> Plan:
+    plan = Plan.objects.select_related("candidate_pool", "primary_pool").filter(
+        name=name).first()
+    if plan is None:
+        raise Http404(f"No plan named {name!r}.")
+    return plan
+
+
+def _call(call: Any, form: Any) -> Outcome[ShadowRun]:
+    """Run a service call for a form: field errors onto its fields, a refusal (403, 409) at
+    its top with the refusal's status, so the person reads why next to what they pressed."""
+    try:
+        return Outcome(result=call(), ok=True)
+    except ValidationError as exc:
+        form_add_service_errors(form, exc)
+        return Outcome(status=400)
+    except DomainError as exc:
+        form.add_error(None, exc.message)
+        return Outcome(status=exc.status_code)
+
+
+# ---- pairs side by side ------------------------------------------------------------------------
+
+def _spans(text: str) -> list[tuple[int, int, str]]:
+    return [(m.start(), m.end(), m.group()) for m in TOKEN_RE.finditer(text)]
+
+
+def mark_first_divergence(text: str, reference: str) -> SafeString:
+    """`text` escaped, with its first token that differs from `reference`'s (the same
+    `TOKEN_RE` split compare() falls back to) wrapped in <mark>. Equal texts come back
+    escaped and unmarked; when `text` is a prefix of `reference`, an empty <mark> shows
+    where it stopped."""
+    mine, theirs = _spans(text), _spans(reference)
+    at = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a[2] != b[2]),
+              None)
+    if at is None:
+        if len(mine) == len(theirs):
+            return escape(text)
+        if len(mine) < len(theirs):
+            return mark_safe(escape(text) + '<mark class="cut" title="ends here"></mark>')
+        at = len(theirs)
+    start, end, _ = mine[at]
+    return mark_safe(escape(text[:start]) + '<mark>' + escape(text[start:end]) + '</mark>'
+                     + escape(text[end:]))
+
+
+def prompt_text(prompt: Any) -> str:
+    """The stored prompt as a person reads it: a chat request's messages one per line as
+    "role: text" (structured parts as JSON), a completion prompt as it is."""
+    if prompt is None or isinstance(prompt, str):
+        return prompt or ""
+    if not isinstance(prompt, list):
+        return json.dumps(prompt, ensure_ascii=False)
+    lines = []
+    for message in prompt:
+        if isinstance(message, dict):
+            body = message.get("content")
+            text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+            lines.append(f"{message.get('role', '?')}: {text}")
+        else:
+            lines.append(json.dumps(message, ensure_ascii=False))
+    return "\n".join(lines)
+
+
+@dataclass
+class PairView:
+    pair: Any
+    texts: dict[str, SafeString]
+    prompt: str
+
+    @property
+    def has_text(self) -> bool:
+        return bool(self.texts)
+
+
+def pair_views(pairs: list[Any]) -> list[PairView]:
+    out = []
+    for pair in pairs:
+        content = pair.content or {}
+        texts: dict[str, SafeString] = {}
+        if any(isinstance(content.get(side), str) for side in SIDES):
+            primary = str(content.get("primary") or "")
+            texts = {
+                "primary": mark_first_divergence(primary, str(content.get("candidate") or "")),
+                "secondary": mark_first_divergence(str(content.get("secondary") or ""),
+                                                   primary),
+                "candidate": mark_first_divergence(str(content.get("candidate") or ""),
+                                                   primary),
+            }
+        out.append(PairView(pair=pair, texts=texts, prompt=prompt_text(content.get("prompt"))))
+    return out
+
+
+# ---- the pieces of the run page -----------------------------------------------------------------
+
+def _counters(run: ShadowRun) -> dict[str, Any]:
+    counters: dict[str, int | None] = dict(selectors.live_counters(run))
+    if "tokens_today" not in counters:
+        try:
+            counters["tokens_today"] = live.tokens_today(run.pk)
+        except redis.RedisError:  # the page still shows what the run folded in
+            counters["tokens_today"] = None
+    drops = [(key, label, int(counters.get(key) or 0)) for key, label in DROP_REASONS]
+    return {"counters": counters, "drops": drops,
+            "dropped_total": sum(n for _, _, n in drops)}
+
+
+def metric_rows(judgement: Any) -> list[dict[str, Any]]:
+    """The latest judgement's metrics, the gated ones first (the verdict reads only them)."""
+    if judgement is None:
+        return []
+    rows = [{"metric": name, **values} for name, values in (judgement.metrics or {}).items()]
+    rows.sort(key=lambda r: (not r.get("gated"), r["metric"] != charts.HEADLINE))
+    return rows
+
+
+def _judgement(run: ShadowRun) -> dict[str, Any]:
+    judgements = list(selectors.judgements(run))
+    latest = judgements[-1] if judgements else None
+    figure = None
+    if judgements:
+        figure = figure_data(charts.divergence_figure(judgements, margin=run.margin))
+    return {"judgements": judgements, "latest": latest, "metrics": metric_rows(latest),
+            "figure": figure, "margin_points": run.margin * 100}
+
+
+def _run_context(request: HttpRequest, run: ShadowRun, **forms: Any) -> dict[str, Any]:
+    context: dict[str, Any] = {
+        "run": run, "counters_id": COUNTERS_ID, "judgement_id": JUDGEMENT_ID,
+        "polling": run.running, "haproxy_note": HAPROXY_NOTE,
+        "content_off": run.content == ShadowRun.Content.OFF, "sides": SIDES,
+        "confidence_pct": run.confidence * 100,
+        **_counters(run), **_judgement(run),
+        "pairs": pair_views(list(selectors.pairs_most_divergent(run, limit=PAIRS_SHOWN))),
+        "stop_form": forms.get("stop_form") or StopForm(),
+        "adjust_form": forms.get("adjust_form") or AdjustForm(run=run),
+    }
+    return context
+
+
+# ---- pages ---------------------------------------------------------------------------------------
+
+@dashboard_view
+@require_GET
+def run_list(request: HttpRequest) -> HttpResponse:
+    runs = RunFilter(request.GET or None, queryset=selectors.run_list())
+    filter_form_says_any(runs.form)
+    page = Paginator(runs.qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "shadow/home.html", {"filter": runs, "page": page})
+
+
+@dashboard_view
+@require_GET
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _run_or_404(run_id)
+    target = request.htmx.target  # type: ignore[attr-defined]
+    if target == COUNTERS_ID:
+        return render(request, "shadow/_counters.html", {
+            "run": run, "counters_id": COUNTERS_ID, "polling": run.running,
+            **_counters(run)})
+    if target == JUDGEMENT_ID:
+        return render(request, "shadow/_judgement.html", {
+            "run": run, "judgement_id": JUDGEMENT_ID, "polling": run.running,
+            **_judgement(run)})
+    return render(request, "shadow/run_detail.html", _run_context(request, run))
+
+
+def _local_next(request: HttpRequest, value: str) -> str:
+    if value and url_has_allowed_host_and_scheme(value, allowed_hosts={request.get_host()},
+                                                 require_https=request.is_secure()):
+        return value
+    return ""
+
+
+@dashboard_view
+@require_POST
+def run_stop(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The kill switch: one POST with a reason. The collector stops sampling within a
+    second (the service unpublishes the run) and the route's mirror is cleared."""
+    run = _run_or_404(run_id)
+    form = StopForm(request.POST)
+    done: Outcome[ShadowRun] = Outcome(status=400)
+    if form.is_valid():
+        actor = actor_from_request(request)
+        reason = form.cleaned_data["reason"]
+        done = _call(lambda: services.run_stop(actor=actor, run=run, reason=reason), form)
+        if done.result is not None:
+            messages.success(request, f"Stopped shadow run {run.pk}: nothing more is sampled.")
+            return redirect(_local_next(request, form.cleaned_data.get("next") or "")
+                            or f"/shadow/runs/{run.pk}/")
+    run.refresh_from_db()
+    return render(request, "shadow/run_detail.html",
+                  _run_context(request, run, stop_form=form), status=done.status)
+
+
+@dashboard_view
+@require_POST
+def run_adjust(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _run_or_404(run_id)
+    form = AdjustForm(request.POST, run=run)
+    done: Outcome[ShadowRun] = Outcome(status=400)
+    if form.is_valid():
+        actor = actor_from_request(request)
+        changes = form.changes()
+        done = _call(lambda: services.run_adjust(actor=actor, run=run, **changes), form)
+        if done.result is not None:
+            messages.success(request, f"Adjusted shadow run {run.pk}.")
+            return redirect("shadow:run-detail", run_id=run.pk)
+    run.refresh_from_db()
+    return render(request, "shadow/run_detail.html",
+                  _run_context(request, run, adjust_form=form), status=done.status)
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def plan_start(request: HttpRequest, name: str) -> HttpResponse:
+    """Start a run for a plan. The plan page's Shadow panel posts here; a refused start
+    renders this page with the form and what was wrong, nothing stored."""
+    plan = _plan_or_404(name)
+    form = StartForm(request.POST if request.method == "POST" else None, plan=plan)
+    done: Outcome[ShadowRun] = Outcome(status=200 if request.method == "GET" else 400)
+    if request.method == "POST" and form.is_valid():
+        actor = actor_from_request(request)
+        kwargs = form.service_kwargs()
+        done = _call(lambda: services.run_create(actor=actor, plan=plan, **kwargs), form)
+        if done.result is not None:
+            messages.success(request, f"Started shadow run {done.result.pk} for {plan.name}: "
+                                      f"{done.result.candidate.name} against "
+                                      f"{done.result.primary.name}.")
+            return redirect("shadow:run-detail", run_id=done.result.pk)
+    return render(request, "shadow/start.html", {
+        "plan": plan, "form": form, "current": selectors.run_for_plan(plan)},
+        status=done.status)
+
