@@ -1,9 +1,11 @@
 """The state machine of a stateful property test: random sequences of registry and
 traffic operations over REST (ramps, pool and route drains, restores, pool registration,
-deletion, renames, region moves, jurisdiction changes, endpoint changes), and after every
-step the question that matters: where does the real Envoy send requests pinned to a
-jurisdiction? Every pool it gives such a route weight must be registered in that
-jurisdiction, and so must every pool registered at each endpoint it would connect to. Real
+deletion, renames, region moves, jurisdiction changes, endpoint changes, mirroring for shadow
+runs set and cleared), and after every step the question that matters: where does the real
+Envoy send requests pinned to a jurisdiction? Every pool it gives such a route weight must be
+registered in that jurisdiction, and so must every pool registered at each endpoint it would
+connect to; and no pinned route is mirrored (desired state or Envoy) while one of its mirror
+pools is gone, renamed or outside the pin (the shadow worker would send the copies there). Real
 PostgreSQL, a real Celery worker pushing, a real Envoy read back through its admin API
 (`/clusters` for the endpoints it would really use).
 
@@ -13,10 +15,12 @@ server and counts crossings. `api` is anything with DRF's test client's post/pat
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+from django.core.exceptions import ValidationError
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -25,7 +29,12 @@ from fleetctl.fleet.services import pool_health_record, pool_model_create, regio
 from fleetctl.traffic import selectors
 from fleetctl.traffic.gateways.base import adapter_for
 from fleetctl.traffic.models import Gateway, GatewayPush, Route
-from fleetctl.traffic.services import gateway_set_routes, route_create
+from fleetctl.traffic.services import (
+    gateway_set_routes,
+    route_create,
+    route_mirror_clear,
+    route_mirror_set,
+)
 from tests.conftest import SYSTEM, wait_until
 
 JURISDICTIONS = ("EU", "US", "IN")
@@ -80,6 +89,34 @@ def crossings(gateway: Gateway, *, settled: bool) -> list[str]:
     return found
 
 
+def mirror_crossings(gateway: Gateway, *, settled: bool) -> list[str]:
+    """Pinned routes mirrored — in the desired state, or (`settled`) in what the real Envoy
+    holds — while a mirror pool is gone, renamed or outside the pin, judged by the registry
+    now."""
+    shares = {r.key: r.mirror_bp for r in selectors.gateway_desired_state(gateway=gateway).routes}
+    if settled:
+        adapter = adapter_for(selectors.gateway_spec(gateway))
+        adapter.read_back()
+        held = adapter.read_back_mirror() or {}
+    pools = {p.pk: p for p in Pool.objects.select_related("region")}
+    found = []
+    for route in Route.objects.filter(gateways=gateway).exclude(residency=""):
+        seen = [("desired state", shares.get(route.name, 0))]
+        if settled:
+            seen.append(("Envoy", held.get(route.name, 0)))
+        for where, share in seen:
+            if not share:
+                continue
+            for name, pk in (route.mirror_pools or {}).items():
+                pool = pools.get(pk)
+                if pool is None or pool.name != name or \
+                        pool.region.jurisdiction != route.residency:
+                    found.append(f"{where} mirrors {route.name} ({route.residency}, "
+                                 f"{share} bp) with mirror pool {name} "
+                                 f"{'in ' + pool.region.jurisdiction if pool else 'gone'}")
+    return found
+
+
 def settle(gateway: Gateway) -> None:
     """Until every push is done and Envoy holds the desired state."""
     adapter = adapter_for(selectors.gateway_spec(gateway))
@@ -88,8 +125,9 @@ def settle(gateway: Gateway) -> None:
         if GatewayPush.objects.filter(gateway=gateway,
                                       status__in=["pending", "retrying"]).exists():
             return False
-        return adapter.matches(selectors.gateway_desired_state(gateway=gateway),
-                               adapter.read_back())
+        desired = selectors.gateway_desired_state(gateway=gateway)
+        return adapter.matches(desired, adapter.read_back()) and \
+            adapter.mirror_matches(desired)[0]
 
     try:
         wait_until(done, timeout_s=60, every_s=0.02, what="the gateway to hold the state")
@@ -229,6 +267,24 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
             self._answered(api.patch(f"/api/v1/regions/{self.regions[region]}/",
                                      {"jurisdiction": jurisdiction}, format="json"))
 
+        # --- mirroring (shadow runs) --------------------------------------------------------------
+        @rule(route=st.integers(0, 2), names=st.lists(st.sampled_from(NAMES), min_size=1,
+                                                       max_size=2, unique=True),
+              percent=st.sampled_from([0.5, 12.5, 100.0]))
+        def mirror(self, route: int, names: list[str], percent: float) -> None:
+            pools = list(Pool.objects.filter(name__in=[self.pool(n) for n in names]))
+            if not pools:
+                return
+            # Refused (400) when a pool is outside the pin or does not serve the model.
+            with contextlib.suppress(ValidationError):
+                route_mirror_set(actor=SYSTEM, route=Route.objects.get(name=self.routes[route]),
+                                 percent=percent, pools=pools, owner=f"fuzz run {self.n}")
+
+        @rule(route=st.integers(0, 2))
+        def mirror_stop(self, route: int) -> None:
+            route_mirror_clear(actor=SYSTEM, route=Route.objects.get(name=self.routes[route]),
+                               reason="fuzz")
+
         # --- after every step ---------------------------------------------------------------------
         @invariant()
         def pinned_traffic_stays_in_its_jurisdiction(self) -> None:
@@ -236,9 +292,9 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
                 return
             # At once (the gateway may still hold the previous state, which must be safe under
             # the registry as it is now), then once the pushes have landed.
-            found = crossings(gateway, settled=False)
+            found = crossings(gateway, settled=False) + mirror_crossings(gateway, settled=False)
             settle(gateway)
-            found += crossings(gateway, settled=True)
+            found += crossings(gateway, settled=True) + mirror_crossings(gateway, settled=True)
             if found and on_crossing is not None:
                 on_crossing(found)
             elif found:
