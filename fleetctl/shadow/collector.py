@@ -110,6 +110,7 @@ class Collector:
         self._pending: defaultdict[int, Counter[str]] = defaultdict(Counter)
         self._pending_unmatched: Counter[str] = Counter()
         self._tasks: list[asyncio.Task[None]] = []
+        self._busy = False  # the consumer holds a sample taken from the intake
         self._thread: threading.Thread | None = None
         self._redis: Any = None
 
@@ -177,11 +178,17 @@ class Collector:
     async def _consume(self) -> None:
         while True:
             config, body, received_at = await self.intake.get()
+            self._busy = True
             try:
                 await self._admit(config, body, received_at)
+            except asyncio.CancelledError:  # stopping while the rate check was out
+                self._count(config.run, "dropped_behind", len(body))
+                raise
             except Exception:  # one bad sample must not stop the collector
                 log.exception("shadow sample of run %s could not be handled", config.run)
                 self._count(config.run, "dropped_malformed", len(body))
+            finally:
+                self._busy = False
 
     async def _admit(self, config: live.RunConfig, body: bytes, received_at: float) -> None:
         run_id, size = config.run, len(body)
@@ -303,8 +310,12 @@ class Collector:
                        (self._consume(), self._refresh_loop(), self._flush_loop())]
 
     async def stop(self, app: web.Application) -> None:
-        """SIGTERM: stop taking samples, send what was admitted (a few seconds at most),
-        count what is left as dropped_behind, write the counters."""
+        """SIGTERM (the server has stopped taking requests): handle what was taken in, send
+        what was admitted (a few seconds at most), count what is left as dropped_behind,
+        write the counters."""
+        settle_by = time.monotonic() + 2
+        while (self._busy or not self.intake.empty()) and time.monotonic() < settle_by:
+            await asyncio.sleep(0.01)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

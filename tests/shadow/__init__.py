@@ -8,7 +8,10 @@ collector enqueues there before anything takes them.
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+import redis
 
 ISOLATED_DB_OFFSET = 8
 
@@ -18,3 +21,20 @@ def isolated_redis_url(url: str) -> str:
     parts = urlsplit(url)
     db = int(parts.path.strip("/") or 0)
     return urlunsplit(parts._replace(path=f"/{(db + ISOLATED_DB_OFFSET) % 16}"))
+
+
+def use_isolated_redis(settings: Any) -> redis.Redis:
+    """Point fleetctl.shadow.live at the isolated database (for the test's duration, through
+    pytest-django's `settings`), emptied of shadow keys; returns its client."""
+    from fleetctl.shadow import live
+
+    settings.REDIS_URL = isolated_redis_url(settings.REDIS_URL)
+    r = live.client()
+    forget_shadow_keys(r)
+    return r
+
+
+def forget_shadow_keys(r: redis.Redis) -> None:
+    from fleetctl.shadow import live
+
+    r.delete(*r.scan_iter("fleetctl:shadow:*"), live.SHADOW_QUEUE)

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from fleetctl.shadow import live
-from tests.shadow import isolated_redis_url
+from tests.shadow import forget_shadow_keys, use_isolated_redis
 
 RUN = 7_700_001
 
@@ -22,16 +22,9 @@ RUN = 7_700_001
 @pytest.fixture
 def shadow_redis(settings: Any) -> Iterator[redis.Redis]:
     """live.* on this module's own Redis database, emptied of shadow keys after the test."""
-    settings.REDIS_URL = isolated_redis_url(settings.REDIS_URL)
-    r = live.client()
-    _forget(r)
+    r = use_isolated_redis(settings)
     yield r
-    _forget(r)
-
-
-def _forget(r: redis.Redis) -> None:
-    keys = [*r.scan_iter("fleetctl:shadow:*"), live.SHADOW_QUEUE]
-    r.delete(*keys)
+    forget_shadow_keys(r)
 
 
 def test_a_published_run_is_what_collectors_read_and_unpublishing_removes_only_its_route(

@@ -1,0 +1,329 @@
+"""The shadow collector as it runs: a real `python -m fleetctl.shadow.collector` process on a
+free port and a real Redis (a database of these tests' own, so the session's Celery worker
+does not take the `shadow.pair` messages it enqueues). No Celery worker is needed: the
+messages are read from the `shadow` queue's list in Redis.
+
+Every mirrored request for a route with a running run is counted `received` and exactly one
+of `sampled` or `dropped_<reason>`; a request for a route without one is counted unmatched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import psutil
+import pytest
+import redis
+
+from fleetctl.demo.devstack import free_port
+from fleetctl.shadow import collector as collector_module
+from fleetctl.shadow import live
+from tests.conftest import wait_until
+from tests.shadow import forget_shadow_keys, use_isolated_redis
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = 8_800_001
+ROUTE = "chat-us"
+CHAT = {"model": "llama-3.1-8b-instruct", "temperature": 0, "max_tokens": 64,
+        "messages": [{"role": "user", "content": "Name three rivers."}]}
+DROPS = ("dropped_rate", "dropped_tokens", "dropped_behind", "dropped_malformed",
+         "dropped_too_large")
+
+
+@dataclass
+class Running:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def healthz(self) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/healthz", timeout=5).json()
+
+    def post(self, body: bytes | dict[str, Any], route: str | None = ROUTE, *,
+             path: str = "/v1/chat/completions", **kwargs: Any) -> httpx.Response:
+        headers = {"content-type": "application/json"}
+        if route is not None:
+            headers[collector_module.ROUTE_HEADER] = route
+        content = json.dumps(body).encode() if isinstance(body, dict) else body
+        return httpx.post(f"{self.url}{path}", content=kwargs.pop("content", content),
+                          headers=headers, timeout=10, **kwargs)
+
+    def knows(self, route: str, run: int) -> None:
+        wait_until(lambda: self.healthz()["routes"].get(route) == run, timeout_s=10,
+                   what=f"the collector to read route {route}'s run")
+
+
+@pytest.fixture
+def shadow_redis(settings: Any) -> Iterator[redis.Redis]:
+    r = use_isolated_redis(settings)
+    yield r
+    forget_shadow_keys(r)
+
+
+@pytest.fixture
+def start_collector(shadow_redis: redis.Redis, settings: Any,
+                    tmp_path: Path) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def start(redis_url: str | None = None, **env: str) -> Running:
+        port = free_port()
+        log = tmp_path / f"collector-{port}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fleetctl.shadow.collector", "--port", str(port)],
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, "REDIS_URL": redis_url or settings.REDIS_URL, **env})
+        running = Running(proc, f"http://127.0.0.1:{port}", log)
+        started.append(running)
+
+        def up() -> bool:
+            assert proc.poll() is None, log.read_text()
+            try:
+                return running.healthz()["max_body_bytes"] > 0
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, timeout_s=60, what="the collector to answer /healthz")
+        return running
+
+    yield start
+    for running in started:
+        if running.proc.poll() is None:
+            running.proc.terminate()
+            try:
+                running.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                running.proc.kill()
+                running.proc.wait()
+
+
+def counters_when(run: int, predicate: Callable[[dict[str, int]], bool], *, what: str,
+                  timeout_s: float = 10) -> dict[str, int]:
+    """Wait until the run's counters in Redis (flushed every 0.25 s) satisfy `predicate`."""
+    seen: dict[str, int] = {}
+
+    def look() -> dict[str, int] | None:
+        seen.update(live.counters(run))
+        return dict(seen) if predicate(seen) else None
+
+    try:
+        return wait_until(look, timeout_s=timeout_s, what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; counters: {seen}") from None
+
+
+def counted(run: int, **expected: int) -> dict[str, int]:
+    return counters_when(run, lambda c: all(c[k] == v for k, v in expected.items()),
+                         what=f"counters {expected}")
+
+
+def queued_kwargs(r: redis.Redis) -> list[dict[str, Any]]:
+    """The `shadow.pair` tasks waiting in the Celery `shadow` queue (oldest first)."""
+    found = []
+    for raw in reversed(r.lrange(live.SHADOW_QUEUE, 0, -1)):
+        message = json.loads(raw)
+        assert message["headers"]["task"] == "shadow.pair"
+        _args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        found.append(kwargs)
+    return found
+
+
+def settled(counters: dict[str, int]) -> bool:
+    return counters["received"] == counters["sampled"] + sum(counters[d] for d in DROPS)
+
+
+def test_it_answers_every_mirrored_request_at_once_and_counts_each_outcome(
+        start_collector, shadow_redis):
+    collector = start_collector(SHADOW_MAX_BODY_BYTES="4096")
+    live.publish_run(RUN, ROUTE, max_rps=100, max_tokens_per_day=1_000_000)
+    collector.knows(ROUTE, RUN)
+    streamed = {**CHAT, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+    before = datetime.now(UTC)
+
+    answers = {
+        "valid": collector.post(CHAT).status_code,
+        "valid, other path": collector.post(streamed, path="/v1/completions").status_code,
+        "not json": collector.post(b"{not json").status_code,
+        "json array": collector.post(b"[1, 2]").status_code,
+        "no model": collector.post({"messages": []}).status_code,
+        "empty": collector.post(b"").status_code,
+        "too large": collector.post(b"x" * 10_000).status_code,
+        "too large, chunked": collector.post(
+            b"", content=iter([b"y" * 3000] * 4)).status_code,
+        "no route header": collector.post(CHAT, route=None).status_code,
+        "no running run": collector.post(CHAT, route="chat-eu").status_code,
+    }
+
+    assert answers == {
+        "valid": 204, "valid, other path": 204, "not json": 204, "json array": 204,
+        "no model": 204, "empty": 204, "too large": 413, "too large, chunked": 413,
+        "no route header": 204, "no running run": 204}
+    final = counted(RUN, received=8, sampled=2, dropped_malformed=4, dropped_too_large=2)
+    assert settled(final)
+    assert (final["dropped_rate"], final["dropped_tokens"], final["dropped_behind"]) == (0, 0, 0)
+    wait_until(lambda: live.unmatched() == {live.NO_ROUTE: 1, "chat-eu": 1},
+               what="the unmatched requests to be counted")
+    tasks = queued_kwargs(shadow_redis)
+    assert [task["request"] for task in tasks] == [CHAT, streamed]
+    assert {(task["run_id"], task["source"]) for task in tasks} == {(RUN, "mirror")}
+    for task in tasks:
+        at = datetime.fromisoformat(task["received_at"])
+        assert at.utcoffset() is not None and at.utcoffset().total_seconds() == 0
+        assert before <= at <= datetime.now(UTC)
+    health = collector.healthz()
+    assert health["counters"]["unmatched"] == 2
+    assert health["counters"]["sampled"] == 2
+    assert httpx.get(f"{collector.url}/v1/chat/completions").status_code == 405
+
+
+def test_the_rate_cap_drops_the_excess(start_collector, shadow_redis):
+    collector = start_collector()
+    live.publish_run(RUN, ROUTE, max_rps=2, max_tokens_per_day=1_000_000)
+    collector.knows(ROUTE, RUN)
+    started = time.monotonic()
+
+    for _ in range(40):
+        assert collector.post(CHAT).status_code == 204
+
+    final = counters_when(RUN, lambda c: c["received"] == 40 and settled(c),
+                          what="every request to be sampled or dropped")
+    elapsed = time.monotonic() - started
+    # A burst of 2, then one per 0.5 s, over at most `elapsed` seconds.
+    assert 1 <= final["sampled"] <= 2 + int(elapsed * 2) + 1
+    assert final["dropped_rate"] == 40 - final["sampled"]
+    assert len(queued_kwargs(shadow_redis)) == final["sampled"]
+
+
+def test_the_daily_token_cap_drops_with_dropped_tokens(start_collector, shadow_redis):
+    collector = start_collector()
+    live.add_tokens(RUN, 1500)
+    live.publish_run(RUN, ROUTE, max_rps=100, max_tokens_per_day=1000)
+    collector.knows(ROUTE, RUN)
+
+    for _ in range(3):
+        assert collector.post(CHAT).status_code == 204
+
+    counted(RUN, received=3, dropped_tokens=3, sampled=0)
+    assert shadow_redis.llen(live.SHADOW_QUEUE) == 0
+
+
+def test_it_drops_as_behind_while_the_shadow_queue_holds_shadow_max_queued(
+        start_collector, shadow_redis):
+    collector = start_collector(SHADOW_MAX_QUEUED="3")
+    live.publish_run(RUN, ROUTE, max_rps=100, max_tokens_per_day=1_000_000)
+    collector.knows(ROUTE, RUN)
+    for n in range(1, 4):
+        collector.post(CHAT)
+        counted(RUN, sampled=n)
+    wait_until(lambda: collector.healthz()["shadow_queue_length"] >= 3,
+               what="the collector to read the shadow queue's length")
+
+    for _ in range(4):
+        assert collector.post(CHAT).status_code == 204
+
+    counted(RUN, received=7, sampled=3, dropped_behind=4)
+    assert shadow_redis.llen(live.SHADOW_QUEUE) == 3
+
+
+def test_unpublishing_the_run_stops_the_collector_enqueuing_for_the_route(
+        start_collector, shadow_redis):
+    collector = start_collector()
+    live.publish_run(RUN, ROUTE, max_rps=100, max_tokens_per_day=1_000_000)
+    collector.knows(ROUTE, RUN)
+    collector.post(CHAT)
+    counted(RUN, received=1, sampled=1)
+
+    live.unpublish_run(ROUTE)
+
+    # Keep mirroring, as a gateway would until its mirror is cleared: the collector's next
+    # read of the routes hash (every 0.5 s) turns the route's requests into unmatched ones.
+    def unmatched_now() -> bool:
+        assert collector.post(CHAT).status_code == 204
+        return live.unmatched().get(ROUTE, 0) > 0
+
+    wait_until(unmatched_now, timeout_s=10, every_s=0.05, what="the route to be unmatched")
+    received = live.counters(RUN)["received"]
+    for _ in range(5):
+        collector.post(CHAT)
+    wait_until(lambda: collector.healthz()["counters"].get("unmatched", 0) >= 6,
+               what="the collector to count the requests")
+    assert live.counters(RUN)["received"] == received
+    assert ROUTE not in collector.healthz()["routes"]
+
+
+def test_a_flood_keeps_its_memory_and_queues_bounded(start_collector, shadow_redis):
+    collector = start_collector()
+    live.publish_run(RUN, ROUTE, max_rps=1000, max_tokens_per_day=10**9)
+    collector.knows(ROUTE, RUN)
+    body = json.dumps({**CHAT, "messages": [
+        {"role": "user", "content": "Summarise this paragraph. " + "lorem ipsum " * 160}]})
+    process = psutil.Process(collector.proc.pid)
+
+    async def flood(n: int) -> int:
+        ok = 0
+        connector = aiohttp.TCPConnector(limit=32)
+        headers = {collector_module.ROUTE_HEADER: ROUTE, "content-type": "application/json"}
+        async with aiohttp.ClientSession(connector=connector) as session:
+            async def one() -> None:
+                nonlocal ok
+                async with session.post(f"{collector.url}/v1/chat/completions", data=body,
+                                        headers=headers) as answer:
+                    ok += answer.status == 204
+
+            pending = [one() for _ in range(n)]
+            for start in range(0, n, 256):
+                await asyncio.gather(*pending[start:start + 256])
+        return ok
+
+    assert asyncio.run(flood(2000)) == 2000
+    after_2k = process.memory_info().rss
+    assert asyncio.run(flood(18_000)) == 18_000
+    after_20k = process.memory_info().rss
+
+    assert after_20k < after_2k + 48 * 1024 * 1024, (after_2k, after_20k)
+    health = collector.healthz()
+    assert health["intake"]["peak"] <= health["intake"]["max"]
+    assert health["send_queue"]["peak"] <= health["send_queue"]["max"]
+    final = counters_when(RUN, lambda c: c["received"] == 20_000 and settled(c),
+                          timeout_s=30, what="every request to be sampled or dropped")
+    assert final["sampled"] > 0 and final["dropped_behind"] + final["dropped_rate"] > 0
+
+
+def test_it_answers_even_when_redis_is_unreachable(start_collector):
+    collector = start_collector(redis_url=f"redis://127.0.0.1:{free_port()}/0")
+
+    assert collector.post(CHAT).status_code == 204
+    assert collector.post(b"x" * 2_000_000).status_code == 413
+
+    assert collector.healthz()["counters"]["unmatched"] == 2
+    assert collector.proc.poll() is None
+
+
+def test_sigterm_stops_it_cleanly_with_every_answered_request_counted(
+        start_collector, shadow_redis):
+    collector = start_collector()
+    live.publish_run(RUN, ROUTE, max_rps=100, max_tokens_per_day=1_000_000)
+    collector.knows(ROUTE, RUN)
+    for _ in range(5):
+        assert collector.post(CHAT).status_code == 204
+
+    collector.proc.send_signal(signal.SIGTERM)
+
+    assert collector.proc.wait(timeout=20) == 0, collector.log.read_text()
+    final = live.counters(RUN)
+    assert final["received"] == 5 and settled(final)
+    assert len(queued_kwargs(shadow_redis)) == final["sampled"]
