@@ -12,6 +12,7 @@ the same answers on every run; only the replicas' near-tie flips are random.
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -48,7 +49,6 @@ from migrations_plan.models import Evidence, Plan
 from tests.conftest import ROOT, SYSTEM, wait_until
 from tests.sim.simproc import TEST_PROFILES, SimProcess
 
-pytestmark = pytest.mark.slow
 MODEL = "llama-3.1-8b-instruct"
 KNOWN_RATE = 0.3  # the known-divergence candidate's hard flips, per prompt
 PROFILES = TEST_PROFILES + """
@@ -254,6 +254,7 @@ def divergence_check(plan: Plan) -> ev.CheckResult:
     return next(o.result for o in gate.outcomes if o.check.key == "divergence")
 
 
+@pytest.mark.slow
 def test_pairs_reach_the_plan_gate_and_a_known_divergence_rate_lies_inside_the_interval(
         world, stack):
     w = world(primary=["prim-a", "prim-b"], candidate="cand-known")
@@ -286,6 +287,7 @@ def test_pairs_reach_the_plan_gate_and_a_known_divergence_rate_lies_inside_the_i
     assert run.verdict == "fail"  # 30 points beyond a 2-point margin
 
 
+@pytest.mark.slow
 def test_an_aa_candidate_does_not_fail_and_a_regressed_one_does(world, stack):
     w = world(primary=["prim-a", "prim-b"], candidate="cand-aa")
     same = start(w, stack.collector_url)
@@ -329,6 +331,7 @@ def rows_containing(text: str) -> dict[str, int]:
     return found
 
 
+@pytest.mark.slow
 def test_with_content_off_no_shadow_table_holds_any_text_of_the_requests(world, stack):
     w = world(primary=["steady-a", "steady-b"], candidate="cand-aa")
     run = start(w, stack.collector_url, content="off")
@@ -346,6 +349,7 @@ def test_with_content_off_no_shadow_table_holds_any_text_of_the_requests(world, 
     assert ShadowPair.objects.filter(run=run).exclude(content={}).count() == 0
 
 
+@pytest.mark.slow
 def test_a_run_whose_candidate_is_outside_the_routes_pin_is_refused_and_nothing_is_mirrored(
         world, stack):
     w = world(primary=["eu-prim"], candidate="cand-aa", pin="EU")
@@ -369,6 +373,7 @@ def test_a_run_whose_candidate_is_outside_the_routes_pin_is_refused_and_nothing_
     assert not ShadowPair.objects.exists()
 
 
+@pytest.mark.slow
 def test_live_answers_through_envoy_are_the_same_with_shadowing_on_and_off(world, stack):
     w = world(primary=["steady-a", "steady-b"], candidate="cand-known")
     prompts = PROMPTS[:30]
@@ -384,6 +389,7 @@ def test_live_answers_through_envoy_are_the_same_with_shadowing_on_and_off(world
     assert counters["tokens"] > 0, counters  # all three sides' usage
 
 
+@pytest.mark.slow
 def test_with_the_collector_stopped_live_traffic_through_envoy_still_answers_everything(
         world, stack, tmp_path):
     collector, url = start_collector(tmp_path / "collector.log")
@@ -400,6 +406,7 @@ def test_with_the_collector_stopped_live_traffic_through_envoy_still_answers_eve
     assert len(answers) == 60 and all(answers)
 
 
+@pytest.mark.slow
 def test_the_demo_traffic_generator_feeds_a_mirror_run_through_envoy(world, stack):
     from fleetctl.demo.traffic import Generator
 
@@ -434,3 +441,31 @@ def test_the_demo_traffic_generator_backs_off_from_a_gateway_that_does_not_answe
     # at 50/s sends a handful, not a hundred.
     assert BACKOFF_AFTER <= sent.sent <= 3 * BACKOFF_AFTER, sent
     assert failed == sent.sent - sent.ok and sent.ok == 0
+
+
+@pytest.mark.django_db
+def test_the_demo_seed_starts_one_mirror_run_for_the_mi300x_plan_and_never_a_second():
+    from django.core.management import call_command
+
+    seed = ["demo_seed", "--password=demo-pw", "--sim-base-port", "8100", "--gateway-admin",
+            "http://127.0.0.1:1", "--gateway-config-dir", "/tmp/fleetctl-demo-e2e"]
+    call_command(*seed, stdout=io.StringIO(), stderr=io.StringIO())
+    run = ShadowRun.objects.get()
+    assert (run.plan.name, run.route.name if run.route else None, run.mode, run.status) \
+        == ("mi300x-llama-8b", "llama-8b", "mirror", "running")
+    assert (run.sample_percent, run.max_rps, run.content, run.min_pairs) \
+        == (100, 3, "redacted", 200)
+    assert (run.primary.name, run.candidate.name, run.created_by) \
+        == ("h200-us-east", "mi300x-us-east", "lead")
+    assert run.primary.base_urls == ["http://127.0.0.1:8101", "http://127.0.0.1:8106"]
+    assert Route.objects.get(name="llama-8b").mirror_percent == 100
+
+    call_command(*seed, stdout=io.StringIO(), stderr=io.StringIO())  # a second make demo
+    assert ShadowRun.objects.get() == run
+
+    services.run_stop(actor=Actor(user=User.objects.get(username="oncall")), run=run,
+                      reason="enough")
+    notes = io.StringIO()
+    call_command(*seed, stdout=io.StringIO(), stderr=notes)  # a stopped run stays stopped
+    assert list(ShadowRun.objects.values_list("status", flat=True)) == ["stopped"]
+    assert "keeps its stopped shadow run" in notes.getvalue()

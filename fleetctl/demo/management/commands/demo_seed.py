@@ -3,10 +3,11 @@ primary and one candidate for the same model), and one person per role.
 
 Safe to re-run, and a re-run never undoes what people did since: the rule is **never modify
 an existing object**. Each demo object (region, pool with its model entry, person, trace,
-route, gateway with its routes, plan) is created only when nothing of that name exists; one
-that exists is left exactly as it is, whatever changed in it. Creating goes through the same
-services as the API, so a refusal there (the fleet changed so that a demo object no longer
-fits) is reported and that object skipped; the seed never crashes on data the API allowed."""
+route, gateway with its routes, plan, the MI300X plan's shadow run) is created only when
+nothing of that name exists; one that exists is left exactly as it is, whatever changed in
+it. Creating goes through the same services as the API, so a refusal there (the fleet changed
+so that a demo object no longer fits) is reported and that object skipped; the seed never
+crashes on data the API allowed."""
 
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ POOLS: list[tuple[str, str, str, str, str, int, str, str, dict[str, str]]] = [
     ("gaudi3-in-west", "gaudi", "tgi-gaudi-2.3", "Gaudi 3", "in-west", 5, "18.40",
      "standard", {"driver": "1.20"}),
 ]
+# More endpoints of a pool (port offsets, as in devstack.DEMO_SIM_POOLS): the H200 primary has
+# two replicas, so a shadow run's secondary answer comes from another replica (noise floor).
+EXTRA_ENDPOINTS: dict[str, tuple[int, ...]] = {"h200-us-east": (6,)}
 PEOPLE = [("admin", "admin"), ("lead", "platform-lead"), ("lead2", "platform-lead"),
           ("oncall", "on-call"), ("viewer", "viewer")]
 ROUTES = [("llama-8b", "", "h200-us-east"), ("llama-8b-eu", "EU", "tpu-v5e-eu-west")]
@@ -97,6 +101,7 @@ class Command(BaseCommand):
             self._plans()
             if options["conformance"]:
                 self._probe()
+            self._shadow()
         made = ", ".join(self.created) if self.created else "nothing (all there already)"
         self.stdout.write(f"demo fleet: {Pool.objects.count()} pools in "
                           f"{Region.objects.count()} regions; created {made}")
@@ -119,19 +124,20 @@ class Command(BaseCommand):
     def _pool(self, actor: Actor, spec: tuple[str, str, str, str, str, int, str, str,
                                                 dict[str, str]], sim_base_port: int) -> None:
         name, runtime, version, accel, region, offset, rate, latency, labels = spec
-        url = f"http://127.0.0.1:{sim_base_port + offset}"
+        urls = [f"http://127.0.0.1:{sim_base_port + port}"
+                for port in (offset, *EXTRA_ENDPOINTS.get(name, ()))]
         pool = Pool.objects.filter(name=name).first()
         if pool is not None:
-            if url not in pool.base_urls:
+            if missing := [url for url in urls if url not in pool.base_urls]:
                 self._note(f"pool {name} is kept as it is: it does not point at its simulated "
-                           f"pool {url} (edit its base URLs to send it there)")
+                           f"pool {', '.join(missing)} (edit its base URLs to send it there)")
             return
 
         def create() -> Pool:
             # The pool and its model entry are one demo object: both or neither.
             made = services.pool_create(
                 actor=actor, name=name, runtime=runtime, runtime_version=version,
-                accelerator=accel, region=Region.objects.get(code=region), base_urls=[url],
+                accelerator=accel, region=Region.objects.get(code=region), base_urls=urls,
                 latency_class=latency, max_context_tokens=32768, node_hourly_rate=rate,
                 currency="USD", labels=labels,
             )
@@ -260,6 +266,32 @@ class Command(BaseCommand):
                 continue
             self._create(f"conformance run of {plan.candidate_pool.name}", partial(
                 conformance.run_create, actor=actor, pool=plan.candidate_pool, plan=plan))
+
+    def _shadow(self) -> None:
+        """A mirror shadow run for the MI300X plan (stage 2, "shadow"), started by `lead`:
+        every request of the llama-8b route is copied to the collector and answered by the
+        H200 (twice: two replicas, the noise floor) and the MI300X. The demo's traffic (2
+        requests/s) reaches min_pairs in about 100 s, so the plan's divergence check goes from
+        insufficient data to a measured verdict within a few minutes of `make demo`. Like
+        every demo object it is created once: a plan that has a shadow run (running, or
+        stopped by someone since) gets no new one."""
+        from fleetctl.shadow import services as shadow
+        from fleetctl.shadow.models import ShadowRun
+        from fleetctl.traffic.models import Route
+        from migrations_plan.models import Plan
+
+        plan = Plan.objects.filter(name="mi300x-llama-8b").first()
+        if plan is None:
+            return
+        if ShadowRun.objects.filter(plan=plan).exists():
+            if not ShadowRun.objects.filter(plan=plan, status="running").exists():
+                self._note("plan mi300x-llama-8b keeps its stopped shadow run (start another "
+                           "on the plan page or with `fleetctl shadow start`)")
+            return
+        self._create("shadow run of mi300x-llama-8b", lambda: shadow.run_create(
+            actor=Actor(user=User.objects.get(username="lead")), plan=plan, mode="mirror",
+            route=Route.objects.get(name="llama-8b"), sample_percent=100, max_rps=3,
+            content="redacted", min_pairs=200))
 
     def _people(self, actor: Actor, password: str) -> None:
         roles_ensure_groups()
