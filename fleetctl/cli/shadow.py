@@ -98,7 +98,7 @@ def _summary_fields(run: dict[str, Any]) -> list[tuple[str, Any]]:
         ("sampling", f"{run['sample_percent']}% at most {run['max_rps']} req/s, "
                      f"{run['max_tokens_per_day']:,} tokens/day"),
         ("content", f"{run['content']}, kept {run['retention_hours']} h"),
-        ("gate", f"margin {_pct(run['margin'])}, min {run['min_pairs']} pairs, "
+        ("gate", f"margin {run['margin'] * 100:g} pts, min {run['min_pairs']} pairs, "
                  f"confidence {run['confidence']}"),
     ]
     if "counters" in run:

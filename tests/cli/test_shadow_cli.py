@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.accounts.services import token_create_personal
-from fleetctl.shadow import live
+from fleetctl.shadow import live, services
 from fleetctl.shadow.api.exports import CSV_COLUMNS
 from fleetctl.shadow.models import ShadowRun
 from fleetctl.traffic.models import Route
@@ -74,6 +74,16 @@ def test_start_status_list_export_and_stop(live_server, tokens, tmp_path: Path):
     as_json_export = run(live_server, "shadow", "export", str(shadow.pk), "--format", "json",
                          token=tokens["viewer"])
     assert len(json.loads(as_json_export.stdout)["pairs"]) == 2
+
+    services.run_judge(run=shadow)
+    judged = run(live_server, "shadow", "status", str(shadow.pk), token=tokens["viewer"])
+    assert judged.returncode == 0, judged.stderr
+    assert "over 2 pairs" in judged.stdout and "insufficient" in judged.stdout
+    header = next(line for line in judged.stdout.splitlines() if line.startswith("METRIC"))
+    assert header.split()[:4] == ["METRIC", "GATED", "N", "NOISE"]
+    divergence = next(line for line in judged.stdout.splitlines()
+                      if line.startswith("divergence "))
+    assert divergence.split()[:5] == ["divergence", "yes", "2", "0.00%", "50.00%"]
 
     refused = run(live_server, "shadow", "stop", "--plan", "mi300x-llama", "--reason", "x",
                   token=tokens["viewer"])

@@ -10,7 +10,7 @@ CSV columns, one row per pair (empty cell: not measured for this pair):
 | source | mirror or replay |
 | received_at | when the sampled request arrived (ISO 8601, UTC) |
 | greedy | 1 when the request asked temperature 0 (text compared), else 0 |
-| model, stream, temperature, max_tokens | the request's own parameters |
+| model, stream, temperature, max_tokens, response_format | the request's parameters |
 | candidate_error | 1 when the candidate answered an error |
 | divergence_score | normalised edit distance primary→candidate (1.0 for an error mismatch) |
 | noise_diverged, signal_diverged | primary vs secondary, primary vs candidate diverged |
@@ -46,7 +46,7 @@ SIDE_FIELDS = ("endpoint", "status", "finish", "prompt_tokens", "completion_toke
                "tpot_ms", "latency_ms", "error")
 # The side's error text: "<side>_error_text", since "candidate_error" is the pair's 0/1 flag.
 SIDE_COLUMNS = {"error": "error_text"}
-PARAMS = ("model", "stream", "temperature", "max_tokens")
+PARAMS = ("model", "stream", "temperature", "max_tokens", "response_format")
 CSV_COLUMNS = [
     "run", "pair", "source", "received_at", "greedy", *PARAMS, "candidate_error",
     "divergence_score", "noise_diverged", "signal_diverged",
