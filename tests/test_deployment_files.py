@@ -4,6 +4,7 @@ starts the same Celery workers as `make demo`, and that it refuses to start with
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 import subprocess
 import sys
@@ -51,6 +52,8 @@ def test_every_compose_command_exists_in_the_project():
             assert command[3] in ("worker", "beat"), name
         elif command[:2] == ["python", "manage.py"]:
             assert command[2] in get_commands(), (name, command[2])
+        elif command[:2] == ["python", "-m"]:
+            assert importlib.util.find_spec(command[2]) is not None, (name, command[2])
         else:
             raise AssertionError(f"{name}: unrecognised command {command}")
 

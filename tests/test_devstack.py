@@ -198,7 +198,8 @@ def demo(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
                FLEETCTL_SIM_BASE_PORT=str(free_ports(len(devstack.DEMO_SIM_POOLS) + 1)),
                FLEETCTL_GATEWAY_PORT=str(gateway_port),
                FLEETCTL_GATEWAY_ADMIN_PORT=str(devstack.free_port()),
-               FLEETCTL_REDIS_PORT=str(devstack.free_port()), TRAFFIC_RECONCILE_INTERVAL_S="5")
+               FLEETCTL_REDIS_PORT=str(devstack.free_port()), TRAFFIC_RECONCILE_INTERVAL_S="5",
+               FLEETCTL_SHADOW_COLLECTOR_PORT=str(devstack.free_port()))
     output = tmp_path / "demo.out"
     with output.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "fleetctl.demo.devstack", "demo"], cwd=ROOT,

@@ -360,6 +360,20 @@ def _start_traffic(stack: Stack, env: dict[str, str], gateway_port: int) -> None
                                  f"http://127.0.0.1:{gateway_port}", "--rps", rps], env)
 
 
+def _start_collector(stack: Stack, env: dict[str, str]) -> str:
+    """The shadow collector (fleetctl/shadow/collector.py), where Envoy sends a shadow run's
+    mirrored requests; it only needs Redis. Started before anything pushes to Envoy, and its
+    URL given to every later child (SHADOW_COLLECTOR_URL), so the pushed mirror targets it."""
+    port = int(env.get("FLEETCTL_SHADOW_COLLECTOR_PORT", "9911"))
+    if port_answers("127.0.0.1", port):
+        raise SystemExit(f"[fleetctl] port {port} is taken; set FLEETCTL_SHADOW_COLLECTOR_PORT")
+    stack.start("shadow-collector", [PY, "-m", "fleetctl.shadow.collector",
+                                     "--host", "127.0.0.1", "--port", str(port)], env)
+    wait_for_port("127.0.0.1", port, what="the shadow collector")
+    env["SHADOW_COLLECTOR_URL"] = f"http://127.0.0.1:{port}"
+    return env["SHADOW_COLLECTOR_URL"]
+
+
 def seed_args(password: str, sim_base_port: int, gateway_admin_port: int) -> list[str]:
     """`manage.py demo_seed`'s arguments. The password is glued to its option: a random one
     may start with "-", which would otherwise read as an option of its own."""
@@ -409,6 +423,7 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
                                                                       "6389")))
         log("database: " + (env.get("DATABASE_URL") or f"SQLite {VAR / 'fleetctl.sqlite3'}"))
         log(f"broker:   {env['REDIS_URL']}")
+        collector = _start_collector(stack, env)
         subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
                        check=True)
         password = _demo_password()
@@ -434,7 +449,7 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
         if (problem := stack.check_alive()) is not None:
             log(f"stopping: {problem} while the demo was starting (see {VAR}/)")
             return 1
-        _print_banner(host, port, password, sim_base_port, gateway_port)
+        _print_banner(host, port, password, sim_base_port, gateway_port, collector)
         stack.supervise()  # until Ctrl-C or SIGTERM
         return 0
     except KeyboardInterrupt:
@@ -446,7 +461,7 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
 
 
 def _print_banner(host: str, port: int, password: str, sim_base_port: int,
-                  gateway_port: int) -> None:
+                  gateway_port: int, collector: str) -> None:
     url = f"http://{host}:{port}"
     gateway = f"http://127.0.0.1:{gateway_port}"
     print(f"""
@@ -458,6 +473,7 @@ def _print_banner(host: str, port: int, password: str, sim_base_port: int,
     login       admin / {password}      (also lead, lead2, oncall, viewer — same password)
     sim fleet   http://127.0.0.1:{sim_base_port + 1} … {sim_base_port + len(DEMO_SIM_POOLS)}
     gateway     {gateway}/v1  (Envoy; add -H 'x-fleetctl-residency: EU' for the EU route)
+    shadow      {collector}/healthz  (the collector of mirrored requests: its counters)
     logs        {VAR}/*.log
 
   Through the gateway:
