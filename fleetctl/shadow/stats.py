@@ -113,7 +113,7 @@ def _pts(value: float) -> str:
 def _summary(verdict: str, metrics: dict[str, MetricJudgement], margin: float,
              min_pairs: int) -> str:
     """"divergence +0.4 pts [−0.9, +1.8] vs noise floor 2.1 % over 412 pairs: pass
-    (margin 2 pts)", naming the gated metrics that fail or warn besides divergence."""
+    (margin 2 pts)", naming the other gated metrics that fail or warn."""
     div = metrics["divergence"]
     margin_text = f"margin {margin * 100:g} pts"
     if div.n == 0 or div.estimate is None or div.lower is None or div.upper is None:
@@ -123,8 +123,11 @@ def _summary(verdict: str, metrics: dict[str, MetricJudgement], margin: float,
                 f" vs noise floor {(div.noise_rate or 0) * 100:.1f} % over {div.n} pairs")
         if div.n < min_pairs:
             head += f" (of {min_pairs} needed)"
+    # Other gated metrics are named when they fail, or warn on a rise actually seen (a metric
+    # at 0 on both sides warns only because few pairs bound it loosely: not news).
     others = [f"{name.replace('_', ' ')} {m.verdict}" for name, m in metrics.items()
-              if m.gated and name != "divergence" and m.verdict in ("fail", "warn")]
+              if m.gated and name != "divergence" and (
+                  m.verdict == "fail" or (m.verdict == "warn" and (m.estimate or 0) > 0))]
     tail = f"; {', '.join(others)}" if others else ""
     return f"{head}: {verdict} ({margin_text}){tail}"
 

@@ -124,3 +124,10 @@ def test_the_summary_reads_estimate_interval_noise_floor_pairs_verdict_and_margi
     assert set(as_dict) == {"n", "noise_rate", "signal_rate", "estimate", "lower", "upper",
                             "p_value", "method", "verdict", "gated"}
     assert set(judged.metrics) == set(stats.GATED) | {"diverged_any"}
+
+
+def test_other_metrics_at_zero_that_warn_only_for_want_of_pairs_are_not_named():
+    judged = stats.judge_pairs([(SAME, FLIP)] * 40 + [(SAME, SAME)] * 10, margin=0.02,
+                               min_pairs=30, confidence=0.95)
+    assert judged.metrics["finish_mismatch"].verdict == "warn"
+    assert judged.summary.endswith(": fail (margin 2 pts)"), judged.summary
