@@ -1,0 +1,197 @@
+"""How many mirrored requests per second does the shadow collector take in on one core, and
+how much memory does it hold while doing it?
+
+Starts `python -m fleetctl.shadow.collector` pinned to core 0 (taskset), publishes a running
+run for one route with a low rate cap (5 requests/s: nearly every request is answered,
+parsed, checked and dropped as dropped_rate — the intake path a busy route's mirror takes),
+and floods it from this process pinned to core 1: an asyncio load generator with several
+keep-alive connections, each posting realistic ~2 KB chat bodies with the route header, as a
+gateway's mirror does. The generator speaks HTTP/1.1 over asyncio streams directly: an
+aiohttp or httpx client costs more CPU per request than the collector does, and would
+measure itself.
+
+Per round (default 5 rounds of 5 s) it prints requests/s answered 204 and the collector's CPU
+use (near 100 %: the collector, not the generator, is the limit) and requests per CPU-second
+of the collector (its capacity when a core is all its own); then the median, the
+collector's peak RSS (VmHWM) and its RSS at the end, and checks in the collector's counters
+that every request was counted (received = sampled + dropped). Prints figures; asserts
+nothing. Redis: --redis-url (default a database of its own, 13, on the local Redis; its
+shadow keys and `shadow` queue are emptied afterwards). Usage:
+
+    .venv/bin/python benchmarks/shadow_collector_intake.py [--rounds 5] [--seconds 5]
+        [--connections 32] [--redis-url redis://127.0.0.1:6379/13]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+TARGET_RPS = 2000
+RUN = 9_900_001
+ROUTE = "bench-intake"
+
+
+def chat_body(i: int) -> bytes:
+    """A chat request of about 2 KB, as an application sends one."""
+    history = [
+        {"role": "system", "content": "You are a concise assistant for a logistics company. "
+                                      "Answer in plain English, cite the order number."},
+        {"role": "user", "content": f"Order {10_000 + i}: the pallet left Rotterdam on "
+                                    "Monday and has not reached the Duisburg hub. "
+                                    + "The carrier's tracking page shows no scan since. " * 30},
+        {"role": "assistant", "content": "I have asked the carrier for the last scan."},
+        {"role": "user", "content": "Draft a short note to the customer explaining the delay."},
+    ]
+    return json.dumps({"model": "llama-3.1-8b-instruct", "temperature": 0, "max_tokens": 256,
+                       "messages": history}).encode()
+
+
+def request_bytes(port: int, body: bytes) -> bytes:
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Type: application/json\r\nx-fleetctl-shadow-route: {ROUTE}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+async def connection(port: int, requests: list[bytes], stop_at: float) -> int:
+    """One keep-alive connection posting until stop_at; returns the 204s it got."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    done = 0
+    try:
+        i = 0
+        while time.monotonic() < stop_at:
+            writer.write(requests[i % len(requests)])
+            i += 1
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = head[9:12]
+            if status != b"204":
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+                continue
+            done += 1
+    finally:
+        writer.close()
+    return done
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one_round(port: int, connections: int, seconds: float,
+                    pid: int) -> tuple[float, float]:
+    """(requests/s answered 204, the collector's CPU use in that time: 1.0 = one core)."""
+    requests = [request_bytes(port, chat_body(i)) for i in range(64)]
+    cpu = cpu_seconds(pid)
+    started = time.monotonic()
+    answered = await asyncio.gather(*(connection(port, requests, started + seconds)
+                                      for _ in range(connections)))
+    elapsed = time.monotonic() - started
+    return sum(answered) / elapsed, (cpu_seconds(pid) - cpu) / elapsed
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rss_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--max-rps", type=float, default=5.0,
+                        help="the run's rate cap (low: the excess is the intake path)")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
+    args = parser.parse_args()
+
+    os.environ["DJANGO_SETTINGS_MODULE"] = "fleetctl.settings"
+    os.environ["REDIS_URL"] = args.redis_url
+    from fleetctl.shadow import live
+
+    r = live.client()
+    r.delete(*r.scan_iter("fleetctl:shadow:*"), live.SHADOW_QUEUE)
+    live.publish_run(RUN, ROUTE, max_rps=args.max_rps, max_tokens_per_day=10**12)
+
+    cores = os.sched_getaffinity(0)
+    pinned = shutil.which("taskset") is not None and {0, 1} <= cores
+    port = free_port()
+    argv = [sys.executable, "-m", "fleetctl.shadow.collector", "--port", str(port)]
+    if pinned:
+        argv = ["taskset", "-c", "0", *argv]
+        os.sched_setaffinity(0, {1})
+    env = {**os.environ, "LOG_LEVEL": "WARNING"}
+    collector = subprocess.Popen(argv, cwd=REPO, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        time.sleep(1.5)  # the collector reads the routes hash
+        print(f"collector pid {collector.pid} on port {port}, "
+              + ("pinned to core 0, load generator on core 1" if pinned
+                 else "NOT pinned (no taskset or fewer than 2 cores)")
+              + f"; {args.connections} connections, ~{len(chat_body(0))} B bodies, "
+              f"run cap {args.max_rps:g} req/s")
+        figures, per_cpu_s = [], []
+        for n in range(1, args.rounds + 1):
+            rps, busy = asyncio.run(one_round(port, args.connections, args.seconds,
+                                              collector.pid))
+            figures.append(rps)
+            per_cpu_s.append(rps / busy if busy else 0.0)
+            print(f"  round {n}: {rps:8.0f} requests/s answered 204, "
+                  f"collector CPU {busy:.0%} of its core")
+        time.sleep(1.0)  # the last counters are flushed every 0.25 s
+        counted = live.counters(RUN)
+        dropped = sum(v for k, v in counted.items() if k.startswith("dropped_"))
+        peak = rss_kib(collector.pid, "VmHWM")
+        now = rss_kib(collector.pid, "VmRSS")
+        median = statistics.median(figures)
+        print(f"median {median:.0f} requests/s on one core (target ≥ {TARGET_RPS:,}): "
+              f"{'met' if median >= TARGET_RPS else 'NOT met'}")
+        print(f"per CPU-second of the collector: median {statistics.median(per_cpu_s):.0f} "
+              "requests (what one fully busy core would take in; the figure above is lower "
+              "when the generator or other load on the machine is the limit)")
+        print(f"collector RSS: peak {peak / 1024:.1f} MiB, at the end {now / 1024:.1f} MiB")
+        print(f"counted: received {counted['received']:,}, sampled {counted['sampled']:,}, "
+              f"dropped {dropped:,} ({', '.join(f'{k} {v:,}' for k, v in counted.items() if k.startswith('dropped_') and v)}); "  # noqa: E501
+              f"every request counted: {counted['received'] == counted['sampled'] + dropped}")
+    finally:
+        collector.terminate()
+        collector.wait(timeout=30)
+        live.unpublish_run(ROUTE)
+        r.delete(*r.scan_iter("fleetctl:shadow:*"), live.SHADOW_QUEUE)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
