@@ -85,14 +85,13 @@ def divergence_figure(judgements: Sequence[Any], *, margin: float,
                   line={"color": "#9ca3af", "width": 1})
 
     fig.update_layout(
-        height=460, margin={"l": 64, "r": 16, "t": 56, "b": 44}, font=FONT,
+        height=480, margin={"l": 64, "r": 16, "t": 56, "b": 64}, font=FONT,
         plot_bgcolor="#ffffff", paper_bgcolor="#ffffff",
-        legend={"orientation": "h", "x": 0, "y": -0.12},
+        legend={"orientation": "h", "x": 0, "y": -0.1, "yanchor": "top"},
         hovermode="x unified",
     )
     fig.update_yaxes(title_text="% of pairs", rangemode="tozero", gridcolor="#e5e7eb",
                      row=1, col=1)
     fig.update_yaxes(title_text="points", gridcolor="#e5e7eb", zeroline=False, row=2, col=1)
     fig.update_xaxes(gridcolor="#e5e7eb")
-    fig.update_xaxes(title_text="judged at (UTC)", row=2, col=1)
     return fig

@@ -7,6 +7,7 @@ Shadow panel and stage-2 gate action, for a viewer (no buttons) and for people w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -57,39 +58,47 @@ def metrics(noise: float, signal: float, lower: float, upper: float, n: int,
                              "gated": False}}
 
 
+PRIMARY = "The capital of France is Paris."
+SERIES = [(0.01, 0.02, -0.02, 0.04, "insufficient"), (0.01, 0.015, -0.01, 0.03, "warn"),
+          (0.01, 0.018, -0.004, 0.026, "warn")]
+
+
 def seeded_run(world: World, *, content: str = "full", status: str = "running",  # noqa: F811
-               answer: str = "The capital of France is Paris.", **fields: Any) -> ShadowRun:
-    """A run with two pairs and three judgements, written as the worker and judge would."""
+               answer: str = PRIMARY, pairs: Sequence[tuple[float, str]] | None = None,
+               primary: str = PRIMARY, series: Sequence[tuple[float, float, float, float, str]]
+               = SERIES, step_s: float = 60, **fields: Any) -> ShadowRun:
+    """A run with pairs ((divergence score, candidate answer); by default one scored 0.4
+    answering `answer` and one identical to the primary) and one judgement per `series`
+    entry (noise, signal, lower, upper, verdict), `step_s` apart, written as the worker and
+    the judge would."""
     plan = world.plan()
+    fields = {"verdict": "warn", "summary": "divergence +0.8 points [−0.4, +2.6]",
+              "counters": {"received": 40, "sampled": 30, "pairs": 2}, **fields}
     run = ShadowRun.objects.create(
         plan=plan, route=world.route, candidate=world.candidate, primary=world.primary,
         model_id="llama-3.1-8b-instruct", content=content, margin=0.02, status=status,
-        created_by="alice", verdict="warn", summary="divergence +0.8 points [−0.4, +2.6]",
-        counters={"received": 40, "sampled": 30, "pairs": 2}, **fields)
+        created_by="alice", **fields)
     now = timezone.now()
-    texts = {"prompt": "What is the capital of France?",
-             "primary": "The capital of France is Paris.",
-             "secondary": "The capital of France is Paris.",
-             "candidate": answer}
-    for i, score in enumerate((0.4, 0.0)):
+    for i, (score, candidate) in enumerate(pairs or [(0.4, answer), (0.0, primary)]):
+        texts = {"prompt": [{"role": "system", "content": "Answer in one sentence."},
+                            {"role": "user", "content": "What is the capital of France?"}],
+                 "primary": primary, "secondary": primary, "candidate": candidate}
         ShadowPair.objects.create(
-            run=run, source="mirror", received_at=now - timedelta(seconds=10 - i),
+            run=run, source="mirror", received_at=now - timedelta(seconds=30 - i),
             request_hash=f"{i:064d}", greedy=True,
             params={"model": "llama-3.1-8b-instruct", "temperature": 0},
             sides={side: {"endpoint": f"http://127.0.0.1:9{n}/v1", "status": 200,
-                          "finish": "stop", "completion_tokens": 7, "ttft_ms": 12.0,
+                          "finish": "stop", "completion_tokens": 7, "ttft_ms": 12.0 + n,
                           "text_sha256": "ab" * 32}
                    for n, side in enumerate(("primary", "secondary", "candidate"))},
             content=(texts if content != "off" else {}), noise={"diverged": 0},
             signal={"diverged": int(score > 0)}, noise_diverged=False,
             signal_diverged=score > 0, divergence_score=score)
-    for i, (noise, signal, lo, hi, verdict) in enumerate(
-            [(0.01, 0.02, -0.02, 0.04, "insufficient"), (0.01, 0.015, -0.01, 0.03, "warn"),
-             (0.01, 0.018, -0.004, 0.026, "warn")]):
-        ShadowJudgement.objects.create(run=run, at=now - timedelta(minutes=3 - i),
-                                       pairs=100 * (i + 1), verdict=verdict,
-                                       metrics=metrics(noise, signal, lo, hi, 100 * (i + 1),
-                                                       verdict))
+    for i, (noise, signal, lo, hi, verdict) in enumerate(series):
+        n = 100 * (i + 1)
+        ShadowJudgement.objects.create(
+            run=run, at=now - timedelta(seconds=step_s * (len(series) - i)), pairs=n,
+            verdict=verdict, metrics=metrics(noise, signal, lo, hi, n, verdict))
     return run
 
 
@@ -148,6 +157,7 @@ def test_the_list_and_the_run_page_for_a_viewer_have_no_buttons(world: World):  
     assert f"/api/v1/shadow-runs/{run.pk}/export/?format=csv" in page
     assert "Paris is <mark>" not in page  # the second pair is identical: nothing marked
     assert "The capital of France is Paris." in page
+    assert "system: Answer in one sentence.\nuser: What is the capital of France?" in page
     assert "Stop shadowing" not in page and "Adjust" not in page
 
     counters = viewer.get(f"/shadow/runs/{run.pk}/", HTTP_HX_REQUEST="true",
@@ -156,7 +166,7 @@ def test_the_list_and_the_run_page_for_a_viewer_have_no_buttons(world: World):  
     assert 'data-drop="dropped_rate"' in counters
     # Redis (50 received) merged with what the judge folded in (40): the live figure wins.
     assert '<span class="tile-value">50</span>' in counters
-    assert '<span class="tile-value">1234</span>' in counters
+    assert '<span class="tile-value">1,234</span>' in counters
     judgement = viewer.get(f"/shadow/runs/{run.pk}/", HTTP_HX_REQUEST="true",
                            HTTP_HX_TARGET="shadow-judgement").content.decode()
     assert "<html" not in judgement and 'id="shadow-judgement"' in judgement

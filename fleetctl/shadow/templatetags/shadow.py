@@ -8,8 +8,8 @@ from typing import Any
 
 from django import template
 
-from fleetctl.shadow.selectors import live_counters, run_for_plan
 from fleetctl.shadow.forms import StartForm, StopForm
+from fleetctl.shadow.selectors import live_counters, run_for_plan
 
 register = template.Library()
 
@@ -47,3 +47,11 @@ def shadow_points(value: Any) -> str:
     if value is None or value == "":
         return "—"
     return f"{float(value) * 100:+.2f}"
+
+
+@register.filter
+def thousands(value: Any) -> str:
+    """A count with thousands separators (2000000 -> "2,000,000"); "—" when unknown."""
+    if value is None or value == "":
+        return "—"
+    return f"{int(value):,}"
