@@ -169,7 +169,7 @@ class CountersField(serializers.JSONField):
         return counters
 
 
-class MetricSerializer(serializers.Serializer):
+class ShadowMetricSerializer(serializers.Serializer):
     """One metric of one judgement: the candidate's rate against the noise floor's."""
 
     metric = serializers.CharField()
@@ -211,7 +211,7 @@ def _number(value: Any) -> float | None:
     return number if number == number and abs(number) != float("inf") else None
 
 
-class JudgementSerializer(serializers.ModelSerializer):
+class ShadowJudgementSerializer(serializers.ModelSerializer):
     metrics = serializers.SerializerMethodField()
     counters = CountersField(read_only=True)
 
@@ -220,7 +220,7 @@ class JudgementSerializer(serializers.ModelSerializer):
         fields = ["id", "at", "pairs", "verdict", "metrics", "counters"]
         read_only_fields = fields
 
-    @extend_schema_field(MetricSerializer(many=True))
+    @extend_schema_field(ShadowMetricSerializer(many=True))
     def get_metrics(self, judgement: ShadowJudgement) -> list[dict[str, Any]]:
         return metric_rows(judgement.metrics)
 
@@ -280,10 +280,10 @@ class ShadowRunDetailSerializer(ShadowRunSerializer):
         live = self.context.get("live_counters")
         return CountersField().to_representation(run.counters if live is None else live)
 
-    @extend_schema_field(JudgementSerializer(allow_null=True))
+    @extend_schema_field(ShadowJudgementSerializer(allow_null=True))
     def get_latest_judgement(self, run: ShadowRun) -> dict[str, Any] | None:
         latest = self.context.get("latest_judgement")
-        return JudgementSerializer(latest).data if latest is not None else None
+        return ShadowJudgementSerializer(latest).data if latest is not None else None
 
     def get_evidence_url(self, run: ShadowRun) -> str | None:
         return f"/api/v1/evidence/{run.evidence_id}/" if run.evidence_id else None

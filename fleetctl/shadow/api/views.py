@@ -132,13 +132,13 @@ class ShadowRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         page = self.paginate_queryset(self.filter_queryset(run.pairs.all()))
         return self.get_paginated_response(s.ShadowPairSerializer(page, many=True).data)
 
-    @extend_schema(responses={200: s.JudgementSerializer(many=True)})
+    @extend_schema(responses={200: s.ShadowJudgementSerializer(many=True)})
     @action(detail=True, methods=["get"], filter_backends=[])
     def judgements(self, request: Request, pk: str) -> Response:
         """The judge's looks at the run, oldest first: per metric the candidate's rate, the
         noise floor's, their difference with its confidence bounds, and the verdict."""
         page = self.paginate_queryset(selectors.judgements(self._run(pk)))
-        return self.get_paginated_response(s.JudgementSerializer(page, many=True).data)
+        return self.get_paginated_response(s.ShadowJudgementSerializer(page, many=True).data)
 
     @extend_schema(
         description="Every pair's metrics (never prompt or answer text), streamed: "
