@@ -24,6 +24,7 @@ from fleetctl.traffic.gateways.base import (
     renderable,
 )
 from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
+from fleetctl.traffic.gateways.envoy.render import COLLECTOR_CLUSTER
 from fleetctl.traffic.gateways.haproxy import adapter as haproxy
 from fleetctl.traffic.gateways.nginx import adapter as nginx
 from fleetctl.traffic.gateways.nginx.adapter import NginxAdapter
@@ -189,8 +190,10 @@ def envoy(tmp_path: Path) -> Iterator[EnvoyProcess]:
 
 
 def _clusters(envoy: EnvoyProcess) -> set[str]:
+    """The pools' clusters Envoy holds (not the shadow collector's, always there)."""
     answer = httpx.get(f"{envoy.admin_url}/clusters?format=json", timeout=5).json()
-    return {cluster["name"] for cluster in answer.get("cluster_statuses", [])}
+    return {cluster["name"] for cluster in answer.get("cluster_statuses", [])} - {
+        COLLECTOR_CLUSTER}
 
 
 @pytest.mark.slow
