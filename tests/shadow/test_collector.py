@@ -62,9 +62,15 @@ class Running:
         return httpx.post(f"{self.url}{path}", content=kwargs.pop("content", content),
                           headers=headers, timeout=10, **kwargs)
 
-    def knows(self, route: str, run: int) -> None:
-        wait_until(lambda: self.healthz()["routes"].get(route) == run, timeout_s=10,
-                   what=f"the collector to read route {route}'s run")
+    def post_many(self, n: int, body: dict[str, Any] = CHAT) -> None:
+        for _ in range(n):
+            assert self.post(body).status_code == 204
+
+    def publish(self, *, max_rps: float = 100, max_tokens_per_day: int = 1_000_000) -> None:
+        """Publish run RUN for ROUTE and wait until this collector has read it."""
+        live.publish_run(RUN, ROUTE, max_rps=max_rps, max_tokens_per_day=max_tokens_per_day)
+        wait_until(lambda: self.healthz()["routes"].get(ROUTE) == RUN, timeout_s=10,
+                   what=f"the collector to read route {ROUTE}'s run")
 
 
 @pytest.fixture
@@ -149,8 +155,7 @@ def settled(counters: dict[str, int]) -> bool:
 def test_it_answers_every_mirrored_request_at_once_and_counts_each_outcome(
         start_collector, shadow_redis):
     collector = start_collector(SHADOW_MAX_BODY_BYTES="4096")
-    live.publish_run(RUN, ROUTE, max_rps=100, max_tokens_per_day=1_000_000)
-    collector.knows(ROUTE, RUN)
+    collector.publish()
     streamed = {**CHAT, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
     before = datetime.now(UTC)
 
@@ -192,12 +197,10 @@ def test_it_answers_every_mirrored_request_at_once_and_counts_each_outcome(
 
 def test_the_rate_cap_drops_the_excess(start_collector, shadow_redis):
     collector = start_collector()
-    live.publish_run(RUN, ROUTE, max_rps=2, max_tokens_per_day=1_000_000)
-    collector.knows(ROUTE, RUN)
+    collector.publish(max_rps=2)
     started = time.monotonic()
 
-    for _ in range(40):
-        assert collector.post(CHAT).status_code == 204
+    collector.post_many(40)
 
     final = counters_when(RUN, lambda c: c["received"] == 40 and settled(c),
                           what="every request to be sampled or dropped")
@@ -211,11 +214,9 @@ def test_the_rate_cap_drops_the_excess(start_collector, shadow_redis):
 def test_the_daily_token_cap_drops_with_dropped_tokens(start_collector, shadow_redis):
     collector = start_collector()
     live.add_tokens(RUN, 1500)
-    live.publish_run(RUN, ROUTE, max_rps=100, max_tokens_per_day=1000)
-    collector.knows(ROUTE, RUN)
+    collector.publish(max_tokens_per_day=1000)
 
-    for _ in range(3):
-        assert collector.post(CHAT).status_code == 204
+    collector.post_many(3)
 
     counted(RUN, received=3, dropped_tokens=3, sampled=0)
     assert shadow_redis.llen(live.SHADOW_QUEUE) == 0
@@ -224,16 +225,14 @@ def test_the_daily_token_cap_drops_with_dropped_tokens(start_collector, shadow_r
 def test_it_drops_as_behind_while_the_shadow_queue_holds_shadow_max_queued(
         start_collector, shadow_redis):
     collector = start_collector(SHADOW_MAX_QUEUED="3")
-    live.publish_run(RUN, ROUTE, max_rps=100, max_tokens_per_day=1_000_000)
-    collector.knows(ROUTE, RUN)
+    collector.publish()
     for n in range(1, 4):
         collector.post(CHAT)
         counted(RUN, sampled=n)
     wait_until(lambda: collector.healthz()["shadow_queue_length"] >= 3,
                what="the collector to read the shadow queue's length")
 
-    for _ in range(4):
-        assert collector.post(CHAT).status_code == 204
+    collector.post_many(4)
 
     counted(RUN, received=7, sampled=3, dropped_behind=4)
     assert shadow_redis.llen(live.SHADOW_QUEUE) == 3
@@ -242,8 +241,7 @@ def test_it_drops_as_behind_while_the_shadow_queue_holds_shadow_max_queued(
 def test_unpublishing_the_run_stops_the_collector_enqueuing_for_the_route(
         start_collector, shadow_redis):
     collector = start_collector()
-    live.publish_run(RUN, ROUTE, max_rps=100, max_tokens_per_day=1_000_000)
-    collector.knows(ROUTE, RUN)
+    collector.publish()
     collector.post(CHAT)
     counted(RUN, received=1, sampled=1)
 
@@ -267,8 +265,7 @@ def test_unpublishing_the_run_stops_the_collector_enqueuing_for_the_route(
 
 def test_a_flood_keeps_its_memory_and_queues_bounded(start_collector, shadow_redis):
     collector = start_collector()
-    live.publish_run(RUN, ROUTE, max_rps=1000, max_tokens_per_day=10**9)
-    collector.knows(ROUTE, RUN)
+    collector.publish(max_rps=1000, max_tokens_per_day=10**9)
     body = json.dumps({**CHAT, "messages": [
         {"role": "user", "content": "Summarise this paragraph. " + "lorem ipsum " * 160}]})
     process = psutil.Process(collector.proc.pid)
@@ -316,10 +313,8 @@ def test_it_answers_even_when_redis_is_unreachable(start_collector):
 def test_sigterm_stops_it_cleanly_with_every_answered_request_counted(
         start_collector, shadow_redis):
     collector = start_collector()
-    live.publish_run(RUN, ROUTE, max_rps=100, max_tokens_per_day=1_000_000)
-    collector.knows(ROUTE, RUN)
-    for _ in range(5):
-        assert collector.post(CHAT).status_code == 204
+    collector.publish()
+    collector.post_many(5)
 
     collector.proc.send_signal(signal.SIGTERM)
 
