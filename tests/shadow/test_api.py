@@ -107,6 +107,8 @@ def test_a_run_is_started_for_a_plan_and_its_route_mirrors(
     ({"sample_percent": 0}, "sample_percent", "from 0.01 to 100"),
     ({"sample_percent": 101}, "sample_percent", "from 0.01 to 100"),
     ({"sample_percent": "ten"}, "sample_percent", "from 0.01 to 100"),
+    ({"sample_percent": True}, "sample_percent", "from 0.01 to 100"),
+    ({"max_rps": None}, "max_rps", "from 0.01 to 1000"),
     ({"max_rps": 0}, "max_rps", "from 0.01 to 1000"),
     ({"max_tokens_per_day": 10}, "max_tokens_per_day", "from 1000"),
     ({"content": "some"}, "content", "full, redacted"),

@@ -28,13 +28,22 @@ COUNTERS = COUNTER_FIELDS
 
 
 def _ranged(message: str) -> dict[str, Any]:
-    """The same actionable text for a value below or above its range."""
+    """The same actionable text for a value below or above its range, or not a number."""
     return {"min_value": message, "max_value": message, "invalid": message,
-            "max_string_length": message}
+            "max_string_length": message, "null": message, "overflow": message}
+
+
+class _Number(serializers.FloatField):
+    """A number, not true or false (float(True) is 1: a quiet 1 % instead of a refusal)."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool):
+            self.fail("invalid")
+        return float(super().to_internal_value(data))
 
 
 def _sample_percent(**kwargs: Any) -> serializers.FloatField:
-    return serializers.FloatField(
+    return _Number(
         min_value=0.01, max_value=100,
         error_messages=_ranged("Give sample_percent as a number from 0.01 to 100: the "
                                "percentage of the route's requests copied (replay: of the "
@@ -44,7 +53,7 @@ def _sample_percent(**kwargs: Any) -> serializers.FloatField:
 
 
 def _max_rps(**kwargs: Any) -> serializers.FloatField:
-    return serializers.FloatField(
+    return _Number(
         min_value=0.01, max_value=1000,
         error_messages=_ranged("Give max_rps as a number from 0.01 to 1000: sampled requests "
                                "per second sent on (each costs three calls)."),
@@ -119,7 +128,7 @@ class ShadowRunCreateSerializer(serializers.Serializer):
     content = _content(default=ShadowRun.Content.REDACTED)
     retention_hours = _retention_hours(default=168)
     min_pairs = _min_pairs(default=200)
-    confidence = serializers.FloatField(
+    confidence = _Number(
         min_value=0.5, max_value=0.999, default=0.95,
         error_messages=_ranged("Give confidence as a number from 0.5 to 0.999, e.g. 0.95."),
         help_text="Confidence level of the bounds the verdict uses.")
