@@ -30,8 +30,9 @@ def demo_fleet(tmp_path: Path) -> Iterator[int]:
     """The demo's simulated pools, with the demo's profiles, on consecutive free ports."""
     while True:
         base = devstack.free_port()
-        if base + 6 < 65536 and not any(devstack.port_answers("127.0.0.1", base + i)
-                                        for i in range(1, 6)):
+        last = len(devstack.DEMO_SIM_POOLS)
+        if base + last < 65536 and not any(devstack.port_answers("127.0.0.1", base + i)
+                                           for i in range(1, last + 1)):
             break
     args = ["--log-level", "WARNING"]
     for name, profile, offset in devstack.DEMO_SIM_POOLS:
