@@ -26,6 +26,20 @@ MARGIN_COLOUR = "#dc2626"
 HEADLINE = "divergence"
 
 
+# A day of judgements every 15 s is 5,760 points: more than a chart 1,000 pixels wide can
+# show, and megabytes of JSON re-sent with every refresh. The page draws at most this many.
+MOST_POINTS = 360
+
+
+def thin(ids: Sequence[int], most: int = MOST_POINTS) -> list[int]:
+    """At most `most` of `ids` (oldest first), evenly spread, always with the first and the
+    last: the newest judgement is the one the verdict reads."""
+    if len(ids) <= most:
+        return list(ids)
+    step = (len(ids) - 1) / (most - 1)
+    return [ids[i] for i in sorted({round(k * step) for k in range(most)})]
+
+
 def _pct(value: Any) -> float | None:
     return None if value is None else round(float(value) * 100, 3)
 

@@ -181,7 +181,9 @@ def metric_rows(judgement: Any) -> list[dict[str, Any]]:
 
 
 def _judgement(run: ShadowRun) -> dict[str, Any]:
-    judgements = list(selectors.judgements(run))
+    series = selectors.judgements(run)
+    picked = charts.thin(list(series.values_list("id", flat=True)))
+    judgements = list(series.filter(id__in=picked)) if picked else []
     latest = judgements[-1] if judgements else None
     figure = None
     if judgements:

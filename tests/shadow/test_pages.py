@@ -18,7 +18,7 @@ from django.utils import timezone
 from fleetctl.audit.models import AuditEvent
 from fleetctl.core.charts import figure_data
 from fleetctl.shadow import live
-from fleetctl.shadow.charts import MARGIN_COLOUR, divergence_figure
+from fleetctl.shadow.charts import MARGIN_COLOUR, MOST_POINTS, divergence_figure, thin
 from fleetctl.shadow.models import ShadowJudgement, ShadowPair, ShadowRun
 from fleetctl.shadow.views import mark_first_divergence
 from tests.migrations_plan.conftest import World, world  # noqa: F401 - the fixture
@@ -131,6 +131,14 @@ def test_the_chart_draws_both_rates_the_band_and_the_margin():
     assert len(lower) == 1 and list(lower[0].y) == [-1.0, -1.0, -1.0]
     assert [s.y0 for s in fig.layout.shapes if s.line.color == MARGIN_COLOUR] == [2.0]
     assert set(figure_data(fig)) >= {"data", "layout"}  # JSON for the page
+
+
+def test_a_long_run_draws_at_most_so_many_judgements_always_with_the_newest():
+    ids = list(range(10_000, 10_000 + 5760))  # a day, every 15 s
+    picked = thin(ids)
+    assert len(picked) == MOST_POINTS and picked == sorted(picked)
+    assert picked[0] == ids[0] and picked[-1] == ids[-1]
+    assert thin(ids[:10]) == ids[:10]
 
 
 # ---- the pages, as a viewer and as people who may act --------------------------------------------
