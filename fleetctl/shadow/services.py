@@ -575,7 +575,10 @@ def replay_execute(*, run_id: int) -> ShadowRun | None:
                 stopped = True
                 break
             live.count(run.pk, received=1)
-            reason = live.admit(run.pk, run)
+            # The caps as they are now: run_adjust may have changed them meanwhile.
+            caps = ShadowRun.objects.filter(pk=run.pk).values(
+                "max_rps", "max_tokens_per_day").first() or run
+            reason = live.admit(run.pk, caps)
             with lock:
                 busy = {f for f in busy if not f.done()}
                 if not reason and len(busy) >= REPLAY_CONCURRENCY:
