@@ -57,9 +57,12 @@ T = TypeVar("T")
 BATCH = 500  # rows per streamed chunk: tens of kB, not one write per row
 
 
+# Cells the csv module writes as they are (None as an empty cell): most of a row, so the
+# per-cell conversion below runs only for text, booleans and objects.
+PLAIN = frozenset({int, float, type(None)})
+
+
 def _cell(value: Any) -> Any:
-    if value is None:
-        return ""
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, dict | list):
@@ -76,7 +79,7 @@ def pair_row(pair: ShadowPair) -> list[Any]:
     row += [(getattr(pair, which) or {}).get(m) for which in ("noise", "signal")
             for m in COMPARED]
     row += [(sides.get(side) or {}).get(f) for side in SIDES for f in SIDE_FIELDS]
-    return [_cell(value) for value in row]
+    return [value if type(value) in PLAIN else _cell(value) for value in row]
 
 
 def pair_json(pair: ShadowPair) -> dict[str, Any]:
