@@ -19,14 +19,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/fleetctl_bench_shadow_page"
 
-from overview_and_pools_api import ensure_database, p95  # noqa: E402
+from overview_and_pools_api import ensure_database, measure, p95  # noqa: E402
 
 
 def populate(judgements: int) -> int:
@@ -110,21 +109,6 @@ def populate(judgements: int) -> int:
     return run.pk
 
 
-def measure(client: Any, url: str, runs: int, headers: dict[str, str]) -> tuple[list[float],
-                                                                                  int]:
-    timings, size = [], 0
-    for i in range(runs + 3):
-        started = time.perf_counter()
-        response = client.get(url, headers=headers)
-        elapsed = (time.perf_counter() - started) * 1000
-        if response.status_code != 200:
-            raise SystemExit(f"{url} answered {response.status_code}")
-        size = len(response.content)
-        if i >= 3:
-            timings.append(elapsed)
-    return timings, size
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=30)
@@ -159,7 +143,7 @@ def main() -> None:
     started = time.perf_counter()
     whole = json.dumps(figure_data(charts.divergence_figure(every, margin=run.margin)))
     whole_ms = (time.perf_counter() - started) * 1000
-    print(f"{args.judgements} judgements, 20 pairs, {args.runs} runs each (after 3 warm-up), "
+    print(f"{args.judgements} judgements, 20 pairs, {args.runs} runs each (after 5 warm-up), "
           "DEBUG=0, PostgreSQL")
     print(f"chart of every judgement: {len(whole) / 1024:,.0f} KiB of JSON, built in "
           f"{whole_ms:,.0f} ms; the page draws {min(args.judgements, charts.MOST_POINTS)}")
@@ -172,7 +156,8 @@ def main() -> None:
         ("judgement block (htmx, every 15 s)", {"HX-Request": "true",
                                                 "HX-Target": "shadow-judgement"}),
     ]:
-        timings, size = measure(client, url, args.runs, headers)
+        timings = measure(client, url, args.runs, headers)
+        size = len(client.get(url, headers=headers).content)
         print(f"{label:44} {statistics.median(timings):10.1f} {p95(timings):8.1f} "
               f"{size / 1024:8.1f}", flush=True)
 
