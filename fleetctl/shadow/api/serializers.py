@@ -298,10 +298,17 @@ class ShadowRunDetailSerializer(ShadowRunSerializer):
         return f"/api/v1/evidence/{run.evidence_id}/" if run.evidence_id else None
 
     def get_mirror_supported(self, run: ShadowRun) -> bool:
-        return mirror_support(run)[0]
+        return self._mirror(run)[0]
 
     def get_mirror_note(self, run: ShadowRun) -> str:
-        return mirror_support(run)[1]
+        return self._mirror(run)[1]
+
+    def _mirror(self, run: ShadowRun) -> tuple[bool, str]:
+        """Both fields from one look at the route's gateways."""
+        seen: dict[int, tuple[bool, str]] = self.__dict__.setdefault("_mirror_seen", {})
+        if run.pk not in seen:
+            seen[run.pk] = mirror_support(run)
+        return seen[run.pk]
 
 
 def mirror_support(run: ShadowRun) -> tuple[bool, str]:
