@@ -19,7 +19,7 @@ nothing. Redis: --redis-url (default a database of its own, 13, on the local Red
 shadow keys and `shadow` queue are emptied afterwards). Usage:
 
     .venv/bin/python benchmarks/shadow_collector_intake.py [--rounds 5] [--seconds 5]
-        [--connections 32] [--redis-url redis://127.0.0.1:6379/13]
+        [--connections 128] [--redis-url redis://127.0.0.1:6379/13]
 """
 
 from __future__ import annotations
@@ -97,15 +97,17 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def one_round(port: int, connections: int, seconds: float,
-                    pid: int) -> tuple[float, float]:
-    """(requests/s answered 204, the collector's CPU use in that time: 1.0 = one core)."""
+                    pid: int) -> tuple[float, float, float]:
+    """(requests/s answered 204, the collector's and this generator's CPU use in that time:
+    1.0 = one core)."""
     requests = [request_bytes(port, chat_body(i)) for i in range(64)]
-    cpu = cpu_seconds(pid)
+    cpu, own = cpu_seconds(pid), time.process_time()
     started = time.monotonic()
     answered = await asyncio.gather(*(connection(port, requests, started + seconds)
                                       for _ in range(connections)))
     elapsed = time.monotonic() - started
-    return sum(answered) / elapsed, (cpu_seconds(pid) - cpu) / elapsed
+    return (sum(answered) / elapsed, (cpu_seconds(pid) - cpu) / elapsed,
+            (time.process_time() - own) / elapsed)
 
 
 def free_port() -> int:
@@ -125,7 +127,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--connections", type=int, default=128)
     parser.add_argument("--max-rps", type=float, default=5.0,
                         help="the run's rate cap (low: the excess is the intake path)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
@@ -164,12 +166,13 @@ def main() -> int:
               f"run cap {args.max_rps:g} req/s")
         figures, per_cpu_s = [], []
         for n in range(1, args.rounds + 1):
-            rps, busy = asyncio.run(one_round(port, args.connections, args.seconds,
-                                              collector.pid))
+            rps, busy, generator = asyncio.run(one_round(port, args.connections,
+                                                         args.seconds, collector.pid))
             figures.append(rps)
             per_cpu_s.append(rps / busy if busy else 0.0)
-            print(f"  round {n}: {rps:8.0f} requests/s answered 204, "
-                  f"collector CPU {busy:.0%} of its core")
+            print(f"  round {n}: {rps:8.0f} requests/s answered 204, CPU: collector "
+                  f"{busy:.0%}, generator {generator:.0%} of a core; "
+                  f"load average {os.getloadavg()[0]:.1f}")
         time.sleep(1.0)  # the last counters are flushed every 0.25 s
         counted = live.counters(RUN)
         dropped = sum(v for k, v in counted.items() if k.startswith("dropped_"))
