@@ -209,12 +209,13 @@ def _pool_problem(pools: list[PoolArg], profiles: dict[str, Profile]) -> str | N
 
 def _profile_table(profiles: dict[str, Profile]) -> str:
     lines = [f"{'profile':<12} {'runtime':<7} {'prefill tok/s':>13} {'step ms':>16} "
-             f"{'max seqs':>8} {'KV tokens':>10} {'$/h':>6}  description"]
+             f"{'max seqs':>8} {'KV tokens':>10} {'$/h':>6} {'diverge':>7} {'noise':>6}  "
+             "description"]
     for p in profiles.values():
         step = f"{p.decode_base_ms:g}+{p.decode_per_seq_ms:g}*b"
         lines.append(f"{p.name:<12} {p.vendor:<7} {p.prefill_tokens_per_s:>13.0f} {step:>16} "
-                     f"{p.max_seqs:>8} {p.kv_cache_tokens:>10} {p.node_hourly_usd:>6.2f}  "
-                     f"{p.description}")
+                     f"{p.max_seqs:>8} {p.kv_cache_tokens:>10} {p.node_hourly_usd:>6.2f} "
+                     f"{p.divergence_rate:>7.1%} {p.replica_noise:>6.1%}  {p.description}")
     return "\n".join(lines)
 
 
