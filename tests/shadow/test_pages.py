@@ -14,14 +14,23 @@ from typing import Any
 import pytest
 from django.test import Client
 from django.utils import timezone
+from django.utils.html import escape
 
 from fleetctl.audit.models import AuditEvent
 from fleetctl.core.charts import figure_data
-from fleetctl.shadow import live
+from fleetctl.shadow import live, services
 from fleetctl.shadow.charts import MARGIN_COLOUR, MOST_POINTS, divergence_figure, thin
 from fleetctl.shadow.models import ShadowJudgement, ShadowPair, ShadowRun
 from fleetctl.shadow.views import mark_first_divergence
 from tests.migrations_plan.conftest import World, world  # noqa: F401 - the fixture
+from tests.shadow.test_pair import (  # noqa: F401 - fixtures
+    chat,
+    execute,
+    point,
+    shadow_sim,
+    shadow_world,
+    start,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -350,3 +359,35 @@ def test_the_plan_panel_and_the_stage_2_gate_action(world: World):  # noqa: F811
     after = signed_in(world.oncall).get(f"/plans/{plan.name}/").content.decode()
     assert 'data-status="stopped"' in after
     assert f'action="/shadow/plans/{plan.name}/start/"' in after
+
+
+# ---- the page over pairs the real pipeline made -----------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("content", ["full", "off"])
+def test_the_run_page_over_real_pairs_marks_the_token_compare_found(
+        shadow_world: World, shadow_sim: Any, content: str):  # noqa: F811
+    """Pairs from services.pair_execute against simulated pools (a candidate that diverges
+    on 60 % of prompts) and a judgement from services.run_judge: the page marks, in the
+    candidate's answer, the very token compare() named as the first divergent one."""
+    shadow_world.candidate = point(shadow_world.candidate, shadow_sim.url("regressed"))
+    run = start(shadow_world, content=content, min_pairs=10)
+    pairs = [execute(run, chat(i, max_tokens=24)) for i in range(10)]
+    services.run_judge(run=run)
+    page = signed_in(shadow_world.viewer).get(f"/shadow/runs/{run.pk}/").content.decode()
+    assert 'data-plotly-figure="shadow-divergence-data"' in page
+    assert 'data-metric="divergence"' in page and 'data-metric="diverged_any"' in page
+    diverged = [p for p in pairs if p is not None and p.signal_diverged]
+    assert diverged
+    if content == "off":
+        assert "Content storage is off: metrics and hashes only" in page
+        assert "<mark>" not in page and "question 1" not in page
+        return
+    assert "user: question" in page
+    tokens = [(p, p.signal["token_b"]) for p in diverged if p.signal.get("token_b")]
+    assert tokens
+    for pair, token in tokens:
+        marked = mark_first_divergence(pair.content["candidate"], pair.content["primary"])
+        assert f"<mark>{escape(token)}</mark>" in marked, (token, marked)
+    top = max(diverged, key=lambda p: p.divergence_score)
+    assert mark_first_divergence(top.content["candidate"], top.content["primary"]) in page
