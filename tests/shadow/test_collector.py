@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -308,6 +311,68 @@ def test_it_answers_even_when_redis_is_unreachable(start_collector):
 
     assert collector.healthz()["counters"]["unmatched"] == 2
     assert collector.proc.poll() is None
+
+
+class FreezableProxy:
+    """A TCP relay to Redis that can stop relaying (connections stay open, nothing moves):
+    Redis and the broker hanging, as a saturated or partitioned Redis does."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                self.flowing.wait()
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.flowing.set()
+        self.server.close()
+
+
+def test_it_answers_at_once_while_redis_and_the_broker_hang(start_collector, settings):
+    kwargs = redis.Redis.from_url(settings.REDIS_URL).connection_pool.connection_kwargs
+    host, port, db = kwargs["host"], kwargs["port"], kwargs["db"]
+    proxy = FreezableProxy((host, port))
+    try:
+        collector = start_collector(redis_url=f"redis://127.0.0.1:{proxy.port}/{db}")
+        collector.publish(max_rps=1000)
+        collector.post_many(2)
+        counted(RUN, received=2, sampled=2)
+
+        proxy.flowing.clear()  # every Redis call of the collector (and Celery's) now hangs
+        collector.post_many(20)  # each answered 204 (httpx would time out after 10 s)
+
+        assert collector.healthz()["counters"]["received"] == 22
+        assert live.counters(RUN)["received"] == 2  # nothing reached Redis meanwhile
+        proxy.flowing.set()
+        final = counters_when(RUN, lambda c: c["received"] == 22 and settled(c),
+                              timeout_s=30, what="the counters once Redis answers again")
+        assert final["sampled"] >= 2
+    finally:
+        proxy.close()
 
 
 def test_sigterm_stops_it_cleanly_with_every_answered_request_counted(
