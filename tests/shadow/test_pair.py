@@ -20,7 +20,7 @@ from django.db.models.functions import Cast
 from fleetctl.celery import app
 from fleetctl.fleet.models import Pool, Region
 from fleetctl.fleet.services import region_create
-from fleetctl.shadow import live, services
+from fleetctl.shadow import live, services, stats
 from fleetctl.shadow.models import ShadowJudgement, ShadowPair, ShadowRun
 from fleetctl.sim.profiles import Profile
 from fleetctl.traffic.models import Route
@@ -46,6 +46,14 @@ near_tie_fraction = 0.0
 {_QUIET}"""
 SIM_POOLS = {"p1": "shadow-ref", "p2": "shadow-ref", "same": "shadow-ref",
              "regressed": "shadow-regressed"}
+if _QUIET:  # replica noise (batch nondeterminism) turned up so that a few pairs show it
+    SHADOW_PROFILES += """
+[profiles.shadow-noisy]
+base = "quick"
+replica_noise = 0.5
+"""
+    SIM_POOLS.update({"noisy-a": "shadow-noisy", "noisy-b": "shadow-noisy",
+                      "noisy-c": "shadow-noisy"})
 
 
 @pytest.fixture(scope="session")
@@ -192,6 +200,31 @@ def test_a_diverging_candidate_is_seen_against_a_quiet_noise_floor(shadow_world,
     for pair in diverged:
         assert pair.signal["first_divergence"] is not None and pair.signal["token_a"]
         assert 0 < pair.divergence_score <= 1
+
+
+@pytest.mark.skipif(not _QUIET, reason="the simulator has no replica noise")
+def test_replica_noise_flips_are_near_ties_the_gate_excuses_on_both_sides(
+        shadow_world: World, shadow_sim):
+    shadow_world.primary = point(shadow_world.primary, shadow_sim.url("noisy-a"),
+                                 shadow_sim.url("noisy-b"))
+    shadow_world.candidate = point(shadow_world.candidate, shadow_sim.url("noisy-c"))
+    run = start(shadow_world, content="off", min_pairs=10)
+    pairs = [execute(run, chat(100 + i, max_tokens=32, logprobs=True, top_logprobs=3))
+             for i in range(16)]
+    flipped = [p for p in pairs if p and (p.noise_diverged or p.signal_diverged)]
+    assert len(flipped) >= 4, "at 50 % per answer most pairs have a flip"
+    for pair in flipped:
+        for comparison in (pair.noise, pair.signal):
+            if comparison["diverged"]:
+                assert comparison["near_tie"] == 1 and comparison["hard_flip"] == 0
+                # Excused unless the flip also changed how the answer ended (the text after
+                # a flip differs, so its length may too): then it counts, on both sides alike.
+                assert stats.metric_values(comparison)["divergence"] == comparison[
+                    "finish_mismatch"]
+    judged = services.run_judge(run=run).metrics
+    for side in ("noise_rate", "signal_rate"):
+        assert judged["divergence"][side] == judged["finish_mismatch"][side]
+    assert judged["diverged_any"]["noise_rate"] > judged["divergence"]["noise_rate"]
 
 
 # --- dropped --------------------------------------------------------------------------------
