@@ -283,9 +283,9 @@ def test_start_then_a_second_start_is_refused_then_adjust_then_stop(
     assert live.published()[world.route.name].run == run.pk
 
     again = lead.post(f"/shadow/plans/{plan.name}/start/", start_data(world))
-    # One running run per plan: refused on the form (the service's 409, or the model's
-    # constraint when full_clean sees it first), nothing stored.
-    assert again.status_code in (400, 409) and 'class="form-errors"' in again.content.decode()
+    # One running run per plan: refused on the form, nothing stored.
+    assert again.status_code == 409 and 'class="form-errors"' in again.content.decode()
+    assert "is still running; stop it first." in again.content.decode()
     assert ShadowRun.objects.count() == 1
 
     bad = lead.post(f"/shadow/runs/{run.pk}/adjust/", {"sample_percent": "500"})
