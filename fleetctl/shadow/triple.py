@@ -168,20 +168,15 @@ def call(base_url: str, request: Mapping[str, Any], *, timeout_s: float,
                                            response.read()[:ERROR_BODY_LIMIT])
             elif "text/event-stream" in response.headers.get("content-type", ""):
                 answer = _read_stream(response, started, deadline)
-            else:
-                body = response.read()
-                elapsed = time.monotonic() - started
+            else:  # a whole answer: its latency is the side's latency_ms, no TTFT
                 try:
-                    parsed = json.loads(body)
+                    parsed = json.loads(response.read())
                 except ValueError:
                     parsed = None
                 answer = (Answer.from_body(parsed, status=response.status_code)
                           if isinstance(parsed, dict) else
                           Answer.from_error(response.status_code, code="malformed_body",
                                             message="the answer was not a JSON object"))
-                if not answer.failed:
-                    answer = Answer.from_body(parsed, status=response.status_code,
-                                              ttft_s=elapsed)
     except (httpx.TimeoutException, _Late):
         answer = Answer.from_error(0, code="timeout",
                                    message=f"no complete answer within {timeout_s:g} s")

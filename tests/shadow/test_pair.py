@@ -163,6 +163,7 @@ def test_a_mirrored_request_becomes_a_pair_with_all_three_sides(
         assert pair.content["prompt"][0]["content"].startswith("question")
         assert pair.content["primary"] == pair.content["candidate"] != ""
     assert streamed.sides["primary"]["ttft_ms"] > 0 and streamed.sides["primary"]["tpot_ms"] > 0
+    assert whole.sides["primary"]["ttft_ms"] is None  # a whole answer has its latency only
     assert streamed.params["logprobs"] is True
     counters = live.counters(run.pk)
     assert (counters["pairs"], counters["pair_errors"]) == (2, 0)
