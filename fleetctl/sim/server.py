@@ -451,11 +451,14 @@ class SimPool:
             share = 0.25 + 0.35 * stable_unit("truncate-at", profile.name, key)
             max_tokens = length = max(1, int(length * share))
             info.regression = "+".join(filter(None, (info.regression, "truncated")))
-        if (isinstance(stream, TokenStream) and req.temperature == 0
+        if (isinstance(stream, TokenStream) and req.temperature == 0 and req.seed is None
                 and profile.replica_noise > 0 and self._random.random() < profile.replica_noise):
             # Replica noise: not keyed, so the same request may flip on one call and not the
             # next, here and not on another endpoint. Only greedy answers: sampled ones differ
-            # anyway, and structured ones are scripted.
+            # anyway, and structured ones are scripted. A request that names a `seed` asks for
+            # a reproducible answer and gets one, as from a server with batch-invariant
+            # kernels: the conformance probe's seed and stop cases send seeds, and judge the
+            # contract, not the noise.
             stream.add_flip(self._random.random(), length)
         params = SeqParams(
             model=req.model,
