@@ -198,6 +198,21 @@ def test_it_answers_every_mirrored_request_at_once_and_counts_each_outcome(
     assert httpx.get(f"{collector.url}/v1/chat/completions").status_code == 405
 
 
+def test_it_never_connects_to_the_database(start_collector, settings):
+    database = settings.DATABASES["default"]
+    assert database["ENGINE"].endswith("postgresql"), "make test runs on PostgreSQL"
+    collector = start_collector()
+    collector.publish()
+    collector.post_many(3)
+    counted(RUN, received=3, sampled=3)
+
+    remote_ports = {c.raddr.port for c in psutil.Process(collector.proc.pid).net_connections()
+                    if c.raddr}
+
+    assert int(database.get("PORT") or 5432) not in remote_ports
+    assert remote_ports  # it does hold its Redis connections
+
+
 def test_the_rate_cap_drops_the_excess(start_collector, shadow_redis):
     collector = start_collector()
     collector.publish(max_rps=2)
