@@ -249,6 +249,9 @@ SHADOW_JUDGE_INTERVAL_S = env_int("SHADOW_JUDGE_INTERVAL_S", 15)
 # One side of a shadow pair (a whole answer, streamed or not) gets this long, then it is an
 # error answer (status 0): never retried, never failed over.
 SHADOW_PAIR_TIMEOUT_S = env_float("SHADOW_PAIR_TIMEOUT_S", 120.0)
+# The judge looks at a running run's newest pairs, at most this many: a bounded cost per look
+# however long the run lasts, and a verdict on what the candidate does now.
+SHADOW_JUDGE_WINDOW_PAIRS = env_int("SHADOW_JUDGE_WINDOW_PAIRS", 20_000)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -644,13 +644,11 @@ def _evidence_due(run: ShadowRun, judged: stats.RunJudgement) -> bool:
     return stale and judged.pairs > int((last["data"] or {}).get("pairs", 0))
 
 
-def _evidence_data(run: ShadowRun, judged: stats.RunJudgement,
-                   counters: dict[str, int]) -> dict[str, Any]:
+def _evidence_data(run: ShadowRun, judged: stats.RunJudgement, counters: dict[str, int],
+                   window: tuple[datetime | None, datetime | None]) -> dict[str, Any]:
     from migrations_plan.evidence import pool_fingerprint
 
-    window = ShadowPair.objects.filter(run=run).order_by("received_at").values_list(
-        "received_at", flat=True)
-    first, last = window.first(), window.last()
+    first, last = window
     return {
         "run": run.pk, "mode": run.mode, "pairs": judged.pairs, "min_pairs": run.min_pairs,
         "margin": run.margin, "confidence": run.confidence,
@@ -672,7 +670,13 @@ def run_judge(*, run: ShadowRun) -> ShadowJudgement:
     from migrations_plan.services import evidence_record
 
     run = ShadowRun.objects.select_related("route", "candidate", "primary", "plan").get(pk=run.pk)
-    pairs = list(ShadowPair.objects.filter(run=run).values_list("noise", "signal"))
+    # The newest SHADOW_JUDGE_WINDOW_PAIRS pairs: a run that lasts for weeks is judged on
+    # its recent behaviour at a bounded cost per look, not on every pair it ever made.
+    rows = list(ShadowPair.objects.filter(run=run).order_by("-received_at", "-id")
+                .values_list("noise", "signal", "received_at")
+                [:settings.SHADOW_JUDGE_WINDOW_PAIRS])
+    pairs = [(noise, signal) for noise, signal, _ in rows]
+    window = (rows[-1][2], rows[0][2]) if rows else (None, None)
     judged = stats.judge_pairs(pairs, margin=run.margin, min_pairs=run.min_pairs,
                                confidence=run.confidence)
     counters = _folded(run)
@@ -686,7 +690,7 @@ def run_judge(*, run: ShadowRun) -> ShadowJudgement:
             evidence = evidence_record(
                 actor=_system(), pool=run.candidate, kind=KIND,
                 verdict=EVIDENCE_VERDICT[judged.verdict], summary=judged.summary,
-                data=_evidence_data(run, judged, counters), route=run.route,
+                data=_evidence_data(run, judged, counters, window), route=run.route,
                 model_id=run.model_id, source=f"shadow run {run.pk}",
                 url=f"/shadow/runs/{run.pk}/")
             evidence_id = evidence.pk
@@ -708,6 +712,14 @@ def runs_judge() -> int:
     return judged
 
 
+def _without_tokens(column: str) -> RawSQL:
+    """The comparison JSON less its divergent tokens (text), in the database's own dialect:
+    jsonb on PostgreSQL, the JSON1 functions on SQLite (the demo's database)."""
+    if connection.vendor == "postgresql":
+        return RawSQL(f"{column} - 'token_a' - 'token_b'", ())
+    return RawSQL(f"json_remove({column}, '$.token_a', '$.token_b')", ())
+
+
 def pairs_purge(now: datetime | None = None) -> int:
     """Beat: empty the stored text (content, and the divergent tokens in the comparisons)
     of pairs received longer ago than their run's retention. Metrics and hashes stay."""
@@ -719,8 +731,7 @@ def pairs_purge(now: datetime | None = None) -> int:
             run__retention_hours=hours, content_purged_at__isnull=True,
             received_at__lt=now - timedelta(hours=hours)).update(
             content={}, content_purged_at=now,
-            noise=RawSQL("noise - 'token_a' - 'token_b'", ()),
-            signal=RawSQL("signal - 'token_a' - 'token_b'", ()))
+            noise=_without_tokens("noise"), signal=_without_tokens("signal"))
     if purged:
         log.info("shadow: purged the text of %s pairs past their retention", purged)
     return purged
