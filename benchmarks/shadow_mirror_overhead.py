@@ -35,16 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
-MODEL = "llama-3.1-8b-instruct"
+# The drain benchmark's small, fast pool profile (a 4 ms decode step, no network delay).
+from benchmarks.drain_latency import MODEL, PROFILES  # noqa: E402
+
 ROUTE = "llama"
-PROFILES = """
-[profiles.bench]
-base = "h200"
-decode_base_ms = 4.0
-decode_per_seq_ms = 0.02
-network_latency_ms = 0.0
-divergence_rate = 0.0
-"""
 
 
 def wait_http(url: str, what: str, log: Path, timeout_s: float = 30) -> None:

@@ -249,6 +249,18 @@ def pairs_at_least(run: ShadowRun, n: int, timeout_s: float = 60) -> None:
                what=f"{n} pairs of {run} (counters {live.counters(run.pk)})")
 
 
+def shadowed(w: World, stack: Stack, prompts: list[str], **options: Any
+             ) -> tuple[ShadowRun, list[str]]:
+    """Start a run, send `prompts` through Envoy, wait for their pairs, judge: the run as
+    judged, and the live answers."""
+    run = start(w, stack.collector_url, **options)
+    answers = ask_all(stack, prompts)
+    pairs_at_least(run, len(prompts))
+    services.run_judge(run=ShadowRun.objects.get(pk=run.pk))
+    run.refresh_from_db()
+    return run, answers
+
+
 def divergence_check(plan: Plan) -> ev.CheckResult:
     gate = ev.evaluate_gate(Plan.objects.get(pk=plan.pk), stage=2)
     return next(o.result for o in gate.outcomes if o.check.key == "divergence")
@@ -258,14 +270,11 @@ def divergence_check(plan: Plan) -> ev.CheckResult:
 def test_pairs_reach_the_plan_gate_and_a_known_divergence_rate_lies_inside_the_interval(
         world, stack):
     w = world(primary=["prim-a", "prim-b"], candidate="cand-known")
-    run = start(w, stack.collector_url)
 
-    ask_all(stack, PROMPTS[:60])
-    pairs_at_least(run, 60)
-    services.run_judge(run=ShadowRun.objects.get(pk=run.pk))
+    run, _ = shadowed(w, stack, PROMPTS[:60])
 
-    run.refresh_from_db()
     assert run.verdict in ("pass", "warn", "fail"), run.summary
+    assert run.evidence_id is not None
     evidence = Evidence.objects.get(pk=run.evidence_id)
     assert evidence.kind == "shadow" and evidence.source == f"shadow run {run.pk}"
     assert evidence.data["pairs"] >= 60 and evidence.data["run"] == run.pk
@@ -290,22 +299,14 @@ def test_pairs_reach_the_plan_gate_and_a_known_divergence_rate_lies_inside_the_i
 @pytest.mark.slow
 def test_an_aa_candidate_does_not_fail_and_a_regressed_one_does(world, stack):
     w = world(primary=["prim-a", "prim-b"], candidate="cand-aa")
-    same = start(w, stack.collector_url)
-    ask_all(stack, PROMPTS[:40])
-    pairs_at_least(same, 40)
-    services.run_judge(run=ShadowRun.objects.get(pk=same.pk))
-    same.refresh_from_db()
+    same, _ = shadowed(w, stack, PROMPTS[:40])
     assert same.verdict in ("pass", "warn"), same.summary
     services.run_stop(actor=Actor(user=w.lead), run=same, reason="A/A done")
 
     pool_update(actor=SYSTEM, pool=w.pools["candidate"],
                 base_urls=[stack.sims.url("cand-bad")])
     pushes_verified()
-    regressed = start(w, stack.collector_url)
-    ask_all(stack, PROMPTS[:40])
-    pairs_at_least(regressed, 40)
-    services.run_judge(run=ShadowRun.objects.get(pk=regressed.pk))
-    regressed.refresh_from_db()
+    regressed, _ = shadowed(w, stack, PROMPTS[:40])
     assert regressed.verdict == "fail", regressed.summary
     judged = ShadowJudgement.objects.filter(run=regressed).latest("at").metrics
     assert judged["finish_mismatch"]["verdict"] == "fail", judged["finish_mismatch"]
@@ -334,12 +335,9 @@ def rows_containing(text: str) -> dict[str, int]:
 @pytest.mark.slow
 def test_with_content_off_no_shadow_table_holds_any_text_of_the_requests(world, stack):
     w = world(primary=["steady-a", "steady-b"], candidate="cand-aa")
-    run = start(w, stack.collector_url, content="off")
     prompts = [f"{p} My code word is {MARKER}, mail {MARKER}@example.com" for p in PROMPTS[:20]]
 
-    answers = ask_all(stack, prompts)
-    pairs_at_least(run, 20)
-    services.run_judge(run=ShadowRun.objects.get(pk=run.pk))
+    run, answers = shadowed(w, stack, prompts, content="off")
 
     assert all(answers)
     assert not any(rows_containing(MARKER).values()), rows_containing(MARKER)
