@@ -82,6 +82,27 @@ def populate(pools: int, health_rows: int) -> None:
     user.groups.set([Group.objects.get_or_create(name="viewer")[0]])
 
 
+def django_in_process(default_db: str, redis_url: str | None = None) -> None:
+    """Django set up in this process as a server runs it (DEBUG off), on PostgreSQL
+    (DATABASE_URL, else `default_db`, created if missing) with every migration applied."""
+    os.environ.setdefault("DATABASE_URL", default_db)
+    if redis_url is not None:
+        os.environ.setdefault("REDIS_URL", redis_url)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
+    os.environ["DEBUG"] = "0"
+    os.environ.setdefault("SECRET_KEY", "benchmark-only")
+    ensure_database(os.environ["DATABASE_URL"])
+
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    settings.ALLOWED_HOSTS = ["*"]
+    call_command("migrate", verbosity=0)
+
+
 def measure(client: object, url: str, runs: int, headers: dict[str, str]) -> list[float]:
     timings = []
     for i in range(runs + 5):
@@ -105,22 +126,10 @@ def main() -> None:
     parser.add_argument("--pools", type=int, default=1000)
     parser.add_argument("--health-rows", type=int, default=100_000)
     args = parser.parse_args()
-    os.environ.setdefault("DATABASE_URL", DEFAULT_DB)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
-    os.environ["DEBUG"] = "0"
-    os.environ.setdefault("SECRET_KEY", "benchmark-only")
-    ensure_database(os.environ["DATABASE_URL"])
-
-    import django
-
-    django.setup()
-    from django.conf import settings
+    django_in_process(DEFAULT_DB)
     from django.contrib.auth.models import User
-    from django.core.management import call_command
     from django.test import Client
 
-    settings.ALLOWED_HOSTS = ["*"]
-    call_command("migrate", verbosity=0)
     populate(args.pools, args.health_rows)
     client = Client()
     client.force_login(User.objects.get(username="bench"))
