@@ -5,14 +5,13 @@ another tokenizer), pools with one switch off each, and a tiny one that saturate
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fleetctl.fleet.models import Pool
 from fleetctl.fleet.services import pool_model_create
-from tests.sim.simproc import TEST_PROFILES, SimProcess
+from tests.sim.simproc import TEST_PROFILES, SimProcess, sim_with_profiles
 
 MODEL = "llama-3.1-8b-instruct"
 CONFORMANCE_PROFILES = TEST_PROFILES + """
@@ -44,13 +43,8 @@ SIM_POOLS = {"good": "quick", "twin": "quick-twin", "legacy": "legacy",
 
 @pytest.fixture(scope="session")
 def conformance_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    folder = tmp_path_factory.mktemp("conformance-sim")
-    profiles = folder / "profiles.toml"
-    profiles.write_text(CONFORMANCE_PROFILES)
-    args = ["--profiles", str(profiles), "--log-level", "WARNING"]
-    for name, profile in SIM_POOLS.items():
-        args += ["--pool", f"{name}={profile}@0"]
-    sim = SimProcess(args, len(SIM_POOLS), Path(folder) / "sim.log")
+    sim = sim_with_profiles(tmp_path_factory.mktemp("conformance-sim"), CONFORMANCE_PROFILES,
+                            SIM_POOLS)
     yield sim
     sim.stop()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -390,15 +389,11 @@ def test_comparing_is_deterministic() -> None:
 
 @pytest.fixture(scope="module")
 def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tests.sim.simproc import TEST_PROFILES, SimProcess
+    from tests.sim.simproc import TEST_PROFILES, sim_with_profiles
 
-    directory = tmp_path_factory.mktemp("compare-sim")
-    profiles = directory / "profiles.toml"
-    profiles.write_text(TEST_PROFILES)
-    args = ["--profiles", str(profiles), "--log-level", "WARNING"]
-    for name in ("primary", "diverging", "tie", "flip"):
-        args += ["--pool", f"{name}={'quick' if name == 'primary' else name}@0"]
-    sim = SimProcess(args, 4, Path(directory) / "sim.log")
+    sim = sim_with_profiles(tmp_path_factory.mktemp("compare-sim"), TEST_PROFILES,
+                            {"primary": "quick", "diverging": "diverging", "tie": "tie",
+                             "flip": "flip"})
     yield sim
     assert sim.stop() == 0, sim.log()
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,7 +26,7 @@ from fleetctl.traffic.models import Route
 from migrations_plan.models import Plan
 from tests.conftest import wait_until
 from tests.migrations_plan.conftest import MODEL, World, world  # noqa: F401 - the fixture
-from tests.sim.simproc import TEST_PROFILES, SimProcess
+from tests.sim.simproc import TEST_PROFILES, SimProcess, sim_with_profiles
 
 pytestmark = pytest.mark.slow
 
@@ -58,13 +57,7 @@ replica_noise = 0.5
 
 @pytest.fixture(scope="session")
 def shadow_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    folder = tmp_path_factory.mktemp("shadow-sim")
-    profiles = folder / "profiles.toml"
-    profiles.write_text(SHADOW_PROFILES)
-    args = ["--profiles", str(profiles), "--log-level", "WARNING"]
-    for name, profile in SIM_POOLS.items():
-        args += ["--pool", f"{name}={profile}@0"]
-    sim = SimProcess(args, len(SIM_POOLS), Path(folder) / "sim.log")
+    sim = sim_with_profiles(tmp_path_factory.mktemp("shadow-sim"), SHADOW_PROFILES, SIM_POOLS)
     yield sim
     sim.stop()
 

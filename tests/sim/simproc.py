@@ -168,6 +168,17 @@ class SimProcess:
         return self.proc.returncode
 
 
+def sim_with_profiles(folder: Path, profiles: str, pools: dict[str, str]) -> SimProcess:
+    """A simulator with the given profiles file text and pools (name -> profile, each on a
+    free port), logging to `folder`/sim.log."""
+    path = folder / "profiles.toml"
+    path.write_text(profiles)
+    args = ["--profiles", str(path), "--log-level", "WARNING"]
+    for name, profile in pools.items():
+        args += ["--pool", f"{name}={profile}@0"]
+    return SimProcess(args, len(pools), folder / "sim.log")
+
+
 def _wait_healthy(url: str, deadline: float) -> None:
     while time.monotonic() < deadline:
         try:
