@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/fleetctl_bench_shadow_page"
 
-from overview_and_pools_api import ensure_database, measure, p95  # noqa: E402
+from overview_and_pools_api import django_in_process, measure, p95  # noqa: E402
 
 
 def populate(judgements: int) -> int:
@@ -114,27 +113,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--judgements", type=int, default=5760)
     args = parser.parse_args()
-    os.environ.setdefault("DATABASE_URL", DEFAULT_DB)
-    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/6")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
-    os.environ["DEBUG"] = "0"
-    os.environ.setdefault("SECRET_KEY", "benchmark-only")
-    ensure_database(os.environ["DATABASE_URL"])
-
-    import django
-
-    django.setup()
-    from django.conf import settings
+    django_in_process(DEFAULT_DB, "redis://127.0.0.1:6379/6")
     from django.contrib.auth.models import User
-    from django.core.management import call_command
     from django.test import Client
 
     from fleetctl.core.charts import figure_data
     from fleetctl.shadow import charts
     from fleetctl.shadow.models import ShadowJudgement, ShadowRun
 
-    settings.ALLOWED_HOSTS = ["*"]
-    call_command("migrate", verbosity=0)
     run_id = populate(args.judgements)
     client = Client()
     client.force_login(User.objects.get(username="bench"))
