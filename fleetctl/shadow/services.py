@@ -700,8 +700,33 @@ def run_judge(*, run: ShadowRun) -> ShadowJudgement:
     return judgement
 
 
+def publications_reconcile() -> None:
+    """Make what the collectors read in Redis match the running mirror runs: a Redis that
+    restarted empty (the demo's embedded one, a failover) forgets every run, and the
+    collectors would count the route's copies as unmatched for as long as the run lasts; a
+    publication whose run is no longer running is taken down."""
+    running = {run.route.name: run for run in ShadowRun.objects.select_related("route").filter(
+        status=ShadowRun.Status.RUNNING, mode=ShadowRun.Mode.MIRROR, route__isnull=False)}
+    held = live.published()
+    for name, run in running.items():
+        expected = live.RunConfig(run.pk, float(run.max_rps), int(run.max_tokens_per_day))
+        if held.get(name) != expected:
+            log.warning("shadow run %s was not published for route %s; publishing it again",
+                        run.pk, name)
+            _publish(run)
+    for name in set(held) - set(running):
+        log.warning("route %s was published for shadow run %s, which is not running; taking "
+                    "it down", name, held[name].run)
+        live.unpublish_run(name)
+
+
 def runs_judge() -> int:
-    """Beat: judge every running run; one run's failure does not stop the others."""
+    """Beat: judge every running run; one run's failure does not stop the others. Running
+    mirror runs are published again first if Redis lost them."""
+    try:
+        publications_reconcile()
+    except Exception:
+        log.exception("shadow runs could not be checked against what the collectors read")
     judged = 0
     for run in ShadowRun.objects.filter(status=ShadowRun.Status.RUNNING):
         try:

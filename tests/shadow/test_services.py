@@ -201,6 +201,15 @@ def test_stopping_leaves_another_runs_publication_alone(world: World, plan: Plan
     assert live.published()["llama"].run == run.pk + 1000
 
 
+def test_the_beat_publishes_a_running_run_redis_forgot_and_takes_down_a_stale_one(
+        world: World, plan: Plan):  # noqa: F811
+    run = create(world, plan, max_rps=3)
+    live.client().delete(live.ROUTES_KEY)  # Redis restarted empty
+    live.publish_run(run.pk + 1000, "other-route", max_rps=1, max_tokens_per_day=1000)
+    services.runs_judge()
+    assert live.published() == {"llama": live.RunConfig(run.pk, 3.0, run.max_tokens_per_day)}
+
+
 # --- judge and purge --------------------------------------------------------------------------
 
 def test_the_beat_judges_running_runs_only(world: World, plan: Plan):  # noqa: F811
