@@ -714,6 +714,13 @@ def publications_reconcile() -> None:
             log.warning("shadow run %s was not published for route %s; publishing it again",
                         run.pk, name)
             _publish(run)
+            if not any(live.counters(run.pk).values()):
+                # Redis lost the counters too: carry on from what the judge last folded in,
+                # so what comes next adds to them instead of hiding under them.
+                stored = {k: int(v) for k, v in (run.counters or {}).items()
+                          if k in live.COUNTER_FIELDS and int(v) > 0}
+                if stored:
+                    live.count(run.pk, **stored)
     for name in set(held) - set(running):
         log.warning("route %s was published for shadow run %s, which is not running; taking "
                     "it down", name, held[name].run)

@@ -204,10 +204,15 @@ def test_stopping_leaves_another_runs_publication_alone(world: World, plan: Plan
 def test_the_beat_publishes_a_running_run_redis_forgot_and_takes_down_a_stale_one(
         world: World, plan: Plan):  # noqa: F811
     run = create(world, plan, max_rps=3)
-    live.client().delete(live.ROUTES_KEY)  # Redis restarted empty
+    live.count(run.pk, received=7, sampled=5, pairs=4)
+    services.runs_judge()  # folds the counters into the row
+    live.client().delete(live.ROUTES_KEY, live.counters_key(run.pk))  # Redis restarted empty
     live.publish_run(run.pk + 1000, "other-route", max_rps=1, max_tokens_per_day=1000)
     services.runs_judge()
     assert live.published() == {"llama": live.RunConfig(run.pk, 3.0, run.max_tokens_per_day)}
+    live.count(run.pk, received=1)  # counting goes on from where it was, not from 0
+    assert {k: v for k, v in live.counters(run.pk).items() if v} == {
+        "received": 8, "sampled": 5, "pairs": 4}
 
 
 # --- judge and purge --------------------------------------------------------------------------
