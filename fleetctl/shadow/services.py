@@ -671,11 +671,19 @@ def run_judge(*, run: ShadowRun) -> ShadowJudgement:
 
     run = ShadowRun.objects.select_related("route", "candidate", "primary", "plan").get(pk=run.pk)
     # The newest SHADOW_JUDGE_WINDOW_PAIRS pairs: a run that lasts for weeks is judged on
-    # its recent behaviour at a bounded cost per look, not on every pair it ever made.
+    # its recent behaviour at a bounded cost per look, not on every pair it ever made. One
+    # pair per distinct request (its newest): a prompt asked a hundred times diverges, or
+    # not, a hundred times alike, and counted a hundred times it would narrow the interval
+    # as if it were a hundred different requests.
     rows = list(ShadowPair.objects.filter(run=run).order_by("-received_at", "-id")
-                .values_list("noise", "signal", "received_at")
+                .values_list("noise", "signal", "received_at", "request_hash")
                 [:settings.SHADOW_JUDGE_WINDOW_PAIRS])
-    pairs = [(noise, signal) for noise, signal, _ in rows]
+    seen: set[str] = set()
+    pairs = []
+    for noise, signal, _, digest in rows:
+        if digest not in seen:
+            seen.add(digest)
+            pairs.append((noise, signal))
     window = (rows[-1][2], rows[0][2]) if rows else (None, None)
     judged = stats.judge_pairs(pairs, margin=run.margin, min_pairs=run.min_pairs,
                                confidence=run.confidence)

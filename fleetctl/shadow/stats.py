@@ -123,6 +123,13 @@ def _summary(verdict: str, metrics: dict[str, MetricJudgement], margin: float,
                 f" vs noise floor {(div.noise_rate or 0) * 100:.1f} % over {div.n} pairs")
         if div.n < min_pairs:
             head += f" (of {min_pairs} needed)"
+        every = metrics.get("diverged_any")
+        if every is not None and every.n and (every.signal_rate, every.noise_rate) != (
+                div.signal_rate, div.noise_rate):
+            # Say what was excused, or "noise floor 0.0 %" reads as "no noise".
+            head += (f" (near-tie flips excused; with them the candidate diverges on "
+                     f"{(every.signal_rate or 0) * 100:.1f} % and the primary from itself on "
+                     f"{(every.noise_rate or 0) * 100:.1f} %)")
     # Other gated metrics are named when they fail, or warn on a rise actually seen (a metric
     # at 0 on both sides warns only because few pairs bound it loosely: not news).
     others = [f"{name.replace('_', ' ')} {m.verdict}" for name, m in metrics.items()

@@ -131,3 +131,12 @@ def test_other_metrics_at_zero_that_warn_only_for_want_of_pairs_are_not_named():
                                min_pairs=30, confidence=0.95)
     assert judged.metrics["finish_mismatch"].verdict == "warn"
     assert judged.summary.endswith(": fail (margin 2 pts)"), judged.summary
+
+
+def test_the_summary_says_what_near_tie_flips_it_excused():
+    pairs = [(TIE if i % 50 == 0 else SAME, TIE if i % 20 == 0 else SAME) for i in range(400)]
+    judged = stats.judge_pairs(pairs, margin=0.02, min_pairs=200, confidence=0.95)
+    assert "vs noise floor 0.0 % over 400 pairs (near-tie flips excused; with them the " \
+           "candidate diverges on 5.0 % and the primary from itself on 2.0 %)" in judged.summary
+    alike = stats.judge_pairs([(SAME, FLIP)] * 10, margin=0.02, min_pairs=5, confidence=0.95)
+    assert "excused" not in alike.summary
