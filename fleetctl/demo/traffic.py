@@ -67,9 +67,13 @@ _ASKS = [
     "Write a tweet-length announcement about {t}.",
     "What questions do experts still debate about {t}?",
 ]
-# 24 topics x 12 asks = 288 prompts, interleaved so neighbours differ in topic and ask.
-PROMPTS: list[str] = [_ASKS[i % len(_ASKS)].format(t=_TOPICS[i % len(_TOPICS)])
-                      for i in range(len(_TOPICS) * len(_ASKS))]
+# 24 topics x 12 asks = 288 distinct prompts, interleaved so neighbours differ in topic and
+# ask: prompt i asks ask i mod 12 about topic (13·(i div 12) + i) mod 24 — 13 is prime to 24,
+# so each ask meets every topic once. (Topic i mod 24 would pair each ask with only two topics:
+# 24 prompts, and a shadow gate that counts distinct requests would never reach 200.)
+PROMPTS: list[str] = [
+    _ASKS[i % len(_ASKS)].format(t=_TOPICS[(13 * (i // len(_ASKS)) + i) % len(_TOPICS)])
+    for i in range(len(_TOPICS) * len(_ASKS))]
 # Completion budgets, in rotation: long enough (≥ 48) for the simulator's divergences to show.
 MAX_TOKENS = (64, 96, 128, 80, 160)
 

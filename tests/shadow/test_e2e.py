@@ -13,6 +13,7 @@ the same answers on every run; only the replicas' near-tie flips are random.
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -424,6 +425,16 @@ def test_the_demo_traffic_generator_feeds_a_mirror_run_through_envoy(world, stac
     kinds = ShadowPair.objects.filter(run=run).values_list("params", flat=True)
     assert any(p.get("stream") for p in kinds) and any(
         p.get("response_format") == "json_object" for p in kinds), list(kinds)[:3]
+
+
+def test_the_demo_traffic_rotates_over_288_distinct_prompts_and_more_distinct_requests():
+    from fleetctl.demo.traffic import PROMPTS, request_body
+
+    assert len(PROMPTS) == len(set(PROMPTS)) == 288
+    # The gate counts one pair per distinct request: the demo's min_pairs (200) must be
+    # reachable, at 2 requests a second within minutes.
+    bodies = {json.dumps(request_body(i), sort_keys=True) for i in range(400)}
+    assert len(bodies) == 400
 
 
 def test_the_demo_traffic_generator_backs_off_from_a_gateway_that_does_not_answer():
