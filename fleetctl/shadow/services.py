@@ -187,9 +187,13 @@ def run_create(*, actor: Actor, plan: Plan, mode: str = "mirror", route: Route |
     run.full_clean(validate_constraints=False)  # one running run per plan: checked below
     try:
         with transaction.atomic():
+            # One running run per plan; and one mirror per route (the route holds one
+            # mirror share and the collectors one run per route). A replay uses no mirror.
+            clash = Q(plan=plan)
+            if mode == ShadowRun.Mode.MIRROR:
+                clash |= Q(route=route, mode=ShadowRun.Mode.MIRROR)
             busy = (ShadowRun.objects.select_for_update()
-                    .filter(Q(plan=plan) | Q(route=route, mode=ShadowRun.Mode.MIRROR),
-                            status=ShadowRun.Status.RUNNING).first())
+                    .filter(clash, status=ShadowRun.Status.RUNNING).first())
             if busy is not None:
                 raise ConflictError(
                     f"Shadow run {busy.pk} ({busy.mode} of route "

@@ -478,3 +478,24 @@ def test_the_demo_seed_starts_one_mirror_run_for_the_mi300x_plan_and_never_a_sec
     call_command(*seed, stdout=io.StringIO(), stderr=notes)  # a stopped run stays stopped
     assert list(ShadowRun.objects.values_list("status", flat=True)) == ["stopped"]
     assert "keeps its stopped shadow run" in notes.getvalue()
+
+
+@pytest.mark.django_db
+def test_the_demo_seed_stores_a_prompt_trace_a_replay_run_can_start_from():
+    from django.core.management import call_command
+
+    from fleetctl.bench.models import Trace
+    from fleetctl.bench.services import trace_requests
+    from fleetctl.demo.traffic import PROMPTS
+    from migrations_plan.models import Plan
+
+    seed = ["demo_seed", "--password=demo-pw", "--sim-base-port", "8100", "--gateway-admin",
+            "http://127.0.0.1:1", "--gateway-config-dir", "/tmp/fleetctl-demo-e2e"]
+    call_command(*seed, stdout=io.StringIO(), stderr=io.StringIO())
+    trace = Trace.objects.get(name="demo-prompts")
+    texts = [r.messages[0]["content"] for r in trace_requests(trace) if r.messages]
+    assert texts == PROMPTS
+    run = services.run_create(actor=Actor(user=User.objects.get(username="lead")),
+                              plan=Plan.objects.get(name="a100-llama-8b"), mode="replay",
+                              trace=trace)
+    assert (run.mode, run.trace, run.status) == ("replay", trace, "running")

@@ -96,6 +96,7 @@ class Command(BaseCommand):
             self._pool(actor, spec, options["sim_base_port"])
         self._people(actor, options["password"])
         self._trace(actor)
+        self._prompt_trace(actor)
         if options["gateway_admin"]:
             self._traffic(actor, options["gateway_admin"], options["gateway_config_dir"])
             self._plans()
@@ -200,6 +201,30 @@ class Command(BaseCommand):
                                "hi": 512},
             arrival={"kind": "poisson", "rate": 8.0}, shared_prefix_groups=4,
             shared_prefix_tokens=200))
+
+    def _prompt_trace(self, actor: Actor) -> None:
+        """A trace with prompt texts (the demo traffic's 288 prompts, one a second), for a
+        replay shadow run: `fleetctl shadow start --plan a100-llama-8b --mode replay --trace
+        demo-prompts`. Uploaded through the same validated path as any trace."""
+        import io
+        import json
+
+        from fleetctl.bench import services as bench
+        from fleetctl.bench.models import Trace
+        from fleetctl.demo.traffic import PROMPTS
+
+        if Trace.objects.filter(name="demo-prompts").exists():
+            return
+        lines = [json.dumps({"fleetctl_trace": 1, "name": "demo-prompts"})]
+        lines += [json.dumps({"arrival_s": float(i), "prompt_tokens": 16,
+                              "completion_tokens": 96,
+                              "messages": [{"role": "user", "content": prompt}]})
+                  for i, prompt in enumerate(PROMPTS)]
+        body = io.BytesIO("\n".join(lines).encode())
+        self._create("trace demo-prompts", lambda: bench.trace_upload(
+            actor=actor, name="demo-prompts", fileobj=body,
+            description="The demo traffic's 288 chat prompts, one a second: replay them "
+                        "in a shadow run."))
 
     def _plans(self) -> None:
         """Two plans, both opened by `lead` so that `lead2` is the second platform lead:
