@@ -104,7 +104,8 @@ def _summary_fields(run: dict[str, Any]) -> list[tuple[str, Any]]:
     if "counters" in run:
         fields.append(("counters", _counters_line(run["counters"])))
         fields.append(("evidence", run["evidence_url"]))
-        fields.append(("mirror", run["mirror_note"]))
+        if run["mirror_note"]:  # e.g. the HAProxy gateways whose traffic is not sampled
+            fields.append(("mirror", run["mirror_note"]))
     return fields
 
 
