@@ -169,6 +169,14 @@ class Gateway(models.Model):
         kind = registry.find(self.kind)
         return kind.label if kind is not None else self.kind
 
+    @property
+    def supports_mirror(self) -> bool:
+        """Can it copy a share of a route's requests to the shadow collector (its kind)?"""
+        from fleetctl.traffic.gateways import registry
+
+        kind = registry.find(self.kind)
+        return kind is None or kind.supports_mirror
+
     def clean(self) -> None:
         """The kind's own rules (registry): what admin_address holds, and the options schema
         (unknown keys, types, required options), each problem naming its option."""

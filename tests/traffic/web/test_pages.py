@@ -181,3 +181,26 @@ def test_the_drain_list_pages_fifty_at_a_time(viewer: Client, route: Route):
     assert "page 1 of 2" in first and first.count('class="badge drain-') == 50
     second = viewer.get(reverse("traffic:drains"), {"page": 2}).content.decode()
     assert second.count('class="badge drain-') == 2
+
+
+def test_the_route_page_says_what_share_is_mirrored_and_for_whom(oncall: Client, route: Route):
+    url = reverse("traffic:route-detail", args=[route.name])
+    assert "not mirrored" in oncall.get(url).content.decode()
+    Route.objects.filter(pk=route.pk).update(mirror_percent=12.5, mirror_owner="shadow run 7")
+    html = oncall.get(url).content.decode()
+    assert "12.5 % of requests copied to the shadow collector" in html
+    assert "for shadow run 7" in html and "not mirrored" not in html
+
+
+def test_the_gateways_table_says_haproxy_cannot_mirror(oncall: Client, route: Route):
+    services.gateway_create(actor=SYSTEM, name="edge-envoy", kind="envoy",
+                            admin_address="http://127.0.0.1:9901", options=NO_ENVOY,
+                            routes=[route])
+    services.gateway_create(actor=SYSTEM, name="edge-haproxy", kind="haproxy",
+                            admin_address="/run/haproxy.sock", routes=[route],
+                            options={"bind": "127.0.0.1:1", "config_path": "/nonexistent",
+                                     "master_socket": "/nonexistent"})
+    html = oncall.get(reverse("traffic:routes")).content.decode()
+    assert html.count("cannot mirror: shadow runs replay a trace instead") == 1
+    row = html[html.index("<strong>edge-haproxy</strong>"):]
+    assert "cannot mirror" in row[:row.index("</tr>")]
