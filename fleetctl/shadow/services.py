@@ -718,7 +718,8 @@ def publications_reconcile() -> None:
     collectors would count the route's copies as unmatched for as long as the run lasts; a
     publication whose run is no longer running is taken down."""
     running = {run.route.name: run for run in ShadowRun.objects.select_related("route").filter(
-        status=ShadowRun.Status.RUNNING, mode=ShadowRun.Mode.MIRROR, route__isnull=False)}
+        status=ShadowRun.Status.RUNNING, mode=ShadowRun.Mode.MIRROR, route__isnull=False)
+        if run.route is not None}
     held = live.published()
     for name, run in running.items():
         expected = live.RunConfig(run.pk, float(run.max_rps), int(run.max_tokens_per_day))
