@@ -165,6 +165,10 @@ class ShadowJudgement(models.Model):
     # "method", "verdict", "gated"}
     metrics = models.JSONField(default=dict)
     counters = models.JSONField(default=dict)
+    # Per side ("primary", "secondary", "candidate") and figure ("ttft_ms", "tpot_ms",
+    # "latency_ms"): {"n", "p50", "p95"} over the judged pairs' successful answers — the
+    # three sides' speed on the same requests at the same moment (stats.latency_summary).
+    latency = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["run", "at"]

@@ -680,11 +680,11 @@ def run_judge(*, run: ShadowRun) -> ShadowJudgement:
     # not, a hundred times alike, and counted a hundred times it would narrow the interval
     # as if it were a hundred different requests.
     rows = list(ShadowPair.objects.filter(run=run).order_by("-received_at", "-id")
-                .values_list("noise", "signal", "received_at", "request_hash")
+                .values_list("noise", "signal", "received_at", "request_hash", "sides")
                 [:settings.SHADOW_JUDGE_WINDOW_PAIRS])
     seen: set[str] = set()
     pairs = []
-    for noise, signal, _, digest in rows:
+    for noise, signal, _, digest, _sides in rows:
         if digest not in seen:
             seen.add(digest)
             pairs.append((noise, signal))
@@ -696,7 +696,8 @@ def run_judge(*, run: ShadowRun) -> ShadowJudgement:
     with transaction.atomic():
         judgement = ShadowJudgement.objects.create(
             run=run, at=now, pairs=judged.pairs, verdict=judged.verdict,
-            metrics=judged.metrics_dict(), counters=counters)
+            metrics=judged.metrics_dict(), counters=counters,
+            latency=stats.latency_summary([row[4] for row in rows]))
         evidence_id = run.evidence_id
         if _evidence_due(run, judged):
             evidence = evidence_record(

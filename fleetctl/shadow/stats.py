@@ -169,3 +169,32 @@ def judge_pairs(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], *,
     return RunJudgement(verdict=verdict, summary=_summary(verdict, judged, margin, min_pairs),
                         pairs=len(pairs), margin=margin, min_pairs=min_pairs,
                         confidence=confidence, metrics=judged)
+
+
+SIDES: tuple[str, ...] = ("primary", "secondary", "candidate")
+LATENCY_FIGURES: tuple[str, ...] = ("ttft_ms", "tpot_ms", "latency_ms")
+
+
+def latency_summary(sides: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Side -> figure -> {n, p50, p95} over the pairs' stored sides (ShadowPair.sides), each
+    side's successful answers only (an error's timing says nothing about speed). TTFT and
+    TPOT exist for streamed answers only; latency_ms (the whole answer) for every answer.
+    The three sides answered the same requests at the same moment, so their percentiles
+    compare like with like."""
+    import numpy as np
+
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for side in SIDES:
+        figures: dict[str, dict[str, Any]] = {}
+        for figure in LATENCY_FIGURES:
+            values = [float(v) for pair in sides
+                      if isinstance(info := pair.get(side), Mapping) and not info.get("error")
+                      and isinstance(v := info.get(figure), int | float)
+                      and not isinstance(v, bool)]
+            if values:
+                p50, p95 = np.percentile(values, [50, 95])
+                figures[figure] = {"n": len(values), "p50": round(float(p50), 2),
+                                   "p95": round(float(p95), 2)}
+        if figures:
+            out[side] = figures
+    return out

@@ -35,7 +35,7 @@ from fleetctl.core.charts import figure_data
 from fleetctl.core.compare import TOKEN_RE
 from fleetctl.core.errors import DomainError
 from fleetctl.core.views import Outcome, filter_form_says_any, form_add_service_errors
-from fleetctl.shadow import charts, live, selectors, services
+from fleetctl.shadow import charts, live, selectors, services, stats
 from fleetctl.shadow.filters import RunFilter
 from fleetctl.shadow.forms import AdjustForm, StartForm, StopForm
 from fleetctl.shadow.models import ShadowRun
@@ -180,6 +180,14 @@ def metric_rows(judgement: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def latency_rows(judgement: Any) -> list[dict[str, Any]]:
+    """The latest judgement's latency summary, one row per side in the triple's order."""
+    latency = (judgement.latency or {}) if judgement is not None else {}
+    return [{"side": side, "ttft": latency[side].get("ttft_ms"),
+             "tpot": latency[side].get("tpot_ms"), "whole": latency[side].get("latency_ms")}
+            for side in stats.SIDES if side in latency]
+
+
 def _judgement(run: ShadowRun) -> dict[str, Any]:
     series = selectors.judgements(run)
     picked = charts.thin(list(series.values_list("id", flat=True)))
@@ -189,7 +197,8 @@ def _judgement(run: ShadowRun) -> dict[str, Any]:
     if judgements:
         figure = figure_data(charts.divergence_figure(judgements, margin=run.margin))
     return {"judgements": judgements, "latest": latest, "metrics": metric_rows(latest),
-            "figure": figure, "margin_points": run.margin * 100}
+            "latency": latency_rows(latest), "figure": figure,
+            "margin_points": run.margin * 100}
 
 
 def _run_context(request: HttpRequest, run: ShadowRun, **forms: Any) -> dict[str, Any]:

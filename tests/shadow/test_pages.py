@@ -377,6 +377,12 @@ def test_the_run_page_over_real_pairs_marks_the_token_compare_found(
     page = signed_in(shadow_world.viewer).get(f"/shadow/runs/{run.pk}/").content.decode()
     assert 'data-plotly-figure="shadow-divergence-data"' in page
     assert 'data-metric="divergence"' in page and 'data-metric="diverged_any"' in page
+    # The three sides' speed on the same requests, from the judge's summary of the pairs.
+    latency = run.judgements.get().latency
+    assert set(latency) == {"primary", "secondary", "candidate"}
+    assert latency["candidate"]["latency_ms"]["n"] == 10
+    for side in ("primary", "secondary", "candidate"):
+        assert f'<tr data-side="{side}">' in page
     diverged = [p for p in pairs if p is not None and p.signal_diverged]
     assert diverged
     if content == "off":

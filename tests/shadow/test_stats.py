@@ -140,3 +140,18 @@ def test_the_summary_says_what_near_tie_flips_it_excused():
            "candidate diverges on 5.0 % and the primary from itself on 2.0 %)" in judged.summary
     alike = stats.judge_pairs([(SAME, FLIP)] * 10, margin=0.02, min_pairs=5, confidence=0.95)
     assert "excused" not in alike.summary
+
+
+def test_the_latency_summary_gives_each_sides_percentiles_over_its_successful_answers():
+    sides = [{"primary": {"ttft_ms": 10.0 + i, "tpot_ms": 5.0, "latency_ms": 100.0 + i},
+              "secondary": {"latency_ms": 200.0},  # a whole (not streamed) answer: no TTFT
+              "candidate": ({"error": "timeout", "latency_ms": 120000.0} if i == 0 else
+                            {"ttft_ms": 20.0, "latency_ms": 300.0})}
+             for i in range(11)]
+    summary = stats.latency_summary(sides)
+    assert summary["primary"]["ttft_ms"] == {"n": 11, "p50": 15.0, "p95": 19.5}
+    assert summary["primary"]["tpot_ms"] == {"n": 11, "p50": 5.0, "p95": 5.0}
+    assert set(summary["secondary"]) == {"latency_ms"}
+    # The candidate's timeout is not a speed: 10 answers, not 11, and no 120 s tail.
+    assert summary["candidate"]["latency_ms"] == {"n": 10, "p50": 300.0, "p95": 300.0}
+    assert stats.latency_summary([]) == {}

@@ -178,6 +178,21 @@ class CountersField(serializers.JSONField):
         return counters
 
 
+_FIGURE = {"type": "object", "required": ["n", "p50", "p95"], "properties": {
+    "n": {"type": "integer"}, "p50": {"type": "number"}, "p95": {"type": "number"}}}
+
+
+@extend_schema_field({
+    "type": "object",
+    "description": "Per side (primary, secondary, candidate) and figure (ttft_ms, tpot_ms: "
+                   "streamed answers only; latency_ms: every answer): n, p50, p95 over the "
+                   "judged pairs' successful answers, milliseconds. The sides answered the "
+                   "same requests at the same moment. Empty before the first judgement.",
+    "additionalProperties": {"type": "object", "additionalProperties": _FIGURE}})
+class LatencyField(serializers.JSONField):
+    """A judgement's latency summary per side, as the judge stored it."""
+
+
 class ShadowMetricSerializer(serializers.Serializer):
     """One metric of one judgement: the candidate's rate against the noise floor's."""
 
@@ -223,10 +238,11 @@ def _number(value: Any) -> float | None:
 class ShadowJudgementSerializer(serializers.ModelSerializer):
     metrics = serializers.SerializerMethodField()
     counters = CountersField(read_only=True)
+    latency = LatencyField(read_only=True)
 
     class Meta:
         model = ShadowJudgement
-        fields = ["id", "at", "pairs", "verdict", "metrics", "counters"]
+        fields = ["id", "at", "pairs", "verdict", "metrics", "counters", "latency"]
         read_only_fields = fields
 
     @extend_schema_field(ShadowMetricSerializer(many=True))
