@@ -1,0 +1,475 @@
+"""The scorer registry: every scorer on hand-written answers, nasty ones included (unicode,
+nested JSON, numbers with units, ambiguous letters, empty and failed answers, catastrophic
+regexes), the parameter checks' messages, and a property: score() never raises and stays
+in [0, 1] whatever the answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetctl.core.compare import Answer, ToolCall
+from fleetctl.core.errors import DomainError
+from fleetctl.core.scorers import (
+    SCORERS,
+    Score,
+    ScorerParamsError,
+    json_same,
+    normalise,
+    score,
+    validate,
+)
+
+
+def run(name: str, answer: Answer | str, refs: list[str], **params: Any) -> Score:
+    return score(name, answer, refs, validate(name, params))
+
+
+def params_error(name: str, params: Any) -> ScorerParamsError:
+    with pytest.raises(ScorerParamsError) as info:
+        validate(name, params)
+    return info.value
+
+
+# -- the registry ---------------------------------------------------------------------------
+
+
+def test_registry_names_every_scorer_of_the_issue() -> None:
+    assert set(SCORERS) == {"exact", "normalised", "regex", "numeric", "choice", "contains",
+                            "json", "json_schema", "tool_call"}
+    for name, scorer in SCORERS.items():
+        assert scorer.name == name and scorer.summary
+
+
+def test_validate_fills_every_default_so_a_stored_suite_says_how_it_is_scored() -> None:
+    assert validate("exact", None) == {"strip": True}
+    assert validate("numeric", {"abs_tol": 0.5}) == {
+        "abs_tol": 0.5, "rel_tol": 0.0, "pick": "last", "percent_as_fraction": False}
+    assert validate("choice", {"choices": ["A", "B"]}) == {"choices": "AB"}
+    assert validate("regex", {"pattern": r"is (\d+)", "flags": "si"})["flags"] == "is"
+
+
+def test_unknown_scorer_lists_the_known_ones_and_is_a_400() -> None:
+    err = params_error("bleu", {})
+    assert isinstance(err, DomainError) and err.status_code == 400
+    assert "unknown scorer 'bleu'" in err.message
+    for name in SCORERS:
+        assert name in err.message
+    with pytest.raises(ScorerParamsError, match="unknown scorer"):
+        score("bleu", "x", ["x"], {})
+
+
+@pytest.mark.parametrize(("name", "params", "field", "words"), [
+    ("exact", {"strp": True}, "params.strp", "unknown parameter 'strp'; known: strip"),
+    ("exact", {"strip": "yes"}, "params.strip", "strip must be true or false"),
+    ("exact", [1, 2], "params", "params must be an object"),
+    ("normalised", {"case": 1}, "params.case", "case must be true or false"),
+    ("regex", {}, "params.pattern", "pattern is required"),
+    ("regex", {"pattern": "(a"}, "params.pattern", "does not compile"),
+    ("regex", {"pattern": "a+"}, "params.pattern", "has 0 capturing groups; give exactly one"),
+    ("regex", {"pattern": "(a)(b)"}, "params.pattern", "has 2 capturing groups"),
+    ("regex", {"pattern": "(a)", "flags": "x"}, "params.flags", "string of i, m and s"),
+    ("regex", {"pattern": "(a)", "timeout_s": 60}, "params.timeout_s", "at most 5"),
+    ("regex", {"pattern": "(a)", "timeout_s": 0}, "params.timeout_s", "more than 0"),
+    ("regex", {"pattern": "(a)", "occurrence": "middle"}, "params.occurrence", "first, last"),
+    ("numeric", {"abs_tol": -1}, "params.abs_tol", "a number at least 0"),
+    ("numeric", {"rel_tol": "1%"}, "params.rel_tol", "a number at least 0"),
+    ("numeric", {"rel_tol": float("nan")}, "params.rel_tol", "a number at least 0"),
+    ("numeric", {"abs_tol": True}, "params.abs_tol", "a number at least 0"),
+    ("numeric", {"pick": "max"}, "params.pick", "last, first"),
+    ("choice", {"choices": "AAB"}, "params.choices", "distinct single letters"),
+    ("choice", {"choices": ""}, "params.choices", "distinct single letters"),
+    ("choice", {"choices": ["AB", "C"]}, "params.choices", "distinct single letters"),
+    ("contains", {"mode": "most"}, "params.mode", "any, all"),
+    ("json", {"fences": None}, "params.fences", "true or false"),
+    ("json_schema", {}, "params.schema", "schema is required"),
+    ("json_schema", {"schema": "{}"}, "params.schema", "schema is required"),
+    ("json_schema", {"schema": {"type": "nope"}}, "params.schema", "not a valid JSON Schema"),
+    ("json_schema", {"schema": {"properties": {"a": {"minimum": "x"}}}}, "params.schema",
+     "not a valid JSON Schema at properties/a/minimum"),
+    ("tool_call", {"partial": 1}, "params.partial", "true or false"),
+])
+def test_bad_params_name_the_parameter_and_say_what_to_give(
+        name: str, params: Any, field: str, words: str) -> None:
+    err = params_error(name, params)
+    assert words in err.message
+    assert err.message.startswith(f"scorer {name!r}: ")
+    assert list(err.fields) == [field]
+
+
+def test_failed_calls_score_zero_with_the_status_and_error() -> None:
+    failed = Answer.from_error(503, code="overloaded", message="try later")
+    timeout = Answer.from_error(0)
+    for name in SCORERS:
+        params = validate(name, {"pattern": "(x)"} if name == "regex" else
+                          {"schema": {}} if name == "json_schema" else {})
+        got = score(name, failed, ["x"], params)
+        assert got == Score(0.0, "the call failed (status 503): overloaded: try later")
+        assert score(name, timeout, ["x"], params).reason == "the call failed (no response)"
+
+
+def test_empty_answers_score_zero_with_a_reason() -> None:
+    cases = {"exact": {}, "normalised": {}, "regex": {"pattern": r"is (\w+)"}, "numeric": {},
+             "choice": {}, "contains": {}, "json": {}, "json_schema": {"schema": {}},
+             "tool_call": {}}
+    for name, params in cases.items():
+        got = run(name, "", ['{"name": "f", "arguments": {}}' if name == "tool_call" else "B"],
+                  **params)
+        assert got.value == 0.0 and got.reason, name
+
+
+def test_several_references_score_the_best_of_them() -> None:
+    assert run("exact", "Paris", ["London", "Paris"]).value == 1.0
+    assert run("numeric", "about 3.14", ["3", "3.14"]).value == 1.0
+    assert run("choice", "(C)", ["A", "C"]).value == 1.0
+    got = run("tool_call", Answer(tool_calls=(ToolCall("f", '{"a": 1}'),)),
+              ['{"name": "f", "arguments": {"a": 2}}', '{"name": "f", "arguments": {"a": 1}}'])
+    assert got.value == 1.0
+
+
+def test_no_reference_scores_zero_where_one_is_needed() -> None:
+    assert run("exact", "x", []) == Score(0.0, "the item has no reference to compare with")
+    assert run("contains", "x", []).value == 0.0
+    assert run("json", "{}", []).value == 1.0  # validity needs no reference
+
+
+# -- exact and normalised ------------------------------------------------------------------
+
+
+def test_exact() -> None:
+    assert run("exact", "  Paris\n", ["Paris"]) == Score(1.0, "equals the reference", "Paris")
+    assert run("exact", "  Paris\n", ["Paris"], strip=False).value == 0.0
+    got = run("exact", "paris", ["Paris"])
+    assert got.value == 0.0 and got.reason == "'paris' differs from 'Paris'"
+    # Composed and decomposed é are different strings; exact does not normalise.
+    assert run("exact", "caf\u00e9", ["cafe\u0301"]).value == 0.0
+
+
+def test_exact_reason_quotes_long_answers_cut() -> None:
+    got = run("exact", "x" * 1000, ["y"])
+    assert len(got.reason) < 150 and "…" in got.reason
+
+
+def test_normalised_unicode_case_punctuation_whitespace() -> None:
+    assert run("normalised", "caf\u00e9", ["cafe\u0301"]).value == 1.0  # NFKC composes
+    assert run("normalised", "\uff30\uff41\uff52\uff49\uff53", ["paris"]).value == 1.0  # full-width
+    assert run("normalised", "  New\u00a0York,\tCity!!", ["new york city"]).value == 1.0
+    assert run("normalised", "STRASSE", ["straße"]).value == 1.0  # casefold, not lower
+    assert run("normalised", "«Bonjour» ¿qué?", ["bonjour qué"]).value == 1.0
+    assert run("normalised", "The Eiffel Tower", ["eiffel tower"]).value == 0.0
+    assert run("normalised", "The Eiffel Tower", ["eiffel tower"], articles=True).value == 1.0
+    assert run("normalised", "Paris", ["paris"], case=False).value == 0.0
+    assert run("normalised", "Paris.", ["paris"], punctuation=False).value == 0.0
+    got = run("normalised", "Lyon", ["Paris"])
+    assert got == Score(0.0, "normalised 'lyon' differs from 'paris'", "lyon")
+
+
+def test_normalise_helper() -> None:
+    assert normalise("  A\u2009B\u3000C ") == "a b c"
+    assert normalise("ﬁne", unicode=False, case=False) == "ﬁne"
+    assert normalise("ﬁne") == "fine"
+
+
+# -- regex ----------------------------------------------------------------------------------
+
+
+def test_regex_extracts_the_group_and_compares_it() -> None:
+    got = run("regex", "Reasoning... so the answer is Paris.", ["paris"],
+              pattern=r"answer is (\w+)")
+    assert got == Score(1.0, "the extracted text matches the reference", "Paris")
+    assert run("regex", "answer is Paris", ["paris"], pattern=r"answer is (\w+)",
+               compare="exact").value == 0.0
+    got = run("regex", "x=1; x=2; x=3", ["3"], pattern=r"x=(\d)", occurrence="last")
+    assert got.value == 1.0 and got.extracted == "3"
+    assert run("regex", "x=1; x=2; x=3", ["3"], pattern=r"x=(\d)").extracted == "1"
+    assert run("regex", "ANSWER: b", ["b"], pattern=r"answer: (\w)", flags="i").value == 1.0
+    assert run("regex", "nothing here", ["x"], pattern=r"answer: (\w)") == Score(
+        0.0, "the pattern does not match the answer")
+    # An optional group that took no part in the match.
+    assert run("regex", "ab", ["x"], pattern=r"a(c)?b").value == 0.0
+
+
+def test_regex_unicode_answer() -> None:
+    got = run("regex", "Réponse : «\u00c9lodie»", ["elodie"], pattern=r"«(\w+)»")
+    assert got.extracted == "Élodie" and got.value == 0.0  # accents are kept
+    assert run("regex", "Réponse : «\u00c9lodie»", ["élodie"], pattern=r"«(\w+)»").value == 1.0
+
+
+def test_a_catastrophic_regex_times_out_and_scores_zero() -> None:
+    # (a+)+$ on a's followed by a b backtracks exponentially; without the timeout this
+    # test would not end. The scorer's own reason says it gave up.
+    for pattern, text in [(r"(a+)+$", "a" * 5000 + "b"), (r"(a|aa)+$", "a" * 60 + "b")]:
+        for occurrence in ("first", "last"):
+            got = run("regex", text, ["a"], pattern=pattern, timeout_s=0.05,
+                      occurrence=occurrence)
+            assert got.value == 0.0
+            assert got.reason.startswith("the pattern timed out after 0.05 s")
+
+
+# -- numeric --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("answer", "ref", "extracted"), [
+    ("42", "42", "42"),
+    ("The distance is 42 km.", "42", "42"),
+    ("It costs $1,234.50 in total", "1234.5", "$1,234.50"),
+    ("Total: -$5", "-5", "-$5"),
+    ("a drop of −12.5 points", "-12.5", "−12.5"),  # U+2212 minus
+    ("roughly 6.02e23 molecules", "6.02×10^23 is 602000000000000000000000", "6.02e23"),
+    ("about 1.5E-3 s", "0.0015", "1.5E-3"),
+    ("growth was 12%", "12", "12%"),
+    ("First 3 apples, then 7 pears, so 10 fruits", "10", "10"),
+    ("\uff14\uff12", "42", "42"),  # full-width digits
+    ("It is .5 of it", "0.5", ".5"),
+    ("+7 degrees", "7", "+7"),
+    ("1,234,567 people", "1234567", "1,234,567"),
+    ("Answer: 3-4 hours, say 4", "4", "4"),
+])
+def test_numeric_reads_numbers_as_written(answer: str, ref: str, extracted: str) -> None:
+    got = run("numeric", answer, [ref])
+    assert got.value == 1.0, got
+    assert got.extracted == extracted
+
+
+def test_numeric_does_not_read_numbers_inside_words_or_versions() -> None:
+    assert run("numeric", "version v2 of x86", ["2"]).reason == "no number in the answer"
+    assert run("numeric", "see 1.2.3", ["3"]).value == 0.0  # 1.2, not 3
+    assert run("numeric", "1,2345", ["2345"]).value == 1.0  # not a thousands group
+
+
+def test_numeric_first_or_last_and_tolerances() -> None:
+    assert run("numeric", "3 then 5", ["3"]).value == 0.0
+    assert run("numeric", "3 then 5", ["3"], pick="first").value == 1.0
+    got = run("numeric", "The answer is 10.4", ["10"])
+    assert got.value == 0.0 and "10.4 is off 10 by 0.4" in got.reason
+    assert run("numeric", "10.4", ["10"], abs_tol=0.5).value == 1.0
+    assert run("numeric", "10.4", ["10"], rel_tol=0.05).value == 1.0
+    assert run("numeric", "10.6", ["10"], abs_tol=0.5, rel_tol=0.05).value == 0.0
+    assert run("numeric", "50%", ["0.5"], percent_as_fraction=True).value == 1.0
+    assert run("numeric", "50%", ["0.5"]).value == 0.0
+    assert run("numeric", "0.5", ["50%"], percent_as_fraction=True).value == 1.0
+
+
+def test_numeric_unreadable_answers_and_references() -> None:
+    assert run("numeric", "forty-two", ["42"]) == Score(0.0, "no number in the answer")
+    assert run("numeric", "42", ["n/a"]).reason == "the reference 'n/a' has no number"
+    assert run("numeric", "1e999999", ["1"]).value == 0.0  # overflows to inf: off, no crash
+
+
+# -- multiple choice ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", [
+    "B", "(B)", "B)", "**B**", "B.", " b ".upper(), "The answer is (B).",
+    "The answer is B because ...", "Answer: **B**", "Final answer: [B]",
+    "Let me think. A is wrong because x. (B) fits.", "B) Paris\nbecause it is the capital",
+    "the answer would be option B", "Ｂ",  # full-width
+])
+def test_choice_reads_the_letter(answer: str) -> None:
+    got = run("choice", answer, ["B"])
+    assert got == Score(1.0, "chose B", "B"), answer
+
+
+@pytest.mark.parametrize(("answer", "reason"), [
+    ("The answer is A or B", "ambiguous: the answer gives A and B"),
+    ("The answer is (A) and (C)", "ambiguous: the answer gives A and C"),
+    ("(A) or maybe (C)", "ambiguous: the answer gives A and C"),
+    ("**A** ... **B**", "ambiguous: the answer gives A and B"),
+    ("A)\nB)", "ambiguous: the answer gives A and B"),
+])
+def test_choice_ambiguous_answers_score_zero(answer: str, reason: str) -> None:
+    got = run("choice", answer, ["B"])
+    assert got.value == 0.0 and got.reason == reason
+
+
+def test_choice_strong_evidence_beats_weak() -> None:
+    # "answer is" decides over a decorated letter elsewhere.
+    assert run("choice", "(A) is tempting, but the answer is C", ["C"]).value == 1.0
+
+
+def test_choice_wrong_missing_and_custom_sets() -> None:
+    assert run("choice", "(C)", ["B"]) == Score(0.0, "chose C, the answer is B", "C")
+    assert run("choice", "I would say it is B", ["B"]).reason.startswith("no choice letter")
+    assert run("choice", "The answer is a tricky one", ["A"]).value == 0.0  # the article
+    assert run("choice", "(F)", ["F"]).reason.startswith("the reference 'F' is not one of")
+    assert run("choice", "(F)", ["F"], choices="ABCDEF").value == 1.0
+    assert run("choice", "The answer is 3", ["3"], choices="1234").value == 1.0
+    assert run("choice", "(B)", ["(b)"]).value == 1.0  # reference decoration and case
+
+
+# -- contains -------------------------------------------------------------------------------
+
+
+def test_contains_any_all_case_partial() -> None:
+    assert run("contains", "The capital is PARIS.", ["paris"]) == Score(
+        1.0, "contains 'paris'", "paris")
+    assert run("contains", "The capital is PARIS.", ["paris"], case_sensitive=True).value == 0.0
+    assert run("contains", "Paris and Rome", ["rome", "berlin"]).value == 1.0
+    got = run("contains", "Paris and Rome", ["rome", "berlin"], mode="all")
+    assert got.value == 0.0 and got.reason == "misses 1 of 2 references, first 'berlin'"
+    assert run("contains", "Paris and Rome", ["rome", "berlin"], mode="all",
+               partial=True).value == 0.5
+    assert run("contains", "Paris, Rome", ["rome", "paris"], mode="all").value == 1.0
+    assert run("contains", "new\u00a0\u00a0york", ["New York"]).value == 1.0  # NFKC + spaces
+
+
+# -- JSON -----------------------------------------------------------------------------------
+
+
+def test_json_validity() -> None:
+    assert run("json", '{"a": [1, {"b": null}]}', []) == Score(1.0, "valid JSON (the answer)")
+    got = run("json", "Sure! ```json\n{\"a\": 1}\n```", [])
+    assert got.value == 1.0 and "fence" in got.reason
+    assert run("json", "```\n[1, 2]\n```", []).value == 1.0  # bare fence
+    assert run("json", "```json\n{\"a\": 1}\n```", [], fences=False).value == 0.0
+    assert run("json", "{'a': 1}", []).reason.startswith("not valid JSON")
+    assert run("json", '{"a": NaN}', []).reason == "not valid JSON: NaN is not JSON"
+    assert run("json", '{"a": 1', []).value == 0.0
+    assert run("json", "", []).value == 0.0
+
+
+def test_json_nested_too_deep_scores_zero_instead_of_crashing() -> None:
+    assert run("json", "[" * 200_000 + "]" * 200_000, []) == Score(
+        0.0, "not valid JSON: nested too deeply")
+
+
+def test_json_equal_ignores_key_order_but_not_types() -> None:
+    ref = '{"a": 1, "b": {"c": [true, "x"]}}'
+    assert run("json", '{"b": {"c": [true, "x"]}, "a": 1.0}', [ref], equal=True).value == 1.0
+    assert run("json", '{"b": {"c": [1, "x"]}, "a": 1}', [ref], equal=True).value == 0.0
+    assert run("json", '{"a": 1}', ["not json", '{"a": 1}'], equal=True).value == 1.0
+    assert json_same({"x": [1, 2]}, {"x": [1, 2]}) and not json_same([1, 2], [2, 1])
+    assert not json_same(True, 1) and not json_same(None, 0) and not json_same("1", 1)
+
+
+SCHEMA = {
+    "type": "object", "required": ["name", "address"], "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "address": {"type": "object", "required": ["city"],
+                    "properties": {"city": {"type": "string"},
+                                   "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}},
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+    },
+}
+
+
+def test_json_schema_conformance_with_nested_errors_located() -> None:
+    ok = '{"name": "Zoë", "address": {"city": "Zürich", "zip": "80331"}, "tags": ["a"]}'
+    assert run("json_schema", ok, [], schema=SCHEMA) == Score(
+        1.0, "conforms to the schema (the answer)")
+    got = run("json_schema", '{"name": "Z", "address": {"city": "Z", "zip": "8033"}}', [],
+              schema=SCHEMA)
+    assert got.value == 0.0 and got.reason.startswith("does not conform at address/zip")
+    got = run("json_schema", '{"name": "Z", "address": {}}', [], schema=SCHEMA)
+    assert got.reason.startswith("does not conform at address") and "city" in got.reason
+    got = run("json_schema", '{"name": "Z", "address": {"city": "Z"}, "extra": 1}', [],
+              schema=SCHEMA)
+    assert got.value == 0.0
+    got = run("json_schema", "```json\n" + ok + "\n```", [], schema=SCHEMA)
+    assert got == Score(1.0, "conforms to the schema (a ``` fence)")
+    assert run("json_schema", "not json", [], schema=SCHEMA).reason.startswith("not valid JSON")
+
+
+def test_json_schema_is_draft_2020_12_by_default() -> None:
+    # prefixItems exists only from 2020-12; an older draft would ignore it.
+    schema = {"type": "array", "prefixItems": [{"type": "integer"}]}
+    assert run("json_schema", '["x"]', [], schema=schema).value == 0.0
+    assert run("json_schema", "[1]", [], schema=schema).value == 1.0
+
+
+# -- tool calls -----------------------------------------------------------------------------
+
+REF = '{"name": "get_weather", "arguments": {"city": "Paris", "units": "c", "days": 3}}'
+
+
+def call(name: str, args: str) -> Answer:
+    return Answer(tool_calls=(ToolCall(name, args),))
+
+
+def test_tool_call_matches_ignoring_key_order() -> None:
+    got = run("tool_call", call("get_weather", '{"days": 3, "units": "c", "city": "Paris"}'),
+              [REF])
+    assert got.value == 1.0 and got.extracted == "get_weather"
+    # Arguments given as the API's JSON string in the reference.
+    ref = '{"name": "f", "arguments": "{\\"x\\": [1, {\\"y\\": 2}]}"}'
+    assert run("tool_call", call("f", '{"x": [1, {"y": 2}]}'), [ref]).value == 1.0
+
+
+def test_tool_call_mismatches_and_partial_credit() -> None:
+    wrong_name = run("tool_call", call("get_time", "{}"), [REF])
+    assert wrong_name.value == 0.0 and "no call to 'get_weather'" in wrong_name.reason
+    args = call("get_weather", '{"city": "Paris", "units": "f", "days": 3}')
+    assert run("tool_call", args, [REF]).value == 0.0
+    got = run("tool_call", args, [REF], partial=True)
+    assert got.value == pytest.approx(0.5 + 0.5 * 2 / 3)
+    assert run("tool_call", call("x", "{}"), [REF], partial=True).value == 0.0
+    bad_args = run("tool_call", call("get_weather", "{city: Paris"), [REF], partial=True)
+    assert bad_args.value == 0.5 and "not JSON" in bad_args.reason
+    assert run("tool_call", call("get_weather", '{"city": "Paris", "units": "c", "days": true}'),
+               [REF]).value == 0.0  # true is not 3, nor is it 1
+
+
+def test_tool_call_picks_the_matching_call_among_several() -> None:
+    answer = Answer(tool_calls=(ToolCall("lookup", "{}"),
+                                ToolCall("get_weather", '{"city": "Paris", "units": "c", '
+                                                        '"days": 3}')))
+    assert run("tool_call", answer, [REF]).value == 1.0
+
+
+def test_tool_call_written_as_text() -> None:
+    text = 'I will call it:\n```json\n{"name": "get_weather", "arguments": ' \
+           '{"city": "Paris", "units": "c", "days": 3}}\n```'
+    got = run("tool_call", text, [REF])
+    assert got.value == 1.0 and "from text" in got.reason
+    assert run("tool_call", "The weather is nice", [REF]).reason == "the answer makes no tool call"
+
+
+def test_tool_call_bad_reference_scores_zero() -> None:
+    assert run("tool_call", call("f", "{}"), ["f()"]).reason.startswith(
+        "the reference is not a tool call")
+    assert run("tool_call", call("f", "{}"), ['{"arguments": {}}']).value == 0.0
+
+
+# -- never raises -----------------------------------------------------------------------------
+
+ALL_PARAMS: dict[str, dict[str, Any]] = {
+    "exact": {}, "normalised": {"articles": True},
+    "regex": {"pattern": r"(\w+)$", "timeout_s": 0.05},
+    "numeric": {"rel_tol": 0.01}, "choice": {}, "contains": {"mode": "all", "partial": True},
+    "json": {"equal": True}, "json_schema": {"schema": SCHEMA}, "tool_call": {"partial": True},
+}
+VALIDATED = {name: validate(name, p) for name, p in ALL_PARAMS.items()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(), refs=st.lists(st.text(max_size=20), max_size=3),
+       name=st.sampled_from(sorted(SCORERS)))
+def test_score_never_raises_and_stays_in_range(text: str, refs: list[str], name: str) -> None:
+    got = score(name, text, refs, VALIDATED[name])
+    assert 0.0 <= got.value <= 1.0
+    assert isinstance(got.reason, str) and got.reason
+
+
+JSONISH = st.text(alphabet='{}[]":,0123456789.-eE truefalsnABC\\()*\n`', max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=JSONISH, refs=st.lists(JSONISH, max_size=3), name=st.sampled_from(sorted(SCORERS)),
+       calls=st.lists(st.tuples(st.sampled_from(["f", "get_weather", ""]), JSONISH),
+                      max_size=2))
+def test_score_never_raises_on_near_json_and_tool_calls(
+        text: str, refs: list[str], name: str, calls: list[tuple[str, str]]) -> None:
+    answer = Answer(text=text, tool_calls=tuple(ToolCall(n, a) for n, a in calls))
+    got = score(name, answer, [*refs, REF], VALIDATED[name])
+    assert 0.0 <= got.value <= 1.0 and got.reason
+
+
+def test_a_scorer_bug_scores_zero_with_the_reason() -> None:
+    # Params that skipped validate(): the scorer fails on the missing key, score() does not.
+    got = score("numeric", "42", ["42"], {})
+    assert got.value == 0.0
+    assert got.reason.startswith("the scorer could not read this answer: KeyError")
