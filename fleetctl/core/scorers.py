@@ -676,12 +676,16 @@ SCORERS: dict[str, Scorer] = {s.name: s for s in (
 def validate(name: str, params: Mapping[str, Any] | None) -> Params:
     """The scorer's parameters, checked, with every default filled in; ScorerParamsError
     (400) naming the parameter otherwise, or listing the scorers for an unknown name."""
+    return _scorer(name).validate(params)
+
+
+def _scorer(name: str) -> Scorer:
     scorer = SCORERS.get(name) if isinstance(name, str) else None
     if scorer is None:
         raise ScorerParamsError(
             f"unknown scorer {name!r}; give one of: {', '.join(SCORERS)}",
             fields={"scorer": [f"unknown scorer; known: {', '.join(SCORERS)}"]})
-    return scorer.validate(params)
+    return scorer
 
 
 def _as_answer(answer: Answer | str) -> Answer:
@@ -694,9 +698,7 @@ def score(name: str, answer: Answer | str, references: Sequence[str], params: Pa
     Never raises on any answer: a failed call, or an answer the scorer cannot read, scores
     0 with the reason. (An unknown `name` is a caller's bug and raises ScorerParamsError.)
     """
-    scorer = SCORERS.get(name)
-    if scorer is None:
-        raise ScorerParamsError(f"unknown scorer {name!r}; give one of: {', '.join(SCORERS)}")
+    scorer = _scorer(name)
     try:
         ans = _as_answer(answer)
         if ans.failed:
