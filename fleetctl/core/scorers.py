@@ -72,6 +72,10 @@ class Scorer:
     score: ScoreFn
     # False for scorers that judge the answer alone (JSON validity, JSON Schema).
     needs_reference: bool = True
+    # Why a reference can never be matched (no number in it, not a tool call), or None:
+    # checked at upload by `validate_references`, so a suite cannot hold an item that
+    # scores 0 whatever the model says.
+    check_reference: Callable[[str, Params], str | None] | None = None
 
 
 # -- parameters -----------------------------------------------------------------------
@@ -393,6 +397,10 @@ def _fmt(value: float) -> str:
     return format(value, ".12g")
 
 
+def _numeric_reference(ref: str, params: Params) -> str | None:
+    return None if _numbers(ref) else 'has no number; give the expected number, e.g. "42"'
+
+
 def _numeric_one(answer: Answer, ref: str, params: Params) -> Score:
     found = _numbers(answer.text)
     if not found:
@@ -455,12 +463,25 @@ def _letters(text: str, choices: str) -> list[str]:
     return []
 
 
+def _reference_letter(ref: str, choices: str) -> str | None:
+    """The reference's letter, decoration and case forgiven: "(b)" is B."""
+    want = ref.strip().strip("()[]*. ")
+    for letter in (want, want.upper()):
+        if len(letter) == 1 and letter in choices:
+            return letter
+    return None
+
+
+def _choice_reference(ref: str, params: Params) -> str | None:
+    if _reference_letter(ref, params["choices"]) is None:
+        return f"is not one of the choices {params['choices']}; give one letter, e.g. \"B\""
+    return None
+
+
 def _choice_one(answer: Answer, ref: str, params: Params) -> Score:
     choices = params["choices"]
-    want = ref.strip().strip("()[]*. ")
-    if want not in choices:
-        want = want.upper()
-    if want not in choices:
+    want = _reference_letter(ref, choices)
+    if want is None:
         return Score(0.0, f"the reference {_show(ref)} is not one of {choices}")
     letters = _letters(unicodedata.normalize("NFKC", answer.text), choices)
     if not letters:
@@ -483,6 +504,12 @@ def _contains_validate(params: Mapping[str, Any] | None) -> Params:
         "case_sensitive": _bool("contains", params, "case_sensitive", False),
         "partial": _bool("contains", params, "partial", False),
     }
+
+
+def _contains_reference(ref: str, params: Params) -> str | None:
+    if not ref.strip():
+        return "is empty, and so in every answer; give the text to look for"
+    return None
 
 
 def _contains_score(answer: Answer, references: Sequence[str], params: Params) -> Score:
@@ -514,6 +541,16 @@ def _json_validate(params: Mapping[str, Any] | None) -> Params:
     params = _take("json", params, ("fences", "equal"))
     return {"fences": _bool("json", params, "fences", True),
             "equal": _bool("json", params, "equal", False)}
+
+
+def _json_reference(ref: str, params: Params) -> str | None:
+    if not params["equal"]:
+        return None
+    try:
+        _loads(ref)
+    except _NotJson as exc:
+        return f"is not JSON ({exc}); with equal, give the expected JSON value"
+    return None
 
 
 def _json_score(answer: Answer, references: Sequence[str], params: Params) -> Score:
@@ -588,6 +625,14 @@ def _reference_call(ref: str) -> tuple[str, Any]:
     return value["name"], _loads(args) if isinstance(args, str) else args
 
 
+def _tool_reference(ref: str, params: Params) -> str | None:
+    try:
+        _reference_call(ref)
+    except _NotJson as exc:
+        return f"is not a tool call: {exc}"
+    return None
+
+
 def _answer_calls(answer: Answer) -> tuple[list[compare.ToolCall], str]:
     """The answer's tool calls; a model that wrote the call as JSON text instead (some do
     when tools are emulated) is read from its text."""
@@ -659,17 +704,18 @@ SCORERS: dict[str, Scorer] = {s.name: s for s in (
     Scorer("regex", "a regex's one group, extracted from the answer, equals a reference",
            _regex_validate, _regex_score),
     Scorer("numeric", "the answer's last (or first) number is within tolerance of a reference",
-           _numeric_validate, _best(_numeric_one)),
+           _numeric_validate, _best(_numeric_one), check_reference=_numeric_reference),
     Scorer("choice", "the multiple-choice letter the answer gives is the reference's",
-           _choice_validate, _best(_choice_one)),
+           _choice_validate, _best(_choice_one), check_reference=_choice_reference),
     Scorer("contains", "the answer contains any (or all) of the references",
-           _contains_validate, _contains_score),
+           _contains_validate, _contains_score, check_reference=_contains_reference),
     Scorer("json", "the answer is valid JSON (optionally equal to a reference)",
-           _json_validate, _json_score, needs_reference=False),
+           _json_validate, _json_score, needs_reference=False,
+           check_reference=_json_reference),
     Scorer("json_schema", "the answer is JSON conforming to a JSON Schema",
            _schema_validate, _schema_score, needs_reference=False),
     Scorer("tool_call", "the answer calls the reference's tool with its arguments",
-           _tool_validate, _best(_tool_one)),
+           _tool_validate, _best(_tool_one), check_reference=_tool_reference),
 )}
 
 
@@ -677,6 +723,33 @@ def validate(name: str, params: Mapping[str, Any] | None) -> Params:
     """The scorer's parameters, checked, with every default filled in; ScorerParamsError
     (400) naming the parameter otherwise, or listing the scorers for an unknown name."""
     return _scorer(name).validate(params)
+
+
+def validate_references(name: str, references: Any, params: Params) -> list[str]:
+    """An item's references as the strings `score()` takes, checked against the scorer and
+    its validated params: a number or an object (a tool call's reference) is written as
+    JSON; ScorerParamsError (400) names the reference that can never be matched."""
+    scorer = _scorer(name)
+    if not isinstance(references, list):
+        raise ScorerParamsError("references must be a list (give [] for none)",
+                                fields={"references": ["must be a list"]})
+    if scorer.needs_reference and not references:
+        raise ScorerParamsError(f"scorer {name!r} needs at least one reference",
+                                fields={"references": ["give at least one reference"]})
+    out = []
+    for i, ref in enumerate(references):
+        if ref is None:
+            problem: str | None = "is null; give a string"
+        else:
+            ref = ref if isinstance(ref, str) else json.dumps(ref, ensure_ascii=False)
+            problem = scorer.check_reference(ref, params) if scorer.check_reference else None
+        if problem is not None:
+            quoted = "" if ref is None else f" ({_show(ref)})"
+            message = f"reference {i + 1}{quoted} {problem}"
+            raise ScorerParamsError(f"scorer {name!r}: {message}",
+                                    fields={f"references.{i}": [message]})
+        out.append(ref)
+    return out
 
 
 def _scorer(name: str) -> Scorer:

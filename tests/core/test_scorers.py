@@ -21,6 +21,7 @@ from fleetctl.core.scorers import (
     normalise,
     score,
     validate,
+    validate_references,
 )
 
 
@@ -134,6 +135,38 @@ def test_no_reference_scores_zero_where_one_is_needed() -> None:
     assert run("exact", "x", []) == Score(0.0, "the item has no reference to compare with")
     assert run("contains", "x", []).value == 0.0
     assert run("json", "{}", []).value == 1.0  # validity needs no reference
+
+
+def test_validate_references_writes_non_strings_as_json_and_keeps_strings() -> None:
+    tool = {"name": "f", "arguments": {"city": "Zürich"}}
+    params = validate("tool_call", {})
+    assert validate_references("tool_call", [tool], params) == [
+        '{"name": "f", "arguments": {"city": "Zürich"}}']
+    assert validate_references("numeric", [42, "1,234.5"], validate("numeric", {})) == [
+        "42", "1,234.5"]
+    assert validate_references("json", [], validate("json", {})) == []
+    assert validate_references("choice", ["(b)"], validate("choice", {})) == ["(b)"]
+
+
+@pytest.mark.parametrize(("name", "params", "refs", "field", "words"), [
+    ("exact", {}, [], "references", "needs at least one reference"),
+    ("exact", {}, "Paris", "references", "references must be a list"),
+    ("exact", {}, ["a", None], "references.1", "reference 2 is null; give a string"),
+    ("numeric", {}, ["42", "n/a"], "references.1",
+     "reference 2 ('n/a') has no number; give the expected number"),
+    ("choice", {}, ["F"], "references.0", "is not one of the choices ABCDE"),
+    ("choice", {"choices": "AB"}, ["AB"], "references.0", "give one letter"),
+    ("contains", {}, ["  "], "references.0", "is empty"),
+    ("json", {"equal": True}, ["{'a': 1}"], "references.0", "is not JSON"),
+    ("tool_call", {}, ["get_weather(city='Paris')"], "references.0", "is not a tool call"),
+    ("tool_call", {}, [{"arguments": {}}], "references.0", "is not a tool call"),
+])
+def test_references_that_can_never_match_are_refused_naming_them(
+        name: str, params: dict[str, Any], refs: Any, field: str, words: str) -> None:
+    with pytest.raises(ScorerParamsError) as info:
+        validate_references(name, refs, validate(name, params))
+    assert words in info.value.message
+    assert list(info.value.fields) == [field]
 
 
 # -- exact and normalised ------------------------------------------------------------------
