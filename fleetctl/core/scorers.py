@@ -437,15 +437,20 @@ def _choice_validate(params: Mapping[str, Any] | None) -> Params:
 def _choice_patterns(choices: str) -> tuple[re.Pattern[str], ...]:
     """Tiers of evidence for the letter, strongest first; the first tier that finds any
     letter decides. "answer is (B)" beats a "**B**" elsewhere; a reply that is only the
-    letter counts; decorated letters ((B), **B**, [B], "B)" at a line's start) come last."""
+    letter counts, as does a lower-case letter that ends the reply after "answer:" ("Answer:
+    b"; inside a sentence "the answer is a ..." is the article); decorated letters ((B),
+    **B**, [B], "B)" at a line's start) come last."""
     c = "[" + re.escape(choices) + "]"
+    lower = "".join(ch.lower() for ch in choices if ch.lower() not in choices)
+    low = "[" + re.escape(lower) + "]" if lower else "(?!)"
     around = r"[\s(\[*_'\"]*"
     return (
         re.compile(r"(?i:answer(?:\s+is|\s*:|\s+would\s+be|\s+should\s+be)\s*:?\s*"
                    r"(?:option\s*)?)"
                    + around + "(" + c + r")(?!\w)"
                    + r"(?:[\s)\]*_'\".]*(?:or|and|/|,|&)" + around + "(" + c + r")(?!\w))?"),
-        re.compile(r"^\W*(" + c + r")\W*$"),
+        re.compile(r"^\W*(" + c + r")\W*$|(?i:answer(?:\s+is|\s*:))\s*" + around + "(" + low
+                   + r")[\s)\]*_'\".!]*$"),
         re.compile(r"(?:^|\s)\((" + c + r")\)|\*\*(" + c + r")\*\*|\[(" + c + r")\]|^\s*("
                    + c + r")[).:](?:\s|$)", re.MULTILINE),
     )
@@ -456,8 +461,9 @@ def _letters(text: str, choices: str) -> list[str]:
         found: list[str] = []
         for m in tier.finditer(text):
             for g in m.groups():
-                if g and g not in found:
-                    found.append(g)
+                letter = g if not g or g in choices else g.upper()
+                if letter and letter not in found:
+                    found.append(letter)
         if found:
             return found
     return []

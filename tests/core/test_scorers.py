@@ -300,6 +300,7 @@ def test_numeric_unreadable_answers_and_references() -> None:
     "The answer is B because ...", "Answer: **B**", "Final answer: [B]",
     "Let me think. A is wrong because x. (B) fits.", "B) Paris\nbecause it is the capital",
     "the answer would be option B", "Ｂ",  # full-width
+    "Answer: b", "The answer is (b).", "So the answer is **b**",
 ])
 def test_choice_reads_the_letter(answer: str) -> None:
     got = run("choice", answer, ["B"])
@@ -327,6 +328,7 @@ def test_choice_wrong_missing_and_custom_sets() -> None:
     assert run("choice", "(C)", ["B"]) == Score(0.0, "chose C, the answer is B", "C")
     assert run("choice", "I would say it is B", ["B"]).reason.startswith("no choice letter")
     assert run("choice", "The answer is a tricky one", ["A"]).value == 0.0  # the article
+    assert run("choice", "Answer: c", ["c"], choices="abcd").value == 1.0
     assert run("choice", "(F)", ["F"]).reason.startswith("the reference 'F' is not one of")
     assert run("choice", "(F)", ["F"], choices="ABCDEF").value == 1.0
     assert run("choice", "The answer is 3", ["3"], choices="1234").value == 1.0
