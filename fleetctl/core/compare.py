@@ -262,7 +262,10 @@ _VALIDATORS: dict[int, tuple[Mapping[str, Any], Any]] = {}
 _VALIDATORS_MAX = 256
 
 
-def _validator(schema: Mapping[str, Any]) -> Any:
+def schema_validator(schema: Mapping[str, Any]) -> Any:
+    """A fast (jsonschema-rs) validator for `schema`, checked once with jsonschema's
+    check_schema (which raises on an invalid schema), cached by the schema object's identity:
+    a shadow run or an eval run passes the same stored schema for every answer."""
     hit = _VALIDATORS.get(id(schema))
     if hit is not None and hit[0] is schema:
         return hit[1]
@@ -279,7 +282,7 @@ def _conforms(value: Any, schema: Mapping[str, Any] | None) -> bool:
         return False
     if schema is None:
         return True
-    return bool(_validator(schema).is_valid(value))
+    return bool(schema_validator(schema).is_valid(value))
 
 
 def is_refusal(answer: Answer) -> bool:

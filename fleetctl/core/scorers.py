@@ -589,7 +589,7 @@ def _schema_validate(params: Mapping[str, Any] | None) -> Params:
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)
-        compare._validator(schema)  # the validator answers are checked with must build too
+        compare.schema_validator(schema)  # the validator answers are checked with must build too
     except jsonschema.SchemaError as exc:
         path = "/".join(str(p) for p in exc.path) or "(root)"
         raise _fail("json_schema", "schema", f"schema is not a valid JSON Schema at {path}: "
@@ -605,7 +605,7 @@ def _schema_score(answer: Answer, references: Sequence[str], params: Params) -> 
         value, where = _json_of(answer.text, params["fences"])
     except _NotJson as exc:
         return Score(0.0, f"not valid JSON: {exc}")
-    validator = compare._validator(params["schema"])
+    validator = compare.schema_validator(params["schema"])
     error = next(iter(validator.iter_errors(value)), None)
     if error is None:
         return Score(1.0, f"conforms to the schema ({where})")
