@@ -43,7 +43,7 @@ from fleetctl.audit.services import audit_record
 from fleetctl.core.compare import Answer, Comparison, compare
 from fleetctl.core.errors import ConflictError
 from fleetctl.fleet.models import Pool, PoolModel
-from fleetctl.shadow import live, stats, triple
+from fleetctl.shadow import live, selectors, stats, triple
 from fleetctl.shadow.evidence import KIND
 from fleetctl.shadow.models import ShadowJudgement, ShadowPair, ShadowRun
 from fleetctl.shadow.redact import redact, redact_value
@@ -77,15 +77,6 @@ def _system() -> Actor:
 
 
 # --- start ------------------------------------------------------------------------------------
-
-def _kind_label_and_mirror(kind: str) -> tuple[str, bool]:
-    from fleetctl.traffic.gateways import registry
-
-    found = registry.find(kind)
-    if found is None:
-        return kind, True
-    return found.label, bool(getattr(found, "supports_mirror", True))
-
 
 def _choose_route(plan: Plan, route: Route | None) -> Route:
     routes = list(plan.routes.order_by("name"))
@@ -122,8 +113,8 @@ def _pools_problems(route: Route, pools: list[Pool]) -> list[str]:
 def _without_mirror(route: Route, mode: str) -> list[str]:
     """Names of the route's gateways that cannot mirror; refuses a mirror run when none can."""
     gateways = list(route.gateways.order_by("name"))
-    kinds = {g.name: _kind_label_and_mirror(g.kind) for g in gateways}
-    without = [name for name, (_, mirrors) in kinds.items() if not mirrors]
+    unable = [g for g in gateways if not g.supports_mirror]
+    without = [g.name for g in unable]
     if mode != ShadowRun.Mode.MIRROR:
         return without
     if not gateways:
@@ -131,7 +122,7 @@ def _without_mirror(route: Route, mode: str) -> list[str]:
             f"Route {route.name} is carried by no gateway, so no gateway can mirror it: add it "
             f"to a gateway, or start a replay run instead."]})
     if len(without) == len(gateways):
-        labels = sorted({kinds[name][0] for name in without})
+        labels = sorted({g.get_kind_display() for g in unable})
         raise ValidationError({"mode": [
             f"{' and '.join(labels)} cannot mirror; start a replay run instead (route "
             f"{route.name} is carried only by {', '.join(without)})."]})
@@ -317,7 +308,7 @@ def _end(locked: ShadowRun, *, status: str, reason: str, actor: Actor) -> None:
     locked.stop_reason = reason[:2000]
     locked.stopped_by = actor.label
     locked.stopped_at = now
-    locked.counters = _folded(locked)
+    locked.counters = selectors.live_counters(locked)
     locked.save(update_fields=["status", "stop_reason", "stopped_by", "stopped_at",
                                "counters"])
     audit_record(actor=actor, action=f"shadow.run.{'stop' if status == 'stopped' else status}",
@@ -627,13 +618,6 @@ def _fail(run: ShadowRun, reason: str) -> None:
 
 # --- judge and purge --------------------------------------------------------------------------
 
-def _folded(run: ShadowRun) -> dict[str, int]:
-    """The run's counters: Redis's live ones, never below what was folded in before."""
-    from fleetctl.shadow.selectors import live_counters
-
-    return live_counters(run)
-
-
 def _evidence_due(run: ShadowRun, judged: stats.RunJudgement) -> bool:
     from migrations_plan.models import Evidence
 
@@ -691,7 +675,7 @@ def run_judge(*, run: ShadowRun) -> ShadowJudgement:
     window = (rows[-1][2], rows[0][2]) if rows else (None, None)
     judged = stats.judge_pairs(pairs, margin=run.margin, min_pairs=run.min_pairs,
                                confidence=run.confidence)
-    counters = _folded(run)
+    counters = selectors.live_counters(run)
     now = timezone.now()
     with transaction.atomic():
         judgement = ShadowJudgement.objects.create(

@@ -15,7 +15,6 @@ from fleetctl.core.api.fields import StrictCharField
 from fleetctl.core.api.schema import ObjectField
 from fleetctl.shadow.live import COUNTER_FIELDS
 from fleetctl.shadow.models import ShadowJudgement, ShadowPair, ShadowRun
-from fleetctl.traffic.gateways import registry
 from fleetctl.traffic.models import Route
 from migrations_plan.models import Plan
 
@@ -332,11 +331,10 @@ def mirror_support(run: ShadowRun) -> tuple[bool, str]:
     gateways' kinds now, since gateways join and leave a route after the run started."""
     if run.route is None:
         return False, "The run's route was deleted: nothing is mirrored."
-    kinds = [(g.name, registry.find(g.kind)) for g in run.route.gateways.all()]
-    able = [name for name, kind in kinds
-            if kind is not None and kind.supports_mirror]
-    unable = [name for name, _ in kinds if name not in able]
-    if not kinds:
+    gateways = list(run.route.gateways.all())
+    able = [g.name for g in gateways if g.supports_mirror]
+    unable = [g.name for g in gateways if not g.supports_mirror]
+    if not gateways:
         return False, (f"Route {run.route.name} has no gateway: nothing can be mirrored; "
                        "replay a trace instead.")
     if not able:
