@@ -17,6 +17,7 @@ Redis: REDIS_URL (default redis://127.0.0.1:6379/9), where the collector counts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -29,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
 
-from shadow_mirror_overhead import MODEL, PROFILES, start, wait_http  # noqa: E402
+from shadow_mirror_overhead import MODEL, sim_and_collector  # noqa: E402
 
 ROUTE = "mirror-bench"
 
@@ -55,25 +56,16 @@ def main() -> None:
     from fleetctl.shadow import live
     from fleetctl.traffic.gateways.base import DesiredState, PoolTarget, RouteSpec, adapter_for
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
-        (work / "profiles.toml").write_text(PROFILES)
-        sim_port, collector_port = free_port(), free_port()
-        sim = start([sys.executable, "-m", "fleetctl.sim", "--profiles",
-                     str(work / "profiles.toml"), "--log-level", "WARNING", "--model", MODEL,
-                     "--pool", f"bench=bench@{sim_port}"], work / "sim.log")
-        collector = start([sys.executable, "-m", "fleetctl.shadow.collector", "--host",
-                           "127.0.0.1", "--port", str(collector_port)], work / "collector.log")
+        pool_url, collector_url = stack.enter_context(sim_and_collector(work))
         envoy = EnvoyProcess(work / "envoy", free_port(), free_port())
         nginx = NginxProcess(work / "nginx")
         rows = []
         try:
-            wait_http(f"http://127.0.0.1:{sim_port}/health", "the simulator", work / "sim.log")
-            wait_http(f"http://127.0.0.1:{collector_port}/healthz", "the collector",
-                      work / "collector.log")
             envoy.start(60)
             nginx.start(60)
-            pools = {"bench": PoolTarget("bench", (f"http://127.0.0.1:{sim_port}",), "US")}
+            pools = {"bench": PoolTarget("bench", (pool_url,), "US")}
             gateways = {"envoy": (adapter_for(envoy.gateway("bench", load_timeout_s=30)),
                                   envoy.listen_url),
                         "nginx": (adapter_for(nginx.gateway), nginx.url)}
@@ -85,7 +77,7 @@ def main() -> None:
                         routes=(RouteSpec(key=ROUTE, model=MODEL, latency_class="", residency="",
                                           revision=1, weights={"bench": 10_000},
                                           mirror_bp=bp),),
-                        pools=pools, mirror_url=f"http://127.0.0.1:{collector_port}")
+                        pools=pools, mirror_url=collector_url)
                     started = time.perf_counter()
                     result = adapter.apply(desired)
                     apply_ms = (time.perf_counter() - started) * 1000
@@ -112,9 +104,6 @@ def main() -> None:
         finally:
             envoy.stop()
             nginx.stop()
-            for proc in (collector, sim):
-                proc.terminate()
-                proc.wait(timeout=15)
 
     inside = sum(r[3].lower <= r[1] / 10_000 <= r[3].upper for r in rows)
     print(f"\nshare asked for inside the 95 % interval: {inside} of {len(rows)}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +60,30 @@ def wait_http(url: str, what: str, log: Path, timeout_s: float = 30) -> None:
 def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=open(log, "wb"))
+
+
+@contextlib.contextmanager
+def sim_and_collector(work: Path) -> Iterator[tuple[str, str]]:
+    """The benchmark pool (a simulator with PROFILES) and the real shadow collector, each on
+    a free port and answering; (pool URL, collector URL); both stopped on the way out."""
+    from fleetctl.core.ports import free_port
+
+    (work / "profiles.toml").write_text(PROFILES)
+    sim_port, collector_port = free_port(), free_port()
+    sim = start([sys.executable, "-m", "fleetctl.sim", "--profiles",
+                 str(work / "profiles.toml"), "--log-level", "WARNING", "--model", MODEL,
+                 "--pool", f"bench=bench@{sim_port}"], work / "sim.log")
+    collector = start([sys.executable, "-m", "fleetctl.shadow.collector", "--host",
+                       "127.0.0.1", "--port", str(collector_port)], work / "collector.log")
+    try:
+        wait_http(f"http://127.0.0.1:{sim_port}/health", "the simulator", work / "sim.log")
+        wait_http(f"http://127.0.0.1:{collector_port}/healthz", "the collector",
+                  work / "collector.log")
+        yield f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{collector_port}"
+    finally:
+        for proc in (collector, sim):
+            proc.terminate()
+            proc.wait(timeout=15)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -123,25 +149,15 @@ def main() -> None:
     from fleetctl.traffic.gateways.base import DesiredState, GatewaySpec, PoolTarget, RouteSpec
     from fleetctl.traffic.gateways.registry import adapter_for
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
-        (work / "profiles.toml").write_text(PROFILES)
-        sim_port, collector_port = free_port(), free_port()
-        sim = start([sys.executable, "-m", "fleetctl.sim", "--profiles",
-                     str(work / "profiles.toml"), "--log-level", "WARNING", "--model", MODEL,
-                     "--pool", f"bench=bench@{sim_port}"], work / "sim.log")
-        collector = start([sys.executable, "-m", "fleetctl.shadow.collector", "--host",
-                           "127.0.0.1", "--port", str(collector_port)], work / "collector.log")
+        pool_url, collector_url = stack.enter_context(sim_and_collector(work))
         envoy = EnvoyProcess(work / "envoy", free_port(), free_port())
         try:
-            wait_http(f"http://127.0.0.1:{sim_port}/health", "the simulator", work / "sim.log")
-            wait_http(f"http://127.0.0.1:{collector_port}/healthz", "the collector",
-                      work / "collector.log")
             envoy.start(60)
             adapter = adapter_for(GatewaySpec("bench", "envoy", envoy.admin_url,
                                               {"config_dir": str(envoy.workdir)}))
-            pools = {"bench": PoolTarget("bench", (f"http://127.0.0.1:{sim_port}",), "US")}
-            collector_url = f"http://127.0.0.1:{collector_port}"
+            pools = {"bench": PoolTarget("bench", (pool_url,), "US")}
 
             def mirror(bp: int) -> None:
                 desired = DesiredState(
@@ -176,9 +192,6 @@ def main() -> None:
             mirrored = live.unmatched().get(ROUTE, 0) - before
         finally:
             envoy.stop()
-            for proc in (collector, sim):
-                proc.terminate()
-                proc.wait(timeout=15)
 
     summary = {}
     for bp, rows in results.items():
