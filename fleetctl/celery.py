@@ -12,6 +12,8 @@ waits behind another:
 - `bench`: benchmark runs and their shards, which hold a slot for hours.
 - `shadow`: shadow pairs (one sampled request sent to primary, secondary and candidate) and
   trace replays; never behind a benchmark, never in front of a push.
+- `evals`: eval runs (one task drives a run's items on its own thread pool for minutes);
+  never behind a benchmark, never in front of shadow pairs.
 - `default`: everything else (plan refresh, prunes, the benchmark reaper).
 
 Every task is routed by its name (ROUTES); a new task must be given a queue there.
@@ -29,7 +31,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
 app = Celery("fleetctl")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
-QUEUES = ("push", "watch", "probe", "bench", "shadow", "default")
+QUEUES = ("push", "watch", "probe", "bench", "shadow", "evals", "default")
 
 ROUTES: dict[str, str] = {
     "traffic.push_run": "push",
@@ -48,6 +50,8 @@ ROUTES: dict[str, str] = {
     "shadow.replay": "shadow",
     "shadow.judge": "default",
     "shadow.purge": "default",
+    "evals.run": "evals",
+    "evals.reap": "default",
     "plans.refresh": "default",
     "bench.reap": "default",
     "conformance.reap": "default",
@@ -102,6 +106,9 @@ def _beat_schedule() -> dict[str, dict[str, object]]:
         },
         "purge-shadow-content": {"task": "shadow.purge", "schedule": 600.0,
                                  "options": {"expires": 600.0}},
+        # Eval runs whose worker died are resumed by another (their rows say what is left).
+        "reap-eval-runs": {"task": "evals.reap", "schedule": 30.0,
+                           "options": {"expires": 30.0}},
     }
 
 

@@ -116,6 +116,7 @@ INSTALLED_APPS = [
     "fleetctl.bench",
     "fleetctl.conformance",
     "fleetctl.shadow",
+    "fleetctl.evals",
     "fleetctl.demo",
     # Sign-in lockout; fleetctl.accounts audits each failure and lockout it sees.
     "axes",

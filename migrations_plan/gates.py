@@ -62,7 +62,7 @@ DEFAULT_GATES: dict[int, list[CheckTemplate]] = {
         CheckTemplate("ramp-slo", "Per-pool percentiles hold at each ramp step",
                       rule="evidence.latest", params={"kind": "ramp-slo"}),
         CheckTemplate("quality", "Quality unchanged (eval on live traffic)",
-                      rule="evidence.latest", params={"kind": "eval"}),
+                      rule="evidence.latest", params={"kind": "live-quality"}),
         CheckTemplate("drain-rehearsed", "Drain rehearsed and timed within 7 days",
                       rule="drain.rehearsed", params={"within_days": 7, "max_ms": 500}),
         CheckTemplate("healthy", "Candidate healthy for 72 h", rule="pool.healthy_for",

@@ -55,6 +55,7 @@ KIND_DEFINITIONS = [
     EvidenceKind("checkpoint-resume", "checkpoint and resume", ""),
     EvidenceKind("cost-arbitrage", "measured cost arbitrage", ""),
     EvidenceKind("ramp-slo", "per-pool SLO during the ramp", ""),
+    EvidenceKind("live-quality", "quality on live traffic (stage 4)", ""),
     # Not measured: what another system reports (POST /api/v1/evidence/). Shown as "reported
     # by <system>"; never satisfies a check over a measured kind.
     EvidenceKind(EXTERNAL, "reported by another system",

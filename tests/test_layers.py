@@ -43,10 +43,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     "conformance": BELOW_FLEET | {"fleet", "traffic", "plans"},
     # Shadow runs replay stored traces (bench) and record plan evidence.
     "shadow": BELOW_FLEET | {"fleet", "traffic", "plans", "bench"},
+    # Eval runs score suites on pools directly and record plan evidence.
+    "evals": BELOW_FLEET | {"fleet", "traffic", "plans"},
     "sim": set(),
     "cli": {"sim", "fleetctl.bench.traces"},
     "project": {"core", "accounts", "audit", "fleet", "traffic", "plans", "bench", "sim",
-                "cli", "conformance", "shadow"},
+                "cli", "conformance", "shadow", "evals"},
 }
 ALL_UNITS = set(MAY_IMPORT) | {"demo"}
 # What any unit may import: the Celery app and the package itself (its version).

@@ -44,12 +44,12 @@ def test_a_kind_whose_data_schema_is_not_json_schema_is_refused_at_registration(
 
 def test_a_kind_without_a_schema_takes_no_data_and_a_bad_row_is_refused_with_its_path(world):
     with pytest.raises(ValidationError) as refused:
-        services.evidence_record(actor=Actor.for_system("eval-runner"), pool=world.candidate,
-                                 kind="eval", verdict="pass", summary="ok",
-                                 data={"score": 0.9})
+        services.evidence_record(actor=Actor.for_system("soak-runner"), pool=world.candidate,
+                                 kind="soak", verdict="pass", summary="ok",
+                                 data={"days": 7})
     assert refused.value.message_dict["data"] == [
-        "Does not match the eval kind's data schema (GET /api/v1/evidence-kinds/): $: the "
-        "eval kind declares no data schema, so it takes no data (send {} or leave data out)"]
+        "Does not match the soak kind's data schema (GET /api/v1/evidence-kinds/): $: the "
+        "soak kind declares no data schema, so it takes no data (send {} or leave data out)"]
     assert not Evidence.objects.exists()
 
 
@@ -91,7 +91,8 @@ def test_the_kinds_endpoint_lists_who_measures_each_kind_and_its_data_schema(wor
     assert all(k["measured"] for name, k in kinds.items() if name != "external")
     assert kinds["benchmark"]["data_schema"]["type"] == "object"
     # A kind no job produces yet accepts no data; one with its job has the job's schema.
-    assert kinds["eval"]["data_schema"] == {"type": "object", "maxProperties": 0}
+    assert kinds["soak"]["data_schema"] == {"type": "object", "maxProperties": 0}
+    assert kinds["eval"]["data_schema"]["properties"]["suite_sha256"] == {"type": "string"}
     assert kinds["shadow"]["data_schema"]["properties"]["pairs"] == {"type": "integer",
                                                                       "minimum": 0}
     assert kinds["external"]["rules"] == ["external.reported"]

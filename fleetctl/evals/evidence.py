@@ -1,0 +1,57 @@
+"""The `eval` and `live-quality` evidence kinds, registered with their producers.
+
+A finished eval run records one `eval` Evidence row about the candidate (services.py); the
+stage-2 check "Eval suite passes on this backend" reads the newest still-valid one. A run
+created while its plan is in stage 4 (live) also records a `live-quality` row: the stage-4
+check "Quality unchanged" reads that kind, so an eval made in stage 2 can never satisfy it.
+A shadow run judged while its plan is in stage 4 records `live-quality` too (live traffic).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from migrations_plan.evidence import EvidenceKind, register_kind
+
+KIND = "eval"
+LIVE_KIND = "live-quality"
+PRODUCED_BY = ("eval runs (the plan page's \"Run the stage's eval\", fleetctl eval run, "
+               "POST /api/v1/eval-runs/)")
+LIVE_PRODUCED_BY = ("eval runs created while the plan is in stage 4, and shadow runs judged "
+                    "while the plan is in stage 4 (live traffic)")
+
+_OBJECT = {"type": "object", "additionalProperties": True}
+
+# What a run's evidence row carries in `data` (none required, so rows written before eval
+# runs existed, with no data, still read).
+DATA_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "run": {"type": "integer"},
+        "source": {"enum": ["eval", "shadow"]},
+        "stage": {"type": ["integer", "null"]},
+        "suite": {"type": "string"},
+        "suite_version": {"type": "integer"},
+        "suite_sha256": {"type": "string"},
+        "items": {"type": "integer", "minimum": 0},
+        "min_items": {"type": "integer", "minimum": 1},
+        "margin": {"type": "number"},
+        "confidence": {"type": "number"},
+        "candidate": {"type": "string"},
+        "primary": {"type": ["string", "null"]},
+        "model": {"type": "string"},
+        "pools": {"type": "object", "additionalProperties": _OBJECT},
+        "paired": _OBJECT,
+        "tags": {"type": "object", "additionalProperties": _OBJECT},
+        "fingerprints": {"type": "object", "additionalProperties": {"type": "object"}},
+        # A shadow run's live-quality row: its gated metrics' intervals.
+        "metrics": {"type": "object", "additionalProperties": _OBJECT},
+    },
+}
+
+
+def register() -> None:
+    register_kind(EvidenceKind(KIND, "eval suite", PRODUCED_BY, data_schema=DATA_SCHEMA))
+    register_kind(EvidenceKind(LIVE_KIND, "quality on live traffic (stage 4)",
+                               LIVE_PRODUCED_BY, data_schema=DATA_SCHEMA))
