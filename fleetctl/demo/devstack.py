@@ -389,6 +389,9 @@ DEMO_WORKERS = [
     ("worker-probe", "probe", 4),
     ("worker-bench", "bench", 2),
     ("worker-shadow", "shadow", 4),
+    # An eval run holds one thread for its length and sends its items on a thread pool of its
+    # own (the run's concurrency): two threads run the demo's two seeded runs side by side.
+    ("worker-evals", "evals", 2),
     ("worker-default", "default", 2),
 ]
 
