@@ -51,7 +51,7 @@ from fleetctl.shadow.redact import redact, redact_value
 if TYPE_CHECKING:
     from fleetctl.bench.models import Trace
     from fleetctl.traffic.models import Route
-    from migrations_plan.models import Plan
+    from migrations_plan.models import Evidence, Plan
 
 log = logging.getLogger("fleetctl.shadow")
 PRODUCER = "shadow"
@@ -66,6 +66,9 @@ REPLAY_CONCURRENCY = 8
 REPLAY_POLL_S = 0.5
 # The run verdict's evidence verdict: "insufficient" is evidence of nothing yet.
 EVIDENCE_VERDICT = {"pass": "pass", "warn": "warn", "fail": "fail", "insufficient": "info"}
+# Stage 4's "Quality unchanged" kind (registered by fleetctl/evals/evidence.py): a run judged
+# while its plan is live records it too.
+LIVE_QUALITY_KIND = "live-quality"
 
 
 def _owner(run: ShadowRun) -> str:
@@ -651,6 +654,27 @@ def _evidence_data(run: ShadowRun, judged: stats.RunJudgement, counters: dict[st
     }
 
 
+def _record_live_quality(run: ShadowRun, judged: stats.RunJudgement,
+                         shadow: Evidence) -> None:
+    """In stage 4 the mirrored requests are live traffic, so the judgement also speaks to the
+    stage-4 check "Quality unchanged": record it as `live-quality` evidence too (the kind the
+    evals app registers; shadow may not import evals, hence the name). The same verdict and
+    summary as the `shadow` row, with the gated metrics' intervals."""
+    from migrations_plan.services import evidence_record
+
+    data = {"run": run.pk, "source": "shadow", "stage": 4, "items": judged.pairs,
+            "min_items": run.min_pairs, "margin": run.margin, "confidence": run.confidence,
+            "candidate": run.candidate.name, "primary": run.primary.name,
+            "model": run.model_id,
+            "metrics": {name: m for name, m in judged.metrics_dict().items()
+                        if name in stats.GATED},
+            "fingerprints": (shadow.data or {}).get("fingerprints", {})}
+    evidence_record(actor=_system(), pool=run.candidate, kind=LIVE_QUALITY_KIND,
+                    verdict=shadow.verdict, summary=shadow.summary, data=data,
+                    route=run.route, model_id=run.model_id, source=f"shadow run {run.pk}",
+                    url=f"/shadow/runs/{run.pk}/")
+
+
 def run_judge(*, run: ShadowRun) -> ShadowJudgement:
     """Judge the run's pairs (stats.judge_pairs), store the judgement, fold the Redis
     counters into the run, and record `shadow` evidence about the candidate when the verdict
@@ -691,6 +715,8 @@ def run_judge(*, run: ShadowRun) -> ShadowJudgement:
                 model_id=run.model_id, source=f"shadow run {run.pk}",
                 url=f"/shadow/runs/{run.pk}/")
             evidence_id = evidence.pk
+            if run.plan.stage == 4:
+                _record_live_quality(run, judged, evidence)
         ShadowRun.objects.filter(pk=run.pk).update(
             verdict=judged.verdict, summary=judged.summary[:600], counters=counters,
             judged_at=now, evidence_id=evidence_id)
