@@ -379,7 +379,7 @@ def seed_args(password: str, sim_base_port: int, gateway_admin_port: int) -> lis
     may start with "-", which would otherwise read as an option of its own."""
     return ["demo_seed", f"--password={password}", "--sim-base-port", str(sim_base_port),
             "--gateway-admin", f"http://127.0.0.1:{gateway_admin_port}",
-            "--gateway-config-dir", str(VAR / "envoy"), "--conformance"]
+            "--gateway-config-dir", str(VAR / "envoy"), "--conformance", "--evals"]
 
 
 # One worker per queue, as in docker-compose.yml (docs/queues.md): name, queue, threads.

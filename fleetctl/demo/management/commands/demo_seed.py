@@ -3,11 +3,11 @@ primary and one candidate for the same model), and one person per role.
 
 Safe to re-run, and a re-run never undoes what people did since: the rule is **never modify
 an existing object**. Each demo object (region, pool with its model entry, person, trace,
-route, gateway with its routes, plan, the MI300X plan's shadow run) is created only when
-nothing of that name exists; one that exists is left exactly as it is, whatever changed in
-it. Creating goes through the same services as the API, so a refusal there (the fleet changed
-so that a demo object no longer fits) is reported and that object skipped; the seed never
-crashes on data the API allowed."""
+route, gateway with its routes, plan, the MI300X plan's shadow run, a plan's eval run) is
+created only when nothing of that name exists; one that exists is left exactly as it is,
+whatever changed in it. Creating goes through the same services as the API, so a refusal
+there (the fleet changed so that a demo object no longer fits) is reported and that object
+skipped; the seed never crashes on data the API allowed."""
 
 from __future__ import annotations
 
@@ -83,6 +83,10 @@ class Command(BaseCommand):
         parser.add_argument("--conformance", action="store_true",
                             help="queue a conformance probe of each demo plan's candidate "
                                  "(a worker on the probe queue runs it once the pools answer)")
+        parser.add_argument("--evals", action="store_true",
+                            help="install the bundled eval suites and queue an eval run of each "
+                                 "demo plan's candidate against its primary (a worker on the "
+                                 "evals queue runs it once the pools answer)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.created: list[str] = []
@@ -102,6 +106,8 @@ class Command(BaseCommand):
             self._plans()
             if options["conformance"]:
                 self._probe()
+            if options["evals"]:
+                self._evals()
             self._shadow()
         made = ", ".join(self.created) if self.created else "nothing (all there already)"
         self.stdout.write(f"demo fleet: {Pool.objects.count()} pools in "
@@ -291,6 +297,38 @@ class Command(BaseCommand):
                 continue
             self._create(f"conformance run of {plan.candidate_pool.name}", partial(
                 conformance.run_create, actor=actor, pool=plan.candidate_pool, plan=plan))
+
+    def _evals(self) -> None:
+        """The bundled suites, and a real eval run of each demo plan's candidate against its
+        primary on `fleetctl-core` (1,200 items on two pools), started by `lead`: the evals
+        worker runs both within a few minutes of `make demo`, and each plan's stage-2 eval
+        check reads the measured verdict. The MI300X answers as well as the H200 (the
+        simulator's task accuracy is 0.92 on both) and passes; the A100's legacy stack answers
+        fewer items right and fails, so a failing verdict, its interval and the items that
+        changed are there to read too. Created once per plan, like the shadow run: a plan
+        with an eval run queued, running or complete gets no new one (a cancelled or failed
+        one is replaced on the next start)."""
+        from fleetctl.evals import bundled
+        from fleetctl.evals import services as evals
+        from fleetctl.evals.models import EvalRun
+        from migrations_plan.models import Plan
+
+        installed = evals.suite_install_bundled(actor=Actor.for_system("demo-seed"))
+        suite = next((s for s in installed if s.name == bundled.MIX), None)
+        if suite is None:
+            self._note(f"suite {bundled.MIX} was not installed: no eval runs queued")
+            return
+        lead = Actor(user=User.objects.get(username="lead"))
+        keep = (*EvalRun.ACTIVE, EvalRun.Status.COMPLETE)
+        for name in ("mi300x-llama-8b", "a100-llama-8b"):
+            plan = Plan.objects.filter(name=name).first()
+            if plan is None or EvalRun.objects.filter(plan=plan, status__in=keep).exists():
+                continue
+            # Concurrency 8 each: the two runs share a 2-core laptop with the simulated fleet
+            # and the demo's shadow traffic, and still finish in a few minutes.
+            self._create(f"eval run of {name}", partial(
+                evals.run_create, actor=lead, suite=suite, candidate=plan.candidate_pool,
+                primary=plan.primary_pool, plan=plan, concurrency=8))
 
     def _shadow(self) -> None:
         """A mirror shadow run for the MI300X plan (stage 2, "shadow"), started by `lead`:
