@@ -6,6 +6,7 @@ from fleetctl.accounts.api.views import ServiceTokenViewSet, TokenViewSet, me
 from fleetctl.audit.api.views import AuditEventViewSet
 from fleetctl.bench.api.views import RunViewSet, TraceViewSet
 from fleetctl.conformance.api.views import ConformanceRunViewSet
+from fleetctl.evals.api.views import EvalRunViewSet, EvalSuiteViewSet
 from fleetctl.fleet.api.views import (
     CurrencyRateViewSet,
     HealthCheckViewSet,
@@ -40,6 +41,8 @@ router.register("bench/traces", TraceViewSet, basename="bench-trace")
 router.register("bench/runs", RunViewSet, basename="bench-run")
 router.register("conformance-runs", ConformanceRunViewSet, basename="conformance-run")
 router.register("shadow-runs", ShadowRunViewSet, basename="shadow-run")
+router.register("eval-suites", EvalSuiteViewSet, basename="eval-suite")
+router.register("eval-runs", EvalRunViewSet, basename="eval-run")
 router.register("plans", PlanViewSet, basename="plan")
 router.register("evidence", EvidenceViewSet, basename="evidence")
 router.register("evidence-kinds", EvidenceKindViewSet, basename="evidence-kind")

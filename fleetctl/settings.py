@@ -355,6 +355,11 @@ SPECTACULAR_SETTINGS = {
         "JurisdictionEnum": "fleetctl.fleet.models.JURISDICTIONS.items",
         "CurrencyEnum": "fleetctl.fleet.models.CURRENCIES",
         "PlanStateEnum": "migrations_plan.models.Plan.State",
+        "EvalRunStatusEnum": "fleetctl.evals.models.EvalRun.Status",
+        "EvalVerdictEnum": "fleetctl.evals.models.EvalRun.Verdict",
+        "EvalResultStatusEnum": "fleetctl.evals.models.EvalResult.Status",
+        "EvalSuiteSourceEnum": "fleetctl.evals.models.EvalSuite.Source",
+        "EvalPoolRoleEnum": "fleetctl.evals.models.EvalRunPool.Role",
     },
 }
 

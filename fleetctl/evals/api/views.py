@@ -1,0 +1,307 @@
+"""Eval suites and runs over REST. Reading needs `read`; uploading, retiring and installing
+suites, starting and cancelling runs need `jobs` (checked by the services, which audit
+refusals). A suite upload is streamed to the service line by line; its errors name the line."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import HttpResponse, StreamingHttpResponse
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import mixins, renderers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.generics import get_object_or_404  # an id of the wrong type: 404, not 500
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.bench.api.views import CSVRenderer
+from fleetctl.core.errors import DomainError
+from fleetctl.evals.api import diff
+from fleetctl.evals.api import serializers as s
+from fleetctl.evals.api.filters import DiffFilter, ItemFilter, ResultFilter, RunFilter, SuiteFilter
+from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalSuite
+
+EXPORT_FORMATS = ("json", "csv")
+NDJSON = "application/x-ndjson"
+DEFAULT_MAX_UPLOAD_BYTES = 64 * 1024 * 1024
+
+
+class NDJSONRenderer(renderers.BaseRenderer):
+    """Lets a client that asks for `application/x-ndjson` through content negotiation on the
+    download; the view answers the bytes itself."""
+
+    media_type = NDJSON
+    format = "jsonl"
+    charset = None
+
+    def render(self, data: Any, accepted_media_type: str | None = None,
+               renderer_context: Mapping[str, Any] | None = None) -> Any:
+        return data
+
+
+class _FileAnswers:
+    """An error answer to a download or an export is the JSON error body, as documented: the
+    pass-through renderers let only the view's own bytes through."""
+
+    def finalize_response(self, request: Request, response: Any, *args: Any,
+                          **kwargs: Any) -> Any:
+        if (isinstance(response, Response) and response.status_code >= 400
+                and isinstance(getattr(request, "accepted_renderer", None),
+                               CSVRenderer | NDJSONRenderer)):
+            request.accepted_renderer = renderers.JSONRenderer()
+            request.accepted_media_type = "application/json"
+        return super().finalize_response(request, response, *args,  # type: ignore[misc]
+                                         **kwargs)
+
+
+def _services() -> Any:
+    """fleetctl.evals.services, imported when a view runs (it imports the runner and the
+    scorers, which the URL configuration does not need)."""
+    from fleetctl.evals import services
+
+    return services
+
+
+def max_upload_bytes() -> int:
+    return int(getattr(settings, "EVAL_MAX_UPLOAD_BYTES", DEFAULT_MAX_UPLOAD_BYTES))
+
+
+def _mib(size: int) -> str:
+    return f"{size / 1024 / 1024:.1f} MiB" if size >= 1024 * 1024 else f"{size:,} bytes"
+
+
+class EvalSuiteViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                       viewsets.GenericViewSet):
+    """Eval suites: versioned, immutable, pinned by the SHA-256 of their canonical JSONL. POST
+    a multipart upload (name, description, file) or …/bundled/ to install fleetctl's own;
+    both need `jobs`, as does …/retire/."""
+
+    queryset = EvalSuite.objects.all()
+    serializer_class = s.EvalSuiteSerializer
+    filterset_class = SuiteFilter
+    ordering_fields = ["name", "version", "created_at", "item_count"]
+    parser_classes = [JSONParser, MultiPartParser, FormParser]
+
+    def _suite(self, pk: str) -> EvalSuite:
+        return get_object_or_404(EvalSuite.objects.all(), pk=pk)
+
+    @extend_schema(
+        request={"multipart/form-data": s.EvalSuiteUploadSerializer},
+        responses={201: OpenApiResponse(s.EvalSuiteUploadedSerializer,
+                                        description="A new version was stored."),
+                   200: OpenApiResponse(s.EvalSuiteUploadedSerializer,
+                                        description="Identical content already existed under "
+                                                    "this name: that version, nothing new.")})
+    def create(self, request: Request) -> Response:
+        """Upload a suite (multipart: name, description, file). It is read line by line as it
+        is stored; every bad line is reported with its number (up to 20) and nothing is kept.
+        The same content as a stored version of that name answers that version (200)."""
+        body = s.EvalSuiteUploadSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        upload = data["file"]
+        limit = max_upload_bytes()
+        if upload.size is not None and upload.size > limit:
+            raise ValidationError({"file": [
+                f"The file is {_mib(upload.size)}; a suite upload may be at most "
+                f"{_mib(limit)} (EVAL_MAX_UPLOAD_BYTES). Split it into several suites."]})
+        # The uploaded file object itself (memory or a temporary file on disk), never .read().
+        suite, created = _services().suite_upload(
+            actor=actor_from_request(request), name=data["name"], fileobj=upload,
+            description=data["description"])
+        answer = s.EvalSuiteUploadedSerializer(suite, context={"created": created}).data
+        return Response(answer, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(responses={200: s.EvalItemSerializer(many=True)},
+                   parameters=[OpenApiParameter("id", int, OpenApiParameter.PATH,
+                                                description="The suite's id.")])
+    @action(detail=True, methods=["get"], filterset_class=ItemFilter,
+            filter_backends=[DjangoFilterBackend], queryset=EvalItem.objects.none())
+    def items(self, request: Request, pk: str) -> Response:
+        """The suite's items in order (paginated; `page_size` up to 500); `tag=` and
+        `scorer=` filter."""
+        suite = self._suite(pk)
+        page = self.paginate_queryset(self.filter_queryset(suite.items.order_by("position")))
+        return self.get_paginated_response(s.EvalItemSerializer(page, many=True).data)
+
+    @extend_schema(
+        responses={(200, NDJSON): OpenApiResponse(
+            OpenApiTypes.BINARY,
+            description="The canonical JSONL; its SHA-256 is the suite's `sha256` (also in "
+                        "the X-Suite-SHA256 header).")})
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None,
+            renderer_classes=[renderers.JSONRenderer, NDJSONRenderer])
+    def download(self, request: Request, pk: str) -> HttpResponse:
+        """The suite as canonical JSONL (header line, then one item per line, keys sorted):
+        exactly the bytes the suite's SHA-256 pins; upload it again and it is the same
+        version."""
+        suite = self._suite(pk)
+        body = _services().suite_jsonl(suite)
+        response = HttpResponse(body, content_type=NDJSON)
+        response["Content-Disposition"] = (f'attachment; filename="{suite.name}-v'
+                                           f'{suite.version}.jsonl"')
+        response["X-Suite-SHA256"] = suite.sha256
+        return response
+
+    @extend_schema(request=None, responses={200: s.EvalSuiteSerializer})
+    @action(detail=True, methods=["post"])
+    def retire(self, request: Request, pk: str) -> Response:
+        """Retire the suite: it cannot start runs any more (its runs and download stay).
+        Retiring a retired suite changes nothing."""
+        suite = _services().suite_retire(actor=actor_from_request(request), suite=self._suite(pk))
+        return Response(s.EvalSuiteSerializer(self._suite(str(suite.pk))).data)
+
+    @extend_schema(request=s.EvalSuiteBundledSerializer,
+                   responses={200: s.EvalSuiteSerializer(many=True)})
+    @action(detail=False, methods=["post"], pagination_class=None, filter_backends=[])
+    def bundled(self, request: Request) -> Response:
+        """Install fleetctl's bundled suites (generated from fixed seeds, nothing downloaded):
+        the same bytes every time, so installing again answers the same versions."""
+        body = s.EvalSuiteBundledSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        suites = _services().suite_install_bundled(actor=actor_from_request(request),
+                                                names=body.validated_data["names"] or None)
+        return Response(s.EvalSuiteSerializer(suites, many=True).data)
+
+
+def _suite_ref(ref: str) -> EvalSuite:
+    """The suite a run names: an id, a name (its newest unretired version) or name@version;
+    anything that does not name one is a 400 on `suite`."""
+    try:
+        return _services().suite_lookup(ref)
+    except (ObjectDoesNotExist, DomainError, DjangoValidationError, ValueError) as exc:
+        message = getattr(exc, "message", "") if isinstance(exc, DomainError) else ""
+        raise ValidationError({"suite": [
+            message or f"No suite {ref[:80]!r}; give a suite id, a name (its newest version) "
+                       "or name@version; see GET /api/v1/eval-suites/."]}) from exc
+
+
+class EvalRunViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                     viewsets.GenericViewSet):
+    """Eval runs: a suite version sent to each named pool directly (never through a route),
+    every answer scored; the candidate judged against the primary item by item. POST starts
+    one (`jobs`); the answer comes at once, poll the run for progress."""
+
+    queryset = EvalRun.objects.select_related("plan", "suite").prefetch_related(
+        "run_pools__pool")
+    serializer_class = s.EvalRunSerializer
+    filterset_class = RunFilter
+    ordering_fields = ["created_at", "id", "status"]
+
+    def get_serializer_class(self):  # type: ignore[no-untyped-def]
+        return s.EvalRunDetailSerializer if self.action == "retrieve" else s.EvalRunSerializer
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        """On the export, `?format=` decides, whatever the Accept header says; another value
+        is a 400 that names the field, not DRF's bare 404 for a format no renderer has."""
+        wanted = request.query_params.get("format")
+        if self.action != "export" or wanted is None or force:
+            return super().perform_content_negotiation(request, force)
+        for renderer in self.get_renderers():
+            if renderer.format == wanted:
+                return renderer, renderer.media_type
+        raise ValidationError({"format": [
+            f"Give format as json or csv; {wanted[:40]!r} is not one."]})
+
+    def _run(self, pk: str) -> EvalRun:
+        return get_object_or_404(self.queryset.all(), pk=pk)
+
+    def _detail(self, run: EvalRun, code: int = status.HTTP_200_OK) -> Response:
+        return Response(s.EvalRunDetailSerializer(self._run(str(run.pk))).data, status=code)
+
+    @extend_schema(request=s.EvalRunCreateSerializer, responses={201: s.EvalRunDetailSerializer})
+    def create(self, request: Request) -> Response:
+        """Start a run. 400 names the field at fault: an unknown or retired suite, an unknown
+        pool or plan, the same pool twice, a pool that does not serve the model, a value out
+        of range. The run is queued for a worker of the `evals` queue."""
+        body = s.EvalRunCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = dict(body.validated_data)
+        suite = _suite_ref(data.pop("suite"))
+        plan = data.pop("plan")
+        candidate = data.pop("candidate") or plan.candidate_pool
+        margin_pct = data.pop("margin_pct")
+        options: dict[str, Any] = {"model_id": data.pop("model")}
+        if margin_pct is not None:
+            options["margin"] = margin_pct / 100
+        run = _services().run_create(actor=actor_from_request(request), suite=suite,
+                                  candidate=candidate, primary=data.pop("primary"),
+                                  others=data.pop("others"), plan=plan, **options, **data)
+        return self._detail(run, status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: s.EvalRunDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        """Stop a queued or running run (409 otherwise); the items scored so far are kept."""
+        run = _services().run_cancel(actor=actor_from_request(request), run=self._run(pk))
+        return self._detail(run)
+
+    @extend_schema(responses={200: s.EvalResultSerializer(many=True)},
+                   parameters=[OpenApiParameter("id", int, OpenApiParameter.PATH,
+                                                description="The run's id.")])
+    # queryset: what the results' filters (and their schema) apply to; the run's results are
+    # filtered, never this.
+    @action(detail=True, methods=["get"], filterset_class=ResultFilter,
+            filter_backends=[DjangoFilterBackend], queryset=EvalResult.objects.none())
+    def results(self, request: Request, pk: str) -> Response:
+        """Every item on every pool, in the run's interleaved order (paginated; `page_size` up
+        to 500): the answer, its score and reason, tokens, latency and every attempt."""
+        run = self._run(pk)
+        results = run.results.select_related("item", "run_pool__pool").order_by("position")
+        page = self.paginate_queryset(self.filter_queryset(results))
+        return self.get_paginated_response(s.EvalResultSerializer(page, many=True).data)
+
+    @extend_schema(responses={200: s.EvalDiffSerializer(many=True)},
+                   parameters=[OpenApiParameter("id", int, OpenApiParameter.PATH,
+                                                description="The run's id.")])
+    @action(detail=True, methods=["get"], filterset_class=DiffFilter,
+            filter_backends=[DjangoFilterBackend], queryset=EvalResult.objects.none())
+    def diff(self, request: Request, pk: str) -> Response:
+        """The items the candidate and the primary scored differently, side by side, in suite
+        order (paginated): `direction=regressed` for the candidate's losses, `improved` for
+        its gains, `tag=`, `q=` (text in the item id, prompt or either answer). 400 when the
+        run has no primary."""
+        run = self._run(pk)
+        page = self.paginate_queryset(self.filter_queryset(diff.queryset(run)))
+        return self.get_paginated_response(diff.rows(run, page or []))
+
+    @extend_schema(
+        description="The item diff (with the same filters as …/diff/), streamed: "
+                    "`?format=json` ({run, diff: [...]}) or `?format=csv` (columns documented "
+                    "in fleetctl/evals/api/diff.py; formula-like text cells start with a "
+                    "quote).",
+        parameters=[OpenApiParameter("format", str, enum=list(EXPORT_FORMATS),
+                                     default="json", description="json or csv")],
+        responses={(200, "application/json"): OpenApiResponse(
+                       OpenApiTypes.OBJECT, description="{run, diff: [...]}"),
+                   (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR)})
+    @action(detail=True, methods=["get"], filterset_class=DiffFilter,
+            filter_backends=[DjangoFilterBackend], queryset=EvalResult.objects.none(),
+            pagination_class=None, renderer_classes=[renderers.JSONRenderer, CSVRenderer])
+    def export(self, request: Request, pk: str, format: str | None = None
+               ) -> StreamingHttpResponse:
+        run = self._run(pk)
+        results = self.filter_queryset(diff.queryset(run))
+        if request.accepted_renderer.format == "csv":
+            response = StreamingHttpResponse(diff.csv_lines(run, results),
+                                             content_type="text/csv; charset=utf-8")
+            response["Content-Disposition"] = (f'attachment; filename="eval-run-{run.pk}-'
+                                               'diff.csv"')
+            return response
+        head = dict(s.EvalRunSerializer(run).data)
+        response = StreamingHttpResponse(diff.json_chunks(run, head, results),
+                                         content_type="application/json")
+        response["Content-Disposition"] = f'attachment; filename="eval-run-{run.pk}-diff.json"'
+        return response
+
+
+__all__ = ["EvalRunViewSet", "EvalSuiteViewSet"]
