@@ -15,7 +15,6 @@ problems, then raises `TraceError`. A trace is valid only if iteration finishes 
 from __future__ import annotations
 
 import bisect
-import functools
 import io
 import itertools
 import json
@@ -28,11 +27,26 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import IO, Any, Literal
 
-MAX_LINE_BYTES = 1024 * 1024
+from fleetctl.core import jsonl
+from fleetctl.core.jsonl import JSON_DECODER as JSON_DECODER  # re-exported (benchmarks print it)
+from fleetctl.core.jsonl import (
+    MAX_LINE_BYTES,
+    OVERLONG,
+    OVERLONG_MESSAGE,
+    SKIP,
+    JsonlError,
+    LineErrors,
+    Replay,
+    decoded,
+    line_reader,
+    retry,
+)
+from fleetctl.core.jsonl import MESSAGE_ROLES as MESSAGE_ROLES  # re-exported for callers
+from fleetctl.core.jsonl import show as _show
+
 MAX_TOKENS = 10_000_000
 MAX_GROUP_ID_CHARS = 200
 LATENCY_CLASSES = ("interactive", "standard", "batch")
-MESSAGE_ROLES = ("system", "user", "assistant", "tool", "developer")
 FORMAT_VERSION = 1
 MOONCAKE_BLOCK_TOKENS = 512
 # Mooncake prefix groups remembered at once; the oldest is forgotten first (see TRACES.md).
@@ -48,40 +62,18 @@ HEADER_KEYS = frozenset({"fleetctl_trace", "name", "description"})
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
 
 
-def _stdlib_loads(line: Any) -> Any:
-    return json.loads(_decoded(line))
+# The line plumbing (streamed reading, UTF-8, the fast JSON decoder with the standard library
+# deciding and wording errors, the error cap) is shared with every JSONL upload:
+# fleetctl/core/jsonl.py. The decoders are module attributes here so that the hot loop reads
+# them once per parse, and a test or benchmark can swap in the standard library's.
+_stdlib_loads = jsonl.stdlib_loads
+_fast_loads = jsonl.fast_loads
+NO_REQUESTS = "the trace has no requests"
 
 
-# JSON decoding is most of the cost of reading a trace. pydantic-core's decoder (jiter) is about
-# three times faster than the standard library's; use it when installed. Any line it refuses
-# is decoded again by the standard library (see _json_retry), which decides and words errors.
-try:
-    from pydantic_core import from_json as _from_json
-
-    def _fast_loads(line: Any) -> Any:
-        # A stand-in for an overlong line is refused with TypeError, then reported by _decoded.
-        return _from_json(line, allow_inf_nan=False, cache_strings="all")
-
-    JSON_DECODER = "pydantic-core"
-except ImportError:  # pragma: no cover - depends on the installation
-    _fast_loads = _stdlib_loads
-    JSON_DECODER = "json (standard library)"
-
-
-class TraceError(ValueError):
+class TraceError(JsonlError):
     """A trace that cannot be used. `errors` holds (line number, message) pairs; line 0 means
     the file as a whole (for example "the trace has no requests")."""
-
-    def __init__(self, errors: list[tuple[int, str]], *, truncated: bool = False) -> None:
-        self.errors = errors
-        self.truncated = truncated
-        super().__init__(self._render())
-
-    def _render(self) -> str:
-        lines = [f"line {n}: {msg}" if n else msg for n, msg in self.errors]
-        if self.truncated:
-            lines.append(f"(stopped after {len(self.errors)} errors)")
-        return "\n".join(lines)
 
 
 # --- the request ------------------------------------------------------------------------------
@@ -95,49 +87,9 @@ def _positive_int(name: str, value: object) -> str | None:
     return None
 
 
-def _show(value: object) -> str:
-    text = json.dumps(value, ensure_ascii=False) if _jsonable(value) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _jsonable(value: object) -> bool:
-    return value is None or isinstance(value, str | int | float | bool | list | dict)
-
-
 def _message_problem(messages: object) -> str | None:
-    if type(messages) is not list or not messages:
-        return f"messages must be a non-empty list of chat messages, got {_show(messages)}"
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if type(message) is not dict:
-            return f"{where} must be an object with role and content, got {_show(message)}"
-        role = message.get("role")
-        if role not in MESSAGE_ROLES:
-            return f"{where}.role must be one of {', '.join(MESSAGE_ROLES)}; got {_show(role)}"
-        if "content" not in message:
-            return f"{where} has no content"
-        problem = _content_problem(where, role, message)
-        if problem:
-            return problem
-    return None
-
-
-def _content_problem(where: str, role: str, message: dict[str, Any]) -> str | None:
-    content = message["content"]
-    if type(content) is str:
-        return None
-    if content is None:
-        # OpenAI allows an assistant turn that only calls tools.
-        if role == "assistant" and message.get("tool_calls"):
-            return None
-        return f"{where}.content is null; only an assistant message with tool_calls may omit it"
-    if type(content) is list and content:
-        for j, part in enumerate(content):
-            if type(part) is not dict or type(part.get("type")) is not str:
-                return (f"{where}.content[{j}] must be an object with a string type, "
-                        f"got {_show(part)}")
-        return None
-    return f"{where}.content must be a string or a non-empty list of parts, got {_show(content)}"
+    problem = jsonl.message_problem(messages)
+    return f"{problem[0]} {problem[1]}" if problem else None
 
 
 def request_problem(prompt_tokens: object, completion_tokens: object, arrival_s: object,
@@ -280,85 +232,11 @@ class TraceHeader:
 # --- streaming plumbing -----------------------------------------------------------------------
 
 
-class _Overlong:
-    """Stands in for a line that was longer than MAX_LINE_BYTES (its bytes were skipped)."""
-
-
-_OVERLONG = _Overlong()
-
-
-_Finish = Callable[[Any], Any]
-
-
-def _line_reader(source: Iterable[bytes | str]) -> tuple[Iterator[Any], _Finish]:
-    """Lines, plus what to call on a line longer than MAX_LINE_BYTES (rare, so the caller
-    checks the length itself): it returns the line, or _OVERLONG if it is too long.
-
-    A file object is read with readline(limit), so one enormous line is skipped in pieces
-    instead of being pulled into memory whole; iter(callable, sentinel) keeps that loop in C.
-    """
-    if isinstance(source, _Replay):
-        return source.lines, source.finish
-    readline: Callable[[int], bytes | str] | None = getattr(source, "readline", None)
-    if readline is None:
-        return iter(source), _whole_line
-    limit = MAX_LINE_BYTES + 2  # room for "\r\n"
-    first = readline(limit)
-    chunks = itertools.chain((first,), iter(functools.partial(readline, limit), first[:0])) \
-        if first else iter(())
-
-    def finish(line: bytes | str) -> Any:
-        if len(line) < limit or line[-1:] in (b"\n", "\n"):  # the whole line was read
-            return _whole_line(line)
-        for rest in chunks:
-            if rest[-1:] in (b"\n", "\n"):
-                break
-        return _OVERLONG
-
-    return chunks, finish
-
-
-def _whole_line(line: bytes | str) -> Any:
-    return _OVERLONG if _too_long(line) else line
-
-
-def _too_long(line: bytes | str) -> bool:
-    ending = b"\r\n" if isinstance(line, bytes) else "\r\n"
-    return len(line.rstrip(ending)) > MAX_LINE_BYTES  # type: ignore[arg-type]
-
-
-def _decoded(raw: bytes | str | _Overlong) -> str:
-    """The line as text; ValueError with a readable message if it cannot be read. Text lines
-    are measured in characters: close enough to bytes for a safety limit."""
-    if isinstance(raw, bytes):
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            bad = raw[exc.start]
-            raise ValueError(f"is not valid UTF-8 (byte 0x{bad:02x} at column {exc.start + 1}); "
-                             f"save the trace as UTF-8") from None
-    if isinstance(raw, str):
-        return raw
-    raise ValueError(_OVERLONG_MESSAGE)
-
-
-_OVERLONG_MESSAGE = f"is longer than {MAX_LINE_BYTES:,} bytes (1 MiB), the line limit"
-
-
-class _Errors:
-    """Collects line errors up to a cap; raising is the caller's decision except at the cap."""
+class _Errors(LineErrors):
+    """Line errors of a trace (raised as TraceError), with the trace's request limit."""
 
     def __init__(self, max_errors: int) -> None:
-        self.items: list[tuple[int, str]] = []
-        self.max_errors = max_errors
-
-    def add(self, lineno: int, message: str) -> None:
-        self.items.append((lineno, message))
-        if len(self.items) >= self.max_errors:
-            raise TraceError(self.items, truncated=True)
-
-    def __bool__(self) -> bool:
-        return bool(self.items)
+        super().__init__(max_errors, what="trace", error=TraceError)
 
     def counted(self, lineno: int, count: int, max_requests: int) -> int:
         """One more request (on line `lineno`); past `max_requests` the trace is refused."""
@@ -368,11 +246,8 @@ class _Errors:
             raise TraceError(self.items)
         return count
 
-    def finish(self, requests: int) -> None:
-        if self.items:
-            raise TraceError(self.items)
-        if requests == 0:
-            raise TraceError([(0, "the trace has no requests")])
+    def finish(self, count: int, *, empty: str = NO_REQUESTS) -> None:
+        super().finish(count, empty=empty)
 
 
 def _imported(errors: _Errors, lineno: int, names: tuple[str, str],
@@ -436,15 +311,15 @@ def _fleetctl_requests(lines: Iterable[bytes | str], stream: TraceStream, errors
     inf, top, group_chars = math.inf, MAX_TOKENS, MAX_GROUP_ID_CHARS
     keys, classes = REQUEST_KEYS, LATENCY_CLASSES
     count, prev_arrival, prev_line, first = 0, 0.0, 0, True
-    reader, finish = _line_reader(lines)
+    reader, finish = line_reader(lines)
     for lineno, raw in enumerate(reader, 1):
         if len(raw) > MAX_LINE_BYTES:
             raw = finish(raw)
         try:
             obj = loads(raw)
-        except (ValueError, TypeError) as exc:
-            obj = _json_retry(lineno, raw, exc, errors)
-            if obj is None:
+        except (ValueError, TypeError):
+            obj = retry(lineno, raw, errors)
+            if obj is SKIP:
                 continue
         try:
             pt, ct, at = obj["prompt_tokens"], obj["completion_tokens"], obj["arrival_s"]
@@ -488,28 +363,6 @@ def _fleetctl_requests(lines: Iterable[bytes | str], stream: TraceStream, errors
         if not errors:
             yield build(pt, ct, at, prompt, messages, group, prefix, latency)
     errors.finish(count)
-
-
-def _json_retry(lineno: int, raw: bytes | str | _Overlong, exc: Exception,
-                errors: _Errors) -> Any:
-    """The slow path of a line the fast decoder refused: a blank line (None, skipped), a first
-    line that starts with a byte-order mark (parsed without it), something only the standard
-    library accepts (parsed by it), or an error (recorded, None). The messages always come
-    from the standard library so they do not depend on which decoder is installed."""
-    try:
-        text = _decoded(raw)
-    except ValueError as error:
-        errors.add(lineno, str(error))
-        return None
-    if not text.strip():
-        return None
-    if lineno == 1 and text.startswith("\ufeff"):
-        text = text[1:]
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        errors.add(lineno, f"is not valid JSON ({error.msg} at column {error.colno})")
-    return None
 
 
 def _shape_problem(obj: object) -> str:
@@ -594,16 +447,7 @@ def _mooncake_requests(lines: Iterable[bytes | str], errors: _Errors, max_reques
     # first hash id -> the group's first request's hash ids, oldest group first
     groups: OrderedDict[int, list[int]] = OrderedDict()
     count, first_ms, prev_ms, prev_line = 0, None, 0.0, 0
-    reader, finish = _line_reader(lines)
-    for lineno, raw in enumerate(reader, 1):
-        if len(raw) > MAX_LINE_BYTES:
-            raw = finish(raw)
-        try:
-            obj = _fast_loads(_decoded(raw))
-        except ValueError as exc:
-            obj = _json_retry(lineno, raw, exc, errors)
-            if obj is None:
-                continue
+    for lineno, obj in jsonl.objects(lines, errors, allow_nan=True):
         problem, ms = _mooncake_problem(obj)
         if problem:
             errors.add(lineno, problem)
@@ -685,12 +529,12 @@ def _azure_requests(lines: Iterable[bytes | str], errors: _Errors,
                     max_requests: int) -> Iterator[TraceRequest]:
     minutes: _Minutes = {}
     count, header_seen, origin, prev, prev_line = 0, False, None, 0.0, 0
-    reader, finish = _line_reader(lines)
+    reader, finish = line_reader(lines)
     for lineno, raw in enumerate(reader, 1):
         if len(raw) > MAX_LINE_BYTES:
             raw = finish(raw)
         try:
-            text = _decoded(raw).strip()
+            text = decoded(raw, "trace").strip()
         except ValueError as exc:
             errors.add(lineno, str(exc))
             continue
@@ -811,17 +655,17 @@ def parse_trace(lines: Iterable[bytes | str], *, trace_format: TraceFormat | Non
                 max_errors: int = 20, max_requests: int = 5_000_000) -> TraceStream:
     """Detect the format from the first non-blank line (unless given) and stream the trace.
     Line numbers in errors stay those of the file."""
-    reader, finish = _line_reader(lines)
+    reader, finish = line_reader(lines)
     leading: list[bytes | str] = []
     for raw in reader:
-        if len(raw) > MAX_LINE_BYTES and finish(raw) is _OVERLONG:
-            raise TraceError([(len(leading) + 1, _OVERLONG_MESSAGE)])
+        if len(raw) > MAX_LINE_BYTES and finish(raw) is OVERLONG:
+            raise TraceError([(len(leading) + 1, OVERLONG_MESSAGE)])
         leading.append(raw)
         if raw.strip():
             break
     if trace_format is None:
         if not leading or not leading[-1].strip():
-            raise TraceError([(0, "the trace has no requests")])
+            raise TraceError([(0, NO_REQUESTS)])
         try:
             trace_format = detect_format(leading[-1])
         except TraceError as exc:
@@ -829,19 +673,8 @@ def parse_trace(lines: Iterable[bytes | str], *, trace_format: TraceFormat | Non
     if trace_format not in PARSERS:
         raise ValueError(f"trace_format must be one of {', '.join(PARSERS)}, "
                          f"got {trace_format!r}")
-    replay = _Replay(itertools.chain(leading, reader), finish)
+    replay = Replay(itertools.chain(leading, reader), finish)
     return PARSERS[trace_format](replay, max_errors=max_errors, max_requests=max_requests)
-
-
-class _Replay:
-    """Peeked-at lines handed on to a parser together with the rest of the same reader."""
-
-    def __init__(self, lines: Iterator[Any], finish: _Finish) -> None:
-        self.lines = lines
-        self.finish = finish
-
-    def __iter__(self) -> Iterator[Any]:
-        return self.lines
 
 
 # --- synthetic traces -------------------------------------------------------------------------
@@ -1106,7 +939,7 @@ class TraceSummariser:
 
     def result(self) -> TraceSummary:
         if not self.count:
-            raise TraceError([(0, "the trace has no requests")])
+            raise TraceError([(0, NO_REQUESTS)])
         duration = self.last_arrival_s - self.first_arrival_s
         prompt_total = sum(v * c for v, c in self.prompt.items())
         return TraceSummary(
