@@ -160,7 +160,7 @@ def test_a_candidate_five_points_worse_fails_with_its_evidence_on_the_stage_2_ch
     assert (run.verdict, paired["verdict"]) == ("fail", "fail")
     assert set(run.stats["tags"]) >= FAMILIES
 
-    evidence = Evidence.objects.get(pk=run.evidence_id)
+    evidence = Evidence.objects.get(id=run.evidence_id or 0)
     assert (evidence.kind, evidence.verdict, evidence.pool_id) == ("eval", "fail",
                                                                    w.pools["low"].pk)
     assert evidence.source == f"eval run {run.pk}"
@@ -183,7 +183,7 @@ def test_an_a_a_run_passes_and_does_not_satisfy_the_stage_4_quality_check(world)
     assert paired["lower"] >= -0.02
     assert run.verdict == "pass"
 
-    assert Evidence.objects.get(pk=run.evidence_id).verdict == "pass"
+    assert Evidence.objects.get(id=run.evidence_id or 0).verdict == "pass"
     assert check(w.plan, 2, "eval") == ev.PASS
     # Stage 4's "quality unchanged" reads live-quality, which only a stage-4 eval (or shadow
     # pairs of stage-4 live traffic) writes: this stage-2 run leaves it waiting.

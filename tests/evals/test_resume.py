@@ -98,8 +98,8 @@ class Worker:
 
         def answers() -> bool:
             assert self.proc.poll() is None, self.log.read_text()
-            return any(name.startswith(prefix)
-                       for reply in app.control.ping(timeout=0.5) for name in reply)
+            replies = app.control.ping(timeout=0.5) or []
+            return any(name.startswith(prefix) for reply in replies for name in reply)
 
         wait_until(answers, timeout_s=120, what=f"worker {self.node}")
 
@@ -161,8 +161,9 @@ def test_a_worker_killed_mid_run_is_resumed_by_another_and_no_row_is_scored_twic
     assert at_kill.status == "running" and at_kill.resumed == 0
 
     # Nobody drives the run now: once its heartbeat is stale, the reaper queues it again.
-    assert at_kill.heartbeat_at is not None
-    wait_until(lambda: (timezone.now() - at_kill.heartbeat_at).total_seconds() > STALE_S + 0.5,
+    beat_at = at_kill.heartbeat_at
+    assert beat_at is not None
+    wait_until(lambda: (timezone.now() - beat_at).total_seconds() > STALE_S + 0.5,
                timeout_s=STALE_S + 5, what="the heartbeat to go stale")
     assert EvalRun.objects.get(pk=run.pk).heartbeat_at == at_kill.heartbeat_at  # nobody beat
     rescuer = Worker("evals-rescuer", tmp_path / "rescuer.log",

@@ -1,0 +1,92 @@
+"""Scoring throughput per core on the bundled suites' real items and the simulator's answers.
+
+benchmarks/scorer_throughput.py times each scorer on made-up answers; this times what an eval
+worker actually scores: every item of the bundled suites (parsed and validated as an upload
+is: params with their defaults, references as stored) against the text a simulated pool sends
+back for it (`fleetctl.sim.tasks.task_text`, the same text the server streams: right for about
+`task_accuracy` of the items, plausibly wrong for the rest), through the public
+`scorers.score()`, as the runner calls it. The answers are computed first; only scoring is
+timed. The process is pinned to one core (os.sched_setaffinity); each figure is the median of
+`--runs` passes. The mean score printed beside each figure is the share the profile got
+right (a check that the answers are the simulator's: about its task_accuracy).
+
+    .venv/bin/python benchmarks/eval_scoring_throughput.py [--runs 5] [--profile mi300x]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from fleetctl.core.compare import Answer  # noqa: E402
+from fleetctl.core.scorers import score  # noqa: E402
+from fleetctl.evals import bundled  # noqa: E402
+from fleetctl.evals.suites import SuiteItem, parse_suite  # noqa: E402
+from fleetctl.sim.profiles import BUILTIN_PROFILES  # noqa: E402
+from fleetctl.sim.tasks import task_text  # noqa: E402
+
+MODEL = "llama-3.1-8b-instruct"
+
+
+def answers(name: str, profile: str) -> list[tuple[SuiteItem, Answer]]:
+    """Every item of bundled suite `name` with the answer a pool of `profile` gives it."""
+    suite = parse_suite(bundled.suite_lines(name))
+    out = []
+    for item in suite.items:
+        seed = {**suite.decoding, **item.request}.get("seed")
+        asked: Any = item.messages if item.messages is not None else item.prompt
+        text = task_text(MODEL, asked, seed, BUILTIN_PROFILES[profile])
+        if text is None:
+            raise SystemExit(f"{name}: the simulator does not recognise item {item.item_id}")
+        out.append((item, Answer(text=text)))
+    return out
+
+
+def rate(batch: list[tuple[SuiteItem, Answer]], runs: int) -> tuple[float, float]:
+    """(scores per second, median of `runs` passes; mean score)."""
+    got = []
+    mean = 0.0
+    for _ in range(runs):
+        start = time.perf_counter()
+        total = 0.0
+        for item, answer in batch:
+            total += score(item.scorer, answer, item.references, item.params).value
+        got.append(len(batch) / (time.perf_counter() - start))
+        mean = total / len(batch)
+    return statistics.median(got), mean
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--profile", default="mi300x", choices=sorted(BUILTIN_PROFILES))
+    args = parser.parse_args()
+    pinned = "not pinned (no sched_setaffinity here)"
+    if hasattr(os, "sched_setaffinity"):
+        cpu = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpu})
+        pinned = f"pinned to CPU {cpu}"
+    print(f"$ {' '.join([Path(sys.executable).name, *sys.argv])}")
+    print(f"eval scoring throughput on one core ({pinned}): the bundled suites' items, the "
+          f"simulated {args.profile} pool's answers (task_accuracy "
+          f"{BUILTIN_PROFILES[args.profile].task_accuracy:g}), median of {args.runs} passes")
+    print(f"{'suite':<22} {'items':>6} {'scorers':<28} {'scores/s':>10}  mean score")
+    names = [f"fleetctl-{family}" for family in bundled.FAMILIES] + [bundled.MIX]
+    for name in names:
+        batch = answers(name, args.profile)
+        per_s, mean = rate(batch, args.runs)
+        scorers = ", ".join(sorted({item.scorer for item, _ in batch}))
+        print(f"{name:<22} {len(batch):>6} {scorers:<28} {per_s:>10,.0f}  {mean:.3f}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
