@@ -278,48 +278,52 @@ def _extraction(i: int, r: random.Random) -> Item:
 
 # -- format -----------------------------------------------------------------------------
 
+def _topic(r: random.Random) -> str:
+    return f"{r.choice(TOPICS)} in {r.choice(CITIES)}"
+
+
 def _format_words(r: random.Random) -> tuple[str, str, dict[str, Any]]:
     n = r.randint(4, 16)
-    return (f"Describe {r.choice(TOPICS)} in exactly {n} words. Reply with the description "
+    return (f"Describe {_topic(r)} in exactly {n} words. Reply with the description "
             "only.", "words", {"words": n})
 
 
 def _format_max_words(r: random.Random) -> tuple[str, str, dict[str, Any]]:
     n = r.randint(5, 20)
-    return (f"Describe {r.choice(TOPICS)} in at most {n} words.", "max_words", {"max_words": n})
+    return (f"Describe {_topic(r)} in at most {n} words.", "max_words", {"max_words": n})
 
 
 def _format_lower(r: random.Random) -> tuple[str, str, dict[str, Any]]:
-    return (f"Write one sentence about {r.choice(TOPICS)} using only lowercase letters.",
+    return (f"Write one sentence about {_topic(r)} using only lowercase letters.",
             "case-lower", {"case": "lower"})
 
 
 def _format_upper(r: random.Random) -> tuple[str, str, dict[str, Any]]:
-    return (f"Write one sentence about {r.choice(TOPICS)} using only uppercase letters.",
+    return (f"Write one sentence about {_topic(r)} using only uppercase letters.",
             "case-upper", {"case": "upper"})
 
 
 def _format_starts(r: random.Random) -> tuple[str, str, dict[str, Any]]:
     word = r.choice(START_WORDS)
-    return (f'Write one sentence about {r.choice(TOPICS)} that begins with the word "{word}".',
+    return (f'Write one sentence about {_topic(r)} that begins with the word "{word}".',
             "starts_with", {"starts_with": word})
 
 
 def _format_ends(r: random.Random) -> tuple[str, str, dict[str, Any]]:
     end = r.choice(END_TEXTS)
-    return (f'Write one sentence about {r.choice(TOPICS)} and end your reply with the exact '
+    return (f'Write one sentence about {_topic(r)} and end your reply with the exact '
             f'text "{end}"', "ends_with", {"ends_with": end})
 
 
 def _format_lines(r: random.Random) -> tuple[str, str, dict[str, Any]]:
     n = r.randint(2, 6)
-    return (f"Write exactly {n} lines about {r.choice(TOPICS)}, one short phrase per line, "
+    return (f"Write exactly {n} lines about {_topic(r)}, one short phrase per line, "
             "and nothing else.", "lines", {"lines": n})
 
 
 def _format_forbid(r: random.Random) -> tuple[str, str, dict[str, Any]]:
     word = r.choice(FORBID_WORDS)
-    return (f'Write one sentence about {r.choice(TOPICS)} without using the word "{word}".',
+    return (f'Write one sentence about {_topic(r)} without using the word "{word}".',
             "forbid", {"forbid": [word]})
 
 
@@ -366,7 +370,8 @@ def _choice_extreme(r: random.Random, largest: bool) -> tuple[str, list[str], in
 
 
 def _choice_sum(r: random.Random, op: str) -> tuple[str, list[str], int]:
-    options, right = [], r.randrange(4)
+    options: list[str] = []
+    right = r.randrange(4)
     seen: set[tuple[int, int]] = set()
     while len(options) < 4:
         if op == "+":
@@ -433,8 +438,12 @@ def family_items(family: str) -> list[Item]:
     r = random.Random(spec["seed"])
     make = _MAKERS[family]
     out = []
+    seen: set[str] = set()
     for i in range(spec["n"]):
         item = make(i, r)
+        while item["messages"][-1]["content"] in seen:  # no two items ask the same thing
+            item = make(i, r)
+        seen.add(item["messages"][-1]["content"])
         out.append({"id": f"{_ID_PREFIX[family]}-{i + 1:04d}", **item})
     return out
 
