@@ -700,6 +700,114 @@ def _tool_one(answer: Answer, ref: str, params: Params) -> Score:
     return best
 
 
+# -- instruction following ----------------------------------------------------------------
+
+# A word: a run of letters or digits (any script), with apostrophes and hyphens inside it
+# ("don't", "don’t" and "well-known" are one word each). Scripts written without spaces
+# (Chinese, Japanese, Thai) read as one word per run.
+_WORD_RE = re.compile(r"\w[\w'\u2019-]*")
+_INSTRUCTION_KEYS = ("words", "min_words", "max_words", "lines", "case", "starts_with",
+                     "ends_with", "forbid")
+
+
+def _count(scorer: str, params: Params, key: str, least: int) -> int | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= 100_000:
+        raise _fail(scorer, key, f"{key} must be a whole number from {least} to 100000 "
+                    f"(got {value!r})")
+    return value
+
+
+def _affix(params: Params, key: str) -> str | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise _fail("instruction", key, f"{key} must be a non-empty string (got {value!r})")
+    edge = value[0] if key == "starts_with" else value[-1]
+    if edge.isspace():
+        side = "begin" if key == "starts_with" else "end"
+        raise _fail("instruction", key, f"{key} must not {side} with a space: the answer is "
+                    f"compared with its ends stripped (got {value!r})")
+    return value
+
+
+def _instruction_validate(params: Mapping[str, Any] | None) -> Params:
+    params = _take("instruction", params, _INSTRUCTION_KEYS)
+    out: Params = {}
+    for key, least in (("words", 1), ("min_words", 0), ("max_words", 1), ("lines", 1)):
+        value = _count("instruction", params, key, least)
+        if value is not None:
+            out[key] = value
+    if "words" in out and ("min_words" in out or "max_words" in out):
+        raise _fail("instruction", "words", "give words (an exact count) or min_words / "
+                    "max_words (a range), not both")
+    if out.get("min_words", 0) > out.get("max_words", math.inf):
+        raise _fail("instruction", "min_words", f"min_words ({out['min_words']}) is more than "
+                    f"max_words ({out['max_words']})")
+    if "case" in params:
+        out["case"] = _one_of("instruction", params, "case", ("lower", "upper"), "lower")
+    for key in ("starts_with", "ends_with"):
+        affix = _affix(params, key)
+        if affix is not None:
+            out[key] = affix
+    if "forbid" in params:
+        forbid = params["forbid"]
+        if (not isinstance(forbid, list) or not forbid
+                or not all(isinstance(f, str) and f.strip() for f in forbid)):
+            raise _fail("instruction", "forbid", "forbid must be a non-empty list of non-empty "
+                        f'strings, e.g. ["sorry", "as an AI"] (got {forbid!r})')
+        out["forbid"] = list(forbid)
+    if not out:
+        message = f"give at least one rule: {', '.join(_INSTRUCTION_KEYS)}"
+        raise ScorerParamsError(f"scorer 'instruction': {message}", fields={"params": [message]})
+    return out
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _instruction_score(answer: Answer, references: Sequence[str], params: Params) -> Score:
+    """1 when the answer follows every rule; else 0 with the first rule it breaks, checked
+    in a fixed order: word count, lines, case, start, end, forbidden text."""
+    text = answer.text.strip()
+    words = len(_WORD_RE.findall(text))
+    said = _plural(words, "word")
+    extracted = said if any(k in params for k in ("words", "min_words", "max_words")) else None
+    if "words" in params and words != params["words"]:
+        return Score(0.0, f"{said}; exactly {params['words']} asked", extracted)
+    if "min_words" in params and words < params["min_words"]:
+        return Score(0.0, f"{said}; at least {params['min_words']} asked", extracted)
+    if "max_words" in params and words > params["max_words"]:
+        return Score(0.0, f"{said}; at most {params['max_words']} asked", extracted)
+    if "lines" in params:
+        lines = sum(1 for line in text.splitlines() if line.strip())
+        if lines != params["lines"]:
+            return Score(0.0, f"{_plural(lines, 'non-empty line')}; exactly {params['lines']} "
+                         "asked", extracted)
+    case = params.get("case")
+    if case is not None:
+        wrong = next((ch for ch in text if (ch.isupper() if case == "lower" else ch.islower())),
+                     None)
+        if wrong is not None:
+            return Score(0.0, f"not all {case} case: it has {wrong!r}", extracted)
+    starts, ends = params.get("starts_with"), params.get("ends_with")
+    if starts is not None and not text.startswith(starts):
+        return Score(0.0, f"does not start with {_show(starts)}; starts "
+                     f"{_show(text[:len(starts) + 10])}", extracted)
+    if ends is not None and not text.endswith(ends):
+        return Score(0.0, f"does not end with {_show(ends)}; ends "
+                     f"{_show(text[-(len(ends) + 10):])}", extracted)
+    folded = text.casefold()
+    for phrase in params.get("forbid", ()):
+        if phrase.casefold() in folded:
+            return Score(0.0, f"contains {_show(phrase)}, which is forbidden", extracted)
+    return Score(1.0, f"follows every rule ({', '.join(sorted(params))})", extracted)
+
+
 # -- the registry -----------------------------------------------------------------------
 
 SCORERS: dict[str, Scorer] = {s.name: s for s in (
@@ -722,6 +830,9 @@ SCORERS: dict[str, Scorer] = {s.name: s for s in (
            _schema_validate, _schema_score, needs_reference=False),
     Scorer("tool_call", "the answer calls the reference's tool with its arguments",
            _tool_validate, _best(_tool_one), check_reference=_tool_reference),
+    Scorer("instruction", "the answer follows format rules: word and line counts, case, "
+           "how it starts and ends, forbidden text", _instruction_validate, _instruction_score,
+           needs_reference=False),
 )}
 
 

@@ -40,7 +40,7 @@ def params_error(name: str, params: Any) -> ScorerParamsError:
 
 def test_registry_names_every_scorer_of_the_issue() -> None:
     assert set(SCORERS) == {"exact", "normalised", "regex", "numeric", "choice", "contains",
-                            "json", "json_schema", "tool_call"}
+                            "json", "json_schema", "tool_call", "instruction"}
     for name, scorer in SCORERS.items():
         assert scorer.name == name and scorer.summary
 
@@ -106,7 +106,8 @@ def test_failed_calls_score_zero_with_the_status_and_error() -> None:
     timeout = Answer.from_error(0)
     for name in SCORERS:
         params = validate(name, {"pattern": "(x)"} if name == "regex" else
-                          {"schema": {}} if name == "json_schema" else {})
+                          {"schema": {}} if name == "json_schema" else
+                          {"words": 1} if name == "instruction" else {})
         got = score(name, failed, ["x"], params)
         assert got == Score(0.0, "the call failed (status 503): overloaded: try later")
         assert score(name, timeout, ["x"], params).reason == "the call failed (no response)"
@@ -469,6 +470,137 @@ def test_tool_call_bad_reference_scores_zero() -> None:
     assert run("tool_call", call("f", "{}"), ['{"arguments": {}}']).value == 0.0
 
 
+# -- instruction following ----------------------------------------------------------------
+
+
+def test_instruction_params_are_checked_and_need_at_least_one_rule() -> None:
+    assert validate("instruction", {"words": 10}) == {"words": 10}
+    assert validate("instruction", {"case": "upper", "forbid": ["x"]}) == \
+        {"case": "upper", "forbid": ["x"]}
+    err = params_error("instruction", {})
+    assert "give at least one rule" in err.message and list(err.fields) == ["params"]
+    assert params_error("instruction", None).fields == err.fields
+
+
+@pytest.mark.parametrize(("params", "field", "words"), [
+    ({"words": 0}, "params.words", "whole number from 1"),
+    ({"words": 2.5}, "params.words", "whole number"),
+    ({"words": True}, "params.words", "whole number"),
+    ({"max_words": "10"}, "params.max_words", "whole number"),
+    ({"lines": -1}, "params.lines", "whole number from 1"),
+    ({"words": 5, "max_words": 10}, "params.words", "not both"),
+    ({"min_words": 10, "max_words": 5}, "params.min_words", "is more than max_words (5)"),
+    ({"case": "title"}, "params.case", "one of lower, upper"),
+    ({"starts_with": ""}, "params.starts_with", "non-empty string"),
+    ({"starts_with": " Dear"}, "params.starts_with", "must not begin with a space"),
+    ({"ends_with": "bye\n"}, "params.ends_with", "must not end with a space"),
+    ({"forbid": "sorry"}, "params.forbid", "non-empty list"),
+    ({"forbid": []}, "params.forbid", "non-empty list"),
+    ({"forbid": ["ok", " "]}, "params.forbid", "non-empty strings"),
+    ({"word": 5}, "params.word", "unknown parameter 'word'"),
+])
+def test_instruction_bad_params_name_the_parameter(params: dict[str, Any], field: str,
+                                                   words: str) -> None:
+    err = params_error("instruction", params)
+    assert words in err.message and list(err.fields) == [field]
+
+
+def test_instruction_needs_no_reference_and_ignores_any() -> None:
+    params = validate("instruction", {"words": 2})
+    assert validate_references("instruction", [], params) == []
+    assert score("instruction", "two words", [], params).value == 1.0
+    assert score("instruction", "two words", ["something else"], params).value == 1.0
+
+
+@pytest.mark.parametrize(("answer", "count"), [
+    ("Hello, big world!", 3),
+    ("don't stop", 2),
+    ("don\u2019t stop", 2),  # a typographic apostrophe stays inside the word
+    ("a well-known fact", 3),
+    ("  spaced   out\n\nanswer  ", 3),
+    ("Straße über café naïve", 4),  # letters of any script are word characters
+    ("Ελληνικά και русский текст", 4),
+    ("数字 42 and 3.5", 5),  # "3.5" is two runs of digits
+    ("— ... !!! ---", 0),  # punctuation alone is no word
+    ("", 0),
+    ("日本語の文章", 1),  # scripts without spaces read as one word per run
+])
+def test_instruction_counts_words_as_runs_of_word_characters(answer: str, count: int) -> None:
+    if count:  # an exact count of 0 is not a rule one can give
+        got = run("instruction", answer, [], words=count)
+        assert got.value == 1.0, got
+    wrong = run("instruction", answer, [], words=count + 1)
+    assert wrong.value == 0.0
+    assert wrong.reason == f"{count} word{'' if count == 1 else 's'}; exactly {count + 1} asked"
+    assert wrong.extracted == f"{count} word{'' if count == 1 else 's'}"
+
+
+def test_instruction_word_ranges() -> None:
+    assert run("instruction", "one two three", [], min_words=3, max_words=5).value == 1.0
+    assert run("instruction", "one two", [], min_words=3).reason == "2 words; at least 3 asked"
+    assert run("instruction", "a b c d e f", [], max_words=5).reason == \
+        "6 words; at most 5 asked"
+    assert run("instruction", "", [], min_words=0).value == 1.0
+
+
+def test_instruction_lines_count_non_empty_lines() -> None:
+    assert run("instruction", "one\n\n  \ntwo\r\nthree\n", [], lines=3).value == 1.0
+    got = run("instruction", "one\ntwo", [], lines=3)
+    assert (got.value, got.reason) == (0.0, "2 non-empty lines; exactly 3 asked")
+    assert run("instruction", "just one", [], lines=2).reason == \
+        "1 non-empty line; exactly 2 asked"
+
+
+def test_instruction_case_is_unicode_aware() -> None:
+    assert run("instruction", "all lower, 123 — ünïcödé ß", [], case="lower").value == 1.0
+    got = run("instruction", "all lower except Ünï", [], case="lower")
+    assert (got.value, got.reason) == (0.0, "not all lower case: it has 'Ü'")
+    assert run("instruction", "ALL UPPER ÜBER ΣΊΣΥΦΟΣ 42!", [], case="upper").value == 1.0
+    assert run("instruction", "UPPER STRAßE", [], case="upper").reason == \
+        "not all upper case: it has 'ß'"
+    assert run("instruction", "12 + 30 = 42", [], case="upper").value == 1.0  # no letters
+
+
+def test_instruction_starts_and_ends_with_after_stripping() -> None:
+    assert run("instruction", "  \nDear team, all good. Thanks.\n ", [],
+               starts_with="Dear", ends_with="Thanks.").value == 1.0
+    got = run("instruction", "Hi team, all good.", [], starts_with="Dear")
+    assert (got.value, got.reason) == (0.0, "does not start with 'Dear'; starts 'Hi team, all g'")
+    got = run("instruction", "All good. Cheers", [], ends_with="Thanks.")
+    assert got.reason == "does not end with 'Thanks.'; ends 'All good. Cheers'"
+    assert run("instruction", "dear team", [], starts_with="Dear").value == 0.0  # case counts
+
+
+def test_instruction_forbid_is_case_insensitive() -> None:
+    assert run("instruction", "Happy to help.", [], forbid=["sorry", "as an AI"]).value == 1.0
+    got = run("instruction", "I'm SORRY, As An AI I cannot", [], forbid=["as an ai", "sorry"])
+    assert (got.value, got.reason) == (0.0, "contains 'as an ai', which is forbidden")
+
+
+def test_instruction_reports_the_first_broken_rule_in_a_fixed_order() -> None:
+    params = {"words": 3, "case": "lower", "starts_with": "ok", "forbid": ["no"]}
+    assert run("instruction", "No Way", [], **params).reason == "2 words; exactly 3 asked"
+    assert run("instruction", "No Way out", [], **params).reason.startswith("not all lower")
+    assert run("instruction", "no way out", [], **params).reason.startswith("does not start")
+    assert run("instruction", "ok no way", [], **params).reason == \
+        "contains 'no', which is forbidden"
+    got = run("instruction", "ok fine then", [], **params)
+    assert (got.value, got.reason) == \
+        (1.0, "follows every rule (case, forbid, starts_with, words)")
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(), words=st.integers(1, 30), lines=st.integers(1, 5),
+       case=st.sampled_from(["lower", "upper"]), affix=st.text(min_size=1, max_size=5)
+       .filter(lambda a: a.strip() and not a[0].isspace() and not a[-1].isspace()))
+def test_instruction_never_raises_and_gives_zero_or_one(text: str, words: int, lines: int,
+                                                        case: str, affix: str) -> None:
+    for params in ({"words": words}, {"max_words": words, "lines": lines, "case": case},
+                   {"starts_with": affix, "ends_with": affix, "forbid": [affix]}):
+        got = score("instruction", text, [], validate("instruction", params))
+        assert got.value in (0.0, 1.0) and got.reason
+
+
 # -- never raises -----------------------------------------------------------------------------
 
 ALL_PARAMS: dict[str, dict[str, Any]] = {
@@ -476,6 +608,8 @@ ALL_PARAMS: dict[str, dict[str, Any]] = {
     "regex": {"pattern": r"(\w+)$", "timeout_s": 0.05},
     "numeric": {"rel_tol": 0.01}, "choice": {}, "contains": {"mode": "all", "partial": True},
     "json": {"equal": True}, "json_schema": {"schema": SCHEMA}, "tool_call": {"partial": True},
+    "instruction": {"min_words": 1, "max_words": 40, "lines": 1, "case": "lower",
+                    "starts_with": "a", "ends_with": ".", "forbid": ["sorry"]},
 }
 VALIDATED = {name: validate(name, p) for name, p in ALL_PARAMS.items()}
 
