@@ -10,6 +10,7 @@ urlpatterns = [
     path("bench/", include("fleetctl.bench.urls")),
     path("conformance/", include("fleetctl.conformance.urls")),
     path("shadow/", include("fleetctl.shadow.urls")),
+    path("evals/", include("fleetctl.evals.urls")),
     path("audit/", include("fleetctl.audit.urls")),
     path("account/", include("fleetctl.accounts.urls")),
     path("people/", include("fleetctl.accounts.people_urls")),

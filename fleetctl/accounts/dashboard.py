@@ -76,6 +76,7 @@ def _nav_items() -> list[NavItem]:
         NavItem("Benchmarks", reverse("bench:home"), section="bench"),
         NavItem("Conformance", reverse("conformance:home"), section="conformance"),
         NavItem("Shadow", reverse("shadow:home"), section="shadow"),
+        NavItem("Evals", reverse("evals:home"), section="evals"),
         NavItem("Audit", reverse("audit:list"), section="audit"),
         NavItem("API docs", reverse("api-docs")),
     ]

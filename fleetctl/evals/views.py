@@ -1,0 +1,451 @@
+"""Evals dashboard: the runs, the suites (upload, items, download, retire), the form that
+starts a run (prefilled from the plan page's "Run the stage's eval"), and the run page: its
+progress while it runs, then each pool's score with its interval, candidate − primary with
+its interval against the margin, the per-tag table, and the item diff side by side. Views
+stay thin: selectors read, services write.
+
+The run page's live block (progress, per-pool counts, and once finished the verdict, charts
+and tags) is re-polled by htmx every 3 s while the run is queued or running; once it has
+ended it renders without hx-trigger and polling stops. The item diff below it is a page-load
+snapshot with its own filters and pages (the links reload the page).
+
+Answers are model output and prompts are uploaded text: every one reaches the page through
+the template's autoescape, never `|safe`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.db.models import Avg, Count, F, OuterRef, Q, QuerySet, Subquery, TextField
+from django.db.models.functions import Cast
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from fleetctl.accounts.dashboard import dashboard_view
+from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.charts import figure_data
+from fleetctl.core.errors import DomainError
+from fleetctl.core.views import Outcome, form_add_service_errors
+from fleetctl.evals import charts, services
+from fleetctl.evals.forms import (
+    DEFAULT_SUITE,
+    DiffFilterForm,
+    RetireForm,
+    RunFilterForm,
+    RunForm,
+    SuiteUploadForm,
+)
+from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalRunPool, EvalSuite
+from fleetctl.fleet.models import Pool
+from migrations_plan.models import Plan
+
+LIVE_ID = "eval-live"
+PAGE_SIZE = 25
+ITEMS_PAGE_SIZE = 50
+DIFF_PAGE_SIZE = 20
+
+
+# The service's argument names that the run form calls otherwise.
+FORM_FIELDS = {"model_id": "model", "margin": "margin_pct"}
+
+
+def _call(call: Any, form: Any) -> Outcome[Any]:
+    """A service call for a form: field errors onto its fields, a refusal (403, 409) at its
+    top with the refusal's status, so the person reads why next to what they pressed."""
+    try:
+        return Outcome(result=call(), ok=True)
+    except ValidationError as exc:
+        if hasattr(exc, "error_dict"):
+            exc = ValidationError({FORM_FIELDS.get(field, field): errors
+                                   for field, errors in exc.error_dict.items()})
+        form_add_service_errors(form, exc)
+        return Outcome(status=400)
+    except DomainError as exc:
+        form.add_error(None, exc.message)
+        return Outcome(status=exc.status_code)
+
+
+# ---- reads (private; see the report: selectors.py may take these over) ----------------------
+
+def _suite_or_404(suite_id: int) -> EvalSuite:
+    suite = EvalSuite.objects.filter(pk=suite_id).first()
+    if suite is None:
+        raise Http404(f"No eval suite with id {suite_id}.")
+    return suite
+
+
+def _run_or_404(run_id: int) -> EvalRun:
+    run = (EvalRun.objects.select_related("plan", "suite")
+           .prefetch_related("run_pools__pool").filter(pk=run_id).first())
+    if run is None:
+        raise Http404(f"No eval run with id {run_id}.")
+    return run
+
+
+def _suite_ref(ref: str) -> EvalSuite | None:
+    """A suite from the new-run link's ?suite=: an id, "name" (the newest unretired
+    version) or "name@version"; None when nothing matches (the form then shows no choice)."""
+    ref = ref.strip()
+    suites = EvalSuite.objects.all()
+    if ref.isdigit():
+        return suites.filter(pk=int(ref)).first()
+    name, _, version = ref.partition("@")
+    if version:
+        return (suites.filter(name=name, version=int(version)).first()
+                if version.isdigit() else None)
+    return (suites.filter(name=name, retired_at__isnull=True)
+            .order_by("-version").first())
+
+
+def _run_pools(run: EvalRun) -> list[EvalRunPool]:
+    return sorted(run.run_pools.all(), key=lambda rp: rp.position)
+
+
+def _role_pool(run: EvalRun, role: str) -> EvalRunPool | None:
+    return next((rp for rp in _run_pools(run) if rp.role == role), None)
+
+
+def _progress(run: EvalRun) -> dict[str, Any]:
+    """Rows scored of the run's total, and per pool: answered, scored so far, the mean
+    score so far and the errors (one aggregate query)."""
+    rows = EvalResult.objects.filter(run=run, status=EvalResult.Status.DONE).values(
+        "run_pool").annotate(n=Count("id"), mean=Avg("score"),
+                             errors=Count("id", filter=~Q(error="")))
+    counts: dict[int, dict[str, Any]] = {row["run_pool"]: dict(row) for row in rows}
+    per_pool: list[dict[str, Any]] = []
+    for rp in _run_pools(run):
+        row: dict[str, Any] = counts.get(rp.pk) or {}
+        per_pool.append({"pool": rp.pool.name, "role": rp.role, "n": row.get("n", 0),
+                         "mean": row.get("mean"), "errors": row.get("errors", 0),
+                         "items": run.suite.item_count})
+    done = sum(p["n"] for p in per_pool)
+    total = run.total or 0
+    return {"done": max(done, run.done), "total": total,
+            "percent": min(100, round(100 * max(done, run.done) / total)) if total else None,
+            "pools": per_pool}
+
+
+@dataclass
+class TagRow:
+    tag: str
+    n: int
+    scores: list[dict[str, Any] | None]
+    paired: dict[str, Any] | None
+    regressed: bool
+
+
+def _tag_rows(run: EvalRun, names: list[str]) -> list[TagRow]:
+    """The per-tag table, regressed tags first, then the worst difference first."""
+    rows = []
+    for tag, info in ((run.stats or {}).get("tags") or {}).items():
+        info = info or {}
+        pools = info.get("pools") or {}
+        paired = info.get("paired") or None
+        rows.append(TagRow(tag=tag, n=int(info.get("n") or 0),
+                           scores=[pools.get(name) for name in names], paired=paired,
+                           regressed=bool(info.get("regressed"))))
+
+    def order(row: TagRow) -> tuple[bool, float, str]:
+        estimate = (row.paired or {}).get("estimate")
+        return (not row.regressed, float(estimate) if estimate is not None else 0.0, row.tag)
+
+    rows.sort(key=order)
+    return rows
+
+
+def _figures(run: EvalRun, run_pools: list[EvalRunPool]) -> dict[str, Any]:
+    stats = run.stats or {}
+    if not stats.get("pools"):
+        return {"scores_figure": None, "difference_figure": None}
+    roles = [(rp.pool.name, rp.role) for rp in run_pools]
+    scores = figure_data(charts.scores_figure(stats["pools"], roles))
+    difference = None
+    if stats.get("paired"):
+        difference = figure_data(charts.difference_figure(
+            stats["paired"], margin=run.margin, tags=stats.get("tags")))
+    return {"scores_figure": scores, "difference_figure": difference}
+
+
+def prompt_text(item: EvalItem) -> str:
+    """The item as a person reads it: chat messages one per line as "role: text", a
+    completion prompt as it is."""
+    if item.messages is None:
+        return item.prompt
+    lines = []
+    for message in item.messages:
+        if isinstance(message, dict):
+            body = message.get("content")
+            text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+            lines.append(f"{message.get('role', '?')}: {text}")
+        else:
+            lines.append(json.dumps(message, ensure_ascii=False))
+    return "\n".join(lines)
+
+
+@dataclass
+class DiffRow:
+    item: EvalItem
+    candidate: EvalResult
+    primary: EvalResult | None
+    prompt: str
+
+    @property
+    def direction(self) -> str:
+        theirs = self.primary.score if self.primary is not None else None
+        if theirs is None or self.candidate.score is None:
+            return ""
+        return "regressed" if self.candidate.score < theirs else "improved"
+
+
+def diff_queryset(run: EvalRun, *, direction: str = "", tag: str = "",
+                  q: str = "") -> QuerySet[EvalResult]:
+    """The candidate's results on the items it scored differently from the primary (both
+    scored), in item order: `direction` "regressed" (the candidate scored lower) or
+    "improved"; `tag` an item tag; `q` text in the item's id, prompt, or either answer."""
+    candidate, primary = _role_pool(run, "candidate"), _role_pool(run, "primary")
+    if candidate is None or primary is None:
+        return EvalResult.objects.none()
+    theirs = EvalResult.objects.filter(run_pool=primary, item=OuterRef("item"),
+                                       status=EvalResult.Status.DONE)
+    rows = (EvalResult.objects.filter(run_pool=candidate, status=EvalResult.Status.DONE,
+                                      score__isnull=False)
+            .annotate(primary_score=Subquery(theirs.values("score")[:1]),
+                      primary_text=Subquery(theirs.values("text")[:1]))
+            .filter(primary_score__isnull=False).exclude(score=F("primary_score")))
+    if direction == "regressed":
+        rows = rows.filter(score__lt=F("primary_score"))
+    elif direction == "improved":
+        rows = rows.filter(score__gt=F("primary_score"))
+    if tag:
+        rows = rows.filter(item__tags__contains=[tag])
+    if q:
+        rows = rows.annotate(messages_text=Cast("item__messages", TextField())).filter(
+            Q(item__item_id__icontains=q) | Q(item__prompt__icontains=q)
+            | Q(messages_text__icontains=q) | Q(text__icontains=q)
+            | Q(primary_text__icontains=q))
+    return rows.select_related("item").order_by("item__position")
+
+
+def _diff(request: HttpRequest, run: EvalRun) -> dict[str, Any]:
+    tags = sorted((run.suite.tags or {}).keys())
+    form = DiffFilterForm(request.GET or None, tags=tags)
+    filters = form.filters()
+    rows_qs = (diff_queryset(run, **filters) if filters is not None
+               else EvalResult.objects.none())
+    page = Paginator(rows_qs, DIFF_PAGE_SIZE).get_page(
+        request.GET.get("page"))
+    candidate, primary = _role_pool(run, "candidate"), _role_pool(run, "primary")
+    theirs = {r.item_id: r for r in EvalResult.objects.filter(
+        run_pool=primary, item_id__in=[r.item_id for r in page.object_list])} if primary else {}
+    rows = [DiffRow(item=r.item, candidate=r, primary=theirs.get(r.item_id),
+                    prompt=prompt_text(r.item)) for r in page.object_list]
+    counts = diff_queryset(run).aggregate(
+        regressed=Count("id", filter=Q(score__lt=F("primary_score"))),
+        improved=Count("id", filter=Q(score__gt=F("primary_score")))) if primary else {}
+    export = {k: v for k, v in (filters or {}).items() if v}
+    return {"diff_form": form, "diff_page": page, "diff_rows": rows, "diff_counts": counts,
+            "has_primary": primary is not None,
+            "candidate_name": candidate.pool.name if candidate else "",
+            "primary_name": primary.pool.name if primary else "",
+            "export_json": f"/api/v1/eval-runs/{run.pk}/export/?"
+                           + urlencode({"format": "json", **export}),
+            "export_csv": f"/api/v1/eval-runs/{run.pk}/export/?"
+                          + urlencode({"format": "csv", **export})}
+
+
+def _live(run: EvalRun) -> dict[str, Any]:
+    run_pools = _run_pools(run)
+    names = [rp.pool.name for rp in run_pools]
+    stats = run.stats or {}
+    pool_rows = [{"rp": rp, "stats": (stats.get("pools") or {}).get(rp.pool.name)}
+                 for rp in run_pools]
+    return {"run": run, "live_id": LIVE_ID, "polling": run.active,
+            "progress": _progress(run), "run_pools": run_pools, "pool_rows": pool_rows,
+            "pool_names": names, "paired": stats.get("paired"),
+            "tag_rows": _tag_rows(run, names), "margin_points": run.margin * 100,
+            "confidence_pct": run.confidence * 100, **_figures(run, run_pools)}
+
+
+def evidence_url(run: EvalRun) -> str:
+    """Where the run's evidence is read: the plan's gate of the stage the run was made in
+    (the check that cites it), else the candidate pool's page."""
+    if run.plan is not None:
+        stage = 4 if run.plan_stage == 4 else 2
+        return f"{reverse('plans:detail', args=[run.plan.name])}?stage={stage}#gate"
+    candidate = _role_pool(run, "candidate")
+    return reverse("fleet:pool-detail", args=[candidate.pool.name]) if candidate else ""
+
+
+# ---- pages -----------------------------------------------------------------------------------
+
+@dashboard_view
+@require_GET
+def run_list(request: HttpRequest) -> HttpResponse:
+    form = RunFilterForm(request.GET or None)
+    runs = (EvalRun.objects.select_related("plan", "suite").prefetch_related("run_pools__pool")
+            .order_by("-created_at", "-id"))
+    if form.is_bound and form.is_valid():
+        if form.cleaned_data.get("plan"):
+            runs = runs.filter(plan__name=form.cleaned_data["plan"])
+        if form.cleaned_data.get("status"):
+            runs = runs.filter(status=form.cleaned_data["status"])
+    elif form.is_bound:  # a filter it cannot read answers nothing, and says why
+        runs = runs.none()
+    page = Paginator(runs, PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "evals/home.html", {"filter_form": form, "page": page})
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def suite_list(request: HttpRequest) -> HttpResponse:
+    """The suites, and the upload form (a bad line is named on the form; nothing stored)."""
+    posted = request.method == "POST"
+    form = SuiteUploadForm(request.POST if posted else None, request.FILES if posted else None)
+    done: Outcome[Any] = Outcome(status=400 if posted else 200)
+    if posted and form.is_valid():
+        actor = actor_from_request(request)
+        data = form.cleaned_data
+        done = _call(lambda: services.suite_upload(
+            actor=actor, name=data["name"], fileobj=data["file"],
+            description=data.get("description") or ""), form)
+        if done.result is not None:
+            suite, created = done.result
+            if created:
+                messages.success(request, f"Stored suite {suite.name} v{suite.version}: "
+                                          f"{suite.item_count:,} items, sha256 "
+                                          f"{suite.sha256[:12]}.")
+            else:
+                messages.info(request, f"{suite.name} v{suite.version} already has exactly "
+                                       "this content; nothing new stored.")
+            return redirect("evals:suite-detail", suite_id=suite.pk)
+    suites = EvalSuite.objects.order_by("name", "-version")
+    return render(request, "evals/suites.html", {"suites": suites, "form": form},
+                  status=done.status)
+
+
+@dashboard_view
+@require_GET
+def suite_detail(request: HttpRequest, suite_id: int) -> HttpResponse:
+    suite = _suite_or_404(suite_id)
+    tag = request.GET.get("tag", "")
+    items = suite.items.order_by("position")
+    if tag:
+        items = items.filter(tags__contains=[tag])
+    page = Paginator(items, ITEMS_PAGE_SIZE).get_page(request.GET.get("page"))
+    rows = [{"item": item, "prompt": prompt_text(item)} for item in page.object_list]
+    return render(request, "evals/suite_detail.html", {
+        "suite": suite, "page": page, "rows": rows, "tag": tag,
+        "tags": sorted((suite.tags or {}).items()),
+        "scorers": sorted((suite.scorers or {}).items()),
+        "runs": suite.runs.select_related("plan").order_by("-created_at", "-id")[:10],
+        "retire_form": RetireForm()})
+
+
+@dashboard_view
+@require_GET
+def suite_download(request: HttpRequest, suite_id: int) -> HttpResponse:
+    """The canonical JSONL: the bytes whose sha256 is the suite's pin."""
+    suite = _suite_or_404(suite_id)
+    response = HttpResponse(services.suite_jsonl(suite), content_type="application/x-ndjson")
+    response["Content-Disposition"] = (
+        f'attachment; filename="{suite.name}-v{suite.version}.jsonl"')
+    return response
+
+
+@dashboard_view
+@require_POST
+def suite_retire(request: HttpRequest, suite_id: int) -> HttpResponse:
+    suite = _suite_or_404(suite_id)
+    form = RetireForm(request.POST)
+    done: Outcome[Any] = Outcome(status=400)
+    if form.is_valid():
+        actor = actor_from_request(request)
+        done = _call(lambda: services.suite_retire(actor=actor, suite=suite), form)
+        if done.result is not None:
+            messages.success(request, f"Retired {suite.name} v{suite.version}: no new run can "
+                                      "use it.")
+            return redirect("evals:suite-detail", suite_id=suite.pk)
+    suite.refresh_from_db()
+    page = Paginator(suite.items.order_by("position"), ITEMS_PAGE_SIZE).get_page(1)
+    return render(request, "evals/suite_detail.html", {
+        "suite": suite, "page": page, "tag": "",
+        "rows": [{"item": item, "prompt": prompt_text(item)} for item in page.object_list],
+        "tags": sorted((suite.tags or {}).items()),
+        "scorers": sorted((suite.scorers or {}).items()),
+        "runs": suite.runs.select_related("plan").order_by("-created_at", "-id")[:10],
+        "retire_form": form}, status=done.status)
+
+
+def _initial(request: HttpRequest) -> dict[str, Any]:
+    """The form's prefill from the link (?plan=&candidate=&primary=&suite=&model=): a plan's
+    pools when only the plan is named, and suite fleetctl-core's newest version unless
+    another is named."""
+    initial: dict[str, Any] = {k: request.GET[k] for k in ("plan", "candidate", "primary",
+                                                             "model") if request.GET.get(k)}
+    plan = Plan.objects.select_related("candidate_pool", "primary_pool").filter(
+        name=initial.get("plan", "")).first() if "plan" in initial else None
+    if plan is not None:
+        initial.setdefault("candidate", plan.candidate_pool.name)
+        initial.setdefault("primary", plan.primary_pool.name)
+        initial["margin_pct"] = plan.quality_margin_pct
+    suite = _suite_ref(request.GET.get("suite") or DEFAULT_SUITE)
+    if suite is not None:
+        initial["suite"] = suite.pk
+    return initial
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def run_create(request: HttpRequest) -> HttpResponse:
+    posted = request.method == "POST"
+    form = RunForm(request.POST if posted else None, initial=_initial(request))
+    done: Outcome[EvalRun] = Outcome(status=400 if posted else 200)
+    if posted and form.is_valid():
+        actor = actor_from_request(request)
+        kwargs = form.service_kwargs()
+        done = _call(lambda: services.run_create(actor=actor, **kwargs), form)
+        if done.result is not None:
+            run = done.result
+            messages.success(request, f"Started eval run {run.pk}: {run.suite.label} on "
+                                      f"{', '.join(rp.pool.name for rp in _run_pools(run))}.")
+            return redirect("evals:run-detail", run_id=run.pk)
+    pools = {p.name: sorted(m.model_id for m in p.models.all())
+             for p in Pool.objects.prefetch_related("models").order_by("name")}
+    return render(request, "evals/run_new.html", {"form": form, "pool_models": pools},
+                  status=done.status)
+
+
+@dashboard_view
+@require_GET
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _run_or_404(run_id)
+    if request.htmx.target == LIVE_ID:  # type: ignore[attr-defined]
+        return render(request, "evals/_run_live.html", _live(run))
+    return render(request, "evals/run_detail.html", {
+        **_live(run), **_diff(request, run), "evidence_url": evidence_url(run)})
+
+
+@dashboard_view
+@require_POST
+def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _run_or_404(run_id)
+    actor = actor_from_request(request)
+    try:
+        services.run_cancel(actor=actor, run=run)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Cancelled eval run {run.pk}; the items scored so far are "
+                                  "kept.")
+    return redirect("evals:run-detail", run_id=run.pk)
