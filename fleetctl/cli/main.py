@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from fleetctl import __version__
-from fleetctl.cli import bench, conformance, plans, shadow, tokens, traffic
+from fleetctl.cli import bench, conformance, evals, plans, shadow, tokens, traffic
 from fleetctl.cli.client import ApiClient, CliError
 from fleetctl.cli.output import print_fields, print_json, print_table, row_limit
 
@@ -158,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_commands(sub, _common)
     conformance.add_commands(sub, _common)
     shadow.add_commands(sub, _common)
+    evals.add_commands(sub, _common)
     tokens.add_commands(sub, _common)
     _mount_optional(sub, "sim", "fleetctl.sim.cli", "run simulated accelerator pools")
     return parser

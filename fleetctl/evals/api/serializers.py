@@ -221,14 +221,6 @@ class EvalRunCreateSerializer(serializers.Serializer):
                                "it the verdict is insufficient data."),
         help_text="Items scored on both pools below which the verdict is insufficient.")
 
-    def validate_decoding(self, decoding: dict[str, Any] | None) -> dict[str, Any] | None:
-        allowed = ("temperature", "top_p", "seed", "max_tokens")
-        unknown = sorted(set(decoding or {}) - set(allowed))
-        if unknown:
-            raise serializers.ValidationError(
-                f"Unknown decoding key {unknown[0]!r}; give only {', '.join(allowed)}.")
-        return decoding
-
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
         if data.get("candidate") is None and data.get("plan") is None:
             raise serializers.ValidationError({"candidate": [

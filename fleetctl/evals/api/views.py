@@ -177,8 +177,10 @@ def _suite_ref(ref: str) -> EvalSuite:
     """The suite a run names: an id, a name (its newest unretired version) or name@version;
     anything that does not name one is a 400 on `suite`."""
     try:
-        return _services().suite_lookup(ref)
-    except (ObjectDoesNotExist, DomainError, DjangoValidationError, ValueError) as exc:
+        return _services().suite_lookup(ref)  # type: ignore[no-any-return]
+    except DjangoValidationError:
+        raise  # {"suite": [what to give, and the suites there are]}
+    except (ObjectDoesNotExist, DomainError, ValueError) as exc:
         message = getattr(exc, "message", "") if isinstance(exc, DomainError) else ""
         raise ValidationError({"suite": [
             message or f"No suite {ref[:80]!r}; give a suite id, a name (its newest version) "
@@ -213,7 +215,9 @@ class EvalRunViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModelMi
             f"Give format as json or csv; {wanted[:40]!r} is not one."]})
 
     def _run(self, pk: str) -> EvalRun:
-        return get_object_or_404(self.queryset.all(), pk=pk)
+        # Not self.queryset: the results, diff and export actions set their own (for their
+        # filters' schema).
+        return get_object_or_404(EvalRunViewSet.queryset.all(), pk=pk)
 
     def _detail(self, run: EvalRun, code: int = status.HTTP_200_OK) -> Response:
         return Response(s.EvalRunDetailSerializer(self._run(str(run.pk))).data, status=code)
@@ -227,15 +231,17 @@ class EvalRunViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModelMi
         body.is_valid(raise_exception=True)
         data = dict(body.validated_data)
         suite = _suite_ref(data.pop("suite"))
-        plan = data.pop("plan")
-        candidate = data.pop("candidate") or plan.candidate_pool
         margin_pct = data.pop("margin_pct")
-        options: dict[str, Any] = {"model_id": data.pop("model")}
         if margin_pct is not None:
-            options["margin"] = margin_pct / 100
-        run = _services().run_create(actor=actor_from_request(request), suite=suite,
-                                  candidate=candidate, primary=data.pop("primary"),
-                                  others=data.pop("others"), plan=plan, **options, **data)
+            data["margin"] = margin_pct / 100
+        try:
+            run = _services().run_create(actor=actor_from_request(request), suite=suite,
+                                         model_id=data.pop("model"), **data)
+        except DjangoValidationError as exc:
+            # The service names its own argument; the request's field is margin_pct.
+            if hasattr(exc, "error_dict") and "margin" in exc.error_dict:
+                exc.error_dict["margin_pct"] = exc.error_dict.pop("margin")
+            raise
         return self._detail(run, status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={200: s.EvalRunDetailSerializer})
