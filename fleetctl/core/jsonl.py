@@ -221,6 +221,7 @@ def retry(lineno: int, raw: bytes | str | Overlong, errors: LineErrors, *,
         return SKIP
     if lineno == 1 and text.startswith("\ufeff"):
         text = text[1:]
+    text = text.rstrip("\r\n")  # so an error at the end of the line gets its column
     try:
         if allow_nan:
             return json.loads(text)
@@ -258,9 +259,11 @@ def objects(lines: Iterable[bytes | str], errors: LineErrors, *,
             if value is SKIP:
                 continue
         if not allow_nan and not finite(value):
-            # Both decoders read 1e400 as infinity, which no JSON can hold.
-            errors.add(lineno, "holds a number too large for JSON (it reads as infinity); "
-                               "write a smaller number, or a string")
+            # The fallback decoder reads NaN (retry words that), and both read 1e400 as
+            # infinity, which no JSON can hold.
+            if retry(lineno, raw, errors, allow_nan=False) is not SKIP:
+                errors.add(lineno, "holds a number too large for JSON (it reads as infinity); "
+                                   "write a smaller number, or a string")
             continue
         yield lineno, value
 

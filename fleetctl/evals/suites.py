@@ -417,13 +417,28 @@ def header_json(description: str, decoding: dict[str, Any]) -> dict[str, Any]:
             "decoding": decoding_checked(decoding)}
 
 
+# Characters str.splitlines() breaks a line at, besides \r and \n (which JSON always escapes):
+# escaped as well, so the canonical bytes stay one item a line however a reader splits them.
+# They can only occur inside strings, where the escape means the same character.
+_LINE_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+_LINE_BREAK_RE = re.compile("[\x85\u2028\u2029]")
+
+
+def _line(obj: dict[str, Any]) -> str:
+    text = _encode(obj)
+    if _LINE_BREAK_RE.search(text):
+        text = _LINE_BREAK_RE.sub(lambda m: _LINE_BREAKS[m.group(0)], text)
+    return text
+
+
 def canonical_jsonl(description: str, decoding: dict[str, Any],
                     items: Sequence[SuiteItem]) -> bytes:
     """The suite as the bytes it is pinned by: a header line, then one line per item, keys
-    sorted, separators "," and ":", UTF-8 (ensure_ascii off), "\\n" after every line.
-    parse_suite() of these bytes gives the same description, decoding and items back."""
-    lines = [_encode(header_json(description, decoding))]
-    lines.extend(_encode(item.to_json()) for item in items)
+    sorted, separators "," and ":", UTF-8 (ensure_ascii off, except that U+0085, U+2028 and
+    U+2029 are escaped), "\\n" after every line. parse_suite() of these bytes gives the same
+    description, decoding and items back."""
+    lines = [_line(header_json(description, decoding))]
+    lines.extend(_line(item.to_json()) for item in items)
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
