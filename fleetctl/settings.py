@@ -253,6 +253,14 @@ SHADOW_PAIR_TIMEOUT_S = env_float("SHADOW_PAIR_TIMEOUT_S", 120.0)
 # The judge looks at a running run's newest pairs, at most this many: a bounded cost per look
 # however long the run lasts, and a verdict on what the candidate does now.
 SHADOW_JUDGE_WINDOW_PAIRS = env_int("SHADOW_JUDGE_WINDOW_PAIRS", 20_000)
+# --- eval runs (fleetctl/evals/) ---
+# A running eval run whose heartbeat (beaten every 2 s by the worker driving it) is older than
+# this is taken over by another worker (beat `evals.reap`); so is a queued run no worker took.
+EVAL_HEARTBEAT_STALE_S = env_int("EVAL_HEARTBEAT_STALE_S", 60)
+# A suite holds at most this many items (an upload with more is refused, naming the line).
+EVAL_MAX_SUITE_ITEMS = env_int("EVAL_MAX_SUITE_ITEMS", 100_000)
+# A suite file (JSONL) larger than this is refused before it is read.
+EVAL_MAX_UPLOAD_BYTES = env_int("EVAL_MAX_UPLOAD_BYTES", 64 * 1024 * 1024)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
