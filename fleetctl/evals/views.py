@@ -7,7 +7,8 @@ stay thin: selectors read, services write.
 The run page's live block (progress, per-pool counts, and once finished the verdict, charts
 and tags) is re-polled by htmx every 3 s while the run is queued or running; once it has
 ended it renders without hx-trigger and polling stops. The item diff below it is a page-load
-snapshot with its own filters and pages (the links reload the page).
+snapshot with its own filters and pages (the links reload the page); the poll that first
+sees the run ended asks htmx to reload the page once, so the diff is complete.
 
 Answers are model output and prompts are uploaded text: every one reaches the page through
 the template's autoescape, never `|safe`.
@@ -429,7 +430,12 @@ def run_create(request: HttpRequest) -> HttpResponse:
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     run = _run_or_404(run_id)
     if request.htmx.target == LIVE_ID:  # type: ignore[attr-defined]
-        return render(request, "evals/_run_live.html", _live(run))
+        response = render(request, "evals/_run_live.html", _live(run))
+        if not run.active:
+            # The run ended while the page watched it: load the page once more, so the item
+            # diff below (a page-load snapshot) shows every item that changed.
+            response["HX-Refresh"] = "true"
+        return response
     return render(request, "evals/run_detail.html", {
         **_live(run), **_diff(request, run), "evidence_url": evidence_url(run)})
 

@@ -212,12 +212,17 @@ def test_a_running_run_polls_shows_progress_and_offers_cancel(world: World):  # 
                       HTTP_HX_TARGET="eval-live").content.decode()
     assert live.startswith('<div id="eval-live"') or 'id="eval-live"' in live[:200]
     assert "<html" not in live
+    assert not oncall.get(f"/evals/runs/{run.pk}/", HTTP_HX_REQUEST="true",
+                          HTTP_HX_TARGET="eval-live").has_header("HX-Refresh")
     # A viewer cannot cancel: refused, and the run goes on.
     signed_in(world.viewer).post(f"/evals/runs/{run.pk}/cancel/")
     assert EvalRun.objects.get(pk=run.pk).status == "running"
     response = oncall.post(f"/evals/runs/{run.pk}/cancel/", follow=True)
     assert EvalRun.objects.get(pk=run.pk).status == "cancelled"
     assert f"Cancelled eval run {run.pk}" in response.content.decode()
+    ended = oncall.get(f"/evals/runs/{run.pk}/", HTTP_HX_REQUEST="true",
+                       HTTP_HX_TARGET="eval-live")
+    assert ended["HX-Refresh"] == "true"  # the page reloads once, with the whole diff
     after = oncall.get(f"/evals/runs/{run.pk}/").content.decode()
     assert "hx-trigger" not in after and "Cancel run" not in after
 
