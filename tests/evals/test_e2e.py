@@ -36,7 +36,7 @@ from fleetctl.evals import bundled, services
 from fleetctl.evals.models import EvalResult, EvalRun, EvalSuite
 from fleetctl.fleet.models import Pool, Region
 from fleetctl.fleet.services import pool_create, pool_health_record, pool_model_create
-from fleetctl.traffic.services import route_create
+from fleetctl.traffic.services import gateway_create, route_create
 from migrations_plan import evidence as ev
 from migrations_plan import services as plans
 from migrations_plan.models import Evidence, Plan
@@ -87,6 +87,10 @@ def world(celery_worker: Any, sims: SimProcess, region: Region,
             pools[name] = pool
         route = route_create(actor=SYSTEM, name="llama", model_id=MODEL,
                              primary_pool=pools["prim"], reason="test")
+        # A gateway carries the route (stage 1's "only through a route"); none is reached.
+        gateway_create(actor=SYSTEM, name="envoy-e2e", kind="envoy",
+                       admin_address="http://127.0.0.1:1", options={"config_dir": "/tmp/x"},
+                       routes=[route])
         plan = plans.plan_create(actor=lead, name="evals-e2e", candidate_pool=pools[candidate],
                                  primary_pool=pools["prim"], routes=[route],
                                  slo_ttft_p95_ms=800, slo_tpot_p95_ms=60, slo_error_rate=0.01,
