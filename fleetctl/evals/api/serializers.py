@@ -67,7 +67,9 @@ class EvalSuiteSerializer(serializers.ModelSerializer):
                                                      "with unless it says otherwise.")
     tags = CountsField(read_only=True, help_text="Tag → items.")
     scorers = CountsField(read_only=True, help_text="Scorer → items.")
-    label = serializers.CharField(read_only=True, help_text="name vN")
+    # The metaclass moves declared fields off the class, so this does not hide Field.label.
+    label = serializers.CharField(  # type: ignore[assignment]
+        read_only=True, help_text="name vN")
     url = serializers.SerializerMethodField(help_text="The suite's dashboard page.")
     download_url = serializers.SerializerMethodField(
         help_text="The canonical JSONL (its SHA-256 is `sha256`).")

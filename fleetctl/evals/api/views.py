@@ -23,8 +23,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.bench.api.views import CSVRenderer
 from fleetctl.core.errors import DomainError
+from fleetctl.evals import services
 from fleetctl.evals.api import diff
 from fleetctl.evals.api import serializers as s
 from fleetctl.evals.api.filters import DiffFilter, ItemFilter, ResultFilter, RunFilter, SuiteFilter
@@ -33,6 +33,18 @@ from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalSuite
 EXPORT_FORMATS = ("json", "csv")
 NDJSON = "application/x-ndjson"
 DEFAULT_MAX_UPLOAD_BYTES = 64 * 1024 * 1024
+
+
+class CSVRenderer(renderers.BaseRenderer):
+    """Lets `…/export/?format=csv` through content negotiation; the view streams the body."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data: Any, accepted_media_type: str | None = None,
+               renderer_context: Mapping[str, Any] | None = None) -> Any:
+        return data
 
 
 class NDJSONRenderer(renderers.BaseRenderer):
@@ -61,14 +73,6 @@ class _FileAnswers:
             request.accepted_media_type = "application/json"
         return super().finalize_response(request, response, *args,  # type: ignore[misc]
                                          **kwargs)
-
-
-def _services() -> Any:
-    """fleetctl.evals.services, imported when a view runs (it imports the runner and the
-    scorers, which the URL configuration does not need)."""
-    from fleetctl.evals import services
-
-    return services
 
 
 def max_upload_bytes() -> int:
@@ -115,7 +119,7 @@ class EvalSuiteViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModel
                 f"The file is {_mib(upload.size)}; a suite upload may be at most "
                 f"{_mib(limit)} (EVAL_MAX_UPLOAD_BYTES). Split it into several suites."]})
         # The uploaded file object itself (memory or a temporary file on disk), never .read().
-        suite, created = _services().suite_upload(
+        suite, created = services.suite_upload(
             actor=actor_from_request(request), name=data["name"], fileobj=upload,
             description=data["description"])
         answer = s.EvalSuiteUploadedSerializer(suite, context={"created": created}).data
@@ -145,7 +149,7 @@ class EvalSuiteViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModel
         exactly the bytes the suite's SHA-256 pins; upload it again and it is the same
         version."""
         suite = self._suite(pk)
-        body = _services().suite_jsonl(suite)
+        body = services.suite_jsonl(suite)
         response = HttpResponse(body, content_type=NDJSON)
         response["Content-Disposition"] = (f'attachment; filename="{suite.name}-v'
                                            f'{suite.version}.jsonl"')
@@ -157,7 +161,7 @@ class EvalSuiteViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModel
     def retire(self, request: Request, pk: str) -> Response:
         """Retire the suite: it cannot start runs any more (its runs and download stay).
         Retiring a retired suite changes nothing."""
-        suite = _services().suite_retire(actor=actor_from_request(request), suite=self._suite(pk))
+        suite = services.suite_retire(actor=actor_from_request(request), suite=self._suite(pk))
         return Response(s.EvalSuiteSerializer(self._suite(str(suite.pk))).data)
 
     @extend_schema(request=s.EvalSuiteBundledSerializer,
@@ -168,7 +172,7 @@ class EvalSuiteViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModel
         the same bytes every time, so installing again answers the same versions."""
         body = s.EvalSuiteBundledSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        suites = _services().suite_install_bundled(actor=actor_from_request(request),
+        suites = services.suite_install_bundled(actor=actor_from_request(request),
                                                 names=body.validated_data["names"] or None)
         return Response(s.EvalSuiteSerializer(suites, many=True).data)
 
@@ -177,7 +181,7 @@ def _suite_ref(ref: str) -> EvalSuite:
     """The suite a run names: an id, a name (its newest unretired version) or name@version;
     anything that does not name one is a 400 on `suite`."""
     try:
-        return _services().suite_lookup(ref)  # type: ignore[no-any-return]
+        return services.suite_lookup(ref)
     except DjangoValidationError:
         raise  # {"suite": [what to give, and the suites there are]}
     except (ObjectDoesNotExist, DomainError, ValueError) as exc:
@@ -235,7 +239,7 @@ class EvalRunViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModelMi
         if margin_pct is not None:
             data["margin"] = margin_pct / 100
         try:
-            run = _services().run_create(actor=actor_from_request(request), suite=suite,
+            run = services.run_create(actor=actor_from_request(request), suite=suite,
                                          model_id=data.pop("model"), **data)
         except DjangoValidationError as exc:
             # The service names its own argument; the request's field is margin_pct.
@@ -248,7 +252,7 @@ class EvalRunViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModelMi
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
         """Stop a queued or running run (409 otherwise); the items scored so far are kept."""
-        run = _services().run_cancel(actor=actor_from_request(request), run=self._run(pk))
+        run = services.run_cancel(actor=actor_from_request(request), run=self._run(pk))
         return self._detail(run)
 
     @extend_schema(responses={200: s.EvalResultSerializer(many=True)},
