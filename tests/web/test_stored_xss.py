@@ -4,7 +4,8 @@ Playwright) against a live server.
 Every free-text field the services accept (region, pool and model fields, labels, a probe's
 error, route and ramp reasons, a gateway's address, drain and restore reasons, plan notes,
 gate check titles, attestation notes, justifications, pause/resume/abandon/removal reasons,
-evidence summaries, trace descriptions, run names and notes, token names) holds a payload
+evidence summaries, trace descriptions, run names and notes, token names, an eval suite's
+description and items, an eval run's answers and reasons) holds a payload
 that would run if it reached the page as markup; an evidence link holds `javascript:` (stored
 as old data would be, around today's validator). Each role then opens every page that shows
 them, plus two pages that echo the query string, and clicks every evidence link. Nothing may
@@ -14,6 +15,8 @@ Content-Security-Policy (a violation would mean markup got through escaping).
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -30,12 +33,14 @@ from fleetctl.accounts.services import token_create_personal, token_create_servi
 from fleetctl.audit.models import AuditEvent
 from fleetctl.bench import services as bench
 from fleetctl.bench.models import Level, Run
+from fleetctl.evals import services as evals
+from fleetctl.evals.models import EvalResult, EvalRun
 from fleetctl.fleet import services as fleet
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic import services as traffic
 from fleetctl.traffic.models import Drain
 from migrations_plan import services as plans
-from migrations_plan.models import Evidence
+from migrations_plan.models import Evidence, Plan
 from tests.bench.helpers import finished_run
 from tests.web.test_browser import Problems
 
@@ -126,6 +131,25 @@ def seed_bench() -> int:
     return run.pk
 
 
+def seed_evals() -> dict[str, int]:
+    """A suite whose description, item id, prompt and reference carry the payload, and a
+    finished run of it for the MI300X plan whose answers, reasons and errors do (answers are
+    model output: the run page must show them as text)."""
+    item = {"id": PAYLOAD, "messages": [{"role": "user", "content": PAYLOAD}],
+            "references": [PAYLOAD], "scorer": "contains", "tags": ["xss"]}
+    suite, _ = evals.suite_upload(actor=SYSTEM, name="xss-suite", description=PAYLOAD,
+                                  fileobj=io.BytesIO(json.dumps(item).encode() + b"\n"))
+    plan = Plan.objects.get(name="mi300x-plan")
+    run = evals.run_create(actor=SYSTEM, suite=suite, plan=plan, min_items=1)
+    EvalRun.objects.filter(pk=run.pk).update(status=EvalRun.Status.RUNNING, done=run.total)
+    for n, result in enumerate(EvalResult.objects.filter(run=run).order_by("position")):
+        EvalResult.objects.filter(pk=result.pk).update(
+            status=EvalResult.Status.DONE, score=float(n), text=PAYLOAD, reason=PAYLOAD,
+            error=PAYLOAD, extracted=PAYLOAD, http_status=200, scored_at=timezone.now())
+    evals.run_finish(EvalRun.objects.get(pk=run.pk))
+    return {"eval_suite": suite.pk, "eval_run": run.pk}
+
+
 @pytest.fixture
 def stored_payloads(transactional_db: None, make_user: Callable[..., User]) -> dict[str, Any]:
     """Seeded before the browser starts (Playwright's loop would give the ORM a connection
@@ -135,10 +159,11 @@ def stored_payloads(transactional_db: None, make_user: Callable[..., User]) -> d
     seed_fleet(people)
     seed_traffic_and_plans(people)
     run_id = seed_bench()
+    eval_ids = seed_evals()
     drains = list(Drain.objects.order_by("pk").values_list("pk", flat=True))
     event = AuditEvent.objects.filter(message=PAYLOAD).order_by("pk").first()
     assert event is not None
-    return {"run": run_id, "drains": drains, "event": event.pk}
+    return {"run": run_id, "drains": drains, "event": event.pk, **eval_ids}
 
 
 def pages_for(role: str, seeded: dict[str, Any]) -> list[str]:
@@ -151,6 +176,10 @@ def pages_for(role: str, seeded: dict[str, Any]) -> list[str]:
         "/plans/", "/plans/mi300x-plan/", "/plans/a100-plan/",
         "/audit/", f"/audit/?actor={echo}&action={echo}", "/account/tokens/",
         "/bench/", "/bench/traces/xss-trace/", f"/bench/runs/{seeded['run']}/",
+        "/evals/", "/evals/suites/", f"/evals/suites/{seeded['eval_suite']}/",
+        f"/evals/runs/{seeded['eval_run']}/",
+        f"/evals/runs/{seeded['eval_run']}/?direction=regressed&q={echo}",
+        f"/evals/runs/new/?plan=mi300x-plan&candidate={echo}&suite={echo}",
     ]
     if role in ("on-call", "platform-lead", "admin"):
         pages += ["/traffic/routes/llama-eu/drain/", "/traffic/pools/gaudi-eu/drain/"]
