@@ -199,7 +199,8 @@ def _header(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     description = obj.get("description", "")
     if type(description) is not str or len(description) > MAX_DESCRIPTION_CHARS:
         raise FieldProblem("description", f"must be a string of at most "
-                                      f"{MAX_DESCRIPTION_CHARS:,} characters")
+                                          f"{MAX_DESCRIPTION_CHARS:,} characters")
+    _check_text("description", description)
     return description, decoding_checked(obj.get("decoding", {}))
 
 
@@ -230,7 +231,7 @@ def _sampling(field: str, key: str, value: object) -> Any:
                 or (key == "top_p" and value == 0):
             span = "from 0 to 2" if key == "temperature" else "above 0 and at most 1"
             raise FieldProblem(field, f"must be a number {span}, got {show(value)}")
-        return float(value)
+        return float(value) + 0.0  # -0.0 is 0.0
     if key == "seed":
         if type(value) is not int or not 0 <= value <= MAX_SEED:
             raise FieldProblem(field, f"must be an integer from 0 to {MAX_SEED}, got {show(value)}")
@@ -245,9 +246,10 @@ def _item(obj: object, lineno: int, first_line: dict[str, int]) -> SuiteItem:
     if type(obj) is not dict:
         raise FieldProblem("item", 'must be a JSON object such as {"id": "q1", "prompt": "...", '
                                f'"references": ["..."], "scorer": "exact"}}, got {show(obj)}')
-    for key in obj:
+    for key, value in obj.items():
         if key not in ITEM_KEYS:
             raise FieldProblem(str(key), f"unknown key; allowed: {', '.join(ITEM_KEYS)}")
+        _check_text(key, value)
     item_id = _item_id(obj, lineno, first_line)
     messages, prompt = _text(obj)
     scorer = obj.get("scorer")
@@ -260,9 +262,55 @@ def _item(obj: object, lineno: int, first_line: dict[str, int]) -> SuiteItem:
     references = scorers.validate_references(scorer, _references(obj), params)
     if not jsonl.finite(params):
         raise FieldProblem("params", "holds a number too large for JSON; write a smaller one")
-    return SuiteItem(item_id=item_id, messages=messages, prompt=prompt, references=references,
-                     scorer=scorer, params=params, tags=_tags(obj.get("tags", [])),
-                     request=_request(obj.get("request", {})))
+    return SuiteItem(item_id=item_id, messages=_stored(messages), prompt=prompt,
+                     references=references, scorer=scorer, params=_stored(params),
+                     tags=_tags(obj.get("tags", [])),
+                     request=_stored(_request(obj.get("request", {}))))
+
+
+# Text PostgreSQL cannot store (NUL) or UTF-8 cannot encode (a lone surrogate, which the
+# standard library's decoder makes of an escape such as "\ud800").
+_UNSTORABLE_RE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _check_text(field: str, value: Any) -> None:
+    """FieldProblem naming `field` if any string in the value (keys too) holds a character
+    that cannot be stored."""
+    if type(value) is str:
+        found = _UNSTORABLE_RE.search(value)
+        if found is None:
+            return
+        char = found.group(0)
+        if char == "\x00":
+            raise FieldProblem(field, "contains a NUL character (\\u0000), which cannot be "
+                                      "stored; remove it")
+        raise FieldProblem(field, f"contains a lone surrogate (\\u{ord(char):04x}), which is "
+                                  "not text; write the character itself, or both halves of "
+                                  "its pair")
+    if type(value) is dict:
+        for key, inner in value.items():
+            _check_text(field, key)
+            _check_text(field, inner)
+    elif type(value) is list:
+        for inner in value:
+            _check_text(field, inner)
+
+
+def _stored(value: Any) -> Any:
+    """The value as it comes back from a PostgreSQL jsonb column, so that the canonical
+    bytes of the stored rows are the bytes parsed: jsonb keeps numbers as decimals, so -0.0
+    comes back 0.0 and a float of 1e16 or more (which Python writes as 1e+16) as an integer.
+    The numbers are equal; only their spelling would have changed the digest."""
+    kind = type(value)
+    if kind is float:
+        if value == 0.0:
+            return 0.0
+        return int(value) if abs(value) >= 1e16 else value
+    if kind is dict:
+        return {k: _stored(v) for k, v in value.items()}
+    if kind is list:
+        return [_stored(v) for v in value]
+    return value
 
 
 def _item_id(obj: dict[str, Any], lineno: int, first_line: dict[str, int]) -> str:

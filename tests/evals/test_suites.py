@@ -405,6 +405,47 @@ def test_one_bad_line_refuses_the_whole_suite() -> None:
     assert caught.value.errors == [(12, caught.value.errors[0][1])]
 
 
+def test_text_that_cannot_be_stored_is_refused_naming_the_field() -> None:
+    assert errors_of([
+        b'{"id": "a", "prompt": "nul \\u0000 here", "scorer": "json"}\n',
+        b'{"id": "b", "prompt": "x", "scorer": "exact", "references": ["\\ud800"]}\n',
+        b'{"id": "c", "prompt": "x", "scorer": "json", "request": {"stop": {"\\u0000": 1}}}\n',
+        b'{"id": "d\\udfff", "prompt": "x", "scorer": "json"}\n',
+        b'{"fleetctl_eval_suite": 1}\n',
+    ]) == [
+        "line 1: prompt: contains a NUL character (\\u0000), which cannot be stored; remove it",
+        "line 2: references: contains a lone surrogate (\\ud800), which is not text; write the "
+        "character itself, or both halves of its pair",
+        "line 3: request: contains a NUL character (\\u0000), which cannot be stored; remove it",
+        "line 4: id: contains a lone surrogate (\\udfff), which is not text; write the "
+        "character itself, or both halves of its pair",
+        "line 5: fleetctl_eval_suite: a header is only allowed as the first line; move it to "
+        "the top or remove it",
+    ]
+    assert errors_of([b'{"fleetctl_eval_suite": 1, "description": "\\u0000"}\n']) == [
+        "line 1: description: contains a NUL character (\\u0000), which cannot be stored; "
+        "remove it"]
+    # A pair of surrogate escapes is one character, and fine.
+    [ok] = parse_suite([b'{"id": "e", "prompt": "\\ud83d\\ude00", "scorer": "json"}']).items
+    assert ok.prompt == "\U0001F600"
+
+
+def test_numbers_are_spelled_as_postgresql_gives_them_back() -> None:
+    suite = parse_suite(lines_of(
+        {"fleetctl_eval_suite": 1, "decoding": {"temperature": -0.0}},
+        item(params={"abs_tol": 1e20, "rel_tol": -0.0},
+             messages=[{"role": "user", "content": "x", "weight": 2.5e16, "w": [1e-7]}],
+             request={"temperature": -0.0, "top_p": 0.5})))
+    [got] = suite.items
+    assert suite.decoding["temperature"] == 0.0 and str(suite.decoding["temperature"]) == "0.0"
+    assert got.params["abs_tol"] == 10**20 and type(got.params["abs_tol"]) is int
+    assert str(got.params["rel_tol"]) == "0.0"
+    assert got.messages == [{"role": "user", "content": "x", "weight": 25 * 10**15,
+                             "w": [1e-7]}]
+    assert str(got.request["temperature"]) == "0.0"
+    assert parse_suite(io.BytesIO(canonical(suite))) == suite
+
+
 # --- the header ------------------------------------------------------------------------------
 
 
@@ -515,9 +556,38 @@ def test_line_separators_inside_text_stay_inside_their_line() -> None:
     assert parse_suite(data.decode().splitlines()) == suite
 
 
+@pytest.mark.django_db
+def test_items_stored_in_jsonb_give_back_the_canonical_bytes() -> None:
+    """What a download does: the rows' JSON, read back from PostgreSQL, written again."""
+    from django.db import connection
+
+    suite = parse_suite(lines_of(
+        {"fleetctl_eval_suite": 1, "decoding": {"temperature": 0.7, "top_p": 1e-5}},
+        item(params={"abs_tol": 1e20, "rel_tol": 1.5e-9},
+             messages=[{"role": "user", "content": "é\u2028\r\n\t\"", "n": -0.0,
+                        "big": 12345678901234567890, "f": 0.1}]),
+        item(id="q2", scorer="json_schema", references=[], params={"schema": {
+            "type": "object", "properties": {"x": {"const": 9.999999999999999e15},
+                                             "y": {"const": 1.7976931348623157e308}}}},
+             request={"temperature": 1.25, "stop": ["\u0085"]})))
+    data = canonical(suite)
+    with connection.cursor() as cursor:
+        def through(value: Any) -> Any:
+            cursor.execute("SELECT %s::jsonb::text", [json.dumps(value)])
+            return json.loads(cursor.fetchone()[0])
+
+        stored = [SuiteItem(item_id=i.item_id, messages=through(i.messages), prompt=i.prompt,
+                            references=through(i.references), scorer=i.scorer,
+                            params=through(i.params), tags=through(i.tags),
+                            request=through(i.request)) for i in suite.items]
+        decoding = through(suite.decoding)
+    assert canonical_jsonl(suite.description, decoding, stored) == data
+
+
 # --- the round trip, by property --------------------------------------------------------------
 
-TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+CHARS = st.characters(codec="utf-8", exclude_categories=("Cs",), exclude_characters="\x00")
+TEXT = st.text(CHARS, max_size=40)
 NON_BLANK = TEXT.filter(lambda t: t.strip() != "")
 TAG = st.from_regex(r"[A-Za-z0-9_.:/-]{1,64}", fullmatch=True)
 MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(
@@ -594,7 +664,7 @@ def raw_item(draw: st.DrawFn, item_id: str) -> dict[str, Any]:
 
 @st.composite
 def suite_files(draw: st.DrawFn) -> list[bytes]:
-    ids = draw(st.lists(st.text(min_size=1, max_size=12).filter(str.strip), min_size=1,
+    ids = draw(st.lists(st.text(CHARS, min_size=1, max_size=12).filter(str.strip), min_size=1,
                         max_size=6, unique=True))
     lines: list[object] = []
     if draw(st.booleans()):
