@@ -5,6 +5,7 @@ Mounted by the main CLI through `add_arguments(parser)` and `run(args)`; also ru
 
     fleetctl sim --pool h200@8101 --pool mi300x@8102 [--model NAME ...] [--profiles F.toml]
     fleetctl sim --pool cand=a100:tool_calls=false,tokenizer=other@8102
+    fleetctl sim --pool cand=mi300x:task_accuracy=0.87@8102   # a candidate 5 points worse
     fleetctl sim fault --url http://127.0.0.1:8101 --error-rate 0.2 --added-latency-ms 50
 """
 
@@ -209,13 +210,14 @@ def _pool_problem(pools: list[PoolArg], profiles: dict[str, Profile]) -> str | N
 
 def _profile_table(profiles: dict[str, Profile]) -> str:
     lines = [f"{'profile':<12} {'runtime':<7} {'prefill tok/s':>13} {'step ms':>16} "
-             f"{'max seqs':>8} {'KV tokens':>10} {'$/h':>6} {'diverge':>7} {'noise':>6}  "
-             "description"]
+             f"{'max seqs':>8} {'KV tokens':>10} {'$/h':>6} {'diverge':>7} {'noise':>6} "
+             f"{'tasks':>6}  description"]
     for p in profiles.values():
         step = f"{p.decode_base_ms:g}+{p.decode_per_seq_ms:g}*b"
         lines.append(f"{p.name:<12} {p.vendor:<7} {p.prefill_tokens_per_s:>13.0f} {step:>16} "
                      f"{p.max_seqs:>8} {p.kv_cache_tokens:>10} {p.node_hourly_usd:>6.2f} "
-                     f"{p.divergence_rate:>7.1%} {p.replica_noise:>6.1%}  {p.description}")
+                     f"{p.divergence_rate:>7.1%} {p.replica_noise:>6.1%} {p.task_accuracy:>6.1%}  "
+                     f"{p.description}")
     return "\n".join(lines)
 
 

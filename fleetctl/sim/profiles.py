@@ -82,6 +82,11 @@ class Profile:
     # max_tokens.
     json_broken: float = 0.0
     truncate_rate: float = 0.0
+    # The share of bundled eval tasks (fleetctl/evals/bundled.py; tasks.py solves them) this
+    # pool answers right; the rest get a plausible wrong answer. Which items are wrong is
+    # shared across profiles (a lower accuracy is wrong on a superset), except on the
+    # profile's divergence share of prompts, where it is drawn again (tasks.py).
+    task_accuracy: float = 0.9
 
     def broken(self) -> list[str]:
         """The switches that differ from the default, as `name=value`."""
@@ -129,6 +134,7 @@ BUILTIN_PROFILES: dict[str, Profile] = {
             divergence_rate=0.02,
             near_tie_fraction=0.8,
             replica_noise=0.01,
+            task_accuracy=0.92,
         ),
         _builtin(
             name="a100",
@@ -148,6 +154,9 @@ BUILTIN_PROFILES: dict[str, Profile] = {
             divergence_rate=0.03,
             near_tie_fraction=0.8,
             replica_noise=0.01,
+            # The A100 profiles serve an older, quantised build: clearly worse on tasks, so
+            # an eval of an A100 candidate against an H200 primary fails (a100-legacy too).
+            task_accuracy=0.86,
         ),
         _builtin(
             name="mi300x",
@@ -167,6 +176,7 @@ BUILTIN_PROFILES: dict[str, Profile] = {
             divergence_rate=0.06,
             near_tie_fraction=0.7,
             replica_noise=0.015,
+            task_accuracy=0.92,
         ),
         _builtin(
             name="tpu-v5e",
@@ -186,6 +196,7 @@ BUILTIN_PROFILES: dict[str, Profile] = {
             divergence_rate=0.08,
             near_tie_fraction=0.6,
             replica_noise=0.02,
+            task_accuracy=0.90,
         ),
         _builtin(
             name="gaudi3",
@@ -205,6 +216,7 @@ BUILTIN_PROFILES: dict[str, Profile] = {
             divergence_rate=0.10,
             near_tie_fraction=0.5,
             replica_noise=0.02,
+            task_accuracy=0.89,
         ),
     )
 }
@@ -244,9 +256,10 @@ _CHECKS: dict[str, tuple[tuple[type, ...], str, Any]] = {
     "replica_noise": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
     "json_broken": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
     "truncate_rate": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
+    "task_accuracy": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
 }
 _OPTIONAL = ("description", "models", "max_prefill_tokens_per_step", *SWITCHES,
-             "replica_noise", *REGRESSIONS)
+             "replica_noise", *REGRESSIONS, "task_accuracy")
 _REQUIRED = (*_CHECKS, "models")
 
 

@@ -50,6 +50,7 @@ from .groundtruth import DEFAULT_REQUEST_CAPACITY, GroundTruth, RequestInfo, req
 from .metrics import CONTENT_TYPE, Gauges, PoolMetrics
 from .profiles import Profile
 from .structured import SchemaError, ScriptedStream, broken_json, json_text
+from .tasks import task_for
 from .textgen import TextKey, TokenSource, TokenStream, stable_hash, stable_unit
 
 log = logging.getLogger("fleetctl.sim")
@@ -432,6 +433,10 @@ class SimPool:
                 text = broken_json(text, stable_unit("json-broken-at", profile.name, key))
                 info.regression = "json_broken"
             stream = ScriptedStream(text, key, req.top_logprobs)
+        elif (task := task_for(req.model, req.messages, req.prompt_text, req.seed,
+                               profile)) is not None:
+            # A bundled eval task (tasks.py): solved, right at the profile's task_accuracy.
+            stream = ScriptedStream(task, key, req.top_logprobs)
         else:
             stream = TokenStream(
                 key=key,
