@@ -147,7 +147,8 @@ def _summary(verdict: str, *, candidate: str, primary: str | None,
 
 
 def run_statistics(rows: Iterable[Mapping[str, Any]], *, candidate: str, primary: str | None,
-                   margin: float, confidence: float, min_items: int) -> dict[str, Any]:
+                   margin: float, confidence: float, min_items: int,
+                   breakdown: bool = True) -> dict[str, Any]:
     """The run's statistics, JSON-ready (EvalRun.stats, the evidence's data, the run page).
 
     rows: {"pool": name, "item": item_id, "score": float | None, "tags": [...]}; a None score
@@ -159,7 +160,9 @@ def run_statistics(rows: Iterable[Mapping[str, Any]], *, candidate: str, primary
      "regressed_tags": [tag, ...], "explanation": confidence.judge's sentence,
      "verdict": "pass" | "warn" | "fail" | "insufficient", "summary": "one line"}.
     A tag has no verdict of its own (many tags, few items each: the run's verdict is the
-    gate); it is flagged "regressed" when its paired upper bound is below −margin."""
+    gate); it is flagged "regressed" when its paired upper bound is below −margin.
+    breakdown=False leaves the tags out (empty), for callers that only need the verdict
+    (the power benchmark judges thousands of simulated runs)."""
     scores, item_tags, order = _collect(rows)
     for name in (candidate, primary):
         if name is not None and name not in scores:
@@ -179,7 +182,7 @@ def run_statistics(rows: Iterable[Mapping[str, Any]], *, candidate: str, primary
         pair["primary_only"] = sum(1 for i in prim if i not in cand)
 
     by_tag: dict[str, list[str]] = {}
-    for item in sorted(item_tags):
+    for item in sorted(item_tags) if breakdown else ():
         for tag in item_tags[item]:
             by_tag.setdefault(tag, []).append(item)
     tags: dict[str, Any] = {}

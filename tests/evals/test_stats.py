@@ -202,6 +202,19 @@ def test_each_tag_gets_its_pools_and_paired_difference_and_a_regressed_tag_is_fl
     assert out["verdict"] == "fail"
 
 
+def test_without_the_breakdown_the_verdict_and_figures_are_the_same():
+    tags = [["a"]] * 50 + [["b"]] * 100
+    rows = rows_for([0.0] * 50 + [1.0] * 100, [1.0] * 150, tags)
+    full = run(rows)
+    lean = stats.run_statistics(rows, candidate=CAND, primary=PRIM, margin=0.02,
+                                confidence=0.95, min_items=100, breakdown=False)
+    assert (lean["tags"], lean["regressed_tags"]) == ({}, [])
+    assert full["regressed_tags"] == ["a"]
+    assert {k: v for k, v in lean.items() if k not in ("tags", "regressed_tags", "summary")} \
+        == {k: v for k, v in full.items() if k not in ("tags", "regressed_tags", "summary")}
+    assert full["summary"] == lean["summary"] + "; regressed tags: a"
+
+
 def test_a_tag_without_pairs_has_empty_figures_and_is_not_flagged():
     rows = rows_for([1.0] * 120 + [None], [1.0] * 120 + [0.0],
                     [["common"]] * 120 + [["rare"]])
