@@ -385,3 +385,70 @@ def test_a_cancelled_run_is_not_finished(world, pools):  # noqa: F811
     services.run_cancel(actor=lead(world), run=run)
     done = services.run_finish(EvalRun.objects.get(pk=run.pk))
     assert done.status == "cancelled" and not done.verdict and done.evidence_id is None
+
+
+# --- reads (selectors) ------------------------------------------------------------------------
+
+def test_the_item_diff_is_the_items_scored_differently_side_by_side(
+        world, pools, django_assert_max_num_queries):  # noqa: F811
+    from fleetctl.evals import selectors
+
+    suite, _ = upload(n=12)
+    run = services.run_create(actor=lead(world), suite=suite, candidate=pools["candidate"],
+                              primary=pools["primary"], others=[pools["other"]])
+    answered(run, {"candidate": {1, 2, 5}, "primary": {2, 7}, "other": {0}})
+    run = selectors.run_get(run.pk)
+    with django_assert_max_num_queries(2):
+        page = list(selectors.diff(run))
+        rows = selectors.diff_rows(run, page)
+    assert [(r["item"], r["direction"], r["delta"]) for r in rows] == [
+        ("add-001", "regressed", -1.0), ("add-005", "regressed", -1.0),
+        ("add-007", "improved", 1.0)]  # item 2: both wrong, item 0: only another pool
+    first = rows[0]
+    assert first["candidate"]["pool"] == "mi300x-us" and first["primary"]["pool"] == "h200-us"
+    assert (first["candidate"]["score"], first["primary"]["score"]) == (0.0, 1.0)
+    assert first["prompt"] == "What is 1+1?" and first["references"] == ["2"]
+    assert [r.item.item_id for r in selectors.diff(run, direction="improved")] == ["add-007"]
+    assert [r.item.item_id for r in selectors.diff(run, tag="parity:odd")] == [
+        "add-001", "add-005", "add-007"]
+    assert not selectors.diff(run, tag="parity").exists()  # a tag matches whole
+    assert [r.item.item_id for r in selectors.diff(run, q="5+5")] == ["add-005"]
+    assert selectors.diff_counts(run) == {"regressed": 2, "improved": 1}
+    with pytest.raises(ValueError):
+        selectors.diff(run, direction="sideways")
+    alone = services.run_create(actor=lead(world), suite=suite, candidate=pools["candidate"])
+    assert not selectors.diff(selectors.run_get(alone.pk)).exists()
+
+
+def test_progress_and_results_read_in_a_bounded_number_of_queries(
+        world, pools, django_assert_max_num_queries):  # noqa: F811
+    from fleetctl.evals import selectors
+
+    suite, _ = upload(n=30)
+    for _ in range(3):
+        run = services.run_create(actor=lead(world), suite=suite,
+                                  candidate=pools["candidate"], primary=pools["primary"])
+    EvalResult.objects.filter(run=run, position__lt=10).update(status="done", score=1.0)
+    EvalResult.objects.filter(run=run, position__in=(3, 4)).update(error="timeout", score=0.0)
+    EvalResult.objects.filter(run=run, position__in=(10, 11)).update(status="claimed")
+    with django_assert_max_num_queries(3):
+        listed = list(selectors.runs(pool="h200-us"))
+        assert [[rp.pool.name for rp in selectors.run_pools(r)] for r in listed] == [
+            ["mi300x-us", "h200-us"]] * 3
+    run = selectors.run_get(run.pk)
+    with django_assert_max_num_queries(1):
+        progress = selectors.progress(run)
+    assert (progress["done"], progress["claimed"], progress["pending"], progress["total"]) == (
+        10, 2, 48, 60)
+    assert progress["pools"][0] == {"pool": "mi300x-us", "role": "candidate",
+                                    "endpoints": list(pools["candidate"].base_urls),
+                                    "done": 5, "mean": pytest.approx(0.8), "errors": 1,
+                                    "pending": 24, "claimed": 1}
+    with django_assert_max_num_queries(1):
+        got = list(selectors.results(run, pool="h200-us", tag="parity:even"))
+        assert {r.run_pool.pool.name for r in got} == {"h200-us"}
+    assert [r.item.item_id for r in got] == [f"add-{i:03d}" for i in range(0, 30, 2)]
+    assert selectors.suite_items(suite, tag="parity:odd").count() == 15
+    assert list(selectors.suites(retired=False)) == [suite]
+    with pytest.raises(Exception, match="No eval run"):
+        selectors.run_get(10**9)
