@@ -59,28 +59,28 @@ def _rx(pattern: str) -> re.Pattern[str]:
 
 ARITH: tuple[tuple[str, re.Pattern[str], Callable[[dict[str, int]], int | float]], ...] = (
     ("add-subtract", _rx(
-        r"(?P<n>\w+) has (?P<a>\d+) (?P<t>.+?)\. (?P=n) buys (?P<b>\d+) more (?P=t) and then "
+        r"(?P<n>\w+) has (?P<a>\d+) (?P<t>.{1,80}?)\. (?P=n) buys (?P<b>\d+) more (?P=t) and then "
         r"gives (?P<c>\d+) to a friend\. How many (?P=t) does (?P=n) have now\?"),
      lambda v: v["a"] + v["b"] - v["c"]),
     ("multiply", _rx(
-        r"A box holds (?P<a>\d+) (?P<p>.+?)\. A shop in .+? orders (?P<b>\d+) boxes\. How "
-        r"many (?P=p) does the shop order in total\?"),
+        r"A box holds (?P<a>\d+) (?P<p>.{1,80}?)\. A shop in .{1,80}? orders (?P<b>\d+) "
+        r"boxes\. How many (?P=p) does the shop order in total\?"),
      lambda v: v["a"] * v["b"]),
     ("divide", _rx(
-        r"(?P<n>\w+) shares (?P<a>\d+) (?P<t>.+?) equally among (?P<k>\d+) friends\. How many "
+        r"(?P<n>\w+) shares (?P<a>\d+) (?P<t>.{1,80}?) equally among (?P<k>\d+) friends\. How many "
         r"(?P=t) does each friend get\?"),
      lambda v: v["a"] / v["k"]),
     ("subtract-add", _rx(
-        r"A train leaves .+? with (?P<a>\d+) passengers\. At the first stop (?P<b>\d+) "
+        r"A train leaves .{1,80}? with (?P<a>\d+) passengers\. At the first stop (?P<b>\d+) "
         r"passengers get off and (?P<c>\d+) get on\. How many passengers are on the train "
         r"now\?"),
      lambda v: v["a"] - v["b"] + v["c"]),
     ("multiply-subtract", _rx(
-        r"(?P<n>\w+) buys (?P<k>\d+) (?P<p>.+?) at (?P<x>\d+) dollars each and pays with an? "
+        r"(?P<n>\w+) buys (?P<k>\d+) (?P<p>.{1,80}?) at (?P<x>\d+) dollars each and pays with an? "
         r"(?P<note>\d+) dollar note\. How many dollars of change does (?P=n) get\?"),
      lambda v: v["note"] - v["k"] * v["x"]),
     ("subtract-multiply", _rx(
-        r"A warehouse in .+? stores (?P<a>\d+) crates of (?P<p>.+?), (?P<b>\d+) in each "
+        r"A warehouse in .{1,80}? stores (?P<a>\d+) crates of (?P<p>.{1,80}?), (?P<b>\d+) in each "
         r"crate\. It ships (?P<c>\d+) crates\. How many (?P=p) are left in the warehouse\?"),
      lambda v: (v["a"] - v["c"]) * v["b"]),
     ("multiply-add", _rx(
@@ -92,13 +92,13 @@ ARITH: tuple[tuple[str, re.Pattern[str], Callable[[dict[str, int]], int | float]
         r"(?P<b>\d+) dollars to one of them\. How many dollars are in that envelope now\?"),
      lambda v: v["a"] / v["k"] + v["b"]),
     ("multiply-subtract-subtract", _rx(
-        r"A bakery in .+? bakes (?P<a>\d+) trays of (?P<b>\d+) rolls each\. It sells "
+        r"A bakery in .{1,80}? bakes (?P<a>\d+) trays of (?P<b>\d+) rolls each\. It sells "
         r"(?P<c>\d+) rolls in the morning and (?P<d>\d+) in the afternoon\. How many rolls "
         r"are left\?"),
      lambda v: v["a"] * v["b"] - v["c"] - v["d"]),
 )
 
-_W = r"[A-Za-z][\w' -]*?"
+_W = r"[A-Za-z][\w' -]{0,60}?"
 EXTRACT: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("person", _rx(
         r"(?P<first>[A-Z][\w'-]*) (?P<last>[A-Z][\w'-]*) is (?P<age>\d+) years old and lives "
@@ -120,26 +120,26 @@ EXTRACT: tuple[tuple[str, re.Pattern[str]], ...] = (
         rf"(?P<goods>{_W}) \((?P<weight_kg>\d+) kg\) departed from (?P<origin>{_W})\.")),
 )
 _EXTRACT_KEYS = re.compile(
-    r"\s*Reply only with a JSON object with keys (?P<keys>(?:\"\w+\"(?:, | and )?)+)\. "
+    r"\s*Reply only with a JSON object with keys (?P<keys>(?:\"\w+\"(?:, | and )?){1,16})\. "
     r"Numbers are JSON numbers")
 _JSON_KEYS = _rx(
-    r"Reply only with a JSON object with keys (?P<keys>(?:\"\w+\"(?:, | and )?)+), where "
+    r"Reply only with a JSON object with keys (?P<keys>(?:\"\w+\"(?:, | and )?){1,16}), where "
     r"(?P<where>.+)\.\s*$")
 _JSON_PAIR = re.compile(r'"(\w+)" is ("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?|true|false|null)')
 _QUOTED_KEY = re.compile(r'"(\w+)"')
 
 FORMAT: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("words", _rx(r"Describe (?P<topic>.+?) in exactly (?P<n>\d+) words\.")),
-    ("max_words", _rx(r"Describe (?P<topic>.+?) in at most (?P<n>\d+) words\.")),
-    ("case", _rx(r"Write one sentence about (?P<topic>.+?) using only "
+    ("words", _rx(r"Describe (?P<topic>.{1,120}?) in exactly (?P<n>\d+) words\.")),
+    ("max_words", _rx(r"Describe (?P<topic>.{1,120}?) in at most (?P<n>\d+) words\.")),
+    ("case", _rx(r"Write one sentence about (?P<topic>.{1,120}?) using only "
                  r"(?P<case>lower|upper)case letters\.")),
-    ("starts_with", _rx(r"Write one sentence about (?P<topic>.+?) that begins with the word "
+    ("starts_with", _rx(r"Write one sentence about (?P<topic>.{1,120}?) that begins with the word "
                         r"\"(?P<word>[^\"]+)\"\.")),
-    ("ends_with", _rx(r"Write one sentence about (?P<topic>.+?) and end your reply with the "
-                      r"exact text \"(?P<end>[^\"]+)\"")),
-    ("lines", _rx(r"Write exactly (?P<n>\d+) lines about (?P<topic>.+?), one short phrase per "
-                  r"line")),
-    ("forbid", _rx(r"Write one sentence about (?P<topic>.+?) without using the word "
+    ("ends_with", _rx(r"Write one sentence about (?P<topic>.{1,120}?) and end your reply "
+                      r"with the exact text \"(?P<end>[^\"]+)\"")),
+    ("lines", _rx(r"Write exactly (?P<n>\d+) lines about (?P<topic>.{1,120}?), one short "
+                  r"phrase per line")),
+    ("forbid", _rx(r"Write one sentence about (?P<topic>.{1,120}?) without using the word "
                    r"\"(?P<word>[^\"]+)\"\.")),
 )
 

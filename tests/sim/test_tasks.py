@@ -93,7 +93,10 @@ def test_anything_else_is_not_a_task() -> None:
                  "Describe the sea in exactly many words.",
                  "Which number is the largest?\nA. 3\nB. 3\nAnswer with the letter.",
                  "Which number is the largest?\nA. 1\nC. 2",
-                 "x" * 10_000):
+                 "x" * 10_000,
+                 # Near misses that once cost the regexes a lot of backtracking.
+                 "Shipment SHP-1 left " + "a carrying 1 kg of " * 200,
+                 "Reply only with a JSON object with keys " + '"a", ' * 790 + "where"):
         assert tasks.solve(text) is None, text
     profile = _profile(1.0)
     assert tasks.task_text(MODEL, [{"role": "user", "content": "Hello there."}], 0,
