@@ -188,12 +188,21 @@ def test_the_item_diff_filters_by_direction_tag_and_text(world: World):  # noqa:
     assert "candidate right, primary wrong" in improved
     tagged = client.get(f"/evals/runs/{run.pk}/?direction=regressed&tag=arithmetic"
                         ).content.decode()
-    assert tagged.count('class="eval-diff-item"') == 20  # 30 regressions, all even items
+    assert tagged.count('class="eval-diff-item"') == 20  # 30 regressions (even items), page 1
+    fmt = client.get(f"/evals/runs/{run.pk}/?tag=format").content.decode()
+    assert fmt.count('class="eval-diff-item"') == 1 and 'data-item="item-0001"' in fmt
     assert "export/?format=csv&amp;direction=regressed&amp;tag=arithmetic" in tagged
     found = client.get(f"/evals/runs/{run.pk}/?q=What+is+8%2B1").content.decode()
     assert found.count('class="eval-diff-item"') == 1 and 'data-item="item-0008"' in found
     assert client.get(f"/evals/runs/{run.pk}/?direction=regressed&page=2").content.decode(
         ).count('class="eval-diff-item"') == 10
+    # The export links answer with the same items (the REST export, same filters).
+    exported = client.get(f"/api/v1/eval-runs/{run.pk}/export/?format=csv"
+                          "&direction=regressed&tag=arithmetic")
+    assert exported.status_code == 200
+    body = b"".join(exported.streaming_content) if exported.streaming else exported.content
+    assert len(body.decode().strip().splitlines()) == 1 + 30  # every page, not only one
+    assert client.get(f"/api/v1/eval-runs/{run.pk}/export/?format=json").status_code == 200
     bad = client.get(f"/evals/runs/{run.pk}/?tag=nope").content.decode()
     assert "Select a valid choice" in bad and 'class="eval-diff-item"' not in bad
 
