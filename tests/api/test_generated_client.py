@@ -32,7 +32,8 @@ MODEL = "llama-3.1-8b-instruct"
 SCHEMA_ACCEPT = {"Accept": "application/vnd.oai.openapi+json"}
 # Answers that are not JSON: files and the Prometheus text.
 NOT_JSON = {"/api/v1/metrics", "/api/v1/bench/traces/{name}/download/",
-            "/api/v1/bench/runs/{id}/export/", "/api/v1/audit-events/export/"}
+            "/api/v1/bench/runs/{id}/export/", "/api/v1/audit-events/export/",
+            "/api/v1/eval-suites/{id}/download/"}
 
 
 def _in_process(token: str) -> tuple[dict[str, Any], Any]:

@@ -7,6 +7,7 @@ type and with ids of real rows (deletes of real rows last, so the rest have rows
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Iterator
 from datetime import date
 from decimal import Decimal
@@ -33,6 +34,8 @@ from fleetctl.accounts.services import token_create_personal, token_create_servi
 from fleetctl.audit.models import AuditEvent
 from fleetctl.bench import services as bench
 from fleetctl.conformance import services as conformance
+from fleetctl.evals import services as evals
+from fleetctl.evals.models import EvalRun
 from fleetctl.fleet.models import Pool
 from fleetctl.fleet.services import currency_rate_create, pool_health_record, pool_model_create
 from fleetctl.shadow import services as shadow_services
@@ -40,6 +43,7 @@ from fleetctl.traffic import services as traffic
 from fleetctl.traffic.models import Route
 from fleetctl.wsgi import application
 from migrations_plan import services as plans
+from tests.evals.test_api import scored_run, suite_text
 from tests.shadow.test_api import _pair as _shadow_pair
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -57,7 +61,8 @@ NUMBERED = {"pool-models": "pool_model", "health-checks": "health_check",
             "pushes": "push", "drains": "drain", "evidence": "evidence", "runs": "run",
             "tokens": "token", "service-tokens": "service_token",
             "conformance-runs": "conformance_run", "currency-rates": "currency_rate",
-            "shadow-runs": "shadow_run"}
+            "shadow-runs": "shadow_run", "eval-suites": "eval_suite",
+            "eval-runs": "eval_run"}
 
 
 def _healthy(pool: Pool) -> Pool:
@@ -96,6 +101,12 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
     shadow = shadow_services.run_create(actor=system, plan=plan, min_pairs=10)
     _shadow_pair(shadow, 1, content={"prompt": "hi", "primary": "hello"})  # no pools run here
     shadow_services.run_judge(run=shadow)
+    suite, _ = evals.suite_upload(actor=system, name="sums",
+                                  fileobj=io.BytesIO(suite_text().encode()))
+    # Scored here, finished as the runner would (no worker): a diff, statistics, evidence.
+    eval_run = evals.run_create(actor=system, suite=suite, plan=plan, min_items=2)
+    EvalRun.objects.filter(pk=eval_run.pk).update(status="running")
+    evals.run_finish(scored_run(eval_run, candidate.name, primary.name))
     trace = bench.trace_generate(actor=system, name="short-chat", n=20, seed=7)
     run = bench.run_create(actor=system, trace=trace, pools=[primary], model_id=MODEL,
                            slo_ttft_p95_ms=800, slo_tpot_p95_ms=60, slo_error_rate=0.01)
@@ -117,7 +128,7 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
         "push": gateway.pushes.first().pk,
         "drain": drain.pk, "evidence": evidence.pk, "run": run.pk, "token": issued.token.pk,
         "service_token": bot.token.pk, "conformance_run": probe.pk, "currency_rate": rate.pk,
-        "shadow_run": shadow.pk,
+        "shadow_run": shadow.pk, "eval_suite": suite.pk, "eval_run": eval_run.pk,
         "authorization": f"Bearer {issued.secret}", "username": admin.username,
         "disposable_authorization": f"Bearer {disposable.secret}",
         "admin": admin,
