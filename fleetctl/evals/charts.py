@@ -54,7 +54,8 @@ def scores_figure(pools: Mapping[str, Mapping[str, Any]],
         x=scores, y=names, orientation="h", marker={"color": colours},
         error_x={"type": "data", "symmetric": False, "array": up, "arrayminus": down,
                  "color": "#111827", "thickness": 1.5, "width": 6},
-        text=[f"{s:.1f} %" for s in scores], textposition="inside", customdata=hover,
+        text=[f"{s:.1f} %" for s in scores], textposition="inside",
+        insidetextanchor="start", customdata=hover,
         hovertemplate="%{y}: %{x:.2f} %<br>%{customdata}<extra></extra>", name="score"))
     fig.update_layout(
         height=120 + 48 * max(1, len(names)), margin={"l": 16, "r": 16, "t": 24, "b": 48},
@@ -70,28 +71,30 @@ def difference_figure(paired: Mapping[str, Any] | None, *, margin: float,
                       tags: Mapping[str, Mapping[str, Any]] | None = None,
                       most_tags: int = 20) -> go.Figure:
     """Candidate minus primary in points with its interval, the run's row on top and then
-    (at most `most_tags` of) the tags' rows, worst first; the margin is a dashed red line
+    (at most `most_tags` of) the tags' rows, worst first (red: beyond the margin); the margin
+is a dashed red line
     at −margin and zero a grey one. A row passes while its interval's lower end is right of
     the red line."""
-    rows: list[tuple[str, Mapping[str, Any]]] = []
+    # (label, paired, beyond the margin): the run's row is red when it fails, a tag's when
+    # its own interval is wholly beyond the margin ("regressed"; tags get no verdict).
+    rows: list[tuple[str, Mapping[str, Any], bool]] = []
     if paired and paired.get("estimate") is not None:
-        rows.append(("all items", paired))
-    tag_rows = [(f"tag {tag}", (info or {}).get("paired") or {})
-                for tag, info in (tags or {}).items()]
-    tag_rows = [(label, p) for label, p in tag_rows if p.get("estimate") is not None]
+        rows.append(("all items", paired, paired.get("verdict") == "fail"))
+    tag_rows = [(f"tag {tag}", (info or {}).get("paired") or {},
+                 bool((info or {}).get("regressed"))) for tag, info in (tags or {}).items()]
+    tag_rows = [row for row in tag_rows if row[1].get("estimate") is not None]
 
-    def worst_first(row: tuple[str, Mapping[str, Any]]) -> tuple[float, str]:
+    def worst_first(row: tuple[str, Mapping[str, Any], bool]) -> tuple[float, str]:
         upper = row[1].get("upper")
         return (float(upper if upper is not None else row[1]["estimate"]), row[0])
 
     tag_rows.sort(key=worst_first)
     rows.extend(tag_rows[:most_tags])
-    labels = [label for label, _ in rows]
-    est = [_pct(p.get("estimate")) or 0.0 for _, p in rows]
-    lower = [_pct(p.get("lower")) for _, p in rows]
-    upper = [_pct(p.get("upper")) for _, p in rows]
-    colours = [MARGIN_COLOUR if p.get("verdict") == "fail" else CANDIDATE_COLOUR
-               for _, p in rows]
+    labels = [label for label, _, _ in rows]
+    est = [_pct(p.get("estimate")) or 0.0 for _, p, _ in rows]
+    lower = [_pct(p.get("lower")) for _, p, _ in rows]
+    upper = [_pct(p.get("upper")) for _, p, _ in rows]
+    colours = [MARGIN_COLOUR if beyond else CANDIDATE_COLOUR for _, _, beyond in rows]
     fig = go.Figure(go.Scatter(
         x=est, y=labels, mode="markers", marker={"color": colours, "size": 10},
         error_x={"type": "data", "symmetric": False,
@@ -100,10 +103,10 @@ def difference_figure(paired: Mapping[str, Any] | None, *, margin: float,
                  "arrayminus": [max(0.0, e - (lo if lo is not None else e))
                                 for e, lo in zip(est, lower, strict=True)],
                  "color": "#111827", "thickness": 1.5, "width": 6},
-        customdata=[[lo, u, p.get("n", 0), p.get("verdict", "")]
-                    for (_, p), lo, u in zip(rows, lower, upper, strict=True)],
+        customdata=[[lo, u, p.get("n", 0), "beyond the margin" if beyond else ""]
+                    for (_, p, beyond), lo, u in zip(rows, lower, upper, strict=True)],
         hovertemplate=("%{y}: %{x:+.2f} points [%{customdata[0]:.2f}, %{customdata[1]:.2f}]"
-                       "<br>n %{customdata[2]} · %{customdata[3]}<extra></extra>"),
+                       "<br>n %{customdata[2]} %{customdata[3]}<extra></extra>"),
         name="candidate − primary"))
     fig.add_vline(x=-margin * 100, line={"color": MARGIN_COLOUR, "dash": "dash", "width": 1.5},
                   annotation_text=f"−margin {margin * 100:g} points",

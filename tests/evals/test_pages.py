@@ -101,12 +101,14 @@ def test_the_charts_draw_each_pool_with_its_interval_and_the_margin():
     assert [round(v, 3) for v in bars.error_x.array] == [5.0, 7.0]
     assert [round(v, 3) for v in bars.error_x.arrayminus] == [8.0, 9.0]
     paired = {"n": 100, "estimate": -0.03, "lower": -0.05, "upper": -0.01, "verdict": "warn"}
-    tags = {"x": {"paired": {"estimate": -0.1, "lower": -0.2, "upper": -0.05,
-                             "verdict": "fail"}},
-            "y": {"paired": {"estimate": 0.0, "lower": -0.01, "upper": 0.01}}}
+    tags = {"y": {"paired": {"estimate": 0.0, "lower": -0.01, "upper": 0.01}},
+            "x": {"paired": {"estimate": -0.1, "lower": -0.2, "upper": -0.05},
+                  "regressed": True}}
     fig = charts.difference_figure(paired, margin=0.02, tags=tags)
     [points] = fig.data
-    assert list(points.y) == ["all items", "tag x", "tag y"]
+    assert list(points.y) == ["all items", "tag x", "tag y"]  # worst tag first
+    red, blue = charts.MARGIN_COLOUR, charts.CANDIDATE_COLOUR
+    assert list(points.marker.color) == [blue, red, blue]  # warn run; regressed tag
     assert [s.x0 for s in fig.layout.shapes if s.line.color == charts.MARGIN_COLOUR] == [-2.0]
 
 

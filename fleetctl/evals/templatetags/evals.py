@@ -80,6 +80,14 @@ def eval_points(value: Any) -> str:
 
 
 @register.filter
+def eval_p(value: Any) -> str:
+    """A p-value as a person reads it: "= 0.0312", "< 0.0001"; "—" when unknown."""
+    if value is None or value == "":
+        return "—"
+    return "< 0.0001" if float(value) < 0.0001 else f"= {float(value):.4f}"
+
+
+@register.filter
 def eval_count(value: Any) -> str:
     """A count with thousands separators; "—" when unknown."""
     if value is None or value == "":
