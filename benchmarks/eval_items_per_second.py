@@ -11,7 +11,10 @@ per run:
     the task up, the statistics and the evidence included).
 
 Reported: rows/s and items/s (an item is scored on both pools: rows / 2) for each, the median
-of `--runs` runs (default 3). Two pool profiles, one after the other:
+of `--runs` runs (default 3), and the CPU time the worker process and the simulator spent per
+row (from /proc: user + system), which does not depend on what else the machine runs: 1000 /
+(worker CPU ms per row) is the rows/s one core would give the worker if nothing else ran.
+Two pool profiles, one after the other:
 
   * `fast`: the simulator's H200 with 1 ms decode steps and no network delay, so the
     simulator answers almost at once and the worker's own cost (HTTP, parsing, scoring,
@@ -122,6 +125,12 @@ def stop(proc: subprocess.Popen[bytes] | None) -> None:
             proc.wait()
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def purge_queues() -> None:
     from fleetctl.celery import QUEUES, app
 
@@ -131,8 +140,9 @@ def purge_queues() -> None:
 
 
 def one_run(suite_name: str, urls: dict[str, str], concurrency: int, number: int,
-            which: str) -> tuple[float, float, int, str]:
-    """(rows/s from the rows, rows/s wall clock, rows, verdict) of one fresh run."""
+            which: str, pids: tuple[int, int]) -> tuple[float, float, int, str, float, float]:
+    """(rows/s from the rows, rows/s wall clock, rows, verdict, worker CPU ms per row,
+    simulator CPU ms per row) of one fresh run; `pids` the worker's and the simulator's."""
     from django.db.models import Max, Min
 
     from fleetctl.accounts.actor import Actor
@@ -156,6 +166,7 @@ def one_run(suite_name: str, urls: dict[str, str], concurrency: int, number: int
                                     max_context_tokens=32768)
         pools[role] = pool
     suite = services.suite_lookup(suite_name)
+    cpu_before = [cpu_s(pid) for pid in pids]
     start = time.perf_counter()
     run = services.run_create(actor=system, suite=suite, candidate=pools["candidate"],
                               primary=pools["primary"], model_id=MODEL,
@@ -166,6 +177,8 @@ def one_run(suite_name: str, urls: dict[str, str], concurrency: int, number: int
             raise SystemExit(f"{run} did not finish within an hour")
         time.sleep(0.05)
     wall = time.perf_counter() - start
+    worker_cpu, sim_cpu = (cpu_s(pid) - before for pid, before in zip(pids, cpu_before,
+                                                                       strict=True))
     run = EvalRun.objects.get(pk=run.pk)
     if run.status != "complete":
         raise SystemExit(f"{run} ended {run.status}: {run.error}")
@@ -173,7 +186,8 @@ def one_run(suite_name: str, urls: dict[str, str], concurrency: int, number: int
                                                         last=Max("scored_at"))
     rows = EvalResult.objects.filter(run=run, status="done").count()
     from_rows = (span["last"] - span["first"]).total_seconds()
-    return (rows - 1) / from_rows, rows / wall, rows, run.verdict
+    return ((rows - 1) / from_rows, rows / wall, rows, run.verdict,
+            1000 * worker_cpu / rows, 1000 * sim_cpu / rows)
 
 
 def main() -> None:
@@ -184,9 +198,12 @@ def main() -> None:
     parser.add_argument("--suite", default="fleetctl-core")
     args = parser.parse_args()
     setup_env()
+    import logging
+
     import django
 
     django.setup()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per health check otherwise
     from django.core.management import call_command
 
     from fleetctl.accounts.actor import Actor
@@ -208,18 +225,21 @@ def main() -> None:
             try:
                 got = []
                 for number in range(1, args.runs + 1):
-                    by_rows, by_wall, rows, verdict = one_run(args.suite, urls,
-                                                              args.concurrency, number, which)
-                    got.append((by_rows, by_wall))
+                    by_rows, by_wall, rows, verdict, worker_ms, sim_ms = one_run(
+                        args.suite, urls, args.concurrency, number, which,
+                        (worker.pid, sim.pid))
+                    got.append((by_rows, by_wall, worker_ms, sim_ms))
                     print(f"  {which:<5} run {number}: {rows} rows; {by_rows:7.1f} rows/s "
-                          f"first->last scored, {by_wall:7.1f} rows/s wall clock "
+                          f"first->last scored, {by_wall:7.1f} rows/s wall clock; CPU per "
+                          f"row: worker {worker_ms:.1f} ms, simulator {sim_ms:.1f} ms "
                           f"(verdict {verdict})", flush=True)
-                rows_s = statistics.median(r for r, _ in got)
-                wall_s = statistics.median(w for _, w in got)
+                rows_s, wall_s, worker_ms, sim_ms = (statistics.median(g[i] for g in got)
+                                                     for i in range(4))
                 print(f"{which:<5} ({' vs '.join(POOLS[which].values())}): "
                       f"{rows_s / 2:,.1f} items/s ({rows_s:,.1f} rows/s) first->last scored; "
-                      f"{wall_s / 2:,.1f} items/s ({wall_s:,.1f} rows/s) wall clock",
-                      flush=True)
+                      f"{wall_s / 2:,.1f} items/s ({wall_s:,.1f} rows/s) wall clock; worker "
+                      f"{worker_ms:.1f} CPU ms a row ({1000 / worker_ms:,.0f} rows/s a core), "
+                      f"simulator {sim_ms:.1f}", flush=True)
             finally:
                 stop(sim)
     finally:
