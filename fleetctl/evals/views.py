@@ -24,8 +24,7 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.db.models import Avg, Count, F, OuterRef, Q, QuerySet, Subquery, TextField
-from django.db.models.functions import Cast
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -34,9 +33,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
-from fleetctl.core.errors import DomainError
+from fleetctl.core.errors import DomainError, NotFoundError
 from fleetctl.core.views import Outcome, form_add_service_errors
-from fleetctl.evals import charts, services
+from fleetctl.evals import charts, selectors, services
 from fleetctl.evals.forms import (
     DEFAULT_SUITE,
     DiffFilterForm,
@@ -75,7 +74,7 @@ def _call(call: Any, form: Any) -> Outcome[Any]:
         return Outcome(status=exc.status_code)
 
 
-# ---- reads (private; see the report: selectors.py may take these over) ----------------------
+# ---- reads -----------------------------------------------------------------------------------
 
 def _suite_or_404(suite_id: int) -> EvalSuite:
     suite = EvalSuite.objects.filter(pk=suite_id).first()
@@ -85,30 +84,23 @@ def _suite_or_404(suite_id: int) -> EvalSuite:
 
 
 def _run_or_404(run_id: int) -> EvalRun:
-    run = (EvalRun.objects.select_related("plan", "suite")
-           .prefetch_related("run_pools__pool").filter(pk=run_id).first())
-    if run is None:
-        raise Http404(f"No eval run with id {run_id}.")
-    return run
+    try:
+        return selectors.run_get(run_id)
+    except NotFoundError as exc:
+        raise Http404(exc.message) from exc
 
 
 def _suite_ref(ref: str) -> EvalSuite | None:
     """A suite from the new-run link's ?suite=: an id, "name" (the newest unretired
     version) or "name@version"; None when nothing matches (the form then shows no choice)."""
-    ref = ref.strip()
-    suites = EvalSuite.objects.all()
-    if ref.isdigit():
-        return suites.filter(pk=int(ref)).first()
-    name, _, version = ref.partition("@")
-    if version:
-        return (suites.filter(name=name, version=int(version)).first()
-                if version.isdigit() else None)
-    return (suites.filter(name=name, retired_at__isnull=True)
-            .order_by("-version").first())
+    try:
+        return services.suite_lookup(ref)
+    except ValidationError:
+        return None
 
 
 def _run_pools(run: EvalRun) -> list[EvalRunPool]:
-    return sorted(run.run_pools.all(), key=lambda rp: rp.position)
+    return selectors.run_pools(run)
 
 
 def _role_pool(run: EvalRun, role: str) -> EvalRunPool | None:
@@ -116,23 +108,11 @@ def _role_pool(run: EvalRun, role: str) -> EvalRunPool | None:
 
 
 def _progress(run: EvalRun) -> dict[str, Any]:
-    """Rows scored of the run's total, and per pool: answered, scored so far, the mean
-    score so far and the errors (one aggregate query)."""
-    rows = EvalResult.objects.filter(run=run, status=EvalResult.Status.DONE).values(
-        "run_pool").annotate(n=Count("id"), mean=Avg("score"),
-                             errors=Count("id", filter=~Q(error="")))
-    counts: dict[int, dict[str, Any]] = {row["run_pool"]: dict(row) for row in rows}
-    per_pool: list[dict[str, Any]] = []
-    for rp in _run_pools(run):
-        row: dict[str, Any] = counts.get(rp.pk) or {}
-        per_pool.append({"pool": rp.pool.name, "role": rp.role, "n": row.get("n", 0),
-                         "mean": row.get("mean"), "errors": row.get("errors", 0),
-                         "items": run.suite.item_count})
-    done = sum(p["n"] for p in per_pool)
-    total = run.total or 0
-    return {"done": max(done, run.done), "total": total,
-            "percent": min(100, round(100 * max(done, run.done) / total)) if total else None,
-            "pools": per_pool}
+    """selectors.progress, with each pool's item count (its share of the total)."""
+    progress = selectors.progress(run)
+    for pool in progress["pools"]:
+        pool["items"] = run.suite.item_count
+    return progress
 
 
 @dataclass
@@ -209,31 +189,9 @@ class DiffRow:
 
 def diff_queryset(run: EvalRun, *, direction: str = "", tag: str = "",
                   q: str = "") -> QuerySet[EvalResult]:
-    """The candidate's results on the items it scored differently from the primary (both
-    scored), in item order: `direction` "regressed" (the candidate scored lower) or
-    "improved"; `tag` an item tag; `q` text in the item's id, prompt, or either answer."""
-    candidate, primary = _role_pool(run, "candidate"), _role_pool(run, "primary")
-    if candidate is None or primary is None:
-        return EvalResult.objects.none()
-    theirs = EvalResult.objects.filter(run_pool=primary, item=OuterRef("item"),
-                                       status=EvalResult.Status.DONE)
-    rows = (EvalResult.objects.filter(run_pool=candidate, status=EvalResult.Status.DONE,
-                                      score__isnull=False)
-            .annotate(primary_score=Subquery(theirs.values("score")[:1]),
-                      primary_text=Subquery(theirs.values("text")[:1]))
-            .filter(primary_score__isnull=False).exclude(score=F("primary_score")))
-    if direction == "regressed":
-        rows = rows.filter(score__lt=F("primary_score"))
-    elif direction == "improved":
-        rows = rows.filter(score__gt=F("primary_score"))
-    if tag:
-        rows = rows.filter(item__tags__contains=[tag])
-    if q:
-        rows = rows.annotate(messages_text=Cast("item__messages", TextField())).filter(
-            Q(item__item_id__icontains=q) | Q(item__prompt__icontains=q)
-            | Q(messages_text__icontains=q) | Q(text__icontains=q)
-            | Q(primary_text__icontains=q))
-    return rows.select_related("item").order_by("item__position")
+    """The candidate's results on the items it scored differently from the primary
+    (selectors.diff; empty filters left out)."""
+    return selectors.diff(run, direction=direction or None, tag=tag or None, q=q or None)
 
 
 def _diff(request: HttpRequest, run: EvalRun) -> dict[str, Any]:
@@ -249,9 +207,7 @@ def _diff(request: HttpRequest, run: EvalRun) -> dict[str, Any]:
         run_pool=primary, item_id__in=[r.item_id for r in page.object_list])} if primary else {}
     rows = [DiffRow(item=r.item, candidate=r, primary=theirs.get(r.item_id),
                     prompt=prompt_text(r.item)) for r in page.object_list]
-    counts = diff_queryset(run).aggregate(
-        regressed=Count("id", filter=Q(score__lt=F("primary_score"))),
-        improved=Count("id", filter=Q(score__gt=F("primary_score")))) if primary else {}
+    counts = selectors.diff_counts(run) if primary else {}
     export = {k: v for k, v in (filters or {}).items() if v}
     return {"diff_form": form, "diff_page": page, "diff_rows": rows, "diff_counts": counts,
             "has_primary": primary is not None,
@@ -292,13 +248,10 @@ def evidence_url(run: EvalRun) -> str:
 @require_GET
 def run_list(request: HttpRequest) -> HttpResponse:
     form = RunFilterForm(request.GET or None)
-    runs = (EvalRun.objects.select_related("plan", "suite").prefetch_related("run_pools__pool")
-            .order_by("-created_at", "-id"))
+    runs = selectors.runs()
     if form.is_bound and form.is_valid():
-        if form.cleaned_data.get("plan"):
-            runs = runs.filter(plan__name=form.cleaned_data["plan"])
-        if form.cleaned_data.get("status"):
-            runs = runs.filter(status=form.cleaned_data["status"])
+        runs = selectors.runs(plan=form.cleaned_data.get("plan") or None,
+                              status=form.cleaned_data.get("status") or None)
     elif form.is_bound:  # a filter it cannot read answers nothing, and says why
         runs = runs.none()
     page = Paginator(runs, PAGE_SIZE).get_page(request.GET.get("page"))
@@ -328,7 +281,7 @@ def suite_list(request: HttpRequest) -> HttpResponse:
                 messages.info(request, f"{suite.name} v{suite.version} already has exactly "
                                        "this content; nothing new stored.")
             return redirect("evals:suite-detail", suite_id=suite.pk)
-    suites = EvalSuite.objects.order_by("name", "-version")
+    suites = selectors.suites()
     return render(request, "evals/suites.html", {"suites": suites, "form": form},
                   status=done.status)
 
@@ -338,9 +291,7 @@ def suite_list(request: HttpRequest) -> HttpResponse:
 def suite_detail(request: HttpRequest, suite_id: int) -> HttpResponse:
     suite = _suite_or_404(suite_id)
     tag = request.GET.get("tag", "")
-    items = suite.items.order_by("position")
-    if tag:
-        items = items.filter(tags__contains=[tag])
+    items = selectors.suite_items(suite, tag=tag or None)
     page = Paginator(items, ITEMS_PAGE_SIZE).get_page(request.GET.get("page"))
     rows = [{"item": item, "prompt": prompt_text(item)} for item in page.object_list]
     return render(request, "evals/suite_detail.html", {
