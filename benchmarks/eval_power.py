@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -134,8 +135,11 @@ def score_items(indices: list[int], seeds: list[int]) -> np.ndarray:
 
 
 def judge_trials(scores: np.ndarray, suite: dict[str, Any], *, margin: float,
-                 confidence: float, min_items: int) -> dict[str, list[dict[str, Any]]]:
-    """Per scenario (aa, drop), one run_statistics summary per trial."""
+                 confidence: float, min_items: int,
+                 tag_trials: int) -> dict[str, list[dict[str, Any]]]:
+    """Per scenario (aa, drop), one run_statistics summary per trial; the per-tag breakdown
+    (which does not change the verdict and costs most of the time) for the first
+    `tag_trials` trials only."""
     sub = scores  # [item, trial, side], the suite's items in its order
     results: dict[str, list[dict[str, Any]]] = {"aa": [], "drop": []}
     for trial in range(sub.shape[1]):
@@ -150,26 +154,28 @@ def judge_trials(scores: np.ndarray, suite: dict[str, Any], *, margin: float,
                              "score": float(candidate[i]), "tags": suite["tags"][i]})
             out = stats.run_statistics(rows, candidate="candidate", primary="primary",
                                        margin=margin, confidence=confidence,
-                                       min_items=min_items)
+                                       min_items=min_items, breakdown=trial < tag_trials)
             paired = out["paired"]
             results[scenario].append({
                 "verdict": out["verdict"], "estimate": paired["estimate"],
                 "lower": paired["lower"], "upper": paired["upper"],
                 "candidate": out["pools"]["candidate"]["score"],
                 "primary": out["pools"]["primary"]["score"],
-                "regressed_tags": len(out["regressed_tags"])})
+                "regressed_tags": (len(out["regressed_tags"]) if trial < tag_trials
+                                   else None)})
     return results
 
 
-def _judge_job(args: tuple[np.ndarray, dict[str, Any], float, float, int]
+def _judge_job(args: tuple[np.ndarray, dict[str, Any], float, float, int, int]
                ) -> dict[str, list[dict[str, Any]]]:
-    scores, suite, margin, confidence, min_items = args
+    scores, suite, margin, confidence, min_items, tag_trials = args
     return judge_trials(scores, suite, margin=margin, confidence=confidence,
-                        min_items=min_items)
+                        min_items=min_items, tag_trials=tag_trials)
 
 
-def summarise(trials: list[dict[str, Any]], truth: float) -> dict[str, float]:
+def summarise(trials: list[dict[str, Any]], truth: float) -> dict[str, Any]:
     verdicts = Counter(t["verdict"] for t in trials)
+    flagged = [t["regressed_tags"] for t in trials if t["regressed_tags"] is not None]
     n = len(trials)
     return {
         "trials": n,
@@ -183,12 +189,14 @@ def summarise(trials: list[dict[str, Any]], truth: float) -> dict[str, float]:
         "median_candidate": statistics.median(t["candidate"] for t in trials),
         "median_primary": statistics.median(t["primary"] for t in trials),
         "coverage": sum(t["lower"] <= truth <= t["upper"] for t in trials) / n,
-        "runs_with_regressed_tags": sum(t["regressed_tags"] > 0 for t in trials) / n,
+        "runs_with_regressed_tags": (sum(f > 0 for f in flagged) / len(flagged)
+                                     if flagged else None),
+        "tag_trials": len(flagged),
     }
 
 
-def _pct(value: float) -> str:
-    return f"{value * 100:5.1f} %"
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:5.1f} %"
 
 
 def _pts(value: float) -> str:
@@ -209,6 +217,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1_000_000,
                         help="the first trial's decoding seed (trial t uses seed + t)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--tag-trials", type=int, default=100,
+                        help="trials judged with the per-tag breakdown (the tag-flag rates)")
     parser.add_argument("--suites", nargs="+", choices=list(bundled.SUITES),
                         default=list(bundled.SUITES))
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
@@ -242,7 +252,8 @@ def main() -> None:
         answered = time.perf_counter()
         print(f"answered and scored {scores.size:,} items in {answered - started:.0f} s",
               flush=True)
-        jobs = [(scores[suite["index"]], suite, args.margin, args.confidence, args.min_items)
+        jobs = [(scores[suite["index"]], suite, args.margin, args.confidence, args.min_items,
+                 args.tag_trials)
                 for suite in per_suite.values()]
         judged = dict(zip(per_suite, pool.map(_judge_job, jobs), strict=True))
     finished = time.perf_counter()
@@ -265,13 +276,16 @@ def main() -> None:
               f"[{_pts(aa['median_lower'])}, {_pts(aa['median_upper'])}]")
     print()
     print(f"{'suite':<22}  {'median scores: primary':>22} {'A/A cand':>9} {'drop cand':>9}"
-          f"  {'coverage drop':>13} {'A/A':>7}  {'median width':>12}")
+          f"  {'coverage drop':>13} {'A/A':>7}  {'median width':>12}"
+          f"  {'a tag flagged: drop':>19} {'A/A':>7}  (first {args.tag_trials} trials)")
     for name, f in figures.items():
         print(f"{name:<22}  {_pct(f['drop']['median_primary']):>22} "
               f"{_pct(f['aa']['median_candidate']):>9} "
               f"{_pct(f['drop']['median_candidate']):>9}  "
               f"{_pct(f['drop']['coverage']):>13} {_pct(f['aa']['coverage']):>7}  "
-              f"{f['drop']['median_width'] * 100:>9.2f} pt")
+              f"{f['drop']['median_width'] * 100:>9.2f} pt  "
+              f"{_pct(f['drop']['runs_with_regressed_tags']):>19} "
+              f"{_pct(f['aa']['runs_with_regressed_tags']):>7}")
     print()
     core = figures.get(bundled.MIX)
     if core:
@@ -282,11 +296,16 @@ def main() -> None:
               f">= {CAUGHT_TARGET:.0%}: {'met' if ok_caught else 'NOT met'}); A/A failed in "
               f"{_pct(core['aa']['fail']).strip()} (target <= {FALSE_FAIL_TARGET:.0%}: "
               f"{'met' if ok_false else 'NOT met'})")
-    print(f"total {finished - started:.0f} s on {args.jobs} processes")
+    cpu = sum(getattr(resource.getrusage(who), field)
+              for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for field in ("ru_utime", "ru_stime"))
+    load = os.getloadavg()[0]
+    print(f"total {finished - started:.0f} s on {args.jobs} processes, {cpu:.0f} CPU s "
+          f"(load average {load:.1f} at the end, {os.cpu_count()} cores)")
     print("command: .venv/bin/python benchmarks/eval_power.py " + " ".join(sys.argv[1:]))
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                         "seconds": finished - started,
+                                         "seconds": finished - started, "cpu_seconds": cpu,
                                          "figures": figures}, indent=2))
 
 
