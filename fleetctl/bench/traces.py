@@ -447,7 +447,17 @@ def _mooncake_requests(lines: Iterable[bytes | str], errors: _Errors, max_reques
     # first hash id -> the group's first request's hash ids, oldest group first
     groups: OrderedDict[int, list[int]] = OrderedDict()
     count, first_ms, prev_ms, prev_line = 0, None, 0.0, 0
-    for lineno, obj in jsonl.objects(lines, errors, allow_nan=True):
+    loads = _fast_loads
+    reader, finish = line_reader(lines)
+    for lineno, raw in enumerate(reader, 1):
+        if len(raw) > MAX_LINE_BYTES:
+            raw = finish(raw)
+        try:
+            obj = loads(raw)
+        except (ValueError, TypeError):
+            obj = retry(lineno, raw, errors)
+            if obj is SKIP:
+                continue
         problem, ms = _mooncake_problem(obj)
         if problem:
             errors.add(lineno, problem)
