@@ -5,6 +5,7 @@ left out of the pairing, the per-tag breakdown, the bootstrap for scores between
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -199,6 +200,7 @@ def test_each_tag_gets_its_pools_and_paired_difference_and_a_regressed_tag_is_fl
     assert out["tags"]["format"]["paired"]["estimate"] == 0.0
     assert out["regressed_tags"] == ["arithmetic", "op:divide"]
     assert out["summary"].endswith("; regressed tags: arithmetic, op:divide")
+    assert json.loads(json.dumps(out, allow_nan=False)) == out
     assert out["verdict"] == "fail"
 
 
@@ -244,8 +246,9 @@ def test_scores_between_0_and_1_use_the_bootstrap():
         "paired-bootstrap-bca", None, None)
     assert paired["lower"] < paired["estimate"] < paired["upper"] < 0
     assert out["verdict"] == "fail"
-    # Deterministic: the bootstrap's seed is fixed.
+    # Deterministic: the bootstrap's seed is fixed. JSON-ready (EvalRun.stats, evidence data).
     assert run(rows_for(candidate, primary)) == out
+    assert json.loads(json.dumps(out, allow_nan=False)) == out
     # One side binary and the other not: still the bootstrap for the difference.
     mixed = run(rows_for([1.0] * 200, [0.5] * 200))
     assert mixed["pools"][CAND]["method"] == "wilson"
