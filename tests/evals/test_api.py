@@ -188,12 +188,13 @@ def test_a_bad_line_is_a_400_naming_it_and_nothing_is_stored(lead: Any, text: An
     assert not EvalSuite.objects.exists() and not EvalItem.objects.exists()
 
 
-@pytest.mark.parametrize(("name", "field"), [("Not A Slug", "name"), ("", "name"),
-                                             ("-dash", "name")])
-def test_a_bad_name_is_a_400_naming_it(lead: Any, name: str, field: str):
+@pytest.mark.parametrize(("name", "says"), [("Not A Slug", "lowercase"),
+                                            ("", "Name the suite"), ("-dash", "lowercase"),
+                                            ("x" * 64, "1-63")])
+def test_a_bad_name_is_a_400_naming_it(lead: Any, name: str, says: str):
     answer = upload(lead, name, suite_text())
     assert answer.status_code == 400, answer.json()
-    assert field in fields(answer)
+    assert says in fields(answer)["name"][0]
     assert not EvalSuite.objects.exists()
 
 

@@ -113,12 +113,16 @@ class EvalSuiteUploadedSerializer(EvalSuiteSerializer):
 
 
 class EvalSuiteUploadSerializer(serializers.Serializer):
-    name = StrictCharField(max_length=63,
+    # Blank or not a slug: the service says what a name is, naming the field.
+    name = StrictCharField(max_length=63, allow_blank=True,
+                           error_messages={"max_length": "Use 1-63 lowercase letters, digits "
+                                                         "and hyphens."},
                            help_text="Lowercase letters, digits and hyphens; an upload with "
                                      "an existing name makes its next version.")
-    description = serializers.CharField(required=False, allow_blank=True, default="",
-                                        max_length=2000,
-                                        help_text="Default: the file header's description.")
+    description = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=10_000,
+        error_messages={"max_length": "At most 10,000 characters; shorten it."},
+        help_text="Default: the file header's description.")
     file = serializers.FileField(
         allow_empty_file=True,  # the service says "the suite has no items"
         help_text="The suite as JSONL (an optional header line, then one item per line); read "
