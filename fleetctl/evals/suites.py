@@ -144,7 +144,7 @@ def parse_suite(lines: Iterable[bytes | str], *, max_errors: int = 20,
             if is_header:
                 if not first:
                     raise FieldProblem(HEADER_KEY, "a header is only allowed as the first line; "
-                                               "move it to the top or remove it")
+                                                   "move it to the top or remove it")
                 description, decoding = _header(obj)
                 continue
             item = _item(obj, lineno, first_line)
@@ -195,7 +195,7 @@ def _header(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     version = obj[HEADER_KEY]
     if type(version) is not int or version != FORMAT_VERSION:
         raise FieldProblem(HEADER_KEY, f"must be {FORMAT_VERSION} (the format version this "
-                                   f"fleetctl reads), got {show(version)}")
+                                       f"fleetctl reads), got {show(version)}")
     description = obj.get("description", "")
     if type(description) is not str or len(description) > MAX_DESCRIPTION_CHARS:
         raise FieldProblem("description", f"must be a string of at most "
@@ -206,16 +206,16 @@ def _header(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 def decoding_checked(decoding: object, field: str = "decoding") -> dict[str, Any]:
     """A suite's decoding with the defaults filled in (temperature 0, seed 0, max_tokens 256).
-    Numbers are normalised (temperature and top_p as
-    floats) so that 0 and 0.0 pin the same suite. FieldProblem (a ValueError) names the key
-    otherwise: "decoding.temperature: must be a number from 0 to 2, got 5"."""
+    Numbers are normalised (temperature and top_p as floats) so that 0 and 0.0 pin the same
+    suite. FieldProblem (a ValueError) names the key otherwise: "decoding.temperature: must
+    be a number from 0 to 2, got 5". A run's decoding overrides are checked with it too."""
     if type(decoding) is not dict:
         raise FieldProblem(field, f'must be an object such as {{"temperature": 0, "seed": 1234, '
-                              f'"max_tokens": 256}}, got {show(decoding)}')
+                                  f'"max_tokens": 256}}, got {show(decoding)}')
     for key in decoding:
         if key not in DECODING_KEYS:
             raise FieldProblem(f"{field}.{key}",
-                           f"unknown decoding key; allowed: {', '.join(DECODING_KEYS)}")
+                               f"unknown decoding key; allowed: {', '.join(DECODING_KEYS)}")
     out = dict(DEFAULT_DECODING)
     for key, value in decoding.items():
         out[key] = _sampling(f"{field}.{key}", key, value)
@@ -238,14 +238,14 @@ def _sampling(field: str, key: str, value: object) -> Any:
         return value
     if type(value) is not int or not 1 <= value <= MAX_OUTPUT_TOKENS:
         raise FieldProblem(field, f"must be an integer from 1 to {MAX_OUTPUT_TOKENS:,}, "
-                              f"got {show(value)}")
+                                  f"got {show(value)}")
     return value
 
 
 def _item(obj: object, lineno: int, first_line: dict[str, int]) -> SuiteItem:
     if type(obj) is not dict:
         raise FieldProblem("item", 'must be a JSON object such as {"id": "q1", "prompt": "...", '
-                               f'"references": ["..."], "scorer": "exact"}}, got {show(obj)}')
+                                   f'"references": ["..."], "scorer": "exact"}}, got {show(obj)}')
     for key, value in obj.items():
         if key not in ITEM_KEYS:
             raise FieldProblem(str(key), f"unknown key; allowed: {', '.join(ITEM_KEYS)}")
@@ -257,11 +257,9 @@ def _item(obj: object, lineno: int, first_line: dict[str, int]) -> SuiteItem:
         raise FieldProblem("scorer", f"missing; give one of: {', '.join(scorers.SCORERS)}")
     if type(scorer) is not str or scorer not in scorers.SCORERS:
         raise FieldProblem("scorer", f"unknown scorer {show(scorer)}; give one of: "
-                                 f"{', '.join(scorers.SCORERS)}")
+                                     f"{', '.join(scorers.SCORERS)}")
     params = scorers.validate(scorer, obj.get("params"))
     references = scorers.validate_references(scorer, _references(obj), params)
-    if not jsonl.finite(params):
-        raise FieldProblem("params", "holds a number too large for JSON; write a smaller one")
     return SuiteItem(item_id=item_id, messages=_stored(messages), prompt=prompt,
                      references=references, scorer=scorer, params=_stored(params),
                      tags=_tags(obj.get("tags", [])),
@@ -319,11 +317,11 @@ def _item_id(obj: dict[str, Any], lineno: int, first_line: dict[str, int]) -> st
     item_id = obj["id"]
     if type(item_id) is not str or not item_id.strip() or len(item_id) > MAX_ID_CHARS:
         raise FieldProblem("id", f"must be a string of 1 to {MAX_ID_CHARS} characters (not only "
-                             f"spaces), got {show(item_id)}")
+                                 f"spaces), got {show(item_id)}")
     seen = first_line.setdefault(item_id, lineno)
     if seen != lineno:
         raise FieldProblem("id", f"{show(item_id)} is already the id of the item on line {seen}; "
-                             "give each item its own id")
+                                 "give each item its own id")
     return item_id
 
 
@@ -331,7 +329,7 @@ def _text(obj: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str]:
     has_messages, has_prompt = "messages" in obj, "prompt" in obj
     if has_messages and has_prompt:
         raise FieldProblem("messages", "give either messages (a chat) or prompt (a completion "
-                                   "text), not both")
+                                       "text), not both")
     if has_prompt:
         prompt = obj["prompt"]
         if type(prompt) is not str or not prompt:
@@ -339,7 +337,7 @@ def _text(obj: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str]:
         return None, prompt
     if not has_messages:
         raise FieldProblem("messages", 'missing; give messages (a chat, e.g. [{"role": "user", '
-                                   '"content": "..."}]) or prompt (a completion text)')
+                                       '"content": "..."}]) or prompt (a completion text)')
     messages = obj["messages"]
     problem = jsonl.message_problem(messages, parts=False)
     if problem:
@@ -351,30 +349,31 @@ def _references(obj: dict[str, Any]) -> Any:
     if "reference" in obj:
         if "references" in obj:
             raise FieldProblem("references", "give references (a list) or reference (one "
-                                         "string), not both")
+                                             "string), not both")
         reference = obj["reference"]
         if type(reference) is not str:
-            raise FieldProblem("reference", f"must be one string (for several, or a number or an "
-                                        f"object, give references: [...]), got {show(reference)}")
+            raise FieldProblem("reference", "must be one string (for several, or a number or "
+                                            "an object, give references: [...]), got "
+                                            f"{show(reference)}")
         return [reference]
     references = obj.get("references", [])
     if type(references) is not list:
         raise FieldProblem("references", f'must be a list such as ["42"] (or [] for none), '
-                                     f"got {show(references)}")
+                                         f"got {show(references)}")
     return references
 
 
 def _tags(tags: object) -> list[str]:
     if type(tags) is not list:
         raise FieldProblem("tags", f'must be a list of strings such as ["arithmetic"], '
-                               f"got {show(tags)}")
+                                   f"got {show(tags)}")
     if len(tags) > MAX_TAGS:
         raise FieldProblem("tags", f"has {len(tags)} tags; give at most {MAX_TAGS}")
     seen: set[str] = set()
     for i, tag in enumerate(tags):
         if type(tag) is not str or len(tag) > MAX_TAG_CHARS or not TAG_RE.fullmatch(tag):
             raise FieldProblem(f"tags[{i}]", f"must be 1 to {MAX_TAG_CHARS} characters of letters, "
-                                         f"digits and _ . : / -, got {show(tag)}")
+                                             f"digits and _ . : / -, got {show(tag)}")
         if tag in seen:
             raise FieldProblem(f"tags[{i}]", f"{show(tag)} is given twice; give each tag once")
         seen.add(tag)
@@ -384,13 +383,13 @@ def _tags(tags: object) -> list[str]:
 def _request(request: object) -> dict[str, Any]:
     if type(request) is not dict:
         raise FieldProblem("request", f'must be an object such as {{"max_tokens": 64}}, '
-                                  f"got {show(request)}")
+                                      f"got {show(request)}")
     out: dict[str, Any] = {}
     for key, value in request.items():
         field = f"request.{key}"
         if key not in REQUEST_KEYS:
             raise FieldProblem(field, f"is not a request key an item may set; allowed: "
-                                  f"{', '.join(REQUEST_KEYS)}")
+                                      f"{', '.join(REQUEST_KEYS)}")
         if key in DECODING_KEYS:
             out[key] = _sampling(field, key, value)
         elif key == "stop":
@@ -401,8 +400,6 @@ def _request(request: object) -> dict[str, Any]:
             out[key] = _tools(field, value)
         else:
             out[key] = _tool_choice(field, value)
-    if not jsonl.finite(out):
-        raise FieldProblem("request", "holds a number too large for JSON; write a smaller one")
     return dict(sorted(out.items()))
 
 
@@ -413,17 +410,17 @@ def _stop(field: str, value: object) -> Any:
             and all(type(s) is str and s for s in value):
         return value
     raise FieldProblem(field, f"must be a non-empty string or a list of 1 to {MAX_STOP} non-empty "
-                          f"strings, got {show(value)}")
+                              f"strings, got {show(value)}")
 
 
 def _response_format(field: str, value: object) -> Any:
     if type(value) is not dict or value.get("type") not in RESPONSE_FORMATS:
         raise FieldProblem(field, f'must be an object whose type is one of '
-                              f'{", ".join(RESPONSE_FORMATS)}, e.g. {{"type": "json_object"}}, '
-                              f"got {show(value)}")
+                                  f'{", ".join(RESPONSE_FORMATS)}, e.g. {{"type": "json_object"}}, '
+                                  f"got {show(value)}")
     if value["type"] == "json_schema" and type(value.get("json_schema")) is not dict:
         raise FieldProblem(f"{field}.json_schema", 'must be an object such as {"name": "answer", '
-                                               '"schema": {...}}')
+                                                   '"schema": {...}}')
     return value
 
 
@@ -436,8 +433,8 @@ def _tools(field: str, value: object) -> Any:
                 or type(function) is not dict or type(function.get("name")) is not str \
                 or not function["name"]:
             raise FieldProblem(f"{field}[{i}]", 'must be {"type": "function", "function": '
-                                            '{"name": "...", "parameters": {...}}}, '
-                                            f"got {show(tool)}")
+                                                '{"name": "...", "parameters": {...}}}, '
+                                                f"got {show(tool)}")
     return value
 
 
@@ -449,8 +446,8 @@ def _tool_choice(field: str, value: object) -> Any:
             and type(function.get("name")) is str and function["name"]:
         return value
     raise FieldProblem(field, f"must be one of {', '.join(TOOL_CHOICES)} or "
-                          '{"type": "function", "function": {"name": "..."}}, '
-                          f"got {show(value)}")
+                              '{"type": "function", "function": {"name": "..."}}, '
+                              f"got {show(value)}")
 
 
 # --- writing ----------------------------------------------------------------------------------
