@@ -6,16 +6,13 @@ is: params with their defaults, references as stored) against the text a simulat
 back for it (`fleetctl.sim.tasks.task_text`, the same text the server streams: right for about
 `task_accuracy` of the items, plausibly wrong for the rest), through the public
 `scorers.score()`, as the runner calls it. The answers are computed first; only scoring is
-timed. Two figures per suite:
+timed. Every score gets its own copy of the item's params, as in a run, where every row reads
+its item from the database. Two figures per suite:
 
-  * `as run`: each score gets its own copy of the item's params, as in a run, where every row
-    reads its item from the database (so a JSON Schema is a new object each time and the
-    validator cache, keyed by the schema object, misses: the schema is checked and compiled
-    again for every row);
-  * `compiled once`: the same params object for an item, scored once untimed first (in blocks
-    of 200, within the validator cache's 256), then timed: what scoring would cost if each
-    schema were checked and compiled once per run rather than once per row.
- The process is pinned to one core (os.sched_setaffinity); each figure is the median of
+  * `cold`: the validator cache emptied before each pass, so each distinct JSON Schema is
+    checked and compiled once in the pass (what one run on a fresh worker pays);
+  * `warm`: the cache kept from the pass before (a worker that has scored the suite already).
+The process is pinned to one core (os.sched_setaffinity); each figure is the median of
 `--runs` passes. The mean score printed beside each figure is the share the profile got
 right (a check that the answers are the simulator's: about its task_accuracy).
 
@@ -45,7 +42,6 @@ from fleetctl.sim.profiles import BUILTIN_PROFILES  # noqa: E402
 from fleetctl.sim.tasks import task_text  # noqa: E402
 
 MODEL = "llama-3.1-8b-instruct"
-BLOCK = 200  # below compare's validator cache size (256)
 
 
 def answers(name: str, profile: str) -> list[tuple[SuiteItem, Answer]]:
@@ -62,31 +58,24 @@ def answers(name: str, profile: str) -> list[tuple[SuiteItem, Answer]]:
     return out
 
 
-def rate(batch: list[tuple[SuiteItem, Answer]], runs: int, *, fresh: bool
+def rate(batch: list[tuple[SuiteItem, Answer]], runs: int, *, cold: bool
          ) -> tuple[float, float]:
-    """(scores per second, median of `runs` passes; mean score). `fresh`: every score with
-    its own deep copy of the params (made before the clock starts); else each block of 200
-    is scored once untimed (the validators cached), then timed."""
+    """(scores per second, median of `runs` passes; mean score). Every score with its own
+    deep copy of the params (made before the clock starts); `cold`: the validator cache
+    emptied before each pass."""
     got = []
     mean = 0.0
+    jobs = [(item.scorer, answer, item.references) for item, answer in batch]
     for _ in range(runs):
-        elapsed = 0.0
+        params = [copy.deepcopy(item.params) for item, _ in batch]
+        if cold:
+            compare._VALIDATORS.clear()
+            compare._BY_IDENTITY.clear()
         total = 0.0
-        for at in range(0, len(batch), BLOCK):
-            jobs = [(item.scorer, answer, item.references,
-                     copy.deepcopy(item.params) if fresh else item.params)
-                    for item, answer in batch[at:at + BLOCK]]
-            if not fresh:
-                # An empty cache before each block, so the block's validators all stay in it
-                # (the cache empties itself when full: a block straddling that would miss).
-                compare._VALIDATORS.clear()
-                for scorer, answer, references, params in jobs:
-                    score(scorer, answer, references, params)
-            start = time.perf_counter()
-            for scorer, answer, references, params in jobs:
-                total += score(scorer, answer, references, params).value
-            elapsed += time.perf_counter() - start
-        got.append(len(batch) / elapsed)
+        start = time.perf_counter()
+        for (scorer, answer, references), item_params in zip(jobs, params, strict=True):
+            total += score(scorer, answer, references, item_params).value
+        got.append(len(batch) / (time.perf_counter() - start))
         mean = total / len(batch)
     return statistics.median(got), mean
 
@@ -105,15 +94,15 @@ def main() -> None:
     print(f"eval scoring throughput on one core ({pinned}): the bundled suites' items, the "
           f"simulated {args.profile} pool's answers (task_accuracy "
           f"{BUILTIN_PROFILES[args.profile].task_accuracy:g}), median of {args.runs} passes")
-    print(f"{'suite':<22} {'items':>6} {'scorers':<38} {'as run/s':>9} {'compiled once/s':>15}  "
+    print(f"{'suite':<22} {'items':>6} {'scorers':<38} {'cold/s':>9} {'warm/s':>9}  "
           f"mean score")
     names = [f"fleetctl-{family}" for family in bundled.FAMILIES] + [bundled.MIX]
     for name in names:
         batch = answers(name, args.profile)
-        as_run, mean = rate(batch, args.runs, fresh=True)
-        reused, _ = rate(batch, args.runs, fresh=False)
+        cold, mean = rate(batch, args.runs, cold=True)
+        warm, _ = rate(batch, args.runs, cold=False)
         scorers = ", ".join(sorted({item.scorer for item, _ in batch}))
-        print(f"{name:<22} {len(batch):>6} {scorers:<38} {as_run:>9,.0f} {reused:>15,.0f}  "
+        print(f"{name:<22} {len(batch):>6} {scorers:<38} {cold:>9,.0f} {warm:>9,.0f}  "
               f"{mean:.3f}", flush=True)
 
 

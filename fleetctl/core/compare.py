@@ -252,28 +252,39 @@ def _parse_json(text: str) -> Any:
         return _MISSING
 
 
-# Validators by the id of their schema, holding the schema so that the id stays its own:
-# a run compares thousands of pairs against one schema, and building a validator costs
-# more than using it. Schemas are treated as immutable once passed in. A schema is checked
-# once with `jsonschema` (a broken one raises its SchemaError, as evidence data does), and
-# answers are validated with `jsonschema_rs`: the same drafts, about 200 times faster on a
-# 512-token JSON answer, which is what keeps a JSON pair within the throughput target.
-_VALIDATORS: dict[int, tuple[Mapping[str, Any], Any]] = {}
-_VALIDATORS_MAX = 256
+# Validators by their schema's content (canonical JSON), with a fast path on the schema
+# object's identity: a run compares thousands of answers against one schema, and building a
+# validator (jsonschema's check_schema, then jsonschema-rs's compile: milliseconds) costs far
+# more than using it. Keyed by content, not only identity, because an eval run reads each
+# item's parameters from its row, a new dict every time (identity alone missed on every row
+# and the check took half a worker's CPU). Schemas are treated as immutable once passed in.
+# A schema is checked once with `jsonschema` (a broken one raises its SchemaError, as
+# evidence data does), and answers are validated with `jsonschema_rs`: the same drafts, about
+# 200 times faster on a 512-token JSON answer.
+_VALIDATORS: dict[str, Any] = {}
+_BY_IDENTITY: dict[int, tuple[Mapping[str, Any], Any]] = {}
+# A bundled suite has a few hundred distinct schemas (one per extraction item); a compiled
+# validator is a few kilobytes.
+_VALIDATORS_MAX = 4096
 
 
 def schema_validator(schema: Mapping[str, Any]) -> Any:
     """A fast (jsonschema-rs) validator for `schema`, checked once with jsonschema's
-    check_schema (which raises on an invalid schema), cached by the schema object's identity:
-    a shadow run or an eval run passes the same stored schema for every answer."""
-    hit = _VALIDATORS.get(id(schema))
+    check_schema (which raises on an invalid schema), cached by the schema's content."""
+    hit = _BY_IDENTITY.get(id(schema))
     if hit is not None and hit[0] is schema:
         return hit[1]
-    jsonschema.validators.validator_for(schema).check_schema(schema)
-    validator = jsonschema_rs.validator_for(dict(schema))
-    if len(_VALIDATORS) >= _VALIDATORS_MAX:
-        _VALIDATORS.clear()
-    _VALIDATORS[id(schema)] = (schema, validator)
+    key = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    validator = _VALIDATORS.get(key)
+    if validator is None:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+        validator = jsonschema_rs.validator_for(dict(schema))
+        if len(_VALIDATORS) >= _VALIDATORS_MAX:
+            _VALIDATORS.clear()
+        _VALIDATORS[key] = validator
+    if len(_BY_IDENTITY) >= _VALIDATORS_MAX:
+        _BY_IDENTITY.clear()
+    _BY_IDENTITY[id(schema)] = (schema, validator)
     return validator
 
 
