@@ -378,5 +378,7 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     # axes logs every sign-in at INFO; its WARNINGs (each failure, each lockout) are kept.
-    "loggers": {"django.db.backends": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
+    # httpx logs every request at INFO: an eval run sends thousands.
+    "loggers": {"django.db.backends": {"level": "WARNING"}, "axes": {"level": "WARNING"},
+                "httpx": {"level": "WARNING"}},
 }

@@ -390,10 +390,10 @@ def run_create(*, actor: Actor, suite: EvalSuite, candidate: Pool | None = None,
     return run
 
 
-def _enqueue(run_id: int) -> None:
+def _enqueue(run_id: int, *, expires_s: float | None = None) -> None:
     from fleetctl.evals.tasks import run
 
-    run.delay(run_id)
+    run.apply_async((run_id,), expires=expires_s)
 
 
 def run_cancel(*, actor: Actor, run: EvalRun) -> EvalRun:
@@ -439,7 +439,9 @@ def runs_reap() -> int:
         # when); a running one's heartbeat is left alone: it is what a taker checks.
         EvalRun.objects.filter(pk=run_id, status=EvalRun.Status.QUEUED).update(heartbeat_at=now)
         log.warning("eval run %s: no worker drives it; enqueued again", run_id)
-        _enqueue(run_id)
+        # Expiring with the stale period: while no worker consumes `evals`, the copies the
+        # reaper sends every 30 s lapse instead of piling up (the next reap sends a fresh one).
+        _enqueue(run_id, expires_s=float(settings.EVAL_HEARTBEAT_STALE_S))
     return len(ids)
 
 
