@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from django.utils import timezone
 from fleetctl.accounts.services import token_create_personal
 from fleetctl.evals import services
 from fleetctl.evals.models import EvalResult, EvalRun, EvalSuite
+from fleetctl.fleet.models import Pool
 from tests.cli.test_cli import run
 from tests.conftest import wait_until
 from tests.evals.test_api import item, scored_run, suite_text
@@ -25,7 +28,22 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def tokens(transactional_db, world: World) -> dict[str, str]:  # noqa: F811
+def silent_pools(transactional_db, world: World) -> Iterator[str]:  # noqa: F811
+    """Both pools' endpoint: a socket that takes connections and never answers. When the
+    session's worker is up (another test started it), it picks up the runs created here and
+    waits on their calls, so a run stays active until this test scores, finishes or cancels
+    it; without one, nothing happens at all. Either way the outcome is the test's."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=256)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    Pool.objects.filter(pk__in=[world.primary.pk, world.candidate.pk]).update(base_urls=[url])
+    try:
+        yield url
+    finally:
+        listener.close()  # the waiting calls fail at once: the worker is free again
+
+
+@pytest.fixture
+def tokens(transactional_db, world: World, silent_pools: str) -> dict[str, str]:  # noqa: F811
     world.plan()
 
     def issue(who: str, scopes: list[str]) -> str:
