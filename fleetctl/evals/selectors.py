@@ -168,25 +168,35 @@ def diff(run: EvalRun, *, direction: str | None = None, tag: str | None = None,
         raise ValueError(f"direction is regressed or improved, not {direction!r}")
     theirs = EvalResult.objects.filter(run_pool=primary, item=OuterRef("item"),
                                        status=EvalResult.Status.DONE)
-    out = (EvalResult.objects.filter(run_pool=candidate, status=EvalResult.Status.DONE)
-           .annotate(primary_id=Subquery(theirs.values("pk")[:1]),
-                     primary_score=Subquery(theirs.values("score")[:1]),
-                     primary_text=Subquery(theirs.values("text")[:1]))
-           .filter(primary_score__isnull=False, score__isnull=False)
-           .exclude(score=F("primary_score"))
-           .select_related("item").order_by("position"))
-    if direction == "regressed":
-        out = out.filter(score__lt=F("primary_score"))
-    elif direction == "improved":
-        out = out.filter(score__gt=F("primary_score"))
+    mine = EvalResult.objects.filter(run_pool=candidate, status=EvalResult.Status.DONE)
+    out: QuerySet[EvalResult] = (
+        mine.annotate(primary_id=Subquery(theirs.values("pk")[:1]),
+                      primary_score=Subquery(theirs.values("score")[:1]),
+                      primary_text=Subquery(theirs.values("text")[:1]))
+        .filter(primary_score__isnull=False, score__isnull=False)
+        .exclude(score=F("primary_score"))
+        .select_related("item").order_by("position"))
+    if direction:
+        out = diff_direction(out, direction)
     if tag:
         out = has_tag(out, "item__tags", tag)
     if q:
-        out = out.annotate(_messages_text=Cast("item__messages", TextField())).filter(
-            Q(item__item_id__icontains=q) | Q(item__prompt__icontains=q)
-            | Q(_messages_text__icontains=q) | Q(text__icontains=q)
-            | Q(primary_text__icontains=q))
+        out = diff_search(out, q)
     return out
+
+
+def diff_direction(rows: QuerySet[EvalResult], direction: str) -> QuerySet[EvalResult]:
+    """diff() rows the candidate lost ("regressed") or gained ("improved")."""
+    lookup = "score__lt" if direction == "regressed" else "score__gt"
+    return rows.filter(**{lookup: F("primary_score")})
+
+
+def diff_search(rows: QuerySet[EvalResult], q: str) -> QuerySet[EvalResult]:
+    """diff() rows with `q` in the item's id, prompt or messages, or in either answer."""
+    return rows.annotate(_messages_text=Cast("item__messages", TextField())).filter(
+        Q(item__item_id__icontains=q) | Q(item__prompt__icontains=q)
+        | Q(_messages_text__icontains=q) | Q(text__icontains=q)
+        | Q(primary_text__icontains=q))
 
 
 def diff_counts(run: EvalRun) -> dict[str, int]:

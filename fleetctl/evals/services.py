@@ -393,7 +393,10 @@ def run_create(*, actor: Actor, suite: EvalSuite, candidate: Pool | None = None,
 def _enqueue(run_id: int, *, expires_s: float | None = None) -> None:
     from fleetctl.evals.tasks import run
 
-    run.apply_async((run_id,), expires=expires_s)
+    if expires_s is None:
+        run.delay(run_id)
+    else:
+        run.apply_async((run_id,), expires=expires_s)
 
 
 def run_cancel(*, actor: Actor, run: EvalRun) -> EvalRun:

@@ -418,7 +418,8 @@ def test_the_diff_shows_the_items_scored_differently_side_by_side(client_for: An
         "sum-001", "regressed", -1.0)
     assert regressed["candidate"] == {
         "pool": "mi300x-us", "score": 0.0, "reason": "wrong number",
-        "extracted": "=HYPERLINK(\"http://x", "text": "=HYPERLINK(\"http://x\")", "error": ""}
+        "extracted": "=HYPERLINK(\"http://x", "text": "=HYPERLINK(\"http://x\")", "error": "",
+        "endpoint": ""}
     assert (regressed["primary"]["pool"], regressed["primary"]["score"],
             regressed["primary"]["text"]) == ("h200-us", 1.0, "2")
     assert regressed["prompt"] == "What is 1 + 1? Reply with a number."

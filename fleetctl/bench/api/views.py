@@ -3,7 +3,6 @@ cancelling a run need `jobs` (checked by the services, which audit refusals)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from django.http import FileResponse, StreamingHttpResponse
@@ -22,19 +21,8 @@ from fleetctl.bench.api import exports
 from fleetctl.bench.api import serializers as s
 from fleetctl.bench.filters import RunFilter, TraceFilter
 from fleetctl.bench.models import Run, Trace
+from fleetctl.core.api.renderers import CSVRenderer
 from fleetctl.core.errors import NotFoundError
-
-
-class CSVRenderer(renderers.BaseRenderer):
-    """Lets `…/export.csv` through content negotiation; the view streams the body itself."""
-
-    media_type = "text/csv"
-    format = "csv"
-    charset = "utf-8"
-
-    def render(self, data: Any, accepted_media_type: str | None = None,
-               renderer_context: Mapping[str, Any] | None = None) -> Any:
-        return data
 
 
 class TraceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

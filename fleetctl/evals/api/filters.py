@@ -1,14 +1,15 @@
-"""FilterSets for eval suites, runs, a suite's items and a run's results. A tag filter matches
-rows whose tag list holds the tag (JSONB containment, one index-friendly operator); the
-true/false filters refuse anything else, since a typo that filtered nothing would look like a
-filter that matched every row."""
+"""FilterSets for eval suites, runs, a suite's items and a run's results. The filters a page
+also has (a tag, the item diff's direction and text) apply the selectors' own, so the API and
+the dashboard filter alike on PostgreSQL and on the demo's SQLite; the true/false filters
+refuse anything else, since a typo that filtered nothing would look like a filter that
+matched every row."""
 
 from __future__ import annotations
 
 import django_filters
-from django.db.models import F, Q, QuerySet, TextField
-from django.db.models.functions import Cast
+from django.db.models import QuerySet
 
+from fleetctl.evals import selectors
 from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalSuite
 
 YES_NO = [("true", "true"), ("false", "false")]
@@ -16,7 +17,7 @@ YES_NO = [("true", "true"), ("false", "false")]
 
 def _has_tag(field: str) -> django_filters.CharFilter:
     def apply(queryset: QuerySet, name: str, value: str) -> QuerySet:  # type: ignore[type-arg]
-        return queryset.filter(**{f"{field}__contains": [value]})
+        return selectors.has_tag(queryset, field, value)
 
     return django_filters.CharFilter(method=apply, max_length=64,
                                      label="only rows with this tag (exact)")
@@ -79,7 +80,7 @@ class ResultFilter(django_filters.FilterSet):
 
 
 class DiffFilter(django_filters.FilterSet):
-    """On the candidate's results annotated with the primary's score and text (diff.py)."""
+    """On selectors.diff(run): the candidate's results annotated with the primary's."""
 
     direction = django_filters.ChoiceFilter(
         choices=[("regressed", "regressed"), ("improved", "improved")], method="_direction",
@@ -94,12 +95,8 @@ class DiffFilter(django_filters.FilterSet):
 
     def _direction(self, queryset: QuerySet[EvalResult], name: str, value: str
                    ) -> QuerySet[EvalResult]:
-        lookup = "score__lt" if value == "regressed" else "score__gt"
-        return queryset.filter(**{lookup: F("primary_score")})
+        return selectors.diff_direction(queryset, value)
 
     def _search(self, queryset: QuerySet[EvalResult], name: str, value: str
                 ) -> QuerySet[EvalResult]:
-        return queryset.annotate(messages_text=Cast("item__messages", TextField())).filter(
-            Q(item__item_id__icontains=value) | Q(item__prompt__icontains=value)
-            | Q(messages_text__icontains=value) | Q(text__icontains=value)
-            | Q(primary_text__icontains=value))
+        return selectors.diff_search(queryset, value)

@@ -379,6 +379,7 @@ class DiffSideSerializer(serializers.Serializer):
     extracted = serializers.CharField()
     text = serializers.CharField()
     error = serializers.CharField()
+    endpoint = serializers.CharField(help_text="The endpoint that answered.")
 
 
 class EvalDiffSerializer(serializers.Serializer):

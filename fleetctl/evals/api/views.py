@@ -23,8 +23,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.api.renderers import CSVRenderer
 from fleetctl.core.errors import DomainError
-from fleetctl.evals import services
+from fleetctl.evals import selectors, services
 from fleetctl.evals.api import diff
 from fleetctl.evals.api import serializers as s
 from fleetctl.evals.api.filters import DiffFilter, ItemFilter, ResultFilter, RunFilter, SuiteFilter
@@ -33,18 +34,6 @@ from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalSuite
 EXPORT_FORMATS = ("json", "csv")
 NDJSON = "application/x-ndjson"
 DEFAULT_MAX_UPLOAD_BYTES = 64 * 1024 * 1024
-
-
-class CSVRenderer(renderers.BaseRenderer):
-    """Lets `…/export/?format=csv` through content negotiation; the view streams the body."""
-
-    media_type = "text/csv"
-    format = "csv"
-    charset = "utf-8"
-
-    def render(self, data: Any, accepted_media_type: str | None = None,
-               renderer_context: Mapping[str, Any] | None = None) -> Any:
-        return data
 
 
 class NDJSONRenderer(renderers.BaseRenderer):
@@ -281,8 +270,9 @@ class EvalRunViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModelMi
         its gains, `tag=`, `q=` (text in the item id, prompt or either answer). 400 when the
         run has no primary."""
         run = self._run(pk)
-        page = self.paginate_queryset(self.filter_queryset(diff.queryset(run)))
-        return self.get_paginated_response(diff.rows(run, page or []))
+        diff.require_primary(run)
+        page = self.paginate_queryset(self.filter_queryset(selectors.diff(run)))
+        return self.get_paginated_response(selectors.diff_rows(run, page or []))
 
     @extend_schema(
         description="The item diff (with the same filters as …/diff/), streamed: "
@@ -300,7 +290,8 @@ class EvalRunViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModelMi
     def export(self, request: Request, pk: str, format: str | None = None
                ) -> StreamingHttpResponse:
         run = self._run(pk)
-        results = self.filter_queryset(diff.queryset(run))
+        diff.require_primary(run)
+        results = self.filter_queryset(selectors.diff(run))
         if request.accepted_renderer.format == "csv":
             response = StreamingHttpResponse(diff.csv_lines(run, results),
                                              content_type="text/csv; charset=utf-8")
