@@ -23,7 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.core.api.renderers import CSVRenderer
+from fleetctl.core.api.renderers import CSVRenderer, ExportFormatNegotiation
 from fleetctl.core.errors import DomainError
 from fleetctl.evals import selectors, services
 from fleetctl.evals.api import diff
@@ -180,8 +180,8 @@ def _suite_ref(ref: str) -> EvalSuite:
                        "or name@version; see GET /api/v1/eval-suites/."]}) from exc
 
 
-class EvalRunViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                     viewsets.GenericViewSet):
+class EvalRunViewSet(ExportFormatNegotiation, _FileAnswers, mixins.ListModelMixin,
+                     mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Eval runs: a suite version sent to each named pool directly (never through a route),
     every answer scored; the candidate judged against the primary item by item. POST starts
     one (`jobs`); the answer comes at once, poll the run for progress."""
@@ -194,18 +194,6 @@ class EvalRunViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModelMi
 
     def get_serializer_class(self):  # type: ignore[no-untyped-def]
         return s.EvalRunDetailSerializer if self.action == "retrieve" else s.EvalRunSerializer
-
-    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
-        """On the export, `?format=` decides, whatever the Accept header says; another value
-        is a 400 that names the field, not DRF's bare 404 for a format no renderer has."""
-        wanted = request.query_params.get("format")
-        if self.action != "export" or wanted is None or force:
-            return super().perform_content_negotiation(request, force)
-        for renderer in self.get_renderers():
-            if renderer.format == wanted:
-                return renderer, renderer.media_type
-        raise ValidationError({"format": [
-            f"Give format as json or csv; {wanted[:40]!r} is not one."]})
 
     def _run(self, pk: str) -> EvalRun:
         # Not self.queryset: the results, diff and export actions set their own (for their

@@ -12,13 +12,12 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, renderers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
 from rest_framework.generics import get_object_or_404  # an id of the wrong type: 404, not 500
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.bench.api.views import CSVRenderer
+from fleetctl.core.api.renderers import CSVRenderer, ExportFormatNegotiation
 from fleetctl.shadow import selectors, services
 from fleetctl.shadow.api import exports
 from fleetctl.shadow.api import serializers as s
@@ -28,7 +27,7 @@ from fleetctl.shadow.models import ShadowPair, ShadowRun
 EXPORT_FORMATS = ("json", "csv")  # the export's renderers' formats
 
 
-class ShadowRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
+class ShadowRunViewSet(ExportFormatNegotiation, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                        viewsets.GenericViewSet):
     """Shadow runs: a plan's candidate judged against its primary on live traffic mirrored at
     the route's gateways (or a replayed trace), primary vs primary again as the noise floor.
@@ -57,19 +56,6 @@ class ShadowRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
             request.accepted_renderer = renderers.JSONRenderer()
             request.accepted_media_type = "application/json"
         return super().finalize_response(request, response, *args, **kwargs)
-
-    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
-        """On the export, `?format=` decides, whatever the Accept header says (a client that
-        accepts JSON everywhere still gets the CSV it asked for); another value is a 400 that
-        names the field, not DRF's bare 404 for a format no renderer has."""
-        wanted = request.query_params.get("format")
-        if self.action != "export" or wanted is None or force:
-            return super().perform_content_negotiation(request, force)
-        for renderer in self.get_renderers():
-            if renderer.format == wanted:
-                return renderer, renderer.media_type
-        raise ValidationError({"format": [
-            f"Give format as json or csv; {wanted[:40]!r} is not one."]})
 
     def _run(self, pk: str) -> ShadowRun:
         return get_object_or_404(selectors.run_list(), pk=pk)
