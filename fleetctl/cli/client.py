@@ -31,6 +31,11 @@ class ApiClient:
                 "No API token. Create one on the dashboard's Tokens page, then "
                 "`export FLEETCTL_TOKEN=fct_…` (or pass --token).", 2
             )
+        if not token.isascii() or not token.isprintable() or " " in token:
+            raise CliError(
+                "FLEETCTL_TOKEN is not a token: a token is one word of printable ASCII "
+                "(fct_…). Copy it again from the dashboard's Tokens page.", 2
+            )
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(
             base_url=self.base_url, timeout=timeout_s, follow_redirects=False,

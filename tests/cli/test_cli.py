@@ -70,6 +70,9 @@ def test_errors_are_one_clear_line_and_a_nonzero_exit(live_server, fleet, viewer
     assert no_token.returncode == 2 and "FLEETCTL_TOKEN" in no_token.stderr
     bad_token = run(live_server, "pools", "list", token="fct_wrong")
     assert bad_token.returncode == 1 and "Unknown API token" in bad_token.stderr
+    pasted_wrong = run(live_server, "pools", "list", token="fct_abc…")  # not ASCII
+    assert pasted_wrong.returncode == 2 and "not a token" in pasted_wrong.stderr
+    assert "Traceback" not in pasted_wrong.stderr
     unreachable = run(live_server, "pools", "list", token=viewer_token,
                       url="http://127.0.0.1:9")
     assert unreachable.returncode == 1 and "Cannot reach fleetctl" in unreachable.stderr
