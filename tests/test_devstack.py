@@ -5,10 +5,8 @@ when something cannot start at all."""
 from __future__ import annotations
 
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +19,7 @@ import pytest
 from fleetctl.demo import devstack
 from fleetctl.demo.devstack import Stack
 from tests.conftest import ROOT, wait_until
+from tests.sim import simproc
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
@@ -128,27 +127,6 @@ def test_a_child_that_cannot_start_the_first_time_stops_with_a_clear_message(sup
 
 # --- the real demo ----------------------------------------------------------------------------
 
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_ports(count: int) -> int:
-    """The first of `count` consecutive ports that can be bound now, below Linux's ephemeral
-    range (32768-60999): a port in that range can be taken meanwhile by any outgoing
-    connection's local end (the workers' Redis and database connections), and the simulated
-    fleet then cannot listen on it."""
-    pick = random.Random()
-    while True:
-        base = pick.randrange(20000, 32768 - count)
-        if all(_bindable(base + i) for i in range(count)):
-            return base
-
-
 def children(pid: int) -> dict[int, str]:
     """pid → command line of every process whose parent is `pid`."""
     found = {}
@@ -195,7 +173,8 @@ def demo(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
            if k not in ("DATABASE_URL", "REDIS_URL", "TEST_DATABASE_NAME")}
     gateway_port = devstack.free_port()
     env.update(FLEETCTL_DATA_DIR=str(tmp_path), PORT=str(devstack.free_port()),
-               FLEETCTL_SIM_BASE_PORT=str(free_ports(len(devstack.DEMO_SIM_POOLS) + 1)),
+               FLEETCTL_SIM_BASE_PORT=str(
+                   simproc.free_ports(len(devstack.DEMO_SIM_POOLS) + 1)),
                FLEETCTL_GATEWAY_PORT=str(gateway_port),
                FLEETCTL_GATEWAY_ADMIN_PORT=str(devstack.free_port()),
                FLEETCTL_REDIS_PORT=str(devstack.free_port()), TRAFFIC_RECONCILE_INTERVAL_S="5",

@@ -15,31 +15,19 @@ from django.core.management import call_command
 from fleetctl.accounts.actor import Actor
 from fleetctl.conformance.models import ConformanceRun
 from fleetctl.core.errors import ConflictError
-from fleetctl.demo import devstack
 from migrations_plan import evidence as ev
 from migrations_plan import services as plans
 from migrations_plan.models import Plan
 from tests.conftest import wait_until
-from tests.sim.simproc import SimProcess
+from tests.sim import simproc
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def demo_fleet(tmp_path: Path) -> Iterator[int]:
-    """The demo's simulated pools, with the demo's profiles, on consecutive free ports."""
-    while True:
-        base = devstack.free_port()
-        last = len(devstack.DEMO_SIM_POOLS)
-        if base + last < 65536 and not any(devstack.port_answers("127.0.0.1", base + i)
-                                           for i in range(1, last + 1)):
-            break
-    args = ["--log-level", "WARNING"]
-    for name, profile, offset in devstack.DEMO_SIM_POOLS:
-        args += ["--pool", f"{name}={profile}@{base + offset}"]
-    sim = SimProcess(args, len(devstack.DEMO_SIM_POOLS), tmp_path / "sim.log")
-    yield base
-    sim.stop()
+    with simproc.demo_fleet(tmp_path / "sim.log") as base:
+        yield base
 
 
 def test_the_demo_probes_fail_the_a100_on_tools_and_parity_and_pass_the_mi300x(

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -207,3 +211,42 @@ def async_client(url: str, timeout_s: float = 30.0) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(
         base_url=f"{url}/v1", api_key="sim", max_retries=0, timeout=timeout_s
     )
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive ports that can be bound now, below Linux's ephemeral
+    range (32768-60999): a port in that range can be taken meanwhile by any outgoing
+    connection's local end (the workers' Redis and database connections), and the simulated
+    fleet then cannot listen on it."""
+    pick = random.Random()
+    while True:
+        base = pick.randrange(20000, 32768 - count)
+        if all(_bindable(base + i) for i in range(count)):
+            return base
+
+
+@contextmanager
+def demo_fleet(log: Path) -> Iterator[int]:
+    """The demo's simulated pools with the demo's profiles (devstack.DEMO_SIM_POOLS) on
+    consecutive free ports, as `make demo` starts them; yields the base port the demo seed
+    takes (`--sim-base-port`)."""
+    from fleetctl.demo import devstack
+
+    base = free_ports(len(devstack.DEMO_SIM_POOLS) + 1)
+    args = ["--log-level", "WARNING"]
+    for name, profile, offset in devstack.DEMO_SIM_POOLS:
+        args += ["--pool", f"{name}={profile}@{base + offset}"]
+    sim = SimProcess(args, len(devstack.DEMO_SIM_POOLS), log)
+    try:
+        yield base
+    finally:
+        sim.stop()

@@ -324,11 +324,12 @@ class Command(BaseCommand):
             plan = Plan.objects.filter(name=name).first()
             if plan is None or EvalRun.objects.filter(plan=plan, status__in=keep).exists():
                 continue
-            # Concurrency 8 each: the two runs share a 2-core laptop with the simulated fleet
-            # and the demo's shadow traffic, and still finish in a few minutes.
+            # Concurrency 16 each: the two runs share a 2-core laptop with the simulated fleet
+            # and the demo's shadow traffic (the pools batch 16 sequences at ~10 ms a step),
+            # and finish within about a minute.
             self._create(f"eval run of {name}", partial(
                 evals.run_create, actor=lead, suite=suite, candidate=plan.candidate_pool,
-                primary=plan.primary_pool, plan=plan, concurrency=8))
+                primary=plan.primary_pool, plan=plan, concurrency=16))
 
     def _shadow(self) -> None:
         """A mirror shadow run for the MI300X plan (stage 2, "shadow"), started by `lead`:
