@@ -24,7 +24,6 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -187,19 +186,12 @@ class DiffRow:
         return "regressed" if self.candidate.score < theirs else "improved"
 
 
-def diff_queryset(run: EvalRun, *, direction: str = "", tag: str = "",
-                  q: str = "") -> QuerySet[EvalResult]:
-    """The candidate's results on the items it scored differently from the primary
-    (selectors.diff; empty filters left out)."""
-    return selectors.diff(run, direction=direction or None, tag=tag or None, q=q or None)
-
-
 def _diff(request: HttpRequest, run: EvalRun) -> dict[str, Any]:
     tags = sorted((run.suite.tags or {}).keys())
     form = DiffFilterForm(request.GET or None, tags=tags)
     filters = form.filters()
-    rows_qs = (diff_queryset(run, **filters) if filters is not None
-               else EvalResult.objects.none())
+    rows_qs = (selectors.diff(run, **{k: v or None for k, v in filters.items()})
+               if filters is not None else EvalResult.objects.none())
     page = Paginator(rows_qs, DIFF_PAGE_SIZE).get_page(
         request.GET.get("page"))
     candidate, primary = _role_pool(run, "candidate"), _role_pool(run, "primary")

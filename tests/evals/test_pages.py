@@ -22,9 +22,8 @@ from django.test import Client
 from django.utils import timezone
 
 from fleetctl.accounts.actor import Actor
-from fleetctl.evals import charts, services
+from fleetctl.evals import charts, selectors, services
 from fleetctl.evals.models import EvalResult, EvalRun, EvalSuite
-from fleetctl.evals.views import diff_queryset
 from migrations_plan.models import Evidence, Plan
 from tests.migrations_plan.conftest import World, world  # noqa: F401 - the fixture
 
@@ -182,8 +181,8 @@ def test_the_run_page_shows_scores_the_difference_the_tags_and_the_pins(
 def test_the_item_diff_filters_by_direction_tag_and_text(world: World):  # noqa: F811
     run = finished_run(world)
     client = signed_in(world.viewer)
-    assert diff_queryset(run).count() == 32
-    assert diff_queryset(run, direction="regressed").count() == 30
+    assert selectors.diff(run).count() == 32
+    assert selectors.diff(run, direction="regressed").count() == 30
     improved = client.get(f"/evals/runs/{run.pk}/?direction=improved").content.decode()
     assert improved.count('class="eval-diff-item"') == 2
     assert 'data-item="item-0001" data-direction="improved"' in improved
