@@ -16,7 +16,6 @@ the template's autoescape, never `|safe`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -32,6 +31,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
+from fleetctl.core.chat import prompt_text
 from fleetctl.core.errors import DomainError, NotFoundError
 from fleetctl.core.views import Outcome, form_add_service_errors
 from fleetctl.evals import charts, selectors, services
@@ -155,20 +155,9 @@ def _figures(run: EvalRun, run_pools: list[EvalRunPool]) -> dict[str, Any]:
     return {"scores_figure": scores, "difference_figure": difference}
 
 
-def prompt_text(item: EvalItem) -> str:
-    """The item as a person reads it: chat messages one per line as "role: text", a
-    completion prompt as it is."""
-    if item.messages is None:
-        return item.prompt
-    lines = []
-    for message in item.messages:
-        if isinstance(message, dict):
-            body = message.get("content")
-            text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
-            lines.append(f"{message.get('role', '?')}: {text}")
-        else:
-            lines.append(json.dumps(message, ensure_ascii=False))
-    return "\n".join(lines)
+def item_prompt(item: EvalItem) -> str:
+    """The item as a person reads it (chat messages one per line as "role: text")."""
+    return prompt_text(item.messages if item.messages is not None else item.prompt)
 
 
 @dataclass
@@ -198,7 +187,7 @@ def _diff(request: HttpRequest, run: EvalRun) -> dict[str, Any]:
     theirs = {r.item_id: r for r in EvalResult.objects.filter(
         run_pool=primary, item_id__in=[r.item_id for r in page.object_list])} if primary else {}
     rows = [DiffRow(item=r.item, candidate=r, primary=theirs.get(r.item_id),
-                    prompt=prompt_text(r.item)) for r in page.object_list]
+                    prompt=item_prompt(r.item)) for r in page.object_list]
     counts = selectors.diff_counts(run) if primary else {}
     export = {k: v for k, v in (filters or {}).items() if v}
     return {"diff_form": form, "diff_page": page, "diff_rows": rows, "diff_counts": counts,
@@ -285,7 +274,7 @@ def suite_detail(request: HttpRequest, suite_id: int) -> HttpResponse:
     tag = request.GET.get("tag", "")
     items = selectors.suite_items(suite, tag=tag or None)
     page = Paginator(items, ITEMS_PAGE_SIZE).get_page(request.GET.get("page"))
-    rows = [{"item": item, "prompt": prompt_text(item)} for item in page.object_list]
+    rows = [{"item": item, "prompt": item_prompt(item)} for item in page.object_list]
     return render(request, "evals/suite_detail.html", {
         "suite": suite, "page": page, "rows": rows, "tag": tag,
         "tags": sorted((suite.tags or {}).items()),
@@ -322,7 +311,7 @@ def suite_retire(request: HttpRequest, suite_id: int) -> HttpResponse:
     page = Paginator(suite.items.order_by("position"), ITEMS_PAGE_SIZE).get_page(1)
     return render(request, "evals/suite_detail.html", {
         "suite": suite, "page": page, "tag": "",
-        "rows": [{"item": item, "prompt": prompt_text(item)} for item in page.object_list],
+        "rows": [{"item": item, "prompt": item_prompt(item)} for item in page.object_list],
         "tags": sorted((suite.tags or {}).items()),
         "scorers": sorted((suite.scorers or {}).items()),
         "runs": suite.runs.select_related("plan").order_by("-created_at", "-id")[:10],

@@ -14,7 +14,6 @@ text.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +31,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
+from fleetctl.core.chat import prompt_text
 from fleetctl.core.compare import TOKEN_RE
 from fleetctl.core.errors import DomainError
 from fleetctl.core.views import Outcome, filter_form_says_any, form_add_service_errors
@@ -108,24 +108,6 @@ def mark_first_divergence(text: str, reference: str) -> SafeString:
     start, end, _ = mine[at]
     return mark_safe(escape(text[:start]) + '<mark>' + escape(text[start:end]) + '</mark>'
                      + escape(text[end:]))
-
-
-def prompt_text(prompt: Any) -> str:
-    """The stored prompt as a person reads it: a chat request's messages one per line as
-    "role: text" (structured parts as JSON), a completion prompt as it is."""
-    if prompt is None or isinstance(prompt, str):
-        return prompt or ""
-    if not isinstance(prompt, list):
-        return json.dumps(prompt, ensure_ascii=False)
-    lines = []
-    for message in prompt:
-        if isinstance(message, dict):
-            body = message.get("content")
-            text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
-            lines.append(f"{message.get('role', '?')}: {text}")
-        else:
-            lines.append(json.dumps(message, ensure_ascii=False))
-    return "\n".join(lines)
 
 
 @dataclass
