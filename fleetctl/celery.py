@@ -57,6 +57,15 @@ ROUTES: dict[str, str] = {
     "conformance.reap": "default",
     "traffic.samples_prune": "default",
     "fleet.health_history_prune": "default",
+    # A ramp's tick is short (read telemetry, maybe store a revision; a rollback's drain
+    # pushes inline): beside the drain watchers, never behind a benchmark.
+    "ramps.tick": "watch",
+    "ramps.run": "watch",
+    "traffic.health_policy": "watch",
+    "telemetry.downsample": "default",
+    "webhooks.deliver": "default",
+    "webhooks.prune": "default",
+    "core.idempotency_prune": "default",
 }
 
 
@@ -109,6 +118,13 @@ def _beat_schedule() -> dict[str, dict[str, object]]:
         # Eval runs whose worker died are resumed by another (their rows say what is left).
         "reap-eval-runs": {"task": "evals.reap", "schedule": 30.0,
                            "options": {"expires": 30.0}},
+        # Every active ramp whose next check is due, each claimed by a lease (ramps/).
+        "tick-ramps": {"task": "ramps.tick", "schedule": float(settings.RAMP_TICK_INTERVAL_S),
+                       "options": {"expires": float(settings.RAMP_TICK_INTERVAL_S)}},
+        "downsample-telemetry": {"task": "telemetry.downsample", "schedule": 60.0,
+                                 "options": {"expires": 60.0}},
+        "prune-webhook-deliveries": {"task": "webhooks.prune", "schedule": 3600.0},
+        "prune-idempotency-keys": {"task": "core.idempotency_prune", "schedule": 3600.0},
     }
 
 

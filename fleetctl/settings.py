@@ -117,6 +117,9 @@ INSTALLED_APPS = [
     "fleetctl.conformance",
     "fleetctl.shadow",
     "fleetctl.evals",
+    "fleetctl.webhooks",
+    "fleetctl.telemetry",
+    "fleetctl.ramps",
     "fleetctl.demo",
     # Sign-in lockout; fleetctl.accounts audits each failure and lockout it sees.
     "axes",
@@ -261,6 +264,17 @@ EVAL_HEARTBEAT_STALE_S = env_int("EVAL_HEARTBEAT_STALE_S", 60)
 EVAL_MAX_SUITE_ITEMS = env_int("EVAL_MAX_SUITE_ITEMS", 100_000)
 # A suite file (JSONL) larger than this is refused before it is read.
 EVAL_MAX_UPLOAD_BYTES = env_int("EVAL_MAX_UPLOAD_BYTES", 64 * 1024 * 1024)
+# --- telemetry (fleetctl/telemetry/) and ramps (fleetctl/ramps/) ---
+# The ingester's finest window (s), and how often it adds what it read to the rows (s).
+TELEMETRY_WINDOW_S = env_int("TELEMETRY_WINDOW_S", 10)
+TELEMETRY_FLUSH_INTERVAL_S = env_float("TELEMETRY_FLUSH_INTERVAL_S", 1.0)
+# How often the ingester scrapes each pool's /metrics (TPOT), in seconds.
+TELEMETRY_SCRAPE_INTERVAL_S = env_float("TELEMETRY_SCRAPE_INTERVAL_S", 10.0)
+# How often beat ticks the ramps (each due ramp is claimed with a lease of RAMP_LEASE_S).
+RAMP_TICK_INTERVAL_S = env_float("RAMP_TICK_INTERVAL_S", 2.0)
+RAMP_LEASE_S = env_float("RAMP_LEASE_S", 30.0)
+# Idempotency-Key answers are kept this long.
+IDEMPOTENCY_TTL_HOURS = env_int("IDEMPOTENCY_TTL_HOURS", 24)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

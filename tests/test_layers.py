@@ -36,8 +36,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "accounts": {"core", "audit"},
     "audit": {"core", "accounts"},
     "fleet": BELOW_FLEET,
-    "traffic": BELOW_FLEET | {"fleet"},
-    "plans": BELOW_FLEET | {"fleet", "traffic"},
+    "traffic": BELOW_FLEET | {"fleet", "webhooks"},
+    "plans": BELOW_FLEET | {"fleet", "traffic", "webhooks"},
     "bench": BELOW_FLEET | {"fleet", "traffic", "plans"},
     # The conformance probe sits beside bench: it records plan evidence the same way.
     "conformance": BELOW_FLEET | {"fleet", "traffic", "plans"},
@@ -45,10 +45,17 @@ MAY_IMPORT: dict[str, set[str]] = {
     "shadow": BELOW_FLEET | {"fleet", "traffic", "plans", "bench"},
     # Eval runs score suites on pools directly and record plan evidence.
     "evals": BELOW_FLEET | {"fleet", "traffic", "plans"},
+    # Outgoing webhooks know events and URLs, nothing of the domains that send them.
+    "webhooks": BELOW_FLEET,
+    # Telemetry follows the gateways' logs (traffic) and scrapes the pools (fleet).
+    "telemetry": BELOW_FLEET | {"fleet", "traffic"},
+    # Ramps step a route's split (traffic), judged on telemetry against a plan's SLO, and
+    # record plan evidence.
+    "ramps": BELOW_FLEET | {"fleet", "traffic", "telemetry", "plans", "webhooks"},
     "sim": set(),
     "cli": {"sim", "fleetctl.bench.traces"},
     "project": {"core", "accounts", "audit", "fleet", "traffic", "plans", "bench", "sim",
-                "cli", "conformance", "shadow", "evals"},
+                "cli", "conformance", "shadow", "evals", "webhooks", "telemetry", "ramps"},
 }
 ALL_UNITS = set(MAY_IMPORT) | {"demo"}
 # What any unit may import: the Celery app and the package itself (its version).

@@ -48,6 +48,18 @@ class Route(models.Model):
     mirror_owner = models.CharField(max_length=100, blank=True, editable=False,
                                     help_text='Who mirrors, e.g. "shadow run 12".')
 
+    class HealthPolicy(models.TextChoices):
+        OFF = "off", "off: a person drains"
+        DRAIN = "drain", "drain an unhealthy pool; restore by hand"
+        DRAIN_RESTORE = "drain-restore", "drain an unhealthy pool; restore when healthy again"
+
+    # What happens when a pool carrying live weight on this route turns unhealthy (the health
+    # probe): traffic.health_policy drains it, as the system, with the probe's evidence.
+    health_policy = models.CharField(
+        max_length=14, choices=HealthPolicy.choices, default=HealthPolicy.DRAIN,
+        help_text="When a pool with weight on this route turns unhealthy: drain it "
+                  "automatically, and restore it when it is healthy again (or by hand).")
+
     class Meta:
         ordering = ["name"]
         constraints = [
@@ -329,6 +341,11 @@ class Drain(models.Model):
     # Why a drain gave up (status failed): a gateway refused for good, or the drain was not
     # verified everywhere within DRAIN_WATCH_TIMEOUT_S.
     failure_reason = models.TextField(blank=True)
+    # A drain (or restore) the health policy made: the transition that triggered it (its
+    # probe evidence: the failing check and its error).
+    health_transition = models.ForeignKey(
+        "fleet.HealthTransition", on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="drains")
 
     # Not a column: the pushes drain_request / drain_restore just stored, for the caller to
     # attempt after its commit (push.drain_push_now); None on a record read from the database.

@@ -1,0 +1,39 @@
+"""The `ramp-slo` evidence kind, registered with its producer: every hold of a ramp of a
+plan's candidate that the guard judged (pass, warn or fail) records one row about the
+candidate, with the numbers it used. Stage 4's check "Per-pool percentiles hold at each ramp
+step" reads the newest one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from migrations_plan.evidence import EvidenceKind, register_kind
+
+KIND = "ramp-slo"
+PRODUCED_BY = ("guarded ramps (the route page's \"Start a ramp\", fleetctl ramp start, "
+               "POST /api/v1/ramps/): one row per judged hold")
+
+_OBJECT = {"type": "object", "additionalProperties": True}
+
+DATA_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "ramp": {"type": "integer"},
+        "route": {"type": "string"},
+        "step": {"type": "integer", "minimum": 0},
+        "percent": {"type": "number"},
+        "steps_total": {"type": "integer"},
+        "decision": {"enum": ["pass", "warn", "fail"]},
+        "window_s": {"type": "number"},
+        "candidate": _OBJECT,
+        "primary": _OBJECT,
+        "thresholds": _OBJECT,
+        "reasons": {"type": "array", "items": {"type": "string"}},
+    },
+}
+
+
+def register() -> None:
+    register_kind(EvidenceKind(KIND, "per-pool SLO during the ramp", PRODUCED_BY,
+                               data_schema=DATA_SCHEMA))

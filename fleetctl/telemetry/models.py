@@ -1,0 +1,96 @@
+"""Telemetry rows: windows of what the gateways saw per (route, pool), and of what each pool
+reports about itself, plus where the ingester stands in every log it follows.
+
+A window is additive: counts and histograms (fleetctl.telemetry.histogram: fixed log
+buckets, `{bucket index: count}`) of two windows of the same key merge by adding, so the
+ingester flushes partial windows every second (adding to the row), a restart resumes from
+its cursor without counting a line twice (cursor and windows move in one transaction), and
+the downsampler merges 10 s windows into 1 min and 10 min ones exactly.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class Window(models.Model):
+    """What one source saw of one pool (on one route) during [start, start + resolution_s)."""
+
+    class Source(models.TextChoices):
+        GATEWAY = "gateway", "gateway access log"
+        POOL = "pool", "pool /metrics"
+
+    # Which kind of source, and which one: a gateway's name, or the pool's own /metrics.
+    source = models.CharField(max_length=8, choices=Source.choices)
+    source_name = models.CharField(max_length=63)
+    # The route's name (the gateway's route key); "" for a pool's own figures, which cover
+    # all of its traffic.
+    route = models.CharField(max_length=63, blank=True)
+    pool = models.CharField(max_length=63)
+    resolution_s = models.PositiveIntegerField()  # 10, 60 or 600
+    start = models.DateTimeField()
+    requests = models.BigIntegerField(default=0)
+    # Answers of 5xx, and requests that got no answer (reset, timeout: status 0).
+    errors = models.BigIntegerField(default=0)
+    client_errors = models.BigIntegerField(default=0)  # 4xx
+    # Upstream attempts beyond the first (Envoy's retries before the first byte).
+    retries = models.BigIntegerField(default=0)
+    # Answers streamed (text/event-stream): the ones whose first body byte is a TTFT.
+    streamed = models.BigIntegerField(default=0)
+    bytes_out = models.BigIntegerField(default=0)
+    # Histograms, in milliseconds (histogram.py). ttft: time to the first body byte of a
+    # streamed answer (gateway) or vllm:time_to_first_token_seconds (pool); duration: the
+    # whole request (gateway) or vllm:e2e_request_latency_seconds (pool); tpot: the pool's
+    # vllm:time_per_output_token_seconds (a gateway cannot see tokens).
+    ttft = models.JSONField(default=dict)
+    duration = models.JSONField(default=dict)
+    tpot = models.JSONField(default=dict)
+    # Envoy response flags (UF, UO, URX, ...) and status classes -> count.
+    flags = models.JSONField(default=dict)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-start"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["source", "source_name", "route", "pool", "resolution_s", "start"],
+                name="one_window_per_key"),
+        ]
+        indexes = [
+            models.Index(fields=["pool", "resolution_s", "start"]),
+            models.Index(fields=["route", "resolution_s", "start"]),
+            models.Index(fields=["resolution_s", "start"]),
+        ]
+
+    def __str__(self) -> str:
+        return (f"{self.source}:{self.source_name} {self.route or '*'}/{self.pool} "
+                f"{self.resolution_s}s@{self.start:%H:%M:%S}")
+
+
+class Cursor(models.Model):
+    """How far the ingester has read one log file (or scraped one pool): moved in the same
+    transaction as the windows it fed, so a restart neither loses nor double-counts lines."""
+
+    source_name = models.CharField(max_length=63)  # the gateway (or pool) it belongs to
+    path = models.CharField(max_length=500)  # the file followed, or the /metrics URL
+    inode = models.BigIntegerField(null=True, blank=True)
+    offset = models.BigIntegerField(default=0)
+    lines = models.BigIntegerField(default=0)
+    malformed = models.BigIntegerField(default=0)
+    rotations = models.PositiveIntegerField(default=0)
+    truncations = models.PositiveIntegerField(default=0)
+    # The pool's last cumulative histogram buckets (a scrape's delta is against these).
+    last_counters = models.JSONField(default=dict, blank=True)
+    last_error = models.TextField(blank=True)
+    last_read_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["source_name", "path"]
+        constraints = [
+            models.UniqueConstraint(fields=["source_name", "path"], name="one_cursor_per_file"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source_name}:{self.path}@{self.offset}"

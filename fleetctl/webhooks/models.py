@@ -1,0 +1,82 @@
+"""Outgoing webhooks, and every delivery and attempt as a row."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+from fleetctl.fleet.models import slug_validator
+
+# What a webhook may subscribe to (services.notify's `event`).
+EVENTS = {
+    "ramp.decision": "a ramp's guard advanced, paused or rolled back (and people's actions)",
+    "drain.automatic": "a pool was drained (or restored) by the health policy",
+    "gateway.failing": "a gateway failed to take a push, or recovered",
+    "gate.changed": "a plan's gate changed status, or the plan changed stage",
+}
+
+
+class Webhook(models.Model):
+    class Format(models.TextChoices):
+        JSON = "json", "JSON (fleetctl's event body)"
+        SLACK = "slack", "Slack-compatible ({\"text\": ...})"
+
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    url = models.URLField(max_length=500)
+    events = models.JSONField(default=list, help_text="Event names; empty: every event.")
+    format = models.CharField(max_length=5, choices=Format.choices, default=Format.JSON)
+    # Signs each body (HMAC-SHA256, header X-Fleetctl-Signature); never shown back.
+    secret = models.CharField(max_length=200, blank=True)
+    active = models.BooleanField(default=True)
+    created_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Delivery(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending"
+        RETRYING = "retrying", "retrying"
+        DELIVERED = "delivered", "delivered"
+        FAILED = "failed", "failed (refused, or out of attempts)"
+
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
+    event = models.CharField(max_length=40)
+    payload = models.JSONField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    created_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["status", "next_attempt_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.event} → {self.webhook_id}: {self.status}"
+
+
+class Attempt(models.Model):
+    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="attempt_rows")
+    number = models.PositiveIntegerField()
+    at = models.DateTimeField(default=timezone.now)
+    status_code = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    response_excerpt = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["delivery", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["delivery", "number"], name="attempt_numbers_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of delivery {self.delivery_id}"
