@@ -101,6 +101,25 @@ class PoolCounters:
     active: int  # in flight now
 
 
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One request as a gateway's access log tells it (each kind renders its log format and
+    parses its own lines: `<kind>/accesslog.py`); the telemetry ingester turns these into
+    per-(route, pool) windows. Times in milliseconds; `ttft_ms` is the time to the first byte
+    of the upstream's body (a TTFT for a streamed answer), None when the gateway cannot tell."""
+
+    start: float  # epoch seconds when the request started
+    route: str  # the route's name ("" when no route matched)
+    pool: str  # the pool that answered ("" when none was chosen)
+    status: int  # the status sent downstream; 0 when no answer was sent
+    duration_ms: float
+    ttft_ms: float | None
+    bytes_out: int
+    attempts: int  # upstream attempts (1 + retries)
+    streamed: bool  # the answer was text/event-stream
+    flags: str = ""  # the gateway's response flags ("-" or "" for none)
+
+
 @dataclass
 class ApplyResult:
     applied: bool
