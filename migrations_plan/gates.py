@@ -60,7 +60,7 @@ DEFAULT_GATES: dict[int, list[CheckTemplate]] = {
     ],
     4: [
         CheckTemplate("ramp-slo", "Per-pool percentiles hold at each ramp step",
-                      rule="evidence.latest", params={"kind": "ramp-slo"}),
+                      rule="ramp.each_step"),
         CheckTemplate("quality", "Quality unchanged (eval on live traffic)",
                       rule="evidence.latest", params={"kind": "live-quality"}),
         CheckTemplate("drain-rehearsed", "Drain rehearsed and timed within 7 days",

@@ -251,6 +251,54 @@ def latest_evidence(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
                                               row.observed_at.isoformat()}, [evidence_ref(row)])
 
 
+def ramp_each_step(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
+    """The candidate's newest guarded ramp decides, step by step: each hold the guard judged
+    wrote a `ramp-slo` row (ramps/services.py), and the check passes only when every step of
+    that ramp has a passing row — one good hold at 1 % says nothing about 50 %. A failing or
+    warning step is the check's status; steps not judged yet are insufficient data."""
+    from migrations_plan.evidence import KINDS
+
+    valid, expired = ctx.evidence("ramp-slo", within_days=params["within_days"])
+    ramp_rows = [row for row in valid if isinstance((row.data or {}).get("ramp"), int)]
+    if not ramp_rows:
+        if expired:
+            row, why = expired[0]
+            return CheckResult(INSUFFICIENT, f"The latest ramp evidence no longer counts: {why}.",
+                               {"expired": len(expired)}, [evidence_ref(row)])
+        return CheckResult(INSUFFICIENT, f"No guarded ramp of {ctx.candidate.name} has been "
+                                         f"judged yet. It comes from "
+                                         f"{KINDS['ramp-slo'].produced_by or 'guarded ramps'}.")
+    ramp = ramp_rows[0].data["ramp"]
+    rows = [row for row in ramp_rows if row.data["ramp"] == ramp]
+    total = max(int(row.data.get("steps_total") or 0) for row in rows)
+    newest: dict[int, Any] = {}
+    for row in rows:  # newest first: the first row seen for a step is its latest judgement
+        newest.setdefault(int(row.data.get("step", -1)), row)
+    refs = [evidence_ref(newest[step]) for step in sorted(newest)]
+
+    def describe(step: int) -> str:
+        return f"step {step + 1} ({newest[step].data.get('percent', '?'):g} %)"
+
+    numbers = {"ramp": ramp, "steps_total": total, "steps_judged": len(newest),
+               "verdicts": {str(step + 1): newest[step].verdict for step in sorted(newest)}}
+    failed = [step for step in sorted(newest) if newest[step].verdict == "fail"]
+    if failed:
+        return CheckResult(FAIL, f"Ramp {ramp}: {describe(failed[0])} failed — "
+                                 f"{newest[failed[0]].summary}", numbers, refs)
+    missing = [step for step in range(total) if step not in newest]
+    if missing:
+        return CheckResult(INSUFFICIENT, f"Ramp {ramp} has held {len(newest)} of its {total} "
+                                         f"steps so far; every step must be judged.",
+                           numbers, refs)
+    warned = [step for step in sorted(newest) if newest[step].verdict == "warn"]
+    if warned:
+        return CheckResult(WARN, f"Ramp {ramp}: {describe(warned[0])} warned — "
+                                 f"{newest[warned[0]].summary}", numbers, refs)
+    return CheckResult(PASS, f"Ramp {ramp} held the SLO at each of its {total} steps ("
+                             + ", ".join(f"{newest[s].data.get('percent', '?'):g} %"
+                                         for s in sorted(newest)) + ").", numbers, refs)
+
+
 def _kind_names() -> list[str]:
     """Kinds a check can read rows of: the measured ones (reports: `external.reported`)."""
     from migrations_plan.evidence import KINDS
@@ -320,6 +368,12 @@ RULE_DEFINITIONS = [
          {"kind": Param(str, "conformance", "evidence kind", choices=_kind_names),
           "within_days": Param(float, 30.0, "oldest acceptable evidence, days", 0.01, 365)},
          latest_evidence),
+    Rule("ramp.each_step", "ramp-slo", "Per-pool percentiles hold at each ramp step",
+         "The candidate's newest guarded ramp: every step's hold was judged by the guard "
+         "(TTFT p95, TPOT p95 and error rate against the SLO and the primary) and passed.",
+         {"within_days": Param(float, 30.0, "oldest acceptable ramp evidence, days", 0.01,
+                               365)},
+         ramp_each_step),
     Rule("external.reported", EXTERNAL, "Reported by another system: {about}",
          "An organisation's own check that another system answers (e.g. an SLO bot): the "
          "newest report about it decides, shown as reported by that system. It cannot stand in "
