@@ -2,13 +2,15 @@
 demo's Envoy to the llama-8b route, so the dashboard, the gateway counters and a mirror shadow
 run have live requests to show without anyone typing curl.
 
-    python -m fleetctl.demo.traffic --gateway http://127.0.0.1:8080 --rps 2
+    python -m fleetctl.demo.traffic --gateway http://127.0.0.1:8080 --rps 4 --stream-every 1
 
 What it sends: model llama-3.1-8b-instruct, temperature 0 (greedy, so a shadow run can compare
 the answers token for token), one prompt after another from a fixed rotation of a few hundred
-varied prompts (`PROMPTS`), about one request in five streamed and one in ten in JSON mode;
-the others ask for logprobs (top 5), as an evaluation harness would, so a shadow comparison
-can tell a near-tie flip from a real divergence.
+varied prompts (`PROMPTS`), one in ten in JSON mode; the others ask for logprobs (top 5), as an
+evaluation harness would, so a shadow comparison can tell a near-tie flip from a real
+divergence, and one in `--stream-every` of them is streamed (default five; `make demo` streams
+them all: a guarded ramp judges time to first token from the gateway's access log, which only
+a streamed answer tells apart from the whole answer's duration).
 The same position in the rotation is always the same request, so two demos send the same load.
 
 Polite: requests leave on a fixed schedule (`--rps`), never more than `--max-in-flight` at once
@@ -78,8 +80,8 @@ PROMPTS: list[str] = [
 MAX_TOKENS = (64, 96, 128, 80, 160)
 
 
-def request_body(i: int) -> dict[str, Any]:
-    """The i-th request of the rotation (deterministic)."""
+def request_body(i: int, stream_every: int = STREAM_EVERY) -> dict[str, Any]:
+    """The i-th request of the rotation (deterministic); a JSON-mode one is never streamed."""
     prompt = PROMPTS[i % len(PROMPTS)]
     body: dict[str, Any] = {
         "model": MODEL, "temperature": 0, "max_tokens": MAX_TOKENS[i % len(MAX_TOKENS)],
@@ -96,7 +98,7 @@ def request_body(i: int) -> dict[str, Any]:
         # primary itself) from a real divergence; without them every text flip counts.
         body["logprobs"] = True
         body["top_logprobs"] = 5
-        if i % STREAM_EVERY == 0:
+        if i % stream_every == 0:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
     return body
@@ -130,10 +132,13 @@ class Generator:
     request (replaceable in tests)."""
 
     def __init__(self, gateway: str, rps: float, *, max_in_flight: int = 8,
-                 timeout_s: float = 60.0, start: int = 0,
+                 timeout_s: float = 60.0, start: int = 0, stream_every: int = STREAM_EVERY,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if rps <= 0:
             raise ValueError("rps must be > 0")
+        if stream_every < 1:
+            raise ValueError("stream_every must be >= 1")
+        self.stream_every = stream_every
         self.gateway = gateway.rstrip("/")
         self.interval_s = 1.0 / rps
         self.max_in_flight = max_in_flight
@@ -202,7 +207,7 @@ class Generator:
                 self.total.skipped += 1
                 return False
             self._in_flight += 1
-            body = request_body(self.index)
+            body = request_body(self.index, self.stream_every)
             self.index += 1
             for window in (self.window, self.total):
                 window.sent += 1
@@ -224,7 +229,7 @@ class Generator:
         """Send on schedule until `stop` is set (or `duration_s` passed)."""
         began = next_at = last_summary = self.clock()
         out(f"demo-traffic: {1 / self.interval_s:g} requests/s to {self.gateway}/v1 "
-            f"(model {MODEL}, {len(PROMPTS)} prompts, 1 in {STREAM_EVERY} streamed, "
+            f"(model {MODEL}, {len(PROMPTS)} prompts, 1 in {self.stream_every} streamed, "
             f"1 in {JSON_EVERY} JSON)")
         while not self.stop.is_set():
             now = self.clock()
@@ -260,16 +265,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="the gateway's listener (default %(default)s)")
     parser.add_argument("--rps", type=float, default=2.0,
                         help="requests per second (default %(default)s; 0 sends nothing)")
+    parser.add_argument("--stream-every", type=int, default=STREAM_EVERY, metavar="N",
+                        help="stream one request in N (1: all but the JSON-mode ones; "
+                             "default %(default)s)")
     parser.add_argument("--max-in-flight", type=int, default=8)
     parser.add_argument("--duration", type=float, default=None,
                         help="stop after this many seconds (default: until SIGTERM)")
     args = parser.parse_args(argv)
-    if args.rps < 0 or args.max_in_flight < 1:
-        parser.error("--rps must be ≥ 0 and --max-in-flight ≥ 1")
+    if args.rps < 0 or args.max_in_flight < 1 or args.stream_every < 1:
+        parser.error("--rps must be ≥ 0, --max-in-flight ≥ 1 and --stream-every ≥ 1")
     if args.rps == 0:
         print("demo-traffic: --rps 0, sending nothing", flush=True)
         return 0
-    generator = Generator(args.gateway, args.rps, max_in_flight=args.max_in_flight)
+    generator = Generator(args.gateway, args.rps, max_in_flight=args.max_in_flight,
+                          stream_every=args.stream_every)
 
     def stop(signum: int, frame: object) -> None:
         generator.stop.set()
