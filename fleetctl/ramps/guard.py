@@ -1,0 +1,180 @@
+"""The ramp guard: one judgement of a candidate pool against its SLO and its primary, from the
+figures telemetry measured over a window. Pure (no database, no clock of its own), so every
+rule here is read and tested on its own, and the controller (services.py) only acts on the
+decision.
+
+The rule, in plain words:
+- wait when there is nothing trustworthy to judge: telemetry is stale (the ingester stopped),
+  or the candidate answered fewer than `min_samples` requests in the window (or, when it
+  streams, fewer than `min_samples` streamed answers for TTFT). A ramp never advances on no
+  data.
+- fail only when a confidence bound (99 %) says so clearly: the candidate's *lower* bound is
+  over the SLO, or over the primary's *upper* bound plus the latency margin. Comparing
+  bound to bound makes two pools drawn from the same distribution (an A/A ramp) all but
+  never fail; the controller also needs `failure_threshold` failing checks in a row.
+- warn when a point estimate is over a threshold but its bound is not (the data leans bad
+  but does not prove it: a person decides).
+- pass otherwise.
+
+Latency differences smaller than a floor are never a fail or a warn against the primary: a
+p95 measured in log buckets 4.4 % wide, on tens of samples, moves by that much between two
+identical pools, and nobody rolls back a ramp for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetctl.telemetry.selectors import Figure, PoolStats
+
+# A candidate's TTFT p95 this close to the primary's (ms) is the same pool for the guard's
+# purposes: below it, bucket width and sampling noise dominate, and the SLO itself (checked
+# separately) is what protects users.
+TTFT_FLOOR_MS = 25.0
+# TPOT is per token (tens of ms): the same reasoning at its scale.
+TPOT_FLOOR_MS = 2.0
+
+WAIT, PASS, WARN, FAIL = "wait", "pass", "warn", "fail"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    slo_ttft_p95_ms: float
+    slo_tpot_p95_ms: float
+    slo_error_rate: float
+    latency_margin_pct: float
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    decision: str  # wait | pass | warn | fail
+    reasons: list[str] = field(default_factory=list)
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+
+def judge(*, candidate: PoolStats, primary: PoolStats | None, thresholds: Thresholds,
+          min_samples: int, now: datetime, stale_after_s: float) -> Judgement:
+    """The decision, the reasons (plain sentences with the numbers) and the numbers used."""
+    numbers = {"candidate": stats_dict(candidate),
+               "primary": stats_dict(primary) if primary is not None else None,
+               "thresholds": thresholds.as_dict(), "min_samples": min_samples,
+               "window": {"since": candidate.since.isoformat(),
+                          "until": candidate.until.isoformat(),
+                          "seconds": round((candidate.until - candidate.since)
+                                           .total_seconds(), 3)},
+               "floors_ms": {"ttft": TTFT_FLOOR_MS, "tpot": TPOT_FLOOR_MS}}
+    waiting = _wait_reasons(candidate, primary, min_samples, now, stale_after_s)
+    if waiting:
+        return Judgement(WAIT, waiting, numbers)
+    fails: list[str] = []
+    warns: list[str] = []
+    name = candidate.pool
+    _against_slo(f"{name} error rate", candidate.error_rate, thresholds.slo_error_rate,
+                 fails, warns, rate=True)
+    judge_ttft = candidate.ttft_p95.n >= min_samples
+    if judge_ttft:
+        _against_slo(f"{name} TTFT p95", candidate.ttft_p95, thresholds.slo_ttft_p95_ms,
+                     fails, warns)
+    judge_tpot = candidate.tpot_p95.n >= min_samples
+    if judge_tpot:
+        _against_slo(f"{name} TPOT p95", candidate.tpot_p95, thresholds.slo_tpot_p95_ms,
+                     fails, warns)
+    if primary is not None and primary.requests >= min_samples:
+        if judge_ttft and primary.ttft_p95.n >= min_samples:
+            _against_primary("TTFT p95", candidate, primary, candidate.ttft_p95,
+                             primary.ttft_p95, thresholds.latency_margin_pct, TTFT_FLOOR_MS,
+                             fails, warns)
+        if judge_tpot and primary.tpot_p95.n >= min_samples:
+            _against_primary("TPOT p95", candidate, primary, candidate.tpot_p95,
+                             primary.tpot_p95, thresholds.latency_margin_pct, TPOT_FLOOR_MS,
+                             fails, warns)
+    if fails:
+        return Judgement(FAIL, fails + warns, numbers)
+    if warns:
+        return Judgement(WARN, warns, numbers)
+    held = [f"{name} held its SLO over {candidate.requests} requests: error rate "
+            f"{_rate(candidate.error_rate.value)} (SLO {_rate(thresholds.slo_error_rate)})"
+            + (f", TTFT p95 {_ms(candidate.ttft_p95.value)} (SLO "
+               f"{_ms(thresholds.slo_ttft_p95_ms)})" if judge_ttft else "")
+            + (f", TPOT p95 {_ms(candidate.tpot_p95.value)} (SLO "
+               f"{_ms(thresholds.slo_tpot_p95_ms)})" if judge_tpot else "") + "."]
+    if not judge_ttft:
+        held.append(f"TTFT not judged: {candidate.ttft_p95.n} streamed answers (the gateway "
+                    f"times the first byte of streamed answers only).")
+    if not judge_tpot:
+        held.append(f"TPOT not judged: {candidate.tpot_p95.n} samples from the pool's "
+                    f"/metrics.")
+    return Judgement(PASS, held, numbers)
+
+
+def _wait_reasons(candidate: PoolStats, primary: PoolStats | None, min_samples: int,
+                  now: datetime, stale_after_s: float) -> list[str]:
+    seen = [s.last_data_at for s in (candidate, primary) if s is not None and s.last_data_at]
+    newest = max(seen) if seen else None
+    if newest is None or (now - newest).total_seconds() > stale_after_s:
+        since = f"{newest:%Y-%m-%d %H:%M:%S} UTC" if newest else "the window started"
+        return [f"No telemetry from the gateways since {since} (nothing updated in the last "
+                f"{stale_after_s:g} s); is the ingester running?"]
+    if candidate.requests < min_samples:
+        return [f"{candidate.pool} answered {candidate.requests} of the {min_samples} requests "
+                f"needed to judge it in this window; waiting for more."]
+    streamed = candidate.ttft_p95.n
+    if 0 < streamed < min_samples:
+        return [f"{candidate.pool} streamed {streamed} of the {min_samples} answers needed to "
+                f"judge its TTFT in this window; waiting for more."]
+    return []
+
+
+def _against_slo(what: str, figure: Figure, slo: float, fails: list[str], warns: list[str],
+                 *, rate: bool = False) -> None:
+    show = _rate if rate else _ms
+    if figure.value is None:
+        return
+    bounds = f"{show(figure.value)} (99 % bounds {show(figure.low)}–{show(figure.high)}, " \
+             f"n={figure.n})"
+    if figure.low is not None and figure.low > slo:
+        fails.append(f"{what} is {bounds}: even its lower bound is over the SLO {show(slo)}.")
+    elif figure.value > slo:
+        warns.append(f"{what} is {bounds}, over the SLO {show(slo)}, but its lower bound is "
+                     f"not.")
+
+
+def _against_primary(what: str, candidate: PoolStats, primary: PoolStats, cand: Figure,
+                     prim: Figure, margin_pct: float, floor_ms: float, fails: list[str],
+                     warns: list[str]) -> None:
+    """Bound to bound: the candidate's lower bound over the primary's upper bound plus the
+    margin (and by more than the floor) is a fail; its point estimate over that limit is a
+    warn. Without the primary's upper bound (too few samples for it) nothing is concluded."""
+    if cand.value is None or prim.high is None:
+        return
+    limit = prim.high * (1 + margin_pct / 100)
+    line = (f"{candidate.pool} {what} is {_ms(cand.value)} (lower bound {_ms(cand.low)}, "
+            f"n={cand.n}) against {primary.pool}'s {_ms(prim.value)} (upper bound "
+            f"{_ms(prim.high)}, n={prim.n}) + {margin_pct:g} % margin = {_ms(limit)}")
+    if cand.low is not None and cand.low > limit and cand.low - prim.high >= floor_ms:
+        fails.append(f"{line}: even the candidate's lower bound is over it.")
+    elif cand.value > limit and cand.value - prim.high >= floor_ms:
+        warns.append(f"{line}: over it, but the candidate's lower bound is not.")
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f} ms" if value >= 10 else f"{value:.1f} ms"
+
+
+def _rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:.2f} %"
+
+
+def stats_dict(stats: PoolStats) -> dict[str, Any]:
+    """PoolStats as JSON (datetimes as ISO strings), for events and evidence."""
+    out: dict[str, Any] = {}
+    for key, value in dataclasses.asdict(stats).items():
+        out[key] = value.isoformat() if isinstance(value, datetime) else value
+    return out
