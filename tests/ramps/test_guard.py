@@ -1,0 +1,153 @@
+"""The guard on its own: figures in, a decision with its reasons out. No database."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetctl.ramps import guard
+from fleetctl.ramps.guard import Thresholds
+from tests.ramps.poolstats import NOW, stats
+
+# The SLO far away, so only the comparison with the primary is at stake.
+LOOSE = Thresholds(slo_ttft_p95_ms=1e9, slo_tpot_p95_ms=1e9, slo_error_rate=0.5,
+                   latency_margin_pct=10)
+
+
+def judge(candidate, primary=None, thresholds=LOOSE, min_samples=50, stale_after_s=30.0):
+    return guard.judge(candidate=candidate, primary=primary, thresholds=thresholds,
+                       min_samples=min_samples, now=NOW, stale_after_s=stale_after_s)
+
+
+def lognormal(seed: int, n: int, median: float, sigma: float) -> list[float]:
+    return list(np.random.default_rng(seed).lognormal(np.log(median), sigma, n))
+
+
+def test_waits_on_too_few_requests_and_says_how_many():
+    result = judge(stats("cand", ttft=[100.0] * 49), stats("prim", ttft=[100.0] * 500))
+    assert result.decision == "wait"
+    assert "answered 49 of the 50 requests" in result.reasons[0]
+
+
+def test_waits_on_stale_telemetry_even_with_samples():
+    old = NOW - timedelta(seconds=31)
+    result = judge(stats("cand", ttft=[100.0] * 200, last_data_at=old),
+                   stats("prim", ttft=[100.0] * 500, last_data_at=old))
+    assert result.decision == "wait"
+    assert "is the ingester running?" in result.reasons[0]
+    assert f"{old:%Y-%m-%d %H:%M:%S}" in result.reasons[0]
+
+
+def test_waits_with_no_data_at_all():
+    result = judge(stats("cand"), stats("prim"))
+    assert result.decision == "wait"
+    assert "No telemetry" in result.reasons[0]
+
+
+def test_waits_for_streamed_answers_before_judging_ttft():
+    result = judge(stats("cand", ttft=[100.0] * 10, requests=300),
+                   stats("prim", ttft=[100.0] * 500))
+    assert result.decision == "wait"
+    assert "streamed 10 of the 50" in result.reasons[0]
+
+
+def test_no_streaming_judges_the_rest_and_says_ttft_was_not():
+    result = judge(stats("cand", requests=300), stats("prim", requests=3000))
+    assert result.decision == "pass"
+    assert any("TTFT not judged" in r for r in result.reasons)
+
+
+def test_fails_when_the_lower_bound_is_over_the_ttft_slo():
+    slo = Thresholds(slo_ttft_p95_ms=200, slo_tpot_p95_ms=100, slo_error_rate=0.05,
+                     latency_margin_pct=10)
+    result = judge(stats("cand", ttft=lognormal(1, 200, 400, 0.1)), None, thresholds=slo)
+    assert result.decision == "fail"
+    assert "even its lower bound is over the SLO 200 ms" in result.reasons[0]
+
+
+def test_warns_when_the_estimate_is_over_the_slo_but_its_bound_is_not():
+    slo = Thresholds(slo_ttft_p95_ms=200, slo_tpot_p95_ms=100, slo_error_rate=0.05,
+                     latency_margin_pct=10)
+    # 52 samples: the p95 is the slowest few (250 ms), its lower bound the fast bulk.
+    samples = [100.0] * 48 + [250.0] * 4
+    result = judge(stats("cand", ttft=samples), None, thresholds=slo)
+    assert result.decision == "warn"
+    assert "but its lower bound is not" in result.reasons[0]
+
+
+def test_error_rate_bound_fails_and_estimate_warns():
+    slo = Thresholds(slo_ttft_p95_ms=60_000, slo_tpot_p95_ms=10_000, slo_error_rate=0.01,
+                     latency_margin_pct=10)
+    failing = judge(stats("cand", ttft=[100.0] * 400, errors=40), None, thresholds=slo)
+    assert failing.decision == "fail" and "error rate" in failing.reasons[0]
+    leaning = judge(stats("cand", ttft=[100.0] * 100, errors=2), None, thresholds=slo)
+    assert leaning.decision == "warn"
+
+
+def test_tpot_is_judged_against_the_slo():
+    slo = Thresholds(slo_ttft_p95_ms=60_000, slo_tpot_p95_ms=20, slo_error_rate=0.5,
+                     latency_margin_pct=10)
+    result = judge(stats("cand", ttft=[100.0] * 100, tpot=lognormal(2, 2000, 40, 0.05)),
+                   None, thresholds=slo)
+    assert result.decision == "fail"
+    assert "TPOT p95" in result.reasons[0]
+
+
+def test_fails_against_the_primary_bound_to_bound():
+    primary = stats("prim", ttft=lognormal(3, 1000, 100, 0.2))
+    candidate = stats("cand", ttft=lognormal(4, 100, 400, 0.2))
+    result = judge(candidate, primary)
+    assert result.decision == "fail"
+    assert "against prim's" in result.reasons[0] and "10 % margin" in result.reasons[0]
+    assert result.numbers["candidate"]["pool"] == "cand"
+    assert result.numbers["primary"]["ttft_p95"]["n"] == 1000
+    assert result.numbers["thresholds"]["latency_margin_pct"] == 10
+
+
+def test_a_difference_under_the_floor_never_fails():
+    # 3 ms against 10 ms is three times slower, and still nothing a user notices.
+    result = judge(stats("cand", ttft=[10.0] * 200), stats("prim", ttft=[3.0] * 2000))
+    assert result.decision == "pass"
+
+
+def test_a_small_primary_sample_is_not_compared_with():
+    result = judge(stats("cand", ttft=[400.0] * 200), stats("prim", ttft=[100.0] * 20))
+    assert result.decision == "pass"
+
+
+def test_numbers_are_json_safe():
+    import json
+
+    result = judge(stats("cand", ttft=[100.0] * 100), stats("prim", ttft=[100.0] * 100))
+    assert json.loads(json.dumps(result.numbers))["window"]["seconds"] == 30.0
+
+
+# --- properties -------------------------------------------------------------------------------
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**31), median=st.floats(5, 3000), sigma=st.floats(0.02, 1.2),
+       n_candidate=st.integers(50, 600), n_primary=st.integers(50, 5000))
+def test_aa_never_fails(seed, median, sigma, n_candidate, n_primary):
+    """A candidate drawn from the primary's own distribution: the guard never fails it."""
+    rng = np.random.default_rng(seed)
+    draw = lambda n: list(rng.lognormal(np.log(median), sigma, n))  # noqa: E731
+    result = judge(stats("cand", ttft=draw(n_candidate), tpot=draw(n_candidate)),
+                   stats("prim", ttft=draw(n_primary), tpot=draw(n_primary)))
+    assert result.decision != "fail", result.reasons
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**31), median=st.floats(2, 200), sigma=st.floats(0.02, 0.4),
+       n_candidate=st.integers(20, 300), n_primary=st.integers(200, 3000))
+def test_300ms_slower_first_tokens_fail(seed, median, sigma, n_candidate, n_primary):
+    """The fault the ramps are for: +300 ms to every first token of the candidate, seen in
+    as few as 20 streamed answers."""
+    rng = np.random.default_rng(seed)
+    primary = list(rng.lognormal(np.log(median), sigma, n_primary))
+    candidate = [ms + 300 for ms in rng.lognormal(np.log(median), sigma, n_candidate)]
+    result = judge(stats("cand", ttft=candidate), stats("prim", ttft=primary),
+                   min_samples=20)
+    assert result.decision == "fail", result.reasons
