@@ -18,6 +18,7 @@ from fleetctl.fleet.api.views import (
 from fleetctl.observability import MetricsView
 from fleetctl.shadow.api.views import ShadowRunViewSet
 from fleetctl.traffic.api.views import DrainViewSet, GatewayViewSet, PushViewSet, RouteViewSet
+from fleetctl.webhooks.api.views import WebhookViewSet
 from migrations_plan.api.views import (
     EvidenceKindViewSet,
     EvidenceRuleViewSet,
@@ -50,6 +51,7 @@ router.register("evidence-rules", EvidenceRuleViewSet, basename="evidence-rule")
 router.register("tokens", TokenViewSet, basename="token")
 router.register("service-tokens", ServiceTokenViewSet, basename="service-token")
 router.register("people", PersonViewSet, basename="person")
+router.register("webhooks", WebhookViewSet, basename="webhook")
 
 urlpatterns = [
     path("me/", me, name="me"),

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from fleetctl.webhooks.models import EVENTS, Attempt, Delivery, Webhook
+
+
+class WebhookSerializer(serializers.ModelSerializer):
+    # Write-only: a receiver's secret is never shown back, only whether one is set.
+    secret = serializers.CharField(
+        write_only=True, required=False, allow_blank=True, max_length=200,
+        help_text="Signs each body (X-Fleetctl-Signature: sha256=<HMAC-SHA256 hex>). Never "
+                  "returned; send an empty string to remove it.")
+    has_secret = serializers.SerializerMethodField(help_text="Whether bodies are signed.")
+    events = serializers.ListField(
+        child=serializers.CharField(max_length=40), required=False,
+        help_text="Event names (" + ", ".join(sorted(EVENTS)) + "); empty: every event.")
+
+    class Meta:
+        model = Webhook
+        fields = ["id", "name", "url", "events", "format", "active", "secret", "has_secret",
+                  "created_by", "created_at"]
+        read_only_fields = ["id", "has_secret", "created_by", "created_at"]
+        # The service checks uniqueness and says so the way the rest of the API does.
+        extra_kwargs: dict[str, Any] = {"name": {"validators": []}}
+
+    def get_has_secret(self, hook: Webhook) -> bool:
+        return bool(hook.secret)
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Attempt
+        fields = ["number", "at", "status_code", "error", "duration_ms", "response_excerpt"]
+        read_only_fields = fields
+
+
+class DeliverySerializer(serializers.ModelSerializer):
+    attempt_rows = AttemptSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Delivery
+        fields = ["id", "event", "payload", "status", "created_at", "delivered_at", "attempts",
+                  "next_attempt_at", "last_error", "attempt_rows"]
+        read_only_fields = fields
