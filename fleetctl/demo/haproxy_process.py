@@ -4,6 +4,10 @@ stats socket and master CLI socket, never the system service.
 HAProxy runs in master-worker mode (`-W -S <master socket>`), as the HAProxy adapter expects:
 the adapter rewrites `haproxy.cfg` and reloads through the master CLI. The first config is the
 adapter's own rendering of an empty desired state (every request answers 404/451).
+
+With an `access_log` option, the rendered config logs each request to stdout (HAProxy writes
+no files of its own) and this process appends HAProxy's stdout to that file, where the
+telemetry ingester follows it; HAProxy's own messages (stderr) go to haproxy.log.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class HAProxyProcess:
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: BinaryIO | None = None
+        self._access_log: BinaryIO | None = None
 
     @property
     def url(self) -> str:
@@ -59,10 +64,13 @@ class HAProxyProcess:
         if not config_path.exists():
             config_path.write_text(render_config(DesiredState(routes=(), pools={}), settings).text)
         self._log = (self.directory / "haproxy.log").open("ab")
+        if settings.options.access_log:
+            # Workers inherit the master's stdout, across reloads too.
+            self._access_log = Path(settings.options.access_log).open("ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [settings.options.haproxy_bin, "-W", "-S", self.master_socket, "-f", str(config_path),
              "-p", str(self.directory / "haproxy.pid")],
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=self._access_log or self._log, stderr=self._log, start_new_session=True,
         )
         self._wait_for_runtime_api(timeout_s)
         return self
@@ -127,9 +135,10 @@ class HAProxyProcess:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        for stream in (self._log, self._access_log):
+            if stream is not None:
+                stream.close()
+        self._log = self._access_log = None
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -140,6 +149,7 @@ class HAProxyProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        for stream in (self._log, self._access_log):
+            if stream is not None:
+                stream.close()
+        self._log = self._access_log = None

@@ -1,11 +1,13 @@
 """The gateway kinds fleetctl knows, found from their folders.
 
 A kind is a package holding a `KIND = GatewayKind(...)` in its `__init__.py`: its name (the
-value stored in Gateway.kind), the label people read, its adapter class, its options schema
-and how its gateway is reached. Every package directly under fleetctl/traffic/gateways/ that
-declares one is a kind; a package elsewhere is added by naming it in the Django setting
-`FLEETCTL_GATEWAY_KINDS` (a list of dotted package names). Nothing else lists the kinds: the
-model, the API, the form and the push engine all ask here, so adding a kind is adding its
+value stored in Gateway.kind), the label people read, its adapter class, its options schema,
+how its gateway is reached and, for a kind that writes an access log, the parser of its lines
+(`<kind>/accesslog.py`, what the telemetry ingester reads). Every package directly under
+fleetctl/traffic/gateways/ that declares one is a kind; a package elsewhere is added by
+naming it in the Django setting `FLEETCTL_GATEWAY_KINDS` (a list of dotted package names).
+Nothing else lists the kinds: the model, the API, the form and the push engine all ask here,
+so adding a kind is adding its
 folder (and, for a package outside this one, a line in the setting). No migration: the
 database stores the kind as text and the registry checks it.
 """
@@ -15,10 +17,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.traffic.gateways.base import AdapterError, GatewaySpec
+from fleetctl.traffic.gateways.base import AdapterError, GatewaySpec, LogRecord
 from fleetctl.traffic.gateways.schema import AddressRule, OptionInfo, describe, parse_options
 
 if TYPE_CHECKING:
@@ -34,6 +37,12 @@ class GatewayKind:
     options: type  # the frozen dataclass of its options (see schema.option)
     address: AddressRule  # what admin_address holds
     summary: str = ""  # one sentence: how fleetctl drives it
+    # One access log line (bytes, without or with its newline) and the gateway's endpoints
+    # ("host:port" -> pool) -> a LogRecord, None for a line that is no request, ValueError for
+    # a malformed one. None: this kind writes no access log fleetctl can read (no live
+    # telemetry from its gateways, only from the pools' own /metrics).
+    parse_access_log: Callable[[bytes, Mapping[str, str]], LogRecord | None] | None = field(
+        default=None, compare=False)
     package: str = field(default="", compare=False)  # set by the registry
 
     @property

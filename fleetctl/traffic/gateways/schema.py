@@ -271,3 +271,15 @@ def shadow_collector_option() -> Any:
     return option(None, check=collector_url_problem,
                   help="the shadow collector mirrored requests go to, http://host:port; "
                        "default: the SHADOW_COLLECTOR_URL setting")
+
+
+def _absolute_path(value: str) -> str | None:
+    return None if value.startswith("/") else f"must be an absolute path, not {value!r}"
+
+
+def access_log_option() -> Any:
+    """The `access_log` option of kinds that write one (their `accesslog.py` parses it)."""
+    return option(None, check=_absolute_path,
+                  help="the access log file the gateway writes (one JSON object per request) "
+                       "and the telemetry ingester follows, on the gateway's host; none: no "
+                       "live telemetry from this gateway")

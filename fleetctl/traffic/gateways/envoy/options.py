@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleetctl.traffic.gateways.schema import option, shadow_collector_option
+from fleetctl.traffic.gateways.schema import (
+    access_log_option,
+    option,
+    shadow_collector_option,
+)
 
 
 @dataclass(frozen=True)
@@ -16,3 +20,6 @@ class EnvoyOptions:
     admin_timeout_s: float = option(2.0, minimum=0.01, maximum=600,
                                     help="seconds per call to Envoy's admin API")
     shadow_collector: str | None = shadow_collector_option()
+    # Envoy writes it as the bootstrap says (render_bootstrap(access_log_path=...)): the
+    # option tells the ingester where, and must name the same file.
+    access_log: str | None = access_log_option()

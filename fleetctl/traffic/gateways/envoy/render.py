@@ -40,6 +40,7 @@ from fleetctl.traffic.gateways.base import (
     RouteSpec,
     pool_base_url_problem,
 )
+from fleetctl.traffic.gateways.envoy.accesslog import LOG_FORMAT as ACCESS_LOG_FORMAT
 from fleetctl.traffic.gateways.schema import collector_url_problem
 
 CLUSTERS_FILE = "clusters.json"
@@ -77,6 +78,29 @@ REQUEST_BUFFER_LIMIT_BYTES = 16 * 1024 * 1024
 # A pool may hold thousands of open streams; Envoy's default circuit breakers (1024) would
 # answer 503 long before the pool is full.
 CIRCUIT_BREAKER_LIMIT = 100_000
+# Retries only of requests that never reached a pool's server: a refused or failed connect,
+# a stream refused or reset before the request was sent. A 5xx (or a reset) after the server
+# took the request is never retried: it may have generated, and a streamed answer may already
+# be on its way to the client. Each retry goes to another endpoint of the same pool (the
+# weighted cluster is chosen once per request), skipping the hosts already tried.
+RETRY_ON = "connect-failure,refused-stream,reset-before-request"
+NUM_RETRIES = 2
+HOST_SELECTION_RETRY_MAX_ATTEMPTS = 3
+# Outlier detection: an endpoint that fails 5 times in a row (any 5xx, or 502/503/504 and
+# connection failures) is ejected for 30 s (longer each time), checked every 5 s. At most half
+# a pool's endpoints are ejected: a whole pool failing is a pool problem, for the health
+# policy and the ramp guard to drain, not for the load balancer to hide (docs/envoy.md).
+OUTLIER_DETECTION: dict[str, Any] = {
+    "consecutive_5xx": 5,
+    "consecutive_gateway_failure": 5,
+    "enforcing_consecutive_gateway_failure": 100,
+    # The success-rate detector is off: it needs 5 endpoints and 100 requests per interval
+    # each, and a detector that wakes up only on big pools surprises people.
+    "enforcing_success_rate": 0,
+    "interval": "5s",
+    "base_ejection_time": "30s",
+    "max_ejection_percent": 50,
+}
 
 _T = "type.googleapis.com/envoy"
 CLUSTER_TYPE = f"{_T}.config.cluster.v3.Cluster"
@@ -89,6 +113,7 @@ _HTTP_OPTIONS_TYPE = f"{_T}.extensions.upstreams.http.v3.HttpProtocolOptions"
 _HTTP_OPTIONS_NAME = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 _TLS_TYPE = f"{_T}.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 _REQUEST_ID_TYPE = f"{_T}.extensions.request_id.uuid.v3.UuidRequestIdConfig"
+_PREVIOUS_HOSTS_TYPE = f"{_T}.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
 _FILE_LOG_TYPE = f"{_T}.extensions.access_loggers.file.v3.FileAccessLog"
 _MAX_CX_TYPE = (
     f"{_T}.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
@@ -225,8 +250,11 @@ def render_clusters(desired: DesiredState) -> dict[str, dict[str, Any]]:
     if desired.mirror_url:
         # Always there while mirroring is rendered (every route has a policy, at 0 % when it
         # does not mirror): starting or stopping a shadow run is a runtime change.
-        clusters[COLLECTOR_CLUSTER] = render_cluster(PoolTarget(
+        collector = render_cluster(PoolTarget(
             name=COLLECTOR_CLUSTER, base_urls=(desired.mirror_url,), jurisdiction=""))
+        # One collector, whose answers nobody waits for: nothing to eject it in favour of.
+        del collector["outlier_detection"]
+        clusters[COLLECTOR_CLUSTER] = collector
     return clusters
 
 
@@ -239,6 +267,7 @@ def render_cluster(pool: PoolTarget) -> dict[str, Any]:
         "connect_timeout": CONNECT_TIMEOUT,
         # In-flight counts are what loads an LLM server; round robin would ignore them.
         "lb_policy": "LEAST_REQUEST",
+        "outlier_detection": dict(OUTLIER_DETECTION),
         "circuit_breakers": {"thresholds": [{
             "max_connections": CIRCUIT_BREAKER_LIMIT,
             "max_pending_requests": CIRCUIT_BREAKER_LIMIT,
@@ -378,6 +407,7 @@ def _spec_route(route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
         },
         "timeout": "0s",
         "auto_host_rewrite": True,
+        "retry_policy": retry_policy(),
     }
     if desired.mirror_url:
         action["request_mirror_policies"] = [mirror_policy(route, desired)]
@@ -389,6 +419,20 @@ def _spec_route(route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
             "header": {"key": POOL_HEADER, "value": "%UPSTREAM_CLUSTER%"},
             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
         }],
+    }
+
+
+def retry_policy() -> dict[str, Any]:
+    """Retry a request that failed before any byte of it reached a server (RETRY_ON) on
+    another endpoint of the same pool; the access log counts the attempts."""
+    return {
+        "retry_on": RETRY_ON,
+        "num_retries": NUM_RETRIES,
+        "retry_host_predicate": [{
+            "name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": {"@type": _PREVIOUS_HOSTS_TYPE},
+        }],
+        "host_selection_retry_max_attempts": HOST_SELECTION_RETRY_MAX_ATTEMPTS,
     }
 
 
@@ -710,12 +754,12 @@ def _listener(address: str, port: int, routes: dict[str, Any],
         ],
     }
     if access_log_path is not None:
+        # One JSON object per request (accesslog.LOG_FORMAT), which the telemetry ingester
+        # follows. Envoy's file logger is asynchronous and buffered: a slow disk or a stopped
+        # ingester never holds a request (docs/envoy.md).
         hcm["access_log"] = [{"name": "envoy.access_loggers.file", "typed_config": {
             "@type": _FILE_LOG_TYPE, "path": str(access_log_path),
-            "log_format": {"text_format_source": {"inline_string": (
-                "[%START_TIME%] %REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% %ROUTE_NAME% "
-                "%UPSTREAM_CLUSTER% %DURATION%ms %RESPONSE_FLAGS%\n"
-            )}},
+            "log_format": {"json_format": dict(ACCESS_LOG_FORMAT)},
         }}]
     return {
         "name": "fleetctl-ingress",

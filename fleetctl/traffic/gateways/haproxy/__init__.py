@@ -1,5 +1,6 @@
 """HAProxy: weights through the runtime API, structure by a checked reload."""
 
+from fleetctl.traffic.gateways.haproxy.accesslog import parse_line
 from fleetctl.traffic.gateways.haproxy.adapter import HAProxyAdapter
 from fleetctl.traffic.gateways.haproxy.options import HAProxyOptions
 from fleetctl.traffic.gateways.registry import GatewayKind
@@ -10,6 +11,7 @@ KIND = GatewayKind(
     adapter=HAProxyAdapter,
     options=HAProxyOptions,
     address=socket_address("stats socket (runtime API)"),
+    parse_access_log=parse_line,
     summary="Weights through the runtime API; routes and pools by a config checked with "
             "haproxy -c and a reload through the master CLI.",
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleetctl.traffic.gateways.schema import option
+from fleetctl.traffic.gateways.schema import access_log_option, option
 
 
 def _absolute(value: str) -> str | None:
@@ -37,3 +37,6 @@ class HAProxyOptions:
                                       help="seconds per runtime API or master CLI command")
     reload_timeout_s: float = option(10.0, minimum=0.1, maximum=600,
                                      help="seconds a reload may take before it counts as failed")
+    # HAProxy logs to a stream, not a file: the config sends the log to stdout, and whatever
+    # starts HAProxy appends that stream to this file (docs/gateways.md).
+    access_log: str | None = access_log_option()

@@ -39,6 +39,7 @@ from fleetctl.traffic.gateways.base import (
     pool_base_url_problem,
     url_port,
 )
+from fleetctl.traffic.gateways.haproxy.accesslog import LOG_FORMAT
 from fleetctl.traffic.gateways.haproxy.options import HAProxyOptions
 from fleetctl.traffic.gateways.schema import parse_options
 
@@ -234,7 +235,8 @@ def _global(settings: HAProxySettings, structure: str) -> str:
     stats timeout 30s
     server-state-file {state}
     tune.bufsize {bufsize}
-    # No hard-stop-after: after a reload, old workers finish their in-flight streams.
+{_log_target(settings)}    # No hard-stop-after: after a reload, old workers finish their in-flight
+    # streams.
 
 defaults
     mode http
@@ -279,6 +281,7 @@ def _frontend(desired: DesiredState, backends: tuple[Backend, ...],
         "\nfrontend fleetctl",
         f"    bind {settings.options.bind or '127.0.0.1:0'}",
         "    option http-buffer-request",
+        *_access_log(settings),
         f"    http-request return status 400 content-type application/json string '{repeated}'"
         f" if {{ req.fhdr_cnt({res}) gt 1 }} || {{ req.fhdr_cnt({lat}) gt 1 }}",
         # The body is read whole (up to tune.bufsize) to find the model; larger ones are refused.
@@ -294,6 +297,23 @@ def _frontend(desired: DesiredState, backends: tuple[Backend, ...],
         lines.append(f"    use_backend {backend.name} if {_route_acl(backend.route, res, lat)}")
     lines.append(f"    default_backend {REFUSE_BACKEND}")
     return "\n".join(lines) + "\n"
+
+
+def _log_target(settings: HAProxySettings) -> str:
+    if not settings.options.access_log:
+        return ""
+    # HAProxy writes no files: the log goes to stdout, which whatever starts HAProxy appends
+    # to the access_log file (docs/gateways.md). raw: the JSON line alone, no syslog header.
+    return "    log stdout format raw local0\n"
+
+
+def _access_log(settings: HAProxySettings) -> list[str]:
+    """The frontend's access log: one JSON object per request (accesslog.LOG_FORMAT), with
+    the answer's Content-Type captured so a streamed answer can be told."""
+    if not settings.options.access_log:
+        return []
+    return ["    log global", f"    log-format '{LOG_FORMAT}'",
+            "    capture response header Content-Type len 64"]
 
 
 def _route_acl(route: RouteSpec, res: str, lat: str) -> str:

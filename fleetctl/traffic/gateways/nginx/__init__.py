@@ -1,5 +1,6 @@
 """nginx: a rendered config, checked with nginx -t, swapped and reloaded."""
 
+from fleetctl.traffic.gateways.nginx.accesslog import parse_line
 from fleetctl.traffic.gateways.nginx.adapter import NginxAdapter
 from fleetctl.traffic.gateways.nginx.options import NginxOptions
 from fleetctl.traffic.gateways.nginx.render import MAX_PREFIX
@@ -11,6 +12,7 @@ KIND = GatewayKind(
     adapter=NginxAdapter,
     options=NginxOptions,
     address=directory("prefix directory fleetctl owns (nginx -p)", max_length=MAX_PREFIX),
+    parse_access_log=parse_line,
     summary="Every change is a rendered config checked with nginx -t, swapped and reloaded "
             "with SIGHUP.",
 )

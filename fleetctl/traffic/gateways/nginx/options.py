@@ -6,7 +6,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fleetctl.traffic.gateways.schema import option, shadow_collector_option
+from fleetctl.traffic.gateways.schema import (
+    access_log_option,
+    option,
+    shadow_collector_option,
+)
 
 _LISTEN = re.compile(r"^(\d+\.\d+\.\d+\.\d+|\[[0-9a-fA-F:]+\]|localhost):\d+$")
 
@@ -41,3 +45,4 @@ class NginxOptions:
     reload_timeout_s: float = option(10.0, minimum=0.1, maximum=600,
                                      help="seconds a reload may take before it counts as failed")
     shadow_collector: str | None = shadow_collector_option()
+    access_log: str | None = access_log_option()

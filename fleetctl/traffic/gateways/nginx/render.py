@@ -54,6 +54,7 @@ from fleetctl.traffic.gateways.base import (
     pool_base_url_problem,
     url_port,
 )
+from fleetctl.traffic.gateways.nginx.accesslog import LOG_FORMAT
 from fleetctl.traffic.gateways.nginx.options import NginxOptions
 from fleetctl.traffic.gateways.schema import collector_url_problem, parse_options
 
@@ -275,8 +276,7 @@ def _http_block(desired: DesiredState, upstreams: tuple[Upstream, ...],
     temp = "".join(f"    {kind}_temp_path {p / 'tmp' / kind};\n"
                    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     return f"""http {{
-    access_log off;
-    server_tokens off;
+{_access_log(settings)}    server_tokens off;
     # Off by default: on reload nginx closes idle keep-alive connections, and a client that
     # sends on one at that instant gets a connection error (1.22 has no way around it).
     keepalive_timeout {settings.options.client_keepalive_s}s;
@@ -298,6 +298,15 @@ def _http_block(desired: DesiredState, upstreams: tuple[Upstream, ...],
 {_refusal_server(settings)}
 {_main_server(desired, settings)}}}
 """
+
+
+def _access_log(settings: NginxSettings) -> str:
+    """One JSON object per request (accesslog.LOG_FORMAT) to the access_log file, flushed
+    at least every 250 ms (as Envoy's is), or no access log."""
+    if not settings.options.access_log:
+        return "    access_log off;\n"
+    return (f"    log_format fleetctl escape=json '{LOG_FORMAT}';\n"
+            f"    access_log {settings.options.access_log} fleetctl buffer=64k flush=250ms;\n")
 
 
 def _model_map(desired: DesiredState, settings: NginxSettings) -> str:
@@ -356,6 +365,8 @@ def _refusal_server(settings: NginxSettings) -> str:
     return f"""    # Refusals.
     server {{
         listen unix:{settings.refusal_socket};
+        # The request was logged where it arrived; this is nginx talking to itself.
+        access_log off;
         location / {{
             if ($http_x_fleetctl_route = "!residency") {{ {residency} }}
             if ($http_x_fleetctl_route = "!empty") {{ {empty} }}
@@ -381,7 +392,11 @@ def _main_server(desired: DesiredState, settings: NginxSettings) -> str:
     timeout = _error(504, "the pool did not answer in time", "server_error", "gateway_timeout")
     return f"""    server {{
         listen {settings.options.listen};
-        location = /__fleetctl_version {{ default_type text/plain; return 200 "@VERSION@\\n"; }}
+        location = /__fleetctl_version {{
+            access_log off;
+            default_type text/plain;
+            return 200 "@VERSION@\\n";
+        }}
         # The mirror target: reading the body for it is the point; nothing is sent anywhere.
         location = /__fleetctl_body {{ internal; return 204; }}
 {_mirror_location(desired)}        location @fleetctl_too_large {{ {too_large} }}
