@@ -9,6 +9,8 @@ hand it to `judge`, so each verdict says the same thing the same way (no gate do
 Methods (see docs/confidence.md for why):
 
 - one proportion: Wilson score interval (`wilson_interval`);
+- a quantile (a latency percentile): binomial order-statistic ranks
+  (`quantile_rank_interval`), distribution-free;
 - a mean of [0, 1] scores: BCa bootstrap (`bootstrap_mean_interval`);
 - paired 0/1 samples: Newcombe's square-and-add interval for paired proportions (method 10,
   Wilson limits of each marginal, corrected phi) with the exact McNemar p-value
@@ -153,6 +155,34 @@ def wilson_interval(successes: int, n: int, confidence: float = DEFAULT_CONFIDEN
     lower, upper = _wilson_limits(successes, n, confidence)
     return Interval(estimate=successes / n, lower=max(0.0, float(lower)),
                     upper=min(1.0, float(upper)), confidence=confidence, method="wilson", n=n)
+
+
+def quantile_rank_interval(n: int, q: float,
+                           confidence: float = DEFAULT_CONFIDENCE) -> tuple[int, int]:
+    """The 0-based ranks (lo, hi) of the sorted samples whose values bound the q-quantile of
+    the distribution the n samples came from, at `confidence`.
+
+    The number of samples below the true quantile is Binomial(n, q), so the lo-th smallest
+    sample is below it and the hi-th above it each with probability at least
+    1 − (1 − confidence) / 2 (exact binomial, scipy; no assumption about the distribution:
+    latencies are anything but normal). With too few samples for that the ranks stop at the
+    smallest and largest sample and the coverage is lower than asked: the caller shows n.
+    The sample's own linear quantile (numpy's default) always lies between the two ranks."""
+    from scipy.stats import binom
+
+    confidence = _check_confidence(confidence)
+    n = _check_count("The number of samples", n, minimum=1)
+    if isinstance(q, bool) or not isinstance(q, (int, float)) or not math.isfinite(float(q)) \
+            or not 0.0 <= q <= 1.0:
+        raise ConfidenceInputError(f"The quantile must be a number from 0 to 1, not {q!r}.")
+    tail = (1.0 - confidence) / 2.0
+    # 1-based order statistics X(j) <= quantile <= X(k): j = ppf(tail), k = ppf(1 - tail) + 1.
+    lo = int(binom.ppf(tail, n, q)) - 1
+    hi = int(binom.ppf(1.0 - tail, n, q))
+    rank = q * (n - 1)
+    lo = max(0, min(lo, math.floor(rank)))
+    hi = min(n - 1, max(hi, math.ceil(rank)))
+    return lo, hi
 
 
 def bootstrap_mean_interval(
