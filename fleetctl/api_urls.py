@@ -16,6 +16,7 @@ from fleetctl.fleet.api.views import (
     RegionViewSet,
 )
 from fleetctl.observability import MetricsView
+from fleetctl.ramps.api.views import RampViewSet
 from fleetctl.shadow.api.views import ShadowRunViewSet
 from fleetctl.traffic.api.views import DrainViewSet, GatewayViewSet, PushViewSet, RouteViewSet
 from fleetctl.webhooks.api.views import WebhookViewSet
@@ -39,6 +40,7 @@ router.register("gateways", GatewayViewSet, basename="gateway")
 router.register("pushes", PushViewSet, basename="push")
 router.register("drains", DrainViewSet, basename="drain")
 router.register("bench/traces", TraceViewSet, basename="bench-trace")
+router.register("ramps", RampViewSet, basename="ramp")
 router.register("bench/runs", RunViewSet, basename="bench-run")
 router.register("conformance-runs", ConformanceRunViewSet, basename="conformance-run")
 router.register("shadow-runs", ShadowRunViewSet, basename="shadow-run")

@@ -382,6 +382,10 @@ SPECTACULAR_SETTINGS = {
         "EvalResultStatusEnum": "fleetctl.evals.models.EvalResult.Status",
         "EvalSuiteSourceEnum": "fleetctl.evals.models.EvalSuite.Source",
         "EvalPoolRoleEnum": "fleetctl.evals.models.EvalRunPool.Role",
+        # Shared by a read and the answer to a write (Drain/DrainAnswer, …): named here.
+        "DrainStatusEnum": "fleetctl.traffic.models.Drain.Status",
+        "RevisionKindEnum": "fleetctl.traffic.models.SplitRevision.Kind",
+        "RampStateEnum": "fleetctl.ramps.models.Ramp.State",
     },
 }
 

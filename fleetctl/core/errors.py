@@ -24,5 +24,13 @@ class NotFoundError(DomainError):
 
 
 class ConflictError(DomainError):
+    """`extra`: facts about the current state a client acts on (e.g. `current_revision`),
+    answered at the top level of the error body beside `error`."""
+
     status_code = 409
     code = "conflict"
+
+    def __init__(self, message: str, *, fields: dict[str, list[str]] | None = None,
+                 extra: dict[str, object] | None = None) -> None:
+        super().__init__(message, fields=fields)
+        self.extra = extra or {}

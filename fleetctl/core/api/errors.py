@@ -54,8 +54,10 @@ def validation_response(fields: dict[str, list[str]], status_code: int = 400) ->
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, DomainError):
-        message = exc.message
-        return Response(error_body(exc.code, message, exc.fields), status=exc.status_code)
+        body = error_body(exc.code, exc.message, exc.fields)
+        # A conflict's facts (the current revision, …) beside the error, never over it.
+        body |= {k: v for k, v in getattr(exc, "extra", {}).items() if k != "error"}
+        return Response(body, status=exc.status_code)
     if isinstance(exc, DjangoValidationError):
         fields = (
             {k: [str(m) for m in v] for k, v in exc.message_dict.items()}

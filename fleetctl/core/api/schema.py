@@ -39,6 +39,16 @@ ERROR_SCHEMA: dict[str, Any] = {
             },
             "required": ["code", "message", "fields"],
         },
+        # A 409 for a stale base_revision says what the route holds now, so a client can
+        # re-read nothing and decide (these three appear only there).
+        "current_revision": {"type": "integer",
+                             "description": "409, stale base_revision: the route's current "
+                                            "revision number."},
+        "current_weights": {"type": "object", "additionalProperties": {"type": "number"},
+                            "description": "409, stale base_revision: its split, pool name "
+                                           "→ percent."},
+        "current_author": {"type": "string",
+                           "description": "409, stale base_revision: who made it."},
     },
     "required": ["error"],
 }
@@ -53,7 +63,10 @@ DESCRIPTIONS = {
            "audited.",
     "404": "No such object (check the id or name in the URL), or a page past the last.",
     "409": "Refused because of the current state (for example a stale `base_revision`, or "
-           "rows that still rely on this one); the message says what to do.",
+           "rows that still rely on this one, or a request with the same Idempotency-Key "
+           "still running); the message says what to do.",
+    "422": "This Idempotency-Key was used for another request (another path or body); "
+           "use a new key for a new request.",
     "429": "Too many invalid tokens from this address: bearer requests from it are refused "
            "until `Retry-After` seconds have passed.",
 }
@@ -87,6 +100,9 @@ def error_codes(method: str, operation: dict[str, Any]) -> list[str]:
         codes.append("404")
     if method in WRITE_METHODS:
         codes.append("409")
+    if any(p.get("in") == "header" and p.get("name") == "Idempotency-Key"
+           for p in parameters):
+        codes += ["400", "422"]
     if operation.get("security") != [{}]:
         codes.append("429")
     return codes

@@ -8,6 +8,7 @@ from rest_framework import serializers
 from fleetctl.core.api.fields import MillisecondsField, StrictCharField
 from fleetctl.core.api.schema import ObjectField
 from fleetctl.fleet.models import Pool
+from fleetctl.traffic.api.waiting import WaitGatewaySerializer
 from fleetctl.traffic.models import (
     Drain,
     Gateway,
@@ -46,6 +47,27 @@ class RevisionSerializer(serializers.ModelSerializer):
     @extend_schema_field(WEIGHTS_SCHEMA)
     def get_weights(self, revision: SplitRevision) -> dict[str, float]:
         return as_percentages(revision.weights)
+
+
+class RevisionAnswerSerializer(RevisionSerializer):
+    """The answer to a split change: the revision, whether it was new, and with
+    ?wait=verified whether every gateway holds it."""
+
+    unchanged = serializers.SerializerMethodField(
+        help_text="True when the split asked for is the one in force: no revision was made "
+                  "and nothing pushed; this is the current revision (answered 200).")
+    verified = serializers.BooleanField(
+        required=False, help_text="With ?wait=verified: every gateway verified it in time.")
+    gateways = WaitGatewaySerializer(
+        many=True, required=False, source="wait_gateways",
+        help_text="With ?wait=verified: each gateway's push of this revision.")
+
+    class Meta(RevisionSerializer.Meta):
+        fields = [*RevisionSerializer.Meta.fields, "unchanged", "verified", "gateways"]
+        read_only_fields = RevisionSerializer.Meta.fields
+
+    def get_unchanged(self, revision: SplitRevision) -> bool:
+        return bool(getattr(revision, "unchanged", False))
 
 
 class RouteSerializer(serializers.ModelSerializer):
@@ -240,6 +262,19 @@ class DrainCreateSerializer(serializers.Serializer):
     pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all(),
                                         required=False)
     reason = serializers.CharField(max_length=2000)
+
+class DrainAnswerSerializer(DrainSerializer):
+    """The answer to a drain or restore; with ?wait=verified, after waiting for the gateways
+    (`gateways` and `status` then read from the rows)."""
+
+    verified = serializers.BooleanField(
+        required=False, help_text="With ?wait=verified: every gateway verified the drain's "
+                                  "revisions in time.")
+
+    class Meta(DrainSerializer.Meta):
+        fields = [*DrainSerializer.Meta.fields, "verified"]
+        read_only_fields = DrainSerializer.Meta.fields
+
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("route" in attrs) == ("pool" in attrs):

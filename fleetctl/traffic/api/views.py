@@ -11,10 +11,12 @@ from rest_framework.response import Response
 
 from fleetctl.accounts.api.viewsets import ServiceModelViewSet
 from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core import idempotency
 from fleetctl.traffic import push, selectors, services
 from fleetctl.traffic.api import serializers as s
+from fleetctl.traffic.api import waiting
 from fleetctl.traffic.api.filters import GatewayFilter
-from fleetctl.traffic.models import Route
+from fleetctl.traffic.models import Drain, Route
 
 
 class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
@@ -54,23 +56,37 @@ class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Crea
 
     @extend_schema(methods=["GET"], responses={200: s.RevisionSerializer(many=True)})
     @extend_schema(methods=["POST"], request=s.RevisionCreateSerializer,
-                   responses={201: s.RevisionSerializer})
+                   parameters=[idempotency.PARAMETER, *waiting.PARAMETERS],
+                   responses={201: s.RevisionAnswerSerializer,
+                              200: s.RevisionAnswerSerializer})
     # The history of the route named in the URL: the route list's filters do not apply.
     @action(detail=True, methods=["get", "post"], filter_backends=[])
+    @idempotency.idempotent
     def revisions(self, request: Request, name: str) -> Response:
-        """GET: the route's revision history, newest first. POST: a new split (scope `ramp`);
-        409 with the current revision when `base_revision` is stale."""
+        """GET: the route's revision history, newest first. POST: a new split (scope `ramp`):
+        201 with the new revision; 200 with `unchanged: true` and the current revision when
+        the split is the one in force (nothing stored or pushed); 409 with the current
+        revision, its weights and author when `base_revision` is stale. ?wait=verified
+        answers once every gateway verified it (or the timeout passed)."""
         route = self.get_object()
         if request.method == "GET":
             history = route.revisions.select_related("route", "parent").order_by("-number")
             page = self.paginate_queryset(history)
             return self.get_paginated_response(s.RevisionSerializer(page, many=True).data)
+        timeout_s = waiting.wait_timeout(request)
         body = s.RevisionCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         revision = services.revision_create(
             actor=actor_from_request(request), route=route, **body.validated_data
         )
-        return Response(s.RevisionSerializer(revision).data, status=status.HTTP_201_CREATED)
+        unchanged = getattr(revision, "unchanged", False)
+        if timeout_s is not None:
+            pushes = waiting.wait_for_pushes(
+                list(revision.pushes.values_list("pk", flat=True)), timeout_s)
+            revision.verified = waiting.verified(pushes)  # type: ignore[attr-defined]
+            revision.wait_gateways = waiting.gateway_rows(pushes)  # type: ignore[attr-defined]
+        return Response(s.RevisionAnswerSerializer(revision).data,
+                        status=status.HTTP_200_OK if unchanged else status.HTTP_201_CREATED)
 
 
 class GatewayViewSet(ServiceModelViewSet):
@@ -101,31 +117,51 @@ class DrainViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     serializer_class = s.DrainSerializer
     filterset_fields = ["action", "status", "route__name", "pool__name"]
 
-    @extend_schema(request=s.DrainCreateSerializer, responses={202: s.DrainSerializer})
+    @extend_schema(request=s.DrainCreateSerializer,
+                   parameters=[idempotency.PARAMETER, *waiting.PARAMETERS],
+                   responses={202: s.DrainAnswerSerializer})
+    @idempotency.idempotent
     def create(self, request: Request) -> Response:
         """Drain a route (to its primary) or a pool (off every route). Scope `drain`.
         Answers once every gateway had its first push attempt (at most
         TRAFFIC_INLINE_PUSH_BUDGET_S), with the record as it then stands; poll it until
-        in-flight streams have closed."""
+        in-flight streams have closed. ?wait=verified: once every gateway verified it (or
+        the timeout passed), with `verified`."""
+        timeout_s = waiting.wait_timeout(request)
         body = s.DrainCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         drain = services.drain_request(actor=actor_from_request(request), **body.validated_data)
         # Committed: the first attempt at every gateway, here. The answer is the drain as
         # those attempts left it, from what this process holds (no second read).
         drain = push.drain_push_now(drain)
-        return Response(s.DrainSerializer(drain).data, status=status.HTTP_202_ACCEPTED)
+        return self._answer(drain, timeout_s)
 
-    @extend_schema(request=s.RestoreSerializer, responses={202: s.DrainSerializer})
+    @extend_schema(request=s.RestoreSerializer,
+                   parameters=[idempotency.PARAMETER, *waiting.PARAMETERS],
+                   responses={202: s.DrainAnswerSerializer})
     @action(detail=True, methods=["post"])
+    @idempotency.idempotent
     def restore(self, request: Request, pk: str) -> Response:
-        """Return every route of this drain to the split it had before (409 if changed)."""
+        """Return every route of this drain to the split it had before (409 if changed).
+        ?wait=verified as for a drain."""
+        timeout_s = waiting.wait_timeout(request)
         body = s.RestoreSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         drain = get_object_or_404(selectors.drain_list(), pk=pk)
         record = services.drain_restore(actor=actor_from_request(request), drain=drain,
                                         reason=body.validated_data.get("reason", ""))
         record = push.drain_push_now(record)
-        return Response(s.DrainSerializer(record).data, status=status.HTTP_202_ACCEPTED)
+        return self._answer(record, timeout_s)
+
+    def _answer(self, drain: Drain, timeout_s: float | None) -> Response:
+        if timeout_s is not None:
+            pushes = waiting.wait_for_pushes(list(drain.push_ids or []), timeout_s)
+            drain.verified = waiting.verified(pushes)  # type: ignore[attr-defined]
+            # The record and its gateways as they stand after the wait, from the rows.
+            drain.refresh_from_db(fields=["status", "verified_at", "in_flight_zero_at",
+                                          "completed_at", "last_error", "failure_reason"])
+            drain.first_pushes = None
+        return Response(s.DrainAnswerSerializer(drain).data, status=status.HTTP_202_ACCEPTED)
 
 
 __all__ = ["DrainViewSet", "GatewayViewSet", "PushViewSet", "Route", "RouteViewSet"]

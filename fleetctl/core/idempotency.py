@@ -1,0 +1,181 @@
+"""`Idempotency-Key` for POSTs that change traffic: a client that lost the answer to a drain
+or a split change (a timeout, a dropped connection) sends the same request again with the
+same key and gets the first answer back instead of a second change.
+
+The key is claimed with an INSERT before the view runs (a unique constraint on caller and
+key), so of two requests with one key exactly one runs: the other waits for the claim's
+commit at the index and then sees it. What the first one answered is kept:
+
+* 2xx and 4xx answers are stored; a retry gets the same status and body, with the header
+  `Idempotent-Replayed: true`. A refusal stays a refusal: resending cannot turn it into a
+  change the caller did not see.
+* A 5xx, or an exception, is not stored: the claim is released, so a retry runs again.
+* The same key with another method, path or body: 422 (a client bug, or a key reused).
+* The same key while the first request still runs: 409, retry shortly.
+
+Keys are kept IDEMPOTENCY_TTL_HOURS (the beat task `core.idempotency_prune` deletes older
+ones); a key older than that is treated as new.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.http.request import RawPostDataException
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework import exceptions
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.utils.encoders import JSONEncoder
+
+from fleetctl.core.models import IdempotentRequest
+
+HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+MAX_KEY_LENGTH = 255
+
+PARAMETER = OpenApiParameter(
+    HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+    pattern=r"^[\x20-\x7e]{1,255}$",
+    description=(
+        "Any string you choose per change (1–255 printable ASCII characters, e.g. a UUID). "
+        "Send the same request again with the same key and you get the first answer back, "
+        f"with `{REPLAYED_HEADER}: true`, instead of a second change. The same key with "
+        "another body: 422. While the first request is still running: 409, retry shortly. "
+        "An answer of 5xx is not kept (a retry runs again). Keys are kept "
+        "IDEMPOTENCY_TTL_HOURS (default 24 h)."),
+)
+
+
+class KeyInUse(exceptions.APIException):
+    status_code = 409
+    default_code = "in_progress"
+    default_detail = ("A request with this Idempotency-Key is still in progress; retry "
+                      "shortly to get its answer.")
+
+
+class KeyReused(exceptions.APIException):
+    status_code = 422
+    default_code = "idempotency_key_reused"
+
+
+def _principal(request: Request) -> str | None:
+    """Whom a key belongs to: the token (personal or service), else the signed-in user.
+    Keys of different callers never meet."""
+    token = getattr(request, "auth", None)
+    if token is not None and getattr(token, "pk", None) is not None:
+        return f"token:{token.pk}"
+    user = getattr(request, "user", None)
+    if user is not None and getattr(user, "is_authenticated", False) and user.pk is not None:
+        return f"user:{user.pk}"
+    return None
+
+
+def _check_key(key: str) -> None:
+    if not 1 <= len(key) <= MAX_KEY_LENGTH or not all(" " <= c <= "~" for c in key):
+        raise exceptions.ValidationError({HEADER: [
+            f"An {HEADER} is 1–{MAX_KEY_LENGTH} printable ASCII characters (a UUID is a good "
+            f"one); this one is {len(key)} character(s)"
+            + ("" if key.isascii() and key.isprintable() else " and not printable ASCII")
+            + "."]})
+
+
+def _fingerprint(request: Request) -> str:
+    """The request a key stands for: method, path with its query, and the body's bytes."""
+    digest = hashlib.sha256()
+    digest.update(f"{request.method} {request.get_full_path()}\n".encode())
+    try:
+        digest.update(request._request.body)
+    except RawPostDataException:  # already parsed: its data stands for the body
+        digest.update(json.dumps(request.data, cls=JSONEncoder, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def _claim(*, principal: str, key: str, request: Request, sha256: str
+           ) -> IdempotentRequest | Response:
+    """The claim on the key (a new row), or the answer a retry gets (stored or refused)."""
+    path = request.get_full_path()[:500]
+    fields = {"principal": principal, "key": key, "method": request.method, "path": path,
+              "request_sha256": sha256}
+    for _ in range(2):
+        try:
+            with transaction.atomic():
+                return IdempotentRequest.objects.create(**fields)
+        except IntegrityError:
+            pass
+        earlier = IdempotentRequest.objects.filter(principal=principal, key=key).first()
+        if earlier is None:  # released meanwhile (its request failed): claim it now
+            continue
+        expired = timezone.now() - timedelta(hours=settings.IDEMPOTENCY_TTL_HOURS)
+        if earlier.created_at < expired:  # kept past its time, not yet pruned: a new key
+            IdempotentRequest.objects.filter(pk=earlier.pk).delete()
+            continue
+        if (earlier.method, earlier.path, earlier.request_sha256) != (
+                request.method, path, sha256):
+            raise KeyReused(
+                f"This {HEADER} was used at {earlier.created_at:%Y-%m-%d %H:%M:%S} UTC for "
+                f"another request ({earlier.method} {earlier.path}, or another body). Use a "
+                f"new key for a new request.")
+        if earlier.state == IdempotentRequest.State.RUNNING:
+            raise KeyInUse()
+        return Response(earlier.response, status=earlier.status_code,
+                        headers={REPLAYED_HEADER: "true"})
+    raise KeyInUse()
+
+
+def _stored(data: Any) -> Any:
+    """The answer's data as JSON would render it (dates as strings), to keep and replay."""
+    return json.loads(json.dumps(data, cls=JSONEncoder))
+
+
+def idempotent(view: Callable[..., Response]) -> Callable[..., Response]:
+    """Decorate a DRF view method (a viewset action or `post`): with an Idempotency-Key
+    header its POSTs run once per key; without one, nothing changes. Only POST is keyed (an
+    action that also answers GET is read as usual)."""
+
+    @functools.wraps(view)
+    def wrapper(self: Any, request: Request, *args: Any, **kwargs: Any) -> Response:
+        key = request.headers.get(HEADER)
+        principal = _principal(request)
+        if key is None or request.method != "POST" or principal is None:
+            return view(self, request, *args, **kwargs)
+        _check_key(key)
+        claim = _claim(principal=principal, key=key, request=request,
+                       sha256=_fingerprint(request))
+        if isinstance(claim, Response):
+            return claim
+        try:
+            try:
+                response = view(self, request, *args, **kwargs)
+            except Exception as exc:
+                # The answer the caller will get for this exception (the API's handler);
+                # one it does not handle is a 500 and is raised on, unstored.
+                response = self.handle_exception(exc)
+        except BaseException:
+            IdempotentRequest.objects.filter(pk=claim.pk).delete()
+            raise
+        if response.status_code >= 500:
+            IdempotentRequest.objects.filter(pk=claim.pk).delete()
+            return response
+        IdempotentRequest.objects.filter(pk=claim.pk).update(
+            state=IdempotentRequest.State.DONE, status_code=response.status_code,
+            response=_stored(response.data), finished_at=timezone.now())
+        return response
+
+    return wrapper
+
+
+def idempotency_prune(*, now: Any = None) -> int:
+    """Delete keys older than IDEMPOTENCY_TTL_HOURS; returns how many."""
+    cutoff = (now or timezone.now()) - timedelta(hours=settings.IDEMPOTENCY_TTL_HOURS)
+    deleted, _ = IdempotentRequest.objects.filter(created_at__lt=cutoff).delete()
+    return deleted

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from fleetctl.core.api.schema import NullableObjectField, ObjectField
+from fleetctl.fleet.models import Pool
+from fleetctl.ramps.models import Ramp, RampEvent
+from fleetctl.traffic.models import Route
+from migrations_plan.models import Plan
+
+
+class StepSerializer(serializers.Serializer):
+    percent = serializers.FloatField(help_text="The candidate's share of the route at this "
+                                               "step (above 0, at most 100, 0.01 steps).")
+    hold_s = serializers.FloatField(help_text="Seconds to hold it before the guard's verdict "
+                                              "on the whole hold (at least the guard's "
+                                              "window and one telemetry window).")
+
+
+class RampEventSerializer(serializers.ModelSerializer):
+    numbers = ObjectField(read_only=True, help_text=(
+        "What the decision used: per pool the samples, error rate and TTFT/TPOT p95 with "
+        "their bounds and sources, the thresholds, the window."))
+    drain = serializers.IntegerField(source="drain_id", read_only=True, allow_null=True)
+
+    class Meta:
+        model = RampEvent
+        fields = ["id", "at", "kind", "step_index", "percent", "message", "numbers", "actor",
+                  "revision_number", "drain", "evidence_id"]
+        read_only_fields = fields
+
+
+class RampSerializer(serializers.ModelSerializer):
+    route = serializers.CharField(source="route.name", read_only=True)
+    pool = serializers.CharField(source="pool.name", read_only=True)
+    plan = serializers.CharField(source="plan.name", read_only=True, allow_null=True)
+    steps = StepSerializer(many=True, read_only=True)
+    drain = serializers.IntegerField(source="drain_id", read_only=True, allow_null=True,
+                                     help_text="The rollback or abort drain.")
+    current_percent = serializers.SerializerMethodField(
+        help_text="The candidate's share set by the current step (null before the first).")
+
+    class Meta:
+        model = Ramp
+        fields = ["id", "route", "pool", "plan", "steps", "min_samples", "window_s",
+                  "failure_threshold", "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate",
+                  "latency_margin_pct", "base_weights", "state", "state_reason", "step_index",
+                  "current_percent", "step_started_at", "revision_number",
+                  "consecutive_failures", "drain", "created_by", "created_at", "finished_at",
+                  "next_check_at"]
+        read_only_fields = fields
+
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        fields["base_weights"] = ObjectField(read_only=True, help_text=(
+            "The split when the ramp started (basis points by pool): the other pools share "
+            "the rest in these proportions."))
+        return fields
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_current_percent(self, ramp: Ramp) -> float | None:
+        step = ramp.current_step
+        return float(step["percent"]) if step else None
+
+
+class SpanSerializer(serializers.Serializer):
+    step = serializers.IntegerField()
+    percent = serializers.FloatField(allow_null=True)
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField(allow_null=True)
+    outcome = serializers.CharField(help_text="holding, passed, skipped, stepped up, warned, "
+                                              "rolled back, aborted, paused, complete")
+
+
+class RampDetailSerializer(RampSerializer):
+    events = RampEventSerializer(many=True, read_only=True,
+                                 help_text="The timeline, oldest first.")
+    spans = SpanSerializer(many=True, read_only=True, help_text="One per step set.")
+    numbers = NullableObjectField(read_only=True, help_text=(
+        "The guard's judgement of the current step's window right now (decision, reasons, "
+        "both pools' figures with their sources); null when no step is holding."))
+
+    class Meta(RampSerializer.Meta):
+        fields = [*RampSerializer.Meta.fields, "events", "spans", "numbers"]
+        read_only_fields = fields
+
+
+class RampCreateSerializer(serializers.Serializer):
+    route = serializers.SlugRelatedField(slug_field="name", queryset=Route.objects.all())
+    pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all(),
+                                        help_text="The candidate pool to ramp onto the route.")
+    steps = StepSerializer(many=True, help_text="Strictly increasing percents, each held; at "
+                                                "most 20.")
+    plan = serializers.SlugRelatedField(
+        slug_field="name", queryset=Plan.objects.all(), required=False, allow_null=True,
+        help_text="The plan whose candidate the pool is (default: its stage-4 plan listing the "
+                  "route, if any); each passed hold records ramp-slo evidence for it.")
+    min_samples = serializers.IntegerField(required=False, default=50, min_value=1)
+    window_s = serializers.IntegerField(required=False, default=30, min_value=1)
+    failure_threshold = serializers.IntegerField(required=False, default=2, min_value=1,
+                                                 max_value=100)
+    slo_ttft_p95_ms = serializers.FloatField(required=False, allow_null=True, min_value=0)
+    slo_tpot_p95_ms = serializers.FloatField(required=False, allow_null=True, min_value=0)
+    slo_error_rate = serializers.FloatField(required=False, allow_null=True, min_value=0,
+                                            max_value=1)
+    latency_margin_pct = serializers.FloatField(required=False, allow_null=True, min_value=0)
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=2000,
+                                   default="")
+
+    def validate_steps(self, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [dict(step) for step in steps]
+
+
+class RampActionSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=2000, help_text="Goes in the ramp's timeline "
+                                                              "and the audit log.")
