@@ -1,0 +1,430 @@
+"""The telemetry ingester: `python -m fleetctl.telemetry.ingest`.
+
+One process follows the access log of every gateway whose options name one (`access_log`),
+parses each complete line with its kind's parser (`registry.find(kind).parse_access_log`,
+`parse_line(line, endpoints) -> LogRecord | None`), and adds what it read into 10 s windows per
+(gateway, route, pool). Every TELEMETRY_FLUSH_INTERVAL_S it writes the open windows and moves
+each file's cursor in the same transaction: a restart resumes from the cursor and counts
+every line once. A thread of the same process scrapes every pool's /metrics (scrape.py).
+
+Following a file:
+- a line counts when it is complete (ends with a newline); a partial last line waits;
+- a line the parser refuses (ValueError) is counted in the cursor's `malformed`, never fatal;
+- rotation (the path now names another inode): what is left of the old file is read from
+  the handle still open, then the new file from its start (`rotations`). If the ingester was
+  down during the rotation, the old file's unread tail is lost (it is not looked for);
+- truncation (the file is shorter than the offset): read again from 0 (`truncations`).
+
+Memory is bounded by the open windows (one small aggregate per gateway, route, pool and
+window start), never by the number of requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from fleetctl.traffic.gateways.base import LogRecord
+
+log = logging.getLogger("fleetctl.telemetry.ingest")
+
+Parser = Callable[[bytes, Mapping[str, str]], LogRecord | None]
+
+READ_CHUNK = 4 * 1024 * 1024  # bytes read from one file per poll
+MAX_LINE = 1024 * 1024  # a "line" longer than this without a newline is skipped as malformed
+REFRESH_S = 5.0  # how often the gateways (and their endpoints) are read again
+
+
+class _Aggregate:
+    __slots__ = (
+        "bytes_out",
+        "client_errors",
+        "duration",
+        "errors",
+        "flags",
+        "requests",
+        "retries",
+        "streamed",
+        "ttft",
+    )
+
+    def __init__(self) -> None:
+        self.requests = self.errors = self.client_errors = 0
+        self.retries = self.streamed = self.bytes_out = 0
+        self.ttft: dict[int, int] = {}
+        self.duration: dict[int, int] = {}
+        self.flags: dict[str, int] = {}
+
+
+class Aggregator:
+    """Open windows: (gateway, route, pool, window start in epoch seconds) -> aggregate."""
+
+    def __init__(self, window_s: int) -> None:
+        self.window_s = window_s
+        self.open: dict[tuple[str, str, str, int], _Aggregate] = {}
+
+    def add(self, gateway: str, record: LogRecord) -> None:
+        from fleetctl.telemetry.histogram import bucket_of
+
+        start = int(record.start) - int(record.start) % self.window_s
+        key = (gateway, record.route, record.pool, start)
+        agg = self.open.get(key)
+        if agg is None:
+            agg = self.open[key] = _Aggregate()
+        agg.requests += 1
+        status = record.status
+        if status >= 500 or status == 0:
+            agg.errors += 1
+        elif status >= 400:
+            agg.client_errors += 1
+        if record.attempts > 1:
+            agg.retries += record.attempts - 1
+        agg.bytes_out += record.bytes_out
+        i = bucket_of(record.duration_ms)
+        agg.duration[i] = agg.duration.get(i, 0) + 1
+        if record.streamed:
+            agg.streamed += 1
+            if record.ttft_ms is not None:
+                i = bucket_of(record.ttft_ms)
+                agg.ttft[i] = agg.ttft.get(i, 0) + 1
+        status_class = f"{status // 100}xx" if status else "no-answer"
+        agg.flags[status_class] = agg.flags.get(status_class, 0) + 1
+        flags = record.flags
+        if flags and flags != "-":
+            for flag in flags.split(","):
+                agg.flags[flag] = agg.flags.get(flag, 0) + 1
+
+    def take(self) -> list[Any]:
+        """The open windows as WindowDeltas; the aggregator starts empty again."""
+        from fleetctl.telemetry.models import Window
+        from fleetctl.telemetry.services import WindowDelta
+
+        deltas = []
+        for (gateway, route, pool, start), agg in self.open.items():
+            deltas.append(WindowDelta(
+                Window.Source.GATEWAY, gateway, route, pool, self.window_s,
+                datetime.fromtimestamp(start, tz=UTC),
+                counts={"requests": agg.requests, "errors": agg.errors,
+                        "client_errors": agg.client_errors, "retries": agg.retries,
+                        "streamed": agg.streamed, "bytes_out": agg.bytes_out},
+                histograms={"ttft": {str(i): n for i, n in agg.ttft.items()},
+                            "duration": {str(i): n for i, n in agg.duration.items()},
+                            "flags": dict(agg.flags)}))
+        self.open = {}
+        return deltas
+
+
+@dataclass
+class Follower:
+    """Where the ingester stands in one gateway's log file. `offset`/`inode` are those of
+    the lines already aggregated; they reach the Cursor row at the next flush."""
+
+    gateway: str
+    path: str
+    parse: Parser
+    endpoints: Mapping[str, str] = field(default_factory=dict)
+    inode: int | None = None
+    offset: int = 0
+    lines: int = 0
+    malformed: int = 0
+    rotations: int = 0
+    truncations: int = 0
+    last_error: str = ""
+    last_read_at: datetime | None = None
+    handle: Any = None
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+    def poll(self, aggregator: Aggregator, *, max_bytes: int = READ_CHUNK) -> int:
+        """Read what complete lines there are (up to max_bytes); returns how many (blank and
+        malformed ones included: `lines` counts every line consumed)."""
+        self.last_read_at = datetime.now(tz=UTC)
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            # Mid-rotation, or the gateway has not written yet: finish what is open.
+            read = self._drain_old(aggregator) if self.handle is not None else 0
+            self.last_error = f"{self.path} does not exist (yet)"
+            return read
+        except OSError as exc:
+            self.last_error = f"cannot read {self.path}: {exc}"
+            return 0
+        read = 0
+        if self.handle is not None and os.fstat(self.handle.fileno()).st_ino != stat.st_ino:
+            read += self._drain_old(aggregator)
+        if self.handle is None:
+            if self.inode is not None and self.inode != stat.st_ino:
+                self.rotations += 1
+                self.offset = 0
+            elif stat.st_size < self.offset:
+                self.truncations += 1
+                self.offset = 0
+            try:
+                self.handle = open(self.path, "rb")  # noqa: SIM115 (kept open across polls)
+            except OSError as exc:
+                self.last_error = f"cannot open {self.path}: {exc}"
+                return read
+            self.inode = os.fstat(self.handle.fileno()).st_ino
+        elif stat.st_size < self.offset:
+            self.truncations += 1
+            self.offset = 0
+        self.last_error = ""
+        return read + self._read(aggregator, max_bytes, final=False)
+
+    def _drain_old(self, aggregator: Aggregator) -> int:
+        """The path was rotated away (or removed): read the old file to its end, its last
+        line too (the gateway will not complete it there), and let go of it."""
+        read = 0
+        while True:
+            n = self._read(aggregator, READ_CHUNK, final=True)
+            read += n
+            if n == 0:
+                break
+        self.close()
+        self.rotations += 1
+        self.offset = 0
+        self.inode = None
+        return read
+
+    def _read(self, aggregator: Aggregator, max_bytes: int, *, final: bool) -> int:
+        handle = self.handle
+        handle.seek(self.offset)
+        data = handle.read(max_bytes)
+        if not data:
+            return 0
+        end = data.rfind(b"\n")
+        if end < 0:
+            if final or len(data) >= MAX_LINE:
+                end = len(data) - 1  # the whole rest is one (last, or monstrous) line
+            else:
+                return 0  # a partial line: wait for its end
+        chunk = data[:end + 1]
+        self.offset += end + 1
+        parse, endpoints, gateway = self.parse, self.endpoints, self.gateway
+        add = aggregator.add
+        lines = chunk.splitlines()
+        for line in lines:
+            try:
+                record = parse(line, endpoints)
+            except ValueError:
+                self.malformed += 1
+                continue
+            if record is not None:
+                add(gateway, record)
+        self.lines += len(lines)
+        return len(lines)
+
+
+def parser_for(kind: str) -> Parser | None:
+    """The kind's access log parser (`registry.find(kind).parse_access_log`); None for kinds
+    that do not log (e.g. gateway_api) or are not known."""
+    from fleetctl.traffic.gateways import registry
+
+    found = registry.find(kind)
+    return None if found is None else found.parse_access_log
+
+
+def endpoints_of(gateway: Any) -> dict[str, str]:
+    """"host:port" -> pool name for every pool in the gateway's desired state."""
+    from fleetctl.traffic.selectors import gateway_desired_state
+
+    out: dict[str, str] = {}
+    for name, pool in gateway_desired_state(gateway=gateway).pools.items():
+        for url in pool.base_urls:
+            parts = urlsplit(url)
+            if parts.hostname:
+                port = parts.port or (443 if parts.scheme == "https" else 80)
+                out[f"{parts.hostname}:{port}"] = name
+    return out
+
+
+class Ingester:
+    """Follows every gateway's access log, flushes windows and cursors together."""
+
+    def __init__(self, *, window_s: int | None = None, flush_interval_s: float | None = None,
+                 parsers: Mapping[str, Parser] | None = None) -> None:
+        from django.conf import settings
+
+        self.window_s = int(window_s or settings.TELEMETRY_WINDOW_S)
+        self.flush_interval_s = float(flush_interval_s if flush_interval_s is not None
+                                      else settings.TELEMETRY_FLUSH_INTERVAL_S)
+        self.parsers = dict(parsers or {})
+        self.aggregator = Aggregator(self.window_s)
+        self.followers: dict[tuple[str, str], Follower] = {}
+        self.last_refresh = 0.0
+
+    def refresh(self) -> None:
+        """Follow the logs the gateways name now (cursor values read once per new file)."""
+        from fleetctl.telemetry.models import Cursor
+        from fleetctl.traffic.models import Gateway
+
+        wanted: dict[tuple[str, str], tuple[Parser, Any]] = {}
+        for gateway in Gateway.objects.all():
+            path = (gateway.options or {}).get("access_log")
+            if not path:
+                continue
+            parse = self.parsers.get(gateway.kind) or parser_for(gateway.kind)
+            if parse is None:
+                log.warning("gateway %s: kind %s has no access log parser", gateway.name,
+                            gateway.kind)
+                continue
+            wanted[(gateway.name, str(path))] = (parse, gateway)
+        for key in set(self.followers) - set(wanted):
+            self.followers.pop(key).close()
+        for key, (parse, gateway) in wanted.items():
+            try:
+                endpoints = endpoints_of(gateway)
+            except Exception as exc:  # a route being edited must not stop the logs being read
+                log.warning("gateway %s: no endpoint map: %s", gateway.name, exc)
+                endpoints = {}
+            follower = self.followers.get(key)
+            if follower is None:
+                follower = Follower(gateway=key[0], path=key[1], parse=parse)
+                cursor = Cursor.objects.filter(source_name=key[0], path=key[1]).first()
+                if cursor is not None:
+                    follower.inode, follower.offset = cursor.inode, cursor.offset
+                    follower.lines, follower.malformed = cursor.lines, cursor.malformed
+                    follower.rotations = cursor.rotations
+                    follower.truncations = cursor.truncations
+                self.followers[key] = follower
+            follower.parse = parse
+            follower.endpoints = endpoints
+        self.last_refresh = time.monotonic()
+
+    def poll(self) -> int:
+        return sum(f.poll(self.aggregator) for f in list(self.followers.values()))
+
+    def flush(self) -> int:
+        """Add the open windows and move every cursor, in one transaction. On a database
+        error nothing is lost: the windows stay open and the next flush tries again."""
+        from django.db import transaction
+
+        from fleetctl.telemetry.models import Cursor
+        from fleetctl.telemetry.services import windows_add
+
+        deltas = self.aggregator.take()
+        try:
+            with transaction.atomic():
+                windows_add(deltas)
+                for follower in self.followers.values():
+                    cursor, _ = Cursor.objects.select_for_update().get_or_create(
+                        source_name=follower.gateway, path=follower.path)
+                    cursor.inode, cursor.offset = follower.inode, follower.offset
+                    cursor.lines, cursor.malformed = follower.lines, follower.malformed
+                    cursor.rotations = follower.rotations
+                    cursor.truncations = follower.truncations
+                    cursor.last_error = follower.last_error
+                    cursor.last_read_at = follower.last_read_at
+                    cursor.updated_at = datetime.now(tz=UTC)
+                    cursor.save()
+        except Exception:
+            log.exception("flush failed; keeping %d windows for the next one", len(deltas))
+            self._reopen(deltas)
+            raise
+        return len(deltas)
+
+    def _reopen(self, deltas: list[Any]) -> None:
+        kept = self.aggregator
+        for delta in deltas:
+            key = (delta.source_name, delta.route, delta.pool, int(delta.start.timestamp()))
+            agg = kept.open.get(key) or _Aggregate()
+            for name, value in delta.counts.items():
+                setattr(agg, name, getattr(agg, name) + value)
+            for name in ("ttft", "duration"):
+                into = getattr(agg, name)
+                for i, n in delta.histograms[name].items():
+                    into[int(i)] = into.get(int(i), 0) + n
+            for flag, n in delta.histograms["flags"].items():
+                agg.flags[flag] = agg.flags.get(flag, 0) + n
+            kept.open[key] = agg
+
+    def once(self) -> int:
+        """Read everything there is now, flush, and return the lines read (tests, --once)."""
+        self.refresh()
+        total = 0
+        while (n := self.poll()) > 0:
+            total += n
+        self.flush()
+        return total
+
+    def run(self, stop: threading.Event) -> None:
+        next_flush = time.monotonic() + self.flush_interval_s
+        while not stop.is_set():
+            if time.monotonic() - self.last_refresh >= REFRESH_S:
+                try:
+                    self.refresh()
+                except Exception:
+                    log.exception("could not read the gateways; trying again")
+            read = self.poll()
+            if time.monotonic() >= next_flush:
+                try:
+                    self.flush()
+                except Exception:
+                    stop.wait(1.0)
+                next_flush = time.monotonic() + self.flush_interval_s
+            if not read:
+                stop.wait(min(0.2, self.flush_interval_s))
+        try:
+            self.flush()
+        finally:
+            for follower in self.followers.values():
+                follower.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fleetctl.telemetry.ingest",
+        description="Follow the gateways' access logs and scrape the pools' /metrics into "
+                    "telemetry windows.")
+    parser.add_argument("--once", action="store_true",
+                        help="read what is there, scrape once, flush and exit")
+    parser.add_argument("--flush-interval", type=float, default=None,
+                        help="seconds between flushes (default TELEMETRY_FLUSH_INTERVAL_S)")
+    parser.add_argument("--no-scrape", action="store_true", help="do not scrape /metrics")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
+    import django
+
+    django.setup()
+    from fleetctl.telemetry.scrape import Scraper
+
+    ingester = Ingester(flush_interval_s=args.flush_interval)
+    scraper = None if args.no_scrape else Scraper()
+    if args.once:
+        lines = ingester.once()
+        scraped = scraper.scrape_all() if scraper else 0
+        log.info("read %d lines, scraped %d pool endpoints", lines, scraped)
+        return 0
+    stop = threading.Event()
+    import signal
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    thread = None
+    if scraper is not None:
+        thread = threading.Thread(target=scraper.run, args=(stop,), name="scrape",
+                                  daemon=True)
+        thread.start()
+    log.info("ingesting (flush every %.1f s)", ingester.flush_interval_s)
+    ingester.run(stop)
+    if thread is not None:
+        thread.join(timeout=5)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,161 @@
+"""Scraping the pools' own /metrics into windows (source=pool, route="").
+
+Every TELEMETRY_SCRAPE_INTERVAL_S the ingester's scrape thread GETs /metrics from every base
+URL of every pool (a bounded thread pool: a server that does not answer costs one worker its
+timeout, the others go on) and reads vLLM's histograms:
+
+- vllm:time_to_first_token_seconds -> ttft
+- vllm:time_per_output_token_seconds -> tpot (a gateway cannot see tokens: this is the only
+  TPOT there is, and it is pool-wide: every route and model the pool serves)
+- vllm:e2e_request_latency_seconds -> duration (its count is the window's `requests`)
+
+Each is summed over its labels (models), and what was counted since the previous scrape
+(the cumulative buckets are kept in the Cursor for that URL, `last_counters`) is spread into
+log buckets (histogram.from_cumulative) and added to the window holding the scrape time. The
+first scrape of a URL only records where the counters stand; a count lower than before
+means the server restarted and its new counts are the delta. Windows and cursors move in one
+transaction, as for the logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+log = logging.getLogger("fleetctl.telemetry.scrape")
+
+METRICS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "tpot": "vllm:time_per_output_token_seconds",
+    "duration": "vllm:e2e_request_latency_seconds",
+}
+MAX_BODY = 8 * 1024 * 1024
+MAX_WORKERS = 32
+
+
+def metrics_url(base_url: str) -> str:
+    """The server's /metrics for a pool base URL (`/v1` and any path dropped: vLLM serves
+    /metrics at its root)."""
+    parts = urlsplit(base_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/metrics", "", ""))
+
+
+def parse_histograms(text: str) -> dict[str, list[list[Any]]]:
+    """name (ttft, tpot, duration) -> [[le, cumulative], ...] summed over labels; le as a
+    float, or "+Inf" (JSON has no infinity)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {family: name for name, family in METRICS.items()}
+    sums: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        name = wanted.get(family.name)
+        if name is None:
+            continue
+        into = sums.setdefault(name, {})
+        for sample in family.samples:
+            if not sample.name.endswith("_bucket"):
+                continue
+            le = float(sample.labels["le"])
+            into[le] = into.get(le, 0.0) + float(sample.value)
+    return {name: [["+Inf" if le == math.inf else le, cum] for le, cum in sorted(buckets.items())]
+            for name, buckets in sums.items()}
+
+
+class Scraper:
+    def __init__(self, *, interval_s: float | None = None, timeout_s: float = 3.0,
+                 max_workers: int = MAX_WORKERS) -> None:
+        from django.conf import settings
+
+        self.interval_s = float(interval_s if interval_s is not None
+                                else settings.TELEMETRY_SCRAPE_INTERVAL_S)
+        self.window_s = int(settings.TELEMETRY_WINDOW_S)
+        self.timeout_s = timeout_s
+        self.max_workers = max_workers
+
+    def targets(self) -> list[tuple[str, str]]:
+        from fleetctl.fleet.models import Pool
+
+        out = []
+        for name, base_urls in Pool.objects.values_list("name", "base_urls"):
+            for url in base_urls or ():
+                out.append((name, metrics_url(url)))
+        return sorted(set(out))
+
+    def _fetch(self, url: str) -> tuple[dict[str, list[list[Any]]] | None, str]:
+        from fleetctl.core.http import OutboundError, http_get
+
+        try:
+            response = http_get(url, timeout_s=self.timeout_s, max_body=MAX_BODY)
+        except OutboundError as exc:
+            return None, str(exc)
+        if response.status_code != 200:
+            return None, f"GET {url}: HTTP {response.status_code}"
+        try:
+            return parse_histograms(response.text), ""
+        except ValueError as exc:
+            return None, f"GET {url}: not Prometheus text: {exc}"
+
+    def scrape_all(self, now: datetime | None = None) -> int:
+        """One round over every pool; returns how many endpoints answered."""
+        from django.db import transaction
+
+        from fleetctl.telemetry import histogram
+        from fleetctl.telemetry.models import Cursor, Window
+        from fleetctl.telemetry.services import WindowDelta, window_start, windows_add
+
+        targets = self.targets()
+        if not targets:
+            return 0
+        with ThreadPoolExecutor(max_workers=min(self.max_workers, len(targets)),
+                                thread_name_prefix="scrape") as pool:
+            results = list(pool.map(lambda target: self._fetch(target[1]), targets))
+        now = now or datetime.now(tz=UTC)
+        start = window_start(now.timestamp(), self.window_s)
+        answered = 0
+        with transaction.atomic():
+            cursors = {(c.source_name, c.path): c for c in Cursor.objects.select_for_update()
+                       .filter(path__in={url for _, url in targets})}
+            deltas = []
+            for (pool_name, url), (counters, error) in zip(targets, results, strict=True):
+                cursor = cursors.get((pool_name, url)) or Cursor(source_name=pool_name,
+                                                                 path=url)
+                cursor.last_read_at = now
+                cursor.updated_at = now
+                cursor.last_error = error
+                if counters is not None:
+                    answered += 1
+                    cursor.lines += 1
+                    if cursor.last_counters:
+                        histograms = {name: histogram.from_cumulative(
+                            [tuple(b) for b in buckets],  # type: ignore[misc]
+                            [tuple(b) for b in cursor.last_counters.get(name, [])])
+                            for name, buckets in counters.items()}
+                        requests = histogram.count(histograms.get("duration", {}))
+                        if any(histograms.values()):
+                            deltas.append(WindowDelta(
+                                Window.Source.POOL, pool_name, "", pool_name, self.window_s,
+                                start, counts={"requests": requests},
+                                histograms=histograms))
+                    cursor.last_counters = counters
+                cursor.save()
+            windows_add(deltas, now=now)
+        return answered
+
+    def run(self, stop: threading.Event) -> None:
+        from django.db import close_old_connections
+
+        while not stop.is_set():
+            began = time.monotonic()
+            try:
+                self.scrape_all()
+            except Exception:
+                log.exception("scrape round failed; trying again next round")
+            finally:
+                close_old_connections()
+            stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))

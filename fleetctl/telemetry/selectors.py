@@ -1,0 +1,237 @@
+"""Reading telemetry: per-pool figures with their confidence bounds and where they come from.
+
+Windows are merged exactly (counts add, histograms share their buckets). A window is read
+whole when it overlaps the asked interval at all: with 10 s windows a 30 s question reads up
+to 40 s of data, and after downsampling (a 60 s or 600 s window) more. Figures say how many
+samples they stand on (`n`) and which source measured them (`source`); missing data is never
+zero: no windows means requests 0 and Figures whose value is None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from fleetctl.telemetry import histogram
+from fleetctl.telemetry.models import Cursor, Window
+
+LONGEST_WINDOW = timedelta(seconds=600)
+_FIELDS = ("source", "source_name", "route", "pool", "resolution_s", "start", "requests",
+           "errors", "retries", "streamed", "ttft", "duration", "tpot", "updated_at")
+TPOT_SOURCE = "pool /metrics (vllm:time_per_output_token_seconds)"
+
+
+@dataclass(frozen=True)
+class Figure:
+    value: float | None  # the point estimate (ms, or a rate 0..1)
+    low: float | None  # lower confidence bound
+    high: float | None  # upper confidence bound
+    n: int  # samples behind it
+    source: str  # where it was measured, in plain words
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    pool: str
+    route: str | None
+    since: datetime
+    until: datetime
+    requests: int
+    errors: int
+    retries: int
+    streamed: int
+    rps: float
+    error_rate: Figure  # Wilson interval
+    ttft_p50: Figure
+    ttft_p95: Figure  # from gateway windows (route-scoped when route given)
+    ttft_p99: Figure
+    tpot_p95: Figure  # from the pool's own /metrics windows (pool-wide, route ignored)
+    duration_p95: Figure
+    sources: list[str] = field(default_factory=list)
+    last_data_at: datetime | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _overlapping(rows: Iterable[dict[str, Any]], since: datetime,
+                 until: datetime) -> list[dict[str, Any]]:
+    return [row for row in rows
+            if row["start"] < until
+            and row["start"] + timedelta(seconds=row["resolution_s"]) > since]
+
+
+def _windows(*, source: str, since: datetime, until: datetime, pools: list[str] | None,
+             route: str | None = None) -> list[dict[str, Any]]:
+    """One query: the windows of `source` overlapping [since, until)."""
+    rows = Window.objects.filter(source=source, start__lt=until,
+                                 start__gt=since - LONGEST_WINDOW)
+    if pools is not None:
+        rows = rows.filter(pool__in=pools)
+    if route is not None:
+        rows = rows.filter(route=route)
+    return _overlapping(rows.order_by().values(*_FIELDS), since, until)
+
+
+def _quantile_figure(h: dict[str, int], q: float, confidence: float, source: str) -> Figure:
+    n = histogram.count(h)
+    if n == 0:
+        return Figure(None, None, None, 0, source)
+    bounds = histogram.quantile_interval(h, q, confidence)
+    low, high = bounds if bounds else (None, None)
+    return Figure(histogram.quantile(h, q), low, high, n, source)
+
+
+def _label(gateways: list[str]) -> str:
+    if not gateways:
+        return "gateway access logs (no data)"
+    if len(gateways) == 1:
+        return f"gateway {gateways[0]} access log"
+    return f"gateways {', '.join(gateways)} access logs"
+
+
+def _stats(*, pool: str, route: str | None, since: datetime, until: datetime,
+           gateway_rows: list[dict[str, Any]], pool_rows: list[dict[str, Any]],
+           confidence: float) -> PoolStats:
+    from fleetctl.core.confidence import wilson_interval
+
+    requests = sum(row["requests"] for row in gateway_rows)
+    errors = sum(row["errors"] for row in gateway_rows)
+    gateways = sorted({row["source_name"] for row in gateway_rows})
+    label = _label(gateways)
+    ttft = histogram.merge_all(row["ttft"] for row in gateway_rows)
+    duration = histogram.merge_all(row["duration"] for row in gateway_rows)
+    tpot = histogram.merge_all(row["tpot"] for row in pool_rows)
+    error_source = f"{label} (5xx and no answer)"
+    if requests:
+        interval = wilson_interval(errors, requests, confidence)
+        error_rate = Figure(interval.estimate, interval.lower, interval.upper, requests,
+                            error_source)
+    else:
+        error_rate = Figure(None, None, None, 0, error_source)
+    ttft_source = f"{label} (first body byte of streamed answers)"
+    seconds = max((until - since).total_seconds(), 1e-9)
+    updated = [row["updated_at"] for row in (*gateway_rows, *pool_rows)]
+    return PoolStats(
+        pool=pool, route=route, since=since, until=until, requests=requests, errors=errors,
+        retries=sum(row["retries"] for row in gateway_rows),
+        streamed=sum(row["streamed"] for row in gateway_rows),
+        rps=requests / seconds, error_rate=error_rate,
+        ttft_p50=_quantile_figure(ttft, 0.50, confidence, ttft_source),
+        ttft_p95=_quantile_figure(ttft, 0.95, confidence, ttft_source),
+        ttft_p99=_quantile_figure(ttft, 0.99, confidence, ttft_source),
+        tpot_p95=_quantile_figure(tpot, 0.95, confidence, TPOT_SOURCE),
+        duration_p95=_quantile_figure(duration, 0.95, confidence,
+                                      f"{label} (whole request)"),
+        sources=[*gateways, *(["pool /metrics"] if pool_rows else [])],
+        last_data_at=max(updated) if updated else None,
+    )
+
+
+def pool_stats(*, pool: str, route: str | None = None, since: datetime,
+               until: datetime | None = None, confidence: float = 0.99) -> PoolStats:
+    """What every gateway saw of `pool` (on `route`, or all its routes) in [since, until),
+    plus the pool's own TPOT, in two queries.
+
+    Windows overlapping the interval's edges are included whole (a window is the finest
+    grain there is), so the figures may cover up to one window more on each side; `rps`
+    divides by the asked interval."""
+    until = until or timezone.now()
+    gateway_rows = _windows(source=Window.Source.GATEWAY, since=since, until=until,
+                            pools=[pool], route=route)
+    pool_rows = _windows(source=Window.Source.POOL, since=since, until=until, pools=[pool])
+    return _stats(pool=pool, route=route, since=since, until=until,
+                  gateway_rows=gateway_rows, pool_rows=pool_rows, confidence=confidence)
+
+
+def _resolution(since: datetime, until: datetime) -> int:
+    span = (until - since).total_seconds()
+    for resolution in (10, 60, 600):
+        if span / resolution <= 360:
+            return resolution
+    return 3600
+
+
+def pool_series(*, pool: str, route: str | None = None, since: datetime,
+                until: datetime | None = None, resolution_s: int | None = None,
+                confidence: float = 0.99) -> list[dict[str, Any]]:
+    """Per time step of `resolution_s` (by default the finest giving at most 360 points):
+    start, requests, errors, error_rate, ttft_p50/p95/p99, tpot_p95, rps. Steps without data
+    are left out (not zero)."""
+    from fleetctl.telemetry.services import window_start
+
+    until = until or timezone.now()
+    step = resolution_s or _resolution(since, until)
+    gateway_rows = _windows(source=Window.Source.GATEWAY, since=since, until=until,
+                            pools=[pool], route=route)
+    pool_rows = _windows(source=Window.Source.POOL, since=since, until=until, pools=[pool])
+    steps: dict[datetime, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+    for rows, side in ((gateway_rows, 0), (pool_rows, 1)):
+        for row in rows:
+            at = window_start(row["start"].timestamp(), step)
+            steps.setdefault(at, ([], []))[side].append(row)
+    out = []
+    for at in sorted(steps):
+        g_rows, p_rows = steps[at]
+        stats = _stats(pool=pool, route=route, since=at, until=at + timedelta(seconds=step),
+                       gateway_rows=g_rows, pool_rows=p_rows, confidence=confidence)
+        out.append({
+            "start": at, "requests": stats.requests, "errors": stats.errors,
+            "error_rate": stats.error_rate.value, "ttft_p50": stats.ttft_p50.value,
+            "ttft_p95": stats.ttft_p95.value, "ttft_p99": stats.ttft_p99.value,
+            "tpot_p95": stats.tpot_p95.value, "rps": stats.rps,
+        })
+    return out
+
+
+def live_summary(*, pools: list[str] | None = None, window_s: int = 60,
+                 confidence: float = 0.99) -> dict[str, PoolStats]:
+    """The last `window_s` seconds of every pool (or those named), all routes together: one
+    query for the pools, one per source kind."""
+    from fleetctl.fleet.models import Pool
+
+    until = timezone.now()
+    since = until - timedelta(seconds=window_s)
+    names = list(Pool.objects.order_by("name").values_list("name", flat=True)
+                 if pools is None else Pool.objects.filter(name__in=pools)
+                 .order_by("name").values_list("name", flat=True))
+    by_pool: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
+        name: ([], []) for name in names}
+    for source, side in ((Window.Source.GATEWAY, 0), (Window.Source.POOL, 1)):
+        for row in _windows(source=source, since=since, until=until, pools=pools):
+            if row["pool"] in by_pool:
+                by_pool[row["pool"]][side].append(row)
+    return {name: _stats(pool=name, route=None, since=since, until=until,
+                         gateway_rows=g_rows, pool_rows=p_rows, confidence=confidence)
+            for name, (g_rows, p_rows) in by_pool.items()}
+
+
+def ingest_status(now: datetime | None = None) -> list[dict[str, Any]]:
+    """Per cursor: which source (a gateway's log, a pool's /metrics), how far it got, and how
+    long ago the ingester last read it (`lag_s`; None when it never has)."""
+    now = now or timezone.now()
+    out = []
+    for cursor in Cursor.objects.order_by("source_name", "path"):
+        is_metrics = cursor.path.startswith(("http://", "https://"))
+        out.append({
+            "source": cursor.source_name,
+            "kind": "pool /metrics" if is_metrics else "gateway access log",
+            "path": cursor.path,
+            "lines": cursor.lines,  # lines read (a log) or scrapes answered (/metrics)
+            "malformed": cursor.malformed,
+            "offset": cursor.offset,
+            "rotations": cursor.rotations,
+            "truncations": cursor.truncations,
+            "last_read_at": cursor.last_read_at,
+            "lag_s": (now - cursor.last_read_at).total_seconds()
+            if cursor.last_read_at else None,
+            "last_error": cursor.last_error,
+        })
+    return out
