@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import time
+import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+# A POST sent with an Idempotency-Key is safe to send again: the server answers a repeat
+# with the first answer. Retried (same key) when the answer was lost or the server said to.
+RETRY_DELAYS_S = (0.5, 1.0, 2.0)
+RETRY_STATUSES = (502, 503, 504)
 
 
 class CliError(Exception):
@@ -52,17 +58,55 @@ class ApiClient:
         clean = {k: v for k, v in (params or {}).items() if v not in (None, "")}
         return self._send("GET", path, params=clean)
 
-    def post(self, path: str, body: dict[str, Any]) -> Any:
-        return self._send("POST", path, json=body)
+    def post(self, path: str, body: dict[str, Any], params: dict[str, Any] | None = None,
+             *, idempotent: bool = False, timeout_s: float | None = None) -> Any:
+        """POST `body`. `idempotent`: a change of traffic, sent with a fresh Idempotency-Key
+        and sent again with the same key when the answer is lost (a timeout, a dropped
+        connection, a 502/503/504, or 409 "in progress"), so a retry never changes twice."""
+        clean = {k: v for k, v in (params or {}).items() if v not in (None, "")}
+        extra: dict[str, Any] = {}
+        if timeout_s is not None:
+            extra["timeout"] = timeout_s
+        if not idempotent:
+            return self._send("POST", path, json=body, params=clean, **extra)
+        headers = {"Idempotency-Key": str(uuid.uuid4())}
+        for delay in (*RETRY_DELAYS_S, None):
+            try:
+                response = self._http.request("POST", path, json=body, params=clean,
+                                               headers=headers, **extra)
+            except (httpx.TimeoutException, httpx.NetworkError) as exc:
+                if delay is None:
+                    raise self._transport_error(path, exc) from exc
+            else:
+                if delay is None or not self._retry(response):
+                    return self._decode(response)
+            time.sleep(delay)
+        raise AssertionError("unreachable")  # the loop returns or raises on its last pass
+
+    @staticmethod
+    def _retry(response: httpx.Response) -> bool:
+        if response.status_code in RETRY_STATUSES:
+            return True
+        if response.status_code == 409:
+            try:
+                return bool(response.json()["error"]["code"] == "in_progress")
+            except (ValueError, KeyError, TypeError):
+                return False
+        return False
+
+    def _transport_error(self, path: str, exc: Exception) -> CliError:
+        if isinstance(exc, httpx.ConnectError):
+            return CliError(f"Cannot reach fleetctl at {self.base_url}: {exc}. "
+                            "Is it running (make demo), and is FLEETCTL_URL right?")
+        if isinstance(exc, httpx.TimeoutException):
+            return CliError(f"{self.base_url}{path} did not answer in time.")
+        return CliError(f"{self.base_url}{path}: the connection failed ({exc}).")
 
     def _send(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self._http.request(method, path, **kwargs)
-        except httpx.ConnectError as exc:
-            raise CliError(f"Cannot reach fleetctl at {self.base_url}: {exc}. "
-                           "Is it running (make demo), and is FLEETCTL_URL right?") from exc
-        except httpx.TimeoutException as exc:
-            raise CliError(f"{self.base_url}{path} did not answer in time.") from exc
+        except (httpx.ConnectError, httpx.TimeoutException) as exc:
+            raise self._transport_error(path, exc) from exc
         return self._decode(response)
 
     def get_all(self, path: str, params: dict[str, Any] | None = None,

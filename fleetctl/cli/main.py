@@ -10,7 +10,17 @@ from datetime import datetime
 from typing import Any
 
 from fleetctl import __version__
-from fleetctl.cli import bench, conformance, evals, plans, shadow, tokens, traffic
+from fleetctl.cli import (
+    bench,
+    conformance,
+    evals,
+    plans,
+    ramps,
+    shadow,
+    telemetry,
+    tokens,
+    traffic,
+)
 from fleetctl.cli.client import ApiClient, CliError
 from fleetctl.cli.output import print_fields, print_json, print_table, row_limit
 
@@ -154,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     whoami.set_defaults(func=cmd_whoami)
 
     traffic.add_commands(sub, _common)
+    ramps.add_commands(sub, _common)
+    telemetry.add_commands(sub, _common)
     plans.add_commands(sub, _common)
     bench.add_commands(sub, _common)
     conformance.add_commands(sub, _common)

@@ -1,4 +1,5 @@
-"""`fleetctl routes | ramp | drain | restore | drains`: the on-call engineer's lever."""
+"""`fleetctl routes | split | drain | restore | drains`: the on-call engineer's lever (`ramp`,
+guarded ramps and the old `ramp --weights`, is cli/ramps.py)."""
 
 from __future__ import annotations
 
@@ -64,20 +65,48 @@ def _weights(text: str) -> dict[str, str]:
     return weights
 
 
-def cmd_ramp(args: argparse.Namespace) -> int:
+def cmd_split(args: argparse.Namespace) -> int:
+    """Set a route's split at once (`fleetctl split`, and `fleetctl ramp --weights`)."""
     client = _client(args)
     base = args.base_revision
     if base is None:
         base = client.get(f"/api/v1/routes/{args.route}/")["revision_number"]
+    wait = _wait_params(args)
     revision = client.post(f"/api/v1/routes/{args.route}/revisions/", {
         "weights": args.weights, "base_revision": base, "reason": args.reason,
         "force": args.force,
-    })
+    }, wait, idempotent=True, timeout_s=_http_timeout(wait))
     if args.json:
         print_json(revision)
-    else:
-        print(f"{args.route} r{revision['number']}: {_split(revision['weights'])}")
+        return 0 if revision.get("verified", True) else 1
+    note = " (unchanged: already the split in force)" if revision.get("unchanged") else ""
+    print(f"{args.route} r{revision['number']}: {_split(revision['weights'])}{note}")
+    if "verified" in revision:
+        _print_verified(revision["gateways"], revision["verified"])
+        return 0 if revision["verified"] else 1
     return 0
+
+
+cmd_ramp = cmd_split  # the name `fleetctl ramp --weights` has always called
+
+
+def _wait_params(args: argparse.Namespace) -> dict[str, Any]:
+    if not getattr(args, "wait_verified", False):
+        return {}
+    return {"wait": "verified", "timeout": f"{args.verify_timeout:g}"}
+
+
+def _http_timeout(wait: dict[str, Any]) -> float | None:
+    """The server holds a ?wait=verified answer up to its timeout: wait a little longer."""
+    return float(wait["timeout"]) + 15.0 if wait else None
+
+
+def _print_verified(gateways: list[dict[str, Any]], verified: bool) -> None:
+    print_table(["gateway", "status", "verified at", "attempts", "error"],
+                [[g["name"], g["status"], g["verified_at"] or "—", g["attempts"],
+                  g["error"]] for g in gateways])
+    print("verified on every gateway" if verified else
+          "NOT verified on every gateway within the timeout")
 
 
 def _progress_line(drain: dict[str, Any]) -> str:
@@ -122,7 +151,12 @@ def cmd_drain(args: argparse.Namespace) -> int:
     client = _client(args)
     body = {"reason": args.reason} | ({"route": args.route} if args.route else
                                       {"pool": args.pool})
-    drain = client.post("/api/v1/drains/", body)
+    wait = _wait_params(args)
+    drain = client.post("/api/v1/drains/", body, wait, idempotent=True,
+                        timeout_s=_http_timeout(wait))
+    if "verified" in drain and not args.json:
+        print("verified on every gateway" if drain["verified"] else
+              "NOT verified on every gateway within the timeout", file=sys.stderr)
     if args.no_wait:
         _report(drain, args.json)
         return 0
@@ -131,7 +165,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     client = _client(args)
-    record = client.post(f"/api/v1/drains/{args.drain_id}/restore/", {"reason": args.reason})
+    record = client.post(f"/api/v1/drains/{args.drain_id}/restore/", {"reason": args.reason},
+                         idempotent=True)
     return _report(follow(client, record, args.timeout, args.json), args.json)
 
 
@@ -160,6 +195,34 @@ def _positive_seconds(value: str) -> float:
     return seconds
 
 
+def split_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """The flags of a split change: `fleetctl split`, and the old `fleetctl ramp --weights`
+    (where they are optional, since `ramp` has subcommands too)."""
+    parser.add_argument("--route", required=required)
+    parser.add_argument("--weights", required=required, type=_weights,
+                        help="pool=percent,… adding up to 100, e.g. h200=99.9,mi300x=0.1")
+    parser.add_argument("--reason", required=required)
+    parser.add_argument("--base-revision", type=int,
+                        help="the revision you are changing (default: the current one)")
+    parser.add_argument("--force", action="store_true", help="allow an unhealthy pool")
+    wait_arguments(parser)
+
+
+def _verify_seconds(value: str) -> float:
+    seconds = _positive_seconds(value)
+    if seconds > 60:
+        raise argparse.ArgumentTypeError("choose between 0 and 60 seconds")
+    return seconds
+
+
+def wait_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wait-verified", action="store_true",
+                        help="answer once every gateway verified the change (exit 1 if not "
+                             "within --verify-timeout)")
+    parser.add_argument("--verify-timeout", type=_verify_seconds, default=10.0,
+                        help="seconds the server waits for the gateways (default 10, max 60)")
+
+
 def add_commands(sub: Any, common: Any) -> None:
     routes = sub.add_parser("routes", help="routes and their current split")
     routes_sub = routes.add_subparsers(dest="routes_command", metavar="ACTION", required=True)
@@ -171,16 +234,10 @@ def add_commands(sub: Any, common: Any) -> None:
     common(show)
     show.set_defaults(func=cmd_routes_show)
 
-    ramp = sub.add_parser("ramp", help="set a route's split (token scope `ramp`)")
-    ramp.add_argument("--route", required=True)
-    ramp.add_argument("--weights", required=True, type=_weights,
-                      help="pool=percent,… adding up to 100, e.g. h200=99.9,mi300x=0.1")
-    ramp.add_argument("--reason", required=True)
-    ramp.add_argument("--base-revision", type=int,
-                      help="the revision you are changing (default: the current one)")
-    ramp.add_argument("--force", action="store_true", help="allow an unhealthy pool")
-    common(ramp)
-    ramp.set_defaults(func=cmd_ramp)
+    split = sub.add_parser("split", help="set a route's split at once (token scope `ramp`)")
+    split_arguments(split, required=True)
+    common(split)
+    split.set_defaults(func=cmd_split)
 
     drain = sub.add_parser("drain", help="move a route or a pool back to the primary, now")
     target = drain.add_mutually_exclusive_group(required=True)
@@ -190,6 +247,7 @@ def add_commands(sub: Any, common: Any) -> None:
     drain.add_argument("--no-wait", action="store_true", help="return once requested")
     drain.add_argument("--timeout", type=_positive_seconds, default=120.0,
                        help="seconds to follow progress (default 120)")
+    wait_arguments(drain)
     common(drain)
     drain.set_defaults(func=cmd_drain)
 
