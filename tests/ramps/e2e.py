@@ -1,0 +1,256 @@
+"""The real parts a guarded ramp runs on, for the end-to-end tests (tests/ramps/test_e2e_*.py)
+and the ramp benchmarks (benchmarks/ramp_*.py): simulated pools, a real Envoy writing its
+access log, the telemetry ingester process following it, streamed chat traffic sent with the
+`openai` client at a fixed rate, and a loop sending `ramps.tick` to the Celery worker every
+RAMP_TICK_INTERVAL_S, as beat does. Nothing here is pytest-specific: a benchmark builds the
+same world with its own database and worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "llama-3.1-8b-instruct"
+
+# The pools: quick to answer (a few ms to the first token), no replica noise, so an A/A pair
+# is truly alike and +300 ms to the first token is far outside anything they do by themselves.
+PROFILES = """
+[profiles.quick]
+base = "h200"
+decode_base_ms = 2.0
+decode_per_seq_ms = 0.01
+network_latency_ms = 0.0
+divergence_rate = 0.0
+replica_noise = 0.0
+max_context = 4096
+kv_cache_tokens = 400000
+"""
+
+# Thresholds of the ramps in these tests: TTFT p95 a few ms normally, +300 ms under the fault.
+THRESHOLDS: dict[str, Any] = {"slo_ttft_p95_ms": 150.0, "slo_tpot_p95_ms": 50.0,
+                              "slo_error_rate": 0.05, "latency_margin_pct": 100.0}
+
+
+def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str,
+             every_s: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+# --- traffic -----------------------------------------------------------------------------------
+
+@dataclass
+class Traffic:
+    """Streamed chat requests through a gateway at `rps`, each on a small thread pool, from a
+    thread of its own; counts answers by outcome. `route_headers` picks a route (residency)."""
+
+    url: str
+    rps: float
+    threads: int = 16
+    max_tokens: int = 16
+    headers: dict[str, str] = field(default_factory=dict)
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        # Hundreds of requests: one INFO line each would drown a failing test's output.
+        for name in ("httpx", "httpx2"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="e2e", max_retries=0,
+                                     timeout=30.0, default_headers=self.headers or None)
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="e2e-traffic")
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def _one(self, i: int) -> None:
+        try:
+            stream = self._client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"question {i}"}],
+                max_tokens=self.max_tokens, stream=True, temperature=0)
+            chunks = sum(1 for chunk in stream if chunk.choices and chunk.choices[0].delta.content)
+            outcome = "ok" if chunks else "empty"
+        except openai.APIStatusError as exc:
+            outcome = f"HTTP {exc.status_code}"
+        except Exception as exc:  # every failure counts, whatever it is
+            outcome = type(exc).__name__
+        with self._lock:
+            self.outcomes[outcome] += 1
+
+    def _run(self) -> None:
+        next_at, i = time.monotonic(), 0
+        while not self._stop.is_set():
+            self._pool.submit(self._one, i)
+            i += 1
+            next_at += 1 / self.rps
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def stop(self) -> Counter[str]:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._client.close()
+        with self._lock:
+            return Counter(self.outcomes)
+
+
+# --- processes --------------------------------------------------------------------------------
+
+class Ingester:
+    """`python -m fleetctl.telemetry.ingest` on the given environment (the test database)."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log = env, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Ingester:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "fleetctl.telemetry.ingest"],
+                                         cwd=ROOT, env=self.env, stdout=out,
+                                         stderr=subprocess.STDOUT)
+        time.sleep(0.5)
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the ingester exited with {self.proc.returncode}: "
+                               f"{self.log.read_text(errors='replace')[-2000:]}")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_worker(env: dict[str, str], log: Path, *, name: str,
+                 queues: str = "watch,push,default") -> subprocess.Popen[bytes]:
+    """A Celery worker of our own (threads, as the demo's), answering a ping before return."""
+    from fleetctl.celery import app
+
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "fleetctl", "worker", "-Q", queues, "-c", "8",
+             "--pool", "threads", "-l", "INFO", "--without-gossip", "--without-mingle",
+             "-n", f"{name}@%h"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker {name} exited with {proc.returncode}; see {log}")
+        replies = app.control.ping(destination=[f"{name}@{os.uname().nodename}"], timeout=0.5)
+        if replies:
+            return proc
+    raise RuntimeError(f"worker {name} did not answer a ping; see {log}")
+
+
+class TickLoop:
+    """What beat does for ramps: send `ramps.tick` every `every_s` (to the watch queue)."""
+
+    def __init__(self, every_s: float | None = None) -> None:
+        from django.conf import settings
+
+        self.every_s = every_s or float(settings.RAMP_TICK_INTERVAL_S)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> TickLoop:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        from fleetctl.celery import app
+
+        while not self._stop.is_set():
+            # Expires like beat's entry would be superseded: a backlog of ticks is useless.
+            app.send_task("ramps.tick", expires=self.every_s * 2)
+            self._stop.wait(self.every_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+# --- the world --------------------------------------------------------------------------------
+
+def set_fault(url: str, **faults: Any) -> None:
+    answer = httpx.post(f"{url}/admin/faults", json=faults, timeout=5)
+    answer.raise_for_status()
+
+
+def make_pools(actor: Any, sims: Any, names: list[str], region: Any) -> dict[str, Any]:
+    """Pool rows for simulated pools, serving MODEL, healthy (one good probe recorded)."""
+    from fleetctl.fleet.services import pool_create, pool_health_record, pool_model_create
+
+    pools = {}
+    for name in names:
+        pool = pool_create(actor=actor, name=name, runtime="cuda", accelerator="H200",
+                           region=region, base_urls=[sims.url(name)], max_context_tokens=4096,
+                           node_hourly_rate="10.00")
+        pool_model_create(actor=actor, pool=pool, model_id=MODEL, max_context_tokens=4096)
+        pool_health_record(pool_id=pool.pk, ok=True, status_code=200, latency_ms=1.0)
+        pools[name] = pool
+    return pools
+
+
+def make_gateway(actor: Any, envoy: Any, routes: list[Any], name: str = "envoy-e2e") -> Any:
+    """The Gateway row for a running EnvoyProcess, with its access log as the `access_log`
+    option, and its first push verified."""
+    from fleetctl.traffic.models import GatewayPush
+    from fleetctl.traffic.services import gateway_create
+
+    gateway = gateway_create(actor=actor, name=name, kind="envoy",
+                             admin_address=envoy.admin_url,
+                             options={"config_dir": str(envoy.workdir), "load_timeout_s": 30,
+                                      "access_log": str(envoy.workdir / "access.log")},
+                             routes=routes)
+    wait_for(lambda: not GatewayPush.objects.filter(gateway=gateway)
+             .exclude(status__in=["verified", "superseded"]).exists(),
+             timeout_s=60, what="the gateway's first push to verify")
+    return gateway
+
+
+def envoy_weights(envoy: Any, route: str) -> dict[str, float]:
+    """What Envoy itself holds for a route, in percent (its runtime read back through the
+    admin API, in basis points)."""
+    from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
+
+    held = EnvoyAdapter(envoy.gateway("read-back", load_timeout_s=30)).read_back()
+    return {pool: bp / 100 for pool, bp in held.get(route, {}).items()}
+
+
+def ramp_events(ramp: Any) -> list[str]:
+    return list(ramp.events.order_by("at", "id").values_list("kind", flat=True))
+
+
+def explain(ramp: Any) -> str:
+    """A ramp's timeline in a failure message."""
+    ramp.refresh_from_db()
+    lines = [f"ramp {ramp.pk}: {ramp.state} step {ramp.step_index} ({ramp.state_reason})"]
+    lines += [f"  {e.at:%H:%M:%S} {e.kind} {e.percent} {e.message}"
+              for e in ramp.events.order_by("at", "id")]
+    return "\n".join(lines)
