@@ -1,0 +1,352 @@
+"""Ramps dashboard: the list of ramps, a ramp's page (its state and why, the weight stepped
+over time with every decision marked, the candidate against the primary with the SLO drawn,
+the guard's decisions with the numbers behind them, the pause/resume/skip/abort buttons and
+the rollback drain), and the start form that the route page's Ramps panel posts to.
+
+The ramp page's live block (state, the figures the guard reads now, the decisions) is
+re-polled by htmx every 2 s while the ramp is running or paused; the charts every 10 s.
+A poll that sees the state changed since the page loaded asks htmx to reload the page once,
+so the buttons offered match the state (the action forms sit outside the polled block, so a
+reason being typed is not wiped by a poll).
+
+Reasons, event messages and gateway errors are free text: every one reaches the page through
+the template's autoescape or `json_script`, never `|safe`.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from fleetctl.accounts.dashboard import dashboard_view
+from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.charts import figure_data
+from fleetctl.core.errors import DomainError, NotFoundError
+from fleetctl.core.views import Outcome, form_add_service_errors
+from fleetctl.fleet.models import Pool
+from fleetctl.ramps import charts, selectors, services
+from fleetctl.ramps.forms import RampActionForm, RampFilterForm, RampStartForm, steps_text
+from fleetctl.ramps.models import ACTIVE_STATES, Ramp, RampEvent
+from fleetctl.telemetry import selectors as telemetry
+from fleetctl.traffic import selectors as traffic
+from fleetctl.traffic.models import Route
+from migrations_plan.models import Plan
+
+LIVE_ID = "ramp-live"
+CHARTS_ID = "ramp-charts"
+PAGE_SIZE = 50
+# The service's argument names the start form calls otherwise.
+FORM_FIELDS = {"slo_error_rate": "slo_error_pct"}
+ACTIONS = {"pause": services.ramp_pause, "resume": services.ramp_resume,
+           "skip": services.ramp_skip, "abort": services.ramp_abort}
+ACTION_DONE = {"pause": "Paused", "resume": "Resumed", "skip": "Skipped the hold of",
+               "abort": "Aborted"}
+# Which state each action is offered in.
+ACTION_STATES = {"pause": ("running",), "resume": ("paused",), "skip": ("running",),
+                 "abort": ACTIVE_STATES}
+
+
+def _call(call: Any, form: Any) -> Outcome[Any]:
+    """A service call for a form: field errors onto its fields, a refusal (403, 409) at its
+    top with the refusal's status, so the person reads why next to what they pressed."""
+    try:
+        return Outcome(result=call(), ok=True)
+    except ValidationError as exc:
+        if hasattr(exc, "error_dict"):
+            exc = ValidationError({FORM_FIELDS.get(field, field): errors
+                                   for field, errors in exc.error_dict.items()})
+        form_add_service_errors(form, exc)
+        return Outcome(status=400)
+    except DomainError as exc:
+        form.add_error(None, exc.message)
+        return Outcome(status=exc.status_code)
+
+
+def _ramp_or_404(ramp_id: int) -> Ramp:
+    try:
+        ramp = selectors.ramp_detail(ramp_id)
+    except NotFoundError as exc:
+        raise Http404(f"No ramp with id {ramp_id}.") from exc
+    if ramp is None:
+        raise Http404(f"No ramp with id {ramp_id}.")
+    return ramp
+
+
+def _route_or_404(name: str) -> Route:
+    route = traffic.route_get(name=name)
+    if route is None:
+        raise Http404(f"No route named {name!r}.")
+    return route
+
+
+# ---- the start form (also rendered by the route page's Ramps panel) --------------------------
+
+def start_pools(route: Route) -> list[str]:
+    """The pools a ramp on `route` may step up: eligible for it, other than its primary."""
+    return sorted(traffic.pools_eligible(route=route) - {route.primary_pool.name})
+
+
+def stage4_plans(route: Route) -> list[Plan]:
+    """Plans at stage 4 (live) that list the route: their candidate and thresholds prefill
+    the form, and the service uses the plan of the pool chosen."""
+    return list(Plan.objects.filter(routes=route, state=Plan.State.STAGE_4)
+                .select_related("candidate_pool").order_by("name"))
+
+
+def start_form(route: Route, data: Any = None) -> RampStartForm:
+    initial: dict[str, Any] = {"steps": "1:60, 5:60, 10:120, 25:300, 50:300"}
+    pools = start_pools(route)
+    plans = [plan for plan in stage4_plans(route) if plan.candidate_pool.name in pools]
+    if plans:
+        plan = plans[0]
+        initial.update(pool=plan.candidate_pool.name, slo_ttft_p95_ms=plan.slo_ttft_p95_ms,
+                       slo_tpot_p95_ms=plan.slo_tpot_p95_ms,
+                       slo_error_pct=round(plan.slo_error_rate * 100, 4),
+                       latency_margin_pct=plan.latency_margin_pct)
+    form = RampStartForm(data, pools=pools, initial=initial)
+    form.plans = plans  # type: ignore[attr-defined]
+    return form
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def ramp_start(request: HttpRequest, route: str) -> HttpResponse:
+    """The form on a page of its own (the route page's panel posts here): a refused start is
+    shown with the service's message and what was typed."""
+    the_route = _route_or_404(route)
+    posted = request.method == "POST"
+    form = start_form(the_route, request.POST if posted else None)
+    done: Outcome[Ramp] = Outcome(status=400 if posted else 200)
+    if posted and form.is_valid():
+        actor = actor_from_request(request)
+        pool = Pool.objects.get(name=form.cleaned_data["pool"])
+        kwargs = form.service_kwargs()
+        done = _call(lambda: services.ramp_create(actor=actor, route=the_route, pool=pool,
+                                                  **kwargs), form)
+        if done.result is not None:
+            ramp = done.result
+            messages.success(request, f"Started ramp {ramp.pk}: {pool.name} on "
+                                      f"{the_route.name}, {len(ramp.steps)} steps.")
+            return redirect("ramps:detail", ramp_id=ramp.pk)
+    return render(request, "ramps/start.html", {
+        "route": the_route, "form": form, "active": selectors.ramp_active_for(the_route),
+    }, status=done.status)
+
+
+# ---- list ------------------------------------------------------------------------------------
+
+def _filtered(form: RampFilterForm) -> QuerySet[Ramp]:
+    ramps = selectors.ramp_list()
+    if not form.is_bound:
+        return ramps
+    if not form.is_valid():
+        return ramps.none()
+    data = form.cleaned_data
+    if data.get("state") == "active":
+        ramps = ramps.filter(state__in=ACTIVE_STATES)
+    elif data.get("state"):
+        ramps = ramps.filter(state=data["state"])
+    if data.get("route"):
+        ramps = ramps.filter(route__name=data["route"])
+    if data.get("pool"):
+        ramps = ramps.filter(pool__name=data["pool"])
+    return ramps
+
+
+@dashboard_view
+@require_GET
+def ramp_list(request: HttpRequest) -> HttpResponse:
+    form = RampFilterForm(request.GET or None)
+    ramps = _filtered(form).select_related("route", "pool")
+    page = Paginator(ramps, PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "ramps/list.html", {"filter_form": form, "page": page})
+
+
+# ---- the ramp page ---------------------------------------------------------------------------
+
+def _fmt(value: Any, unit: str) -> str:
+    if value is None:
+        return "—"
+    number = float(value)
+    if unit == "rate":
+        return f"{number * 100:.2f} %"
+    if unit == "ms":
+        return f"{number:,.0f} ms" if number >= 10 else f"{number:.1f} ms"
+    return f"{number:g}"
+
+
+METRIC_ROWS = (("error_rate", "error rate", "rate"), ("ttft_p95", "TTFT p95", "ms"),
+               ("tpot_p95", "TPOT p95", "ms"))
+
+
+def number_rows(numbers: Any) -> list[dict[str, str]]:
+    """The figures a decision used, one row each: whose, what, the estimate with its
+    interval and sample count, and where it came from. Reads the shape the guard stores
+    (per role a PoolStats as a dict, the thresholds, the window) and skips what is absent."""
+    rows: list[dict[str, str]] = []
+    if not isinstance(numbers, dict):
+        return rows
+    for role in ("candidate", "primary"):
+        stats = numbers.get(role)
+        if not isinstance(stats, dict):
+            continue
+        pool = str(stats.get("pool") or "")
+        if stats.get("requests") is not None:
+            rows.append({"who": f"{role} {pool}".strip(), "what": "requests",
+                         "value": f"{stats['requests']:,}" if isinstance(stats["requests"], int)
+                         else str(stats["requests"]),
+                         "interval": "", "n": "", "source": ", ".join(
+                             str(s) for s in stats.get("sources") or [])})
+        for key, label, unit in METRIC_ROWS:
+            figure = stats.get(key)
+            if not isinstance(figure, dict):
+                continue
+            low, high = figure.get("low"), figure.get("high")
+            rows.append({
+                "who": f"{role} {pool}".strip(), "what": label,
+                "value": _fmt(figure.get("value"), unit),
+                "interval": (f"[{_fmt(low, unit)}, {_fmt(high, unit)}]"
+                             if low is not None or high is not None else ""),
+                "n": str(figure.get("n", "")), "source": str(figure.get("source") or "")})
+    thresholds = numbers.get("thresholds")
+    if isinstance(thresholds, dict):
+        for key, value in thresholds.items():
+            unit = "rate" if "error" in key else "ms" if key.endswith("_ms") else ""
+            text = _fmt(value, unit) if isinstance(value, int | float) else str(value)
+            if key.endswith("_pct"):
+                text += " %"
+            rows.append({"who": "threshold", "what": key.removeprefix("slo_").replace("_", " "),
+                         "value": text, "interval": "", "n": "", "source": ""})
+    return rows
+
+
+def _decisions(events: list[RampEvent]) -> list[dict[str, Any]]:
+    return [{"event": event, "rows": number_rows(event.numbers),
+             "raw": json.dumps(event.numbers, indent=1, sort_keys=True, default=str)
+             if event.numbers else ""}
+            for event in reversed(events)]
+
+
+def _numbers_now(ramp: Ramp) -> dict[str, Any] | None:
+    """What the guard would decide on the current step's window right now (not stored):
+    the decision, its reasons, and each pool's figures in the order the table shows them."""
+    judged = selectors.ramp_numbers_now(ramp)
+    if judged is None:
+        return None
+    pools = [(role, judged.get(role)) for role in ("candidate", "primary")]
+    return {**judged, "pools": [(role, stats) for role, stats in pools if stats]}
+
+
+def _step(ramp: Ramp, now: datetime) -> dict[str, Any]:
+    step = ramp.current_step
+    held = ((now - ramp.step_started_at).total_seconds()
+            if ramp.step_started_at is not None else None)
+    return {"number": ramp.step_index + 1, "of": len(ramp.steps),
+            "percent": step["percent"] if step else None,
+            "hold_s": step["hold_s"] if step else None,
+            "held_s": held,
+            "left_s": max(0.0, float(step["hold_s"]) - held) if step and held is not None
+            else None}
+
+
+def _live(ramp: Ramp, events: list[RampEvent]) -> dict[str, Any]:
+    now = timezone.now()
+    return {"ramp": ramp, "live_id": LIVE_ID, "polling": ramp.active, "now": now,
+            "step": _step(ramp, now),
+            "numbers_now": _numbers_now(ramp),
+            "decisions": _decisions(events), "drain": ramp.drain}
+
+
+def _event_dicts(events: list[RampEvent]) -> list[dict[str, Any]]:
+    return [{"kind": e.kind, "at": e.at, "percent": e.percent, "message": e.message}
+            for e in events]
+
+
+def _charts(ramp: Ramp, events: list[RampEvent]) -> dict[str, Any]:
+    now = timezone.now()
+    until = ramp.finished_at or now
+    dicts = _event_dicts(events)
+    points = charts.weight_points(
+        start=ramp.created_at, start_percent=float((ramp.base_weights or {}).get(
+            ramp.pool.name, 0.0)), events=dicts, until=until)
+    timeline = charts.timeline_figure(points=points, events=dicts, pool=ramp.pool.name,
+                                      planned=[float(s["percent"]) for s in ramp.steps])
+    primary = ramp.route.primary_pool.name
+    series = {pool: telemetry.pool_series(pool=pool, route=ramp.route.name,
+                                          since=ramp.created_at, until=until)
+              for pool in (ramp.pool.name, primary)}
+    has_data = any(row.get("requests") for rows in series.values() for row in rows)
+    pools = charts.pools_figure(
+        candidate=ramp.pool.name, primary=primary, series=series,
+        thresholds={"ttft": ramp.slo_ttft_p95_ms, "tpot": ramp.slo_tpot_p95_ms,
+                    "error_rate": ramp.slo_error_rate},
+        steps_at=[(e["at"], e["percent"]) for e in dicts if e["kind"] == "step"])
+    return {"ramp": ramp, "charts_id": CHARTS_ID, "polling": ramp.active,
+            "timeline_figure": figure_data(timeline),
+            "pools_figure": figure_data(pools) if has_data else None}
+
+
+def _render_detail(request: HttpRequest, ramp: Ramp, *, action_form: RampActionForm | None = None,
+                   status: int = 200) -> HttpResponse:
+    events = list(ramp.events.all())
+    return render(request, "ramps/detail.html", {
+        **_live(ramp, events), **_charts(ramp, events),
+        "steps_text": steps_text(ramp.steps),
+        "action_form": action_form,
+        "offered": [a for a, states in ACTION_STATES.items() if ramp.state in states],
+    }, status=status)
+
+
+@dashboard_view
+@require_GET
+def ramp_detail(request: HttpRequest, ramp_id: int) -> HttpResponse:
+    ramp = _ramp_or_404(ramp_id)
+    target = request.htmx.target  # type: ignore[attr-defined]
+    if target in (LIVE_ID, CHARTS_ID):
+        events = list(ramp.events.all())
+        if target == LIVE_ID:
+            response = render(request, "ramps/_live.html", _live(ramp, events))
+        else:
+            response = render(request, "ramps/_charts.html", _charts(ramp, events))
+        if request.GET.get("seen") and request.GET["seen"] != ramp.state:
+            # The state changed while the page watched: reload once, so the buttons offered
+            # are the ones this state allows.
+            response["HX-Refresh"] = "true"
+        return response
+    return _render_detail(request, ramp)
+
+
+@dashboard_view
+@require_POST
+def ramp_action(request: HttpRequest, ramp_id: int) -> HttpResponse:
+    """Pause, resume, skip (the ramp role) or abort (the drain role), always with a reason.
+    A refusal (a role missing, the ramp no longer in a state that allows it) is shown on the
+    page with its status; nothing changed."""
+    ramp = _ramp_or_404(ramp_id)
+    form = RampActionForm(request.POST)
+    done: Outcome[Ramp] = Outcome(status=400)
+    if form.is_valid():
+        action = form.cleaned_data["action"]
+        actor = actor_from_request(request)
+        done = _call(lambda: ACTIONS[action](actor=actor, ramp=ramp,
+                                             reason=form.cleaned_data["reason"]), form)
+        if done.result is not None:
+            messages.success(request, f"{ACTION_DONE[action]} ramp {ramp.pk}.")
+            return redirect("ramps:detail", ramp_id=ramp.pk)
+        ramp = _ramp_or_404(ramp_id)
+    return _render_detail(request, ramp, action_form=form, status=done.status)
+
+
+def detail_url(ramp: Ramp) -> str:
+    return reverse("ramps:detail", args=[ramp.pk])
