@@ -18,6 +18,7 @@ from fleetctl.fleet.api.views import (
 from fleetctl.observability import MetricsView
 from fleetctl.ramps.api.views import RampViewSet
 from fleetctl.shadow.api.views import ShadowRunViewSet
+from fleetctl.telemetry.api.views import IngestStatusViewSet, TelemetryPoolViewSet
 from fleetctl.traffic.api.views import DrainViewSet, GatewayViewSet, PushViewSet, RouteViewSet
 from fleetctl.webhooks.api.views import WebhookViewSet
 from migrations_plan.api.views import (
@@ -53,6 +54,8 @@ router.register("evidence-rules", EvidenceRuleViewSet, basename="evidence-rule")
 router.register("tokens", TokenViewSet, basename="token")
 router.register("service-tokens", ServiceTokenViewSet, basename="service-token")
 router.register("people", PersonViewSet, basename="person")
+router.register("telemetry/pools", TelemetryPoolViewSet, basename="telemetry-pool")
+router.register("telemetry/ingest", IngestStatusViewSet, basename="telemetry-ingest")
 router.register("webhooks", WebhookViewSet, basename="webhook")
 
 urlpatterns = [

@@ -1,0 +1,106 @@
+"""The telemetry API's shapes: query parameters (checked, 400 naming the field) and answers."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import serializers
+
+MAX_WINDOW_S = 86_400
+MAX_SPAN_DAYS = 30
+
+
+class SummaryQuery(serializers.Serializer[Any]):
+    window_s = serializers.IntegerField(
+        required=False, default=60, min_value=1, max_value=MAX_WINDOW_S,
+        help_text="Seconds back from now (default 60).")
+    pool = serializers.CharField(required=False, help_text="Only this pool (repeat for more).")
+
+
+class DetailQuery(serializers.Serializer[Any]):
+    route = serializers.CharField(required=False, help_text="Only this route's requests.")
+    since = serializers.DateTimeField(
+        required=False, help_text="ISO 8601; default 15 minutes before `until`.")
+    until = serializers.DateTimeField(required=False, help_text="ISO 8601; default now.")
+    resolution_s = serializers.ChoiceField(
+        choices=[10, 60, 600, 3600], required=False,
+        help_text="The series' step; default the finest giving at most 360 points.")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        until = attrs.get("until") or timezone.now()
+        since = attrs.get("since") or until - timedelta(minutes=15)
+        if since >= until:
+            raise serializers.ValidationError({"since": "since must be before until."})
+        if until - since > timedelta(days=MAX_SPAN_DAYS):
+            raise serializers.ValidationError(
+                {"since": f"At most {MAX_SPAN_DAYS} days at once (windows are kept that long)."})
+        attrs["since"], attrs["until"] = since, until
+        return attrs
+
+
+class FigureSerializer(serializers.Serializer[Any]):
+    value = serializers.FloatField(allow_null=True,
+                                   help_text="The estimate: ms, or a rate from 0 to 1; null "
+                                             "without data.")
+    low = serializers.FloatField(allow_null=True, help_text="Lower confidence bound.")
+    high = serializers.FloatField(allow_null=True, help_text="Upper confidence bound.")
+    n = serializers.IntegerField(help_text="Samples behind it.")
+    # DRF takes declared fields off the class: these names do not shadow Field.source or
+    # Serializer.errors at run time.
+    source = serializers.CharField(help_text="Where it was measured.")  # type: ignore[assignment]
+
+
+class PoolStatsSerializer(serializers.Serializer[Any]):
+    pool = serializers.CharField()
+    route = serializers.CharField(allow_null=True)
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    requests = serializers.IntegerField()
+    errors = serializers.IntegerField(  # type: ignore[assignment]
+        help_text="5xx answers and requests with no answer.")
+    retries = serializers.IntegerField()
+    streamed = serializers.IntegerField()
+    rps = serializers.FloatField()
+    error_rate = FigureSerializer(help_text="Wilson interval.")
+    ttft_p50 = FigureSerializer()
+    ttft_p95 = FigureSerializer(help_text="First body byte of streamed answers, at the "
+                                          "gateways.")
+    ttft_p99 = FigureSerializer()
+    tpot_p95 = FigureSerializer(help_text="From the pool's own /metrics: pool-wide.")
+    duration_p95 = FigureSerializer()
+    sources = serializers.ListField(child=serializers.CharField())
+    last_data_at = serializers.DateTimeField(allow_null=True)
+
+
+class SeriesPointSerializer(serializers.Serializer[Any]):
+    start = serializers.DateTimeField()
+    requests = serializers.IntegerField()
+    errors = serializers.IntegerField()  # type: ignore[assignment]
+    error_rate = serializers.FloatField(allow_null=True)
+    ttft_p50 = serializers.FloatField(allow_null=True)
+    ttft_p95 = serializers.FloatField(allow_null=True)
+    ttft_p99 = serializers.FloatField(allow_null=True)
+    tpot_p95 = serializers.FloatField(allow_null=True)
+    rps = serializers.FloatField()
+
+
+class PoolDetailSerializer(serializers.Serializer[Any]):
+    stats = PoolStatsSerializer()
+    series = SeriesPointSerializer(many=True)
+
+
+class IngestStatusSerializer(serializers.Serializer[Any]):
+    source = serializers.CharField(help_text="The gateway or pool.")  # type: ignore[assignment]
+    kind = serializers.CharField(help_text='"gateway access log" or "pool /metrics".')
+    path = serializers.CharField(help_text="The file followed, or the /metrics URL.")
+    lines = serializers.IntegerField(help_text="Lines read (log) or scrapes answered.")
+    malformed = serializers.IntegerField()
+    offset = serializers.IntegerField()
+    rotations = serializers.IntegerField()
+    truncations = serializers.IntegerField()
+    last_read_at = serializers.DateTimeField(allow_null=True)
+    lag_s = serializers.FloatField(allow_null=True,
+                                   help_text="Seconds since the ingester last read it.")
+    last_error = serializers.CharField(allow_blank=True)

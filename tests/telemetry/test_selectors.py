@@ -1,0 +1,137 @@
+"""pool_stats, pool_series, live_summary and ingest_status on windows written directly."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+from django.utils import timezone
+
+from fleetctl.core.confidence import wilson_interval
+from fleetctl.telemetry import histogram, selectors
+from fleetctl.telemetry.models import Cursor
+from fleetctl.telemetry.services import window_add, window_start
+
+pytestmark = pytest.mark.django_db
+
+
+def _h(values: Any) -> dict[str, int]:
+    h: dict[str, int] = {}
+    for value in values:
+        histogram.add(h, float(value))
+    return h
+
+
+def _window(start: datetime, *, gateway: str = "gw-a", route: str = "chat",
+            pool: str = "pa", requests: int = 0, errors: int = 0, streamed: int = 0,
+            ttft: dict[str, int] | None = None, source: str = "gateway",
+            tpot: dict[str, int] | None = None) -> None:
+    window_add(source=source, source_name=gateway, route=route, pool=pool, resolution_s=10,
+               start=start, counts={"requests": requests, "errors": errors,
+                                    "streamed": streamed},
+               histograms={"ttft": ttft or {}, "tpot": tpot or {}, "duration": ttft or {}})
+
+
+def test_pool_stats_merges_gateways_and_windows_with_bounds() -> None:
+    now = timezone.now()
+    t0 = window_start(now.timestamp(), 10) - timedelta(seconds=30)
+    rng = np.random.default_rng(3)
+    a, b = rng.lognormal(5, 0.5, 300), rng.lognormal(5, 0.5, 200)
+    _window(t0, requests=300, errors=6, streamed=300, ttft=_h(a))
+    _window(t0 + timedelta(seconds=10), gateway="gw-b", requests=200, errors=4,
+            streamed=200, ttft=_h(b))
+    _window(t0, route="other", requests=1000, errors=500)  # another route
+    _window(t0, pool="pb", requests=50)  # another pool
+    _window(t0, source="pool", gateway="pa", route="", tpot=_h(rng.lognormal(3, 0.3, 80)))
+    _window(t0 - timedelta(minutes=10), requests=99)  # before `since`
+    stats = selectors.pool_stats(pool="pa", route="chat", since=t0, until=t0 +
+                                 timedelta(seconds=20))
+    assert (stats.requests, stats.errors, stats.streamed) == (500, 10, 500)
+    expected = wilson_interval(10, 500, 0.99)
+    assert stats.error_rate.value == pytest.approx(0.02)
+    assert (stats.error_rate.low, stats.error_rate.high) == (expected.lower, expected.upper)
+    exact = float(np.quantile(np.concatenate([a, b]), 0.95))
+    assert stats.ttft_p95.n == 500
+    assert abs(stats.ttft_p95.value - exact) <= exact * histogram.RELATIVE_ERROR
+    assert stats.ttft_p95.low <= exact <= stats.ttft_p95.high
+    assert "gateways gw-a, gw-b access logs" in stats.ttft_p95.source
+    assert "first body byte" in stats.ttft_p95.source
+    assert stats.tpot_p95.n == 80 and "vllm:time_per_output_token_seconds" in \
+        stats.tpot_p95.source
+    assert stats.sources == ["gw-a", "gw-b", "pool /metrics"]
+    assert stats.rps == pytest.approx(500 / 20)
+    assert stats.last_data_at is not None
+    # All routes together.
+    assert selectors.pool_stats(pool="pa", since=t0, until=t0 + timedelta(seconds=20)
+                                ).requests == 1500
+
+
+def test_edge_windows_count_whole_and_no_data_is_not_zero() -> None:
+    t0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    _window(t0, requests=10)
+    assert selectors.pool_stats(pool="pa", since=t0 + timedelta(seconds=9),
+                                until=t0 + timedelta(seconds=11)).requests == 10
+    assert selectors.pool_stats(pool="pa", since=t0 + timedelta(seconds=10),
+                                until=t0 + timedelta(seconds=20)).requests == 0
+    empty = selectors.pool_stats(pool="nothing", since=t0, until=t0 + timedelta(minutes=1))
+    assert empty.requests == 0 and empty.last_data_at is None
+    for figure in (empty.error_rate, empty.ttft_p95, empty.tpot_p95, empty.duration_p95):
+        assert (figure.value, figure.low, figure.high, figure.n) == (None, None, None, 0)
+    assert "no data" in empty.ttft_p95.source
+
+
+def test_pool_series_steps() -> None:
+    t0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    for i in range(6):
+        _window(t0 + timedelta(seconds=10 * i), requests=10 + i, errors=i, streamed=1,
+                ttft=_h([100.0]))
+    series = selectors.pool_series(pool="pa", since=t0, until=t0 + timedelta(minutes=1))
+    assert [p["requests"] for p in series] == [10, 11, 12, 13, 14, 15]
+    assert series[1]["error_rate"] == pytest.approx(1 / 11)
+    assert series[0]["ttft_p95"] == pytest.approx(histogram.value_of(histogram.bucket_of(100)))
+    assert series[0]["tpot_p95"] is None
+    minute = selectors.pool_series(pool="pa", since=t0, until=t0 + timedelta(minutes=1),
+                                   resolution_s=60)
+    assert len(minute) == 1 and minute[0]["requests"] == 75 and minute[0]["rps"] == 75 / 60
+
+
+def test_live_summary_lists_every_pool(make_pool: Any) -> None:
+    make_pool("pa")
+    make_pool("pb")
+    now = window_start(timezone.now().timestamp(), 10)
+    _window(now, requests=4, errors=1)
+    _window(now, source="pool", gateway="pb", route="", pool="pb", tpot=_h([20.0]))
+    _window(now, pool="gone", requests=5)  # not a pool (deleted): not listed
+    summary = selectors.live_summary(window_s=60)
+    assert list(summary) == ["pa", "pb"]
+    assert summary["pa"].requests == 4 and summary["pa"].error_rate.value == 0.25
+    assert summary["pb"].requests == 0 and summary["pb"].tpot_p95.n == 1
+    assert list(selectors.live_summary(pools=["pb"])) == ["pb"]
+
+
+def test_live_summary_is_a_few_queries(make_pool: Any,
+                                       django_assert_max_num_queries: Any) -> None:
+    for i in range(20):
+        make_pool(f"p{i}")
+    now = window_start(timezone.now().timestamp(), 10)
+    for i in range(20):
+        _window(now, pool=f"p{i}", requests=i)
+    with django_assert_max_num_queries(3):
+        assert len(selectors.live_summary()) == 20
+    with django_assert_max_num_queries(2):
+        selectors.pool_stats(pool="p3", since=now)
+
+
+def test_ingest_status() -> None:
+    now = timezone.now()
+    Cursor.objects.create(source_name="gw-a", path="/var/log/a.log", lines=10, malformed=1,
+                          last_read_at=now - timedelta(seconds=3))
+    Cursor.objects.create(source_name="pa", path="http://127.0.0.1:9/metrics",
+                          last_error="refused")
+    rows = selectors.ingest_status(now)
+    assert [(r["source"], r["kind"]) for r in rows] == [("gw-a", "gateway access log"),
+                                                        ("pa", "pool /metrics")]
+    assert rows[0]["lag_s"] == pytest.approx(3.0) and rows[0]["malformed"] == 1
+    assert rows[1]["lag_s"] is None and rows[1]["last_error"] == "refused"
