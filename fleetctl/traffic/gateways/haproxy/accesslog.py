@@ -24,12 +24,12 @@ BACKEND_PREFIX = "route-"
 STREAM_TYPE = "text/event-stream"
 
 # %Ts.%ms: the accept date in epoch seconds and its milliseconds (zero-padded); %rc: the
-# retries of the request (connection retries and redispatches); %s: the server, <pool>.<n>
-# (`<NOSRV>` when none); capture.res.hdr(0): the Content-Type captured by the frontend.
-# Numbers are written bare; HAProxy writes -1 for a timer that never ran.
+# retries of the request, "+N" when it was redispatched to another server (so quoted); %s:
+# the server, <pool>.<n> (`<NOSRV>` when none); capture.res.hdr(0): the Content-Type
+# captured by the frontend. Numbers are written bare; -1 is a timer that never ran.
 LOG_FORMAT = (
     '{"start":%Ts.%ms,"backend":"%b","server":"%s","status":%ST,"tr":%Tr,"ta":%Ta,'
-    '"bytes":%B,"retries":%rc,"ctype":"%[capture.res.hdr(0),json(utf8s)]","term":"%tsc"}'
+    '"bytes":%B,"retries":"%rc","ctype":"%[capture.res.hdr(0),json(utf8s)]","term":"%tsc"}'
 )
 
 _loads = json.loads

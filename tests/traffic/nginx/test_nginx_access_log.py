@@ -1,0 +1,97 @@
+"""nginx's JSON access log: a real nginx writing `log_format fleetctl escape=json` lines,
+read back into LogRecords whose pool is named from the server address through the gateway's
+endpoints (checked against the pools' own counts)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from fleetctl.demo.nginx_process import NginxProcess
+from fleetctl.traffic.gateways import registry
+from fleetctl.traffic.gateways.base import LogRecord
+from fleetctl.traffic.gateways.nginx.accesslog import parse_line
+from fleetctl.traffic.gateways.nginx.adapter import NginxAdapter
+from tests.sim.simproc import MODEL, SimProcess
+from tests.traffic.scenarios import POOLS, Harness, route
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def logged_nginx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NginxProcess]:
+    prefix = tmp_path_factory.mktemp("nginx-log")
+    process = NginxProcess(prefix, access_log=str(prefix / "access.log"))
+    yield process.start(timeout_s=60)
+    process.stop()
+
+
+def records(path: Path, since: int, count: int, endpoints: dict[str, str],
+            timeout_s: float = 30.0) -> list[LogRecord]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = []
+        if path.exists():
+            with path.open("rb") as log:
+                log.seek(since)
+                lines = [line for line in log.read().splitlines(keepends=True)
+                         if line.endswith(b"\n")]
+        found = [r for r in (parse_line(line, endpoints) for line in lines) if r is not None]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def chat(url: str, *, stream: bool) -> int:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "ping"}],
+            "max_tokens": 4, "stream": stream}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as answer:
+        for _ in answer.iter_bytes():
+            pass
+        return answer.status_code
+
+
+def test_each_request_is_one_json_line_naming_its_route_and_pool(
+        sim_fleet: SimProcess, logged_nginx: NginxProcess) -> None:
+    assert registry.get("nginx").parse_access_log is parse_line
+    harness = Harness(url=logged_nginx.url, adapter=NginxAdapter(logged_nginx.gateway),
+                      sim=sim_fleet)
+    harness.apply(route({"alpha": 5_000, "beta": 5_000}))
+    endpoints = {urlsplit(sim_fleet.url(name)).netloc: name for name in POOLS}
+    path = Path(logged_nginx.gateway.options["access_log"])
+    since = path.stat().st_size if path.exists() else 0
+    before = harness.served()
+    statuses = [chat(logged_nginx.url, stream=n % 2 == 0) for n in range(6)]
+    refused = httpx.post(f"{logged_nginx.url}/v1/chat/completions", timeout=10,
+                         json={"model": "no-such-model", "messages": []}).status_code
+    found = records(path, since, 7, endpoints)
+    assert statuses == [200] * 6 and refused == 404
+    served = harness.served_since(before)
+    answered = found[:6]
+    assert {r.route for r in answered} == {"chat"}
+    assert {pool: sum(r.pool == pool for r in answered) for pool in POOLS} == served
+    assert [r.streamed for r in answered] == [True, False] * 3
+    assert {(r.status, r.attempts) for r in answered} == {(200, 1)}
+    for record in answered:
+        # $upstream_header_time: the time to the pool's headers, within $request_time.
+        assert record.ttft_ms is not None and 0 <= record.ttft_ms <= record.duration_ms + 1
+        assert record.bytes_out > 0 and abs(record.start - time.time()) < 600
+    assert (found[6].route, found[6].pool, found[6].status, found[6].attempts) == (
+        "", "", 404, 0)
+
+
+def test_servers_tried_in_turn_count_as_attempts_and_the_last_names_the_pool() -> None:
+    line = (b'{"msec":1700000001.500,"request_time":0.500,"route":"route-chat",'
+            b'"upstream":"127.0.0.1:9, 127.0.0.1:8001","status":200,"bytes":10,'
+            b'"header_time":"0.001, 0.120","ctype":"text/event-stream"}\n')
+    assert parse_line(line, {"127.0.0.1:8001": "alpha"}) == LogRecord(
+        start=1700000001.0, route="chat", pool="alpha", status=200, duration_ms=500.0,
+        ttft_ms=120.0, bytes_out=10, attempts=2, streamed=True)
+    assert parse_line(b"\n", {}) is None
+    with pytest.raises(ValueError):
+        parse_line(b"127.0.0.1 - - [date] GET / 200\n", {})
