@@ -140,7 +140,7 @@ def test_a_missing_file_is_reported_then_followed_when_it_appears(log_file: Path
 
 def test_gateways_without_a_log_or_a_parser_are_skipped(tmp_path: Path) -> None:
     Gateway.objects.create(name="no-log", kind="envoy", admin_address="http://127.0.0.1:1")
-    Gateway.objects.create(name="k8s", kind="gateway_api", admin_address="ns/gw",
+    Gateway.objects.create(name="k8s", kind="gateway-api", admin_address="ns/gw",
                            options={"access_log": str(tmp_path / "x.log")})
     ingester = Ingester(window_s=10)
     ingester.once()
