@@ -270,14 +270,13 @@ def _drive(ramp: Ramp, *, now: datetime, owner: str) -> None:
             return
         _event(ramp, Kind.FAIL, message=message, numbers=judgement.numbers)
         return  # a hold whose latest window fails is not judged whole, let alone passed
-    else:
-        if ramp.consecutive_failures:
-            Ramp.objects.filter(pk=ramp.pk).update(consecutive_failures=0)
-            ramp.consecutive_failures = 0
-        _note(ramp, judgement)
+    if ramp.consecutive_failures and judgement.decision != guard.WAIT:  # a wait knows nothing
+        Ramp.objects.filter(pk=ramp.pk).update(consecutive_failures=0)
+        ramp.consecutive_failures = 0
     if now < ramp.step_started_at + timedelta(seconds=float(step["hold_s"])):
+        _note(ramp, judgement)
         return
-    # The hold is over: judge all of it.
+    # The hold is over: judge all of it (that judgement is the one recorded).
     whole = _judge(ramp, route, since=ramp.step_started_at, now=now)
     if whole.decision == guard.WAIT:
         _note(ramp, whole)
@@ -331,7 +330,7 @@ def _step(ramp: Ramp, route: Route, index: int, *, now: datetime) -> None:
                 consecutive_failures=0)
             ramp.step_index, ramp.step_started_at = index, now
             ramp.revision_number, ramp.consecutive_failures = revision.number, 0
-            _event(ramp, Kind.STEP, actor=system, at=now,
+            _event(ramp, Kind.STEP, actor=system,
                    message=f"Step {index + 1} of {len(ramp.steps)}: {ramp.pool.name} to "
                            f"{step['percent']:g} % for {float(step['hold_s']):g} s "
                            f"(revision {revision.number}).",
@@ -412,7 +411,7 @@ def _note(ramp: Ramp, judgement: guard.Judgement) -> None:
     kind = Kind.WAIT if judgement.decision == guard.WAIT else Kind.CHECK
     text = f"{judgement.decision}: " + " ".join(judgement.reasons)
     last = (RampEvent.objects.filter(ramp=ramp, step_index=ramp.step_index)
-            .exclude(kind=Kind.SKIP).order_by("-at", "-id").first())
+            .exclude(kind=Kind.SKIP).order_by("-id").first())
     if last is not None and last.kind == kind and _gist(last.message) == _gist(text):
         return
     _event(ramp, kind, message=text, numbers=judgement.numbers)
@@ -424,8 +423,12 @@ def _gist(text: str) -> str:
 
 
 def _skipped(ramp: Ramp) -> bool:
+    """A SKIP after the event that set the current step (a resumed step is set anew, and a
+    skip of its earlier hold does not carry over)."""
+    stepped = (RampEvent.objects.filter(ramp=ramp, kind=Kind.STEP).order_by("-id")
+               .values_list("id", flat=True).first())
     return RampEvent.objects.filter(ramp=ramp, kind=Kind.SKIP, step_index=ramp.step_index,
-                                    at__gte=ramp.step_started_at).exists()
+                                    id__gt=stepped or 0).exists()
 
 
 def _evidence(ramp: Ramp, judgement: guard.Judgement, *,
