@@ -79,7 +79,7 @@ class RampStartForm(forms.Form):
 
     def __init__(self, *args: Any, pools: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["pool"].choices = [(name, name) for name in pools]
+        self.fields["pool"].choices = [(name, name) for name in pools]  # type: ignore[attr-defined]
 
     def service_kwargs(self) -> dict[str, Any]:
         data = self.cleaned_data

@@ -1,0 +1,102 @@
+"""Live telemetry on the fleet overview, a pool's page and a route's page, read from Window
+rows written directly (as the ingester would): the right figures with their sources, and a
+dash, never a zero, where there is no data."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from fleetctl.telemetry import histogram
+from fleetctl.traffic.models import Route
+from tests.ramps.web.conftest import add_window, ms_text
+
+pytestmark = pytest.mark.django_db
+
+
+def p95_of(ms: float, n: int = 100) -> str:
+    h: dict[str, int] = {}
+    histogram.add(h, ms, n)
+    value = histogram.quantile(h, 0.95)
+    assert value is not None
+    return ms_text(value)
+
+
+def cells(html: str, marker: str, css: str) -> list[str]:
+    """The text of each `css` cell in the row (or block) that holds `marker`."""
+    row = html[html.index(marker):]
+    row = row[:row.index("</tr>")] if "</tr>" in row[:4000] else row[:4000]
+    return [re.sub(r"<[^>]+>", "", cell).strip()
+            for cell in re.findall(rf'class="[^"]*{css}[^"]*"[^>]*>(.*?)</t[dh]>', row, re.S)]
+
+
+def test_the_overview_shows_each_pools_last_minute_and_a_dash_without_data(
+        oncall: Client, route: Route):
+    add_window(pool="mi300x-us", requests=200, errors=3, ttft_ms=420)
+    html = oncall.get(reverse("fleet:overview")).content.decode()
+    assert cells(html, ">mi300x-us</a>", "live-ttft") == [p95_of(420, 200)]
+    assert cells(html, ">mi300x-us</a>", "live-errors") == ["1.50 %"]
+    rps = cells(html, ">mi300x-us</a>", "live-rps")[0]
+    assert rps.endswith("/s") and float(rps[:-2]) > 0
+    assert "gateway envoy-a access log" in html  # the source, in the tooltip
+    # h200-eu has no window: dashes, not zeros.
+    for css in ("live-ttft", "live-errors", "live-rps"):
+        assert cells(html, ">h200-eu</a>", css) == ["—"], css
+    # The htmx refresh of the pool table carries the same figures.
+    partial = oncall.get(reverse("fleet:overview"),
+                         headers={"HX-Request": "true", "HX-Target": "pool-groups"})
+    assert p95_of(420, 200) in partial.content.decode()
+
+
+def test_a_window_older_than_a_minute_is_not_live(oncall: Client, route: Route):
+    add_window(pool="mi300x-us", ago_s=300, ttft_ms=420)
+    html = oncall.get(reverse("fleet:overview")).content.decode()
+    assert cells(html, ">mi300x-us</a>", "live-ttft") == ["—"]
+
+
+def test_the_pool_page_shows_live_figures_tpot_chart_routes_and_plans(
+        oncall: Client, route: Route):
+    add_window(pool="mi300x-us", requests=120, ttft_ms=300)
+    add_window(pool="mi300x-us", source="pool", requests=120, ttft_ms=None, tpot_ms=35)
+    html = oncall.get(reverse("fleet:pool-detail", args=["mi300x-us"])).content.decode()
+    block = html[html.index('class="card pool-live"'):]
+    assert re.search(rf'class="live-ttft"[^>]*>{re.escape(p95_of(300, 120))}<', block)
+    assert re.search(rf'class="live-tpot" title="pool /metrics[^"]*">'
+                     rf'{re.escape(p95_of(35, 120))}<', block)
+    assert re.search(r'class="live-errors"[^>]*>0.00 %<', block)
+    assert 'data-plotly-figure="pool-live-data"' in block and "plotly.min.js" in html
+    # It carries route llama at 5 %, and is in no plan.
+    assert re.search(r'data-route="llama">.*?5 %</td>', block, re.S)
+    assert "In no migration plan." in block
+
+
+def test_a_pool_without_telemetry_shows_dashes_and_no_chart(oncall: Client, route: Route):
+    html = oncall.get(reverse("fleet:pool-detail", args=["h200-eu"])).content.decode()
+    block = html[html.index('class="card pool-live"'):]
+    for css in ("live-ttft", "live-tpot", "live-errors", "live-rps"):
+        assert re.search(rf'class="{css}"[^>]*>—<', block), css
+    assert "No telemetry for this pool in the last 30 minutes." in block
+    assert "No route gives this pool weight now." in block
+
+
+def test_the_route_page_shows_each_weighted_pool_on_this_route_only(
+        oncall: Client, route: Route):
+    add_window(pool="h200-us", requests=400, errors=0, ttft_ms=250)
+    add_window(pool="mi300x-us", requests=40, errors=2, ttft_ms=600)
+    # Another route's traffic to the same pool does not count on this page.
+    add_window(pool="mi300x-us", route_name="other", requests=1000, errors=500, ttft_ms=5000)
+    html = oncall.get(reverse("traffic:route-detail", args=[route.name])).content.decode()
+    assert cells(html, 'data-pool="h200-us"', "live-ttft") == [p95_of(250, 400)]
+    assert cells(html, 'data-pool="mi300x-us"', "live-ttft") == [p95_of(600, 40)]
+    assert cells(html, 'data-pool="mi300x-us"', "live-errors") == ["5.00 %"]
+    assert cells(html, 'data-pool="h200-us"', "live-errors") == ["0.00 %"]
+
+
+def test_the_route_page_shows_dashes_without_data(oncall: Client, route: Route):
+    html = oncall.get(reverse("traffic:route-detail", args=[route.name])).content.decode()
+    for pool in ("h200-us", "mi300x-us"):
+        for css in ("live-ttft", "live-errors", "live-rps"):
+            assert cells(html, f'data-pool="{pool}"', css) == ["—"], (pool, css)
