@@ -23,6 +23,7 @@ from fleetctl.audit.services import audit_record, audit_refused, snapshot
 from fleetctl.core.errors import ConflictError, DomainError
 from fleetctl.fleet.models import Pool, PoolModel
 from fleetctl.traffic.models import Drain, Route
+from fleetctl.webhooks.services import notify
 from migrations_plan import evidence as ev
 from migrations_plan import permissions
 from migrations_plan.gates import DEFAULT_GATES
@@ -443,6 +444,13 @@ def _move(*, actor: Actor, plan: Plan, to_state: str, kind: str, reason: str,
                "snapshot_hash": move.snapshot_hash or None,
                "approvals": [a.by.get_username() for a in approvals or []],
                "drains": [d.pk for d in drains or []]})
+    notify("gate.changed", {
+        "plan": plan.name, "kind": kind, "from_state": from_state, "to_state": to_state,
+        "stage": plan.stage, "by": actor.label, "reason": reason,
+        "gate_status": gate.status if gate is not None else None, "move": move.pk,
+        "url": f"/plans/{plan.name}/"},
+        text=f"fleetctl plan {plan.name}: {from_state} → {to_state} ({kind}) by "
+             f"{actor.label}" + (f": {reason}" if reason else ""))
     return move
 
 
@@ -689,6 +697,13 @@ def plan_refresh(*, plan: Plan) -> list[str]:
                 changes.append(line)
             GateCheck.objects.filter(pk=check.pk).update(last_status=outcome.status,
                                                          last_status_at=gate.at)
+        if changes:
+            notify("gate.changed", {
+                "plan": locked.name, "kind": "check-status", "stage": locked.stage,
+                "state": locked.state, "gate_status": gate.status, "changes": changes,
+                "url": f"/plans/{locked.name}/"},
+                text=f"fleetctl plan {locked.name} stage {locked.stage} gate "
+                     f"{ev.status_label(gate.status)}: " + "; ".join(changes))
     return changes
 
 

@@ -78,6 +78,7 @@ def _nav_items() -> list[NavItem]:
         NavItem("Shadow", reverse("shadow:home"), section="shadow"),
         NavItem("Evals", reverse("evals:home"), section="evals"),
         NavItem("Audit", reverse("audit:list"), section="audit"),
+        NavItem("Webhooks", reverse("webhooks:list"), section="webhooks"),
         NavItem("API docs", reverse("api-docs")),
     ]
 

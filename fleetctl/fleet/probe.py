@@ -1,5 +1,7 @@
-"""What a health probe asks a pool: `/v1/models` must answer 200 with a model list, and
-`/health` must not fail when the server has one (404 means it has none)."""
+"""What a health probe asks a pool: `/v1/models` must answer 200 with a model list that
+names every model the pool is configured to serve (its PoolModel rows: a server that came
+back with another model, or none, must not take that model's traffic), and `/health` must
+not fail when the server has one (404 means it has none)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ def _models_from(body: bytes) -> list[str]:
     return sorted(str(item["id"]) for item in data.get("data", []) if "id" in item)
 
 
-def probe_endpoint(base_url: str, *, timeout_s: float) -> ProbeResult:
+def probe_endpoint(base_url: str, *, timeout_s: float,
+                   configured: list[str] | None = None) -> ProbeResult:
     root = base_url.rstrip("/")
     # A trailing /v1 names the server's root, as the gateways read it (OpenAI clients'
     # habit of base URLs ending in /v1).
@@ -44,6 +47,13 @@ def probe_endpoint(base_url: str, *, timeout_s: float) -> ProbeResult:
             ok=False, status_code=200, latency_ms=models.latency_ms,
             error=f"GET {root}/v1/models did not return an OpenAI model list",
         )
+    missing = sorted(set(configured or []) - set(seen))
+    if missing:
+        return ProbeResult(
+            ok=False, status_code=200, latency_ms=models.latency_ms, models_seen=seen,
+            error="; ".join(f"model {m} is configured on the pool but {root}/v1/models "
+                            f"does not list it" for m in missing),
+        )
     try:
         health = http_get(f"{root}/health", timeout_s=timeout_s)
     except OutboundError as exc:
@@ -57,9 +67,12 @@ def probe_endpoint(base_url: str, *, timeout_s: float) -> ProbeResult:
     return ProbeResult(ok=True, status_code=200, latency_ms=models.latency_ms, models_seen=seen)
 
 
-def probe_pool(base_urls: list[str], *, timeout_s: float) -> ProbeResult:
-    """A pool is up only when every endpoint is: a half-dead pool should not take traffic."""
-    results = [probe_endpoint(url, timeout_s=timeout_s) for url in base_urls]
+def probe_pool(base_urls: list[str], *, timeout_s: float,
+               configured: list[str] | None = None) -> ProbeResult:
+    """A pool is up only when every endpoint is: a half-dead pool should not take traffic.
+    `configured`: the models every endpoint must list."""
+    results = [probe_endpoint(url, timeout_s=timeout_s, configured=configured)
+               for url in base_urls]
     failed = [r for r in results if not r.ok]
     latencies = [r.latency_ms for r in results if r.latency_ms is not None]
     seen = sorted({m for r in results for m in r.models_seen})

@@ -40,6 +40,12 @@ def pool_for_probe(*, pool_id: int) -> Pool | None:
     return Pool.objects.only("pk", "base_urls").filter(pk=pool_id).first()
 
 
+def pool_configured_models(*, pool_id: int) -> list[str]:
+    """The models a pool's probe expects /v1/models to list."""
+    return sorted(set(PoolModel.objects.filter(pool_id=pool_id)
+                      .values_list("model_id", flat=True)))
+
+
 def pool_get(*, name: str) -> Pool | None:
     return pool_list().filter(name=name).first()
 

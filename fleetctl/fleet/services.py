@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -21,6 +24,8 @@ from fleetctl.fleet.models import (
     PoolModel,
     Region,
 )
+
+log = logging.getLogger(__name__)
 
 REGION_FIELDS = ["code", "name", "jurisdiction"]
 POOL_FIELDS = editable_fields(Pool)
@@ -358,18 +363,41 @@ def pool_health_record(
         update = ["consecutive_successes", "consecutive_failures", "last_probe_at",
                   "last_probe_latency_ms", "last_probe_error"]
         if target != pool.health_state:
-            _health_flip(pool=pool, to_state=target, check=check, now=now)
+            transition = _health_flip(pool=pool, to_state=target, check=check, now=now)
             update += ["health_state", "health_changed_at"]
+            transaction.on_commit(partial(_health_hooks_run, pool.pk, transition.pk))
         pool.save(update_fields=update)
     return check
 
 
-def _health_flip(*, pool: Pool, to_state: str, check: HealthCheck, now: Any) -> None:
+# Called with (pool_id, transition_id) once a flip of a pool's health has committed. Upper
+# layers register here (traffic's health policy drains and restores) so that fleet needs no
+# knowledge of routes.
+HealthHook = Callable[[int, int], None]
+HEALTH_HOOKS: list[HealthHook] = []
+
+
+def register_health_hook(hook: HealthHook) -> HealthHook:
+    if hook not in HEALTH_HOOKS:
+        HEALTH_HOOKS.append(hook)
+    return hook
+
+
+def _health_hooks_run(pool_id: int, transition_id: int) -> None:
+    for hook in HEALTH_HOOKS:
+        try:
+            hook(pool_id, transition_id)
+        except Exception:  # the flip is recorded; one hook must not stop others
+            log.exception("health hook %s failed for transition %s", hook, transition_id)
+
+
+def _health_flip(*, pool: Pool, to_state: str, check: HealthCheck,
+                 now: Any) -> HealthTransition:
     if to_state == Pool.Health.HEALTHY:
         reason = f"{pool.consecutive_successes} consecutive successful probe(s)"
     else:
         reason = f"{pool.consecutive_failures} consecutive failed probes; last: {check.error}"
-    HealthTransition.objects.create(
+    transition = HealthTransition.objects.create(
         pool=pool, at=now, from_state=pool.health_state, to_state=to_state, reason=reason,
         health_check=check,
     )
@@ -380,6 +408,7 @@ def _health_flip(*, pool: Pool, to_state: str, check: HealthCheck, now: Any) -> 
     )
     pool.health_state = to_state
     pool.health_changed_at = now
+    return transition
 
 
 def health_history_prune(*, older_than_days: int | None = None) -> int:

@@ -22,7 +22,8 @@ def pool_probe(pool_id: int) -> bool | None:
     pool = selectors.pool_for_probe(pool_id=pool_id)
     if pool is None:
         return None
-    result = probe_pool(pool.base_urls, timeout_s=settings.HEALTH_PROBE_TIMEOUT_S)
+    result = probe_pool(pool.base_urls, timeout_s=settings.HEALTH_PROBE_TIMEOUT_S,
+                        configured=selectors.pool_configured_models(pool_id=pool_id))
     services.pool_health_record(
         pool_id=pool_id, ok=result.ok, status_code=result.status_code,
         latency_ms=result.latency_ms, error=result.error, models_seen=result.models_seen,

@@ -383,12 +383,25 @@ def _push_failed(push: GatewayPush, attempts: int, error: str,
     gateway = push.live_gateway
     if gateway.state != Gateway.State.FAILING:
         log.error("gateway %s cannot be updated: %s", gateway.name, error)
-    Gateway.objects.filter(pk=gateway.pk).update(
-        state=Gateway.State.FAILING, last_error=error,
-        state_changed_at=timezone.now() if gateway.state != Gateway.State.FAILING
-        else gateway.state_changed_at,
-    )
+    # Conditional, so of two attempts failing at once only one reports the flip.
+    flipped = Gateway.objects.filter(pk=gateway.pk).exclude(
+        state=Gateway.State.FAILING).update(state=Gateway.State.FAILING, last_error=error,
+                                            state_changed_at=timezone.now())
+    if flipped:
+        _gateway_notify(gateway.name, failing=True, error=error)
+    else:
+        Gateway.objects.filter(pk=gateway.pk).update(last_error=error)
     return status, retry
+
+
+def _gateway_notify(name: str, *, failing: bool, error: str = "") -> None:
+    from fleetctl.webhooks.services import notify
+
+    state = Gateway.State.FAILING if failing else Gateway.State.IN_SYNC
+    notify("gateway.failing", {"gateway": name, "state": str(state), "error": error,
+                               "url": f"/api/v1/gateways/{name}/"},
+           text=(f"fleetctl gateway {name} is failing: {error}" if failing
+                 else f"fleetctl gateway {name} is in sync again"))
 
 
 def _gateways_in_sync(outcomes: list[_PushIO], settled: dict[int, tuple[str, Any]]) -> None:
@@ -432,10 +445,14 @@ def _gateways_in_sync(outcomes: list[_PushIO], settled: dict[int, tuple[str, Any
     uncounted = [pk for pk in attempted if pk not in verified and pk not in superseded]
     if uncounted:  # settled by another attempt meanwhile: it still had this one
         GatewayPush.objects.filter(pk__in=uncounted).update(attempts=F("attempts") + 1)
+    recovered = list(Gateway.objects.filter(pk__in=by_gateway, state=Gateway.State.FAILING)
+                     .values_list("name", flat=True))
     Gateway.objects.filter(pk__in=by_gateway).update(
         state=Gateway.State.IN_SYNC, last_error="", last_verified_at=now,
         state_changed_at=Case(When(state=Gateway.State.IN_SYNC, then=F("state_changed_at")),
                               default=Value(now), output_field=DateTimeField()))
+    for name in recovered:
+        _gateway_notify(name, failing=False)
     # In sync with all it can hold; what it had to leave out (a pool it cannot route to)
     # stays in view until a push holds everything again.
     for gateway_id, io in by_gateway.items():

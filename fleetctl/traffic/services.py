@@ -101,11 +101,12 @@ def _check_route_primary(route: Route) -> None:
 
 def route_create(*, actor: Actor, name: str, model_id: str, primary_pool: Pool,
                  weights: Any = None, latency_class: str = "", residency: str = "",
-                 reason: str = "", force: bool = False) -> Route:
+                 reason: str = "", force: bool = False,
+                 health_policy: str = Route.HealthPolicy.DRAIN) -> Route:
     """A route and its first revision (default: everything to the primary)."""
     actor.require(roles.FLEET_MANAGE, action="route.create", target="traffic.route")
     route = Route(name=name, model_id=model_id, primary_pool=primary_pool,
-                  latency_class=latency_class, residency=residency)
+                  latency_class=latency_class, residency=residency, health_policy=health_policy)
     route.full_clean()
     _check_route_primary(route)
     split = parse_percentages(weights) if weights else {primary_pool.name: 10_000}
@@ -114,11 +115,19 @@ def route_create(*, actor: Actor, name: str, model_id: str, primary_pool: Pool,
         route.save()
         audit_record(actor=actor, action="route.create", target=route,
                      after=snapshot(route, ["name", "model_id", "latency_class", "residency",
-                                            "primary_pool"]))
+                                            "primary_pool", "health_policy"]))
         _store_revision(actor=actor, route=route, base=0, weights=split,
                         kind=SplitRevision.Kind.CREATE, reason=reason or "route created",
                         forced=force, pool_ids=pool_ids)
     return route
+
+
+def route_health_policy_set(*, actor: Actor, route: Route, health_policy: str) -> Route:
+    """What the health policy does on this route when a pool with weight turns unhealthy
+    (traffic/health.py). Applies from the next flip; drains already made stay."""
+    return audited_update(actor=actor, permission=roles.FLEET_MANAGE,
+                          action="route.health_policy", instance=route,
+                          changes={"health_policy": health_policy}, allowed=["health_policy"])
 
 
 def revision_create(*, actor: Actor, route: Route, weights: Any, base_revision: int,

@@ -76,3 +76,16 @@ def sample() -> int:
 @app.task(name="traffic.samples_prune", ignore_result=True)
 def samples_prune() -> int:
     return sampling.traffic_samples_prune()
+
+
+@app.task(name="traffic.health_policy", ignore_result=True)
+def health_policy(transition_id: int) -> int:
+    """A pool's health flipped (fleet's HEALTH_HOOKS queue this after the commit): drain it
+    off the routes whose policy says so, or restore it; then push, as a person's drain is
+    pushed. Returns how many drains or restores it made."""
+    from fleetctl.traffic import health
+
+    made = health.policy_apply(transition_id=transition_id)
+    for drain in made:
+        push.drain_push_now(drain)
+    return len(made)

@@ -38,7 +38,7 @@ def test_notify_makes_a_delivery_per_subscribed_active_webhook(receiver: Receive
 
 
 def test_an_unknown_event_is_a_programming_error() -> None:
-    with pytest.raises(ValueError, match="unknown webhook event 'drain.manual'"):
+    with pytest.raises(ValueError, match=r"unknown webhook event 'drain\.manual'"):
         services.notify("drain.manual", {}, text="x")
 
 

@@ -79,8 +79,8 @@ class RouteSerializer(serializers.ModelSerializer):
     class Meta:
         model = Route
         fields = ["id", "name", "model_id", "latency_class", "residency", "primary_pool",
-                  "revision_number", "current", "gateways", "mirror_percent", "mirror_owner",
-                  "created_at"]
+                  "health_policy", "revision_number", "current", "gateways", "mirror_percent",
+                  "mirror_owner", "created_at"]
         read_only_fields = ["id", "revision_number", "current", "gateways", "mirror_percent",
                             "mirror_owner", "created_at"]
         extra_kwargs: dict[str, Any] = {"name": {"validators": []}}
@@ -100,6 +100,13 @@ class RouteCreateSerializer(RouteSerializer):
 
     class Meta(RouteSerializer.Meta):
         fields = [*RouteSerializer.Meta.fields, "weights", "reason", "force"]
+
+
+class RouteHealthPolicySerializer(serializers.Serializer):
+    health_policy = serializers.ChoiceField(
+        choices=Route.HealthPolicy.choices,
+        help_text="off: a person drains; drain: the health policy drains a pool with weight "
+                  "that turns unhealthy; drain-restore: and restores it when healthy again.")
 
 
 class RevisionCreateSerializer(serializers.Serializer):

@@ -88,6 +88,19 @@ class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Crea
         return Response(s.RevisionAnswerSerializer(revision).data,
                         status=status.HTTP_200_OK if unchanged else status.HTTP_201_CREATED)
 
+    @extend_schema(request=s.RouteHealthPolicySerializer, responses={200: s.RouteSerializer})
+    @action(detail=True, methods=["post"], url_path="health-policy", filter_backends=[])
+    def health_policy(self, request: Request, name: str) -> Response:
+        """Set what the health policy does on this route (scope `fleet`): off, drain or
+        drain-restore. Applies from the pool's next health flip."""
+        route = self.get_object()
+        body = s.RouteHealthPolicySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        route = services.route_health_policy_set(actor=actor_from_request(request), route=route,
+                                                 **body.validated_data)
+        self._current = selectors.revisions_current(routes=[route])
+        return Response(s.RouteSerializer(route, context=self.get_serializer_context()).data)
+
 
 class GatewayViewSet(ServiceModelViewSet):
     """Gateways (Envoy, HAProxy, nginx, Gateway API) and the routes each one carries."""

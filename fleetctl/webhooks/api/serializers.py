@@ -14,6 +14,8 @@ class WebhookSerializer(serializers.ModelSerializer):
         help_text="Signs each body (X-Fleetctl-Signature: sha256=<HMAC-SHA256 hex>). Never "
                   "returned; send an empty string to remove it.")
     has_secret = serializers.SerializerMethodField(help_text="Whether bodies are signed.")
+    # Checked by the service, with the events, so that one answer names every problem.
+    url = serializers.CharField(max_length=500, help_text="http:// or https:// URL.")
     events = serializers.ListField(
         child=serializers.CharField(max_length=40), required=False,
         help_text="Event names (" + ", ".join(sorted(EVENTS)) + "); empty: every event.")

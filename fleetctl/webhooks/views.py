@@ -1,0 +1,103 @@
+"""Webhook pages: the list, a form to add or change one, and each webhook's deliveries with
+their attempts."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from fleetctl.accounts.dashboard import dashboard_view
+from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.views import Outcome, call_service
+from fleetctl.webhooks import selectors, services
+from fleetctl.webhooks.forms import WebhookForm
+from fleetctl.webhooks.models import EVENTS, Delivery, Webhook
+
+DELIVERIES_PER_PAGE = 50
+
+
+def _get(name: str) -> Webhook:
+    hook = selectors.webhook_get(name=name)
+    if hook is None:
+        raise Http404(f"No webhook named {name}.")
+    return hook
+
+
+@dashboard_view
+@require_GET
+def webhook_list(request: HttpRequest) -> HttpResponse:
+    hooks = list(selectors.webhook_list())
+    last = {d.webhook_id: d for d in Delivery.objects.filter(webhook__in=hooks)
+            .order_by("webhook_id", "-created_at", "-id").distinct("webhook_id")}
+    rows = [(hook, last.get(hook.pk)) for hook in hooks]
+    return render(request, "webhooks/list.html", {"rows": rows, "events": sorted(EVENTS.items())})
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def webhook_create(request: HttpRequest) -> HttpResponse:
+    form = WebhookForm(request.POST if request.method == "POST" else None)
+    done: Outcome[Webhook] = Outcome()
+    if request.method == "POST" and form.is_valid():
+        actor = actor_from_request(request)
+        done = call_service(request, lambda: services.webhook_create(
+            actor=actor, **form.changes()), form=form)
+        if done.result is not None:
+            messages.success(request, f"Created webhook {done.result.name}.")
+            return redirect("webhooks:detail", name=done.result.name)
+    return render(request, "webhooks/form.html", {"form": form}, status=done.status)
+
+
+@dashboard_view
+@require_http_methods(["GET", "POST"])
+def webhook_edit(request: HttpRequest, name: str) -> HttpResponse:
+    hook = _get(name)
+    initial = {"name": hook.name, "url": hook.url, "events": hook.events,
+               "format": hook.format, "active": hook.active}
+    form = WebhookForm(request.POST if request.method == "POST" else None, initial=initial,
+                       editing=True)
+    done: Outcome[Webhook] = Outcome()
+    if request.method == "POST" and form.is_valid():
+        actor = actor_from_request(request)
+        done = call_service(request, lambda: services.webhook_update(
+            actor=actor, webhook=hook, **form.changes()), form=form)
+        if done.result is not None:
+            messages.success(request, f"Saved webhook {done.result.name}.")
+            return redirect("webhooks:detail", name=done.result.name)
+    return render(request, "webhooks/form.html", {"form": form, "webhook": hook},
+                  status=done.status)
+
+
+@dashboard_view
+@require_POST
+def webhook_delete(request: HttpRequest, name: str) -> HttpResponse:
+    hook = _get(name)
+    actor = actor_from_request(request)
+    done = call_service(request, lambda: services.webhook_delete(actor=actor, webhook=hook))
+    if done.ok:
+        messages.success(request, f"Deleted webhook {name} and its delivery records.")
+        return redirect("webhooks:list")
+    return redirect("webhooks:detail", name=name)
+
+
+@dashboard_view
+@require_POST
+def webhook_test(request: HttpRequest, name: str) -> HttpResponse:
+    hook = _get(name)
+    actor = actor_from_request(request)
+    done = call_service(request, lambda: services.webhook_test(actor=actor, webhook=hook))
+    if done.result is not None:
+        messages.success(request, f"Test delivery {done.result.pk} queued.")
+    return redirect("webhooks:detail", name=name)
+
+
+@dashboard_view
+@require_GET
+def webhook_detail(request: HttpRequest, name: str) -> HttpResponse:
+    hook = _get(name)
+    page = Paginator(selectors.deliveries_for(webhook=hook), DELIVERIES_PER_PAGE).get_page(
+        request.GET.get("page"))
+    return render(request, "webhooks/detail.html", {"webhook": hook, "page": page})

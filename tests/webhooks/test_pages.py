@@ -1,0 +1,46 @@
+"""The webhook pages in a real browser: a platform lead adds a webhook, sends a test, and
+reads the delivery with its attempt (the receiver is a real local HTTP server)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, expect
+
+from tests.browser import sign_in
+from tests.web.factories import PASSWORD, make_user
+from tests.webhooks.conftest import Receiver
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_lead_adds_a_webhook_sends_a_test_and_sees_it_delivered(
+    live_server: Any, celery_worker: Any, browser: Browser, receiver: Receiver
+) -> None:
+    make_user("lena-lead", "platform-lead")
+    page = browser.new_page()
+    sign_in(page, f"{live_server.url}/webhooks/", "lena-lead", PASSWORD)
+    page.get_by_role("link", name="New webhook").first.click()
+    page.fill("#id_name", "oncall")
+    page.fill("#id_url", "not a url")
+    page.get_by_role("button", name="Create webhook").click()
+    expect(page.get_by_text("Give an http:// or https:// URL")).to_be_visible()
+
+    page.fill("#id_url", receiver.url)
+    page.get_by_label("drain.automatic").check()
+    page.fill("#id_secret", "s3cret")
+    page.get_by_role("button", name="Create webhook").click()
+    page.wait_for_url(f"{live_server.url}/webhooks/oncall/")
+    expect(page.locator("h1")).to_have_text("Webhook oncall")
+
+    page.get_by_role("button", name="Send a test").click()
+    expect(page.locator(".message-success")).to_contain_text("Test delivery")
+    # The worker delivers; reload until the page shows it.
+    for _ in range(40):
+        if page.locator(".delivery-delivered").count():
+            break
+        page.wait_for_timeout(250)
+        page.reload()
+    expect(page.locator(".deliveries")).to_contain_text("HTTP 200")
+    assert receiver.requests[0].headers["X-Fleetctl-Event"] == "webhook.test"
