@@ -126,9 +126,15 @@ def test_the_generated_client_parses_the_answers_to_writes(rows, in_test_transac
         "name": "llama-b", "model_id": MODEL, "latency_class": "batch",
         "primary_pool": rows["pool"]}))
     assert route.current.weights.additional_properties == {rows["pool"]: 100}
-    revision = call("v1_routes_revisions_create", 201, ("RevisionCreateRequest", {
+    # The split in force: no new revision, the current one answered 200 as unchanged.
+    same = call("v1_routes_revisions_create", 200, ("RevisionCreateRequest", {
         "weights": {rows["pool"]: 100}, "base_revision": route.revision_number,
-        "reason": "same split, new revision"}), name="llama-b")
+        "reason": "same split"}), name="llama-b")
+    assert same.unchanged is True and same.number == route.revision_number
+    revision = call("v1_routes_revisions_create", 201, ("RevisionCreateRequest", {
+        "weights": {rows["pool"]: 90, rows["spare"]: 10}, "base_revision": route.revision_number,
+        "reason": "canary"}), name="llama-b")
+    assert revision.unchanged is False
     history = call("v1_routes_revisions_list", 200, name="llama-b")
     assert [r.number for r in history.results] == [revision.number, route.revision_number]
     gateway = call("v1_gateways_create", 201, ("GatewayRequest", {
@@ -148,6 +154,7 @@ def test_the_generated_client_parses_the_answers_to_writes(rows, in_test_transac
             "reason": "stale"}))
     assert stale.status_code == 409
     assert stale.parsed.error.code == "conflict" and stale.parsed.error.fields
+    assert stale.parsed.current_revision == revision.number
 
 
 # --- a ramp, a drain and a restore over HTTP, through real Envoy gateways ------------------------

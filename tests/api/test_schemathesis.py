@@ -55,14 +55,14 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 EXAMPLES = 6
 # {name} and {id} mean a different table under each collection.
 NAMED = {"pools": "pool", "routes": "route", "gateways": "gateway", "traces": "trace",
-         "plans": "plan"}
+         "plans": "plan", "webhooks": "webhook"}
 NUMBERED = {"pool-models": "pool_model", "health-checks": "health_check",
             "health-transitions": "health_transition", "audit-events": "audit_event",
             "pushes": "push", "drains": "drain", "evidence": "evidence", "runs": "run",
             "tokens": "token", "service-tokens": "service_token",
             "conformance-runs": "conformance_run", "currency-rates": "currency_rate",
             "shadow-runs": "shadow_run", "eval-suites": "eval_suite",
-            "eval-runs": "eval_run"}
+            "eval-runs": "eval_run", "ramps": "ramp"}
 
 
 def _healthy(pool: Pool) -> Pool:
@@ -75,10 +75,16 @@ def _healthy(pool: Pool) -> Pool:
 
 @pytest.fixture
 def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system: Actor,
-         tmp_path: Path) -> dict[str, Any]:
+         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """One of everything the API shows, made through the services."""
-    primary, candidate, _spare = (_healthy(make_pool(name=n))
-                                  for n in ("h200", "mi300x", "a100"))
+    from fleetctl.ramps.services import ramp_create
+    from fleetctl.webhooks.services import webhook_create
+    from fleetctl.traffic.api import waiting
+
+    # No worker pushes here: a ?wait=verified answer would only sit out its timeout.
+    monkeypatch.setattr(waiting, "CAP_S", 0.2)
+    primary, candidate, spare = (_healthy(make_pool(name=n))
+                                 for n in ("h200", "mi300x", "a100"))
     route = traffic.route_create(actor=system, name="llama", model_id=MODEL,
                                  primary_pool=primary)
     gateway = traffic.gateway_create(actor=system, name="envoy-a", kind="envoy",
@@ -95,6 +101,12 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
     # A kind with no data schema (the conformance kind's needs a probe run's cases).
     evidence = plans.evidence_record(actor=system, pool=candidate, kind="eval",
                                      verdict="pass", summary="412/420 eval cases")
+    ramp = ramp_create(actor=system, route=Route.objects.get(pk=route.pk), pool=spare,
+                       steps=[{"percent": 5, "hold_s": 60}, {"percent": 20, "hold_s": 60}],
+                       slo_ttft_p95_ms=800, slo_tpot_p95_ms=60, slo_error_rate=0.01,
+                       reason="canary")
+    hook = webhook_create(actor=system, name="ops-hook", url="http://127.0.0.1:9/hook",
+                          events=["ramp.decision"])
     rate = currency_rate_create(actor=system, from_currency="EUR", to_currency="USD",
                                 rate=Decimal("1.08"), as_of=date(2026, 11, 30), source="ECB")
     probe = conformance.run_create(actor=system, pool=candidate, plan=plan)
@@ -119,6 +131,7 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
                                        scopes=["read"])
     return {
         "code": primary.region.code, "pool": primary.name, "route": route.name,
+        "spare": spare.name, "ramp": ramp.pk, "webhook": hook.name,
         "gateway": gateway.name, "trace": trace.name, "plan": plan.name, "stage": 1,
         "check_id": plan.checks.first().pk,
         "pool_model": primary.models.first().pk,
