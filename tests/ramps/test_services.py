@@ -450,3 +450,22 @@ def test_two_concurrent_ticks_drive_a_ramp_once(fleet, oncall, monkeypatch):
     assert sorted(driven) == [0, 1]
     assert fresh(ramp).events.filter(kind="step").count() == 1
     assert fresh(ramp).revision_number == fleet.route.revision_number + 1
+
+
+@pytest.mark.django_db
+def test_selectors_show_the_active_ramp_and_its_numbers_now(fleet, oncall):
+    ramp = start(fleet, oncall)
+    assert selectors.ramp_active_for(fleet.route).pk == ramp.pk
+    assert selectors.ramp_numbers_now(fresh(ramp)) is None  # no step holding yet
+    now = timezone.now()
+    ramps_tick(now=now)
+    traffic(since=now, until=now + timedelta(seconds=1),
+            per_window={"cand": GOOD, "prim": GOOD})
+    numbers = selectors.ramp_numbers_now(fresh(ramp))
+    assert numbers["decision"] == "pass"
+    assert numbers["candidate"]["requests"] >= 50 and numbers["primary"]["pool"] == "prim"
+    assert list(selectors.ramp_list().filter(state="running")) == [fresh(ramp)]
+    detail = selectors.ramp_detail(ramp.pk)
+    assert [e.kind for e in detail.events.all()] == ["start", "step"]
+    ramp_abort(actor=oncall, ramp=ramp, reason="done")
+    assert selectors.ramp_active_for(fleet.route) is None
