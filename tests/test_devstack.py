@@ -4,6 +4,8 @@ when something cannot start at all."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
@@ -231,6 +233,41 @@ def test_the_demo_restarts_a_dead_worker_and_a_dead_envoy_and_stops_cleanly_on_s
     assert proc.wait(timeout=60) == 0
     assert "[fleetctl] stopped." in output.read_text()
     assert not [pid for pid in every_process if alive(pid)]
+
+
+def _demo_rows(data_dir: Path, sql: str) -> list[tuple[object, ...]]:
+    """Rows of the demo's own SQLite database (read-only, while it runs)."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(
+            f"file:{data_dir / 'fleetctl.sqlite3'}?mode=ro", uri=True, timeout=10)) as db:
+        return db.execute(sql).fetchall()
+
+
+@pytest.mark.slow
+def test_the_demo_seeds_a_guarded_ramp_that_steps_on_live_telemetry_from_envoys_access_log(
+        demo):
+    proc, output, _gateway = demo
+    data_dir = output.parent
+    banner = output.read_text()
+    assert "created" in banner and "ramp of gaudi3-in-west on llama-8b" in banner, banner
+    assert re.search(r"fleetctl sim fault --url http://127\.0\.0\.1:\d+ --added-latency-ms 300",
+                     banner), banner
+    assert "/ramps/" in banner
+    assert "fleetctl.telemetry.ingest" in " ".join(children(proc.pid).values())
+    [(options,)] = _demo_rows(data_dir, "SELECT options FROM traffic_gateway "
+                                        "WHERE name = 'envoy-demo'")
+    assert json.loads(str(options))["access_log"] == str(data_dir / "envoy" / "access.log")
+
+    # The ingester follows Envoy's access log (the demo traffic's lines are counted), and the
+    # ramp's first step (5 %) is set once the controller runs.
+    wait_until(lambda: any(lines for (lines,) in _demo_rows(
+        data_dir, "SELECT lines FROM telemetry_cursor WHERE path LIKE '%access.log'")),
+        timeout_s=120, every_s=1, what="the ingester to count access log lines")
+    [(state, step)] = wait_until(lambda: _demo_rows(
+        data_dir, "SELECT state, step_index FROM ramps_ramp WHERE step_index >= 0"),
+        timeout_s=120, every_s=1, what="the ramp's first step")
+    assert state == "running" and step in (0, 1)
 
 
 def test_the_demo_turns_debug_off_unless_asked_and_keeps_one_secret_key(tmp_path, monkeypatch):

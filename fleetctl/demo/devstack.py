@@ -343,11 +343,21 @@ def _start_envoy(stack: Stack, port: int, admin_port: int) -> None:
     stack.on_stop(envoy.stop)
 
 
+# The demo's traffic: 4 requests/s, every one but the JSON-mode tenth streamed. The seeded ramp
+# judges the gaudi pool's time to first token from Envoy's access log, which only a streamed
+# answer gives; at its first step (5 %) that is ~0.2 answers/s, 12 a minute, so the ramp's
+# min_samples (demo_seed.RAMP) is reached within each hold. The shadow run samples at most
+# 3 requests/s of it (max_rps), as before.
+DEMO_TRAFFIC_RPS = "4"
+DEMO_TRAFFIC_STREAM_EVERY = "1"
+
+
 def _start_traffic(stack: Stack, env: dict[str, str], gateway_port: int) -> None:
     """A steady trickle of chat requests through Envoy (fleetctl/demo/traffic.py), so the
-    seeded shadow run and the dashboards have live traffic. FLEETCTL_DEMO_TRAFFIC_RPS=0
-    switches it off. Until the push worker has sent Envoy its routes, it backs off."""
-    rps = env.get("FLEETCTL_DEMO_TRAFFIC_RPS", "2")
+    seeded shadow run, the seeded ramp's guard and the dashboards have live traffic.
+    FLEETCTL_DEMO_TRAFFIC_RPS=0 switches it off. Until the push worker has sent Envoy its
+    routes, it backs off."""
+    rps = env.get("FLEETCTL_DEMO_TRAFFIC_RPS", DEMO_TRAFFIC_RPS)
     try:
         off = float(rps) <= 0
     except ValueError:
@@ -357,7 +367,16 @@ def _start_traffic(stack: Stack, env: dict[str, str], gateway_port: int) -> None
         log("demo traffic off (FLEETCTL_DEMO_TRAFFIC_RPS=0)")
         return
     stack.start("demo-traffic", [PY, "-m", "fleetctl.demo.traffic", "--gateway",
-                                 f"http://127.0.0.1:{gateway_port}", "--rps", rps], env)
+                                 f"http://127.0.0.1:{gateway_port}", "--rps", rps,
+                                 "--stream-every", DEMO_TRAFFIC_STREAM_EVERY], env)
+
+
+def _start_telemetry(stack: Stack, env: dict[str, str]) -> None:
+    """The telemetry ingester (fleetctl/telemetry/ingest.py): it follows the access log of
+    every gateway that has one (the seed gives envoy-demo its working directory's access.log)
+    and scrapes each pool's /metrics, writing the windows the seeded ramp's guard reads.
+    Without it the guard waits ("is the ingester running?") and never advances."""
+    stack.start("telemetry", [PY, "-m", "fleetctl.telemetry.ingest"], env)
 
 
 def _start_collector(stack: Stack, env: dict[str, str]) -> str:
@@ -441,6 +460,7 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
         subprocess.run([PY, "manage.py", *seed_args(password, sim_base_port, gateway_admin_port)],
                        cwd=ROOT, env=env, check=True)
         _start_envoy(stack, gateway_port, gateway_admin_port)
+        _start_telemetry(stack, env)
         _start_traffic(stack, env, gateway_port)
         for name, argv in worker_commands().items():
             stack.start(name, argv, env)
@@ -452,7 +472,8 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
         if (problem := stack.check_alive()) is not None:
             log(f"stopping: {problem} while the demo was starting (see {VAR}/)")
             return 1
-        _print_banner(host, port, password, sim_base_port, gateway_port, collector)
+        _print_banner(host, port, password, sim_base_port, gateway_port, collector,
+                      env.get("FLEETCTL_DEMO_TRAFFIC_RPS", DEMO_TRAFFIC_RPS))
         stack.supervise()  # until Ctrl-C or SIGTERM
         return 0
     except KeyboardInterrupt:
@@ -464,9 +485,12 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
 
 
 def _print_banner(host: str, port: int, password: str, sim_base_port: int,
-                  gateway_port: int, collector: str) -> None:
+                  gateway_port: int, collector: str, traffic_rps: str = DEMO_TRAFFIC_RPS
+                  ) -> None:
     url = f"http://{host}:{port}"
     gateway = f"http://127.0.0.1:{gateway_port}"
+    gaudi = sim_base_port + next(offset for name, _, offset in DEMO_SIM_POOLS
+                                 if name == "gaudi3-in-west")
     print(f"""
   fleetctl demo is running — Ctrl-C stops everything.
 
@@ -482,6 +506,13 @@ def _print_banner(host: str, port: int, password: str, sim_base_port: int,
   Through the gateway:
     curl -s {gateway}/v1/chat/completions -H 'Content-Type: application/json' \\
       -d '{{"model": "llama-3.1-8b-instruct", "messages": [{{"role": "user", "content": "hi"}}]}}'
+
+  Guarded ramp: gaudi3-in-west on llama-8b, 5 → 10 → 25 → 50 % ({traffic_rps} requests/s of demo
+  traffic), judged live from Envoy's access log. Watch it on {url}/ramps/ ; then make
+  the candidate slow (+300 ms to the first token) and see the guard roll it back by itself
+  (a drain, linked on the ramp's page):
+    .venv/bin/fleetctl sim fault --url http://127.0.0.1:{gaudi} --added-latency-ms 300
+  (undo: .venv/bin/fleetctl sim fault --url http://127.0.0.1:{gaudi} --added-latency-ms 0)
 
   CLI: create a token on {url}/account/tokens/ then
     export FLEETCTL_URL={url} FLEETCTL_TOKEN=fct_…

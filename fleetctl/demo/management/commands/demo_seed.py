@@ -3,7 +3,8 @@ primary and one candidate for the same model), and one person per role.
 
 Safe to re-run, and a re-run never undoes what people did since: the rule is **never modify
 an existing object**. Each demo object (region, pool with its model entry, person, trace,
-route, gateway with its routes, plan, the MI300X plan's shadow run, a plan's eval run) is
+route, gateway with its routes, plan, the MI300X plan's shadow run, a plan's eval run, the
+guarded ramp of the Gaudi pool on llama-8b) is
 created only when nothing of that name exists; one that exists is left exactly as it is,
 whatever changed in it. Creating goes through the same services as the API, so a refusal
 there (the fleet changed so that a demo object no longer fits) is reported and that object
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.contrib.auth.models import User
@@ -62,6 +64,26 @@ PEOPLE = [("admin", "admin"), ("lead", "platform-lead"), ("lead2", "platform-lea
           ("oncall", "on-call"), ("viewer", "viewer")]
 ROUTES = [("llama-8b", "", "h200-us-east"), ("llama-8b-eu", "EU", "tpu-v5e-eu-west")]
 GATEWAY = "envoy-demo"
+# The file Envoy writes in its working directory (demo/envoy_process.py), which the telemetry
+# ingester follows: the gateway's `access_log` option.
+ACCESS_LOG = "access.log"
+# The guarded ramp: the Gaudi pool (in no plan) stepped up on llama-8b, judged live. The demo
+# traffic sends 4 requests/s, nearly all streamed: at 5 % that is ~0.2 streamed answers a second
+# to the Gaudi pool, 18 in a 90 s hold, above min_samples; the 60 s window the guard judges
+# between holds' ends holds ~12 at 5 % and ~120 at 50 %, so a slowed pool is seen within seconds
+# at the last step. The last hold is long (6 h): the ramp keeps watching at 50 % until someone
+# slows the pool (`fleetctl sim fault … --added-latency-ms 300`) and the guard rolls it back.
+# Thresholds (no plan, so given): the simulated Gaudi answers its first token in ~20–40 ms and
+# a token every ~16 ms; the H200 primary is faster, hence the 100 % margin.
+RAMP_ROUTE = "llama-8b"
+RAMP_POOL = "gaudi3-in-west"
+RAMP: dict[str, Any] = {
+    "steps": [{"percent": 5, "hold_s": 90}, {"percent": 10, "hold_s": 90},
+              {"percent": 25, "hold_s": 90}, {"percent": 50, "hold_s": 6 * 3600}],
+    "min_samples": 10, "window_s": 60, "failure_threshold": 2,
+    "slo_ttft_p95_ms": 250.0, "slo_tpot_p95_ms": 60.0, "slo_error_rate": 0.02,
+    "latency_margin_pct": 100.0,
+}
 
 
 def _reason(exc: Exception) -> str:
@@ -109,6 +131,7 @@ class Command(BaseCommand):
             if options["evals"]:
                 self._evals()
             self._shadow()
+            self._ramp()
         made = ", ".join(self.created) if self.created else "nothing (all there already)"
         self.stdout.write(f"demo fleet: {Pool.objects.count()} pools in "
                           f"{Region.objects.count()} regions; created {made}")
@@ -170,6 +193,8 @@ class Command(BaseCommand):
                 self._create(f"route {name}", partial(self._route, actor, name, pin, primary))
         gateway = Gateway.objects.filter(name=GATEWAY).first()
         options = {"config_dir": config_dir}
+        if config_dir:
+            options["access_log"] = str(Path(config_dir) / ACCESS_LOG)
         if gateway is None:
             routes = list(Route.objects.filter(name__in=[name for name, _, _ in ROUTES]))
             self._create(f"gateway {GATEWAY}", lambda: traffic.gateway_create(
@@ -180,6 +205,12 @@ class Command(BaseCommand):
                        f"{gateway.admin_address} ({gateway.options.get('config_dir')}), not at "
                        f"the Envoy this demo starts ({admin_url}, {config_dir}); edit the "
                        f"gateway to carry traffic through this one")
+        elif config_dir and not gateway.options.get("access_log"):
+            # A gateway seeded before live telemetry: kept as it is, like every demo object.
+            self._note(f"gateway {GATEWAY} is kept as it is: it has no access_log option, so "
+                       f"the telemetry ingester reads nothing from it and the seeded ramp's "
+                       f"guard waits; set access_log to {options['access_log']} on the "
+                       f"gateway (edit it on its page, or PATCH /api/v1/gateways/…)")
 
     @staticmethod
     def _route(actor: Actor, name: str, pin: str, primary: str) -> Route:
@@ -356,6 +387,37 @@ class Command(BaseCommand):
             actor=Actor(user=User.objects.get(username="lead")), plan=plan, mode="mirror",
             route=Route.objects.get(name="llama-8b"), sample_percent=100, max_rps=3,
             content="redacted", min_pairs=200))
+
+    def _ramp(self) -> None:
+        """A guarded ramp of the Gaudi pool on llama-8b, started by `lead`: the controller
+        (beat's `ramps.tick` on the watch queue) sets 5 %, waits for the ingester's telemetry
+        (it never advances without samples, so it does not matter that Envoy gets the route
+        a few seconds after the seed), holds, judges, steps up and keeps watching at 50 %.
+        Created once, like the shadow run: a route that has had a ramp of this pool (running,
+        complete, rolled back or aborted since) gets no new one.
+
+        The pool is probed once first when its health is still unknown (the probe worker
+        would do it within seconds): a ramp's first step refuses a pool not known healthy."""
+        from fleetctl.fleet.tasks import pool_probe
+        from fleetctl.ramps import services as ramps
+        from fleetctl.ramps.models import Ramp
+        from fleetctl.traffic.models import Route
+
+        route = Route.objects.filter(name=RAMP_ROUTE).first()
+        pool = Pool.objects.filter(name=RAMP_POOL).first()
+        if route is None or pool is None:
+            return
+        if Ramp.objects.filter(route=route, pool=pool).exists():
+            if not Ramp.objects.filter(route=route, pool=pool, state="running").exists():
+                self._note(f"route {RAMP_ROUTE} keeps its finished ramp of {RAMP_POOL} (start "
+                           f"another on the route page or with `fleetctl ramp start`)")
+            return
+        if pool.health_state == Pool.Health.UNKNOWN:
+            pool_probe(pool.pk)
+        self._create(f"ramp of {RAMP_POOL} on {RAMP_ROUTE}", lambda: ramps.ramp_create(
+            actor=Actor(user=User.objects.get(username="lead")), route=route, pool=pool,
+            reason="demo: Gaudi 3 takes a share of llama-8b, guarded by live telemetry",
+            **RAMP))
 
     def _people(self, actor: Actor, password: str) -> None:
         roles_ensure_groups()
