@@ -134,17 +134,19 @@ def main() -> None:
         lines = sum(1 for _ in logged.open("rb"))
         print(f"Envoy 1.40, --concurrency 1; {args.requests} requests per Envoy per round, "
               f"{args.rounds} rounds, alternating; medians over rounds; {lines} lines logged")
-        print(f"{'target':8} {'envoy':9} {'p50 ms':>8} {'p99 ms':>8}")
+        print(f"{'target':8} {'envoy':9} {'p50 ms':>8} {'p99 ms':>8}  p99 of each round")
         for target in targets:
             medians = {}
             for name in conns:
                 rounds = results[(target, name)]
                 medians[name] = (statistics.median(p50 for p50, _ in rounds),
                                  statistics.median(p99 for _, p99 in rounds))
-                print(f"{target:8} {name:9} {medians[name][0]:8.3f} {medians[name][1]:8.3f}")
+                spread = " ".join(f"{p99:.2f}" for _, p99 in rounds)
+                print(f"{target:8} {name:9} {medians[name][0]:8.3f} {medians[name][1]:8.3f}"
+                      f"  {spread}")
             on, off = medians["with log"], medians["without"]
             print(f"{target:8} {'ratio':9} {on[0] / off[0]:8.3f} {on[1] / off[1]:8.3f}"
-                  f"   (+{(on[0] - off[0]) * 1000:.0f} µs at p50)")
+                  f"   ({(on[0] - off[0]) * 1000:+.0f} µs at p50)")
     finally:
         for envoy in envoys.values():
             envoy.stop()
