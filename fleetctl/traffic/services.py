@@ -143,6 +143,11 @@ def revision_create(*, actor: Actor, route: Route, weights: Any, base_revision: 
     current = selectors.revision_current(route=route)
     if base_revision != route.revision_number:
         raise _stale(route, base_revision)
+    if current is not None and _same_split(current, split):
+        # Nothing to change: no revision, no push, no audit event (a retry of a change
+        # that landed, or a ramp re-applying its step). The caller is told so.
+        current.unchanged = True  # type: ignore[attr-defined]
+        return current
     with transaction.atomic():
         pool_ids = _check_split(route=route, weights=split,
                                 previous=current.weights if current else {}, force=force)
@@ -152,11 +157,6 @@ def revision_create(*, actor: Actor, route: Route, weights: Any, base_revision: 
     return revision
 
 
-    if current is not None and _same_split(current, split):
-        # Nothing to change: no revision, no push, no audit event (a retry of a change
-        # that landed, or a ramp re-applying its step). The caller is told so.
-        current.unchanged = True  # type: ignore[attr-defined]
-        return current
 def _refuse_future_base(route: Route, base: int) -> None:
     """A base revision the route never had is a mistake in the request (400), not someone
     else's change (409). Read again first: the route may have moved on since it was loaded,
@@ -166,6 +166,16 @@ def _refuse_future_base(route: Route, base: int) -> None:
         raise ValidationError({"base_revision": [
             f"Route {route.name}'s current revision is {current}; revision {base} does not "
             f"exist. Send the revision you read (the route's revision_number)."]})
+
+
+def _same_split(current: SplitRevision, split: dict[str, int]) -> bool:
+    """The split in force already, pool for pool: the same weights on the same names, and
+    each name still the pool the revision was made for (a name deleted and registered again
+    is another pool, so the split would change where traffic goes)."""
+    if current.weights != split:
+        return False
+    now = dict(Pool.objects.filter(name__in=split).values_list("name", "pk"))
+    return all(current.pool_ids.get(name) == now.get(name) for name in split)
 
 
 def _stale(route: Route, base: int) -> ConflictError:
@@ -182,16 +192,6 @@ def _stale(route: Route, base: int) -> ConflictError:
 
 
 def _store_revision(*, actor: Actor, route: Route, base: int, weights: dict[str, int],
-def _same_split(current: SplitRevision, split: dict[str, int]) -> bool:
-    """The split in force already, pool for pool: the same weights on the same names, and
-    each name still the pool the revision was made for (a name deleted and registered again
-    is another pool, so the split would change where traffic goes)."""
-    if current.weights != split:
-        return False
-    now = dict(Pool.objects.filter(name__in=split).values_list("name", "pk"))
-    return all(current.pool_ids.get(name) == now.get(name) for name in split)
-
-
                     kind: str, reason: str, forced: bool = False,
                     parent: SplitRevision | None = None, queue: bool = True,
                     pool_ids: dict[str, int] | None = None,

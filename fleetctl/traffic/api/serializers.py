@@ -263,13 +263,6 @@ class DrainSerializer(serializers.ModelSerializer):
         ]
 
 
-class DrainCreateSerializer(serializers.Serializer):
-    route = serializers.SlugRelatedField(slug_field="name", queryset=Route.objects.all(),
-                                         required=False)
-    pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all(),
-                                        required=False)
-    reason = serializers.CharField(max_length=2000)
-
 class DrainAnswerSerializer(DrainSerializer):
     """The answer to a drain or restore; with ?wait=verified, after waiting for the gateways
     (`gateways` and `status` then read from the rows)."""
@@ -282,6 +275,13 @@ class DrainAnswerSerializer(DrainSerializer):
         fields = [*DrainSerializer.Meta.fields, "verified"]
         read_only_fields = DrainSerializer.Meta.fields
 
+
+class DrainCreateSerializer(serializers.Serializer):
+    route = serializers.SlugRelatedField(slug_field="name", queryset=Route.objects.all(),
+                                         required=False)
+    pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all(),
+                                        required=False)
+    reason = serializers.CharField(max_length=2000)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("route" in attrs) == ("pool" in attrs):
