@@ -284,6 +284,8 @@ def _drive(ramp: Ramp, *, now: datetime, owner: str) -> None:
         _rollback(ramp, whole, "The hold failed: " + " ".join(whole.reasons))
     elif whole.decision == guard.WARN:
         with transaction.atomic():
+            if not _still_running(ramp):
+                return
             evidence = _evidence(ramp, whole)
             _set_state(ramp, Ramp.State.PAUSED, "warn: " + " ".join(whole.reasons))
             _event(ramp, Kind.WARN, message="The hold warned, so a person decides (resume, "
@@ -291,6 +293,8 @@ def _drive(ramp: Ramp, *, now: datetime, owner: str) -> None:
                    numbers=whole.numbers, evidence_id=evidence)
     else:
         with transaction.atomic():
+            if not _still_running(ramp):
+                return
             evidence = _evidence(ramp, whole)
             _event(ramp, Kind.PASS, message=f"Hold at {step['percent']:g} % passed: "
                                             + " ".join(whole.reasons),
@@ -301,6 +305,8 @@ def _drive(ramp: Ramp, *, now: datetime, owner: str) -> None:
 def _next(ramp: Ramp, route: Route, *, now: datetime, skipped: bool) -> None:
     if ramp.step_index + 1 >= len(ramp.steps):
         with transaction.atomic():
+            if not _still_running(ramp):
+                return
             _finish(ramp, Ramp.State.COMPLETE, "every step held")
             _event(ramp, Kind.COMPLETE,
                    message=f"Complete: {ramp.pool.name} carries "
@@ -322,6 +328,10 @@ def _step(ramp: Ramp, route: Route, index: int, *, now: datetime) -> None:
     label = f"ramp {ramp.pk}: step {index + 1}/{len(ramp.steps)} → {step['percent']:g} %"
     try:
         with transaction.atomic():
+            # The ramp's row before the route's, as a person's abort takes them: a pause or
+            # abort that got in first is seen, and the two never deadlock.
+            if not _still_running(ramp):
+                return
             revision = revision_create(actor=system, route=route,
                                        weights=as_percentages(weights),
                                        base_revision=ramp.revision_number, reason=label)
@@ -339,6 +349,8 @@ def _step(ramp: Ramp, route: Route, index: int, *, now: datetime) -> None:
     except (ValidationError, DomainError) as exc:
         why = _error_text(exc)
         with transaction.atomic():
+            if not _still_running(ramp):
+                return
             _set_state(ramp, Ramp.State.PAUSED, f"step {index + 1} refused: {why}")
             _event(ramp, Kind.PAUSE, actor=system,
                    message=f"Paused: the split for step {index + 1} ({step['percent']:g} %) "
@@ -354,6 +366,8 @@ def _manual_change(ramp: Ramp, route: Route) -> None:
                f"({split}) changed the split this ramp set (revision {ramp.revision_number}). "
                f"A ramp never fights a manual change: resume to carry on from there.")
     with transaction.atomic():
+        if not _still_running(ramp):
+            return
         _set_state(ramp, Ramp.State.PAUSED, message)
         _event(ramp, Kind.MANUAL_CHANGE, message=message,
                numbers={"revision": route.revision_number, "author": who,
@@ -366,7 +380,7 @@ def _rollback(ramp: Ramp, judgement: guard.Judgement, message: str) -> None:
 
     system = Actor.for_system(f"ramp-{ramp.pk}")
     with transaction.atomic():
-        if not Ramp.objects.filter(pk=ramp.pk, state=Ramp.State.RUNNING).exists():
+        if not _still_running(ramp):
             return
         evidence = _evidence(ramp, judgement, decision=guard.FAIL)
         _event(ramp, Kind.FAIL, actor=system, message=message, numbers=judgement.numbers,
@@ -381,6 +395,12 @@ def _rollback(ramp: Ramp, judgement: guard.Judgement, message: str) -> None:
                                            f"{ramp.pool.name} had no weight left to drain."))
     if drain is not None:
         push.drain_push_now(drain)
+
+
+def _still_running(ramp: Ramp) -> bool:
+    """Lock the ramp's row (inside the caller's transaction) and say whether it still runs."""
+    return Ramp.objects.select_for_update().filter(pk=ramp.pk,
+                                                   state=Ramp.State.RUNNING).exists()
 
 
 def _drain(ramp: Ramp, *, actor: Actor, reason: str) -> Drain | None:
