@@ -3,7 +3,7 @@ over time with every decision marked, the candidate against the primary with the
 the guard's decisions with the numbers behind them, the pause/resume/skip/abort buttons and
 the rollback drain), and the start form that the route page's Ramps panel posts to.
 
-The ramp page's live block (state, the figures the guard reads now, the decisions) is
+The ramp page's live block (state, the figures the guard reads now) and its decisions are
 re-polled by htmx every 2 s while the ramp is running or paused; the charts every 10 s.
 A poll that sees the state changed since the page loaded asks htmx to reload the page once,
 so the buttons offered match the state (the action forms sit outside the polled block, so a
@@ -45,6 +45,7 @@ from migrations_plan.models import Plan
 
 LIVE_ID = "ramp-live"
 CHARTS_ID = "ramp-charts"
+DECISIONS_ID = "ramp-decisions"
 PAGE_SIZE = 50
 # The service's argument names the start form calls otherwise.
 FORM_FIELDS = {"slo_error_rate": "slo_error_pct"}
@@ -263,9 +264,12 @@ def _step(ramp: Ramp, now: datetime) -> dict[str, Any]:
 def _live(ramp: Ramp, events: list[RampEvent]) -> dict[str, Any]:
     now = timezone.now()
     return {"ramp": ramp, "live_id": LIVE_ID, "polling": ramp.active, "now": now,
-            "step": _step(ramp, now),
-            "numbers_now": _numbers_now(ramp),
-            "decisions": _decisions(events), "drain": ramp.drain}
+            "step": _step(ramp, now), "numbers_now": _numbers_now(ramp), "drain": ramp.drain}
+
+
+def _decisions_block(ramp: Ramp, events: list[RampEvent]) -> dict[str, Any]:
+    return {"ramp": ramp, "decisions_id": DECISIONS_ID, "polling": ramp.active,
+            "decisions": _decisions(events)}
 
 
 def _event_dicts(events: list[RampEvent]) -> list[dict[str, Any]]:
@@ -301,7 +305,7 @@ def _render_detail(request: HttpRequest, ramp: Ramp, *, action_form: RampActionF
                    status: int = 200) -> HttpResponse:
     events = list(ramp.events.all())
     return render(request, "ramps/detail.html", {
-        **_live(ramp, events), **_charts(ramp, events),
+        **_live(ramp, events), **_charts(ramp, events), **_decisions_block(ramp, events),
         "steps_text": steps_text(ramp.steps),
         "action_form": action_form,
         "offered": [a for a, states in ACTION_STATES.items() if ramp.state in states],
@@ -313,12 +317,11 @@ def _render_detail(request: HttpRequest, ramp: Ramp, *, action_form: RampActionF
 def ramp_detail(request: HttpRequest, ramp_id: int) -> HttpResponse:
     ramp = _ramp_or_404(ramp_id)
     target = request.htmx.target  # type: ignore[attr-defined]
-    if target in (LIVE_ID, CHARTS_ID):
-        events = list(ramp.events.all())
-        if target == LIVE_ID:
-            response = render(request, "ramps/_live.html", _live(ramp, events))
-        else:
-            response = render(request, "ramps/_charts.html", _charts(ramp, events))
+    blocks = {LIVE_ID: ("ramps/_live.html", _live), CHARTS_ID: ("ramps/_charts.html", _charts),
+              DECISIONS_ID: ("ramps/_decisions.html", _decisions_block)}
+    if target in blocks:
+        name, context = blocks[target]
+        response = render(request, name, context(ramp, list(ramp.events.all())))
         if request.GET.get("seen") and request.GET["seen"] != ramp.state:
             # The state changed while the page watched: reload once, so the buttons offered
             # are the ones this state allows.

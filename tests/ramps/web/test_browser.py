@@ -98,7 +98,9 @@ def test_the_ramp_page_draws_its_charts_and_pauses_the_ramp(
     # The pools' chart: candidate and primary in each of the three panels.
     expect(page.locator("#ramp-pools-chart .scatterlayer .trace")).to_have_count(6)
     expect(page.locator(".ramp-decisions tr[data-kind=pass]")).to_contain_text("612 ms")
-    expect(page.locator(".ramp-now tr[data-pool='mi300x-us']")).to_contain_text("ms")
+    # What the guard reads now: both pools (their figures depend on how long ago the
+    # windows were written, so only the rows are checked).
+    expect(page.locator(".ramp-now tbody tr")).to_have_count(2)
     # The live block polls (every 2 s) and keeps the page whole.
     with page.expect_response(lambda r: f"/ramps/{ramp.pk}/?seen=running" in r.url):
         pass

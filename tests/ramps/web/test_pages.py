@@ -22,6 +22,7 @@ from tests.traffic.web.conftest import SYSTEM
 pytestmark = pytest.mark.django_db
 LIVE = {"HX-Request": "true", "HX-Target": "ramp-live"}
 CHARTS = {"HX-Request": "true", "HX-Target": "ramp-charts"}
+DECISIONS = {"HX-Request": "true", "HX-Target": "ramp-decisions"}
 XSS = "<script>alert('ramp')</script>"
 
 
@@ -45,6 +46,10 @@ def test_every_state_renders_on_the_list_and_the_ramp_page(oncall: Client, route
     assert live.lstrip().startswith('<div id="ramp-live"')
     assert ('hx-trigger="every 2s"' in live) is polling
     assert "ramp-timeline-data" in page(oncall, ramp, **CHARTS)
+    decisions = page(oncall, ramp, **DECISIONS)
+    assert decisions.lstrip().startswith('<div id="ramp-decisions"')
+    assert ('hx-trigger="every 2s"' in decisions) is polling
+    assert 'data-kind="step"' in decisions
     listed = oncall.get(reverse("ramps:list"), {"state": state}).content.decode()
     assert f'data-ramp="{ramp.pk}"' in listed
     assert "2/3 at 5 %" in listed
@@ -168,6 +173,7 @@ def test_free_text_is_escaped_everywhere(oncall: Client, route: Route):
     RampEvent.objects.create(ramp=ramp, kind="pause", step_index=1, message=XSS,
                              actor=XSS, numbers={"note": XSS})
     for html in (page(oncall, ramp), page(oncall, ramp, **LIVE), page(oncall, ramp, **CHARTS),
+                 page(oncall, ramp, **DECISIONS),
                  oncall.get(reverse("traffic:route-detail", args=[route.name])).content
                  .decode()):
         assert XSS not in html
