@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from fleetctl.telemetry.histogram import bucket_of
 from fleetctl.traffic.gateways.base import LogRecord
 
 log = logging.getLogger("fleetctl.telemetry.ingest")
@@ -72,8 +73,6 @@ class Aggregator:
         self.open: dict[tuple[str, str, str, int], _Aggregate] = {}
 
     def add(self, gateway: str, record: LogRecord) -> None:
-        from fleetctl.telemetry.histogram import bucket_of
-
         start = int(record.start) - int(record.start) % self.window_s
         key = (gateway, record.route, record.pool, start)
         agg = self.open.get(key)

@@ -8,12 +8,13 @@ transaction: the ingester moves its cursor in the same one.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from fleetctl.telemetry import histogram
@@ -21,6 +22,9 @@ from fleetctl.telemetry.models import Window
 
 COUNT_FIELDS = ("requests", "errors", "client_errors", "retries", "streamed", "bytes_out")
 HISTOGRAM_FIELDS = ("ttft", "duration", "tpot", "flags")
+_WRITTEN = (*COUNT_FIELDS, *HISTOGRAM_FIELDS, "updated_at")
+_KEY_FIELDS = ("source", "source_name", "route", "pool", "resolution_s", "start")
+_EMPTY = dict.fromkeys(COUNT_FIELDS, 0)
 
 # Resolution (s) -> (merged into, after). 10 s windows older than an hour become minutes;
 # minutes older than a day become ten minutes.
@@ -58,18 +62,13 @@ class WindowDelta:
                 self.start)
 
 
-def _key(window: Window) -> Key:
-    return (window.source, window.source_name, window.route, window.pool,
-            window.resolution_s, window.start)
-
-
-def _absorb(window: Window, counts: dict[str, int], histograms: dict[str, Any]) -> None:
+def _absorb(row: dict[str, Any], counts: dict[str, int], histograms: dict[str, Any]) -> None:
     for name, value in counts.items():
         if value:
-            setattr(window, name, getattr(window, name) + value)
+            row[name] += value
     for name, h in histograms.items():
         if h:
-            setattr(window, name, histogram.merge(getattr(window, name) or {}, h))
+            row[name] = histogram.merge(row[name] or {}, h)
 
 
 def windows_add(deltas: Iterable[WindowDelta], *, now: datetime | None = None) -> int:
@@ -105,34 +104,79 @@ def windows_add(deltas: Iterable[WindowDelta], *, now: datetime | None = None) -
 
 
 def _add_batch(deltas: list[WindowDelta], now: datetime) -> None:
+    # Rows as dicts, not model instances: building ~3,000 Window objects per flush cost more
+    # than the SQL.
     groups: dict[tuple[str, int], list[WindowDelta]] = {}
     for delta in deltas:
         groups.setdefault((delta.source, delta.resolution_s), []).append(delta)
     for (source, resolution_s), group in groups.items():
-        names = {d.source_name for d in group}
-        starts = {d.start for d in group}
-        existing = {_key(w): w for w in Window.objects.select_for_update().filter(
-            source=source, resolution_s=resolution_s, source_name__in=names,
-            start__in=starts, pool__in={d.pool for d in group})}
+        existing = {
+            (row["source"], row["source_name"], row["route"], row["pool"],
+             row["resolution_s"], row["start"]): row
+            for row in Window.objects.select_for_update().filter(
+                source=source, resolution_s=resolution_s,
+                source_name__in={d.source_name for d in group},
+                start__in={d.start for d in group}, pool__in={d.pool for d in group},
+            ).values("id", *_KEY_FIELDS, *_WRITTEN)}
         changed, created = [], []
         for delta in group:
-            window = existing.get(delta.key)
-            if window is None:
-                window = Window(source=delta.source, source_name=delta.source_name,
-                                route=delta.route, pool=delta.pool,
-                                resolution_s=delta.resolution_s, start=delta.start,
-                                updated_at=now)
-                _absorb(window, delta.counts, delta.histograms)
-                created.append(window)
+            row = existing.get(delta.key)
+            if row is None:
+                row = dict(zip(_KEY_FIELDS, delta.key, strict=True))
+                row.update(_EMPTY)
+                row.update({name: {} for name in HISTOGRAM_FIELDS})
+                created.append(row)
             else:
-                _absorb(window, delta.counts, delta.histograms)
-                window.updated_at = now
-                changed.append(window)
+                changed.append(row)
+            _absorb(row, delta.counts, delta.histograms)
+            row["updated_at"] = now
         if changed:
-            Window.objects.bulk_update(changed, [*COUNT_FIELDS, *HISTOGRAM_FIELDS,
-                                                 "updated_at"], batch_size=500)
+            _update_rows(changed)
         if created:
-            Window.objects.bulk_create(created, batch_size=500)
+            _insert_rows(created)
+
+
+def _prepared(rows: list[dict[str, Any]],
+              names: tuple[str, ...]) -> tuple[list[str], list[list[Any]]]:
+    """Columns and values by hand: Django's per-value preparation costs more than the SQL."""
+    ops = connection.ops
+    json_cast = "::jsonb" if connection.vendor == "postgresql" else ""
+    kinds = ["json" if name in HISTOGRAM_FIELDS else "time" if name in ("start", "updated_at")
+             else "plain" for name in names]
+    columns = [f"{ops.quote_name(name)} = %s{json_cast if kind == 'json' else ''}"
+               for name, kind in zip(names, kinds, strict=True)]
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
+    adapt_time = ops.adapt_datetimefield_value
+    params = []
+    for row in rows:
+        values: list[Any] = []
+        for name, kind in zip(names, kinds, strict=True):
+            value = row[name]
+            values.append(dumps(value) if kind == "json" else adapt_time(value)
+                          if kind == "time" else value)
+        params.append(values)
+    return columns, params
+
+
+def _update_rows(rows: list[dict[str, Any]]) -> None:
+    """Write back rows read under the lock: one UPDATE by primary key, executemany.
+    (bulk_update builds a CASE per field over every row: 20x slower at 3,000 windows.)"""
+    assignments, params = _prepared(rows, _WRITTEN)
+    table = connection.ops.quote_name(Window._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.executemany(f"UPDATE {table} SET {', '.join(assignments)} WHERE id = %s",
+                           [[*values, row["id"]] for values, row in zip(params, rows, strict=True)])
+
+
+def _insert_rows(rows: list[dict[str, Any]]) -> None:
+    """New windows, executemany (bulk_create spends most of its time preparing SQL)."""
+    assignments, params = _prepared(rows, (*_KEY_FIELDS, *_WRITTEN))
+    columns = [a.split(" = ", 1)[0] for a in assignments]
+    marks = [a.split(" = ", 1)[1] for a in assignments]
+    table = connection.ops.quote_name(Window._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.executemany(f"INSERT INTO {table} ({', '.join(columns)}) "
+                           f"VALUES ({', '.join(marks)})", params)
 
 
 def window_add(*, source: str, source_name: str, route: str, pool: str, resolution_s: int,
