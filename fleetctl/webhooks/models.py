@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
 from django.db import models
 from django.utils import timezone
 
-from fleetctl.fleet.models import slug_validator
+# The registry's slug rule (fleet.models.slug_validator), spelled here: webhooks sits below
+# fleet in the layering (tests/test_layers.py), so anything may notify.
+slug_validator = RegexValidator(
+    r"^[a-z0-9][a-z0-9-]{0,62}$",
+    "Use 1–63 lowercase letters, digits and hyphens, starting with a letter or digit.",
+)
 
 # What a webhook may subscribe to (services.notify's `event`).
 EVENTS = {
