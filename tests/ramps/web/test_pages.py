@@ -224,3 +224,16 @@ def test_a_started_ramp_shows_on_the_route_page_and_a_second_is_refused(
     status, html = start(oncall, route)
     assert status == 409 and "already has an active ramp" in html
     assert Ramp.objects.count() == 1
+
+
+def test_a_viewer_cannot_start_a_ramp(viewer: Client, route: Route):
+    html = viewer.get(reverse("ramps:start", args=[route.name])).content.decode()
+    assert "ramp-start-form" not in html and "Starting a ramp needs" in html
+    status, _ = start(viewer, route)
+    assert status == 403
+    assert not Ramp.objects.exists()
+
+
+def test_the_traffic_page_links_the_ramps(viewer: Client, route: Route):
+    html = viewer.get(reverse("traffic:routes")).content.decode()
+    assert f'href="{reverse("ramps:list")}"' in html
