@@ -94,3 +94,24 @@ def test_without_the_option_nothing_is_logged(tmp_path: Path) -> None:
     text = render_config(DesiredState(routes=(), pools={}),
                          HAProxySettings.from_gateway(process.gateway)).text
     assert "log-format" not in text and "log stdout" not in text
+
+
+def test_a_failed_connect_redispatched_to_another_server_counts_two_attempts(
+        sim_fleet: SimProcess, logged_haproxy: HAProxyProcess) -> None:
+    from fleetctl.core.ports import free_port
+    from fleetctl.traffic.gateways.base import PoolTarget
+
+    closed = f"http://127.0.0.1:{free_port()}"
+    two = PoolTarget(name="two", base_urls=(closed, sim_fleet.url("beta")), jurisdiction="US")
+    harness = Harness(url=logged_haproxy.url, adapter=HAProxyAdapter(logged_haproxy.gateway),
+                      sim=sim_fleet, extra_pools={"two": two})
+    harness.apply(route({"two": 10_000}, key="retry"))
+    path = Path(logged_haproxy.gateway.options["access_log"])
+    since = path.stat().st_size
+    statuses = [chat(logged_haproxy.url, stream=False) for _ in range(4)]
+    found = records(path, since, 4)
+    assert statuses == [200] * 4
+    assert [(r.route, r.pool, r.status) for r in found] == [("retry", "two", 200)] * 4
+    # Round robin sends one of the first two to the closed port: HAProxy retries and, with
+    # `option redispatch`, the last retry goes to the other server (%rc is then "+N").
+    assert max(r.attempts for r in found[:2]) >= 2

@@ -95,3 +95,26 @@ def test_servers_tried_in_turn_count_as_attempts_and_the_last_names_the_pool() -
     assert parse_line(b"\n", {}) is None
     with pytest.raises(ValueError):
         parse_line(b"127.0.0.1 - - [date] GET / 200\n", {})
+
+
+def test_a_failed_connect_tried_on_the_next_server_counts_two_attempts(
+        sim_fleet: SimProcess, logged_nginx: NginxProcess) -> None:
+    from fleetctl.core.ports import free_port
+    from fleetctl.traffic.gateways.base import PoolTarget
+
+    closed = f"127.0.0.1:{free_port()}"
+    two = PoolTarget(name="two", base_urls=(f"http://{closed}", sim_fleet.url("beta")),
+                     jurisdiction="US")
+    harness = Harness(url=logged_nginx.url, adapter=NginxAdapter(logged_nginx.gateway),
+                      sim=sim_fleet, extra_pools={"two": two})
+    harness.apply(route({"two": 10_000}, key="retry"))
+    endpoints = {closed: "two", urlsplit(sim_fleet.url("beta")).netloc: "two"}
+    path = Path(logged_nginx.gateway.options["access_log"])
+    since = path.stat().st_size if path.exists() else 0
+    statuses = [chat(logged_nginx.url, stream=False) for _ in range(4)]
+    found = records(path, since, 4, endpoints)
+    assert statuses == [200] * 4
+    assert [(r.route, r.pool, r.status) for r in found] == [("retry", "two", 200)] * 4
+    # Round robin sends one of the first two to the closed port; proxy_next_upstream tries
+    # the other server, and $upstream_addr lists both.
+    assert max(r.attempts for r in found[:2]) == 2
