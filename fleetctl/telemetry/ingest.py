@@ -370,6 +370,12 @@ class Ingester:
                 try:
                     self.flush()
                 except Exception:
+                    # A database that restarted leaves a dead connection: drop it, so the
+                    # next flush connects again (the windows are kept until then).
+                    from django.db import close_old_connections, connection
+
+                    connection.close()
+                    close_old_connections()
                     stop.wait(1.0)
                 next_flush = time.monotonic() + self.flush_interval_s
             if not read:
