@@ -78,8 +78,8 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """One of everything the API shows, made through the services."""
     from fleetctl.ramps.services import ramp_create
-    from fleetctl.webhooks.services import webhook_create
     from fleetctl.traffic.api import waiting
+    from fleetctl.webhooks.services import webhook_create
 
     # No worker pushes here: a ?wait=verified answer would only sit out its timeout.
     monkeypatch.setattr(waiting, "CAP_S", 0.2)
