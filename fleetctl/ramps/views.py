@@ -105,16 +105,29 @@ def stage4_plans(route: Route) -> list[Plan]:
                 .select_related("candidate_pool").order_by("name"))
 
 
+# The steps a new ramp is offered (those above the pool's current weight), percent → hold.
+LADDER = ((1, 60), (5, 60), (10, 120), (25, 300), (50, 300))
+
+
 def start_form(route: Route, data: Any = None) -> RampStartForm:
-    initial: dict[str, Any] = {"steps": "1:60, 5:60, 10:120, 25:300, 50:300"}
+    """The form prefilled for the likeliest ramp: a stage-4 plan's candidate with its
+    thresholds, else the pool already holding the most weight besides the primary, with the
+    usual steps above that weight (a ramp only raises weight)."""
     pools = start_pools(route)
+    current = traffic.revision_current(route=route)
+    split = current.percentages() if current else {}
     plans = [plan for plan in stage4_plans(route) if plan.candidate_pool.name in pools]
+    initial: dict[str, Any] = {}
     if plans:
         plan = plans[0]
         initial.update(pool=plan.candidate_pool.name, slo_ttft_p95_ms=plan.slo_ttft_p95_ms,
                        slo_tpot_p95_ms=plan.slo_tpot_p95_ms,
                        slo_error_pct=round(plan.slo_error_rate * 100, 4),
                        latency_margin_pct=plan.latency_margin_pct)
+    elif holding := sorted((p for p in pools if split.get(p)), key=lambda p: -split[p]):
+        initial["pool"] = holding[0]
+    now = split.get(initial.get("pool", ""), 0.0)
+    initial["steps"] = steps_text([{"percent": p, "hold_s": h} for p, h in LADDER if p > now])
     form = RampStartForm(data, pools=pools, initial=initial)
     form.plans = plans  # type: ignore[attr-defined]
     return form

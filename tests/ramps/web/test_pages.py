@@ -5,7 +5,9 @@ route page's start form shows the service's refusals, and free text is escaped."
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -16,6 +18,7 @@ from fleetctl.fleet.models import Pool
 from fleetctl.ramps.models import Ramp, RampEvent
 from fleetctl.traffic import services as traffic_services
 from fleetctl.traffic.models import Drain, Route
+from migrations_plan.models import Plan
 from tests.ramps.web.conftest import make_ramp
 from tests.traffic.web.conftest import SYSTEM
 
@@ -237,3 +240,29 @@ def test_a_viewer_cannot_start_a_ramp(viewer: Client, route: Route):
 def test_the_traffic_page_links_the_ramps(viewer: Client, route: Route):
     html = viewer.get(reverse("traffic:routes")).content.decode()
     assert f'href="{reverse("ramps:list")}"' in html
+
+
+def test_the_start_form_offers_the_pool_holding_weight_with_steps_above_it(
+        oncall: Client, route: Route):
+    html = oncall.get(reverse("ramps:start", args=[route.name])).content.decode()
+    assert '<option value="mi300x-us" selected>' in html
+    assert 'value="10:120, 25:300, 50:300"' in html
+
+
+def test_the_start_form_takes_a_stage_4_plans_candidate_and_thresholds(
+        oncall: Client, route: Route, make_user: Any):
+    lead = make_user("pat", "platform-lead")
+    plan = Plan.objects.create(
+        name="mi300x-llama", candidate_pool=Pool.objects.get(name="mi300x-eu"),
+        primary_pool=route.primary_pool, slo_ttft_p95_ms=750, slo_tpot_p95_ms=45,
+        slo_error_rate=0.005, latency_margin_pct=15, owner=lead, created_by=lead,
+        state=Plan.State.STAGE_4, stage=4)
+    plan.routes.add(route)
+    html = oncall.get(reverse("traffic:route-detail", args=[route.name])).content.decode()
+    form = html[html.index('class="ramp-start-form"'):]
+    assert reverse("plans:detail", args=[plan.name]) in form
+    assert '<option value="mi300x-eu" selected>' in form
+    for name, value in (("slo_ttft_p95_ms", "750.0"), ("slo_tpot_p95_ms", "45.0"),
+                        ("slo_error_pct", "0.5"), ("latency_margin_pct", "15.0")):
+        assert re.search(rf'name="{name}" value="{re.escape(value)}"', form), name
+    assert 'value="1:60, 5:60, 10:120, 25:300, 50:300"' in form
