@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from fleetctl.core.api.schema import ObjectField
 from fleetctl.webhooks.models import EVENTS, Attempt, Delivery, Webhook
 
 
@@ -41,6 +42,8 @@ class AttemptSerializer(serializers.ModelSerializer):
 
 class DeliverySerializer(serializers.ModelSerializer):
     attempt_rows = AttemptSerializer(many=True, read_only=True)
+    payload = ObjectField(read_only=True, help_text="`text` (the one line a Slack-format "
+                          "webhook is sent) and `data` (the event's body).")
 
     class Meta:
         model = Delivery
