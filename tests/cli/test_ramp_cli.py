@@ -163,3 +163,22 @@ def test_a_lost_answer_is_retried_with_the_same_idempotency_key(monkeypatch):
     # A new change is a new key.
     client.post("/api/v1/drains/", {"route": "r"}, idempotent=True)
     assert len(set(seen)) == 2
+
+
+@pytest.mark.slow
+def test_drain_wait_verified_and_telemetry_without_data(live_server, fleet, token):
+    assert run(live_server, token, "split", "--route", "llama", "--weights",
+               "h200=90,mi300x=10", "--reason", "canary").returncode == 0
+    drained = run(live_server, token, "drain", "--route", "llama", "--reason", "incident",
+                  "--wait-verified", "--verify-timeout", "5", "--no-wait")
+    assert drained.returncode == 0, drained.stderr
+    assert "verified on every gateway" in drained.stderr  # no gateway: nothing to wait for
+    figures = run(live_server, token, "telemetry")
+    assert figures.returncode == 0, figures.stderr
+    # Missing data is said, never shown as zero latency.
+    assert "h200: 0 requests" in figures.stdout and "mi300x: 0 requests" in figures.stdout
+    assert "TTFT p95" in figures.stdout and "no data (n=0)" in figures.stdout
+    routed = run(live_server, token, "telemetry", "--route", "llama", "--json")
+    assert routed.returncode == 0, routed.stderr
+    assert [(s["pool"], s["route"], s["requests"]) for s in json.loads(routed.stdout)] == [
+        ("h200", "llama", 0)]  # the drained split names the primary only
