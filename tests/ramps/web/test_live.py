@@ -29,8 +29,8 @@ def cells(html: str, marker: str, css: str) -> list[str]:
     """The text of each `css` cell in the row (or block) that holds `marker`."""
     row = html[html.index(marker):]
     row = row[:row.index("</tr>")] if "</tr>" in row[:4000] else row[:4000]
-    return [re.sub(r"<[^>]+>", "", cell).strip()
-            for cell in re.findall(rf'class="[^"]*{css}[^"]*"[^>]*>(.*?)</t[dh]>', row, re.S)]
+    return [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(
+        rf'class="[^"]*{css}[^"]*"[^>]*>(.*?)</(?:t[dh]|span)>', row, re.S)]
 
 
 def test_the_overview_shows_each_pools_last_minute_and_a_dash_without_data(
