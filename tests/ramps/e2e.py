@@ -41,8 +41,10 @@ max_context = 4096
 kv_cache_tokens = 400000
 """
 
-# Thresholds of the ramps in these tests: TTFT p95 a few ms normally, +300 ms under the fault.
-THRESHOLDS: dict[str, Any] = {"slo_ttft_p95_ms": 150.0, "slo_tpot_p95_ms": 50.0,
+# Thresholds of the ramps in these tests: TTFT p95 is a few ms on a quiet machine but reaches
+# 200–450 ms on both pools alike when the 2 shared cores are saturated (measured); +300 ms on
+# every answer puts even the lower bound of the candidate's p95 over 250 ms, load or not.
+THRESHOLDS: dict[str, Any] = {"slo_ttft_p95_ms": 250.0, "slo_tpot_p95_ms": 50.0,
                               "slo_error_rate": 0.05, "latency_margin_pct": 100.0}
 
 
@@ -68,6 +70,7 @@ class Traffic:
     rps: float
     threads: int = 16
     max_tokens: int = 16
+    model: str = MODEL
     headers: dict[str, str] = field(default_factory=dict)
     outcomes: Counter[str] = field(default_factory=Counter)
 
@@ -89,7 +92,7 @@ class Traffic:
     def _one(self, i: int) -> None:
         try:
             stream = self._client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": f"question {i}"}],
+                model=self.model, messages=[{"role": "user", "content": f"question {i}"}],
                 max_tokens=self.max_tokens, stream=True, temperature=0)
             chunks = sum(1 for chunk in stream if chunk.choices and chunk.choices[0].delta.content)
             outcome = "ok" if chunks else "empty"

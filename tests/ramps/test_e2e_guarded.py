@@ -111,7 +111,7 @@ def test_a_ramp_on_a_healthy_pool_steps_through_its_holds_and_completes(world):
     # Every step went out as a revision of the route, authored by the ramp.
     authors = set(SplitRevision.objects.filter(route=world["route"], number__gt=1)
                   .values_list("created_by", flat=True))
-    assert authors == {f"system:ramp-{ramp.pk}"} or all(f"ramp-{ramp.pk}" in a for a in authors)
+    assert authors == {f"system:ramp-{ramp.pk}"}
     assert world["traffic"].outcomes["ok"] > 0
 
 
@@ -128,8 +128,7 @@ def test_a_latency_fault_mid_ramp_is_rolled_back_by_the_guard_and_drained_on_the
     e2e.wait_for(lambda: finished(ramp), timeout_s=90, what="the guard to roll back")
     assert ramp.state == "rolled-back", e2e.explain(ramp)
     kinds = e2e.ramp_events(ramp)
-    assert kinds[-2:] == ["fail", "rollback"] or ("fail" in kinds and kinds[-1] == "rollback"), \
-        e2e.explain(ramp)
+    assert "fail" in kinds and kinds.count("rollback") == 1, e2e.explain(ramp)
     assert ramp.drain is not None
     assert ramp.events.get(kind="rollback").drain_id == ramp.drain_id
     e2e.wait_for(lambda: Drain.objects.get(pk=ramp.drain_id).verified_at is not None,
@@ -209,7 +208,7 @@ def test_a_revision_posted_twice_with_one_idempotency_key_over_rest_makes_one_re
 
 
 def test_a_ramp_whose_worker_is_killed_resumes_under_a_new_worker_once_the_lease_expires(
-        world, worker_env, tmp_path, settings):
+        world, worker_env, tmp_path):
     """The session's worker keeps the other queues; this test's ramps are ticked by a worker
     of its own on `watch` only (lease 4 s), killed with SIGKILL mid-ramp and replaced."""
     from fleetctl.celery import app
