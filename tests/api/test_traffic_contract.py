@@ -121,6 +121,24 @@ def test_a_server_error_is_not_kept_so_a_retry_runs_again(route, client_for, mon
     assert len(calls) == 2 and Route.objects.get().revision_number == 2
 
 
+def test_a_drain_and_its_restore_sent_twice_with_their_keys_happen_once(route, client_for):
+    oncall = client_for("on-call")
+    body = {"route": "llama", "reason": "incident"}
+    drain = oncall.post("/api/v1/drains/", body, format="json", HTTP_IDEMPOTENCY_KEY="d-1")
+    again = oncall.post("/api/v1/drains/", body, format="json", HTTP_IDEMPOTENCY_KEY="d-1")
+    assert drain.status_code == again.status_code == 202
+    assert again["Idempotent-Replayed"] == "true" and again.json() == drain.json()
+    assert Drain.objects.count() == 1
+    url = f"/api/v1/drains/{drain.json()['id']}/restore/"
+    restore = oncall.post(url, {"reason": "over"}, format="json", HTTP_IDEMPOTENCY_KEY="r-1")
+    replay = oncall.post(url, {"reason": "over"}, format="json", HTTP_IDEMPOTENCY_KEY="r-1")
+    assert restore.status_code == replay.status_code == 202
+    assert replay.json()["id"] == restore.json()["id"] and replay["Idempotent-Replayed"]
+    # Without the key, a second restore is refused: it was restored already.
+    assert oncall.post(url, {"reason": "over"}, format="json").status_code == 409
+    assert Drain.objects.count() == 2 and Route.objects.get().revision_number == 3
+
+
 @pytest.mark.parametrize("key", ["", "x" * 256, "clé-unicode", "tab\there"])
 def test_a_key_that_is_not_1_to_255_printable_ascii_is_a_400(route, token_client, key):
     client = token_client(["ramp"], "on-call")
