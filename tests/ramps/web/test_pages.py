@@ -266,3 +266,12 @@ def test_the_start_form_takes_a_stage_4_plans_candidate_and_thresholds(
                         ("slo_error_pct", "0.5"), ("latency_margin_pct", "15.0")):
         assert re.search(rf'name="{name}" value="{re.escape(value)}"', form), name
     assert 'value="1:60, 5:60, 10:120, 25:300, 50:300"' in form
+
+
+def test_a_ramp_before_its_first_step(oncall: Client, route: Route):
+    ramp = make_ramp(route, step_index=-1)
+    html = page(oncall, ramp)
+    assert "0/3: no step set yet" in html
+    assert "ramp-now" not in html  # nothing holding: nothing to judge yet
+    listed = oncall.get(reverse("ramps:list")).content.decode()
+    assert "0/3" in listed
