@@ -321,7 +321,9 @@ def test_wait_verified_with_a_gateway_down_answers_false_after_the_timeout(
                                    options={"config_dir": str(tmp_path / "down")},
                                    routes=[envoy_route])
     oncall = client_for("on-call")
-    answer = oncall.post(f"{URL}?wait=verified&timeout=2", _change(30), format="json")
+    # Long enough for the worker to verify envoy-a on a loaded machine; the other one
+    # never answers, so the wait runs out whatever the timeout.
+    answer = oncall.post(f"{URL}?wait=verified&timeout=10", _change(30), format="json")
     assert answer.status_code == 201
     body = answer.json()
     assert body["verified"] is False
