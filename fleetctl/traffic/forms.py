@@ -17,6 +17,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from fleetctl.fleet.models import Pool
+from fleetctl.traffic.models import Route
 from fleetctl.traffic.split import parse_percentages
 
 
@@ -125,3 +126,7 @@ class RestoreForm(forms.Form):
         max_length=2000, required=False, widget=forms.Textarea(attrs={"rows": 2}),
         help_text="Optional; without one the record says which drain it undoes.",
     )
+
+
+class HealthPolicyForm(forms.Form):
+    health_policy = forms.ChoiceField(choices=Route.HealthPolicy.choices, label="Health policy")

@@ -25,7 +25,7 @@ from fleetctl.core.charts import figure_data, pool_colours
 from fleetctl.core.views import Outcome, call_service
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic import charts, selectors, services
-from fleetctl.traffic.forms import DrainForm, RampForm, RestoreForm
+from fleetctl.traffic.forms import DrainForm, HealthPolicyForm, RampForm, RestoreForm
 from fleetctl.traffic.models import Drain, GatewayPush, Route, SplitRevision
 from fleetctl.traffic.push import drain_push_now
 
@@ -43,6 +43,24 @@ def _route_or_404(name: str) -> Route:
     if route is None:
         raise Http404(f"No route named {name!r}.")
     return route
+
+
+@dashboard_view
+@require_POST
+def route_health_policy(request: HttpRequest, name: str) -> HttpResponse:
+    """What the health policy does on this route (fleet-manage); applies from the next flip."""
+    route = _route_or_404(name)
+    form = HealthPolicyForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose off, drain or drain-restore.")
+        return redirect("traffic:route-detail", name=name)
+    actor = actor_from_request(request)
+    done = call_service(request, lambda: services.route_health_policy_set(
+        actor=actor, route=route, **form.cleaned_data))
+    if done.result is not None:
+        messages.success(request, f"Health policy of {name}: "
+                                  f"{done.result.get_health_policy_display()}.")
+    return redirect("traffic:route-detail", name=name)
 
 
 def _pool_or_404(name: str) -> Pool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.conf import settings
+from django.test import Client
 
 from fleetctl.audit.models import AuditEvent
 from fleetctl.fleet.models import HealthTransition, Pool
@@ -130,3 +131,18 @@ def test_the_route_api_sets_the_health_policy(routes, token_client):
     assert denied.status_code == 403
     routes["llama"].refresh_from_db()
     assert routes["llama"].health_policy == "drain-restore"
+
+
+def test_the_route_page_sets_the_health_policy(routes, make_user):
+    lead, viewer = Client(), Client()
+    lead.force_login(make_user("lena", "platform-lead"))
+    viewer.force_login(make_user("vera", "viewer"))
+    page = lead.get("/traffic/routes/llama/")
+    assert 'name="health_policy"' in page.content.decode()
+    assert "name=\"health_policy\"" not in viewer.get("/traffic/routes/llama/").content.decode()
+    answer = lead.post("/traffic/routes/llama/health-policy/", {"health_policy": "off"},
+                       follow=True)
+    assert "Health policy of llama: off" in answer.content.decode()
+    viewer.post("/traffic/routes/llama/health-policy/", {"health_policy": "drain-restore"})
+    routes["llama"].refresh_from_db()
+    assert routes["llama"].health_policy == "off"
