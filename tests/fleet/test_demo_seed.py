@@ -96,3 +96,47 @@ def test_the_seed_skips_a_demo_object_the_registry_refuses_says_why_and_seeds_th
         == ["llama-8b"]
     assert Plan.objects.count() == 2
     assert Region.objects.get(code="us-east").jurisdiction == "US"
+
+
+@pytest.mark.django_db
+def test_the_seed_gives_the_gateway_its_access_log_and_only_notes_one_seeded_before_that():
+    notes = seed()
+
+    gateway = Gateway.objects.get(name="envoy-demo")
+    assert gateway.options["access_log"] == "/tmp/fleetctl-demo/access.log"
+    # No simulated pool answers here: the Gaudi pool stays of unknown health, and a ramp only
+    # gives live traffic to a healthy pool, so the seed says why there is no ramp.
+    assert "ramp of gaudi3-in-west on llama-8b not created" in notes
+    assert "healthy" in notes
+
+    traffic.gateway_update(actor=person("admin"), gateway=gateway,
+                           options={"config_dir": "/tmp/fleetctl-demo"})
+    notes = seed()
+
+    assert "access_log" not in Gateway.objects.get(name="envoy-demo").options
+    assert ("gateway envoy-demo is kept as it is: it has no access_log option" in notes
+            and "/tmp/fleetctl-demo/access.log" in notes)
+
+
+@pytest.mark.django_db
+def test_with_the_simulated_fleet_up_the_seed_starts_one_guarded_ramp_of_the_gaudi_pool(
+        tmp_path):
+    from fleetctl.demo.management.commands.demo_seed import RAMP
+    from fleetctl.ramps.models import Ramp
+    from tests.sim import simproc
+
+    args = [a if a != "8100" else "{base}" for a in SEED]
+    with simproc.demo_fleet(tmp_path / "sim.log") as base:
+        call_command(*[a.format(base=base) for a in args], stdout=io.StringIO(),
+                     stderr=io.StringIO())
+        again = io.StringIO()
+        call_command(*[a.format(base=base) for a in args], stdout=io.StringIO(), stderr=again)
+
+    [ramp] = Ramp.objects.all()
+    assert (ramp.route.name, ramp.pool.name, ramp.state, ramp.created_by) == (
+        "llama-8b", "gaudi3-in-west", "running", "lead")
+    assert [s["percent"] for s in ramp.steps] == [5, 10, 25, 50]
+    assert (ramp.min_samples, ramp.window_s, ramp.slo_ttft_p95_ms) == (
+        RAMP["min_samples"], RAMP["window_s"], RAMP["slo_ttft_p95_ms"])
+    assert ramp.plan is None
+    assert "ramp of gaudi3-in-west" not in again.getvalue()  # once: the re-run leaves it
