@@ -146,3 +146,15 @@ def test_the_route_page_sets_the_health_policy(routes, make_user):
     viewer.post("/traffic/routes/llama/health-policy/", {"health_policy": "drain-restore"})
     routes["llama"].refresh_from_db()
     assert routes["llama"].health_policy == "off"
+
+
+def test_the_drain_page_says_the_drain_was_automatic_with_the_probe_evidence(routes, make_user):
+    cand = Pool.objects.get(name="cand")
+    flip = _flip(cand, ok=False)
+    drain = health.policy_apply(transition_id=flip.pk)[0]
+    reader = Client()
+    reader.force_login(make_user("vera", "viewer"))
+    page = reader.get(f"/traffic/drains/{drain.pk}/").content.decode()
+    assert "By the health policy: pool" in page
+    assert f"Probe evidence: health check {flip.health_check_id}" in page
+    assert "GET /v1/models answered 503" in page
