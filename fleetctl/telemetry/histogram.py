@@ -2,7 +2,7 @@
 
 Bucket i covers [B^i, B^(i+1)) ms with B = 2^(1/8): every value in a bucket is within a factor
 B^(1/2) (4.4 %) of the bucket's geometric middle, whatever the scale. Values below 1 ms go
-to bucket 0 and values above the last bucket's start (2^(MAX_BUCKET/8) ms, about 56 minutes:
+to bucket 0 and values above the last bucket's start (2^(MAX_BUCKET/8) ms, about 64 minutes:
 longer than any answer a gateway lets run) are capped into it.
 
 Because the buckets are the same everywhere, two histograms of the same thing merge exactly
