@@ -6,7 +6,7 @@ to bucket 0 and values above the last bucket's start (2^(MAX_BUCKET/8) ms, about
 longer than any answer a gateway lets run) are capped into it.
 
 Because the buckets are the same everywhere, two histograms of the same thing merge exactly
-by adding counts: a window flushed in pieces, ten 10 s windows downsampled into one minute,
+by adding counts: a window flushed in pieces, six 10 s windows downsampled into one minute,
 and the windows of several gateways in front of one pool all merge without losing anything
 more than the bucket width. A histogram is a sparse `dict[str, int]` ({bucket index: count},
 string keys so it is stored as JSON as is).
