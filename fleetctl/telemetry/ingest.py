@@ -234,8 +234,37 @@ def parser_for(kind: str) -> Parser | None:
     return None if found is None else found.parse_access_log
 
 
+_resolved: dict[str, tuple[float, tuple[str, ...]]] = {}
+RESOLVE_TTL_S = 60.0
+
+
+def _addresses(host: str) -> tuple[str, ...]:
+    """The IP addresses a host name stands for (cached a minute; none when it does not
+    resolve): nginx logs the address it connected to, not the name in the base URL."""
+    import ipaddress
+    import socket
+
+    try:
+        ipaddress.ip_address(host)
+        return ()
+    except ValueError:
+        pass
+    now = time.monotonic()
+    cached = _resolved.get(host)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    try:
+        found = tuple(sorted({str(info[4][0]) for info in socket.getaddrinfo(
+            host, None, type=socket.SOCK_STREAM)}))
+    except OSError:
+        found = ()
+    _resolved[host] = (now + RESOLVE_TTL_S, found)
+    return found
+
+
 def endpoints_of(gateway: Any) -> dict[str, str]:
-    """"host:port" -> pool name for every pool in the gateway's desired state."""
+    """"host:port" -> pool name for every pool in the gateway's desired state, by the base
+    URL's host and by the addresses it resolves to."""
     from fleetctl.traffic.selectors import gateway_desired_state
 
     out: dict[str, str] = {}
@@ -245,6 +274,9 @@ def endpoints_of(gateway: Any) -> dict[str, str]:
             if parts.hostname:
                 port = parts.port or (443 if parts.scheme == "https" else 80)
                 out[f"{parts.hostname}:{port}"] = name
+                for address in _addresses(parts.hostname):
+                    host = f"[{address}]" if ":" in address else address
+                    out.setdefault(f"{host}:{port}", name)
     return out
 
 

@@ -3,8 +3,10 @@ partial lines, malformed lines."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,3 +147,34 @@ def test_gateways_without_a_log_or_a_parser_are_skipped(tmp_path: Path) -> None:
     ingester = Ingester(window_s=10)
     ingester.once()
     assert ingester.followers == {} and not Cursor.objects.exists()
+
+
+def test_nginx_lines_name_their_pool_through_the_gateways_desired_state(
+        make_pool: Any, tmp_path: Path) -> None:
+    from fleetctl.fleet.services import pool_health_record, pool_model_create
+    from fleetctl.traffic import services
+    from tests.conftest import SYSTEM
+
+    model = "llama-3.1-8b-instruct"
+    pools = [make_pool(name="primary", base_urls=["http://localhost:18001"]),
+             make_pool(name="cand", base_urls=["http://127.0.0.1:18002"])]
+    for pool in pools:
+        pool_model_create(actor=SYSTEM, pool=pool, model_id=model, max_context_tokens=4096)
+        pool_health_record(pool_id=pool.pk, ok=True, status_code=200, latency_ms=1.0)
+    route = services.route_create(actor=SYSTEM, name="llama", model_id=model,
+                                  primary_pool=pools[0], weights={"primary": 80, "cand": 20})
+    path = tmp_path / "nginx.log"
+    Gateway.objects.create(name="gw-nginx", kind="nginx", admin_address="http://127.0.0.1:1",
+                           options={"access_log": str(path)}).routes.set([route])
+
+    def line(upstream: str) -> bytes:
+        return json.dumps({"msec": T0 + 1.5, "request_time": 0.5, "route": "route-llama",
+                           "upstream": upstream, "status": 200, "bytes": 10,
+                           "header_time": "0.100", "ctype": "text/event-stream"}).encode() + b"\n"
+
+    # nginx logs the address it connected to: localhost is resolved to 127.0.0.1.
+    _write(path, line("127.0.0.1:18001"), line("127.0.0.1:18002"), line("10.9.9.9:1"))
+    Ingester(window_s=10).once()
+    assert dict(Window.objects.values_list("pool", "requests")) == {"primary": 1, "cand": 1,
+                                                                     "": 1}
+    assert set(Window.objects.values_list("route", flat=True)) == {"llama"}
