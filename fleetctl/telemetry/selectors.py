@@ -97,9 +97,36 @@ def _label(gateways: list[str]) -> str:
     return f"gateways {', '.join(gateways)} access logs"
 
 
+def _kinds(rows: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """Gateway name -> kind for the gateways behind `rows` (one query; none when no rows)."""
+    from fleetctl.traffic.models import Gateway
+
+    names = {row["source_name"] for row in rows}
+    if not names:
+        return {}
+    return dict(Gateway.objects.filter(name__in=names).values_list("name", "kind"))
+
+
+def _ttft_source(label: str, gateways: list[str], kinds: dict[str, str]) -> str:
+    """What the TTFT figure measured: Envoy's first body byte, HAProxy's and nginx's response
+    headers (registry.GatewayKind.ttft_measures) — said per gateway when they differ."""
+    from fleetctl.traffic.gateways import registry
+
+    def measures(gateway: str) -> str:
+        kind = registry.find(kinds.get(gateway, ""))
+        return (kind.ttft_measures if kind is not None and kind.ttft_measures
+                else "time to first byte of streamed answers; gateway no longer registered")
+
+    meanings = {gateway: measures(gateway) for gateway in gateways}
+    if len(set(meanings.values())) <= 1:
+        return f"{label} ({next(iter(meanings.values()), measures(''))})"
+    return "; ".join(f"gateway {gateway} access log ({meaning})"
+                     for gateway, meaning in sorted(meanings.items()))
+
+
 def _stats(*, pool: str, route: str | None, since: datetime, until: datetime,
            gateway_rows: list[dict[str, Any]], pool_rows: list[dict[str, Any]],
-           confidence: float) -> PoolStats:
+           confidence: float, kinds: dict[str, str]) -> PoolStats:
     from fleetctl.core.confidence import wilson_interval
 
     requests = sum(row["requests"] for row in gateway_rows)
@@ -116,7 +143,7 @@ def _stats(*, pool: str, route: str | None, since: datetime, until: datetime,
                             error_source)
     else:
         error_rate = Figure(None, None, None, 0, error_source)
-    ttft_source = f"{label} (first body byte of streamed answers)"
+    ttft_source = _ttft_source(label, gateways, kinds)
     seconds = max((until - since).total_seconds(), 1e-9)
     updated = [row["updated_at"] for row in (*gateway_rows, *pool_rows)]
     return PoolStats(
@@ -138,7 +165,8 @@ def _stats(*, pool: str, route: str | None, since: datetime, until: datetime,
 def pool_stats(*, pool: str, route: str | None = None, since: datetime,
                until: datetime | None = None, confidence: float = 0.99) -> PoolStats:
     """What every gateway saw of `pool` (on `route`, or all its routes) in [since, until),
-    plus the pool's own TPOT, in two queries.
+    plus the pool's own TPOT, in two queries (three when a gateway saw it: their kinds name
+    what the TTFT measured).
 
     Windows overlapping the interval's edges are included whole (a window is the finest
     grain there is), so the figures may cover up to one window more on each side; `rps`
@@ -148,7 +176,8 @@ def pool_stats(*, pool: str, route: str | None = None, since: datetime,
                             pools=[pool], route=route)
     pool_rows = _windows(source=Window.Source.POOL, since=since, until=until, pools=[pool])
     return _stats(pool=pool, route=route, since=since, until=until,
-                  gateway_rows=gateway_rows, pool_rows=pool_rows, confidence=confidence)
+                  gateway_rows=gateway_rows, pool_rows=pool_rows, confidence=confidence,
+                  kinds=_kinds(gateway_rows))
 
 
 def _resolution(since: datetime, until: datetime) -> int:
@@ -172,6 +201,7 @@ def pool_series(*, pool: str, route: str | None = None, since: datetime,
     gateway_rows = _windows(source=Window.Source.GATEWAY, since=since, until=until,
                             pools=[pool], route=route)
     pool_rows = _windows(source=Window.Source.POOL, since=since, until=until, pools=[pool])
+    kinds = _kinds(gateway_rows)
     steps: dict[datetime, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
     for rows, side in ((gateway_rows, 0), (pool_rows, 1)):
         for row in rows:
@@ -181,7 +211,8 @@ def pool_series(*, pool: str, route: str | None = None, since: datetime,
     for at in sorted(steps):
         g_rows, p_rows = steps[at]
         stats = _stats(pool=pool, route=route, since=at, until=at + timedelta(seconds=step),
-                       gateway_rows=g_rows, pool_rows=p_rows, confidence=confidence)
+                       gateway_rows=g_rows, pool_rows=p_rows, confidence=confidence,
+                       kinds=kinds)
         out.append({
             "start": at, "requests": stats.requests, "errors": stats.errors,
             "error_rate": stats.error_rate.value, "ttft_p50": stats.ttft_p50.value,
@@ -194,7 +225,7 @@ def pool_series(*, pool: str, route: str | None = None, since: datetime,
 def live_summary(*, pools: list[str] | None = None, window_s: int = 60,
                  confidence: float = 0.99) -> dict[str, PoolStats]:
     """The last `window_s` seconds of every pool (or those named), all routes together: one
-    query for the pools, one per source kind."""
+    query for the pools, one per source kind, one for the gateways' kinds."""
     from fleetctl.fleet.models import Pool
 
     until = timezone.now()
@@ -208,8 +239,10 @@ def live_summary(*, pools: list[str] | None = None, window_s: int = 60,
         for row in _windows(source=source, since=since, until=until, pools=pools):
             if row["pool"] in by_pool:
                 by_pool[row["pool"]][side].append(row)
+    kinds = _kinds(row for g_rows, _ in by_pool.values() for row in g_rows)
     return {name: _stats(pool=name, route=None, since=since, until=until,
-                         gateway_rows=g_rows, pool_rows=p_rows, confidence=confidence)
+                         gateway_rows=g_rows, pool_rows=p_rows, confidence=confidence,
+                         kinds=kinds)
             for name, (g_rows, p_rows) in by_pool.items()}
 
 

@@ -43,6 +43,10 @@ class GatewayKind:
     # telemetry from its gateways, only from the pools' own /metrics).
     parse_access_log: Callable[[bytes, Mapping[str, str]], LogRecord | None] | None = field(
         default=None, compare=False)
+    # What its log's `ttft_ms` measures, in plain words for the figures' sources: only
+    # Envoy sees the first byte of the answer's body; HAProxy and nginx see the response
+    # headers, which a pool may send before its first token.
+    ttft_measures: str = field(default="", compare=False)
     package: str = field(default="", compare=False)  # set by the registry
 
     @property

@@ -12,6 +12,7 @@ KIND = GatewayKind(
     options=EnvoyOptions,
     address=http_url("admin"),
     parse_access_log=parse_line,
+    ttft_measures='first body byte of streamed answers',
     summary="Weights through the admin runtime; routes and clusters through files Envoy "
             "watches, swapped atomically.",
 )

@@ -12,6 +12,8 @@ KIND = GatewayKind(
     options=HAProxyOptions,
     address=socket_address("stats socket (runtime API)"),
     parse_access_log=parse_line,
+    ttft_measures=("response headers of streamed answers (%Tr): a TTFT only when the "
+                   "pool sends its headers with its first token"),
     summary="Weights through the runtime API; routes and pools by a config checked with "
             "haproxy -c and a reload through the master CLI.",
 )

@@ -13,6 +13,8 @@ KIND = GatewayKind(
     options=NginxOptions,
     address=directory("prefix directory fleetctl owns (nginx -p)", max_length=MAX_PREFIX),
     parse_access_log=parse_line,
+    ttft_measures=("response headers of streamed answers ($upstream_header_time): a TTFT "
+                   "only when the pool sends its headers with its first token"),
     summary="Every change is a rendered config checked with nginx -t, swapped and reloaded "
             "with SIGHUP.",
 )
