@@ -223,9 +223,10 @@ def pool_series(*, pool: str, route: str | None = None, since: datetime,
 
 
 def live_summary(*, pools: list[str] | None = None, window_s: int = 60,
-                 confidence: float = 0.99) -> dict[str, PoolStats]:
-    """The last `window_s` seconds of every pool (or those named), all routes together: one
-    query for the pools, one per source kind, one for the gateways' kinds."""
+                 confidence: float = 0.99, route: str | None = None) -> dict[str, PoolStats]:
+    """The last `window_s` seconds of every pool (or those named), all routes together or
+    one `route` (the gateways' figures; a pool's own TPOT is pool-wide): one query for the
+    pools, one per source kind, one for the gateways' kinds — however many pools."""
     from fleetctl.fleet.models import Pool
 
     until = timezone.now()
@@ -236,11 +237,12 @@ def live_summary(*, pools: list[str] | None = None, window_s: int = 60,
     by_pool: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
         name: ([], []) for name in names}
     for source, side in ((Window.Source.GATEWAY, 0), (Window.Source.POOL, 1)):
-        for row in _windows(source=source, since=since, until=until, pools=pools):
+        for row in _windows(source=source, since=since, until=until, pools=pools,
+                            route=route if source == Window.Source.GATEWAY else None):
             if row["pool"] in by_pool:
                 by_pool[row["pool"]][side].append(row)
     kinds = _kinds(row for g_rows, _ in by_pool.values() for row in g_rows)
-    return {name: _stats(pool=name, route=None, since=since, until=until,
+    return {name: _stats(pool=name, route=route, since=since, until=until,
                          gateway_rows=g_rows, pool_rows=p_rows, confidence=confidence,
                          kinds=kinds)
             for name, (g_rows, p_rows) in by_pool.items()}

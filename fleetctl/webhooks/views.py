@@ -75,6 +75,10 @@ def webhook_edit(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def webhook_delete(request: HttpRequest, name: str) -> HttpResponse:
     hook = _get(name)
+    if request.POST.get("confirm") != "yes":
+        messages.error(request, f"Tick the box to confirm deleting webhook {name} and its "
+                                f"delivery records.")
+        return redirect("webhooks:detail", name=name)
     actor = actor_from_request(request)
     done = call_service(request, lambda: services.webhook_delete(actor=actor, webhook=hook))
     if done.ok:

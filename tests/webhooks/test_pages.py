@@ -44,3 +44,15 @@ def test_a_lead_adds_a_webhook_sends_a_test_and_sees_it_delivered(
         page.reload()
     expect(page.locator(".deliveries")).to_contain_text("HTTP 200")
     assert receiver.requests[0].headers["X-Fleetctl-Event"] == "webhook.test"
+
+    # Deleting asks for the box to be ticked (no inline script: the page's CSP forbids it).
+    from fleetctl.webhooks.models import Webhook
+
+    page.get_by_role("button", name="Delete").click()  # the browser refuses: box unticked
+    assert page.url == f"{live_server.url}/webhooks/oncall/"
+    assert Webhook.objects.filter(name="oncall").exists()
+    page.get_by_label("delete oncall and its delivery records").check()
+    page.get_by_role("button", name="Delete").click()
+    page.wait_for_url(f"{live_server.url}/webhooks/")
+    expect(page.locator(".message-success")).to_contain_text("Deleted webhook oncall")
+    assert not Webhook.objects.filter(name="oncall").exists()

@@ -163,13 +163,12 @@ def pool_live(pool: Any) -> dict[str, Any]:
 @register.simple_tag
 def route_live(route: Any, split: Any) -> list[dict[str, Any]]:
     """The route page's live table: each pool with weight, its last minute on this route."""
-    now = timezone.now()
-    since = now - timedelta(seconds=LIVE_WINDOW_S)
-    rows = []
-    for pool, share, colour in split:
-        stats = telemetry.pool_stats(pool=pool, route=route.name, since=since, until=now)
-        rows.append({"pool": pool, "share": share, "colour": colour, "live": LiveRow.of(stats)})
-    return rows
+    names = [pool for pool, _, _ in split]
+    summary = (telemetry.live_summary(pools=names, window_s=LIVE_WINDOW_S, route=route.name)
+               if names else {})
+    return [{"pool": pool, "share": share, "colour": colour,
+             "live": LiveRow.of(summary[pool]) if pool in summary else EMPTY}
+            for pool, share, colour in split]
 
 
 @register.simple_tag(takes_context=True)
