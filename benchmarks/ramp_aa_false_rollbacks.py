@@ -69,6 +69,8 @@ def main() -> None:
                     ramp = Ramp.objects.get(pk=active[name])
                     if ramp.state == "paused":  # a warn: a false alarm too; end it
                         outcomes["paused (warn)"] += 1
+                        print(f"ramp {ramp.pk} on {name}: paused ({ramp.state_reason})",
+                              flush=True)
                         ramp_abort(actor=world.actor, ramp=ramp, reason="benchmark: A/A warn")
                         del active[name]
                     elif not ramp.active:
