@@ -69,10 +69,11 @@ GATEWAY = "envoy-demo"
 ACCESS_LOG = "access.log"
 # The guarded ramp: the Gaudi pool (in no plan) stepped up on llama-8b, judged live. The demo
 # traffic sends 4 requests/s, nearly all streamed: at 5 % that is ~0.2 streamed answers a second
-# to the Gaudi pool, 18 in a 90 s hold, above min_samples; the 60 s window the guard judges
-# between holds' ends holds ~12 at 5 % and ~120 at 50 %, so a slowed pool is seen within seconds
-# at the last step. The last hold is long (6 h): the ramp keeps watching at 50 % until someone
-# slows the pool (`fleetctl sim fault … --added-latency-ms 300`) and the guard rolls it back.
+# to the Gaudi pool, ~16 in a 90 s hold, above min_samples. The guard's window is the hold's
+# length: a 60 s one held 9–11 streamed answers at 5 % (measured), too few to judge inside the
+# hold, so a fault waited for the hold's end (74 s); at 50 % it holds ~160. The last hold is
+# long (6 h): the ramp keeps watching at 50 % until someone slows the pool (`fleetctl sim
+# fault … --added-latency-ms 300`) and the guard rolls it back.
 # Thresholds (no plan, so given): the simulated Gaudi answers its first token in ~20–40 ms and
 # a token every ~16 ms; the H200 primary is faster, hence the 100 % margin.
 RAMP_ROUTE = "llama-8b"
@@ -80,7 +81,7 @@ RAMP_POOL = "gaudi3-in-west"
 RAMP: dict[str, Any] = {
     "steps": [{"percent": 5, "hold_s": 90}, {"percent": 10, "hold_s": 90},
               {"percent": 25, "hold_s": 90}, {"percent": 50, "hold_s": 6 * 3600}],
-    "min_samples": 10, "window_s": 60, "failure_threshold": 2,
+    "min_samples": 10, "window_s": 90, "failure_threshold": 2,
     "slo_ttft_p95_ms": 250.0, "slo_tpot_p95_ms": 60.0, "slo_error_rate": 0.02,
     "latency_margin_pct": 100.0,
 }
