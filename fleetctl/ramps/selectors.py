@@ -3,7 +3,7 @@ per-step spans a chart draws, and the guard's judgement right now."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -61,23 +61,31 @@ def ramp_timeline(ramp: Ramp) -> dict[str, Any]:
     return {"events": events, "spans": spans}
 
 
-def ramp_numbers_now(ramp: Ramp) -> dict[str, Any] | None:
-    """The guard's judgement of the current step's window right now (not stored), for the
-    API and the page; None when no step is holding."""
-    from fleetctl.ramps.services import thresholds_of
+def ramp_judgement(ramp: Ramp, route: Route, *, since: datetime, now: datetime
+                   ) -> guard.Judgement:
+    """The guard's judgement of the ramp's pool on `route` against the primary over [since,
+    now), never reaching back before the step's own telemetry (services.step_data_start)."""
+    from fleetctl.ramps.services import step_data_start, thresholds_of
     from fleetctl.telemetry.selectors import pool_stats
 
-    if not ramp.active or ramp.step_started_at is None:
-        return None
-    now = timezone.now()
-    since = max(ramp.step_started_at, now - timedelta(seconds=ramp.window_s))
-    route = ramp.route
+    if ramp.step_started_at is not None:
+        since = max(since, step_data_start(ramp.step_started_at))
     candidate = pool_stats(pool=ramp.pool.name, route=route.name, since=since, until=now)
     primary = pool_stats(pool=route.primary_pool.name, route=route.name, since=since,
                          until=now)
-    judgement = guard.judge(candidate=candidate, primary=primary, thresholds=thresholds_of(ramp),
-                            min_samples=ramp.min_samples, now=now,
-                            stale_after_s=3 * settings.TELEMETRY_WINDOW_S)
+    return guard.judge(candidate=candidate, primary=primary, thresholds=thresholds_of(ramp),
+                       min_samples=ramp.min_samples, now=now,
+                       stale_after_s=3 * settings.TELEMETRY_WINDOW_S)
+
+
+def ramp_numbers_now(ramp: Ramp) -> dict[str, Any] | None:
+    """The guard's judgement of the current step's window right now (not stored), for the
+    API and the page; None when no step is holding."""
+    if not ramp.active or ramp.step_started_at is None:
+        return None
+    now = timezone.now()
+    judgement = ramp_judgement(ramp, ramp.route, now=now,
+                               since=now - timedelta(seconds=ramp.window_s))
     return {"decision": judgement.decision, "reasons": judgement.reasons,
             "at": now.isoformat(), "consecutive_failures": ramp.consecutive_failures,
             **judgement.numbers}

@@ -414,15 +414,23 @@ def _drain(ramp: Ramp, *, actor: Actor, reason: str) -> Drain | None:
         return None
 
 
-def _judge(ramp: Ramp, route: Route, *, since: datetime, now: datetime) -> guard.Judgement:
-    from fleetctl.telemetry.selectors import pool_stats
+def step_data_start(step_started_at: datetime) -> datetime:
+    """Where a step's own telemetry starts: the first window boundary at or after the step
+    was set. Telemetry is kept in whole windows (TELEMETRY_WINDOW_S), and a window that began
+    before the step also holds requests of the previous split (or of the fault a previous
+    ramp rolled back): the guard never judges a step on them. It loses up to one window of
+    the step's own requests instead."""
+    from fleetctl.telemetry.services import window_start
 
-    candidate = pool_stats(pool=ramp.pool.name, route=route.name, since=since, until=now)
-    primary = pool_stats(pool=route.primary_pool.name, route=route.name, since=since,
-                         until=now)
-    return guard.judge(candidate=candidate, primary=primary, thresholds=thresholds_of(ramp),
-                       min_samples=ramp.min_samples, now=now,
-                       stale_after_s=3 * settings.TELEMETRY_WINDOW_S)
+    width = settings.TELEMETRY_WINDOW_S
+    start = window_start(step_started_at.timestamp(), width)
+    return start if start >= step_started_at else start + timedelta(seconds=width)
+
+
+def _judge(ramp: Ramp, route: Route, *, since: datetime, now: datetime) -> guard.Judgement:
+    from fleetctl.ramps.selectors import ramp_judgement
+
+    return ramp_judgement(ramp, route, since=since, now=now)
 
 
 def _note(ramp: Ramp, judgement: guard.Judgement) -> None:

@@ -37,7 +37,7 @@ from fleetctl.webhooks.services import webhook_create
 from migrations_plan.models import Evidence, Plan
 from migrations_plan.services import plan_create
 from tests.conftest import SYSTEM
-from tests.ramps.windows import traffic
+from tests.ramps.windows import boundary, traffic
 
 MODEL = "llama-3.1-8b-instruct"
 THRESHOLDS = {"slo_ttft_p95_ms": 500.0, "slo_tpot_p95_ms": 100.0, "slo_error_rate": 0.05,
@@ -92,7 +92,7 @@ class TestController:
         hook = webhook_create(actor=SYSTEM, name="ops", url="http://127.0.0.1:9/hook",
                               events=["ramp.decision"])
         ramp = start(fleet, oncall)
-        t0 = timezone.now()
+        t0 = boundary(timezone.now())
         assert ramps_tick(now=t0) == 1
         assert weights(fleet.route) == {"prim": 9500, "cand": 500}
         traffic(since=t0, until=t0 + timedelta(seconds=31),
@@ -123,7 +123,7 @@ class TestController:
 
     def test_never_advances_without_data(self, fleet, oncall):
         ramp = start(fleet, oncall)
-        t0 = timezone.now()
+        t0 = boundary(timezone.now())
         ramps_tick(now=t0)
         ramps_tick(now=t0 + timedelta(seconds=31))
         ramps_tick(now=t0 + timedelta(seconds=33))
@@ -135,7 +135,7 @@ class TestController:
 
     def test_waits_on_stale_telemetry(self, fleet, oncall):
         ramp = start(fleet, oncall)
-        t0 = timezone.now()
+        t0 = boundary(timezone.now())
         ramps_tick(now=t0)
         traffic(since=t0, until=t0 + timedelta(seconds=20),
                 per_window={"cand": GOOD, "prim": GOOD})
@@ -146,7 +146,7 @@ class TestController:
 
     def test_waits_for_enough_requests(self, fleet, oncall):
         ramp = start(fleet, oncall)
-        t0 = timezone.now()
+        t0 = boundary(timezone.now())
         ramps_tick(now=t0)
         traffic(since=t0, until=t0 + timedelta(seconds=31),
                 per_window={"cand": [100.0] * 5, "prim": GOOD})
@@ -157,7 +157,7 @@ class TestController:
 
     def test_a_warning_hold_pauses_for_a_person(self, fleet, oncall):
         ramp = start(fleet, oncall)
-        t0 = timezone.now()
+        t0 = boundary(timezone.now())
         ramps_tick(now=t0)
         traffic(since=t0, until=t0 + timedelta(seconds=31),
                 per_window={"cand": LEANING, "prim": GOOD})
@@ -170,7 +170,7 @@ class TestController:
 
     def test_failing_checks_roll_back_with_a_drain(self, fleet, oncall):
         ramp = start(fleet, oncall)
-        t0 = timezone.now()
+        t0 = boundary(timezone.now())
         ramps_tick(now=t0)
         traffic(since=t0, until=t0 + timedelta(seconds=8),
                 per_window={"cand": SLOW, "prim": GOOD})
@@ -190,7 +190,7 @@ class TestController:
 
     def test_a_passing_check_resets_the_failure_count(self, fleet, oncall):
         ramp = start(fleet, oncall, steps=((5, 60),))
-        t0 = timezone.now()
+        t0 = boundary(timezone.now())
         ramps_tick(now=t0)
         traffic(since=t0, until=t0 + timedelta(seconds=10),
                 per_window={"cand": SLOW, "prim": GOOD})
@@ -202,7 +202,7 @@ class TestController:
 
     def test_a_manual_change_pauses_and_resume_reapplies_the_step(self, fleet, oncall):
         ramp = start(fleet, oncall)
-        t0 = timezone.now()
+        t0 = boundary(timezone.now())
         ramps_tick(now=t0)
         route = fresh(ramp).route
         set_by_ramp = route.revision_number
@@ -227,7 +227,7 @@ class TestController:
 
     def test_skip_steps_up_without_judging(self, fleet, oncall):
         ramp = start(fleet, oncall)
-        t0 = timezone.now()
+        t0 = boundary(timezone.now())
         ramps_tick(now=t0)
         ramp_skip(actor=oncall, ramp=ramp, reason="seen enough")
         ramps_tick(now=t0 + timedelta(seconds=1))
@@ -238,7 +238,7 @@ class TestController:
 
     def test_pause_stops_the_ticks(self, fleet, oncall):
         ramp = start(fleet, oncall)
-        t0 = timezone.now()
+        t0 = boundary(timezone.now())
         ramps_tick(now=t0)
         ramp_pause(actor=oncall, ramp=ramp, reason="lunch")
         assert ramps_tick(now=t0 + timedelta(seconds=60)) == 0
@@ -386,7 +386,7 @@ class TestPlans:
                            steps=[{"percent": 5, "hold_s": 30}])
         assert ramp.plan_id == plan.pk and ramp.slo_ttft_p95_ms == 450
         assert ramp.latency_margin_pct == 10
-        t0 = timezone.now()
+        t0 = boundary(timezone.now())
         ramps_tick(now=t0)
         traffic(since=t0, until=t0 + timedelta(seconds=31),
                 per_window={"cand": GOOD, "prim": GOOD})
@@ -459,7 +459,9 @@ def test_selectors_show_the_active_ramp_and_its_numbers_now(fleet, oncall):
     assert selectors.ramp_numbers_now(fresh(ramp)) is None  # no step holding yet
     now = timezone.now()
     ramps_tick(now=now)
-    traffic(since=now, until=now + timedelta(seconds=1),
+    # The step was set 30 s ago: the guard reads only windows that began after it did.
+    Ramp.objects.filter(pk=ramp.pk).update(step_started_at=now - timedelta(seconds=30))
+    traffic(since=now - timedelta(seconds=20), until=now + timedelta(seconds=1),
             per_window={"cand": GOOD, "prim": GOOD})
     numbers = selectors.ramp_numbers_now(fresh(ramp))
     assert numbers["decision"] == "pass"
@@ -469,3 +471,28 @@ def test_selectors_show_the_active_ramp_and_its_numbers_now(fleet, oncall):
     assert [e.kind for e in detail.events.all()] == ["start", "step"]
     ramp_abort(actor=oncall, ramp=ramp, reason="done")
     assert selectors.ramp_active_for(fleet.route) is None
+
+
+@pytest.mark.django_db
+def test_a_step_is_never_judged_on_windows_that_began_before_it(fleet, oncall):
+    """Telemetry is kept in whole 10 s windows: one that began before the step holds the
+    previous split's requests (here: a fault the candidate had then), so the guard starts at
+    the first window boundary after the step was set."""
+    from fleetctl.ramps.services import step_data_start
+
+    ramp = start(fleet, oncall)
+    t0 = boundary(timezone.now()) + timedelta(seconds=3)  # 3 s into a window
+    ramps_tick(now=t0)
+    ramp = fresh(ramp)
+    assert ramp.step_started_at == t0
+    assert step_data_start(t0) == t0 + timedelta(seconds=7)
+    assert step_data_start(t0 - timedelta(seconds=3)) == t0 - timedelta(seconds=3)
+    # Bad first tokens in the window the step began in; good ones after.
+    traffic(since=t0, until=t0 + timedelta(seconds=1),
+            per_window={"cand": [900.0] * 60, "prim": GOOD})
+    traffic(since=t0 + timedelta(seconds=7), until=t0 + timedelta(seconds=27),
+            per_window={"cand": GOOD, "prim": GOOD})
+    judged = selectors.ramp_judgement(ramp, fleet.route, since=t0,
+                                      now=t0 + timedelta(seconds=27))
+    assert judged.decision == "pass", judged.reasons
+    assert judged.numbers["candidate"]["since"] == (t0 + timedelta(seconds=7)).isoformat()

@@ -12,6 +12,16 @@ from fleetctl.telemetry.models import Window
 RESOLUTION_S = 10
 
 
+def boundary(moment: datetime) -> datetime:
+    """The first window boundary at or after `moment`: a step set there is judged on its
+    windows from the first (the guard skips a window that began before its step)."""
+    epoch = moment.timestamp()
+    aligned = epoch - epoch % RESOLUTION_S
+    if aligned < epoch:
+        aligned += RESOLUTION_S
+    return datetime.fromtimestamp(aligned, tz=moment.tzinfo)
+
+
 def window(*, pool: str, start: datetime, ttft: Sequence[float], route: str = "llama",
            errors: int = 0, updated_at: datetime | None = None, gateway: str = "gw-1") -> Window:
     """One gateway window: every request streamed, its first byte after `ttft` ms."""
