@@ -50,6 +50,25 @@ def call_service(
         return Outcome(status=exc.status_code)
 
 
+def call_for_form(call: Callable[[], T], form: forms.BaseForm, *,
+                  renamed: dict[str, str] | None = None) -> Outcome[T]:
+    """A service call for a form whose page shows every refusal on the form itself: field
+    errors onto its fields (`renamed`: the service's argument name -> the form's field name
+    where they differ), a refusal (403, 409) at its top with the refusal's status, so the
+    person reads why next to what they pressed."""
+    try:
+        return Outcome(result=call(), ok=True)
+    except ValidationError as exc:
+        if renamed and hasattr(exc, "error_dict"):
+            exc = ValidationError({renamed.get(field, field): errors
+                                   for field, errors in exc.error_dict.items()})
+        form_add_service_errors(form, exc)
+        return Outcome(status=400)
+    except DomainError as exc:
+        form.add_error(None, exc.message)
+        return Outcome(status=exc.status_code)
+
+
 def form_add_service_errors(form: forms.BaseForm, exc: ValidationError) -> None:
     """Put a service's ValidationError onto the form: on the field it names when the form
     has that field, otherwise at the top of the form, so no message is ever lost."""

@@ -33,7 +33,7 @@ from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
 from fleetctl.core.chat import prompt_text
 from fleetctl.core.errors import DomainError, NotFoundError
-from fleetctl.core.views import Outcome, form_add_service_errors
+from fleetctl.core.views import Outcome, call_for_form
 from fleetctl.evals import charts, selectors, services
 from fleetctl.evals.forms import (
     DEFAULT_SUITE,
@@ -58,19 +58,7 @@ FORM_FIELDS = {"model_id": "model", "margin": "margin_pct"}
 
 
 def _call(call: Any, form: Any) -> Outcome[Any]:
-    """A service call for a form: field errors onto its fields, a refusal (403, 409) at its
-    top with the refusal's status, so the person reads why next to what they pressed."""
-    try:
-        return Outcome(result=call(), ok=True)
-    except ValidationError as exc:
-        if hasattr(exc, "error_dict"):
-            exc = ValidationError({FORM_FIELDS.get(field, field): errors
-                                   for field, errors in exc.error_dict.items()})
-        form_add_service_errors(form, exc)
-        return Outcome(status=400)
-    except DomainError as exc:
-        form.add_error(None, exc.message)
-        return Outcome(status=exc.status_code)
+    return call_for_form(call, form, renamed=FORM_FIELDS)
 
 
 # ---- reads -----------------------------------------------------------------------------------

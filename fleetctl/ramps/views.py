@@ -20,7 +20,6 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
-from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
@@ -32,8 +31,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
-from fleetctl.core.errors import DomainError, NotFoundError
-from fleetctl.core.views import Outcome, form_add_service_errors
+from fleetctl.core.errors import NotFoundError
+from fleetctl.core.views import Outcome, call_for_form
 from fleetctl.fleet.models import Pool
 from fleetctl.ramps import charts, selectors, services
 from fleetctl.ramps.forms import RampActionForm, RampFilterForm, RampStartForm, steps_text
@@ -59,19 +58,7 @@ ACTION_STATES = {"pause": ("running",), "resume": ("paused",), "skip": ("running
 
 
 def _call(call: Any, form: Any) -> Outcome[Any]:
-    """A service call for a form: field errors onto its fields, a refusal (403, 409) at its
-    top with the refusal's status, so the person reads why next to what they pressed."""
-    try:
-        return Outcome(result=call(), ok=True)
-    except ValidationError as exc:
-        if hasattr(exc, "error_dict"):
-            exc = ValidationError({FORM_FIELDS.get(field, field): errors
-                                   for field, errors in exc.error_dict.items()})
-        form_add_service_errors(form, exc)
-        return Outcome(status=400)
-    except DomainError as exc:
-        form.add_error(None, exc.message)
-        return Outcome(status=exc.status_code)
+    return call_for_form(call, form, renamed=FORM_FIELDS)
 
 
 def _ramp_or_404(ramp_id: int) -> Ramp:

@@ -20,7 +20,7 @@ from fleetctl.core.ports import free_port
 from fleetctl.demo.envoy_process import EnvoyProcess
 from fleetctl.fleet.services import pool_health_record, pool_model_create
 from fleetctl.ramps.models import Ramp
-from fleetctl.ramps.services import ramp_create, ramps_tick
+from fleetctl.ramps.services import ramp_create, ramps_tick, step_data_start
 from fleetctl.traffic.models import Drain, GatewayPush, SplitRevision
 from fleetctl.traffic.services import gateway_create, route_create
 from tests.conftest import SYSTEM, wait_until
@@ -90,7 +90,8 @@ def test_a_ramp_steps_through_envoy_and_its_rollback_drain_verifies(
                                        messages=[{"role": "user", "content": "hi"}])
     assert served(sims, "pb") > before["pb"]  # 50 %: both pools answer (P(none) = 2^-40)
 
-    t1 = ramp.step_started_at
+    # The guard reads the step's own windows: from the first boundary after it was set.
+    t1 = step_data_start(ramp.step_started_at)
     traffic(since=t1, until=t1 + timedelta(seconds=8), per_window={"pa": GOOD, "pb": SLOW})
     ramps_tick(now=t1 + timedelta(seconds=5))
     ramps_tick(now=t1 + timedelta(seconds=7))
