@@ -1,12 +1,16 @@
 """Does any sequence of registry and traffic changes send pinned traffic across a border?
 
-Random sequences (hypothesis, the machine of tests/traffic/residency_machine.py) of ramps,
-pool and route drains, restores, pool registration, deletion, renames, region moves,
-jurisdiction changes and endpoint changes, sent as an admin's token over HTTP to the real
-web server (gunicorn). After every step, and again once the pushes have landed, the real
-Envoy's routes and cluster endpoints are read through its admin API: a crossing is a
-pinned route with weight on a pool, or an endpoint, registered outside its pin. Reported:
-sequences tried, steps, answers by status, crossings (target 0), run time.
+Random sequences (hypothesis, the machine of tests/traffic/residency_machine.py) of split
+changes, pool and route drains, restores, pool registration, deletion, renames, region moves,
+jurisdiction changes, endpoint changes, mirroring, guarded ramps (started, paused, resumed,
+aborted, their holds skipped) and routes' health policies, sent as an admin's token over HTTP
+to the real web server (gunicorn); the ramp controller's ticks (on telemetry written for the
+hold) and pools' health flips (the probe's results, the health policy's drains and restores)
+run in this process, as the worker and the prober run them. After every step, and again once
+the pushes have landed, the real Envoy's routes and cluster endpoints are read through its
+admin API: a crossing is a pinned route with weight on a pool, or an endpoint, registered
+outside its pin (or a ramp out of a pin accepted). Reported: sequences tried, steps, answers
+by status, what the ramps and the health policy did, crossings (target 0), run time.
 
 Everything real: PostgreSQL (`DATABASE_URL`, default a local `fleetctl_bench_residency`),
 Redis (db 8), gunicorn, a Celery worker, Envoy.
@@ -159,6 +163,24 @@ def main() -> None:
         print(f"sequences tried:   {tried} (up to {args.steps} steps each)")
         print(f"REST answers:      {sum(api.statuses.values())} "
               f"({', '.join(f'{k}: {v}' for k, v in sorted(api.statuses.items()))})")
+        from fleetctl.fleet.models import HealthTransition
+        from fleetctl.ramps.models import Ramp, RampEvent
+        from fleetctl.traffic.models import Drain
+
+        kinds = Counter(RampEvent.objects.values_list("kind", flat=True))
+        states = Counter(Ramp.objects.values_list("state", flat=True))
+        print(f"ramps:             {sum(states.values())} started "
+              f"({', '.join(f'{k}: {v}' for k, v in sorted(states.items()))}); "
+              f"{kinds['step']} steps set, {kinds['pass']} holds passed, {kinds['skip']} "
+              f"skipped, {kinds['pause']} paused (refused steps among them), "
+              f"{kinds['manual-change']} paused by a manual change")
+        automatic = Counter(Drain.objects.filter(health_transition__isnull=False)
+                            .values_list("action", flat=True))
+        flips = Counter(HealthTransition.objects.exclude(from_state="unknown")
+                        .values_list("to_state", flat=True))
+        print(f"health policy:     {flips['unhealthy']} pools flipped unhealthy, "
+              f"{flips['healthy']} back; {automatic['drain']} drains, "
+              f"{automatic['restore']} restores")
         print(f"crossings:         {len(found)} (target 0)")
         for line in found[:20]:
             print(f"  {line}")

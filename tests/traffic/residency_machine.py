@@ -1,15 +1,21 @@
 """The state machine of a stateful property test: random sequences of registry and
-traffic operations over REST (ramps, pool and route drains, restores, pool registration,
+traffic operations (split changes, pool and route drains, restores, pool registration,
 deletion, renames, region moves, jurisdiction changes, endpoint changes, mirroring for shadow
-runs set and cleared), and after every step the question that matters: where does the real
-Envoy send requests pinned to a jurisdiction? Every pool it gives such a route weight must be
-registered in that jurisdiction, and so must every pool registered at each endpoint it would
-connect to; and no pinned route is mirrored (desired state or Envoy) while one of its mirror
-pools is gone, renamed or outside the pin (the shadow worker would send the copies there). Real
-PostgreSQL, a real Celery worker pushing, a real Envoy read back through its admin API
-(`/clusters` for the endpoints it would really use).
+runs set and cleared; guarded ramps started over REST on any route with any pool, ticked by
+the controller (a hold passed on telemetry written for it, or skipped), paused, resumed and
+aborted; pools' health flipped by the probe's results under each route's health policy,
+whose drains and restores are applied and pushed), and after every step the question that
+matters: where does the real Envoy send requests pinned to a jurisdiction? Every pool it
+gives such a route weight must be registered in that jurisdiction, and so must every pool
+registered at each endpoint it would connect to (a ramp's step is re-checked at its tick; a
+registry edit under a ramp is refused or leaves the gateway at 0 for the pool); a ramp of a
+pool outside a route's pin is refused when started; and no pinned route is mirrored (desired
+state or Envoy) while one of its mirror pools is gone, renamed or outside the pin (the shadow
+worker would send the copies there). Real PostgreSQL, a real Celery worker pushing (and
+running the ramps' queued ticks and the health policy's task), a real Envoy read back through
+its admin API (`/clusters` for the endpoints it would really use).
 
-tests/traffic/test_residency_property.py runs a dozen sequences in the suite;
+tests/traffic/test_residency_property.py runs ten sequences in the suite;
 benchmarks/residency_fuzz.py runs the same machine for 1,000+ sequences through the real web
 server and counts crossings. `api` is anything with DRF's test client's post/patch/delete."""
 
@@ -17,18 +23,31 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
+from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
-from fleetctl.fleet.models import Pool, endpoint_key
+from fleetctl.fleet.models import HealthTransition, Pool, endpoint_key
 from fleetctl.fleet.services import pool_health_record, pool_model_create, region_create
+from fleetctl.ramps.models import Ramp
+from fleetctl.ramps.services import ramps_tick, step_data_start
 from fleetctl.traffic import selectors
 from fleetctl.traffic.gateways.base import adapter_for
+from fleetctl.traffic.health import policy_apply
 from fleetctl.traffic.models import Gateway, GatewayPush, Route
+from fleetctl.traffic.push import drain_push_now
 from fleetctl.traffic.services import (
     gateway_set_routes,
     route_create,
@@ -36,11 +55,21 @@ from fleetctl.traffic.services import (
     route_mirror_set,
 )
 from tests.conftest import SYSTEM, wait_until
+from tests.ramps.windows import traffic
 
 JURISDICTIONS = ("EU", "US", "IN")
 REGIONS = ("eu1", "eu2", "us", "in")
 NAMES = ("a", "b", "c", "d", "e", "f")
 PORTS = 6  # endpoints per sequence: few, so that pools compete for them
+# A guarded ramp's steps (percents drawn from these) and its guard: the pools are in no plan,
+# so the thresholds are given; few samples and short holds, so that a tick can pass a hold on
+# a few telemetry windows written for it.
+RAMP_PERCENTS = (5, 25, 50, 100)
+RAMP_GUARD = {"slo_ttft_p95_ms": 500.0, "slo_tpot_p95_ms": 100.0, "slo_error_rate": 0.05,
+              "latency_margin_pct": 10.0, "min_samples": 5, "window_s": 10,
+              "failure_threshold": 2}
+GOOD = [100.0] * 20  # a window of a healthy pool: 20 streamed answers, 100 ms to the first byte
+HEALTH_POLICIES = ("off", "drain", "drain-restore")
 
 
 class Crossing(AssertionError):
@@ -156,8 +185,9 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
                 self.regions[code] = region_create(actor=SYSTEM, code=f"s{self.n}-{code}",
                                                    name=code, jurisdiction=jurisdiction).code
             self.port0 = 20000 + self.n * PORTS
+            # e: a second IN pool, so that the IN route has a pool to ramp onto.
             for name, region, port in (("a", "eu1", 0), ("b", "eu2", 1), ("c", "us", 2),
-                                       ("d", "in", 3)):
+                                       ("d", "in", 3), ("e", "in", 4)):
                 self._register(name, region, port)
             pool = {p.name: p for p in Pool.objects.filter(name__startswith=f"s{self.n}-")}
             routes = [
@@ -173,6 +203,7 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
             gateway_set_routes(actor=SYSTEM, gateway=gateway, routes=routes)
             self.routes = [r.name for r in routes]
             self.drains: list[int] = []
+            self.ramps: list[int] = []
             settle(gateway)
 
         # --- helpers ---------------------------------------------------------------------------
@@ -197,6 +228,26 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
         def _answered(self, answer: httpx.Response | Any) -> None:
             assert answer.status_code < 500, answer.content
 
+        def _found(self, found: list[str]) -> None:
+            if found and on_crossing is not None:
+                on_crossing(found)
+            elif found:
+                raise Crossing("; ".join(found))
+
+        def _pick_pool(self, pick: int, name: str) -> str:
+            """A pool name: `name` (which may be registered nowhere, or out of a pin) when
+            `pick` is below 4, else one of the sequence's registered pools, so that most draws
+            reach past "no such pool" to the rules that matter."""
+            pools = list(Pool.objects.filter(name__startswith=f"s{self.n}-").order_by("pk")
+                         .values_list("name", flat=True))
+            return pools[pick % len(pools)] if pick >= 4 and pools else self.pool(name)
+
+        def _tick(self, pk: int, now: Any = None) -> None:
+            """One tick of one ramp here, as the controller's: the worker's own run (queued
+            on create, resume and skip) may come before or after it; the lease serializes
+            them and a late one finds nothing to do but note the hold."""
+            ramps_tick(now=now or timezone.now(), only=pk)
+
         # --- traffic -----------------------------------------------------------------------------
         @rule(route=st.integers(0, 2), names=st.lists(st.sampled_from(NAMES), min_size=1,
                                                        max_size=3, unique=True),
@@ -205,7 +256,10 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
             shares = data.draw(st.lists(st.integers(1, 100), min_size=len(names),
                                         max_size=len(names)))
             total = sum(shares)
-            weights = {self.pool(n): s * 100 / total for n, s in zip(names, shares, strict=True)}
+            # In basis points (a split is refused finer than 0.01 %), the rounding to the first.
+            points = [s * 10_000 // total for s in shares]
+            points[0] += 10_000 - sum(points)
+            weights = {self.pool(n): p / 100 for n, p in zip(names, points, strict=True)}
             name = self.routes[route]
             current = Route.objects.get(name=name).revision_number
             self._answered(api.post(f"/api/v1/routes/{name}/revisions/", {
@@ -285,6 +339,114 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
             route_mirror_clear(actor=SYSTEM, route=Route.objects.get(name=self.routes[route]),
                                reason="fuzz")
 
+        # --- guarded ramps (fleetctl/ramps) -------------------------------------------------------
+        @rule(route=st.integers(0, 2), name=st.sampled_from(NAMES), pick=st.integers(0, 15),
+              percents=st.lists(st.sampled_from(RAMP_PERCENTS), min_size=1, max_size=3,
+                                unique=True),
+              hold=st.sampled_from([10, 20]), aim=st.booleans())
+        def guarded_ramp_start(self, route: int, name: str, pick: int, percents: list[int],
+                               hold: int, aim: bool) -> None:
+            """`aim`: a pool the registry has in the route's pin now (not its primary), if
+            there is one; else any name, most often a registered pool's (refused out of the
+            pin: 400)."""
+            route_name = self.routes[route]
+            pool_name = self._pick_pool(pick, name)
+            if aim:
+                target = Route.objects.get(name=route_name)
+                fits = Pool.objects.filter(name__startswith=f"s{self.n}-").exclude(
+                    pk=target.primary_pool_id).order_by("pk")
+                if target.residency:
+                    fits = fits.filter(region__jurisdiction=target.residency)
+                names = list(fits.values_list("name", flat=True))
+                pool_name = names[pick % len(names)] if names else pool_name
+            pool = Pool.objects.select_related("region").filter(name=pool_name).first()
+            answer = api.post("/api/v1/ramps/", {
+                "route": route_name, "pool": pool_name, "reason": "fuzz",
+                "steps": [{"percent": p, "hold_s": hold} for p in sorted(percents)],
+                **RAMP_GUARD}, format="json")
+            self._answered(answer)
+            if answer.status_code != 201:
+                return  # refused: out of the pin, the primary, unhealthy, gone, or one active
+            residency = Route.objects.get(name=route_name).residency
+            if residency and (pool is None or pool.region.jurisdiction != residency):
+                self._found([f"ramp of {pool_name} "
+                             f"({pool.region.jurisdiction if pool else 'gone'}) on "
+                             f"{route_name} ({residency}) accepted (201), not refused"])
+            pk = answer.json()["id"]
+            self.ramps.append(pk)
+            self._tick(pk)  # its first step (which the worker's queued run may set first)
+
+        @precondition(lambda self: bool(self.ramps))
+        @rule(skip=st.booleans())
+        def guarded_ramps_tick(self, skip: bool) -> None:
+            """The controller drives each of the sequence's running ramps a step: past its
+            hold on passing telemetry written for its pool and the route's primary, or (`skip`)
+            by skipping the hold over REST."""
+            for pk in self.ramps:
+                ramp = Ramp.objects.select_related("pool", "route__primary_pool").get(pk=pk)
+                if ramp.state != Ramp.State.RUNNING:
+                    continue
+                if ramp.step_started_at is None:  # resumed, or its first step not set yet
+                    self._tick(pk)
+                elif skip:
+                    self._answered(api.post(f"/api/v1/ramps/{pk}/skip/", {"reason": "fuzz"},
+                                            format="json"))
+                    self._tick(pk)
+                else:
+                    hold = float(ramp.steps[ramp.step_index]["hold_s"])
+                    now = max(timezone.now(),
+                              ramp.step_started_at + timedelta(seconds=hold + 11))
+                    since = max(step_data_start(ramp.step_started_at),
+                                now - timedelta(seconds=30))
+                    traffic(since=since, until=now, route=ramp.route.name,
+                            per_window={ramp.pool.name: GOOD,
+                                        ramp.route.primary_pool.name: GOOD})
+                    self._tick(pk, now)
+
+        @precondition(lambda self: bool(self.ramps))
+        @rule(pick=st.integers(0, 15),
+              action=st.sampled_from(["pause", "resume", "resume", "abort"]))
+        def guarded_ramp_act(self, pick: int, action: str) -> None:
+            if not self.ramps:
+                return
+            pk = self.ramps[pick % len(self.ramps)]
+            answer = api.post(f"/api/v1/ramps/{pk}/{action}/", {"reason": "fuzz"},
+                              format="json")
+            self._answered(answer)
+            if action == "resume" and answer.status_code == 200:
+                self._tick(pk)  # the step's split set again
+
+        # --- the health policy (fleetctl/traffic/health.py) ---------------------------------------
+        @rule(route=st.integers(0, 2), policy=st.sampled_from(HEALTH_POLICIES))
+        def health_policy(self, route: int, policy: str) -> None:
+            self._answered(api.post(f"/api/v1/routes/{self.routes[route]}/health-policy/",
+                                    {"health_policy": policy}, format="json"))
+
+        @rule(name=st.sampled_from(NAMES), pick=st.integers(0, 15))
+        def flip_health(self, name: str, pick: int) -> None:
+            """The probe fails a healthy pool enough times to flip it unhealthy, or succeeds
+            on an unhealthy one enough to bring it back; the policy's drains or restores are
+            applied here and pushed, as the worker's traffic.health_policy task (queued by
+            the flip) does too: a flip is acted on once, whichever gets there first."""
+            pool = Pool.objects.filter(name=self._pick_pool(pick, name)).first()
+            if pool is None:
+                return
+            healthy = pool.health_state == Pool.Health.UNHEALTHY
+            before = (HealthTransition.objects.filter(pool=pool).order_by("-id")
+                      .values_list("id", flat=True).first()) or 0
+            times = (settings.HEALTH_SUCCESSES_TO_HEALTHY if healthy
+                     else settings.HEALTH_FAILURES_TO_UNHEALTHY)
+            for _ in range(times):
+                pool_health_record(pool_id=pool.pk, ok=healthy,
+                                   status_code=200 if healthy else None,
+                                   latency_ms=1.0 if healthy else None,
+                                   error="" if healthy else "fuzz")
+            flip = HealthTransition.objects.filter(pool=pool, id__gt=before).order_by("-id") \
+                .first()
+            if flip is not None:
+                for drain in policy_apply(transition_id=flip.pk):
+                    drain_push_now(drain)
+
         # --- after every step ---------------------------------------------------------------------
         @invariant()
         def pinned_traffic_stays_in_its_jurisdiction(self) -> None:
@@ -295,10 +457,7 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
             found = crossings(gateway, settled=False) + mirror_crossings(gateway, settled=False)
             settle(gateway)
             found += crossings(gateway, settled=True) + mirror_crossings(gateway, settled=True)
-            if found and on_crossing is not None:
-                on_crossing(found)
-            elif found:
-                raise Crossing("; ".join(found))
+            self._found(found)
 
     return RegistryAndTraffic
 

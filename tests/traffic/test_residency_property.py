@@ -1,6 +1,7 @@
 """A stateful property test (hypothesis) over registry and traffic operations through
-REST: after every step the real Envoy must send pinned requests only to pools, and
-endpoints, registered in the pin's jurisdiction. The machine is in residency_machine.py;
+REST, guarded ramps driven by their controller and health flips under the health policy:
+after every step the real Envoy must send pinned requests only to pools, and endpoints,
+registered in the pin's jurisdiction. The machine is in residency_machine.py;
 benchmarks/residency_fuzz.py runs it for 1,000+ sequences."""
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def test_no_sequence_of_registry_and_traffic_changes_sends_pinned_traffic_abroad
     machine = make_machine(client_for("admin"), gateway, itertools.count(1))
 
     run_state_machine_as_test(machine, settings=settings(
-        max_examples=12, stateful_step_count=12, deadline=None, database=None,
+        # Ten sequences of up to 18 steps: the rules for ramps and health flips need a few
+        # steps to build on each other (start, tick, move, resume...) in one sequence.
+        max_examples=10, stateful_step_count=18, deadline=None, database=None,
         # No shrinking: each step waits on a real Envoy, and the failing sequence is printed
         # step by step anyway.
         phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
