@@ -15,6 +15,17 @@ Following a file:
   down during the rotation, the old file's unread tail is lost (it is not looked for);
 - truncation (the file is shorter than the offset): read again from 0 (`truncations`).
 
+Only one ingester reads at a time: before it reads anything it takes a lease, a Cursor row
+(source_name LEASE_SOURCE "_ingester", path LEASE_PATH "lease") claimed with a conditional
+UPDATE (free when expired, or already ours) and renewed by every flush. That row's fields mean:
+`last_counters` = {"owner": "host:pid:random", "until": ISO expiry} (for people and logs),
+`updated_at` = the lease's expiry (the column the conditional UPDATE compares), `last_read_at` =
+its last renewal. The expiry is 3 flush intervals, at least LEASE_MIN_S. A second ingester
+waits (checking every LEASE_WAIT_S) and takes over once the lease expired, resuming from the
+cursors. Every flush renews the lease as the first write of the transaction that writes the
+windows and cursors: if another ingester took it over meanwhile, nothing is written, the
+in-memory windows and file positions are dropped, and the ingester goes back to waiting.
+
 Memory is bounded by the open windows (one small aggregate per gateway, route, pool and
 window start), never by the number of requests.
 """
@@ -24,11 +35,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -42,6 +55,18 @@ Parser = Callable[[bytes, Mapping[str, str]], LogRecord | None]
 READ_CHUNK = 4 * 1024 * 1024  # bytes read from one file per poll
 MAX_LINE = 1024 * 1024  # a "line" longer than this without a newline is skipped as malformed
 REFRESH_S = 5.0  # how often the gateways (and their endpoints) are read again
+LEASE_SOURCE, LEASE_PATH = "_ingester", "lease"  # the Cursor row that holds the lease
+LEASE_MIN_S = 10.0  # the lease lasts 3 flush intervals, at least this long
+LEASE_WAIT_S = 3.0  # how often a waiting ingester tries to take the lease
+EXIT_LEASE_HELD = 3  # --once, when another live ingester holds the lease
+
+
+class LeaseHeld(RuntimeError):
+    """Another live ingester holds the lease."""
+
+
+class LeaseLost(RuntimeError):
+    """A flush found the lease taken over by another ingester: it wrote nothing."""
 
 
 class _Aggregate:
@@ -294,6 +319,91 @@ class Ingester:
         self.aggregator = Aggregator(self.window_s)
         self.followers: dict[tuple[str, str], Follower] = {}
         self.last_refresh = 0.0
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease_s = max(3 * self.flush_interval_s, LEASE_MIN_S)
+        self.lease_wait_s = LEASE_WAIT_S
+        self.holding = threading.Event()  # set while this ingester holds the lease (run)
+
+    # --- the lease -----------------------------------------------------------------------
+
+    def _lease_values(self, now: datetime) -> dict[str, Any]:
+        until = now + timedelta(seconds=self.lease_s)
+        return {"last_counters": {"owner": self.owner, "until": until.isoformat()},
+                "updated_at": until, "last_read_at": now}
+
+    def claim(self) -> bool:
+        """Take the lease if it is free (expired) or already ours; True when we hold it."""
+        from django.db.models import Q
+
+        from fleetctl.telemetry.models import Cursor
+
+        now = datetime.now(tz=UTC)
+        Cursor.objects.get_or_create(
+            source_name=LEASE_SOURCE, path=LEASE_PATH,
+            defaults={"updated_at": datetime.fromtimestamp(0, tz=UTC),
+                      "last_counters": {"owner": "", "until": None}})
+        return bool(Cursor.objects.filter(
+            Q(updated_at__lt=now) | Q(last_counters__owner=self.owner),
+            source_name=LEASE_SOURCE, path=LEASE_PATH).update(**self._lease_values(now)))
+
+    def _renew(self) -> bool:
+        """Inside the flush's transaction: renew the lease if it is still ours (the UPDATE
+        also locks the row, so no one can take it over before the flush commits)."""
+        from fleetctl.telemetry.models import Cursor
+
+        return bool(Cursor.objects.filter(
+            source_name=LEASE_SOURCE, path=LEASE_PATH, last_counters__owner=self.owner,
+        ).update(**self._lease_values(datetime.now(tz=UTC))))
+
+    def holder(self) -> tuple[str, str]:
+        """(owner, until) of the lease as stored, for messages."""
+        from fleetctl.telemetry.models import Cursor
+
+        row = Cursor.objects.filter(source_name=LEASE_SOURCE, path=LEASE_PATH).first()
+        info = (row.last_counters or {}) if row is not None else {}
+        return str(info.get("owner") or "?"), str(info.get("until") or "?")
+
+    def release(self) -> None:
+        """Let the lease go now (a clean stop), so the next ingester need not wait."""
+        from fleetctl.telemetry.models import Cursor
+
+        now = datetime.now(tz=UTC)
+        Cursor.objects.filter(
+            source_name=LEASE_SOURCE, path=LEASE_PATH, last_counters__owner=self.owner,
+        ).update(last_counters={"owner": "", "until": None}, updated_at=now)
+
+    def wait_for_lease(self, stop: threading.Event) -> bool:
+        """Wait until the lease is ours (True) or stop is set (False)."""
+        logged = False
+        while not stop.is_set():
+            try:
+                if self.claim():
+                    self.holding.set()
+                    log.info("took the ingester lease (%s, %.0f s)", self.owner, self.lease_s)
+                    return True
+                if not logged:
+                    owner, until = self.holder()
+                    log.warning("another ingester (owner %s) holds the lease until %s; "
+                                "waiting", owner, until)
+                    logged = True
+            except Exception:
+                log.exception("could not read the ingester lease; trying again")
+                from django.db import close_old_connections, connection
+
+                connection.close()
+                close_old_connections()
+            stop.wait(self.lease_wait_s)
+        return False
+
+    def _forget(self) -> None:
+        """The lease was lost: drop the open windows and the file positions (the cursors
+        are read again when the lease is back)."""
+        self.holding.clear()
+        self.aggregator.open = {}
+        for follower in self.followers.values():
+            follower.close()
+        self.followers = {}
+        self.last_refresh = 0.0
 
     def refresh(self) -> None:
         """Follow the logs the gateways name now (cursor values read once per new file)."""
@@ -337,8 +447,10 @@ class Ingester:
         return sum(f.poll(self.aggregator) for f in list(self.followers.values()))
 
     def flush(self) -> int:
-        """Add the open windows and move every cursor, in one transaction. On a database
-        error nothing is lost: the windows stay open and the next flush tries again."""
+        """Renew the lease, add the open windows and move every cursor, in one transaction.
+        On a database error nothing is lost: the windows stay open and the next flush tries
+        again. If the lease is no longer ours nothing is written: the open windows and file
+        positions are dropped and LeaseLost is raised."""
         from django.db import transaction
 
         from fleetctl.telemetry.models import Cursor
@@ -347,6 +459,8 @@ class Ingester:
         deltas = self.aggregator.take()
         try:
             with transaction.atomic():
+                if not self._renew():
+                    raise LeaseLost(self.owner)
                 windows_add(deltas)
                 for follower in self.followers.values():
                     cursor, _ = Cursor.objects.select_for_update().get_or_create(
@@ -359,6 +473,12 @@ class Ingester:
                     cursor.last_read_at = follower.last_read_at
                     cursor.updated_at = datetime.now(tz=UTC)
                     cursor.save()
+        except LeaseLost:
+            owner, until = self.holder()
+            log.error("lost the ingester lease to %s (until %s): dropping %d unwritten windows "
+                      "and going back to waiting", owner, until, len(deltas))
+            self._forget()
+            raise
         except Exception:
             log.exception("flush failed; keeping %d windows for the next one", len(deltas))
             self._reopen(deltas)
@@ -380,16 +500,37 @@ class Ingester:
                 agg.flags[flag] = agg.flags.get(flag, 0) + n
             kept.open[key] = agg
 
-    def once(self) -> int:
-        """Read everything there is now, flush, and return the lines read (tests, --once)."""
-        self.refresh()
-        total = 0
-        while (n := self.poll()) > 0:
-            total += n
-        self.flush()
+    def once(self, *, release: bool = True) -> int:
+        """Take the lease (LeaseHeld when another live ingester holds it), read everything
+        there is now, flush, let the lease go, and return the lines read (tests, --once)."""
+        if not self.claim():
+            raise LeaseHeld("another ingester (owner {}) holds the lease until {}".format(
+                *self.holder()))
+        try:
+            self.refresh()
+            total = 0
+            while (n := self.poll()) > 0:
+                total += n
+            self.flush()
+        finally:
+            if release:
+                self.release()
         return total
 
     def run(self, stop: threading.Event) -> None:
+        """Wait for the lease, then follow and flush until stop; back to waiting whenever
+        the lease is lost. Lets the lease go on a clean stop."""
+        try:
+            while self.wait_for_lease(stop):
+                self._follow(stop)
+        finally:
+            self.holding.clear()
+            for follower in self.followers.values():
+                follower.close()
+
+    def _follow(self, stop: threading.Event) -> None:
+        """Follow the logs while the lease is ours; returns when it is lost or on stop."""
+        self.last_refresh = 0.0  # refresh (and read the cursors) first
         next_flush = time.monotonic() + self.flush_interval_s
         while not stop.is_set():
             if time.monotonic() - self.last_refresh >= REFRESH_S:
@@ -401,6 +542,8 @@ class Ingester:
             if time.monotonic() >= next_flush:
                 try:
                     self.flush()
+                except LeaseLost:
+                    return
                 except Exception:
                     # A database that restarted leaves a dead connection: drop it, so the
                     # next flush connects again (the windows are kept until then).
@@ -414,9 +557,27 @@ class Ingester:
                 stop.wait(min(0.2, self.flush_interval_s))
         try:
             self.flush()
+        except LeaseLost:
+            return
+        self.release()
+
+
+def _scrape_while_leased(scraper: Any, ingester: Ingester, stop: threading.Event) -> None:
+    """Scraper.run, but only while the ingester holds the lease (one scraper at a time)."""
+    from django.db import close_old_connections
+
+    while not stop.is_set():
+        if not ingester.holding.is_set():
+            stop.wait(0.5)
+            continue
+        began = time.monotonic()
+        try:
+            scraper.scrape_all()
+        except Exception:
+            log.exception("scrape round failed; trying again next round")
         finally:
-            for follower in self.followers.values():
-                follower.close()
+            close_old_connections()
+        stop.wait(max(0.0, scraper.interval_s - (time.monotonic() - began)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -442,8 +603,15 @@ def main(argv: list[str] | None = None) -> int:
     ingester = Ingester(flush_interval_s=args.flush_interval)
     scraper = None if args.no_scrape else Scraper()
     if args.once:
-        lines = ingester.once()
-        scraped = scraper.scrape_all() if scraper else 0
+        try:
+            lines = ingester.once(release=False)
+        except LeaseHeld as exc:
+            log.error("%s; not reading (--once)", exc)
+            return EXIT_LEASE_HELD
+        try:
+            scraped = scraper.scrape_all() if scraper else 0
+        finally:
+            ingester.release()
         log.info("read %d lines, scraped %d pool endpoints", lines, scraped)
         return 0
     stop = threading.Event()
@@ -453,8 +621,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: stop.set())
     thread = None
     if scraper is not None:
-        thread = threading.Thread(target=scraper.run, args=(stop,), name="scrape",
-                                  daemon=True)
+        thread = threading.Thread(target=_scrape_while_leased, args=(scraper, ingester, stop),
+                                  name="scrape", daemon=True)
         thread.start()
     log.info("ingesting (flush every %.1f s)", ingester.flush_interval_s)
     ingester.run(stop)
