@@ -251,9 +251,13 @@ def live_summary(*, pools: list[str] | None = None, window_s: int = 60,
 def ingest_status(now: datetime | None = None) -> list[dict[str, Any]]:
     """Per cursor: which source (a gateway's log, a pool's /metrics), how far it got, and how
     long ago the ingester last read it (`lag_s`; None when it never has)."""
+    from fleetctl.telemetry.ingest import LEASE_SOURCE
+
     now = now or timezone.now()
     out = []
-    for cursor in Cursor.objects.order_by("source_name", "path"):
+    # The ingester's lease is a Cursor row too (ingest.py), but no source.
+    for cursor in Cursor.objects.exclude(source_name=LEASE_SOURCE).order_by("source_name",
+                                                                             "path"):
         is_metrics = cursor.path.startswith(("http://", "https://"))
         out.append({
             "source": cursor.source_name,

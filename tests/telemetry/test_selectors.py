@@ -153,6 +153,7 @@ def test_ingest_status() -> None:
                           last_read_at=now - timedelta(seconds=3))
     Cursor.objects.create(source_name="pa", path="http://127.0.0.1:9/metrics",
                           last_error="refused")
+    Cursor.objects.create(source_name="_ingester", path="lease")  # the lease: no source
     rows = selectors.ingest_status(now)
     assert [(r["source"], r["kind"]) for r in rows] == [("gw-a", "gateway access log"),
                                                         ("pa", "pool /metrics")]
