@@ -66,6 +66,10 @@ ROUTES: dict[str, str] = {
     "webhooks.deliver": "default",
     "webhooks.prune": "default",
     "core.idempotency_prune": "default",
+    # Batch: the controller's tick is short (expire, schedule a soak's next job, judge a
+    # drill); the output comparison sends requests to the primary, beside the eval runs.
+    "batch.tick": "watch",
+    "batch.compare": "evals",
 }
 
 
@@ -125,6 +129,9 @@ def _beat_schedule() -> dict[str, dict[str, object]]:
                                  "options": {"expires": 60.0}},
         "prune-webhook-deliveries": {"task": "webhooks.prune", "schedule": 3600.0},
         "prune-idempotency-keys": {"task": "core.idempotency_prune", "schedule": 3600.0},
+        # Batch jobs past their window expire, soaks start their next job and end.
+        "tick-batch": {"task": "batch.tick", "schedule": float(settings.BATCH_TICK_INTERVAL_S),
+                       "options": {"expires": float(settings.BATCH_TICK_INTERVAL_S)}},
     }
 
 

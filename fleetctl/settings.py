@@ -120,6 +120,7 @@ INSTALLED_APPS = [
     "fleetctl.webhooks",
     "fleetctl.telemetry",
     "fleetctl.ramps",
+    "fleetctl.batch",
     "fleetctl.demo",
     # Sign-in lockout; fleetctl.accounts audits each failure and lockout it sees.
     "axes",
@@ -273,6 +274,18 @@ TELEMETRY_SCRAPE_INTERVAL_S = env_float("TELEMETRY_SCRAPE_INTERVAL_S", 10.0)
 # How often beat ticks the ramps (each due ramp is claimed with a lease of RAMP_LEASE_S).
 RAMP_TICK_INTERVAL_S = env_float("RAMP_TICK_INTERVAL_S", 2.0)
 RAMP_LEASE_S = env_float("RAMP_LEASE_S", 30.0)
+# --- batch jobs (fleetctl/batch/) ---
+# Validated input files are kept here (relative names in BatchFile.path).
+BATCH_FILES_DIR = Path(os.environ.get("BATCH_FILES_DIR", str(DATA_DIR / "batch-files")))
+# A chunk's holder renews its lease every BATCH_LEASE_S / 3 s; a lease this old is lapsed and
+# another worker takes the chunk over (its in-flight requests recorded and sent again).
+BATCH_LEASE_S = env_float("BATCH_LEASE_S", 30.0)
+# An input holds at most this many requests, each line at most this many bytes.
+BATCH_MAX_REQUESTS = env_int("BATCH_MAX_REQUESTS", 5_000_000)
+BATCH_MAX_BODY_BYTES = env_int("BATCH_MAX_BODY_BYTES", 256 * 1024)
+BATCH_MAX_UPLOAD_BYTES = env_int("BATCH_MAX_UPLOAD_BYTES", 2 * 1024 * 1024 * 1024)
+# How often beat ticks the batch controller (expiry, soak schedules, drill verdicts).
+BATCH_TICK_INTERVAL_S = env_float("BATCH_TICK_INTERVAL_S", 5.0)
 # Idempotency-Key answers are kept this long.
 IDEMPOTENCY_TTL_HOURS = env_int("IDEMPOTENCY_TTL_HOURS", 24)
 

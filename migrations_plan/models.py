@@ -68,6 +68,17 @@ class Plan(models.Model):
         default=1, validators=[MinValueValidator(1), MaxValueValidator(5)],
         help_text="Platform leads who must approve each gate (not the author or owner).")
     notes = models.TextField(blank=True)
+    # Stage 3's cost arbitrage: what running the candidate is predicted to cost per 1M output
+    # tokens (recorded when the plan enters stage 3: given, or the candidate's benchmark cost
+    # then), against which the soak's measured cost is checked. Never compared across
+    # currencies without a stated conversion (fleet CurrencyRate).
+    predicted_cost_per_1m = models.DecimalField(
+        max_digits=14, decimal_places=4, null=True, blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="Predicted cost per 1M output tokens on the candidate (stage 3 checks it).")
+    predicted_cost_currency = models.CharField(max_length=3, blank=True)
+    predicted_cost_source = models.CharField(max_length=200, blank=True)
+    predicted_cost_at = models.DateTimeField(null=True, blank=True)
 
     state = models.CharField(max_length=10, choices=State.choices, default=State.STAGE_1,
                              editable=False)

@@ -52,10 +52,14 @@ MAY_IMPORT: dict[str, set[str]] = {
     # Ramps step a route's split (traffic), judged on telemetry against a plan's SLO, and
     # record plan evidence.
     "ramps": BELOW_FLEET | {"fleet", "traffic", "telemetry", "plans", "webhooks"},
+    # Batch jobs run on pools (fleet), may carry a plan's batch route (traffic), and record
+    # plan evidence; drills and soaks notify.
+    "batch": BELOW_FLEET | {"fleet", "traffic", "plans", "webhooks"},
     "sim": set(),
     "cli": {"sim", "fleetctl.bench.traces"},
     "project": {"core", "accounts", "audit", "fleet", "traffic", "plans", "bench", "sim",
-                "cli", "conformance", "shadow", "evals", "webhooks", "telemetry", "ramps"},
+                "cli", "conformance", "shadow", "evals", "webhooks", "telemetry", "ramps",
+                "batch"},
 }
 ALL_UNITS = set(MAY_IMPORT) | {"demo"}
 # What any unit may import: the Celery app and the package itself (its version).
