@@ -12,7 +12,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('fleet', '0003_currency_rates_and_cost_rate'),
-        ('migrations_plan', '0006_plan_predicted_cost_at_plan_predicted_cost_currency_and_more'),
+        ('migrations_plan', '0006_plan_predicted_cost'),
     ]
 
     operations = [
