@@ -1,0 +1,203 @@
+"""A job's sample compared with the plan's primary, on real simulated pools: the job's answers
+come from the candidate pool (a simulator), the sample is sent again to the primary (another
+simulator pool), and each pair is compared with fleetctl/core/compare.py.
+
+Two pools of one profile answer a greedy request identically; the "flip" profile diverges on
+every greedy answer, so each test knows what the comparison must find."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from fleetctl.batch import compare
+from fleetctl.batch.models import BatchChunk, BatchComparison, BatchFile, BatchJob, BatchResult
+from fleetctl.fleet.models import Pool
+from migrations_plan.models import Plan
+from tests.migrations_plan.conftest import MODEL, World, world  # noqa: F401 - the fixture
+from tests.sim.simproc import TEST_PROFILES, SimProcess, sim_with_profiles
+
+pytestmark = pytest.mark.slow
+
+SIM_POOLS = {"cand": "quick", "prim": "quick", "flip": "flip"}
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
+    proc = sim_with_profiles(tmp_path_factory.mktemp("compare-sim"), TEST_PROFILES, SIM_POOLS)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(autouse=True)
+def _files_dir(settings: Any, tmp_path: Path) -> None:
+    settings.BATCH_FILES_DIR = tmp_path
+
+
+@pytest.fixture
+def plan(world: World, sim: SimProcess) -> Plan:  # noqa: F811 - the fixture
+    Pool.objects.filter(pk=world.primary.pk).update(base_urls=[sim.url("prim")])
+    Pool.objects.filter(pk=world.candidate.pk).update(base_urls=[sim.url("cand")])
+    return world.plan()
+
+
+def _body(i: int, temperature: float) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": f"question {i}"}],
+            "max_tokens": 24, "temperature": temperature}
+
+
+def make_job(pool: Pool, plan: Plan | None, *, n: int = 12, answered_by: str,
+             chunk_size: int = 5, compare_sample: int = 5, temperature: float = 0,
+             fail: frozenset[int] = frozenset()) -> BatchJob:
+    """A finished job of n requests whose answers came from `answered_by` (a URL), stored as
+    the worker stores them; the indices in `fail` got a 500 instead. Input file, chunks and
+    results are rows and a file as the upload and the worker leave them (blank line included,
+    to check that indices count requests, not lines)."""
+    folder = Path(settings.BATCH_FILES_DIR)
+    name = f"in-{BatchFile.objects.count()}.jsonl"
+    lines = [json.dumps({"custom_id": f"req-{i}", "method": "POST",
+                         "url": "/v1/chat/completions", "body": _body(i, temperature)}
+                        ).encode() + b"\n" for i in range(n)]
+    data = b"\n".join(lines[:3]) + b"".join(lines[3:])  # blank lines between the first three
+    (folder / name).write_bytes(data)
+    batch_file = BatchFile.objects.create(name=name, sha256="0" * 64, path=name,
+                                          size_bytes=len(data), requests=n, uploaded_by="t")
+    job = BatchJob.objects.create(
+        input_file=batch_file, pool=pool, plan=plan, total=n, created_by="t",
+        state=BatchJob.State.COMPLETED, compare_sample=compare_sample,
+        expires_at=timezone.now() + timedelta(hours=1), finished_at=timezone.now())
+    offsets = _offsets(data)
+    for number, first in enumerate(range(0, n, chunk_size)):
+        last = min(n, first + chunk_size) - 1
+        BatchChunk.objects.create(
+            job=job, number=number, first_index=first, last_index=last, first_line=first + 1,
+            byte_start=offsets[first][0], byte_end=offsets[last][1],
+            state=BatchChunk.State.DONE, dispatched_through=last)
+    with httpx.Client(timeout=30) as client:
+        for i in range(n):
+            if i in fail:
+                status, text = 500, json.dumps({"error": {"message": "boom"}})
+            else:
+                reply = client.post(f"{answered_by}/v1/chat/completions",
+                                    json=_body(i, temperature))
+                status, text = reply.status_code, reply.text
+            BatchResult.objects.create(job=job, index=i, custom_id=f"req-{i}",
+                                       status_code=status, body=text, worker="w")
+    return job
+
+
+def _offsets(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) bytes of each non-blank line."""
+    out, pos = [], 0
+    for line in data.splitlines(keepends=True):
+        if line.strip():
+            out.append((pos, pos + len(line)))
+        pos += len(line)
+    return out
+
+
+def test_same_profile_is_identical_and_a_rerun_changes_nothing(plan: Plan, sim: SimProcess,
+                                                               ) -> None:
+    job = make_job(plan.candidate_pool, plan, answered_by=sim.url("cand"), compare_sample=5)
+
+    assert compare.job_compare(job.pk) == 5
+    rows = list(BatchComparison.objects.filter(job=job))
+    assert [r.index for r in rows] == compare.sample_indices(job)
+    assert all(r.identical is True and r.similarity == 1.0 and r.primary_status == 200
+               for r in rows)
+    assert all(r.primary_pool_id == plan.primary_pool_id for r in rows)
+    assert [r.custom_id for r in rows] == [f"req-{r.index}" for r in rows]
+
+    summary = compare.comparison_summary(job)
+    assert (summary.n, summary.compared, summary.identical_count) == (5, 5, 5)
+    assert summary.identical is not None and summary.identical.estimate == 1.0
+    assert summary.identical.lower < 1.0  # five of five is not a certainty
+    assert summary.mean_similarity == 1.0 and summary.diverged == 0
+    assert summary.why_not == "" and summary.pending == ""
+
+    at = {r.index: r.at for r in rows}
+    assert compare.job_compare(job.pk) == 0
+    assert {r.index: r.at for r in BatchComparison.objects.filter(job=job)} == at
+
+
+def test_divergent_candidate_is_found(plan: Plan, sim: SimProcess) -> None:
+    job = make_job(plan.candidate_pool, plan, answered_by=sim.url("flip"), compare_sample=6)
+
+    assert compare.job_compare(job.pk) == 6
+    summary = compare.comparison_summary(job)
+    assert summary.compared == 6
+    assert summary.identical_count < 6 and summary.diverged > 0
+    assert summary.mean_similarity is not None and summary.mean_similarity < 1.0
+    first = summary.rows[0]  # the most divergent first
+    assert first.diverged and first.identical is False and first.first_divergence is not None
+
+
+def test_sample_is_deterministic_among_successes_and_bounded(plan: Plan, sim: SimProcess
+                                                             ) -> None:
+    job = make_job(plan.candidate_pool, plan, n=14, answered_by=sim.url("cand"),
+                   compare_sample=8, fail=frozenset(range(6)))
+    sample = compare.sample_indices(job)
+    assert sample == compare.sample_indices(job)
+    assert sample == list(range(6, 14))  # the only 8 successes
+    assert set(compare.sample_indices(job, 3)) <= set(sample)
+
+    BatchJob.objects.filter(pk=job.pk).update(compare_sample=3)
+    assert compare.job_compare(job.pk) == 3
+    assert sorted(BatchComparison.objects.filter(job=job).values_list("index", flat=True)) \
+        == compare.sample_indices(job, 3)
+
+
+def test_nothing_to_compare_says_why(plan: Plan, sim: SimProcess) -> None:
+    alone = make_job(plan.candidate_pool, None, n=3, answered_by=sim.url("cand"))
+    on_primary = make_job(plan.primary_pool, plan, n=3, answered_by=sim.url("prim"))
+    none = make_job(plan.candidate_pool, plan, n=3, answered_by=sim.url("cand"),
+                    compare_sample=0)
+    failed = make_job(plan.candidate_pool, plan, n=3, answered_by=sim.url("cand"),
+                      fail=frozenset({0, 1, 2}))
+
+    for job in (alone, on_primary, none, failed):
+        assert compare.job_compare(job.pk) == 0
+        assert not BatchComparison.objects.filter(job=job).exists()
+    assert "no plan" in compare.comparison_summary(alone).why_not
+    assert "primary of plan" in compare.comparison_summary(on_primary).why_not
+    assert "sample of 0" in compare.comparison_summary(none).why_not
+    summary = compare.comparison_summary(failed)
+    assert summary.why_not == "" and "No request of the job succeeded" in summary.pending
+    assert summary.identical is None and summary.n == 0
+
+
+def test_primary_down_is_recorded_then_redone_on_rerun(plan: Plan, sim: SimProcess) -> None:
+    job = make_job(plan.candidate_pool, plan, n=6, answered_by=sim.url("cand"),
+                   compare_sample=3)
+    Pool.objects.filter(pk=plan.primary_pool_id).update(base_urls=["http://127.0.0.1:9"])
+
+    assert compare.job_compare(job.pk) == 3
+    summary = compare.comparison_summary(job)
+    assert summary.primary_errors == 3 and summary.compared == 0 and summary.identical is None
+    assert all(r.primary_status == 0 and r.note.startswith("the primary failed: unreachable")
+               for r in summary.rows)
+
+    Pool.objects.filter(pk=plan.primary_pool_id).update(base_urls=[sim.url("prim")])
+    assert compare.job_compare(job.pk) == 3
+    summary = compare.comparison_summary(job)
+    assert (summary.n, summary.primary_errors, summary.identical_count) == (3, 0, 3)
+
+
+def test_sampled_requests_compare_only_the_distribution(plan: Plan, sim: SimProcess) -> None:
+    job = make_job(plan.candidate_pool, plan, n=4, answered_by=sim.url("cand"),
+                   compare_sample=2, temperature=0.7)
+
+    assert compare.job_compare(job.pk) == 2
+    summary = compare.comparison_summary(job)
+    assert summary.n == 2 and summary.compared == 0 and summary.identical is None
+    assert all(r.identical is None and r.similarity is None and "not greedy" in r.note
+               for r in summary.rows)
+    assert summary.as_dict()["rows"][0]["primary_status"] == 200
