@@ -33,8 +33,14 @@ from typing import IO, Any
 
 import numpy as np
 
-from fleetctl.core.jsonl import MAX_LINE_BYTES, JsonlError, LineErrors, message_problem, \
-    objects, show
+from fleetctl.core.jsonl import (
+    MAX_LINE_BYTES,
+    JsonlError,
+    LineErrors,
+    message_problem,
+    objects,
+    show,
+)
 
 URLS = ("/v1/chat/completions", "/v1/completions")
 KEYS = ("custom_id", "method", "url", "body")

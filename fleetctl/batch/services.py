@@ -28,8 +28,14 @@ from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
 from fleetctl.audit.services import audit_record
 from fleetctl.batch import inputs
-from fleetctl.batch.models import ACTIVE_STATES, BatchChunk, BatchFile, BatchJob, \
-    BatchJobEvent, Soak
+from fleetctl.batch.models import (
+    ACTIVE_STATES,
+    BatchChunk,
+    BatchFile,
+    BatchJob,
+    BatchJobEvent,
+    Soak,
+)
 from fleetctl.core.errors import ConflictError
 from fleetctl.fleet.models import Pool, PoolModel
 from migrations_plan.models import Plan
