@@ -27,17 +27,17 @@ import hashlib
 import heapq
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.db.models import Avg, Count, Q
 from django.utils import timezone
 
+from fleetctl.batch import inputs
 from fleetctl.batch.models import BatchChunk, BatchComparison, BatchJob, BatchResult
+from fleetctl.batch.services import file_path
 from fleetctl.core import upstream
 from fleetctl.core.compare import Answer, Comparison, compare
 from fleetctl.core.confidence import Interval, wilson_interval
@@ -93,45 +93,27 @@ def why_not(job: BatchJob) -> str:
 
 def _requests(job: BatchJob, indices: Sequence[int]) -> dict[int, dict[str, Any]]:
     """The request bodies of `indices`, read from the input file one chunk's byte range at a
-    time (the file was validated at upload: one JSON object per non-blank line)."""
+    time (inputs.read_lines), only the chunks that hold a sampled index."""
     wanted = sorted(set(indices))
     found: dict[int, dict[str, Any]] = {}
     if not wanted:
         return found
-    path = Path(settings.BATCH_FILES_DIR) / job.input_file.path
+    path = file_path(job.input_file)
     chunks = (BatchChunk.objects.filter(job=job, first_index__lte=wanted[-1],
                                         last_index__gte=wanted[0]).order_by("first_index"))
-    with path.open("rb") as handle:
-        for chunk in chunks:
-            mine = {i for i in wanted if chunk.first_index <= i <= chunk.last_index}
-            if not mine:
-                continue
-            for index, request in _chunk_lines(handle, chunk):
-                if index in mine:
-                    body = request.get("body")
-                    found[index] = body if isinstance(body, dict) else {}
-                if index >= max(mine):
-                    break
-    return found
-
-
-def _chunk_lines(handle: Any, chunk: BatchChunk) -> Iterator[tuple[int, dict[str, Any]]]:
-    handle.seek(chunk.byte_start)
-    index = chunk.first_index
-    position = chunk.byte_start
-    while position < chunk.byte_end:
-        line = handle.readline()
-        if not line:
-            return
-        position += len(line)
-        if not line.strip():
+    for chunk in chunks:
+        mine = {i for i in wanted if chunk.first_index <= i <= chunk.last_index}
+        if not mine:
             continue
-        try:
-            request = json.loads(line)
-        except ValueError:  # cannot happen for a validated file; skip, do not guess
-            request = {}
-        yield index, request if isinstance(request, dict) else {}
-        index += 1
+        lines = inputs.read_lines(path, chunk.byte_start, chunk.byte_end,
+                                  first_line=chunk.first_line)
+        for index, (_, request) in enumerate(lines, start=chunk.first_index):
+            if index in mine:
+                body = request.get("body") if isinstance(request, dict) else None
+                found[index] = body if isinstance(body, dict) else {}
+            if index >= max(mine):
+                break
+    return found
 
 
 # --- comparing ------------------------------------------------------------------------------

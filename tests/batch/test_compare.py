@@ -37,11 +37,6 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
     proc.stop()
 
 
-@pytest.fixture(autouse=True)
-def _files_dir(settings: Any, tmp_path: Path) -> None:
-    settings.BATCH_FILES_DIR = tmp_path
-
-
 @pytest.fixture
 def plan(world: World, sim: SimProcess) -> Plan:  # noqa: F811 - the fixture
     Pool.objects.filter(pk=world.primary.pk).update(base_urls=[sim.url("prim")])
@@ -58,7 +53,8 @@ def make_job(pool: Pool, plan: Plan | None, *, n: int = 12, answered_by: str,
              chunk_size: int = 5, compare_sample: int = 5, temperature: float = 0,
              fail: frozenset[int] = frozenset()) -> BatchJob:
     """A finished job of n requests whose answers came from `answered_by` (a URL), stored as
-    the worker stores them; the indices in `fail` got a 500 instead. Input file, chunks and
+    the worker stores them; the indices in `fail` got a 500 instead. The file goes to the
+    test's BATCH_FILES_DIR (conftest's batch_files_dir). Input file, chunks and
     results are rows and a file as the upload and the worker leave them (blank line included,
     to check that indices count requests, not lines)."""
     folder = Path(settings.BATCH_FILES_DIR)
