@@ -19,23 +19,61 @@ if TYPE_CHECKING:
 
 
 def live_weight_guard(pool: Pool, route: Route) -> str | None:
-    """The traffic app's hook: a pool that is a plan's candidate on this route may carry live
-    weight only once that plan is in stage 4 (or completed). Pools without a plan on the
-    route (a primary, a pool already migrated) are not restricted here."""
+    """The traffic app's hook, per pool: a pool that is the candidate of an open plan below
+    stage 4 carries no interactive weight on any route (its plan's or another; a route with no
+    latency class counts as interactive). At stage 3 it may carry its plan's batch-class
+    routes (batch jobs, backfills, eval sweeps), and nothing else. Paused at any stage: no
+    weight. Every open plan of the pool must allow it (stage 4, or completed, lifts the rule).
+    A plan abandoned on this route still refuses it there until a new plan takes the route.
+    Guards apply to increases only (policy.py): a drain is never blocked."""
+    plans = [p for p in Plan.objects.filter(candidate_pool=pool)
+             .exclude(state__in=Plan.CLOSED_STATES).exclude(state=Plan.State.STAGE_4)
+             .prefetch_related("routes").order_by("-created_at", "-id")]
+    batch = route.latency_class == BATCH_CLASS
+    for plan in plans:
+        refusal = _stage_refusal(plan, route, batch=batch)
+        if refusal:
+            return refusal
     if route.pk is None:
-        return None  # a route being created has no plan yet
+        return None  # a route being created is in no plan yet
     plan = (Plan.objects.filter(candidate_pool=pool, routes=route)
             .order_by("-created_at", "-id").first())
-    if plan is None or plan.state in (Plan.State.STAGE_4, Plan.State.COMPLETED):
-        return None
-    if plan.state == Plan.State.ABANDONED:
+    if plan is not None and plan.state == Plan.State.ABANDONED:
         return (f"its migration plan {plan.name} was abandoned; open a new plan to give it "
                 f"live traffic")
+    return None
+
+
+BATCH_CLASS = "batch"
+
+
+def plan_batch_routes(plan: Plan) -> list[Route]:
+    """The plan's batch-latency-class routes: what its candidate may carry at stage 3."""
+    return [r for r in plan.routes.all() if r.latency_class == BATCH_CLASS]
+
+
+def _stage_refusal(plan: Plan, route: Route, *, batch: bool) -> str | None:
+    """Why `plan` (open, below stage 4 or paused) keeps its candidate off `route`, or None."""
+    batch_routes = plan_batch_routes(plan)
+    named = ", ".join(r.name for r in batch_routes) or "it lists none"
+    stage3 = (f"stage 3 (batch) only on the plan's batch-class routes ({named})")
     if plan.state == Plan.State.PAUSED:
         return (f"its migration plan {plan.name} is paused at stage {plan.stage}; live weight "
-                f"needs stage 4 (live)")
-    return (f"candidate of plan {plan.name}, which is at stage {plan.stage} "
-            f"({STAGE_NAMES[plan.stage]}); live weight needs stage 4 (live)")
+                f"needs stage 4 (live) on any route, {stage3}; resume the plan first")
+    if plan.stage < 3:
+        return (f"candidate of plan {plan.name}, which is at stage {plan.stage} "
+                f"({STAGE_NAMES[plan.stage]}); live weight needs stage 4 (live) on any route, "
+                f"{stage3}")
+    if not batch:
+        return (f"candidate of plan {plan.name}, which is at stage 3 (batch); live weight "
+                f"needs stage 4 (live) on any interactive route (route {route.name} is "
+                f"{route.latency_class or 'of any latency class, so interactive'}); at "
+                f"stage 3 it carries only the plan's batch-class routes ({named})")
+    if route.pk is None or route.pk not in {r.pk for r in batch_routes}:
+        return (f"candidate of plan {plan.name}, which is at stage 3 (batch); it carries "
+                f"only the plan's batch-class routes ({named}), and {route.name} is not one "
+                f"of them: add the route to a plan, or wait for stage 4 (live)")
+    return None
 
 
 def plan_list() -> QuerySet[Plan]:

@@ -42,7 +42,10 @@ PLAN_FIELDS = ["name", "candidate_pool", "primary_pool", "slo_ttft_p95_ms", "slo
                "owner", "target_date", "required_approvals", "notes"]
 EDITABLE_FIELDS = ["slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "latency_margin_pct",
                    "cost_margin_pct", "quality_margin_pct", "owner", "target_date",
-                   "required_approvals", "notes"]
+                   "required_approvals", "notes", "predicted_cost_per_1m",
+                   "predicted_cost_currency", "predicted_cost_source"]
+# Stage 3's predicted cost per 1M output tokens: an amount and its currency, set together.
+PREDICTION_FIELDS = ["predicted_cost_per_1m", "predicted_cost_currency", "predicted_cost_source"]
 CHECK_FIELDS = ["stage", "key", "title", "kind", "rule", "params", "attest_role"]
 MIN_JUSTIFICATION = permissions.MIN_JUSTIFICATION
 PAST = {"pause": "paused", "regress": "regressed", "abandon": "abandoned", "resume": "resumed"}
@@ -158,33 +161,43 @@ def _check_no_open_plan(plan: Plan, routes: list[Route]) -> None:
 
 
 def _check_no_live_weight(pool: Pool, routes: list[Route]) -> None:
+    """A candidate starts with no live weight on any route, not only the plan's: the
+    live-weight guard holds a candidate below stage 4 off every interactive route (and below
+    stage 3 off every route), so weight it kept elsewhere would escape the plan's stages."""
     from fleetctl.traffic import selectors
 
-    current = selectors.revisions_current(routes=list(Route.objects.filter(
-        pk__in=[r.pk for r in routes])))
-    for route in routes:
-        revision = current.get(route.pk)
-        share = revision.weights.get(pool.name, 0) if revision else 0
-        if share:
-            raise ConflictError(
-                f"{pool.name} already carries {share / 100:g} % of route {route.name}; a "
-                f"candidate starts with no live weight. Drain it from the route first.")
+    everywhere = list(Route.objects.order_by("name"))
+    current = selectors.revisions_current(routes=everywhere)
+    held = [(route.name, current[route.pk].weights[pool.name]) for route in everywhere
+            if route.pk in current and current[route.pk].weights.get(pool.name, 0)]
+    if held:
+        carried = ", ".join(f"{share / 100:g} % of route {name}" for name, share in held)
+        raise ConflictError(
+            f"{pool.name} already carries {carried}; a candidate starts with no live weight "
+            f"on any route. Drain it first: fleetctl drain --pool {pool.name} --reason ... (or "
+            f"POST /api/v1/drains/).")
 
 
 def plan_update(*, actor: Actor, plan: Plan, **changes: Any) -> Plan:
     """Change a plan's terms (SLO, margins, owner, date, approvers). Terms are part of what an
-    approval saw: changing them voids approvals given under the old ones."""
+    approval saw: changing them voids approvals given under the old ones. A lead may also set
+    or replace stage 3's predicted cost per 1M output tokens (amount and currency together,
+    with where the figure comes from; both empty clears it)."""
     actor.require(roles.APPROVE, action="plan.update", target=plan)
     with _refusals(actor, "plan.update", plan):
         unknown = sorted(set(changes) - set(EDITABLE_FIELDS))
         if unknown:
             raise ValidationError({n: ["This field cannot be changed here."] for n in unknown})
+        changes = _prediction_changes(actor, changes)
         with transaction.atomic():
             locked = _lock(plan)
             _open(locked)
             before = snapshot(locked, EDITABLE_FIELDS)
             for field_name, value in changes.items():
                 setattr(locked, field_name, value)
+            if set(changes) & set(PREDICTION_FIELDS):
+                locked.predicted_cost_at = (timezone.now() if locked.predicted_cost_per_1m
+                                            is not None else None)
             locked.full_clean()
             locked.save()
             after = snapshot(locked, EDITABLE_FIELDS)
@@ -194,6 +207,87 @@ def plan_update(*, actor: Actor, plan: Plan, **changes: Any) -> Plan:
                              before={k: before[k] for k in changed},
                              after={k: after[k] for k in changed})
     return locked
+
+
+def _prediction_changes(actor: Actor, changes: dict[str, Any]) -> dict[str, Any]:
+    """The predicted cost's fields checked together: an amount without its currency (or the
+    reverse) is refused, as is a currency the fleet does not know; a source alone is refused.
+    Without a stated source, the figure is "set by <who>"."""
+    from decimal import Decimal, InvalidOperation
+
+    from fleetctl.fleet.models import CURRENCIES
+
+    if not set(changes) & set(PREDICTION_FIELDS):
+        return changes
+    given_amount, given_currency = ("predicted_cost_per_1m" in changes,
+                                    "predicted_cost_currency" in changes)
+    if not (given_amount and given_currency):
+        missing = "predicted_cost_currency" if given_amount else "predicted_cost_per_1m"
+        raise ValidationError({missing: [
+            "Give the predicted cost per 1M output tokens and its currency together (both "
+            "empty clears the prediction)."]})
+    amount, currency = changes["predicted_cost_per_1m"], changes["predicted_cost_currency"]
+    currency = (currency or "").strip().upper()
+    source = str(changes.get("predicted_cost_source") or "").strip()
+    if amount in (None, "") and not currency:
+        if source:
+            raise ValidationError({"predicted_cost_source": [
+                "A source describes a predicted cost; give the amount and currency too."]})
+        return {**changes, "predicted_cost_per_1m": None, "predicted_cost_currency": "",
+                "predicted_cost_source": ""}
+    if amount in (None, "") or not currency:
+        missing = "predicted_cost_currency" if not currency else "predicted_cost_per_1m"
+        raise ValidationError({missing: [
+            "Give the predicted cost per 1M output tokens and its currency together (both "
+            "empty clears the prediction)."]})
+    try:
+        value = Decimal(str(amount))
+    except InvalidOperation:
+        raise ValidationError({"predicted_cost_per_1m": [
+            f"{amount!r} is not a number: the cost per 1M output tokens, e.g. 8.40."]}) from None
+    if not value.is_finite() or value < 0:
+        raise ValidationError({"predicted_cost_per_1m": [
+            "A cost per 1M output tokens of 0 or more, e.g. 8.40."]})
+    if currency not in CURRENCIES:
+        raise ValidationError({"predicted_cost_currency": [
+            f"Unknown currency {currency!r}; one of {', '.join(CURRENCIES)}."]})
+    if len(source) > 200:
+        raise ValidationError({"predicted_cost_source": ["At most 200 characters."]})
+    return {**changes, "predicted_cost_per_1m": value, "predicted_cost_currency": currency,
+            "predicted_cost_source": source or f"set by {actor.label}"}
+
+
+def _record_prediction(*, actor: Actor, plan: Plan) -> None:
+    """Entering stage 3 with no predicted cost: record the candidate's benchmark-derived cost
+    per 1M output tokens now, which the soak's measured cost is checked against. A cost that
+    no longer holds (its hourly rate or currency changed since: `Pool.cost_stale_reason`) or
+    that no benchmark measured is not a prediction: nothing is recorded, and the timeline says
+    so, for a lead to set one."""
+    if plan.predicted_cost_per_1m is not None:
+        return
+    pool = plan.candidate_pool
+    cost, stale = pool.cost_per_1m_output_tokens, pool.cost_stale_reason
+    if cost is None or stale:
+        why = (f"its cost is stale: {stale}" if stale else
+               "no benchmark has measured its cost per 1M output tokens")
+        audit_record(actor=actor, action="plan.update", target=plan,
+                     message=f"no predicted cost recorded on entering stage 3: "
+                             f"{pool.name}'s {why}; a platform lead can set one "
+                             f"(predicted_cost_per_1m and predicted_cost_currency)")
+        return
+    before = snapshot(plan, PREDICTION_FIELDS)
+    plan.predicted_cost_per_1m = cost
+    plan.predicted_cost_currency = pool.cost_currency or pool.currency
+    plan.predicted_cost_source = (
+        f"the candidate's benchmark cost when the plan entered stage 3 "
+        f"({pool.cost_source or pool.name})")[:200]
+    plan.predicted_cost_at = timezone.now()
+    plan.save(update_fields=[*PREDICTION_FIELDS, "predicted_cost_at"])
+    audit_record(actor=actor, action="plan.update", target=plan,
+                 message=f"predicted cost recorded on entering stage 3: {cost} "
+                         f"{plan.predicted_cost_currency} per 1M output tokens "
+                         f"({plan.predicted_cost_source})",
+                 before=before, after=snapshot(plan, PREDICTION_FIELDS))
 
 
 # --- gate edits -------------------------------------------------------------------------------
@@ -444,6 +538,8 @@ def _move(*, actor: Actor, plan: Plan, to_state: str, kind: str, reason: str,
                "snapshot_hash": move.snapshot_hash or None,
                "approvals": [a.by.get_username() for a in approvals or []],
                "drains": [d.pk for d in drains or []]})
+    if plan.stage == 3 and from_stage != 3:
+        _record_prediction(actor=actor, plan=plan)
     notify("gate.changed", {
         "plan": plan.name, "kind": kind, "from_state": from_state, "to_state": to_state,
         "stage": plan.stage, "by": actor.label, "reason": reason,
@@ -468,18 +564,34 @@ def _void_open_approvals(plan: Plan, *, why: str, actor: Actor,
                              f"{approval.stage} voided: {why}", after={"approval": approval.pk})
 
 
-def _drain_candidate(*, actor: Actor, plan: Plan, reason: str) -> list[Drain]:
-    """Leaving stage 4: take the candidate's live weight off the plan's routes first. Stores
-    the drain in the caller's transaction; the caller pushes it after its commit
-    (`_push_drains`)."""
+def _drain_candidate(*, actor: Actor, plan: Plan, to_state: str, reason: str) -> list[Drain]:
+    """Leaving stage 3 or 4: take the candidate's weight off where the live-weight guard
+    (selectors.live_weight_guard) will no longer let it be. Stage 4 → 3: off every route but
+    the batch-class routes of its stage-3/4 plans (those it may keep). To stages 1–2, or a
+    pause: off every route. Abandoned: off the plan's routes (the pool is no longer this
+    plan's candidate; the abandoned plan keeps it off those). Stores the drain in the caller's
+    transaction; the caller pushes it after its commit (`_push_drains`)."""
     from fleetctl.traffic import services as traffic
+    from migrations_plan.selectors import plan_batch_routes
 
-    routes = list(plan.routes.all())
+    only: list[Route] | None
+    if to_state == Plan.State.ABANDONED:
+        only = list(plan.routes.all())
+    elif to_state == Plan.State.STAGE_3:
+        keep = {r.pk for r in plan_batch_routes(plan)} | {
+            r.pk for other in Plan.objects.filter(
+                candidate_pool=plan.candidate_pool,
+                state__in=[Plan.State.STAGE_3, Plan.State.STAGE_4]).exclude(pk=plan.pk)
+            for r in plan_batch_routes(other)}
+        only = list(Route.objects.exclude(pk__in=keep))
+    else:
+        only = None  # every route
     try:
-        drain = traffic.drain_request(actor=actor, pool=plan.candidate_pool, routes=routes,
-                                      reason=f"plan {plan.name} leaves stage 4: {reason}")
+        drain = traffic.drain_request(
+            actor=actor, pool=plan.candidate_pool, routes=only,
+            reason=f"plan {plan.name} leaves stage {plan.stage} for {to_state}: {reason}")
     except ConflictError:
-        return []  # nothing to drain: the candidate carries no weight on those routes
+        return []  # nothing to drain: the candidate carries no weight there
     return [drain]
 
 
@@ -513,8 +625,10 @@ def _leave(*, actor: Actor, plan: Plan, to_state: str, kind: str, reason: str,
                         f"Regress goes back: plan {locked.name} is at stage {locked.stage}; "
                         f"choose a stage before it."]})
             drains: list[Drain] = []
-            if locked.state == Plan.State.STAGE_4 and to_state != Plan.State.STAGE_4:
-                drains = _drain_candidate(actor=actor, plan=locked, reason=reason)
+            if locked.state in (Plan.State.STAGE_3, Plan.State.STAGE_4) and \
+                    kind != StageMove.Kind.RESUME:
+                drains = _drain_candidate(actor=actor, plan=locked, to_state=to_state,
+                                          reason=reason)
             if kind == StageMove.Kind.RESUME:
                 to_state = f"stage-{locked.stage}"
             stages = None if kind != StageMove.Kind.REGRESS else set(
@@ -529,7 +643,8 @@ def _leave(*, actor: Actor, plan: Plan, to_state: str, kind: str, reason: str,
 
 
 def regress(*, actor: Actor, plan: Plan, to_stage: int, reason: str) -> Plan:
-    """Go back to an earlier stage. From stage 4 the candidate is drained first."""
+    """Go back to an earlier stage. From stage 3 or 4 the candidate is drained first (4 → 3
+    keeps its plan's batch-class routes; see `_drain_candidate`)."""
     if to_stage not in STAGE_NAMES:
         raise ValidationError({"stage": [f"Stages are 1–4, not {to_stage}."]})
     return _leave(actor=actor, plan=plan, to_state=f"stage-{to_stage}",
@@ -537,8 +652,8 @@ def regress(*, actor: Actor, plan: Plan, to_stage: int, reason: str) -> Plan:
 
 
 def pause(*, actor: Actor, plan: Plan, reason: str) -> Plan:
-    """Stop the plan where it is (on-call may, in an incident). From stage 4 the candidate is
-    drained first. Open approvals are voided."""
+    """Stop the plan where it is (on-call may, in an incident). From stage 3 or 4 the
+    candidate is drained first, off every route. Open approvals are voided."""
     return _leave(actor=actor, plan=plan, to_state=Plan.State.PAUSED,
                   kind=StageMove.Kind.PAUSE, reason=reason, permission=roles.DRAIN)
 
@@ -549,7 +664,8 @@ def resume(*, actor: Actor, plan: Plan, reason: str) -> Plan:
 
 
 def abandon(*, actor: Actor, plan: Plan, reason: str) -> Plan:
-    """Close the plan for good. From stage 4 the candidate is drained first."""
+    """Close the plan for good. From stage 3 or 4 the candidate is drained off the plan's
+    routes first."""
     return _leave(actor=actor, plan=plan, to_state=Plan.State.ABANDONED,
                   kind=StageMove.Kind.ABANDON, reason=reason, permission=roles.APPROVE)
 
