@@ -4,6 +4,8 @@ from rest_framework.routers import DefaultRouter
 from fleetctl.accounts.api.people import PersonViewSet, token_current
 from fleetctl.accounts.api.views import ServiceTokenViewSet, TokenViewSet, me
 from fleetctl.audit.api.views import AuditEventViewSet
+from fleetctl.batch.api.soaks import SoakViewSet
+from fleetctl.batch.api.views import BatchFileViewSet, BatchJobViewSet
 from fleetctl.bench.api.views import RunViewSet, TraceViewSet
 from fleetctl.conformance.api.views import ConformanceRunViewSet
 from fleetctl.evals.api.views import EvalRunViewSet, EvalSuiteViewSet
@@ -57,6 +59,9 @@ router.register("people", PersonViewSet, basename="person")
 router.register("telemetry/pools", TelemetryPoolViewSet, basename="telemetry-pool")
 router.register("telemetry/ingest", IngestStatusViewSet, basename="telemetry-ingest")
 router.register("webhooks", WebhookViewSet, basename="webhook")
+router.register("batch/files", BatchFileViewSet, basename="batch-file")
+router.register("batch/jobs", BatchJobViewSet, basename="batch-job")
+router.register("batch/soaks", SoakViewSet, basename="batch-soak")
 
 urlpatterns = [
     path("me/", me, name="me"),

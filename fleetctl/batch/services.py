@@ -222,6 +222,24 @@ def job_create(*, actor: Actor, input_file: BatchFile, pool: Pool, concurrency: 
     return job
 
 
+def job_submit(*, actor: Actor, name: str, stream: Any, pool: Pool,
+               **options: Any) -> BatchJob:
+    """Upload and create in one step (REST multipart, the CLI's `batch submit FILE`): the
+    file is stored only if the job is created; a refusal of either keeps nothing (its
+    ValidationError names `file` for the file's lines)."""
+    actor.require(roles.JOBS, action="batch.job_create", target=pool)
+    with transaction.atomic():
+        batch_file = file_upload(actor=actor, name=name, stream=stream)
+        try:
+            return job_create(actor=actor, input_file=batch_file, pool=pool, **options)
+        except BaseException as exc:
+            file_path(batch_file).unlink(missing_ok=True)
+            if isinstance(exc, ValidationError) and hasattr(exc, "error_dict") \
+                    and "input_file" in exc.error_dict:
+                exc.error_dict["file"] = exc.error_dict.pop("input_file")
+            raise
+
+
 def _create_chunks(job: BatchJob, path: Path) -> int:
     batch: list[BatchChunk] = []
     number = 0

@@ -1,0 +1,270 @@
+"""Batch input files and jobs over REST (/api/v1/batch/). Reading needs `read`; uploading,
+creating, editing, pausing, resuming and cancelling need `jobs` (checked by the services,
+which audit refusals). Uploads are streamed: Django spools a large upload to a temporary
+file, and the service reads it line by line; every bad line is a 400 naming it, and nothing
+is stored. Output and error files are streamed from the rows as JSONL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.conf import settings
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import mixins, renderers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.batch import outputs, selectors, services
+from fleetctl.batch.api import serializers as s
+from fleetctl.batch.api.filters import FileFilter, JobFilter
+from fleetctl.batch.models import BatchComparison, BatchFile, BatchJob
+from fleetctl.core import idempotency
+from fleetctl.core.errors import NotFoundError
+
+JSONL = "application/jsonl"
+ID = OpenApiParameter("id", int, OpenApiParameter.PATH, description="The job's id.")
+
+
+class JSONLRenderer(renderers.BaseRenderer):
+    """Lets a client asking for `application/jsonl` through content negotiation on the
+    output and error downloads; the view streams the bytes itself."""
+
+    media_type = JSONL
+    format = "jsonl"
+    charset = None
+
+    def render(self, data: Any, accepted_media_type: str | None = None,
+               renderer_context: Mapping[str, Any] | None = None) -> Any:
+        return data
+
+
+class _JsonErrors:
+    """An error answer to a download is the JSON error body, as everywhere."""
+
+    def finalize_response(self, request: Request, response: Any, *args: Any,
+                          **kwargs: Any) -> Any:
+        if (isinstance(response, Response) and response.status_code >= 400
+                and isinstance(getattr(request, "accepted_renderer", None), JSONLRenderer)):
+            request.accepted_renderer = renderers.JSONRenderer()
+            request.accepted_media_type = "application/json"
+        return super().finalize_response(request, response, *args,  # type: ignore[misc]
+                                         **kwargs)
+
+
+def _mib(size: int) -> str:
+    return f"{size / 1024 / 1024:.1f} MiB" if size >= 1024 * 1024 else f"{size:,} bytes"
+
+
+def _check_size(upload: Any, field: str) -> None:
+    limit = int(settings.BATCH_MAX_UPLOAD_BYTES)
+    if upload.size is not None and upload.size > limit:
+        raise ValidationError({field: [
+            f"The file is {_mib(upload.size)}; an input file may be at most {_mib(limit)} "
+            f"(BATCH_MAX_UPLOAD_BYTES). Split it into several jobs."]})
+
+
+class BatchFileViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                       viewsets.GenericViewSet):
+    """Batch input files (OpenAI Batch JSONL), validated whole when uploaded. POST a
+    multipart upload (`file`, optional `name`) with scope `jobs`."""
+
+    queryset = BatchFile.objects.all()
+    serializer_class = s.BatchFileSerializer
+    filterset_class = FileFilter
+    ordering_fields = ["created_at", "id", "requests", "size_bytes"]
+    parser_classes = [MultiPartParser, FormParser]
+
+    @extend_schema(request={"multipart/form-data": s.FileUploadSerializer},
+                   responses={201: s.BatchFileSerializer})
+    def create(self, request: Request) -> Response:
+        """Upload an input file. Read line by line as it is stored; a bad line (not JSON, no
+        custom_id, method not POST, unknown url, a body over BATCH_MAX_BODY_BYTES, a
+        duplicate custom_id, ...) is a 400 naming it ("line N: ..."), and nothing is kept."""
+        body = s.FileUploadSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        upload = body.validated_data["file"]
+        _check_size(upload, "file")
+        batch_file = services.file_upload(
+            actor=actor_from_request(request),
+            name=body.validated_data.get("name") or upload.name or "input.jsonl",
+            stream=upload)
+        return Response(s.BatchFileSerializer(batch_file).data, status=status.HTTP_201_CREATED)
+
+
+class BatchJobViewSet(_JsonErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                      viewsets.GenericViewSet):
+    """Batch jobs: an input file run on one pool by the batch workers, with a concurrency
+    limit, a rate limit and a completion window. Scope `jobs` to create, edit, pause, resume
+    or cancel; `read` for the rest. Output and error files in the OpenAI Batch output
+    format."""
+
+    queryset = selectors.job_list()
+    serializer_class = s.BatchJobSerializer
+    filterset_class = JobFilter
+    ordering_fields = ["created_at", "id", "state"]
+    parser_classes = [JSONParser, MultiPartParser, FormParser]
+
+    def get_serializer_class(self):  # type: ignore[no-untyped-def]
+        return s.BatchJobDetailSerializer if self.action == "retrieve" else s.BatchJobSerializer
+
+    def _job(self, pk: str) -> BatchJob:
+        job = selectors.job_get(int(pk)) if str(pk).isdigit() else None
+        if job is None:
+            raise NotFoundError(f"No batch job {str(pk)[:40]}. See /api/v1/batch/jobs/ for "
+                                f"the jobs there are.")
+        return job
+
+    def _detail(self, job: BatchJob, code: int = status.HTTP_200_OK) -> Response:
+        job = self._job(str(job.pk))
+        job.progress = selectors.job_progress(job)  # type: ignore[attr-defined]
+        return Response(s.BatchJobDetailSerializer(job).data, status=code)
+
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """A job with its progress (from its chunks' counters)."""
+        return self._detail(self._job(str(kwargs["pk"])))
+
+    @extend_schema(request={"application/json": s.JobCreateSerializer,
+                            "multipart/form-data": s.JobCreateSerializer},
+                   parameters=[idempotency.PARAMETER],
+                   responses={201: s.BatchJobDetailSerializer})
+    def create(self, request: Request) -> Response:
+        """Create a job (scope `jobs`): JSON with `input_file` (an uploaded file's id), or
+        multipart with `file` and the options as fields (upload and create in one step;
+        nothing kept if refused). 400 names the field, or the line: a model the pool does
+        not serve names the first line asking for it. An Idempotency-Key is honoured on
+        the JSON form (upload first, then create, to retry safely)."""
+        if request.content_type.startswith("multipart/"):
+            if request.headers.get(idempotency.HEADER):
+                raise ValidationError({idempotency.HEADER: [
+                    "An Idempotency-Key is honoured on the JSON form only: upload the file "
+                    "to /api/v1/batch/files/, then create the job with its input_file id."]})
+            return self._create(request)
+        return self._create_keyed(request)
+
+    @idempotency.idempotent
+    def _create_keyed(self, request: Request) -> Response:
+        return self._create(request)
+
+    def _create(self, request: Request) -> Response:
+        body = s.JobCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = dict(body.validated_data)
+        upload, input_file, name = data.pop("file", None), data.pop("input_file", None), \
+            data.pop("name", "")
+        actor = actor_from_request(request)
+        if upload is not None:
+            _check_size(upload, "file")
+            job = services.job_submit(actor=actor, name=name or upload.name or "input.jsonl",
+                                      stream=upload, **data)
+        else:
+            job = services.job_create(actor=actor, input_file=input_file, **data)
+        return self._detail(job, status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.JobEditSerializer, responses={200: s.BatchJobDetailSerializer})
+    def partial_update(self, request: Request, pk: str) -> Response:
+        """Change an active job's concurrency or rate limit (0: no limit) with a reason: a
+        person's action, on the job's timeline (manual). 409 once the job has ended."""
+        body = s.JobEditSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        job = services.job_edit(actor=actor_from_request(request), job=self._job(pk),
+                                **body.validated_data)
+        return self._detail(job)
+
+    def _act(self, request: Request, pk: str, service: Callable[..., BatchJob]) -> Response:
+        body = s.JobActionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        job = service(actor=actor_from_request(request), job=self._job(pk),
+                      reason=body.validated_data["reason"])
+        return self._detail(job)
+
+    @extend_schema(request=s.JobActionSerializer, parameters=[idempotency.PARAMETER],
+                   responses={200: s.BatchJobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    @idempotency.idempotent
+    def pause(self, request: Request, pk: str) -> Response:
+        """Pause a queued or running job (409 otherwise): the worker stops dispatching,
+        lets the requests in flight finish and releases its chunk."""
+        return self._act(request, pk, services.job_pause)
+
+    @extend_schema(request=s.JobActionSerializer, parameters=[idempotency.PARAMETER],
+                   responses={200: s.BatchJobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    @idempotency.idempotent
+    def resume(self, request: Request, pk: str) -> Response:
+        """Resume a paused job (409 otherwise, or once its window has ended)."""
+        return self._act(request, pk, services.job_resume)
+
+    @extend_schema(request=s.JobActionSerializer, parameters=[idempotency.PARAMETER],
+                   responses={200: s.BatchJobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    @idempotency.idempotent
+    def cancel(self, request: Request, pk: str) -> Response:
+        """Cancel an active job (409 otherwise); its results so far stay downloadable."""
+        return self._act(request, pk, services.job_cancel)
+
+    def _download(self, pk: str, lines: Callable[[BatchJob], Any], suffix: str
+                  ) -> StreamingHttpResponse:
+        job = self._job(pk)
+        response = StreamingHttpResponse(outputs.blocks(lines(job)), content_type=JSONL)
+        response["Content-Disposition"] = (f'attachment; filename="{job.public_id}_'
+                                           f'{suffix}.jsonl"')
+        return response
+
+    @extend_schema(parameters=[ID], responses={(200, JSONL): OpenApiResponse(
+        OpenApiTypes.BINARY, description="One line per successful request, by index: "
+        '{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": '
+        "null}.")})
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None,
+            renderer_classes=[renderers.JSONRenderer, JSONLRenderer])
+    def output(self, request: Request, pk: str) -> StreamingHttpResponse:
+        """The output file (OpenAI Batch output format), streamed; partial while the job
+        runs or when it expired or was cancelled."""
+        return self._download(pk, outputs.output_lines, "output")
+
+    @extend_schema(parameters=[ID], responses={(200, JSONL): OpenApiResponse(
+        OpenApiTypes.BINARY, description="One line per request that ended without a 2xx "
+        'answer: {"id", "custom_id", "response": {...} | null, "error": {"code", '
+        '"message"}}.')})
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None,
+            renderer_classes=[renderers.JSONRenderer, JSONLRenderer])
+    def errors(self, request: Request, pk: str) -> StreamingHttpResponse:
+        """The error file (OpenAI Batch format), streamed."""
+        return self._download(pk, outputs.error_lines, "errors")
+
+    def _page(self, rows: Any, serializer: Any) -> Response:
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(serializer(page, many=True).data)
+
+    @extend_schema(parameters=[ID], responses={200: s.BatchJobEventSerializer(many=True)})
+    @action(detail=True, methods=["get"], filter_backends=[])
+    def events(self, request: Request, pk: str) -> Response:
+        """The job's timeline, oldest first (paginated); `manual` marks a person's action."""
+        return self._page(self._job(pk).events.order_by("at", "id"), s.BatchJobEventSerializer)
+
+    @extend_schema(parameters=[ID], responses={200: s.BatchResendSerializer(many=True)})
+    @action(detail=True, methods=["get"], filter_backends=[])
+    def resends(self, request: Request, pk: str) -> Response:
+        """Requests that may have been sent twice: in flight when their chunk's holder lost
+        its lease (killed, or stalled), sent again by the new holder; each still has exactly
+        one result."""
+        return self._page(self._job(pk).resends.order_by("index", "at"),
+                          s.BatchResendSerializer)
+
+    @extend_schema(parameters=[ID], responses={200: s.BatchComparisonSerializer(many=True)})
+    @action(detail=True, methods=["get"], filter_backends=[])
+    def comparisons(self, request: Request, pk: str) -> Response:
+        """The sampled requests answered by the plan's primary too, and how the answers
+        compare (empty until the comparison has run, or when the job has no plan)."""
+        rows = BatchComparison.objects.filter(job=self._job(pk)).select_related(
+            "primary_pool").order_by("index")
+        return self._page(rows, s.BatchComparisonSerializer)
+
+
+__all__ = ["BatchFileViewSet", "BatchJobViewSet"]
