@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from fleetctl.accounts import roles
-from fleetctl.fleet.models import Pool
+from fleetctl.fleet.models import CURRENCIES, Pool
 from fleetctl.traffic.models import Route
 from migrations_plan import evidence as ev
 from migrations_plan.models import STAGE_NAMES, GateCheck, Plan
@@ -192,3 +192,27 @@ class CheckEditForm(forms.Form):
 def check_edit_initial(check: GateCheck) -> dict[str, Any]:
     return {"title": check.title,
             "params": json.dumps(check.params, sort_keys=True) if check.params else ""}
+
+
+class PredictedCostForm(forms.Form):
+    """Stage 3's predicted cost per 1M output tokens, set or replaced by a platform lead
+    (services.plan_update checks the pair and the currency, and audits it). Both empty clears
+    the prediction."""
+
+    predicted_cost_per_1m = forms.DecimalField(
+        required=False, min_value=0, max_digits=14, decimal_places=4,
+        label="Predicted cost per 1M output tokens")
+    predicted_cost_currency = forms.ChoiceField(
+        required=False, label="Currency",
+        choices=[("", "—"), *[(c, c) for c in CURRENCIES]])
+    predicted_cost_source = forms.CharField(
+        required=False, max_length=200, label="Where the figure comes from",
+        help_text="e.g. the capacity plan it is taken from (default: your name).")
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if (cleaned.get("predicted_cost_per_1m") is None) != (
+                not cleaned.get("predicted_cost_currency")):
+            raise ValidationError("Give the amount and its currency together (both empty "
+                                  "clears the prediction).")
+        return cleaned

@@ -19,6 +19,7 @@ EVENTS = {
     "drain.automatic": "a pool was drained (or restored) by the health policy",
     "gateway.failing": "a gateway failed to take a push, or recovered",
     "gate.changed": "a plan's gate changed status, or the plan changed stage",
+    "batch.soak": "a batch soak on a plan's candidate passed, failed or was stopped",
 }
 
 

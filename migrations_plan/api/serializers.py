@@ -226,7 +226,9 @@ class PlanSerializer(serializers.ModelSerializer):
                   "stage_entered_at", "candidate_pool", "primary_pool", "routes",
                   "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "latency_margin_pct",
                   "cost_margin_pct", "quality_margin_pct", "owner", "created_by", "target_date",
-                  "required_approvals", "notes", "created_at", "closed_at", "gate"]
+                  "required_approvals", "notes", "predicted_cost_per_1m",
+                  "predicted_cost_currency", "predicted_cost_source", "predicted_cost_at",
+                  "created_at", "closed_at", "gate"]
         read_only_fields = fields
 
     def get_routes(self, plan: Plan) -> list[str]:
@@ -299,6 +301,17 @@ class PlanCreateSerializer(serializers.ModelSerializer):
 class PlanUpdateSerializer(serializers.ModelSerializer):
     owner = _owner_field(required=False)
     notes = StrictCharField(required=False, allow_blank=True, max_length=10_000)
+    predicted_cost_per_1m = serializers.DecimalField(
+        max_digits=14, decimal_places=4, required=False, allow_null=True,
+        help_text="Stage 3's predicted cost per 1M output tokens on the candidate (sent with "
+                  "predicted_cost_currency; both null/empty clears it).")
+    predicted_cost_currency = StrictCharField(
+        required=False, allow_blank=True, allow_null=True, max_length=3,
+        help_text="The prediction's currency, one of the fleet's (USD, EUR, ...).")
+    predicted_cost_source = StrictCharField(
+        required=False, allow_blank=True, max_length=200,
+        help_text="Where the figure comes from, e.g. \"Q3 capacity plan\" (default: who set "
+                  "it).")
 
     class Meta:
         model = Plan
