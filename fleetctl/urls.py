@@ -12,6 +12,7 @@ urlpatterns = [
     path("shadow/", include("fleetctl.shadow.urls")),
     path("evals/", include("fleetctl.evals.urls")),
     path("ramps/", include("fleetctl.ramps.urls")),
+    path("batch/", include("fleetctl.batch.urls")),
     path("audit/", include("fleetctl.audit.urls")),
     path("webhooks/", include("fleetctl.webhooks.urls")),
     path("account/", include("fleetctl.accounts.urls")),

@@ -74,6 +74,7 @@ def _nav_items() -> list[NavItem]:
         NavItem("Plans", reverse("plans:board"), section="plans"),
         NavItem("Traffic", reverse("traffic:routes"), section="traffic"),
         NavItem("Ramps", reverse("ramps:list"), section="ramps"),
+        NavItem("Batch", reverse("batch:list"), section="batch"),
         NavItem("Benchmarks", reverse("bench:home"), section="bench"),
         NavItem("Conformance", reverse("conformance:home"), section="conformance"),
         NavItem("Shadow", reverse("shadow:home"), section="shadow"),
