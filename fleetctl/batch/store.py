@@ -152,7 +152,9 @@ class CheckpointStore:
     def _claim_in_job(self, job_id: int, owner: str) -> Claim | None:
         with transaction.atomic():
             now = timezone.now()
-            job = (BatchJob.objects.select_for_update().select_related("input_file")
+            # FOR NO KEY UPDATE: claims queue behind each other, not behind result inserts
+            # (their foreign key takes a KEY SHARE lock on the job row).
+            job = (BatchJob.objects.select_for_update(no_key=True).select_related("input_file")
                    .filter(pk=job_id, state__in=(State.QUEUED, State.RUNNING),
                            expires_at__gt=now).first())
             if job is None:
@@ -314,7 +316,7 @@ class CheckpointStore:
         evidence recorded, after commit). "released" otherwise (back to pending, for the next
         claim to send the rest), or when the chunk is no longer ours."""
         with transaction.atomic():
-            job = BatchJob.objects.select_for_update().get(pk=claim.job_id)
+            job = BatchJob.objects.select_for_update(no_key=True).get(pk=claim.job_id)
             results = BatchResult.objects.filter(job_id=claim.job_id,
                                                  index__gte=claim.first_index,
                                                  index__lte=claim.last_index).count()

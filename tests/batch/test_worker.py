@@ -4,11 +4,14 @@ follow a person's pause/resume/cancel, retry a faulty pool and expire with parti
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
+from fleetctl.batch import outputs, services
 from fleetctl.batch.models import BatchChunk, BatchJob, BatchResult
 from fleetctl.fleet.models import Pool
 from tests.conftest import SYSTEM, wait_until
@@ -58,3 +61,95 @@ def test_a_job_completes_with_exactly_one_result_per_line(
     assert set(BatchChunk.objects.filter(job=job).values_list("state", flat=True)) == {"done"}
     assert job.started_at is not None and job.finished_at is not None
     assert job.resends.count() == 0 and job.duplicates_refused == 0
+
+
+def holder(job: BatchJob) -> str:
+    """The owner of the job's live lease, or ""."""
+    chunk = BatchChunk.objects.filter(job=job, state="running").order_by("-lease_until").first()
+    return chunk.lease_owner if chunk else ""
+
+
+def done(job: BatchJob) -> int:
+    return BatchResult.objects.filter(job=job).count()
+
+
+def test_repeated_kill_9_of_the_holder_loses_nothing_and_writes_nothing_twice(
+        sim_pool: Pool, tmp_path: Path, workers: Callable[..., WorkerProcess]) -> None:
+    """Three kill -9s of whichever worker holds the job, at different points; a standby
+    worker takes over each time after the lease lapses, and a fresh one replaces the dead."""
+    job = make_job(SYSTEM, sim_pool, n=90, tmp_path=tmp_path, chunk_size=15, concurrency=4,
+                   rate_limit_rps=30, max_tokens=48)
+    alive = {w.owner: w for w in (workers("k"), workers("k"))}
+    killed: list[str] = []
+    for threshold in (10, 35, 60):
+        owner = wait_until(lambda t=threshold: done(job) >= t and holder(job) in alive
+                           and holder(job), timeout_s=20, what=f"{threshold} results")
+        alive.pop(owner).kill()
+        killed.append(owner)
+        fresh = workers("k")
+        alive[fresh.owner] = fresh
+    wait_until(lambda: job_state(job) == "completed", timeout_s=30,
+               what="the job to complete after three kills")
+
+    assert results_by_index(job) == {i: 1 for i in range(90)}
+    assert job.duplicates_refused == 0
+    takeovers = list(job.events.filter(kind="takeover").values_list("data", flat=True))
+    assert {t["previous_owner"] for t in takeovers} == set(killed)
+    resends = list(job.resends.values_list("index", "previous_owner", "new_owner"))
+    assert resends, "the kills caught requests in flight: they were sent again"
+    assert {previous for _, previous, _ in resends} <= set(killed)
+    assert all(new not in killed or new != previous for _, previous, new in resends)
+    # Each resent request got its one result from the worker that took over.
+    by_index = dict(BatchResult.objects.filter(job=job).values_list("index", "worker"))
+    assert all(by_index[index] == new for index, _, new in resends)
+
+
+def test_a_running_worker_follows_pause_resume_and_cancel(
+        sim_pool: Pool, tmp_path: Path, workers: Callable[..., WorkerProcess]) -> None:
+    job = make_job(SYSTEM, sim_pool, n=80, tmp_path=tmp_path, chunk_size=20, concurrency=2,
+                   rate_limit_rps=20)
+    worker = workers("p")
+    wait_until(lambda: done(job) >= 10, timeout_s=20, what="10 results")
+
+    services.job_pause(actor=SYSTEM, job=job, reason="pool maintenance")
+    wait_until(lambda: not holder(job), timeout_s=10, what="the holder to release its chunk")
+    paused_at = done(job)
+    time.sleep(1.5)  # longer than a renewal interval (lease 2 s / 3): nothing more is sent
+    assert done(job) == paused_at < 80
+    assert job_state(job) == "paused"
+
+    services.job_resume(actor=SYSTEM, job=job, reason="maintenance over")
+    wait_until(lambda: done(job) >= paused_at + 10, timeout_s=20, what="work after resume")
+
+    released = worker.log().count(": released")
+    services.job_cancel(actor=SYSTEM, job=job, reason="not needed any more")
+    wait_until(lambda: worker.log().count(": released") > released, timeout_s=10,
+               what="the holder to stop")
+    cancelled_at = done(job)
+    time.sleep(1.0)
+    assert done(job) == cancelled_at < 80
+    assert job_state(job) == "cancelled"
+    assert results_by_index(job) == {i: 1 for i in results_by_index(job)}
+    # The partial output stays downloadable: one output line per successful result.
+    assert len(list(outputs.output_lines(job))) == cancelled_at
+
+
+def test_a_job_past_its_window_expires_with_its_partial_output(
+        sim_pool: Pool, tmp_path: Path, workers: Callable[..., WorkerProcess]) -> None:
+    job = make_job(SYSTEM, sim_pool, n=100, tmp_path=tmp_path, chunk_size=25, concurrency=2,
+                   rate_limit_rps=15)
+    worker = workers("e")
+    wait_until(lambda: done(job) >= 5, timeout_s=20, what="5 results")
+    # The window ends now (the test shortens it; the form's least is 10 s).
+    BatchJob.objects.filter(pk=job.pk).update(expires_at=timezone.now())
+    # The tick's expiry skips a job row locked at that instant; it runs again on the next.
+    wait_until(services.jobs_expire, timeout_s=10, what="the tick to expire the job")
+    wait_until(lambda: ": released" in worker.log(), timeout_s=10,
+               what="the holder to let its chunk go")
+    partial = done(job)
+    time.sleep(1.0)  # the worker is still running: it must not send any more
+
+    assert job_state(job) == "expired" and 0 < done(job) == partial < 100
+    assert len(list(outputs.output_lines(job))) == partial
+    assert results_by_index(job) == {i: 1 for i in results_by_index(job)}
+    assert worker.alive()
