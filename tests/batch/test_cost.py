@@ -1,0 +1,144 @@
+"""The cost arbitrage (fleetctl/batch/cost.py): the measured cost per 1M output tokens from a
+soak's finished jobs and the pool's hourly rate, against the plan's prediction — in one
+currency, or through a stated dated rate; never two currencies as one number.
+
+The soak's jobs here are rows as finished jobs leave them (tokens and times chosen so the
+arithmetic is exact); test_soak.py runs real ones."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from fleetctl.batch.cost import cost_per_1m, plan_arbitrage
+from fleetctl.batch.models import BatchChunk, BatchFile, BatchJob, Soak
+from fleetctl.fleet.services import currency_rate_create
+from migrations_plan import services as plans
+from tests.conftest import SYSTEM
+from tests.migrations_plan.conftest import world  # noqa: F401  (the plan fixture)
+
+pytestmark = pytest.mark.django_db
+
+
+def finished_job(soak: Soak, *, output_tokens: int, busy_s: float, drill: str = "") -> BatchJob:
+    end = timezone.now()
+    job = BatchJob.objects.create(
+        input_file=soak.input_file, pool=soak.pool, plan=soak.plan, soak=soak, total=100,
+        created_by="system:batch-soak", expires_at=end + timedelta(hours=1),
+        state=BatchJob.State.COMPLETED, started_at=end - timedelta(seconds=busy_s),
+        finished_at=end, drill=drill)
+    BatchChunk.objects.create(job=job, number=0, first_index=0, last_index=99, first_line=1,
+                              byte_start=0, byte_end=1, state=BatchChunk.State.DONE,
+                              succeeded=100, output_tokens=output_tokens)
+    return job
+
+
+@pytest.fixture
+def soaked(world):  # noqa: F811
+    """A plan whose candidate (10.50 USD/h) ran a soak of one job: 35,000 output tokens in
+    100 s = 350 tok/s, so 10.50 / (350 × 3600) × 1e6 = 8.3333 USD per 1M output tokens."""
+    plan = world.plan()
+    batch_file = BatchFile.objects.create(name="in.jsonl", sha256="0" * 64, path="x.jsonl",
+                                          size_bytes=1, requests=100)
+    now = timezone.now()
+    soak = Soak.objects.create(plan=plan, pool=world.candidate, input_file=batch_file,
+                               every_s=60, duration_s=600, started_at=now - timedelta(hours=1),
+                               ends_at=now, state=Soak.State.PASSED, created_by="alice")
+    finished_job(soak, output_tokens=35_000, busy_s=100)
+    return world, plan, soak
+
+
+def predict(people, plan, amount: str, currency: str) -> None:
+    plans.plan_update(actor=people.actor("lead"), plan=plan, predicted_cost_per_1m=amount,
+                      predicted_cost_currency=currency, predicted_cost_source="capacity plan")
+    plan.refresh_from_db()
+
+
+def test_the_formula_is_the_benchmarks():
+    from fleetctl.bench.stats import cost_per_1m as benchmark_cost
+
+    assert cost_per_1m("10.50", 350) == Decimal("8.3333")
+    for rate, tps in (("39.80", "1234.5"), ("14.70", 512.25), ("0", 3)):
+        assert cost_per_1m(rate, tps) == benchmark_cost(rate, tps)
+
+
+def test_same_currency_pass_and_fail_with_the_margin(soaked):
+    people, plan, soak = soaked
+    predict(people, plan, "8.50", "USD")
+    answer = plan_arbitrage(plan, soak)
+    assert answer.status == "pass" and answer.verdict == "pass"
+    assert answer.measured == Decimal("8.3333") and answer.measured_currency == "USD"
+    assert answer.output_tokens == 35_000 and answer.busy_seconds == pytest.approx(100)
+    assert answer.conversion == ""
+    assert "8.3333 USD" in answer.message and "8.50 USD" in answer.message
+
+    predict(people, plan, "8.00", "USD")
+    answer = plan_arbitrage(plan, soak)
+    assert answer.status == "fail" and answer.verdict == "fail"
+    assert "over the predicted 8.00 USD" in answer.message
+
+    plans.plan_update(actor=people.actor("lead"), plan=plan, cost_margin_pct=5)
+    plan.refresh_from_db()
+    answer = plan_arbitrage(plan, soak)  # limit 8.40
+    assert answer.status == "pass" and answer.limit == Decimal("8.4000")
+
+
+def test_two_currencies_without_a_rate_are_not_compared(soaked):
+    people, plan, soak = soaked
+    predict(people, plan, "7.80", "EUR")
+    answer = plan_arbitrage(plan, soak)
+    assert answer.status == "insufficient" and answer.verdict == "info"
+    assert answer.measured == Decimal("8.3333")  # measured, in its own currency
+    assert answer.measured_compared is None and answer.limit is None
+    assert "no USD/EUR rate" in answer.message and "Add one" in answer.message
+
+
+def test_a_stated_conversion_through_the_newest_rate_either_direction(soaked):
+    people, plan, soak = soaked
+    predict(people, plan, "7.80", "EUR")
+    today = timezone.localdate()
+    currency_rate_create(actor=SYSTEM, from_currency="EUR", to_currency="USD",
+                         rate="1.08", as_of=today - timedelta(days=3), source="ECB")
+    answer = plan_arbitrage(plan, soak)
+    # 8.3333 USD ÷ 1.08 = 7.7160 EUR ≤ 7.80 EUR
+    assert answer.status == "pass"
+    assert answer.measured_compared == Decimal("7.7160")
+    assert answer.conversion == (f"1 USD = 0.925926 EUR, rate of "
+                                 f"{today - timedelta(days=3):%Y-%m-%d} (the inverse of "
+                                 f"1.08 USD/EUR)")
+    assert "7.716 EUR" in answer.message and answer.conversion in answer.message
+    assert answer.as_json()["conversion_rate"]["inverted"] is True
+
+    currency_rate_create(actor=SYSTEM, from_currency="USD", to_currency="EUR",
+                         rate="0.95", as_of=today - timedelta(days=1), source="ECB")
+    answer = plan_arbitrage(plan, soak)  # the newer, direct rate: 8.3333 × 0.95 = 7.9166
+    assert answer.status == "fail"
+    assert answer.measured_compared == Decimal("7.9166")
+    assert answer.conversion == f"1 USD = 0.95 EUR, rate of {today - timedelta(days=1):%Y-%m-%d}"
+
+
+def test_a_drill_job_is_left_out_of_the_measured_cost(soaked):
+    people, plan, soak = soaked
+    predict(people, plan, "8.50", "USD")
+    drill = finished_job(soak, output_tokens=35_000, busy_s=400, drill="kill-worker")
+    answer = plan_arbitrage(plan, soak)
+    assert answer.measured == Decimal("8.3333") and answer.left_out == [drill.pk]
+    assert answer.status == "pass"
+
+
+def test_nothing_to_judge_says_what_is_missing(soaked):
+    people, plan, soak = soaked
+    answer = plan_arbitrage(plan, soak)
+    assert answer.status == "insufficient" and "has no predicted cost" in answer.message
+    predict(people, plan, "8.50", "USD")
+    empty = Soak.objects.create(plan=plan, pool=soak.pool, input_file=soak.input_file,
+                                every_s=60, duration_s=600, ends_at=timezone.now(),
+                                created_by="alice")
+    answer = plan_arbitrage(plan, empty)
+    assert answer.status == "insufficient"
+    assert "no completed job with output tokens" in answer.message
+    # Without a soak named, the plan's newest soak with a completed job is measured.
+    assert plan_arbitrage(plan).soak_id == soak.pk
