@@ -13,6 +13,7 @@ from django import template
 from fleetctl.batch import cost, selectors
 from fleetctl.batch.forms import SoakStartForm, duration_text
 from fleetctl.batch.models import BatchJob, Soak
+from fleetctl.fleet.models import money
 
 register = template.Library()
 
@@ -86,8 +87,8 @@ def batch_pct(value: Any) -> str:
 
 @register.filter
 def batch_money(value: Any, currency: str = "") -> str:
-    """An amount with its currency: Decimal("1.2345"), "EUR" → "1.2345 EUR"; "—" when
+    """An amount with its currency, as fleet shows money: "500.00 EUR"; "—" when
     unknown. Never without the currency when one is known."""
     if value is None or value == "":
         return "—"
-    return f"{value} {currency}".strip()
+    return f"{money(value)} {currency}".strip()
