@@ -379,6 +379,21 @@ def _start_telemetry(stack: Stack, env: dict[str, str]) -> None:
     stack.start("telemetry", [PY, "-m", "fleetctl.telemetry.ingest"], env)
 
 
+# The demo's batch workers (fleetctl/batch/worker.py): names, and their lease. A short lease
+# so that a kill-worker drill resumes in about 10 s; production keeps BATCH_LEASE_S (30 s).
+DEMO_BATCH_WORKERS = ("batch-1", "batch-2")
+DEMO_BATCH_LEASE_S = "10"
+
+
+def _start_batch_workers(stack: Stack, env: dict[str, str]) -> None:
+    """Two batch worker processes (not Celery: the kill-worker drill kills its holder with
+    SIGKILL). The supervisor restarts a killed one; meanwhile the other takes its chunk over
+    once the lease lapses."""
+    batch_env = {**env, "BATCH_LEASE_S": env.get("BATCH_LEASE_S", DEMO_BATCH_LEASE_S)}
+    for name in DEMO_BATCH_WORKERS:
+        stack.start(name, [PY, "-m", "fleetctl.batch.worker", "--name", name], batch_env)
+
+
 def _start_collector(stack: Stack, env: dict[str, str]) -> str:
     """The shadow collector (fleetctl/shadow/collector.py), where Envoy sends a shadow run's
     mirrored requests; it only needs Redis. Started before anything pushes to Envoy, and its
@@ -461,6 +476,7 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
                        cwd=ROOT, env=env, check=True)
         _start_envoy(stack, gateway_port, gateway_admin_port)
         _start_telemetry(stack, env)
+        _start_batch_workers(stack, env)
         _start_traffic(stack, env, gateway_port)
         for name, argv in worker_commands().items():
             stack.start(name, argv, env)

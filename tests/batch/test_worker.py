@@ -17,23 +17,15 @@ from fleetctl.fleet.models import Pool
 from tests.conftest import SYSTEM, wait_until
 
 from .factory import make_job
-from .workerproc import WorkerProcess
+from .workerproc import WorkerProcess, worker_starter
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def workers(tmp_path: Path, transactional_db: None) -> Iterator[Callable[..., WorkerProcess]]:
-    started: list[WorkerProcess] = []
-
-    def start(name: str = "w", **kwargs: object) -> WorkerProcess:
-        worker = WorkerProcess(tmp_path, name, **kwargs)  # type: ignore[arg-type]
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
+    with worker_starter(tmp_path) as start:
+        yield start
 
 
 def results_by_index(job: BatchJob) -> dict[int, int]:

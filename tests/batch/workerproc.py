@@ -6,7 +6,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -60,3 +63,20 @@ class WorkerProcess:
     def log(self) -> str:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
+
+
+@contextmanager
+def worker_starter(log_dir: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """start(name, **options) -> WorkerProcess; every one started is stopped at the end."""
+    started: list[WorkerProcess] = []
+
+    def start(name: str = "w", **options: Any) -> WorkerProcess:
+        worker = WorkerProcess(log_dir, name, **options)
+        started.append(worker)
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            worker.stop()
