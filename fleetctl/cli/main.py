@@ -11,6 +11,7 @@ from typing import Any
 
 from fleetctl import __version__
 from fleetctl.cli import (
+    batch,
     bench,
     conformance,
     evals,
@@ -171,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.add_commands(sub, _common)
     shadow.add_commands(sub, _common)
     evals.add_commands(sub, _common)
+    batch.add_commands(sub, _common)
     tokens.add_commands(sub, _common)
     _mount_optional(sub, "sim", "fleetctl.sim.cli", "run simulated accelerator pools")
     return parser
