@@ -177,7 +177,7 @@ class BatchJobDetailSerializer(BatchJobSerializer):
 
 
 class BatchJobEventSerializer(serializers.ModelSerializer):
-    data = ObjectField(read_only=True)
+    data = ObjectField(read_only=True)  # type: ignore[assignment]
 
     class Meta:
         model = BatchJobEvent
