@@ -216,26 +216,23 @@ def job_new(request: HttpRequest) -> HttpResponse:
 
 # ---- the job page ----------------------------------------------------------------------------
 
-def _progress(job: BatchJob) -> dict[str, Any]:
-    progress = selectors.job_progress(job)
-    total = progress.total or job.total
-    return {"p": progress, "percent": round(100 * progress.done / total, 1) if total else 100.0}
-
-
-def _drill(job: BatchJob) -> dict[str, Any] | None:
+def _drill(job: BatchJob, progress: selectors.Progress) -> dict[str, Any] | None:
+    """The drill's panel: its times from the job row, the resume time, and, once verified,
+    how many requests have no result (the verdict's own reading is job.drill_summary)."""
     if not job.drill:
         return None
     resume_s = None
     if job.drill_fired_at and job.drill_resumed_at:
         resume_s = (job.drill_resumed_at - job.drill_fired_at).total_seconds()
-    missing = max(0, job.total - selectors.job_progress(job).done) if job.drill_verdict else None
-    return {"resume_s": resume_s, "missing": missing,
-            "resends": job.resends.count(), "evidence": job.evidence}
+    return {"resume_s": resume_s,
+            "missing": max(0, job.total - progress.done) if job.drill_verdict else None,
+            "resends": progress.resends, "evidence": job.evidence}
 
 
 def _live(job: BatchJob) -> dict[str, Any]:
-    return {"job": job, "live_id": LIVE_ID, "polling": job.is_active, **_progress(job),
-            "drill": _drill(job)}
+    progress = selectors.job_progress(job)
+    return {"job": job, "live_id": LIVE_ID, "polling": job.is_active, "p": progress,
+            "percent": round(100 * progress.fraction, 1), "drill": _drill(job, progress)}
 
 
 def _charts(job: BatchJob) -> dict[str, Any]:

@@ -310,3 +310,26 @@ def test_throughput_buckets_count_each_result_once_in_one_query(job: BatchJob):
 def test_bucket_width_keeps_the_chart_bounded(span: float, width: int):
     assert series.bucket_width(span) == width
     assert span / series.bucket_width(span) <= series.MAX_BUCKETS
+
+
+def queries(client: Client, url: str) -> int:
+    with CaptureQueriesContext(connection) as captured:
+        assert client.get(url).status_code == 200
+    return len(captured)
+
+
+def test_the_list_and_the_job_page_read_a_bounded_number_of_queries(
+        oncall: Client, world: World, job: BatchJob, tmp_path: Path):
+    from tests.batch.factory import make_job
+    write_results(job, range(0, 2))
+    one_job = queries(oncall, reverse("batch:list"))
+    few_rows = queries(oncall, reverse("batch:job-detail", args=[job.pk]))
+    for _ in range(3):
+        make_job(world.actor("oncall"), world.primary, n=4, tmp_path=tmp_path)
+    write_results(job, range(2, 12), seconds_apart=7)
+    for index in range(5):
+        BatchResend.objects.create(job=job, index=index, custom_id=f"req-{index}",
+                                   previous_owner="w1", new_owner="w2")
+        BatchJobEvent.objects.create(job=job, kind="takeover", actor="w2")
+    assert queries(oncall, reverse("batch:list")) == one_job
+    assert queries(oncall, reverse("batch:job-detail", args=[job.pk])) == few_rows
