@@ -359,3 +359,54 @@ def test_the_soaks_api(stage3, input_file, client_for):
     assert stopped.status_code == 200 and stopped.json()["state"] == "stopped"
     assert lead.post(f"{url}stop/", {"reason": "again"}, format="json").status_code == 409
     assert viewer.get(f"{base}999999/").status_code == 404
+
+
+# --- the demo ----------------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_the_demo_seeds_the_a100_plan_into_stage_3_with_a_soak_running(settings, tmp_path):
+    import io
+
+    from django.core.management import call_command
+
+    from fleetctl.batch.models import BatchFile
+    from fleetctl.fleet.models import CurrencyRate
+    from fleetctl.traffic import selectors as traffic_selectors
+    from fleetctl.traffic.models import Route
+
+    args = ["demo_seed", "--password", "demo-pw", "--gateway-admin", "http://127.0.0.1:1",
+            "--gateway-config-dir", str(tmp_path)]
+    notes = io.StringIO()
+    call_command(*args, stdout=io.StringIO(), stderr=notes)
+    said = notes.getvalue()
+    assert "a100-llama-8b" not in said and BATCH_WORDS not in said, said
+
+    plan = Plan.objects.get(name="a100-llama-8b")
+    assert plan.state == "stage-3"
+    assert [m.by for m in plan.moves.order_by("at")] == ["lead2", "lead2"]
+    assert (str(plan.predicted_cost_per_1m), plan.predicted_cost_currency) == ("15.0000", "EUR")
+    assert "capacity plan" in plan.predicted_cost_source
+    route = Route.objects.get(name="llama-8b-batch")
+    assert route.latency_class == "batch" and route.primary_pool.name == "h200-us-east"
+    assert set(plan.routes.values_list("name", flat=True)) == {"llama-8b", "llama-8b-batch"}
+    weights = traffic_selectors.revision_current(route=route).weights
+    assert weights == {"h200-us-east": 8000, "a100-eu-central": 2000}
+    assert CurrencyRate.objects.get().label == "1.08 USD/EUR"
+
+    soak = Soak.objects.get()
+    assert (soak.plan, soak.pool.name, soak.state, soak.created_by) == (
+        plan, "a100-eu-central", "running", "lead")
+    assert (soak.every_s, soak.duration_s, soak.concurrency, soak.drill) == (
+        60, 480, 8, "kill-worker")
+    assert soak.input_file.requests == 200
+    job = soak.jobs.get()
+    assert (job.drill, job.drill_at, job.concurrency, job.state) == (
+        "kill-worker", 0.4, 8, "queued")
+
+    again = io.StringIO()
+    call_command(*args, stdout=io.StringIO(), stderr=again)
+    assert Soak.objects.count() == 1 and BatchFile.objects.count() == 1
+    assert route.revisions.count() == 2 and CurrencyRate.objects.count() == 1
+
+
+BATCH_WORDS = "llama-8b-batch"

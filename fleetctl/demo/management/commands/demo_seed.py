@@ -4,7 +4,8 @@ primary and one candidate for the same model), and one person per role.
 Safe to re-run, and a re-run never undoes what people did since: the rule is **never modify
 an existing object**. Each demo object (region, pool with its model entry, person, trace,
 route, gateway with its routes, plan, the MI300X plan's shadow run, a plan's eval run, the
-guarded ramp of the Gaudi pool on llama-8b) is
+guarded ramp of the Gaudi pool on llama-8b, the A100 plan's batch input file, weight on its
+batch route and soak) is
 created only when nothing of that name exists; one that exists is left exactly as it is,
 whatever changed in it. Creating goes through the same services as the API, so a refusal
 there (the fleet changed so that a demo object no longer fits) is reported and that object
@@ -76,6 +77,27 @@ ACCESS_LOG = "access.log"
 # fault … --added-latency-ms 300`) and the guard rolls it back.
 # Thresholds (no plan, so given): the simulated Gaudi answers its first token in ~20–40 ms and
 # a token every ~16 ms; the H200 primary is faster, hence the 100 % margin.
+# Stage 3 (batch) of the A100 plan: a batch-latency route of the model (primary the H200),
+# on which the stage-3 candidate may carry weight, and a short soak on the A100 — a job of
+# ~200 chat requests every 60 s for 8 minutes, its first with a kill-worker drill at 40 % —
+# so the plan's soak, checkpoint-resume and cost-arbitrage checks fill in within minutes of
+# `make demo` (the demo's two batch workers run the jobs; beat's batch.tick drives the soak).
+# The predicted cost is a planning figure in EUR, compared with the cost measured in the
+# pool's USD through a dated rate the seed states (never two currencies as one number). At
+# concurrency 8 the simulated A100 gives ~320 output tok/s on a busy laptop (~56 s a job):
+# 14.70 USD/h / (320 × 3600) × 1e6 ≈ 12.7 USD ≈ 11.8 EUR per 1M, within the 15.00 EUR plan.
+BATCH_ROUTE = "llama-8b-batch"
+BATCH_POOL = "a100-eu-central"
+BATCH_WEIGHT = 20  # % of the batch route on the A100; the rest stays on the H200
+BATCH_INPUT = "demo-batch-chat.jsonl"
+BATCH_REQUESTS = 200
+BATCH_PREDICTION = {"predicted_cost_per_1m": "15.00", "predicted_cost_currency": "EUR",
+                    "predicted_cost_source": "the FY27 capacity plan (demo): A100 batch "
+                                             "nodes at 15 EUR per 1M output tokens"}
+BATCH_RATE = {"from_currency": "EUR", "to_currency": "USD", "rate": "1.08",
+              "source": "demo: the planning rate of the FY27 capacity plan"}
+SOAK: dict[str, Any] = {"every_s": 60, "duration_s": 8 * 60, "concurrency": 8,
+                        "drill": "kill-worker"}
 RAMP_ROUTE = "llama-8b"
 RAMP_POOL = "gaudi3-in-west"
 RAMP: dict[str, Any] = {
@@ -133,6 +155,7 @@ class Command(BaseCommand):
                 self._evals()
             self._shadow()
             self._ramp()
+            self._batch()
         made = ", ".join(self.created) if self.created else "nothing (all there already)"
         self.stdout.write(f"demo fleet: {Pool.objects.count()} pools in "
                           f"{Region.objects.count()} regions; created {made}")
@@ -192,12 +215,16 @@ class Command(BaseCommand):
         for name, pin, primary in ROUTES:
             if not Route.objects.filter(name=name).exists():
                 self._create(f"route {name}", partial(self._route, actor, name, pin, primary))
+        if not Route.objects.filter(name=BATCH_ROUTE).exists():
+            self._create(f"route {BATCH_ROUTE}", partial(
+                self._route, actor, BATCH_ROUTE, "", "h200-us-east", latency_class="batch"))
         gateway = Gateway.objects.filter(name=GATEWAY).first()
         options = {"config_dir": config_dir}
         if config_dir:
             options["access_log"] = str(Path(config_dir) / ACCESS_LOG)
         if gateway is None:
-            routes = list(Route.objects.filter(name__in=[name for name, _, _ in ROUTES]))
+            routes = list(Route.objects.filter(
+                name__in=[*[name for name, _, _ in ROUTES], BATCH_ROUTE]))
             self._create(f"gateway {GATEWAY}", lambda: traffic.gateway_create(
                 actor=actor, name=GATEWAY, kind="envoy", admin_address=admin_url,
                 options=options, routes=routes))
@@ -214,11 +241,13 @@ class Command(BaseCommand):
                        f"gateway (edit it on its page, or PATCH /api/v1/gateways/…)")
 
     @staticmethod
-    def _route(actor: Actor, name: str, pin: str, primary: str) -> Route:
+    def _route(actor: Actor, name: str, pin: str, primary: str,
+               latency_class: str = "") -> Route:
         from fleetctl.traffic import services as traffic
 
         # The pools have not been probed yet when the demo starts; the seed forces (audited).
         return traffic.route_create(actor=actor, name=name, model_id=MODEL, residency=pin,
+                                    latency_class=latency_class,
                                     primary_pool=Pool.objects.get(name=primary), force=True,
                                     reason="demo seed (pools not probed yet)")
 
@@ -266,8 +295,9 @@ class Command(BaseCommand):
 
     def _plans(self) -> None:
         """Two plans, both opened by `lead` so that `lead2` is the second platform lead:
-        MI300X in stage 2 (shadow) with a partly green gate, and the A100 in stage 1, whose
-        conformance check waits for a real probe (`--conformance`, which `make demo` passes).
+        MI300X in stage 2 (shadow) with a partly green gate, and the A100 in stage 3 (batch),
+        signed off by `lead2` on what the seed had (stages 1 and 2 with a justification), with
+        a predicted cost, whose soak fills in its stage-3 checks (`_batch`).
         Every step goes through the services, so each plan's timeline shows it; a plan is
         seeded whole or not at all."""
         from migrations_plan.models import Plan
@@ -304,14 +334,35 @@ class Command(BaseCommand):
         return plan
 
     def _plan_a100(self) -> Plan:
+        """Opened by `lead` on llama-8b and its batch route, then moved into stage 3 through
+        the gates by `lead2` (attestation by `lead`, approvals with a justification, as for
+        the MI300X plan), and given its predicted cost by `lead`: entering stage 3 records
+        the candidate's benchmark cost when it has one, and the demo's A100 has none yet.
+        The latency margin is 25 %: the soak's jobs share a laptop with the demo's traffic,
+        evals and shadow run, and must not fail on that noise (a job must keep 75 % of the
+        first job's throughput)."""
+        from fleetctl.traffic.models import Route
         from migrations_plan import services as plans
 
         lead = Actor(user=User.objects.get(username="lead"))
+        lead2 = Actor(user=User.objects.get(username="lead2"))
         terms = self._plan_terms()
-        a100 = Pool.objects.get(name="a100-eu-central")
-        return plans.plan_create(actor=lead, name="a100-llama-8b", candidate_pool=a100,
-                                 **terms, notes="Previous-generation A100s for batch "
-                                                "traffic (demo).")
+        terms["routes"] = [*terms["routes"], Route.objects.get(name=BATCH_ROUTE)]
+        a100 = Pool.objects.get(name=BATCH_POOL)
+        plan = plans.plan_create(actor=lead, name="a100-llama-8b", candidate_pool=a100,
+                                 latency_margin_pct=25, **terms,
+                                 notes="Previous-generation A100s for batch traffic (demo).")
+        plans.approve(actor=lead2, plan=plan, justification=(
+            "Demo: signed off on the seeded evidence; the A100s take batch work only, the "
+            "conformance probe runs next."))
+        plan = plans.advance(actor=lead2, plan=plan, reason="stage 1 signed off")
+        plans.attest(actor=lead, check=plan.checks.get(stage=2, key="dashboards"),
+                     note="Demo: the batch dashboards and alerts exist")
+        plans.approve(actor=lead2, plan=plan, justification=(
+            "Demo: batch work is offline; the shadow and benchmark evidence is waived for "
+            "the batch stage's soak to show what the candidate does."))
+        plan = plans.advance(actor=lead2, plan=plan, reason="into batch: soak the A100s")
+        return plans.plan_update(actor=lead, plan=plan, **BATCH_PREDICTION)
 
     def _probe(self) -> None:
         """A real conformance probe of each demo plan's candidate against its primary, queued
@@ -419,6 +470,77 @@ class Command(BaseCommand):
             actor=Actor(user=User.objects.get(username="lead")), route=route, pool=pool,
             reason="demo: Gaudi 3 takes a share of llama-8b, guarded by live telemetry",
             **RAMP))
+
+    def _batch(self) -> None:
+        """Stage 3 of the A100 plan: `lead` gives the A100 BATCH_WEIGHT % of the batch route
+        (a stage-3 candidate may carry its plan's batch-class routes), the seed states the
+        EUR→USD rate the cost arbitrage converts with, uploads the batch input file
+        (BATCH_REQUESTS chat requests of the demo's prompts) and `lead` starts the soak.
+        Each only once, like every demo object: a route that ever gave the A100 weight, an
+        existing EUR/USD rate, a file of that name and a plan that has had a soak are kept."""
+        from fleetctl.fleet.models import CurrencyRate
+        from fleetctl.traffic.models import Route
+        from migrations_plan.models import Plan
+
+        plan = Plan.objects.filter(name="a100-llama-8b").first()
+        if plan is None:
+            return
+        if plan.state != Plan.State.STAGE_3:
+            if not plan.soaks.exists():
+                self._note(f"plan a100-llama-8b is kept as it is ({plan.get_state_display()}): "
+                           f"no soak is started (a soak runs at stage 3)")
+            return
+        route = Route.objects.filter(name=BATCH_ROUTE).first()
+        if route is not None and not any(BATCH_POOL in revision.weights
+                                         for revision in route.revisions.all()):
+            self._create(f"{BATCH_WEIGHT} % of {BATCH_ROUTE} on {BATCH_POOL}",
+                         partial(self._batch_weight, route))
+        if not CurrencyRate.objects.filter(
+                from_currency__in=("EUR", "USD"), to_currency__in=("EUR", "USD")).exists():
+            self._create("EUR/USD rate", self._batch_rate)
+        if not plan.soaks.exists():
+            self._create("soak of a100-llama-8b", partial(self._batch_soak, plan))
+
+    @staticmethod
+    def _batch_weight(route: Route) -> Any:
+        from fleetctl.traffic import services as traffic
+
+        return traffic.revision_create(
+            actor=Actor(user=User.objects.get(username="lead")), route=route,
+            base_revision=route.revision_number,
+            weights={route.primary_pool.name: 100 - BATCH_WEIGHT, BATCH_POOL: BATCH_WEIGHT},
+            force=True, reason="demo: the A100s take a share of batch traffic in stage 3 "
+                               "(pools not probed yet)")
+
+    @staticmethod
+    def _batch_rate() -> Any:
+        from django.utils import timezone
+
+        return services.currency_rate_create(actor=Actor.for_system("demo-seed"),
+                                             as_of=timezone.localdate(), **BATCH_RATE)
+
+    @staticmethod
+    def _batch_soak(plan: Plan) -> Any:
+        import io
+        import json
+
+        from fleetctl.batch import services as batch
+        from fleetctl.batch.models import BatchFile
+        from fleetctl.batch.soak import soak_create
+        from fleetctl.demo.traffic import PROMPTS
+
+        input_file = BatchFile.objects.filter(name=BATCH_INPUT).order_by("-id").first()
+        if input_file is None:
+            lines = [json.dumps({
+                "custom_id": f"demo-{i:04d}", "method": "POST", "url": "/v1/chat/completions",
+                "body": {"model": MODEL, "max_tokens": 128, "messages": [
+                    {"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}})
+                for i in range(BATCH_REQUESTS)]
+            input_file = batch.file_upload(actor=Actor.for_system("demo-seed"),
+                                           name=BATCH_INPUT,
+                                           stream=io.BytesIO("\n".join(lines).encode()))
+        return soak_create(actor=Actor(user=User.objects.get(username="lead")), plan=plan,
+                           input_file=input_file, **SOAK)
 
     def _people(self, actor: Actor, password: str) -> None:
         roles_ensure_groups()
