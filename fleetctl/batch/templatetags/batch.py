@@ -52,6 +52,18 @@ def batch_plan_panel(plan: Any) -> dict[str, Any]:
     }
 
 
+# A job's or a soak's state → the shared run-status colours (static/css/app.css).
+STATE_CLASSES = {"queued": "run-queued", "running": "run-running", "paused": "run-partial",
+                 "completed": "run-complete", "passed": "run-complete",
+                 "failed": "run-failed", "expired": "run-failed",
+                 "cancelled": "run-cancelled", "stopped": "run-cancelled"}
+
+
+@register.filter
+def batch_state_class(state: Any) -> str:
+    return STATE_CLASSES.get(str(state), "")
+
+
 @register.filter
 def batch_rate(value: Any) -> str:
     """A rate per second: 12.345 → "12.3"; "—" when unknown."""
