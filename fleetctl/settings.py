@@ -271,6 +271,11 @@ TELEMETRY_WINDOW_S = env_int("TELEMETRY_WINDOW_S", 10)
 TELEMETRY_FLUSH_INTERVAL_S = env_float("TELEMETRY_FLUSH_INTERVAL_S", 1.0)
 # How often the ingester scrapes each pool's /metrics (TPOT), in seconds.
 TELEMETRY_SCRAPE_INTERVAL_S = env_float("TELEMETRY_SCRAPE_INTERVAL_S", 10.0)
+# One ingester at a time: its lease lasts 3 flush intervals, at least TELEMETRY_LEASE_MIN_S (a
+# killed ingester's successor waits this long); a waiting one retries every
+# TELEMETRY_LEASE_WAIT_S. The tests shorten both.
+TELEMETRY_LEASE_MIN_S = env_float("TELEMETRY_LEASE_MIN_S", 10.0)
+TELEMETRY_LEASE_WAIT_S = env_float("TELEMETRY_LEASE_WAIT_S", 3.0)
 # How often beat ticks the ramps (each due ramp is claimed with a lease of RAMP_LEASE_S).
 RAMP_TICK_INTERVAL_S = env_float("RAMP_TICK_INTERVAL_S", 2.0)
 RAMP_LEASE_S = env_float("RAMP_LEASE_S", 30.0)
@@ -399,6 +404,9 @@ SPECTACULAR_SETTINGS = {
         "DrainStatusEnum": "fleetctl.traffic.models.Drain.Status",
         "RevisionKindEnum": "fleetctl.traffic.models.SplitRevision.Kind",
         "RampStateEnum": "fleetctl.ramps.models.Ramp.State",
+        "BatchJobStateEnum": "fleetctl.batch.models.BatchJob.State",
+        "SoakStateEnum": "fleetctl.batch.models.Soak.State",
+        "BatchDrillEnum": "fleetctl.batch.models.BatchJob.Drill",
     },
 }
 
