@@ -116,7 +116,7 @@ class JobActionSerializer(serializers.Serializer):
                                                               "and the audit log.")
 
 
-class ProgressSerializer(serializers.Serializer):
+class BatchProgressSerializer(serializers.Serializer):
     total = serializers.IntegerField()
     succeeded = serializers.IntegerField()
     failed = serializers.IntegerField()
@@ -161,7 +161,7 @@ class BatchJobSerializer(serializers.ModelSerializer):
 
 
 class BatchJobDetailSerializer(BatchJobSerializer):
-    progress = ProgressSerializer(read_only=True, help_text="From the chunks' counters.")
+    progress = BatchProgressSerializer(read_only=True, help_text="From the chunks' counters.")
     output_url = serializers.SerializerMethodField()
     errors_url = serializers.SerializerMethodField()
 
