@@ -74,6 +74,14 @@ HALT_POLL_S = 0.25
 
 _lock = threading.Lock()
 _http: httpx.Client | None = None
+_drill_threads: list[threading.Thread] = []
+
+
+def wait_for_drills(timeout_s: float = FAULT_S + 15) -> None:
+    """Before the process exits: let a fault-pool drill clear the fault it set."""
+    deadline = time.monotonic() + timeout_s
+    for thread in _drill_threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def http_client() -> httpx.Client:
@@ -432,7 +440,11 @@ class ChunkRun:
                 os.kill(os.getpid(), signal.SIGKILL)
         elif self.job.drill == BatchJob.Drill.FAULT_POOL:
             self.drill_armed = False
-            threading.Thread(target=self._fault_pool, name="batch-drill", daemon=True).start()
+            # It outlives this chunk (the next one runs while the pool is down); the worker
+            # waits for it before exiting (wait_for_drills), so a fault is always cleared.
+            thread = threading.Thread(target=self._fault_pool, name="batch-drill", daemon=True)
+            _drill_threads.append(thread)
+            thread.start()
 
     def _fault_pool(self) -> None:
         """Down for FAULT_S seconds through each endpoint's fault hook, then cleared (always,

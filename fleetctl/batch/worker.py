@@ -129,7 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: stop.set())
     log.info("batch worker %s (lease %.1f s, store %s)", owner, store.lease_s,
              type(store).__name__)
-    run(store, owner, stop, poll_s=args.poll, idle_exit_s=args.idle_exit)
+    try:
+        run(store, owner, stop, poll_s=args.poll, idle_exit_s=args.idle_exit)
+    finally:
+        from fleetctl.batch.executor import wait_for_drills
+
+        wait_for_drills()
     log.info("batch worker %s stopped", owner)
     return 0
 

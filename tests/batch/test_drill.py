@@ -119,7 +119,8 @@ def test_the_fault_pool_drill_faults_the_pool_and_records_passing_evidence(
     rows = BatchResult.objects.filter(job=job)
     assert rows.count() == 60 and all(r.status_code == 200 for r in rows)
     retries = sum(BatchChunk.objects.filter(job=job).values_list("retries", flat=True))
-    assert retries > 0  # the pool was down for ~2 s: requests failed and were retried
+    # The pool was down for ~2 s: requests failed and were retried.
+    assert retries > 0, list(job.events.values_list("kind", "message", "data"))
     evidence = Evidence.objects.get(kind=DRILL_KIND, pool=sim_pool)
     assert evidence.verdict == "pass" and evidence.data["fault_cleared_at"]
     assert job.drill_resumed_at > job.drill_fired_at
