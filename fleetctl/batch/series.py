@@ -88,12 +88,28 @@ def throughput_buckets(job: BatchJob, *, now: datetime | None = None,
     return buckets
 
 
-def throughput_figure(buckets: list[Bucket]) -> go.Figure:
+def job_marks(job: BatchJob) -> list[tuple[datetime, str]]:
+    """The moments drawn across the chart: the drill firing and the resume after it."""
+    marks = []
+    if job.drill_fired_at is not None:
+        marks.append((job.drill_fired_at, f"drill fired ({job.drill})"))
+    if job.drill_resumed_at is not None:
+        marks.append((job.drill_resumed_at, "resumed"))
+    return marks
+
+
+def throughput_figure(buckets: list[Bucket],
+                      marks: list[tuple[datetime, str]] | None = None) -> go.Figure:
     """Requests/s (left axis) and output tokens/s (right axis) per bucket, errors/s as red
     bars: a stall (the drill's kill, a paused job) shows as a gap at zero, not a line
-    drawn across it."""
+    drawn across it. `marks` (time, label) are drawn as dashed vertical lines."""
     x = [b.start for b in buckets]
     fig = go.Figure()
+    for at, label in marks or []:
+        fig.add_shape(type="line", x0=at, x1=at, y0=0, y1=1, yref="paper",
+                      line={"color": ERRORS_COLOUR, "dash": "dash", "width": 1})
+        fig.add_annotation(x=at, y=1, yref="paper", text=label, showarrow=False,
+                           xanchor="left", yanchor="bottom", font={"size": 11})
     fig.add_trace(go.Bar(x=x, y=[round(b.errors / b.seconds, 3) if b.seconds else 0
                                  for b in buckets],
                          name="errors/s", marker={"color": ERRORS_COLOUR}, opacity=0.6,

@@ -241,8 +241,17 @@ def _charts(job: BatchJob) -> dict[str, Any]:
     return {"job": job, "charts_id": CHARTS_ID, "polling": job.is_active,
             "bucket_s": ((buckets[1].start - buckets[0].start).total_seconds()
                          if len(buckets) > 1 else buckets[0].seconds if buckets else 0),
-            "throughput_figure": figure_data(series.throughput_figure(buckets))
+            "throughput_figure": figure_data(series.throughput_figure(
+                buckets, series.job_marks(job)))
             if has_data else None}
+
+
+def _now_shown(form: Any, now: dict[str, Any]) -> Any:
+    """An edit form shows the current values as placeholders, not as values: a field left
+    empty is not changed (a value sent again unchanged would still be a person's edit)."""
+    for name, value in now.items():
+        form.fields[name].widget.attrs["placeholder"] = f"now {value}"
+    return form
 
 
 def _offered(job: BatchJob) -> list[str]:
@@ -261,8 +270,8 @@ def _render_job(request: HttpRequest, job: BatchJob, *, action_form: JobActionFo
         "resends_shown": RESENDS_SHOWN,
         "window_text": duration_text(job.completion_window_s),
         "action_form": action_form,
-        "edit_form": edit_form or JobEditForm(initial={"concurrency": job.concurrency,
-                                                       "rate_limit_rps": job.rate_limit_rps}),
+        "edit_form": _now_shown(edit_form or JobEditForm(), {
+            "concurrency": job.concurrency, "rate_limit_rps": job.rate_limit_rps or "none"}),
         "offered": _offered(job),
     }, status=status)
 
@@ -360,10 +369,10 @@ def _render_soak(request: HttpRequest, soak_row: Soak, *, stop_form: SoakStopFor
         "arbitrage": cost.plan_arbitrage(soak_row.plan, soak_row),
         "events": list(soak_row.events.order_by("-at", "-id")[:EVENTS_SHOWN]),
         "stop_form": stop_form or SoakStopForm(),
-        "edit_form": edit_form or SoakEditForm(initial={
+        "edit_form": _now_shown(edit_form or SoakEditForm(), {
             "every": duration_text(soak_row.every_s),
             "duration": duration_text(soak_row.duration_s), "concurrency": soak_row.concurrency,
-            "rate_limit_rps": soak_row.rate_limit_rps}),
+            "rate_limit_rps": soak_row.rate_limit_rps or "none"}),
     }, status=status)
 
 

@@ -333,3 +333,14 @@ def test_the_list_and_the_job_page_read_a_bounded_number_of_queries(
         BatchJobEvent.objects.create(job=job, kind="takeover", actor="w2")
     assert queries(oncall, reverse("batch:list")) == one_job
     assert queries(oncall, reverse("batch:job-detail", args=[job.pk])) == few_rows
+
+
+def test_the_chart_marks_the_drill_firing_and_the_resume(job: BatchJob):
+    write_results(job, range(0, 4))
+    fired = timezone.now()
+    finish(job, drill="kill-worker", drill_fired_at=fired,
+           drill_resumed_at=fired + timezone.timedelta(seconds=30))
+    figure = series.throughput_figure(series.throughput_buckets(job), series.job_marks(job))
+    labels = [a.text for a in figure.layout.annotations]
+    assert labels == ["drill fired (kill-worker)", "resumed"]
+    assert [s.x0 for s in figure.layout.shapes] == [fired, fired + timezone.timedelta(seconds=30)]
