@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
+from fleetctl.fleet.costs import cost_per_1m
 from fleetctl.fleet.models import money
 from fleetctl.fleet.selectors import rate_on
 
@@ -29,21 +30,6 @@ if TYPE_CHECKING:
 
 PASS, FAIL, INSUFFICIENT = "pass", "fail", "insufficient"
 PLACES = Decimal("0.0001")
-
-
-def cost_per_1m(hourly_rate: Decimal | str | int | float,
-                output_tokens_per_s: Decimal | str | int | float) -> Decimal:
-    """Cost per 1M output tokens = hourly rate / tokens per second × 1e6 / 3600, rounded
-    half-up to 4 decimals: the formula of fleetctl.bench.stats.cost_per_1m (the benchmark's,
-    which the pool's cost comes from), which batch may not import (tests/test_layers.py)."""
-    rate = Decimal(str(hourly_rate))
-    tps = Decimal(str(output_tokens_per_s))
-    if rate < 0:
-        raise ValueError("hourly rate must be >= 0")
-    if tps <= 0:
-        raise ValueError("output tokens per second must be > 0")
-    return (rate * Decimal(1_000_000) / (tps * Decimal(3600))).quantize(
-        PLACES, rounding=ROUND_HALF_UP)
 
 
 @dataclass

@@ -25,8 +25,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from decimal import ROUND_HALF_UP, Decimal
 from typing import Literal, Protocol
+
+from fleetctl.fleet.costs import cost_per_1m  # noqa: F401 - re-exported: stats.cost_per_1m
 
 Outcome = Literal["pass", "fail", "insufficient", "invalid"]
 
@@ -250,16 +251,3 @@ def _slo_ratios(summary: LevelSummary, slo: Slo) -> dict[str, float]:
 # ---- cost -----------------------------------------------------------------------------------
 
 
-def cost_per_1m(hourly_rate: Decimal | str | int | float,
-                output_tokens_per_s: Decimal | str | int | float,
-                places: int = 4) -> Decimal:
-    """Cost per 1M output tokens = hourly rate / tokens per second × 1e6 / 3600, in Decimal
-    (floats go through their shortest repr), rounded half-up to `places` decimals."""
-    rate = Decimal(str(hourly_rate))
-    tps = Decimal(str(output_tokens_per_s))
-    if rate < 0:
-        raise ValueError("hourly rate must be >= 0")
-    if tps <= 0:
-        raise ValueError("output tokens per second must be > 0")
-    cost = rate * Decimal(1_000_000) / (tps * Decimal(3600))
-    return cost.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)

@@ -58,11 +58,12 @@ def predict(people, plan, amount: str, currency: str) -> None:
 
 
 def test_the_formula_is_the_benchmarks():
+    # One formula (fleetctl/fleet/costs.py): the pool's benchmark cost and the soak's measured
+    # cost cannot drift apart.
     from fleetctl.bench.stats import cost_per_1m as benchmark_cost
 
+    assert benchmark_cost is cost_per_1m
     assert cost_per_1m("10.50", 350) == Decimal("8.3333")
-    for rate, tps in (("39.80", "1234.5"), ("14.70", 512.25), ("0", 3)):
-        assert cost_per_1m(rate, tps) == benchmark_cost(rate, tps)
 
 
 def test_same_currency_pass_and_fail_with_the_margin(soaked):
