@@ -49,8 +49,9 @@ def test_the_demo_probes_fail_the_a100_on_tools_and_parity_and_pass_the_mi300x(
     assert (mi300x.status, mi300x.verdict) == ("done", "pass"), mi300x.summary
 
     plan = Plan.objects.get(name="a100-llama-8b")
-    check = next(o for o in ev.evaluate_gate(plan).outcomes if o.check.key == "conformance")
+    # The demo's A100 plan was signed through stages 1 and 2 for batch work before its probe
+    # ran (the leads' justification says batch jobs use no tools); its stage-1 check now shows
+    # the probe's failure for the record.
+    check = next(o for o in ev.evaluate_gate(plan, stage=1).outcomes
+                 if o.check.key == "conformance")
     assert check.status == ev.FAIL
-    lead2 = Actor(user=User.objects.get(username="lead2"))
-    with pytest.raises(ConflictError, match="tools, tool_choice required"):
-        plans.approve(actor=lead2, plan=plan, justification="it is only a demo, really")

@@ -68,7 +68,7 @@ def test_the_demo_evaluates_both_plans_candidates_the_mi300x_passes_and_the_a100
     mi300x, a100 = runs["mi300x-llama-8b"], runs["a100-llama-8b"]
     assert [p.pool.name for p in mi300x.run_pools.order_by("position")] == [
         "mi300x-us-east", "h200-us-east"]
-    assert mi300x.plan_stage == 2 and a100.plan_stage == 1
+    assert mi300x.plan_stage == 2 and a100.plan_stage == 3
     assert mi300x.verdict == "pass", mi300x.summary
     assert a100.verdict == "fail", a100.summary
     assert a100.stats["paired"]["upper"] < -a100.margin

@@ -47,12 +47,12 @@ def test_a_second_demo_seed_keeps_everything_people_changed_since_and_does_not_c
     seed()
     admin = person("admin")
     gateway = Gateway.objects.get(name="envoy-demo")
-    batch = traffic.route_create(actor=admin, name="llama-8b-batch",
-                                 model_id="llama-3.1-8b-instruct", latency_class="batch",
-                                 primary_pool=Pool.objects.get(name="a100-eu-central"),
-                                 force=True, reason="batch traffic goes to the A100s")
+    nightly = traffic.route_create(actor=admin, name="llama-8b-nightly",
+                                   model_id="llama-3.1-8b-instruct", latency_class="batch",
+                                   primary_pool=Pool.objects.get(name="h200-us-east"),
+                                   force=True, reason="nightly jobs get their own route")
     traffic.gateway_set_routes(actor=admin, gateway=gateway,
-                               routes=[*gateway.routes.all(), batch])
+                               routes=[*gateway.routes.all(), nightly])
     gaudi = Pool.objects.get(name="gaudi3-in-west")
     fleet.pool_model_delete(actor=admin, entry=gaudi.models.get())
     fleet.pool_update(actor=admin, pool=gaudi, max_context_tokens=256,
@@ -65,7 +65,7 @@ def test_a_second_demo_seed_keeps_everything_people_changed_since_and_does_not_c
     notes = seed()
 
     assert set(Gateway.objects.get(name="envoy-demo").routes.values_list("name", flat=True)) \
-        == {"llama-8b", "llama-8b-eu", "llama-8b-batch"}
+        == {"llama-8b", "llama-8b-eu", "llama-8b-batch", "llama-8b-nightly"}
     gaudi.refresh_from_db()
     assert (gaudi.max_context_tokens, gaudi.base_urls) == (256, ["http://127.0.0.1:9105"])
     assert not PoolModel.objects.filter(pool=gaudi).exists()
@@ -92,8 +92,8 @@ def test_the_seed_skips_a_demo_object_the_registry_refuses_says_why_and_seeds_th
 
     assert "route llama-8b-eu not created: Residency: primary tpu-v5e-eu-west is in US" in notes
     assert not Route.objects.filter(name="llama-8b-eu").exists()
-    assert list(Gateway.objects.get(name="envoy-demo").routes.values_list("name", flat=True)) \
-        == ["llama-8b"]
+    assert sorted(Gateway.objects.get(name="envoy-demo").routes.values_list("name", flat=True)) \
+        == ["llama-8b", "llama-8b-batch"]
     assert Plan.objects.count() == 2
     assert Region.objects.get(code="us-east").jurisdiction == "US"
 

@@ -38,7 +38,7 @@ def test_the_second_lead_can_approve_what_is_ready_and_not_what_is_not(seeded):
     # The seed fabricates no evidence: the A100's conformance check waits for its real probe
     # (make demo queues one; tests/conformance/test_demo.py runs it and sees it block).
     a100 = Plan.objects.get(name="a100-llama-8b")
-    conformance = next(o for o in ev.evaluate_gate(a100).outcomes
+    conformance = next(o for o in ev.evaluate_gate(a100, stage=1).outcomes
                        if o.check.key == "conformance")
     assert conformance.status == ev.INSUFFICIENT
     assert not a100.candidate_pool.evidence.filter(kind="conformance").exists()
