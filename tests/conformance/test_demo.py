@@ -9,14 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import User
 from django.core.management import call_command
 
-from fleetctl.accounts.actor import Actor
 from fleetctl.conformance.models import ConformanceRun
-from fleetctl.core.errors import ConflictError
 from migrations_plan import evidence as ev
-from migrations_plan import services as plans
 from migrations_plan.models import Plan
 from tests.conftest import wait_until
 from tests.sim import simproc
