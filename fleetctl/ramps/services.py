@@ -16,6 +16,8 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -120,14 +122,27 @@ def ramp_create(*, actor: Actor, route: Route, pool: Pool, steps: list[dict[str,
     return ramp
 
 
-def ramp_pause(*, actor: Actor, ramp: Ramp, reason: str) -> Ramp:
-    actor.require(roles.RAMP, action="ramp.pause", target=ramp)
-    _need_reason(reason, "pause")
+@contextmanager
+def _person_action(actor: Actor, ramp: Ramp, *, action: str, reason: str, what: str,
+                   states: tuple[str, ...], refusal: str,
+                   role: str = roles.RAMP) -> Iterator[Ramp]:
+    """What a person's action on a ramp (pause, resume, skip, abort) starts with: the
+    permission, a reason, then, in one transaction, the ramp locked and in one of `states`,
+    else a conflict saying why (`refusal`) and nothing changes. Yields the locked ramp; the
+    caller's changes, event and audit row commit with it."""
+    actor.require(role, action=action, target=ramp)
+    _need_reason(reason, what)
     with transaction.atomic():
         locked = _locked(ramp)
-        if locked.state != Ramp.State.RUNNING:
-            raise ConflictError(f"Ramp {locked.pk} is {locked.state}; only a running ramp can "
-                                f"be paused.")
+        if locked.state not in states:
+            raise ConflictError(f"Ramp {locked.pk} is {locked.state}; {refusal}")
+        yield locked
+
+
+def ramp_pause(*, actor: Actor, ramp: Ramp, reason: str) -> Ramp:
+    with _person_action(actor, ramp, action="ramp.pause", reason=reason, what="pause",
+                        states=(Ramp.State.RUNNING,),
+                        refusal="only a running ramp can be paused.") as locked:
         _set_state(locked, Ramp.State.PAUSED, reason)
         _event(locked, Kind.PAUSE, actor=actor, message=f"{actor.label} paused: {reason}")
         audit_record(actor=actor, action="ramp.pause", target=locked, message=reason,
@@ -138,13 +153,9 @@ def ramp_pause(*, actor: Actor, ramp: Ramp, reason: str) -> Ramp:
 def ramp_resume(*, actor: Actor, ramp: Ramp, reason: str) -> Ramp:
     """Resume a paused ramp: it adopts the route's current revision (whatever changed it),
     its next tick sets the current step's split again and restarts that step's hold."""
-    actor.require(roles.RAMP, action="ramp.resume", target=ramp)
-    _need_reason(reason, "resume")
-    with transaction.atomic():
-        locked = _locked(ramp)
-        if locked.state != Ramp.State.PAUSED:
-            raise ConflictError(f"Ramp {locked.pk} is {locked.state}; only a paused ramp can "
-                                f"be resumed.")
+    with _person_action(actor, ramp, action="ramp.resume", reason=reason, what="resume",
+                        states=(Ramp.State.PAUSED,),
+                        refusal="only a paused ramp can be resumed.") as locked:
         route = Route.objects.get(pk=locked.route_id)
         before = locked.revision_number
         locked.revision_number = route.revision_number
@@ -170,13 +181,10 @@ def ramp_resume(*, actor: Actor, ramp: Ramp, reason: str) -> Ramp:
 
 def ramp_skip(*, actor: Actor, ramp: Ramp, reason: str) -> Ramp:
     """End the current hold now: the next tick steps up without judging it."""
-    actor.require(roles.RAMP, action="ramp.skip", target=ramp)
-    _need_reason(reason, "skip the hold")
-    with transaction.atomic():
-        locked = _locked(ramp)
-        if locked.state != Ramp.State.RUNNING:
-            raise ConflictError(f"Ramp {locked.pk} is {locked.state}; only a running ramp's "
-                                f"hold can be skipped (resume it first).")
+    with _person_action(actor, ramp, action="ramp.skip", reason=reason, what="skip the hold",
+                        states=(Ramp.State.RUNNING,),
+                        refusal="only a running ramp's hold can be skipped (resume it "
+                                "first).") as locked:
         if locked.current_step is None:
             raise ConflictError(f"Ramp {locked.pk} has not set its first step yet; nothing "
                                 f"to skip.")
@@ -194,12 +202,9 @@ def ramp_abort(*, actor: Actor, ramp: Ramp, reason: str) -> Ramp:
     """Stop the ramp and drain its pool off the route (the drain's own record times it)."""
     from fleetctl.traffic import push
 
-    actor.require(roles.DRAIN, action="ramp.abort", target=ramp)
-    _need_reason(reason, "abort")
-    with transaction.atomic():
-        locked = _locked(ramp)
-        if locked.state not in ACTIVE_STATES:
-            raise ConflictError(f"Ramp {locked.pk} is {locked.state}; it is not active.")
+    with _person_action(actor, ramp, action="ramp.abort", reason=reason, what="abort",
+                        states=ACTIVE_STATES, refusal="it is not active.",
+                        role=roles.DRAIN) as locked:
         drain = _drain(locked, actor=actor, reason=f"ramp {locked.pk} aborted: {reason}")
         _finish(locked, Ramp.State.ABORTED, reason, drain=drain)
         _event(locked, Kind.ABORT, actor=actor, drain=drain,
