@@ -20,8 +20,8 @@ Only one ingester reads at a time: before it reads anything it takes a lease, a 
 UPDATE (free when expired, or already ours) and renewed by every flush. That row's fields mean:
 `last_counters` = {"owner": "host:pid:random", "until": ISO expiry} (for people and logs),
 `updated_at` = the lease's expiry (the column the conditional UPDATE compares), `last_read_at` =
-its last renewal. The expiry is 3 flush intervals, at least LEASE_MIN_S. A second ingester
-waits (checking every LEASE_WAIT_S) and takes over once the lease expired, resuming from the
+its last renewal. The expiry is 3 flush intervals, at least TELEMETRY_LEASE_MIN_S. A second
+ingester waits (checking every TELEMETRY_LEASE_WAIT_S) and takes over once the lease expired, resuming from the
 cursors. Every flush renews the lease as the first write of the transaction that writes the
 windows and cursors: if another ingester took it over meanwhile, nothing is written, the
 in-memory windows and file positions are dropped, and the ingester goes back to waiting.
@@ -56,8 +56,6 @@ READ_CHUNK = 4 * 1024 * 1024  # bytes read from one file per poll
 MAX_LINE = 1024 * 1024  # a "line" longer than this without a newline is skipped as malformed
 REFRESH_S = 5.0  # how often the gateways (and their endpoints) are read again
 LEASE_SOURCE, LEASE_PATH = "_ingester", "lease"  # the Cursor row that holds the lease
-LEASE_MIN_S = 10.0  # the lease lasts 3 flush intervals, at least this long
-LEASE_WAIT_S = 3.0  # how often a waiting ingester tries to take the lease
 EXIT_LEASE_HELD = 3  # --once, when another live ingester holds the lease
 
 
@@ -320,8 +318,8 @@ class Ingester:
         self.followers: dict[tuple[str, str], Follower] = {}
         self.last_refresh = 0.0
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.lease_s = max(3 * self.flush_interval_s, LEASE_MIN_S)
-        self.lease_wait_s = LEASE_WAIT_S
+        self.lease_s = max(3 * self.flush_interval_s, float(settings.TELEMETRY_LEASE_MIN_S))
+        self.lease_wait_s = float(settings.TELEMETRY_LEASE_WAIT_S)
         self.holding = threading.Event()  # set while this ingester holds the lease (run)
 
     # --- the lease -----------------------------------------------------------------------

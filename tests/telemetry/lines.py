@@ -37,6 +37,10 @@ def ingester_env() -> dict[str, str]:
                                f"{connection.settings_dict['NAME']}")
     env["REDIS_URL"] = settings.REDIS_URL
     env["PYTHONUNBUFFERED"] = "1"
+    # A killed ingester's successor waits out its lease: 3 s (not 10) keeps the kill tests
+    # short, still 15 flush intervals of 0.2 s, so a live holder never lets it lapse.
+    env["TELEMETRY_LEASE_MIN_S"] = "3"
+    env["TELEMETRY_LEASE_WAIT_S"] = "0.5"
     return env
 
 

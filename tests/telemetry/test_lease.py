@@ -191,7 +191,9 @@ def test_two_real_ingesters_count_once_and_the_second_takes_over_a_killed_first(
         _write(path, 300)
         wait_until(lambda: (Cursor.objects.filter(source_name="gw-a").values_list(
             "lines", flat=True).first() or 0) == 300, timeout_s=30, what="a first flush")
-        time.sleep(1.0)  # both run: the second only waits
+        # Both run: the second only waits (it said so), and counted nothing.
+        wait_until(lambda: "holds the lease until" in (tmp_path / "ingest-2.log").read_text(),
+                   timeout_s=30, what="the second to wait for the lease")
         assert _requests() == 300
         os.kill(first.pid, signal.SIGKILL)
         first.wait(timeout=10)
