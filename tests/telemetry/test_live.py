@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from fleetctl.core.ports import free_port
@@ -27,6 +26,7 @@ from fleetctl.traffic.models import Gateway
 from tests.conftest import wait_until
 from tests.sim.simproc import MODEL, TEST_PROFILES, SimProcess
 from tests.telemetry.lines import envoy_line, start_ingester
+from tests.traffic.accesslog import chat
 
 pytestmark = pytest.mark.slow
 
@@ -40,15 +40,6 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
                          workdir / "sim.log")
     yield process
     process.stop()
-
-
-def chat(url: str, *, stream: bool, max_tokens: int = 8) -> int:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "ping"}],
-            "max_tokens": max_tokens, "stream": stream}
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as answer:
-        for _ in answer.iter_bytes():
-            pass
-        return answer.status_code
 
 
 def _stop(proc: Any) -> None:
@@ -122,14 +113,14 @@ def test_scraping_a_real_pool_gives_tpot_windows(sim: SimProcess, make_pool: Any
     assert cursor.path == metrics_url(sim.url("sa")) and cursor.last_counters["tpot"]
     assert not Window.objects.exists()
     for i in range(6):
-        assert chat(sim.url("sa"), stream=bool(i % 2)) == 200
+        assert chat(sim.url("sa"), stream=bool(i % 2), max_tokens=8) == 200
     assert scraper.scrape_all() == 1
     window = Window.objects.get(source="pool", pool="sa")
     assert (window.route, window.source_name, window.requests) == ("", "sa", 6)
     assert histogram.count(window.ttft) == 6 and histogram.count(window.tpot) > 0
     # A pool that does not answer costs its timeout and says why; the others still count.
     make_pool("down", base_urls=[f"http://127.0.0.1:{free_port()}"])
-    assert chat(sim.url("sa"), stream=True) == 200
+    assert chat(sim.url("sa"), stream=True, max_tokens=8) == 200
     assert scraper.scrape_all() == 1
     assert Cursor.objects.get(source_name="down").last_error
     assert Window.objects.get(source="pool", pool="sa").requests == 7
@@ -165,7 +156,7 @@ def test_a_real_envoy_log_becomes_windows_matching_the_requests(
     assert envoy.access_log_path is not None
     Gateway.objects.create(name="gw-envoy", kind="envoy", admin_address=envoy.admin_url,
                            options={"access_log": str(envoy.access_log_path)})
-    statuses = [chat(envoy.listen_url, stream=i % 3 != 0) for i in range(12)]
+    statuses = [chat(envoy.listen_url, stream=i % 3 != 0, max_tokens=8) for i in range(12)]
     assert statuses == [200] * 12
     ingester = Ingester()  # the real Envoy parser, from the kind registry
     wait_until(lambda: ingester.once() >= 0 and sum(

@@ -19,6 +19,7 @@ from fleetctl.traffic.gateways.base import DesiredState, LogRecord, PoolTarget, 
 from fleetctl.traffic.gateways.envoy.accesslog import parse_line
 from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
 from tests.sim.simproc import MODEL, TEST_PROFILES, SimProcess
+from tests.traffic.accesslog import chat, log_offset, read_records
 
 pytestmark = pytest.mark.slow
 
@@ -54,23 +55,14 @@ class Logged:
     def offset(self) -> int:
         path = self.process.access_log_path
         assert path is not None
-        return path.stat().st_size if path.exists() else 0
+        return log_offset(path)
 
     def records(self, since: int, count: int, timeout_s: float = 30.0) -> list[LogRecord]:
         """The records written after byte `since`, once there are `count` (Envoy flushes its
         log every 250 ms here)."""
         path = self.process.access_log_path
         assert path is not None
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with path.open("rb") as log:
-                log.seek(since)
-                lines = [line for line in log.read().splitlines(keepends=True)
-                         if line.endswith(b"\n")]
-            records = [r for r in (parse_line(line, {}) for line in lines) if r is not None]
-            if len(records) >= count or time.monotonic() > deadline:
-                return records
-            time.sleep(0.05)
+        return read_records(path, since, count, parse_line, timeout_s=timeout_s)
 
     def fault(self, pool: str, **faults: float) -> None:
         answer = httpx.post(f"{self.sims.url(pool)}/admin/faults", json=faults, timeout=5)
@@ -99,18 +91,6 @@ def logged(sims: SimProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def route(key: str, weights: dict[str, int], latency_class: str = "") -> RouteSpec:
     return RouteSpec(key=key, model=MODEL, latency_class=latency_class, residency="",
                      revision=1, weights=weights)
-
-
-def chat(url: str, *, stream: bool, prompt: str = "ping", max_tokens: int = 4,
-         latency_class: str = "") -> int:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "stream": stream}
-    headers = {"x-fleetctl-latency-class": latency_class} if latency_class else {}
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers,
-                      timeout=30) as answer:
-        for _ in answer.iter_bytes():
-            pass
-        return answer.status_code
 
 
 def test_the_kind_registry_offers_the_parser_and_the_gateway_names_its_log(

@@ -16,7 +16,8 @@ from fleetctl.traffic.gateways import registry
 from fleetctl.traffic.gateways.base import LogRecord
 from fleetctl.traffic.gateways.haproxy.accesslog import parse_line
 from fleetctl.traffic.gateways.haproxy.adapter import HAProxyAdapter
-from tests.sim.simproc import MODEL, SimProcess
+from tests.sim.simproc import SimProcess
+from tests.traffic.accesslog import chat, read_records
 from tests.traffic.scenarios import Harness, route
 
 pytestmark = pytest.mark.slow
@@ -30,26 +31,8 @@ def logged_haproxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HAProxy
     process.stop()
 
 
-def records(path: Path, since: int, count: int, timeout_s: float = 30.0) -> list[LogRecord]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with path.open("rb") as log:
-            log.seek(since)
-            lines = [line for line in log.read().splitlines(keepends=True)
-                     if line.endswith(b"\n")]
-        found = [r for r in (parse_line(line, {}) for line in lines) if r is not None]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
-
-
-def chat(url: str, *, stream: bool) -> int:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "ping"}],
-            "max_tokens": 4, "stream": stream}
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as answer:
-        for _ in answer.iter_bytes():
-            pass
-        return answer.status_code
+def records(path: Path, since: int, count: int) -> list[LogRecord]:
+    return read_records(path, since, count, parse_line)
 
 
 def test_each_request_is_one_json_line_naming_its_route_and_pool(

@@ -17,7 +17,8 @@ from fleetctl.traffic.gateways import registry
 from fleetctl.traffic.gateways.base import LogRecord
 from fleetctl.traffic.gateways.nginx.accesslog import parse_line
 from fleetctl.traffic.gateways.nginx.adapter import NginxAdapter
-from tests.sim.simproc import MODEL, SimProcess
+from tests.sim.simproc import SimProcess
+from tests.traffic.accesslog import chat, log_offset, read_records
 from tests.traffic.scenarios import POOLS, Harness, route
 
 pytestmark = pytest.mark.slow
@@ -31,29 +32,9 @@ def logged_nginx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NginxProc
     process.stop()
 
 
-def records(path: Path, since: int, count: int, endpoints: dict[str, str],
-            timeout_s: float = 30.0) -> list[LogRecord]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        lines = []
-        if path.exists():
-            with path.open("rb") as log:
-                log.seek(since)
-                lines = [line for line in log.read().splitlines(keepends=True)
-                         if line.endswith(b"\n")]
-        found = [r for r in (parse_line(line, endpoints) for line in lines) if r is not None]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
-
-
-def chat(url: str, *, stream: bool) -> int:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "ping"}],
-            "max_tokens": 4, "stream": stream}
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as answer:
-        for _ in answer.iter_bytes():
-            pass
-        return answer.status_code
+def records(path: Path, since: int, count: int,
+            endpoints: dict[str, str]) -> list[LogRecord]:
+    return read_records(path, since, count, parse_line, endpoints)
 
 
 def test_each_request_is_one_json_line_naming_its_route_and_pool(
@@ -64,7 +45,7 @@ def test_each_request_is_one_json_line_naming_its_route_and_pool(
     harness.apply(route({"alpha": 5_000, "beta": 5_000}))
     endpoints = {urlsplit(sim_fleet.url(name)).netloc: name for name in POOLS}
     path = Path(logged_nginx.gateway.options["access_log"])
-    since = path.stat().st_size if path.exists() else 0
+    since = log_offset(path)
     before = harness.served()
     statuses = [chat(logged_nginx.url, stream=n % 2 == 0) for n in range(6)]
     refused = httpx.post(f"{logged_nginx.url}/v1/chat/completions", timeout=10,
@@ -110,7 +91,7 @@ def test_a_failed_connect_tried_on_the_next_server_counts_two_attempts(
     harness.apply(route({"two": 10_000}, key="retry"))
     endpoints = {closed: "two", urlsplit(sim_fleet.url("beta")).netloc: "two"}
     path = Path(logged_nginx.gateway.options["access_log"])
-    since = path.stat().st_size if path.exists() else 0
+    since = log_offset(path)
     statuses = [chat(logged_nginx.url, stream=False) for _ in range(4)]
     found = records(path, since, 4, endpoints)
     assert statuses == [200] * 4

@@ -1,0 +1,55 @@
+"""What the gateways' access-log tests share (tests/traffic/{envoy,haproxy,nginx} and
+tests/telemetry/test_live.py): a chat request sent through a gateway and read to its end,
+and the records a gateway wrote after a given offset of its log, waited for."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import httpx
+
+from fleetctl.traffic.gateways.base import LogRecord
+from tests.sim.simproc import MODEL
+
+Parser = Callable[[bytes, Mapping[str, str]], LogRecord | None]
+
+
+def chat(url: str, *, stream: bool, prompt: str = "ping", max_tokens: int = 4,
+         latency_class: str = "") -> int:
+    """One chat completion through `url`, its body read to the end (so the gateway logs the
+    whole request); returns the status code."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens, "stream": stream}
+    headers = {"x-fleetctl-latency-class": latency_class} if latency_class else {}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers,
+                      timeout=30) as answer:
+        for _ in answer.iter_bytes():
+            pass
+        return answer.status_code
+
+
+def log_offset(path: Path) -> int:
+    """Where the next line will start (nginx creates its log on the first request)."""
+    return path.stat().st_size if path.exists() else 0
+
+
+def read_records(path: Path, since: int, count: int, parse: Parser,
+                 endpoints: Mapping[str, str] | None = None,
+                 timeout_s: float = 30.0) -> list[LogRecord]:
+    """The records of the whole lines written after byte `since`, once there are `count` (a
+    gateway flushes its log a little after the answer) or after `timeout_s` with what there
+    is, for the test to say what is missing."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = []
+        if path.exists():
+            with path.open("rb") as log:
+                log.seek(since)
+                lines = [line for line in log.read().splitlines(keepends=True)
+                         if line.endswith(b"\n")]
+        found = [r for r in (parse(line, endpoints or {}) for line in lines) if r is not None]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
