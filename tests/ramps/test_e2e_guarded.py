@@ -4,16 +4,21 @@ its access log, the telemetry ingester process following that log and scraping t
 (a loop sends `ramps.tick` as beat does) and pushing the splits and drains to Envoy. What the
 gateway holds is read back from Envoy's own runtime, never taken from our rows.
 
-Holds are short (12 s, TELEMETRY_WINDOW_S is 10) and steps few, so each test takes well under
-a minute of ramping."""
+Holds are short (6 s) and steps few, so each test takes well under half a minute of ramping:
+this module's telemetry windows are 5 s (TELEMETRY_WINDOW_S, in the ingester, the worker that
+ticks the ramps and this process alike), the guard judging 5-s windows as it would 10-s ones.
+One worker of the module's own ticks the ramps (queue `watch`, the session's worker leaves it
+meanwhile) with a 6-s ramp lease; the killed-worker test kills it and starts its successor."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -32,9 +37,11 @@ from tests.sim.simproc import sim_with_profiles
 
 pytestmark = [pytest.mark.slow]
 SYSTEM = Actor.for_system("e2e")
-# 10 requests/s, all streamed: 2/s reach a candidate at 20 %, 20 in a 10 s window.
+# 10 requests/s, all streamed: 2/s reach a candidate at 20 %, 10 in a 5 s window.
 RPS = 10.0
-SHORT = [{"percent": 20, "hold_s": 12}, {"percent": 50, "hold_s": 12}]
+WINDOW_S = 5
+HOLD_S = 6
+SHORT = [{"percent": 20, "hold_s": HOLD_S}, {"percent": 50, "hold_s": HOLD_S}]
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +59,59 @@ def envoy(tmp_path: Path) -> Iterator[EnvoyProcess]:
     process.stop()
 
 
-@pytest.fixture
-def worker_env(celery_worker: subprocess.Popen[bytes]) -> dict[str, str]:
+@dataclass
+class Ticker:
+    """The module's worker on the `watch` queue (ramps.tick), on WINDOW_S telemetry."""
+
+    env: dict[str, str]
+    logs: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, name: str, **env: str) -> subprocess.Popen[bytes]:
+        self.proc = e2e.start_worker({**self.env, **env}, self.logs / f"{name}.log",
+                                     name=f"{name}-{os.getpid()}", queues="watch")
+        return self.proc
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def worker_env(celery_worker_process: subprocess.Popen[bytes],
+               django_db_blocker) -> dict[str, str]:
+    """The environment of this module's processes: the test database, 5-s windows."""
     from django.db import connection
 
-    return _worker_env(connection.settings_dict["NAME"])
+    with django_db_blocker.unblock():
+        name = connection.settings_dict["NAME"]
+    return {**_worker_env(name), "TELEMETRY_WINDOW_S": str(WINDOW_S), "RAMP_LEASE_S": "6"}
+
+
+@pytest.fixture(scope="module")
+def ticker(worker_env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ticker]:
+    from fleetctl.celery import app
+
+    # The session worker consumes `watch` too, on 10-s windows: off that queue meanwhile.
+    session = [name for reply in (app.control.ping(timeout=1) or []) for name in reply]
+    for name in session:
+        app.control.cancel_consumer("watch", destination=[name], reply=True)
+    ticker = Ticker(worker_env, tmp_path_factory.mktemp("ramp-workers"))
+    try:
+        ticker.start("ramps")
+        yield ticker
+    finally:
+        ticker.stop()
+        for name in session:
+            app.control.add_consumer("watch", destination=[name], reply=True)
 
 
 @pytest.fixture
-def world(celery_worker, sims, envoy, worker_env, tmp_path):
+def world(celery_worker, ticker, sims, envoy, worker_env, tmp_path, settings):
     """Pools, a route on the primary, the gateway with its access log, the ingester running,
     traffic flowing and ramps ticking. Faults are cleared before and after."""
+    settings.TELEMETRY_WINDOW_S = WINDOW_S
     for name in ("primary", "cand", "twin"):
         e2e.set_fault(sims.url(name), added_latency_ms=0, down=False, error_rate=0)
     region = region_create(actor=SYSTEM, code="us-east", name="US East", jurisdiction="US")
@@ -87,7 +136,7 @@ def world(celery_worker, sims, envoy, worker_env, tmp_path):
 def start_ramp(world, pool: str, steps, **overrides):
     from fleetctl.ramps.services import ramp_create
 
-    fields = {"min_samples": 8, "window_s": 10, "failure_threshold": 2, **e2e.THRESHOLDS,
+    fields = {"min_samples": 8, "window_s": WINDOW_S, "failure_threshold": 2, **e2e.THRESHOLDS,
               **overrides}
     return ramp_create(actor=SYSTEM, route=world["route"], pool=world["pools"][pool],
                        steps=steps, reason="e2e", **fields)
@@ -117,7 +166,7 @@ def test_a_ramp_on_a_healthy_pool_steps_through_its_holds_and_completes(world):
 
 def test_a_latency_fault_mid_ramp_is_rolled_back_by_the_guard_and_drained_on_the_gateway(
         world):
-    ramp = start_ramp(world, "cand", [{"percent": 20, "hold_s": 12},
+    ramp = start_ramp(world, "cand", [{"percent": 20, "hold_s": HOLD_S},
                                       {"percent": 50, "hold_s": 600}])
     e2e.wait_for(lambda: (ramp.refresh_from_db() or ramp.step_index == 1), timeout_s=120,
                  what="the ramp to reach 50 %")
@@ -208,49 +257,36 @@ def test_a_revision_posted_twice_with_one_idempotency_key_over_rest_makes_one_re
 
 
 def test_a_ramp_whose_worker_is_killed_resumes_under_a_new_worker_once_the_lease_expires(
-        world, worker_env, tmp_path):
-    """The session's worker keeps the other queues; this test's ramps are ticked by a worker
-    of its own on `watch` only (lease 4 s), killed with SIGKILL mid-ramp and replaced."""
-    from fleetctl.celery import app
-
-    env = {**worker_env, "RAMP_LEASE_S": "4"}
-    # The session worker consumes `watch` too: take it off that queue for this test.
-    session = [name for reply in (app.control.ping(timeout=1) or []) for name in reply]
-    for name in session:
-        app.control.cancel_consumer("watch", destination=[name], reply=True)
-    own = e2e.start_worker(env, tmp_path / "worker-1.log", name=f"ramps1-{os.getpid()}",
-                           queues="watch")
-    try:
-        ramp = start_ramp(world, "cand", [{"percent": 10, "hold_s": 12},
-                                          {"percent": 30, "hold_s": 12},
-                                          {"percent": 50, "hold_s": 12}])
-        e2e.wait_for(lambda: (ramp.refresh_from_db() or ramp.step_index >= 0), timeout_s=60,
-                     what="the first step")
-        # Kill it in the middle of a tick (holding the ramp's lease) when we catch one in a
-        # few seconds of looking; otherwise in the middle of the hold.
-        caught = None
-        for _ in range(1500):
-            ramp.refresh_from_db()
-            if ramp.lease_owner and ramp.lease_until is not None:
-                caught = ramp.lease_until
-                break
-        os.kill(own.pid, signal.SIGKILL)
-        own.wait()
+        world, ticker):
+    """The module's worker (the only one on `watch`, 6-s ramp lease) is killed with SIGKILL
+    mid-ramp; a successor finishes the ramp and stays the module's worker."""
+    own = ticker.proc
+    assert own is not None and own.poll() is None
+    # Two steps: the kill comes in the first, so the successor has a hold to judge and a
+    # step to set before it completes the ramp.
+    ramp = start_ramp(world, "cand", [{"percent": 20, "hold_s": HOLD_S},
+                                      {"percent": 50, "hold_s": HOLD_S}])
+    e2e.wait_for(lambda: (ramp.refresh_from_db() or ramp.step_index >= 0), timeout_s=60,
+                 what="the first step")
+    # Kill it in the middle of a tick (holding the ramp's lease) when we catch one in 3 s
+    # of looking (ticks come every 2 s); otherwise in the middle of the first hold.
+    caught = None
+    looking = time.monotonic() + 3
+    while time.monotonic() < looking:
         ramp.refresh_from_db()
-        step_when_killed, events_when_killed = ramp.step_index, ramp.events.count()
-        own = e2e.start_worker(env, tmp_path / "worker-2.log", name=f"ramps2-{os.getpid()}",
-                               queues="watch")
-        e2e.wait_for(lambda: finished(ramp), timeout_s=150, what="the ramp to finish")
-        assert ramp.state == "complete", e2e.explain(ramp)
-        assert step_when_killed < 2 == ramp.step_index
-        if caught is not None:
-            # Nobody drove it until the dead worker's lease had expired.
-            later = ramp.events.order_by("at", "id")[events_when_killed:]
-            assert all(e.at >= caught for e in later if e.kind in ("step", "pass")), \
-                e2e.explain(ramp)
-    finally:
-        if own.poll() is None:
-            own.terminate()
-            own.wait(timeout=30)
-        for name in session:
-            app.control.add_consumer("watch", destination=[name], reply=True)
+        if ramp.lease_owner and ramp.lease_until is not None:
+            caught = ramp.lease_until
+            break
+    os.kill(own.pid, signal.SIGKILL)
+    own.wait()
+    ramp.refresh_from_db()
+    step_when_killed, events_when_killed = ramp.step_index, ramp.events.count()
+    ticker.start("ramps2")
+    e2e.wait_for(lambda: finished(ramp), timeout_s=150, what="the ramp to finish")
+    assert ramp.state == "complete", e2e.explain(ramp)
+    assert step_when_killed < 1 == ramp.step_index
+    if caught is not None:
+        # Nobody drove it until the dead worker's lease had expired.
+        later = ramp.events.order_by("at", "id")[events_when_killed:]
+        assert all(e.at >= caught for e in later if e.kind in ("step", "pass")), \
+            e2e.explain(ramp)
