@@ -245,19 +245,20 @@ class ChunkRun:
     # --- the dispatcher (calling thread) ---------------------------------------------------
 
     def run(self) -> str:
-        try:
-            requests = dict(self._requests())
-        except FileNotFoundError:
-            self.store.fail(self.claim, f"the input file {self.job.input_file.path} is missing "
-                                        f"from BATCH_FILES_DIR")
-            return "failed"
-        self.drill_armed = self._drill_armed()
-        if self.drill_armed:
-            self.done_before = self.store.done_count(self.job.pk)
+        # The renewer first: reading the chunk's lines must not eat into the lease.
         renewer = threading.Thread(target=self._renew_loop, name="batch-lease", daemon=True)
         renewer.start()
         senders = ThreadPoolExecutor(max_workers=MAX_CONCURRENCY, thread_name_prefix="batch-send")
         try:
+            try:
+                requests = dict(self._requests())
+            except FileNotFoundError:
+                self.store.fail(self.claim, f"the input file {self.job.input_file.path} is "
+                                            f"missing from BATCH_FILES_DIR")
+                return "failed"
+            self.drill_armed = self._drill_armed()
+            if self.drill_armed:
+                self.done_before = self.store.done_count(self.job.pk)
             self._dispatch(deque(self.claim.pending), requests, senders)
         finally:
             self.halt.set()
@@ -390,11 +391,13 @@ class ChunkRun:
     def _renew_loop(self) -> None:
         every = max(0.05, self.store.lease_s / 3)
         try:
-            while not self.renewer_done.wait(every):
+            while True:
                 if not self.store.renew(self.claim):
                     self._halt("the lease was lost or the job is no longer running")
                     return
                 self._reload_options()
+                if self.renewer_done.wait(every):
+                    return
         except Exception:
             log.exception("job %s: lease renewal failed", self.job.pk)
             self._halt("lease renewal failed")

@@ -151,14 +151,14 @@ class CheckpointStore:
 
     def _claim_in_job(self, job_id: int, owner: str) -> Claim | None:
         with transaction.atomic():
-            now = timezone.now()
             # FOR NO KEY UPDATE: claims queue behind each other, not behind result inserts
             # (their foreign key takes a KEY SHARE lock on the job row).
             job = (BatchJob.objects.select_for_update(no_key=True).select_related("input_file")
                    .filter(pk=job_id, state__in=(State.QUEUED, State.RUNNING),
-                           expires_at__gt=now).first())
+                           expires_at__gt=timezone.now()).first())
             if job is None:
                 return None
+            now = timezone.now()  # after the lock: the lease is measured from the claim
             chunks = BatchChunk.objects.filter(job=job)
             if chunks.filter(state=BatchChunk.State.RUNNING, lease_until__gte=now).exists():
                 return None  # another holder is live: one holder per job

@@ -85,18 +85,24 @@ def test_repeated_kill_9_of_the_holder_loses_nothing_and_writes_nothing_twice(
                what="the job to complete after three kills")
 
     assert results_by_index(job) == {i: 1 for i in range(90)}
-    assert job.duplicates_refused == 0
     assert caught, "no kill caught a holder"
+    # Every kill of a holder led to a takeover. (On a loaded machine a live holder can also
+    # stall past its 2 s lease and be taken over: that is the design working too, and any
+    # late answer of its is refused by the database, so a result is still written once.)
     takeovers = job.events.filter(kind="takeover").values_list("data", flat=True)
-    assert {t["previous_owner"] for t in takeovers} == set(caught)
+    previous_owners = {t["previous_owner"] for t in takeovers}
+    assert set(caught) <= previous_owners
     resends = list(job.resends.order_by("at", "id").values_list(
         "index", "previous_owner", "new_owner"))
     assert resends, "the kills caught requests in flight: they were sent again"
-    assert {previous for _, previous, _ in resends} <= set(caught)
-    # Each resent request got its one result from the worker that last took it over.
-    last_taker = {index: new for index, _, new in resends}
+    assert {previous for _, previous, _ in resends} <= previous_owners
+    # Each resent request's one result came from a holder that sent it again, or from a
+    # previous holder that was only stalled (never from a killed one after its death).
+    senders: dict[int, set[str]] = {}
+    for index, previous, new in resends:
+        senders.setdefault(index, set()).update({new} | ({previous} - set(caught)))
     by_index = dict(BatchResult.objects.filter(job=job).values_list("index", "worker"))
-    assert all(by_index[index] == new for index, new in last_taker.items())
+    assert all(by_index[index] in who for index, who in senders.items())
 
 
 def test_a_running_worker_follows_pause_resume_and_cancel(
