@@ -3,14 +3,17 @@
 Random sequences (hypothesis, the machine of tests/traffic/residency_machine.py) of split
 changes, pool and route drains, restores, pool registration, deletion, renames, region moves,
 jurisdiction changes, endpoint changes, mirroring, guarded ramps (started, paused, resumed,
-aborted, their holds skipped) and routes' health policies, sent as an admin's token over HTTP
+aborted, their holds skipped), routes' health policies and a migration plan per sequence
+(opened, advanced through its gates, regressed, paused, resumed, abandoned), the REST calls
+sent as an admin's token over HTTP
 to the real web server (gunicorn); the ramp controller's ticks (on telemetry written for the
 hold) and pools' health flips (the probe's results, the health policy's drains and restores)
 run in this process, as the worker and the prober run them. After every step, and again once
 the pushes have landed, the real Envoy's routes and cluster endpoints are read through its
 admin API: a crossing is a pinned route with weight on a pool, or an endpoint, registered
-outside its pin (or a ramp out of a pin accepted). Reported: sequences tried, steps, answers
-by status, what the ramps and the health policy did, crossings (target 0), run time.
+outside its pin (or a ramp out of a pin accepted), or weight on a plan's candidate that its
+stage does not allow (issue 16's stage rules). Reported: sequences tried, steps, answers by
+status, what the ramps, the health policy and the plans did, crossings (target 0), run time.
 
 Everything real: PostgreSQL (`DATABASE_URL`, default a local `fleetctl_bench_residency`),
 Redis (db 8), gunicorn, a Celery worker, Envoy.
@@ -181,7 +184,16 @@ def main() -> None:
         print(f"health policy:     {flips['unhealthy']} pools flipped unhealthy, "
               f"{flips['healthy']} back; {automatic['drain']} drains, "
               f"{automatic['restore']} restores")
-        print(f"crossings:         {len(found)} (target 0)")
+        from migrations_plan.models import Plan, StageMove
+
+        moves = Counter(StageMove.objects.values_list("kind", flat=True))
+        stages = Counter(Plan.objects.values_list("state", flat=True))
+        drained = StageMove.objects.filter(drains__isnull=False).distinct().count()
+        print(f"plans:             {sum(stages.values())} opened (now "
+              f"{', '.join(f'{k}: {v}' for k, v in sorted(stages.items()))}); moves "
+              f"{', '.join(f'{k}: {v}' for k, v in sorted(moves.items()))}; {drained} "
+              f"drained the candidate")
+        print(f"crossings:         {len(found)} (target 0; borders and stage rules)")
         for line in found[:20]:
             print(f"  {line}")
         print(f"run time:          {took:.0f} s ({took / max(tried, 1) * 1000:.0f} ms a sequence)")

@@ -4,16 +4,22 @@ deletion, renames, region moves, jurisdiction changes, endpoint changes, mirrori
 runs set and cleared; guarded ramps started over REST on any route with any pool, ticked by
 the controller (a hold passed on telemetry written for it, or skipped), paused, resumed and
 aborted; pools' health flipped by the probe's results under each route's health policy,
-whose drains and restores are applied and pushed), and after every step the question that
-matters: where does the real Envoy send requests pinned to a jurisdiction? Every pool it
-gives such a route weight must be registered in that jurisdiction, and so must every pool
-registered at each endpoint it would connect to (a ramp's step is re-checked at its tick; a
-registry edit under a ramp is refused or leaves the gateway at 0 for the pool); a ramp of a
-pool outside a route's pin is refused when started; and no pinned route is mirrored (desired
-state or Envoy) while one of its mirror pools is gone, renamed or outside the pin (the shadow
-worker would send the copies there). Real PostgreSQL, a real Celery worker pushing (and
-running the ramps' queued ticks and the health policy's task), a real Envoy read back through
-its admin API (`/clusters` for the endpoints it would really use).
+whose drains and restores are applied and pushed; a migration plan whose candidate is one of
+the pools, opened, moved through its gates, regressed, paused, resumed and abandoned), and
+after every step the questions that matter: where does the real Envoy send requests pinned
+to a jurisdiction, and does it give the plan's candidate weight its stage does not allow?
+Every pool it gives a pinned route weight must be registered in that jurisdiction, and so
+must every pool registered at each endpoint it would connect to (a ramp's step is re-checked
+at its tick; a registry edit under a ramp is refused or leaves the gateway at 0 for the
+pool); a ramp of a pool outside a route's pin is refused when started; and no pinned route
+is mirrored (desired state or Envoy) while one of its mirror pools is gone, renamed or
+outside the pin (the shadow worker would send the copies there). The stage rules (issue
+16), in the stored state at once and in Envoy once settled: below stage 3, or paused, the
+candidate holds no weight on any route; at stage 3 only on its plan's batch-class routes;
+none on a route of a plan abandoned there; and a plan is refused exactly when its candidate
+carries weight. Real PostgreSQL, a real Celery worker pushing (and running the ramps'
+queued ticks and the health policy's task), a real Envoy read back through its admin API
+(`/clusters` for the endpoints it would really use).
 
 tests/traffic/test_residency_property.py runs ten sequences in the suite;
 benchmarks/residency_fuzz.py runs the same machine for 1,000+ sequences through the real web
@@ -28,6 +34,7 @@ from typing import Any
 
 import httpx
 from django.conf import settings
+from django.contrib.auth.models import Group, User
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 from hypothesis import strategies as st
@@ -39,6 +46,8 @@ from hypothesis.stateful import (
     rule,
 )
 
+from fleetctl.accounts.actor import Actor
+from fleetctl.core.errors import DomainError
 from fleetctl.fleet.models import HealthTransition, Pool, endpoint_key
 from fleetctl.fleet.services import pool_health_record, pool_model_create, region_create
 from fleetctl.ramps.models import Ramp
@@ -54,6 +63,8 @@ from fleetctl.traffic.services import (
     route_mirror_clear,
     route_mirror_set,
 )
+from migrations_plan import services as plans
+from migrations_plan.models import GateCheck, Plan
 from tests.conftest import SYSTEM, wait_until
 from tests.ramps.windows import traffic
 
@@ -70,6 +81,13 @@ RAMP_GUARD = {"slo_ttft_p95_ms": 500.0, "slo_tpot_p95_ms": 100.0, "slo_error_rat
               "failure_threshold": 2}
 GOOD = [100.0] * 20  # a window of a healthy pool: 20 streamed answers, 100 ms to the first byte
 HEALTH_POLICIES = ("off", "drain", "drain-restore")
+# The migration plan of each sequence: candidate f (a US pool in no other role, so the pinned
+# routes' exploration is unchanged) onto the batch-class route, with c (its primary) as the
+# plan's primary; the unpinned route `any` is an interactive route of no plan (the guard is
+# per pool). Who moves it: an author, another platform lead (who attests, approves and
+# advances) and an on-call (stage 3's incident check).
+PLAN_ROUTES = ("batch",)
+ATTESTERS = {"platform-lead": "lead", "on-call": "oncall"}
 
 
 class Crossing(AssertionError):
@@ -91,11 +109,13 @@ def envoy_view(gateway: Gateway) -> tuple[dict[str, dict[str, int]], dict[str, s
     return held, endpoints
 
 
-def crossings(gateway: Gateway, *, settled: bool) -> list[str]:
+def crossings(gateway: Gateway, *, settled: bool,
+              view: tuple[dict[str, dict[str, int]], dict[str, set[str]]] | None = None
+              ) -> list[str]:
     """Pinned traffic that Envoy would send outside its pin, judged by the registry now.
     `settled`: the gateway has applied the latest state, so each weighted cluster must also
     map to a registered pool (before that, an endpoint may have been renumbered since)."""
-    held, endpoints = envoy_view(gateway)
+    held, endpoints = view or envoy_view(gateway)
     pools = list(Pool.objects.select_related("region"))
     where = {p.name: p.region.jurisdiction for p in pools}
     at_endpoint: dict[str, set[str]] = {}
@@ -146,6 +166,47 @@ def mirror_crossings(gateway: Gateway, *, settled: bool) -> list[str]:
     return found
 
 
+def stage_breaches(held: dict[str, dict[str, int]], where: str) -> list[str]:
+    """Weight a plan's candidate holds against its plan's stage (issue 16's stage rules, read
+    from the plans, not from the guard): no weight below stage 3 or while paused; at stage 3
+    only on the plan's batch-class routes (no interactive weight, no other route); none on the
+    routes of a plan abandoned there; stage 4 or completed lifts it. `held`: route -> {pool
+    name: basis points}, as a gateway holds it (or should)."""
+    weighted = {name for weights in held.values() for name, bp in weights.items() if bp}
+    by_pool: dict[int, list[Plan]] = {}
+    for plan in (Plan.objects.filter(candidate_pool__name__in=weighted)
+                 .select_related("candidate_pool").prefetch_related("routes")
+                 .order_by("-created_at", "-id")):
+        by_pool.setdefault(plan.candidate_pool_id, []).append(plan)
+    routes = {r.name: r for r in Route.objects.filter(name__in=held)}
+    found = []
+    for pool_plans in by_pool.values():
+        name = pool_plans[0].candidate_pool.name
+        for route_name, weights in held.items():
+            route = routes.get(route_name)
+            if not weights.get(name) or route is None:
+                continue
+            why = ""
+            for plan in pool_plans:
+                on_route = route.pk in {r.pk for r in plan.routes.all()}
+                if plan.state == Plan.State.PAUSED or (plan.is_open and plan.stage < 3):
+                    why = f"plan {plan.name} is {plan.state} at stage {plan.stage}"
+                elif plan.state == Plan.State.STAGE_3 and route.latency_class != "batch":
+                    why = f"plan {plan.name} is at stage 3 and {route_name} is interactive"
+                elif plan.state == Plan.State.STAGE_3 and not on_route:
+                    why = f"plan {plan.name} is at stage 3 and {route_name} is not its route"
+                if why:
+                    break
+            newest_here = next((p for p in pool_plans
+                                if route.pk in {r.pk for r in p.routes.all()}), None)
+            if not why and newest_here and newest_here.state == Plan.State.ABANDONED:
+                why = f"plan {newest_here.name} was abandoned on it"
+            if why:
+                found.append(f"{where}: {route_name} gives {weights[name]} bp to candidate "
+                             f"{name}: {why}")
+    return found
+
+
 def settle(gateway: Gateway) -> None:
     """Until every push is done and Envoy holds the desired state."""
     adapter = adapter_for(selectors.gateway_spec(gateway))
@@ -176,8 +237,13 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
         """One sequence: its own regions, pools, model and routes (names carry the sequence
         number, so sequences never see each other's rows); the gateway carries its routes."""
 
-        @initialize()
-        def fleet(self) -> None:
+        @initialize(stage=st.sampled_from([1, 2, 3, 3, 4]))
+        def fleet(self, stage: int) -> None:
+            """`stage`: where the sequence's plan starts (stage 3 most often: its rules are
+            the new ones), moved there through its gates (attested, approved, advanced) as
+            people move it; from stage 3 the candidate then takes what its stage allows (the
+            batch route; at stage 4 the unpinned interactive route too), so that leaving the
+            stage has something to drain."""
             self.n = next(numbers)
             self.model = f"model-{self.n}"
             self.regions = {}
@@ -186,8 +252,9 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
                                                    name=code, jurisdiction=jurisdiction).code
             self.port0 = 20000 + self.n * PORTS
             # e: a second IN pool, so that the IN route has a pool to ramp onto.
+            # f: the candidate of the sequence's migration plan.
             for name, region, port in (("a", "eu1", 0), ("b", "eu2", 1), ("c", "us", 2),
-                                       ("d", "in", 3), ("e", "in", 4)):
+                                       ("d", "in", 3), ("e", "in", 4), ("f", "us", 5)):
                 self._register(name, region, port)
             pool = {p.name: p for p in Pool.objects.filter(name__startswith=f"s{self.n}-")}
             routes = [
@@ -199,11 +266,29 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
                              weights={self.pool("c"): 70, self.pool("a"): 30}),
                 route_create(actor=SYSTEM, name=f"s{self.n}-in", model_id=self.model,
                              residency="IN", primary_pool=pool[self.pool("d")]),
+                route_create(actor=SYSTEM, name=f"s{self.n}-batch", model_id=self.model,
+                             latency_class="batch", primary_pool=pool[self.pool("c")]),
             ]
             gateway_set_routes(actor=SYSTEM, gateway=gateway, routes=routes)
             self.routes = [r.name for r in routes]
             self.drains: list[int] = []
             self.ramps: list[int] = []
+            settle(gateway)
+            self.people = {}
+            for who, role in (("author", "platform-lead"), ("lead", "platform-lead"),
+                              ("oncall", "on-call")):
+                user = User.objects.create_user(f"s{self.n}-{who}")
+                user.groups.set([Group.objects.get_or_create(name=role)[0]])
+                self.people[who] = Actor(user=user)
+            self.plans = 0
+            self._plan_open()
+            for _ in range(stage - 1):
+                self._plan_advance()
+            plan = self._plan()
+            if plan is not None and plan.stage >= 3:
+                self.candidate_share(3, 20)
+            if plan is not None and plan.stage == 4:
+                self.candidate_share(1, 20)
             settle(gateway)
 
         # --- helpers ---------------------------------------------------------------------------
@@ -242,6 +327,54 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
                          .values_list("name", flat=True))
             return pools[pick % len(pools)] if pick >= 4 and pools else self.pool(name)
 
+        def _plan(self) -> Plan | None:
+            return Plan.objects.filter(name=f"s{self.n}-plan-{self.plans}").first()
+
+        def _plan_open(self) -> None:
+            """A new plan for f. Refused (409) exactly when f carries weight on a route."""
+            pool = Pool.objects.filter(name=self.pool("f")).first()
+            primary = Pool.objects.filter(name=self.pool("c")).first()
+            if pool is None or primary is None:
+                return
+            routes = [Route.objects.get(name=f"s{self.n}-{r}") for r in PLAN_ROUTES]
+            carrying = [route for route, rev in selectors.revisions_current(
+                routes=list(Route.objects.filter(name__startswith=f"s{self.n}-"))).items()
+                if rev.weights.get(pool.name)]
+            try:
+                plans.plan_create(actor=self.people["author"], name=f"s{self.n}-plan-"
+                                  f"{self.plans + 1}", candidate_pool=pool, primary_pool=primary,
+                                  routes=routes, slo_ttft_p95_ms=800, slo_tpot_p95_ms=60,
+                                  slo_error_rate=0.01)
+            except (DomainError, ValidationError) as exc:
+                if carrying and "already carries" in str(exc):
+                    return
+                if not carrying and "already carries" in str(exc):
+                    self._found([f"plan refused for {pool.name}, which carries no weight: "
+                                 f"{exc}"])
+                return  # refused for another reason (a pool unfit for a route, say)
+            self.plans += 1
+            if carrying:
+                self._found([f"plan opened for {pool.name} while it carries weight on "
+                             f"{len(carrying)} route(s)"])
+
+        def _plan_advance(self) -> None:
+            """Attest what needs a person, approve with a justification, advance; a gate
+            that fails (the pool unhealthy, say) refuses it, as it would a person."""
+            plan = self._plan()
+            if plan is None or not plan.in_stage:
+                return
+            try:
+                for check in plan.checks.filter(stage=plan.stage, removed_at__isnull=True,
+                                                kind=GateCheck.Kind.ATTESTED):
+                    if not check.attestations.filter(withdrawn_at__isnull=True).exists():
+                        plans.attest(actor=self.people[ATTESTERS[check.attest_role]],
+                                     check=check, note=f"fuzz: stage {plan.stage}")
+                plans.approve(actor=self.people["lead"], plan=plan,
+                              justification="fuzz: signed off on the evidence shown")
+                plans.advance(actor=self.people["lead"], plan=plan, reason="fuzz")
+            except (DomainError, ValidationError):
+                return
+
         def _tick(self, pk: int, now: Any = None) -> None:
             """One tick of one ramp here, as the controller's: the worker's own run (queued
             on create, resume and skip) may come before or after it; the lease serializes
@@ -249,7 +382,7 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
             ramps_tick(now=now or timezone.now(), only=pk)
 
         # --- traffic -----------------------------------------------------------------------------
-        @rule(route=st.integers(0, 2), names=st.lists(st.sampled_from(NAMES), min_size=1,
+        @rule(route=st.integers(0, 3), names=st.lists(st.sampled_from(NAMES), min_size=1,
                                                        max_size=3, unique=True),
               force=st.booleans(), data=st.data())
         def ramp(self, route: int, names: list[str], force: bool, data: Any) -> None:
@@ -274,7 +407,7 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
             if answer.status_code == 202:
                 self.drains.append(answer.json()["id"])
 
-        @rule(route=st.integers(0, 2))
+        @rule(route=st.integers(0, 3))
         def drain_route(self, route: int) -> None:
             answer = api.post("/api/v1/drains/", {"route": self.routes[route], "reason": "fuzz"},
                               format="json")
@@ -322,7 +455,7 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
                                      {"jurisdiction": jurisdiction}, format="json"))
 
         # --- mirroring (shadow runs) --------------------------------------------------------------
-        @rule(route=st.integers(0, 2), names=st.lists(st.sampled_from(NAMES), min_size=1,
+        @rule(route=st.integers(0, 3), names=st.lists(st.sampled_from(NAMES), min_size=1,
                                                        max_size=2, unique=True),
               percent=st.sampled_from([0.5, 12.5, 100.0]))
         def mirror(self, route: int, names: list[str], percent: float) -> None:
@@ -334,13 +467,13 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
                 route_mirror_set(actor=SYSTEM, route=Route.objects.get(name=self.routes[route]),
                                  percent=percent, pools=pools, owner=f"fuzz run {self.n}")
 
-        @rule(route=st.integers(0, 2))
+        @rule(route=st.integers(0, 3))
         def mirror_stop(self, route: int) -> None:
             route_mirror_clear(actor=SYSTEM, route=Route.objects.get(name=self.routes[route]),
                                reason="fuzz")
 
         # --- guarded ramps (fleetctl/ramps) -------------------------------------------------------
-        @rule(route=st.integers(0, 2), name=st.sampled_from(NAMES), pick=st.integers(0, 15),
+        @rule(route=st.integers(0, 3), name=st.sampled_from(NAMES), pick=st.integers(0, 15),
               percents=st.lists(st.sampled_from(RAMP_PERCENTS), min_size=1, max_size=3,
                                 unique=True),
               hold=st.sampled_from([10, 20]), aim=st.booleans())
@@ -416,8 +549,55 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
             if action == "resume" and answer.status_code == 200:
                 self._tick(pk)  # the step's split set again
 
+        # --- the migration plan (issue 16's stage rules) -----------------------------------------
+        @rule()
+        def plan_advance(self) -> None:
+            self._plan_advance()
+
+        @rule(action=st.sampled_from(["regress", "regress", "pause", "resume", "abandon"]),
+              back=st.integers(1, 3))
+        def plan_leave(self, action: str, back: int) -> None:
+            """Back `back` stages (to stage 1 at least), a pause, a resume or abandoning:
+            from stage 3 or 4 the candidate's weight is drained (and pushed) in the same
+            move."""
+            plan = self._plan()
+            if plan is None:
+                return
+            lead = self.people["lead"]
+            try:
+                if action == "regress":
+                    plans.regress(actor=lead, plan=plan, to_stage=max(1, plan.stage - back),
+                                  reason="fuzz")
+                elif action == "pause":
+                    plans.pause(actor=self.people["oncall"], plan=plan, reason="fuzz")
+                elif action == "resume":
+                    plans.resume(actor=lead, plan=plan, reason="fuzz")
+                else:
+                    plans.abandon(actor=lead, plan=plan, reason="fuzz")
+            except (DomainError, ValidationError):
+                return  # not open, not paused, not an earlier stage
+
+        @rule(route=st.sampled_from([1, 3]), percent=st.sampled_from([5, 50]))
+        def candidate_share(self, route: int, percent: int) -> None:
+            """A share for the candidate f on the unpinned route or the batch route (the rest
+            to the route's primary), over REST: stored or refused as its plan's stage says;
+            the invariant judges what was stored."""
+            name = self.routes[route]
+            target = Route.objects.select_related("primary_pool").get(name=name)
+            if target.primary_pool.name == self.pool("f"):
+                return
+            self._answered(api.post(f"/api/v1/routes/{name}/revisions/", {
+                "weights": {target.primary_pool.name: 100 - percent, self.pool("f"): percent},
+                "base_revision": target.revision_number, "reason": "fuzz"}, format="json"))
+
+        @rule()
+        def plan_open(self) -> None:
+            plan = self._plan()
+            if plan is None or not plan.is_open:
+                self._plan_open()
+
         # --- the health policy (fleetctl/traffic/health.py) ---------------------------------------
-        @rule(route=st.integers(0, 2), policy=st.sampled_from(HEALTH_POLICIES))
+        @rule(route=st.integers(0, 3), policy=st.sampled_from(HEALTH_POLICIES))
         def health_policy(self, route: int, policy: str) -> None:
             self._answered(api.post(f"/api/v1/routes/{self.routes[route]}/health-policy/",
                                     {"health_policy": policy}, format="json"))
@@ -455,8 +635,15 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
             # At once (the gateway may still hold the previous state, which must be safe under
             # the registry as it is now), then once the pushes have landed.
             found = crossings(gateway, settled=False) + mirror_crossings(gateway, settled=False)
+            # The stage rules: the stored state at once (a plan's move and its drain are one
+            # transaction), what Envoy holds once the pushes have landed.
+            found += stage_breaches(selectors.gateway_desired_state(gateway=gateway)
+                                    .held_weights(), "desired state")
             settle(gateway)
-            found += crossings(gateway, settled=True) + mirror_crossings(gateway, settled=True)
+            view = envoy_view(gateway)
+            found += crossings(gateway, settled=True, view=view) + \
+                mirror_crossings(gateway, settled=True)
+            found += stage_breaches(view[0], "Envoy")
             self._found(found)
 
     return RegistryAndTraffic

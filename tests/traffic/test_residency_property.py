@@ -1,7 +1,8 @@
 """A stateful property test (hypothesis) over registry and traffic operations through
-REST, guarded ramps driven by their controller and health flips under the health policy:
-after every step the real Envoy must send pinned requests only to pools, and endpoints,
-registered in the pin's jurisdiction. The machine is in residency_machine.py;
+REST, guarded ramps driven by their controller, health flips under the health policy and a
+migration plan moved through its stages: after every step the real Envoy must send pinned
+requests only to pools, and endpoints, registered in the pin's jurisdiction, and give the
+plan's candidate only the weight its stage allows. The machine is in residency_machine.py;
 benchmarks/residency_fuzz.py runs it for 1,000+ sequences."""
 
 from __future__ import annotations
