@@ -21,10 +21,11 @@ UPDATE (free when expired, or already ours) and renewed by every flush. That row
 `last_counters` = {"owner": "host:pid:random", "until": ISO expiry} (for people and logs),
 `updated_at` = the lease's expiry (the column the conditional UPDATE compares), `last_read_at` =
 its last renewal. The expiry is 3 flush intervals, at least TELEMETRY_LEASE_MIN_S. A second
-ingester waits (checking every TELEMETRY_LEASE_WAIT_S) and takes over once the lease expired, resuming from the
-cursors. Every flush renews the lease as the first write of the transaction that writes the
-windows and cursors: if another ingester took it over meanwhile, nothing is written, the
-in-memory windows and file positions are dropped, and the ingester goes back to waiting.
+ingester waits (checking every TELEMETRY_LEASE_WAIT_S) and takes over once the lease expired,
+resuming from the cursors. Every flush renews the lease as the first write of the transaction
+that writes the windows and cursors: if another ingester took it over meanwhile, nothing is
+written, the in-memory windows and file positions are dropped, and the ingester goes back to
+waiting.
 
 Memory is bounded by the open windows (one small aggregate per gateway, route, pool and
 window start), never by the number of requests.
