@@ -17,7 +17,10 @@ the batch input has them without `stream`). Per repetition, alternating:
   (started once, before the first repetition). Its figures come from the result rows: the
   results between the 10th and the 90th percentile of finish times (the ramp and the tail
   left out, as the client's window leaves them out) over that span; the whole job
-  (first claim → completed) is printed too. Every result is checkpointed as in production:
+  (first claim → completed) is printed too, and the mean requests in flight (the results'
+  latencies summed over the job's span: below the concurrency when the worker keeps fewer on
+  the wire, e.g. while a chunk drains before the next is claimed). Every result is
+  checkpointed as in production:
   `dispatched` before each request, `record` (result row + the chunk's counters, one
   transaction) after it, the lease renewed, chunks claimed one after another.
 
@@ -227,9 +230,10 @@ def client_level(url: str, rows: list[Row], concurrency: int, window_s: float
 
 
 def worker_job(pool: Any, lines: list[bytes], concurrency: int, chunk_size: int
-               ) -> tuple[float, float, float]:
-    """(requests/s, output tokens/s) over the 10th-90th percentile of finish times, and the
-    whole job's requests/s."""
+               ) -> tuple[float, float, float, float]:
+    """(requests/s, output tokens/s) over the 10th-90th percentile of finish times, the whole
+    job's requests/s, and the mean requests in flight (the sum of the results' latencies over
+    the job's span: below the concurrency when the worker keeps fewer on the wire)."""
     from fleetctl.batch.models import BatchJob, BatchResult
 
     job = submit(pool, lines, concurrency=concurrency, chunk_size=chunk_size,
@@ -237,15 +241,16 @@ def worker_job(pool: Any, lines: list[bytes], concurrency: int, chunk_size: int
     wait_for(lambda: job_done(job.pk), 900, f"job {job.pk} to complete", every_s=0.5)
     job = BatchJob.objects.get(pk=job.pk)
     rows = list(BatchResult.objects.filter(job=job).order_by("finished_at")
-                .values_list("finished_at", "output_tokens", "status_code"))
-    bad = sum(1 for _, _, status in rows if not 200 <= status < 300)
+                .values_list("finished_at", "output_tokens", "status_code", "latency_ms"))
+    bad = sum(1 for _, _, status, _ in rows if not 200 <= status < 300)
     if bad:
         print(f"  (worker: {bad} failed requests)")
     lo, hi = len(rows) // 10, (len(rows) * 9) // 10
     span = (rows[hi][0] - rows[lo][0]).total_seconds()
-    tokens = sum(t for _, t, _ in rows[lo + 1:hi + 1])
-    whole = len(rows) / (job.finished_at - job.started_at).total_seconds()
-    return (hi - lo) / span, tokens / span, whole
+    tokens = sum(t for _, t, _, _ in rows[lo + 1:hi + 1])
+    job_span = (job.finished_at - job.started_at).total_seconds()
+    in_flight = sum(latency or 0.0 for _, _, _, latency in rows) / 1000 / job_span
+    return (hi - lo) / span, tokens / span, len(rows) / job_span, in_flight
 
 
 def main() -> None:
@@ -274,12 +279,14 @@ def main() -> None:
             rps, tps = client_level(url, rows, args.concurrency, args.window)
             client_rps.append(rps)
             client_tps.append(tps)
-            wrps, wtps, whole = worker_job(pool, lines, args.concurrency, args.chunk_size)
+            wrps, wtps, whole, in_flight = worker_job(pool, lines, args.concurrency,
+                                                      args.chunk_size)
             worker_rps.append(wrps)
             worker_tps.append(wtps)
             whole_rps.append(whole)
             print(f"rep {rep}: client {rps:6.1f} req/s {tps:8.0f} tok/s | worker {wrps:6.1f} "
-                  f"req/s {wtps:8.0f} tok/s (whole job {whole:.1f} req/s) | overhead "
+                  f"req/s {wtps:8.0f} tok/s (whole job {whole:.1f} req/s, "
+                  f"{in_flight:.1f} in flight on average) | overhead "
                   f"{1 - wrps / rps:+.1%} req/s, {1 - wtps / tps:+.1%} tok/s", flush=True)
     finally:
         stop(worker)
