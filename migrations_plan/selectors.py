@@ -36,10 +36,10 @@ def live_weight_guard(pool: Pool, route: Route) -> str | None:
             return refusal
     if route.pk is None:
         return None  # a route being created is in no plan yet
-    plan = (Plan.objects.filter(candidate_pool=pool, routes=route)
-            .order_by("-created_at", "-id").first())
-    if plan is not None and plan.state == Plan.State.ABANDONED:
-        return (f"its migration plan {plan.name} was abandoned; open a new plan to give it "
+    newest = (Plan.objects.filter(candidate_pool=pool, routes=route)
+              .order_by("-created_at", "-id").first())
+    if newest is not None and newest.state == Plan.State.ABANDONED:
+        return (f"its migration plan {newest.name} was abandoned; open a new plan to give it "
                 f"live traffic")
     return None
 
