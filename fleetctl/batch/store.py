@@ -242,6 +242,12 @@ class CheckpointStore:
         yet counted with add_retries (the executor counts them as they happen: 0)."""
         ok = outcome.ok
         with transaction.atomic():
+            # The job row first, as every writer does (a person's pause or cancel locks it,
+            # then the chunks): PostgreSQL checks the result's foreign key at commit (Django's
+            # are deferred), which would otherwise take the job row after the chunk's and
+            # deadlock with them.
+            list(BatchJob.objects.select_for_update(no_key=True).filter(pk=claim.job_id)
+                 .values_list("pk", flat=True))
             try:
                 with transaction.atomic():  # a savepoint: the refused insert rolls back alone
                     BatchResult.objects.create(
