@@ -62,7 +62,8 @@ NUMBERED = {"pool-models": "pool_model", "health-checks": "health_check",
             "tokens": "token", "service-tokens": "service_token",
             "conformance-runs": "conformance_run", "currency-rates": "currency_rate",
             "shadow-runs": "shadow_run", "eval-suites": "eval_suite",
-            "eval-runs": "eval_run", "ramps": "ramp"}
+            "eval-runs": "eval_run", "ramps": "ramp", "jobs": "batch_job",
+            "files": "batch_file", "soaks": "soak"}
 
 
 def _healthy(pool: Pool) -> Pool:
@@ -75,7 +76,7 @@ def _healthy(pool: Pool) -> Pool:
 
 @pytest.fixture
 def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system: Actor,
-         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: Any) -> dict[str, Any]:
     """One of everything the API shows, made through the services."""
     from fleetctl.ramps.services import ramp_create
     from fleetctl.traffic.api import waiting
@@ -123,6 +124,8 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
     run = bench.run_create(actor=system, trace=trace, pools=[primary], model_id=MODEL,
                            slo_ttft_p95_ms=800, slo_tpot_p95_ms=60, slo_error_rate=0.01)
     admin = make_user("ada", "admin")
+    batch_job, soak = _batch_rows(system, primary, gateway, make_pool, make_user, admin,
+                                  tmp_path, settings)
     issued = token_create_personal(actor=Actor(user=admin), name="fuzz",
                                    scopes=["read", "jobs", "ramp", "drain", "fleet"])
     bot = token_create_service(actor=system, name="ci-bot", scopes=["read"])
@@ -142,10 +145,49 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
         "drain": drain.pk, "evidence": evidence.pk, "run": run.pk, "token": issued.token.pk,
         "service_token": bot.token.pk, "conformance_run": probe.pk, "currency_rate": rate.pk,
         "shadow_run": shadow.pk, "eval_suite": suite.pk, "eval_run": eval_run.pk,
+        "batch_job": batch_job.pk, "batch_file": batch_job.input_file_id, "soak": soak.pk,
         "authorization": f"Bearer {issued.secret}", "username": admin.username,
         "disposable_authorization": f"Bearer {disposable.secret}",
         "admin": admin,
     }
+
+
+class _People:
+    """What tests/migrations_plan/helpers.walk_to needs: people by role name."""
+
+    def __init__(self, **users: User) -> None:
+        self.users = users
+
+    def actor(self, name: str) -> Actor:
+        return Actor(user=self.users[name])
+
+
+def _batch_rows(system: Actor, primary: Pool, gateway: Any, make_pool: Callable[..., Pool],
+                make_user: Callable[..., User], admin: User, tmp_path: Path,
+                settings: Any) -> tuple[Any, Any]:
+    """A batch job on the primary (a plan's primary runs batch jobs at any stage), and a soak
+    of a second plan walked to stage 3 on a batch-class route (no worker runs either)."""
+    from fleetctl.batch.soak import soak_create
+    from tests.batch.factory import make_job, upload, write_input
+    from tests.migrations_plan.helpers import walk_to
+
+    settings.BATCH_FILES_DIR = tmp_path / "batch-files"
+    job = make_job(system, primary, n=3, tmp_path=tmp_path)
+    l40s = _healthy(make_pool(name="l40s"))
+    nightly = traffic.route_create(actor=system, name="llama-nightly", model_id=MODEL,
+                                   latency_class="batch", primary_pool=primary)
+    traffic.gateway_set_routes(actor=system, gateway=gateway,
+                               routes=[*gateway.routes.all(), nightly])
+    people = _People(author=make_user("nina", "platform-lead"),
+                     lead=make_user("bob", "platform-lead"),
+                     oncall=make_user("olga", "on-call"), admin=admin)
+    plan = plans.plan_create(actor=people.actor("author"), name="l40s-nightly",
+                             candidate_pool=l40s, primary_pool=primary, routes=[nightly],
+                             slo_ttft_p95_ms=800, slo_tpot_p95_ms=60, slo_error_rate=0.01)
+    plan = walk_to(people, plan, 3)
+    soak = soak_create(actor=people.actor("lead"), plan=plan, every_s=60, duration_s=600,
+                       input_file=upload(system, write_input(tmp_path / "soak.jsonl", 3)))
+    return job, soak
 
 
 def _real_path_parameters(path: str, rows: dict[str, Any]) -> dict[str, Any]:
