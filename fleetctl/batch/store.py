@@ -140,8 +140,12 @@ class CheckpointStore:
         """A chunk for `owner` from the oldest job that can take one, or None. Marks the job
         running at its first claim (STARTED event); records the resends at a takeover."""
         now = timezone.now()
+        # Jobs held by a live lease are left out before any lock is taken (an idle worker's
+        # poll must not queue behind a holder's writes); the claim checks again under it.
+        held = BatchChunk.objects.filter(state=BatchChunk.State.RUNNING, lease_until__gte=now)
         candidates = list(
             BatchJob.objects.filter(state__in=(State.QUEUED, State.RUNNING), expires_at__gt=now)
+            .exclude(pk__in=held.values("job_id"))
             .order_by("created_at", "id").values_list("id", flat=True)[:CLAIM_SCAN_JOBS])
         for job_id in candidates:
             claim = self._claim_in_job(job_id, owner)
