@@ -4,9 +4,12 @@ pause, finishing; and the executor in this process against the simulator pool.""
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -117,7 +120,8 @@ def test_a_second_result_for_a_request_is_refused_and_counted_never_stored(
 
 
 def test_finish_completes_the_job_only_when_every_request_has_a_result(
-        db: None, sim_pool: Pool, tmp_path: Path, store: CheckpointStore) -> None:
+        db: None, sim_pool: Pool, tmp_path: Path, store: CheckpointStore,
+        django_capture_on_commit_callbacks: Any) -> None:
     job = make_job(SYSTEM, sim_pool, n=4, tmp_path=tmp_path, chunk_size=2)
     first = store.claim("a:1")
     assert first is not None
@@ -136,10 +140,28 @@ def test_finish_completes_the_job_only_when_every_request_has_a_result(
     assert last is not None and last.number == 1
     store.record(last, outcome(2))
     store.record(last, outcome(3))
-    assert store.finish(last) == "done"
+    with django_capture_on_commit_callbacks(execute=True):
+        assert store.finish(last) == "done"
     job.refresh_from_db()
     assert job.state == "completed" and job.finished_at is not None
     assert job.events.filter(kind=BatchJobEvent.Kind.COMPLETED).count() == 1
+    # The output comparison is queued (by task name, on the evals queue) once committed.
+    assert [job.pk] in compare_tasks_queued()
+
+
+def compare_tasks_queued() -> list[list[int]]:
+    """The args of every batch.compare message waiting on the evals queue (taken off it)."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    found = []
+    for raw in client.lrange("evals", 0, -1):
+        message = json.loads(raw)
+        if message["headers"]["task"] == "batch.compare":
+            found.append(json.loads(base64.b64decode(message["body"]))[0])
+            client.lrem("evals", 1, raw)
+    return found
 
 
 def test_retry_waits_grow_with_jitter_up_to_the_cap_and_honour_retry_after() -> None:
