@@ -8,7 +8,7 @@ every greedy answer, so each test knows what the comparison must find."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,12 @@ from fleetctl.batch import compare
 from fleetctl.batch.models import BatchChunk, BatchComparison, BatchFile, BatchJob, BatchResult
 from fleetctl.fleet.models import Pool
 from migrations_plan.models import Plan
+from tests.conftest import SYSTEM, wait_until
 from tests.migrations_plan.conftest import MODEL, World, world  # noqa: F401 - the fixture
 from tests.sim.simproc import TEST_PROFILES, SimProcess, sim_with_profiles
+
+from .factory import make_job as factory_make_job
+from .workerproc import WorkerProcess, worker_starter
 
 pytestmark = pytest.mark.slow
 
@@ -197,3 +201,35 @@ def test_sampled_requests_compare_only_the_distribution(plan: Plan, sim: SimProc
     assert all(r.identical is None and r.similarity is None and "not greedy" in r.note
                for r in summary.rows)
     assert summary.as_dict()["rows"][0]["primary_status"] == 200
+
+
+@pytest.fixture
+def workers(tmp_path: Path, transactional_db: None) -> Iterator[Callable[..., WorkerProcess]]:
+    with worker_starter(tmp_path) as start:
+        yield start
+
+
+def test_a_job_run_by_a_worker_is_compared_with_its_plans_primary(
+        sim_pool: Pool, sim_primary_pool: Pool, tmp_path: Path, make_user: Callable[..., Any],
+        workers: Callable[..., WorkerProcess]) -> None:
+    """End to end: a job on a stage-3 plan's candidate, created through the services (which
+    link the plan), run by a real worker process, then compared: the two simulated pools have
+    one profile, so every greedy answer is identical."""
+    user = make_user("lead-h6", "platform-lead")
+    plan = Plan.objects.create(
+        name="batch-compare", candidate_pool=sim_pool, primary_pool=sim_primary_pool,
+        slo_ttft_p95_ms=800, slo_tpot_p95_ms=60, slo_error_rate=0.01, owner=user,
+        created_by=user, state=Plan.State.STAGE_3, stage=3)
+    job = factory_make_job(SYSTEM, sim_pool, n=30, tmp_path=tmp_path, chunk_size=10,
+                           concurrency=4, compare_sample=6)
+    assert job.plan_id == plan.pk
+    worker = workers("cmp")
+    wait_until(lambda: BatchJob.objects.get(pk=job.pk).state == "completed", timeout_s=30,
+               what=worker.log())
+
+    assert compare.job_compare(job.pk) in (0, 6)  # 0: a Celery worker already ran it
+    summary = compare.comparison_summary(BatchJob.objects.get(pk=job.pk))
+    assert (summary.n, summary.compared, summary.identical_count) == (6, 6, 6)
+    assert summary.primary_pool == sim_primary_pool.name and summary.why_not == ""
+    assert set(BatchComparison.objects.filter(job=job).values_list("primary_pool", flat=True)) \
+        == {sim_primary_pool.pk}
