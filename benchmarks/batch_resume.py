@@ -2,9 +2,10 @@
 
 Two `python -m fleetctl.batch.worker` processes run side by side against one simulated pool.
 Each round submits a job with the kill-worker drill (--requests lines, concurrency 8, chunks
-of 20, the drill at 40 % done): the worker holding the job's chunk commits `drill_fired_at`
-and SIGKILLs itself with requests in flight; the other worker takes the chunk over once its
-lease has lapsed, sends the in-flight requests again and writes the next result. Measured
+of 20, the drill at 45 % done: mid-chunk, not at a chunk's start where one request is out):
+the worker holding the job's chunk commits `drill_fired_at` and SIGKILLs itself with
+requests in flight; the other worker takes the chunk over once its lease has lapsed, sends
+the in-flight requests again and writes the next result. Measured
 per round from the rows: `drill_fired_at` → the first result written by another worker
 (`BatchResult.finished_at`, equal to the job's `drill_resumed_at`). The killed worker is
 replaced before the next round, so two workers are always running. Also checked per round:
@@ -68,7 +69,7 @@ def one_round(pool: Any, data: list[bytes]) -> dict[str, Any]:
     from fleetctl.batch.drill import drill_verify
     from fleetctl.batch.models import BatchJob, BatchResult
 
-    job = submit(pool, data, concurrency=8, chunk_size=20, drill="kill-worker", drill_at=0.4,
+    job = submit(pool, data, concurrency=8, chunk_size=20, drill="kill-worker", drill_at=0.45,
                  request_timeout_s=60)
     wait_for(lambda: job_done(job.pk), 600, f"job {job.pk} to complete", every_s=0.2)
     job = BatchJob.objects.get(pk=job.pk)
@@ -106,7 +107,7 @@ def main() -> None:
     lease = settings.BATCH_LEASE_S
     print(f"batch_resume: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; "
           f"BATCH_LEASE_S={lease:g} (renewed every {lease / 3:g} s), {args.requests} "
-          f"requests per job, concurrency 8, chunks of 20, drill at 40 %", flush=True)
+          f"requests per job, concurrency 8, chunks of 20, drill at 45 %", flush=True)
     sim = start_sim(work, PROFILE, {"bench": "batchbench"})
     pool = make_pool("bench", sim.url("bench"))
     data = lines(args.requests)
