@@ -44,12 +44,13 @@ def test_a_kind_whose_data_schema_is_not_json_schema_is_refused_at_registration(
 
 def test_a_kind_without_a_schema_takes_no_data_and_a_bad_row_is_refused_with_its_path(world):
     with pytest.raises(ValidationError) as refused:
-        services.evidence_record(actor=Actor.for_system("soak-runner"), pool=world.candidate,
-                                 kind="soak", verdict="pass", summary="ok",
+        services.evidence_record(actor=Actor.for_system("rehearsal"), pool=world.candidate,
+                                 kind="drain-rehearsal", verdict="pass", summary="ok",
                                  data={"days": 7})
     assert refused.value.message_dict["data"] == [
-        "Does not match the soak kind's data schema (GET /api/v1/evidence-kinds/): $: the "
-        "soak kind declares no data schema, so it takes no data (send {} or leave data out)"]
+        "Does not match the drain-rehearsal kind's data schema (GET /api/v1/evidence-kinds/): "
+        "$: the drain-rehearsal kind declares no data schema, so it takes no data (send {} or "
+        "leave data out)"]
     assert not Evidence.objects.exists()
 
 
@@ -90,8 +91,10 @@ def test_the_kinds_endpoint_lists_who_measures_each_kind_and_its_data_schema(wor
     assert kinds["external"]["measured"] is False
     assert all(k["measured"] for name, k in kinds.items() if name != "external")
     assert kinds["benchmark"]["data_schema"]["type"] == "object"
-    # A kind no job produces yet accepts no data; one with its job has the job's schema.
-    assert kinds["soak"]["data_schema"] == {"type": "object", "maxProperties": 0}
+    # A kind read from fleetctl's own records (no Evidence rows of its own) accepts no data;
+    # one with its job has the job's schema.
+    assert kinds["drain-rehearsal"]["data_schema"] == {"type": "object", "maxProperties": 0}
+    assert kinds["soak"]["data_schema"]["type"] == "object"
     assert kinds["eval"]["data_schema"]["properties"]["suite_sha256"] == {"type": "string"}
     assert kinds["shadow"]["data_schema"]["properties"]["pairs"] == {"type": "integer",
                                                                       "minimum": 0}
