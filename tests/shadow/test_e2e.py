@@ -487,6 +487,7 @@ def test_the_demo_seed_stores_a_prompt_trace_a_replay_run_can_start_from():
     from fleetctl.bench.models import Trace
     from fleetctl.bench.services import trace_requests
     from fleetctl.demo.traffic import PROMPTS
+    from fleetctl.traffic.models import Route
     from migrations_plan.models import Plan
 
     seed = ["demo_seed", "--password=demo-pw", "--sim-base-port", "8100", "--gateway-admin",
@@ -497,5 +498,5 @@ def test_the_demo_seed_stores_a_prompt_trace_a_replay_run_can_start_from():
     assert texts == PROMPTS
     run = services.run_create(actor=Actor(user=User.objects.get(username="lead")),
                               plan=Plan.objects.get(name="a100-llama-8b"), mode="replay",
-                              trace=trace)
+                              trace=trace, route=Route.objects.get(name="llama-8b"))
     assert (run.mode, run.trace, run.status) == ("replay", trace, "running")
