@@ -281,7 +281,7 @@ RAMP_TICK_INTERVAL_S = env_float("RAMP_TICK_INTERVAL_S", 2.0)
 RAMP_LEASE_S = env_float("RAMP_LEASE_S", 30.0)
 # --- batch jobs (fleetctl/batch/) ---
 # Validated input files are kept here (relative names in BatchFile.path).
-BATCH_FILES_DIR = Path(os.environ.get("BATCH_FILES_DIR", str(DATA_DIR / "batch-files")))
+BATCH_FILES_DIR = Path(os.environ.get("BATCH_FILES_DIR") or DATA_DIR / "batch-files")
 # A chunk's holder renews its lease every BATCH_LEASE_S / 3 s; a lease this old is lapsed and
 # another worker takes the chunk over (its in-flight requests recorded and sent again).
 BATCH_LEASE_S = env_float("BATCH_LEASE_S", 30.0)
