@@ -530,6 +530,11 @@ def _print_banner(host: str, port: int, password: str, sim_base_port: int,
     .venv/bin/fleetctl sim fault --url http://127.0.0.1:{gaudi} --added-latency-ms 300
   (undo: .venv/bin/fleetctl sim fault --url http://127.0.0.1:{gaudi} --added-latency-ms 0)
 
+  Batch stage: the A100 plan (a100-llama-8b) is in stage 3 with a soak running — a job of
+  200 requests every 60 s for 8 minutes on two batch workers; the first job's drill kills
+  its worker with SIGKILL and the other resumes it. Watch {url}/batch/ and the plan's
+  Batch panel ({url}/plans/a100-llama-8b/); its stage-3 checks fill in as the soak ends.
+
   CLI: create a token on {url}/account/tokens/ then
     export FLEETCTL_URL={url} FLEETCTL_TOKEN=fct_…
     .venv/bin/fleetctl pools list
