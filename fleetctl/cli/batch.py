@@ -17,7 +17,7 @@ from typing import IO, Any
 import httpx
 
 from fleetctl.cli.client import ApiClient, CliError
-from fleetctl.cli.output import print_fields, print_json, print_table
+from fleetctl.cli.output import non_negative, print_fields, print_json, print_table
 
 JOBS = "/api/v1/batch/jobs/"
 FILES = "/api/v1/batch/files/"
@@ -45,19 +45,6 @@ def duration(text: str) -> int:
     if seconds < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: at least one second")
     return round(seconds)
-
-
-def _positive(kind: type) -> Any:
-    def parse(value: str) -> Any:
-        try:
-            number = kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-        if number < 0:
-            raise argparse.ArgumentTypeError("must not be negative")
-        return number
-
-    return parse
 
 
 def _seconds(value: float | None) -> str:
@@ -395,22 +382,22 @@ def add_commands(sub: Any, common: Any) -> None:
     submit.add_argument("--input-file", type=int, help="an uploaded file's id instead of FILE")
     submit.add_argument("--name", help="the stored file's name (default: FILE's name)")
     submit.add_argument("--pool", required=True)
-    submit.add_argument("--concurrency", type=_positive(int),
+    submit.add_argument("--concurrency", type=non_negative(int),
                         help="requests in flight at once (default 8)")
-    submit.add_argument("--rate", type=_positive(float),
+    submit.add_argument("--rate", type=non_negative(float),
                         help="requests started per second, at most (default: no limit)")
     submit.add_argument("--window", type=duration,
                         help="completion window, e.g. 24h (default), 30m, 7d")
-    submit.add_argument("--chunk-size", type=_positive(int), help="requests per chunk (50)")
-    submit.add_argument("--max-attempts", type=_positive(int),
+    submit.add_argument("--chunk-size", type=non_negative(int), help="requests per chunk (50)")
+    submit.add_argument("--max-attempts", type=non_negative(int),
                         help="tries per request on 429/5xx/transport errors (5)")
-    submit.add_argument("--request-timeout", type=_positive(float),
+    submit.add_argument("--request-timeout", type=non_negative(float),
                         help="seconds to wait for one answer (120)")
     submit.add_argument("--drill", choices=("kill-worker", "fault-pool"),
                         help="an interruption drill mid-way (checkpoint-resume evidence)")
-    submit.add_argument("--drill-at", type=_positive(float),
+    submit.add_argument("--drill-at", type=non_negative(float),
                         help="share of requests done when the drill fires (0.4)")
-    submit.add_argument("--compare-sample", type=_positive(int),
+    submit.add_argument("--compare-sample", type=non_negative(int),
                         help="answers compared with the plan's primary (20; 0: none)")
     submit.add_argument("--wait", action="store_true",
                         help="follow the job until it ends, printing its progress: exit 0 "
@@ -451,8 +438,8 @@ def add_commands(sub: Any, common: Any) -> None:
 
     edit = actions.add_parser("edit", help="change an active job's concurrency or rate")
     edit.add_argument("id", type=int)
-    edit.add_argument("--concurrency", type=_positive(int))
-    edit.add_argument("--rate", type=_positive(float), help="requests/s (0: no limit)")
+    edit.add_argument("--concurrency", type=non_negative(int))
+    edit.add_argument("--rate", type=non_negative(float), help="requests/s (0: no limit)")
     edit.add_argument("--reason", required=True)
     common(edit)
     edit.set_defaults(func=cmd_edit)
@@ -471,10 +458,10 @@ def add_commands(sub: Any, common: Any) -> None:
     start.add_argument("--input-file", type=int, help="an uploaded file's id")
     start.add_argument("--every", type=duration, required=True, help="e.g. 5m")
     start.add_argument("--duration", type=duration, required=True, help="e.g. 7d")
-    start.add_argument("--concurrency", type=_positive(int))
-    start.add_argument("--rate", type=_positive(float))
+    start.add_argument("--concurrency", type=non_negative(int))
+    start.add_argument("--rate", type=non_negative(float))
     start.add_argument("--window", type=duration, help="each job's completion window")
-    start.add_argument("--chunk-size", type=_positive(int))
+    start.add_argument("--chunk-size", type=non_negative(int))
     start.add_argument("--drill", choices=("kill-worker", "fault-pool"),
                        help="a drill in the soak's first job")
     common(start)

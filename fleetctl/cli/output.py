@@ -18,6 +18,20 @@ def row_limit(value: str) -> int:
     return number
 
 
+def non_negative(kind: type) -> Any:
+    """An argparse type: a number of `kind` (int, float), zero or more."""
+    def parse(value: str) -> Any:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+        if number < 0:
+            raise argparse.ArgumentTypeError("must not be negative")
+        return number
+
+    return parse
+
+
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")

@@ -11,7 +11,7 @@ from typing import Any
 
 from fleetctl.cli import traffic
 from fleetctl.cli.client import ApiClient, CliError
-from fleetctl.cli.output import print_fields, print_json, print_table
+from fleetctl.cli.output import non_negative, print_fields, print_json, print_table
 from fleetctl.cli.telemetry import figure_text
 
 # Exit codes of `ramp start --wait` (and `ramp status --wait`): how the ramp ended.
@@ -213,19 +213,6 @@ def _action(name: str) -> Any:
     return run
 
 
-def _non_negative(kind: type) -> Any:
-    def parse(value: str) -> Any:
-        try:
-            number = kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-        if number < 0:
-            raise argparse.ArgumentTypeError("must not be negative")
-        return number
-
-    return parse
-
-
 def add_commands(sub: Any, common: Any) -> None:
     ramp = sub.add_parser(
         "ramp", help="guarded ramps (start, status, pause, resume, skip, abort); or, with "
@@ -245,17 +232,17 @@ def add_commands(sub: Any, common: Any) -> None:
                        help="percent:hold_seconds,…, e.g. 1:60,5:60,10:120")
     start.add_argument("--plan", help="the plan whose candidate the pool is (default: its "
                                       "stage-4 plan listing the route, if any)")
-    start.add_argument("--min-samples", type=_non_negative(int),
+    start.add_argument("--min-samples", type=non_negative(int),
                        help="requests per hold before the guard judges (default 50)")
-    start.add_argument("--window-s", type=_non_negative(int),
+    start.add_argument("--window-s", type=non_negative(int),
                        help="seconds the guard judges at a time (default 30)")
-    start.add_argument("--failure-threshold", type=_non_negative(int),
+    start.add_argument("--failure-threshold", type=non_negative(int),
                        help="consecutive failing checks before rollback (default 2)")
-    start.add_argument("--slo-ttft-ms", type=_non_negative(float), help="TTFT p95 bound (ms)")
-    start.add_argument("--slo-tpot-ms", type=_non_negative(float), help="TPOT p95 bound (ms)")
-    start.add_argument("--slo-error-rate", type=_non_negative(float),
+    start.add_argument("--slo-ttft-ms", type=non_negative(float), help="TTFT p95 bound (ms)")
+    start.add_argument("--slo-tpot-ms", type=non_negative(float), help="TPOT p95 bound (ms)")
+    start.add_argument("--slo-error-rate", type=non_negative(float),
                        help="error rate bound, 0..1 (e.g. 0.01)")
-    start.add_argument("--latency-margin-pct", type=_non_negative(float),
+    start.add_argument("--latency-margin-pct", type=non_negative(float),
                        help="how much slower than the primary the pool may be (%%)")
     start.add_argument("--reason", default="")
     start.add_argument("--wait", action="store_true",
