@@ -39,7 +39,7 @@ from fleetctl.batch import inputs
 from fleetctl.batch.models import BatchChunk, BatchComparison, BatchJob, BatchResult
 from fleetctl.batch.services import file_path
 from fleetctl.core import upstream
-from fleetctl.core.compare import Answer, Comparison, compare
+from fleetctl.core.compare import Answer, Comparison, compare, requested_form, requested_greedy
 from fleetctl.core.confidence import Interval, wilson_interval
 from fleetctl.fleet.models import Pool
 
@@ -118,29 +118,8 @@ def _requests(job: BatchJob, indices: Sequence[int]) -> dict[int, dict[str, Any]
 
 # --- comparing ------------------------------------------------------------------------------
 
-def _greedy(body: Mapping[str, Any]) -> bool:
-    """Temperature 0 said explicitly (the rule shadow pairs use): only then is the text
-    itself comparable."""
-    value = body.get("temperature")
-    return not isinstance(value, bool) and isinstance(value, int | float) and value == 0
-
-
-def _options(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What the request asked of the answer's form: JSON (and a schema), tools."""
-    fmt = body.get("response_format")
-    fmt = fmt if isinstance(fmt, dict) else {}
-    kind = fmt.get("type")
-    schema = None
-    if kind == "json_schema" and isinstance(fmt.get("json_schema"), dict):
-        found = fmt["json_schema"].get("schema")
-        schema = found if isinstance(found, dict) else None
-    tools = body.get("tools")
-    return {"expect_json": kind in ("json_object", "json_schema"), "schema": schema,
-            "tools": tools if isinstance(tools, list) else None}
-
-
 def _compare(primary: Answer, ours: Answer, body: Mapping[str, Any]) -> Comparison:
-    greedy, options = _greedy(body), _options(body)
+    greedy, options = requested_greedy(body), requested_form(body)
     try:
         return compare(primary, ours, greedy=greedy, **options)
     except Exception:  # a schema that is not one: compare without it

@@ -425,6 +425,28 @@ def _near_tie(a: Answer, b: Answer, at: int, nats: float) -> bool | None:
     return False
 
 
+def requested_greedy(request: Mapping[str, Any]) -> bool:
+    """Temperature 0 said explicitly in an OpenAI request body: only then is the text itself
+    comparable (what shadow pairs and batch comparisons both go by)."""
+    value = request.get("temperature")
+    return not isinstance(value, bool) and isinstance(value, int | float) and value == 0
+
+
+def requested_form(request: Mapping[str, Any]) -> dict[str, Any]:
+    """What an OpenAI request body asked of the answer's form, as `compare`'s keyword
+    arguments: JSON (and its schema), tools."""
+    fmt = request.get("response_format")
+    fmt = fmt if isinstance(fmt, dict) else {}
+    kind = fmt.get("type")
+    schema = None
+    if kind == "json_schema" and isinstance(fmt.get("json_schema"), dict):
+        found = fmt["json_schema"].get("schema")
+        schema = found if isinstance(found, dict) else None
+    tools = request.get("tools")
+    return {"expect_json": kind in ("json_object", "json_schema"), "schema": schema,
+            "tools": tools if isinstance(tools, list) else None}
+
+
 def compare(a: Answer, b: Answer, *, greedy: bool, schema: Mapping[str, Any] | None = None,
             expect_json: bool = False, tools: Sequence[Mapping[str, Any]] | None = None,
             near_tie_nats: float = NEAR_TIE_NATS) -> Comparison:

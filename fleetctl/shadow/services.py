@@ -40,7 +40,7 @@ from django.utils.dateparse import parse_datetime
 from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
 from fleetctl.audit.services import audit_record
-from fleetctl.core.compare import Answer, Comparison, compare
+from fleetctl.core.compare import Answer, Comparison, compare, requested_form, requested_greedy
 from fleetctl.core.errors import ConflictError
 from fleetctl.fleet.models import Pool, PoolModel
 from fleetctl.shadow import live, selectors, stats, triple
@@ -389,25 +389,6 @@ def _tokens(answer: Answer) -> int:
     return 0 if answer.failed else len(answer.tokens)
 
 
-def _greedy(request: Mapping[str, Any]) -> bool:
-    """Temperature 0 said explicitly: only then is the text itself comparable."""
-    value = request.get("temperature")
-    return not isinstance(value, bool) and isinstance(value, int | float) and value == 0
-
-
-def _compare_options(request: Mapping[str, Any]) -> dict[str, Any]:
-    fmt = request.get("response_format")
-    fmt = fmt if isinstance(fmt, dict) else {}
-    kind = fmt.get("type")
-    schema = None
-    if kind == "json_schema" and isinstance(fmt.get("json_schema"), dict):
-        found = fmt["json_schema"].get("schema")
-        schema = found if isinstance(found, dict) else None
-    tools = request.get("tools")
-    return {"expect_json": kind in ("json_object", "json_schema"), "schema": schema,
-            "tools": tools if isinstance(tools, list) else None}
-
-
 def _compare(a: Answer, b: Answer, greedy: bool, options: dict[str, Any]) -> Comparison:
     try:
         return compare(a, b, greedy=greedy, **options)
@@ -500,8 +481,8 @@ def request_hash(request: Mapping[str, Any]) -> str:
 
 def _pair_row(run: ShadowRun, request: Mapping[str, Any], received_at: datetime, source: str,
               sides: Mapping[str, triple.Side]) -> ShadowPair:
-    greedy = _greedy(request)
-    options = _compare_options(request)
+    greedy = requested_greedy(request)
+    options = requested_form(request)
     primary = sides["primary"].answer
     noise = _compare(primary, sides["secondary"].answer, greedy, options)
     signal = _compare(primary, sides["candidate"].answer, greedy, options)
