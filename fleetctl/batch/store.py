@@ -54,8 +54,8 @@ State = BatchJob.State
 # Jobs looked at per claim: the oldest first; a job whose chunk is held by a live lease is
 # passed over, so a few workers spread over the oldest few jobs.
 CLAIM_SCAN_JOBS = 20
-# The task that compares a sample of a finished job's answers with the primary's (H6's
-# fleetctl/batch/compare.py), enqueued by name so the store does not import it.
+# The task that compares a sample of a finished job's answers with the primary's
+# (fleetctl/batch/compare.py), enqueued by name so the store does not import it.
 COMPARE_TASK = "batch.compare"
 FAULT_CLEARED = "fault-cleared"  # data["phase"] of the fault-pool drill's second event
 

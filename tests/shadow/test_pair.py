@@ -7,7 +7,6 @@ a regressed one, a plan pointing at them) are shared by the other shadow run tes
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +20,6 @@ from fleetctl.fleet.models import Pool, Region
 from fleetctl.fleet.services import region_create
 from fleetctl.shadow import live, services, stats
 from fleetctl.shadow.models import ShadowJudgement, ShadowPair, ShadowRun
-from fleetctl.sim.profiles import Profile
 from fleetctl.traffic.models import Route
 from migrations_plan.models import Plan
 from tests.conftest import wait_until
@@ -32,8 +30,7 @@ pytestmark = pytest.mark.slow
 
 # No replica noise in these profiles (when the simulator has it): a pair's outcome is then
 # decided by the prompt alone, so each test knows what the comparison must find.
-_QUIET = ("replica_noise = 0.0\n"
-          if "replica_noise" in {f.name for f in dataclasses.fields(Profile)} else "")
+_QUIET = "replica_noise = 0.0\n"
 SHADOW_PROFILES = TEST_PROFILES + f"""
 [profiles.shadow-ref]
 base = "quick"
@@ -196,7 +193,6 @@ def test_a_diverging_candidate_is_seen_against_a_quiet_noise_floor(shadow_world,
         assert 0 < pair.divergence_score <= 1
 
 
-@pytest.mark.skipif(not _QUIET, reason="the simulator has no replica noise")
 def test_replica_noise_flips_are_near_ties_the_gate_excuses_on_both_sides(
         shadow_world: World, shadow_sim):
     shadow_world.primary = point(shadow_world.primary, shadow_sim.url("noisy-a"),
