@@ -16,7 +16,7 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
-from fleetctl.batch.models import ACTIVE_STATES, BatchFile, BatchJob
+from fleetctl.batch.models import ACTIVE_STATES, DEFAULT_CHUNK_SIZE, BatchFile, BatchJob
 
 REASON_REQUIRED = ("Say why: the reason goes in the timeline and the audit log, and a soak "
                    "counts it as a manual intervention.")
@@ -131,7 +131,8 @@ class JobForm(InputFileMixin):
         label="Compare sample", min_value=0, max_value=500, initial=20,
         help_text="Requests whose answers are compared with the plan's primary (0: none).")
     chunk_size = forms.IntegerField(label="Chunk size", min_value=1, max_value=10_000,
-                                    initial=50, help_text="Requests a worker claims at a time.")
+                                    initial=DEFAULT_CHUNK_SIZE,
+                                    help_text="Requests a worker claims at a time.")
     max_attempts = forms.IntegerField(label="Attempts per request", min_value=1, max_value=20,
                                       initial=5,
                                       help_text="On 429, 5xx and transport errors, with "

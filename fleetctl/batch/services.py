@@ -30,6 +30,7 @@ from fleetctl.audit.services import audit_record
 from fleetctl.batch import inputs
 from fleetctl.batch.models import (
     ACTIVE_STATES,
+    DEFAULT_CHUNK_SIZE,
     BatchChunk,
     BatchFile,
     BatchJob,
@@ -166,9 +167,9 @@ def plan_for_pool(pool: Pool) -> Plan | None:
 
 def job_create(*, actor: Actor, input_file: BatchFile, pool: Pool, concurrency: int = 8,
                rate_limit_rps: float | None = None, completion_window_s: int = 86400,
-               chunk_size: int = 50, max_attempts: int = 5, request_timeout_s: float = 120,
-               drill: str = "", drill_at: float = 0.4, compare_sample: int = 20,
-               soak: Soak | None = None) -> BatchJob:
+               chunk_size: int = DEFAULT_CHUNK_SIZE, max_attempts: int = 5,
+               request_timeout_s: float = 120, drill: str = "", drill_at: float = 0.4,
+               compare_sample: int = 20, soak: Soak | None = None) -> BatchJob:
     """Run `input_file` on `pool`. Refused (ValidationError naming the field, nothing stored)
     for an option out of range, a model the pool does not serve (the first line naming it),
     or a pool the stage rules keep from batch work. The job is queued: a worker claims its

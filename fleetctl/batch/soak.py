@@ -50,6 +50,7 @@ from fleetctl.batch.cost import Arbitrage, plan_arbitrage
 from fleetctl.batch.evidence import COST_KIND, SOAK_KIND
 from fleetctl.batch.models import (
     ACTIVE_STATES,
+    DEFAULT_CHUNK_SIZE,
     BatchChunk,
     BatchFile,
     BatchJob,
@@ -430,7 +431,7 @@ def _stage_3_refusal(plan: Plan) -> str | None:
 
 def soak_create(*, actor: Actor, plan: Plan, input_file: BatchFile, every_s: int,
                 duration_s: int, concurrency: int = 8, rate_limit_rps: float | None = None,
-                completion_window_s: int = 3600, chunk_size: int = 50,
+                completion_window_s: int = 3600, chunk_size: int = DEFAULT_CHUNK_SIZE,
                 drill: str = "") -> Soak:
     """Start a soak on the plan's candidate: a job of `input_file` every `every_s` seconds
     (once the previous one ended) for `duration_s`, the first one now (with `drill`, if

@@ -388,7 +388,7 @@ def add_commands(sub: Any, common: Any) -> None:
                         help="requests started per second, at most (default: no limit)")
     submit.add_argument("--window", type=duration,
                         help="completion window, e.g. 24h (default), 30m, 7d")
-    submit.add_argument("--chunk-size", type=non_negative(int), help="requests per chunk (50)")
+    submit.add_argument("--chunk-size", type=non_negative(int), help="requests per chunk (1000)")
     submit.add_argument("--max-attempts", type=non_negative(int),
                         help="tries per request on 429/5xx/transport errors (5)")
     submit.add_argument("--request-timeout", type=non_negative(float),

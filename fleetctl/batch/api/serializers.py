@@ -5,6 +5,7 @@ from typing import Any
 from rest_framework import serializers
 
 from fleetctl.batch.models import (
+    DEFAULT_CHUNK_SIZE,
     BatchComparison,
     BatchFile,
     BatchJob,
@@ -45,7 +46,7 @@ OPTION_HELP = {
     "rate_limit_rps": "Requests started per second, at most (at least 0.01; null: no limit).",
     "completion_window_s": "The job expires this long after it is created (10 s to 7 days; "
                            "default 86400); its partial output stays downloadable.",
-    "chunk_size": "Requests per chunk, the unit a worker claims (1-10000; default 50).",
+    "chunk_size": "Requests per chunk, the unit a worker claims (1-10000; default 1000).",
     "max_attempts": "Tries per request on 429, 5xx and transport errors (1-20; default 5).",
     "request_timeout_s": "Seconds to wait for one answer (1-3600; default 120).",
     "drill": "An interruption drill: kill-worker or fault-pool (default none).",
@@ -77,7 +78,7 @@ class JobCreateSerializer(serializers.Serializer):
                                             help_text=OPTION_HELP["rate_limit_rps"])
     completion_window_s = serializers.IntegerField(required=False, default=86400,
                                                    help_text=OPTION_HELP["completion_window_s"])
-    chunk_size = serializers.IntegerField(required=False, default=50,
+    chunk_size = serializers.IntegerField(required=False, default=DEFAULT_CHUNK_SIZE,
                                           help_text=OPTION_HELP["chunk_size"])
     max_attempts = serializers.IntegerField(required=False, default=5,
                                             help_text=OPTION_HELP["max_attempts"])

@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.batch import soak as soaks
 from fleetctl.batch.cost import plan_arbitrage
-from fleetctl.batch.models import BatchFile, BatchJob, Soak, SoakEvent
+from fleetctl.batch.models import DEFAULT_CHUNK_SIZE, BatchFile, BatchJob, Soak, SoakEvent
 from fleetctl.core import idempotency
 from fleetctl.core.api.fields import StrictCharField
 from fleetctl.core.api.schema import ObjectField
@@ -82,7 +82,7 @@ OPTION_HELP = {
     "concurrency": "Each job's requests in flight at once, at most (1-256; default 8).",
     "rate_limit_rps": "Each job's requests started per second, at most (null: no limit).",
     "completion_window_s": "Each job expires this long after it starts (default 3600).",
-    "chunk_size": "Requests per chunk (1-10000; default 50).",
+    "chunk_size": "Requests per chunk (1-10000; default 1000).",
 }
 
 
@@ -101,7 +101,7 @@ class SoakCreateSerializer(serializers.Serializer):
                                             help_text=OPTION_HELP["rate_limit_rps"])
     completion_window_s = serializers.IntegerField(
         required=False, default=3600, help_text=OPTION_HELP["completion_window_s"])
-    chunk_size = serializers.IntegerField(required=False, default=50,
+    chunk_size = serializers.IntegerField(required=False, default=DEFAULT_CHUNK_SIZE,
                                           help_text=OPTION_HELP["chunk_size"])
     drill = serializers.ChoiceField(
         choices=BatchJob.Drill.values, required=False, allow_blank=True, default="",
