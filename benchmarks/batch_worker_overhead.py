@@ -29,7 +29,7 @@ PostgreSQL (--database-url, default a local `bench_h6_worker`, recreated empty),
 process group), stopped at the end. Prints medians and the overhead; asserts nothing. Usage:
 
     .venv/bin/python benchmarks/batch_worker_overhead.py [--repeat 3] [--requests 1500]
-        [--concurrency 32] [--chunk-size 50]
+        [--concurrency 32] [--chunk-size 1000]
 """
 
 from __future__ import annotations
@@ -258,7 +258,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--requests", type=int, default=1500, help="lines of each job")
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--chunk-size", type=int, default=50)
+    parser.add_argument("--chunk-size", type=int, default=1000,
+                        help="requests per chunk (1000: the job default, DEFAULT_CHUNK_SIZE)")
     parser.add_argument("--window", type=float, default=15.0, help="client window, seconds")
     parser.add_argument("--database-url", default=DEFAULT_PG)
     args = parser.parse_args()
