@@ -48,7 +48,7 @@ def test_a_second_demo_seed_keeps_everything_people_changed_since_and_does_not_c
     admin = person("admin")
     gateway = Gateway.objects.get(name="envoy-demo")
     nightly = traffic.route_create(actor=admin, name="llama-8b-nightly",
-                                   model_id="llama-3.1-8b-instruct", latency_class="batch",
+                                   model_id="llama-3.1-8b-instruct", latency_class="standard",
                                    primary_pool=Pool.objects.get(name="h200-us-east"),
                                    force=True, reason="nightly jobs get their own route")
     traffic.gateway_set_routes(actor=admin, gateway=gateway,
