@@ -8,7 +8,7 @@ refused work's transaction so the record stays while nothing else changes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import date, timedelta
 from typing import Any
 
@@ -46,6 +46,11 @@ EDITABLE_FIELDS = ["slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "late
                    "predicted_cost_currency", "predicted_cost_source"]
 # Stage 3's predicted cost per 1M output tokens: an amount and its currency, set together.
 PREDICTION_FIELDS = ["predicted_cost_per_1m", "predicted_cost_currency", "predicted_cost_source"]
+# Called once a plan's predicted cost has changed: the batch app judges the last
+# finished soak's measured cost against the new prediction and records it (fleetctl/batch/
+# apps.py), so stage 3's cost check — and any approval bound to its old row — follows the
+# prediction in force. Plans cannot import batch (the layers), hence a hook.
+PREDICTION_HOOKS: list[Callable[[Plan], object]] = []
 CHECK_FIELDS = ["stage", "key", "title", "kind", "rule", "params", "attest_role"]
 MIN_JUSTIFICATION = permissions.MIN_JUSTIFICATION
 PAST = {"pause": "paused", "regress": "regressed", "abandon": "abandoned", "resume": "resumed"}
@@ -206,6 +211,9 @@ def plan_update(*, actor: Actor, plan: Plan, **changes: Any) -> Plan:
                 audit_record(actor=actor, action="plan.update", target=locked,
                              before={k: before[k] for k in changed},
                              after={k: after[k] for k in changed})
+    if set(changed) & {"predicted_cost_per_1m", "predicted_cost_currency"}:
+        for hook in PREDICTION_HOOKS:
+            hook(locked)
     return locked
 
 

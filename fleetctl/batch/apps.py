@@ -13,5 +13,9 @@ class BatchConfig(AppConfig):
 
     def ready(self) -> None:
         from fleetctl.batch.evidence import register
+        from fleetctl.batch.soak import cost_rejudge
+        from migrations_plan.services import PREDICTION_HOOKS
 
         register()
+        if cost_rejudge not in PREDICTION_HOOKS:
+            PREDICTION_HOOKS.append(cost_rejudge)

@@ -39,7 +39,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from fleetctl.accounts import roles
@@ -62,7 +62,7 @@ from fleetctl.batch.models import (
 from fleetctl.core.errors import ConflictError, DomainError
 from fleetctl.traffic.models import Drain
 from fleetctl.webhooks.services import notify
-from migrations_plan.models import STAGE_NAMES, Plan, StageMove
+from migrations_plan.models import STAGE_NAMES, Evidence, Plan, StageMove
 from migrations_plan.services import evidence_record
 
 log = logging.getLogger("fleetctl.batch")
@@ -685,3 +685,20 @@ def _finish(soak: Soak, state: str, *, actor: Actor, why: str) -> Soak | None:
                  f"{locked.pool.name}: {verdict}"
                  + (f" — {why}" if why else "") + f". Cost: {arbitrage.message}")
     return locked
+
+
+def cost_rejudge(plan: Plan) -> Evidence | None:
+    """The plan's predicted cost changed: judge the last finished soak's measured cost against
+    the prediction now in force and record it as a new `cost-arbitrage` row (the stage-3
+    check reads the newest; an approval bound to the old row is voided by the usual refresh).
+    Nothing when no soak of the plan has ended."""
+    soak = (plan.soaks.exclude(state=Soak.State.RUNNING).select_related("pool")
+            .order_by(F("finished_at").desc(nulls_last=True), "-id").first())
+    if soak is None:
+        return None
+    arbitrage = plan_arbitrage(plan, soak)
+    return evidence_record(
+        actor=Actor.for_system(EVIDENCE_ACTOR), pool=soak.pool, kind=COST_KIND,
+        verdict=arbitrage.verdict, summary=arbitrage.message[:300], data=arbitrage.as_json(),
+        url=f"/batch/soaks/{soak.pk}/",
+        source=f"batch soak {soak.pk}, judged again: the plan's predicted cost changed")

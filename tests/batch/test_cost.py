@@ -143,3 +143,26 @@ def test_nothing_to_judge_says_what_is_missing(soaked):
     assert "no completed job with output tokens" in answer.message
     # Without a soak named, the plan's newest soak with a completed job is measured.
     assert plan_arbitrage(plan).soak_id == soak.pk
+
+
+def test_a_new_prediction_judges_the_last_soak_again_and_the_check_follows_it(soaked):
+    # Stage 3's check reads the newest cost-arbitrage row: changing the prediction after the
+    # soak records a new one against the prediction now in force, never the stale verdict.
+    from migrations_plan import evidence as ev
+    from migrations_plan.models import Evidence
+
+    people, plan, soak = soaked
+
+    def check() -> str:
+        return str(next(o for o in ev.evaluate_gate(plan, stage=3).outcomes
+                        if o.check.key == "cost-arbitrage").status)
+
+    predict(people, plan, "8.50", "USD")
+    assert check() == ev.PASS
+    predict(people, plan, "8.00", "USD")
+    rows = Evidence.objects.filter(kind="cost-arbitrage", pool=soak.pool).order_by("id")
+    assert [r.verdict for r in rows] == ["pass", "fail"]
+    assert "judged again" in rows.last().source
+    assert check() == ev.FAIL
+    plans.plan_update(actor=people.actor("lead"), plan=plan, notes="no cost change")
+    assert rows.count() == 2  # other terms do not touch the arbitrage
