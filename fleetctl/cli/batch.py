@@ -166,7 +166,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             if args.name:
                 form["name"] = args.name
             job = client._send("POST", JOBS, data=form,
-                               files={"file": (path.name, fp, "application/jsonl")},
+                               files={"file": (path.name, fp, "application/x-ndjson")},
                                timeout=UPLOAD_TIMEOUT_S)
     if not args.wait:
         if args.json:
@@ -182,7 +182,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
     client = _client(args)
     with path.open("rb") as fp:
         uploaded = client._send("POST", FILES, data={"name": args.name or path.name},
-                                files={"file": (path.name, fp, "application/jsonl")},
+                                files={"file": (path.name, fp, "application/x-ndjson")},
                                 timeout=UPLOAD_TIMEOUT_S)
     if args.json:
         print_json(uploaded)
@@ -254,7 +254,7 @@ def _download(client: ApiClient, path: str, out: IO[bytes]) -> int:
     """Stream a download into `out`; returns the bytes written. An error answer is JSON."""
     written = 0
     try:
-        with client._http.stream("GET", path, headers={"Accept": "application/jsonl"},
+        with client._http.stream("GET", path, headers={"Accept": "application/x-ndjson"},
                                  timeout=UPLOAD_TIMEOUT_S) as response:
             if response.status_code >= 400:
                 response.read()
@@ -307,7 +307,7 @@ def cmd_soak_start(args: argparse.Namespace) -> int:
         path = _file(args.file)
         with path.open("rb") as fp:
             input_file = client._send("POST", FILES, data={"name": path.name},
-                                      files={"file": (path.name, fp, "application/jsonl")},
+                                      files={"file": (path.name, fp, "application/x-ndjson")},
                                       timeout=UPLOAD_TIMEOUT_S)["id"]
     body = {"plan": args.plan, "input_file": input_file, "every_s": args.every,
             "duration_s": args.duration, "concurrency": args.concurrency,

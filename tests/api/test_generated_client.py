@@ -33,7 +33,8 @@ SCHEMA_ACCEPT = {"Accept": "application/vnd.oai.openapi+json"}
 # Answers that are not JSON: files and the Prometheus text.
 NOT_JSON = {"/api/v1/metrics", "/api/v1/bench/traces/{name}/download/",
             "/api/v1/bench/runs/{id}/export/", "/api/v1/audit-events/export/",
-            "/api/v1/eval-suites/{id}/download/"}
+            "/api/v1/eval-suites/{id}/download/", "/api/v1/batch/jobs/{id}/output/",
+            "/api/v1/batch/jobs/{id}/errors/"}
 
 
 def _in_process(token: str) -> tuple[dict[str, Any], Any]:
@@ -123,7 +124,7 @@ def test_the_generated_client_parses_the_answers_to_writes(rows, in_test_transac
     call("v1_pool_models_create", 201, ("PoolModelRequest", {
         "pool": "l40s-eu", "model_id": MODEL, "max_context_tokens": 8192}))
     route = call("v1_routes_create", 201, ("RouteCreateRequest", {
-        "name": "llama-b", "model_id": MODEL, "latency_class": "batch",
+        "name": "llama-b", "model_id": MODEL, "latency_class": "standard",
         "primary_pool": rows["pool"]}))
     assert route.current.weights.additional_properties == {rows["pool"]: 100}
     # The split in force: no new revision, the current one answered 200 as unchanged.

@@ -201,7 +201,7 @@ def test_upload_over_the_size_cap_is_400(writer, settings, batch_files_dir):
 
 
 def test_unknown_job_is_404_in_json_even_on_a_download(writer):
-    missing = writer.get(f"{JOBS}999999/output/", HTTP_ACCEPT="application/jsonl")
+    missing = writer.get(f"{JOBS}999999/output/", HTTP_ACCEPT="application/x-ndjson")
     assert missing.status_code == 404 and missing["Content-Type"] == "application/json"
     assert writer.get(f"{JOBS}abc/").status_code == 404
 
@@ -271,7 +271,7 @@ def test_output_and_error_files_in_the_openai_batch_format(writer, sim_pool, tmp
     _result(job, 3, 0, "", error_code="timeout", error_message="no answer in 120 s")
 
     output = writer.get(f"{JOBS}{job_id}/output/")
-    assert output.status_code == 200 and output["Content-Type"] == "application/jsonl"
+    assert output.status_code == 200 and output["Content-Type"] == "application/x-ndjson"
     assert output["Content-Disposition"] == f'attachment; filename="batch_{job_id}_output.jsonl"'
     lines = [json.loads(line) for line in b"".join(output.streaming_content).splitlines()]
     assert lines == [
@@ -280,7 +280,7 @@ def test_output_and_error_files_in_the_openai_batch_format(writer, sim_pool, tmp
         {"id": f"batch_req_{job_id}_2", "custom_id": "req-2",
          "response": {"status_code": 200, "request_id": "", "body": answer}, "error": None}]
 
-    errors = writer.get(f"{JOBS}{job_id}/errors/", HTTP_ACCEPT="application/jsonl")
+    errors = writer.get(f"{JOBS}{job_id}/errors/", HTTP_ACCEPT="application/x-ndjson")
     assert errors.status_code == 200
     assert errors["Content-Disposition"] == f'attachment; filename="batch_{job_id}_errors.jsonl"'
     lines = [json.loads(line) for line in b"".join(errors.streaming_content).splitlines()]

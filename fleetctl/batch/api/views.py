@@ -6,7 +6,7 @@ is stored. Output and error files are streamed from the rows as JSONL."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -26,23 +26,12 @@ from fleetctl.batch.api import serializers as s
 from fleetctl.batch.api.filters import FileFilter, JobFilter
 from fleetctl.batch.models import BatchComparison, BatchFile, BatchJob
 from fleetctl.core import idempotency
+from fleetctl.core.api.renderers import NDJSON, NDJSONRenderer
 from fleetctl.core.errors import NotFoundError
 
-JSONL = "application/jsonl"
 ID = OpenApiParameter("id", int, OpenApiParameter.PATH, description="The job's id.")
 
 
-class JSONLRenderer(renderers.BaseRenderer):
-    """Lets a client asking for `application/jsonl` through content negotiation on the
-    output and error downloads; the view streams the bytes itself."""
-
-    media_type = JSONL
-    format = "jsonl"
-    charset = None
-
-    def render(self, data: Any, accepted_media_type: str | None = None,
-               renderer_context: Mapping[str, Any] | None = None) -> Any:
-        return data
 
 
 class _JsonErrors:
@@ -51,7 +40,7 @@ class _JsonErrors:
     def finalize_response(self, request: Request, response: Any, *args: Any,
                           **kwargs: Any) -> Any:
         if (isinstance(response, Response) and response.status_code >= 400
-                and isinstance(getattr(request, "accepted_renderer", None), JSONLRenderer)):
+                and isinstance(getattr(request, "accepted_renderer", None), NDJSONRenderer)):
             request.accepted_renderer = renderers.JSONRenderer()
             request.accepted_media_type = "application/json"
         return super().finalize_response(request, response, *args,  # type: ignore[misc]
@@ -212,28 +201,28 @@ class BatchJobViewSet(_JsonErrors, mixins.ListModelMixin, mixins.RetrieveModelMi
     def _download(self, pk: str, lines: Callable[[BatchJob], Any], suffix: str
                   ) -> StreamingHttpResponse:
         job = self._job(pk)
-        response = StreamingHttpResponse(outputs.blocks(lines(job)), content_type=JSONL)
+        response = StreamingHttpResponse(outputs.blocks(lines(job)), content_type=NDJSON)
         response["Content-Disposition"] = (f'attachment; filename="{job.public_id}_'
                                            f'{suffix}.jsonl"')
         return response
 
-    @extend_schema(parameters=[ID], responses={(200, JSONL): OpenApiResponse(
+    @extend_schema(parameters=[ID], responses={(200, NDJSON): OpenApiResponse(
         OpenApiTypes.BINARY, description="One line per successful request, by index: "
         '{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": '
         "null}.")})
     @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None,
-            renderer_classes=[renderers.JSONRenderer, JSONLRenderer])
+            renderer_classes=[renderers.JSONRenderer, NDJSONRenderer])
     def output(self, request: Request, pk: str) -> StreamingHttpResponse:
         """The output file (OpenAI Batch output format), streamed; partial while the job
         runs or when it expired or was cancelled."""
         return self._download(pk, outputs.output_lines, "output")
 
-    @extend_schema(parameters=[ID], responses={(200, JSONL): OpenApiResponse(
+    @extend_schema(parameters=[ID], responses={(200, NDJSON): OpenApiResponse(
         OpenApiTypes.BINARY, description="One line per request that ended without a 2xx "
         'answer: {"id", "custom_id", "response": {...} | null, "error": {"code", '
         '"message"}}.')})
     @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None,
-            renderer_classes=[renderers.JSONRenderer, JSONLRenderer])
+            renderer_classes=[renderers.JSONRenderer, NDJSONRenderer])
     def errors(self, request: Request, pk: str) -> StreamingHttpResponse:
         """The error file (OpenAI Batch format), streamed."""
         return self._download(pk, outputs.error_lines, "errors")

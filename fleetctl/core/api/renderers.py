@@ -23,6 +23,23 @@ class CSVRenderer(renderers.BaseRenderer):
         return data
 
 
+NDJSON = "application/x-ndjson"
+
+
+class NDJSONRenderer(renderers.BaseRenderer):
+    """Lets a JSONL download (an eval suite, a batch job's output and error files) through
+    content negotiation for a client that asks for `application/x-ndjson`; the view answers
+    the bytes itself."""
+
+    media_type = NDJSON
+    format = "jsonl"
+    charset = None
+
+    def render(self, data: Any, accepted_media_type: str | None = None,
+               renderer_context: Mapping[str, Any] | None = None) -> Any:
+        return data
+
+
 class ExportFormatNegotiation:
     """For a viewset whose `export` action answers JSON or CSV: there `?format=` decides,
     whatever the Accept header says (a client that accepts JSON everywhere still gets the CSV

@@ -4,7 +4,6 @@ refusals). A suite upload is streamed to the service line by line; its errors na
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -23,7 +22,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.core.api.renderers import CSVRenderer, ExportFormatNegotiation
+from fleetctl.core.api.renderers import (
+    NDJSON,
+    CSVRenderer,
+    ExportFormatNegotiation,
+    NDJSONRenderer,
+)
 from fleetctl.core.errors import DomainError
 from fleetctl.evals import selectors, services
 from fleetctl.evals.api import diff
@@ -32,21 +36,9 @@ from fleetctl.evals.api.filters import DiffFilter, ItemFilter, ResultFilter, Run
 from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalSuite
 
 EXPORT_FORMATS = ("json", "csv")
-NDJSON = "application/x-ndjson"
 DEFAULT_MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 
 
-class NDJSONRenderer(renderers.BaseRenderer):
-    """Lets a client that asks for `application/x-ndjson` through content negotiation on the
-    download; the view answers the bytes itself."""
-
-    media_type = NDJSON
-    format = "jsonl"
-    charset = None
-
-    def render(self, data: Any, accepted_media_type: str | None = None,
-               renderer_context: Mapping[str, Any] | None = None) -> Any:
-        return data
 
 
 class _FileAnswers:

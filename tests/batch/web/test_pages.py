@@ -42,7 +42,7 @@ def jsonl(lines: list[dict] | list[str]) -> bytes:
 
 def good_file(n: int = 6, name: str = "good.jsonl") -> SimpleUploadedFile:
     return SimpleUploadedFile(name, jsonl([request_line(i) for i in range(n)]),
-                              content_type="application/jsonl")
+                              content_type="application/x-ndjson")
 
 
 def form_data(pool: Pool, **overrides: object) -> dict[str, object]:
