@@ -284,8 +284,10 @@ def test_the_api_docs_work_under_the_content_security_policy(
     page = sign_in(context, live_server.url, "vic")
     problems = Problems(page)
     page.goto(f"{live_server.url}/api/docs/")
-    # Swagger UI draws the schema's operations only if its start-up script ran.
-    page.locator(".swagger-ui .opblock-summary-path", has_text="/api/v1/pools/").first.wait_for()
+    # Swagger UI draws the schema's operations only if its start-up script ran. It draws them
+    # as they scroll into view, so wait for the first one (the schema's paths are sorted).
+    page.locator(".swagger-ui .opblock-summary-path",
+                 has_text="/api/v1/audit-events/").first.wait_for()
     assert page.evaluate("window.__csp") == []
     assert problems.items == []
     context.close()
