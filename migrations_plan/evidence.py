@@ -171,7 +171,12 @@ def data_problems(kind: EvidenceKind, data: Any) -> list[str]:
     """What is wrong with `data` for `kind`, each problem with its JSON path ("$.slo.ttft")."""
     from jsonschema import Draft202012Validator
 
-    validator = Draft202012Validator(kind.schema)
+    from fleetctl.core.compare import LOCAL_ONLY_REGISTRY
+
+    # Reported data is walked here by jsonschema itself (its messages and paths are the ones
+    # shown), with the registry that fetches nothing: the default one would fetch a "$ref"
+    # to a URL or a file.
+    validator = Draft202012Validator(kind.schema, registry=LOCAL_ONLY_REGISTRY)
     problems = []
     for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
         path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
@@ -253,6 +258,11 @@ def register_kind(kind: EvidenceKind) -> EvidenceKind:
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
+    from fleetctl.core.compare import schema_problem
+
+    problem = schema_problem(kind.schema)  # as every schema: self-contained, and shallow
+    if problem is not None:
+        raise ValueError(f"evidence kind {kind.name!r}: its data schema: {problem}")
     try:
         Draft202012Validator.check_schema(kind.schema)
     except SchemaError as exc:

@@ -33,6 +33,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from fleetctl.core.compare import request_schema_problem
 from fleetctl.core.jsonl import (
     MAX_LINE_BYTES,
     JsonlError,
@@ -188,6 +189,9 @@ def request_problem(value: Any, max_body_bytes: int, line_len: int) -> str | Non
             return f"body.{problem[0]}: {problem[1]}"
     elif not isinstance(body.get("prompt"), str | list) or not body.get("prompt"):
         return f"body.prompt must be a non-empty string or list, got {show(body.get('prompt'))}"
+    schema = request_schema_problem(body)  # a comparison with the primary compiles them
+    if schema is not None:
+        return f"body.{schema[0]}: {schema[1]}"
     if line_len > max_body_bytes:  # the body is part of the line: only then measure it
         size = len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode())
         if size > max_body_bytes:

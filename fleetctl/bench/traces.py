@@ -131,6 +131,10 @@ def _text_problem(prompt: object, messages: object) -> str | None:
         if messages is not None:
             return "give either prompt or messages, not both"
     if messages is not None:
+        # The one place a trace line can nest (every other value is a number or a string);
+        # a line over 200 levels never gets here (jsonl.retry refuses it).
+        if jsonl.too_deep(messages, jsonl.MAX_DEPTH - 1):
+            return jsonl.DEPTH_MESSAGE
         return _message_problem(messages)
     return None
 
@@ -486,6 +490,8 @@ def _mooncake_requests(lines: Iterable[bytes | str], errors: _Errors, max_reques
 def _mooncake_problem(obj: object) -> tuple[str | None, float]:
     if type(obj) is not dict:
         return f"must be a JSON object, got {_show(obj)}", 0.0
+    if len(obj) > 4 and jsonl.too_deep(obj):  # only the keys it ignores can nest
+        return jsonl.DEPTH_MESSAGE, 0.0
     missing = sorted({"timestamp", "input_length", "output_length"} - obj.keys())
     if missing:
         return f"missing required key{'s' if len(missing) > 1 else ''} {', '.join(missing)}", 0.0
@@ -644,7 +650,7 @@ def detect_format(first_line: bytes | str) -> TraceFormat:
         return "azure-csv"
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what json can read
         obj = None
     if type(obj) is dict:
         if "fleetctl_trace" in obj or "prompt_tokens" in obj:

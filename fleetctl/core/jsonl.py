@@ -11,6 +11,9 @@ suites (evals/suites.py) and batch inputs — so that each refuses a bad file th
 - All-or-nothing: the caller stops using what it read at the first problem, keeps scanning
   only to report up to `max_errors` problems (LineErrors raises at the cap), and raises
   JsonlError at the end. A caller that stores rows while reading must discard them on error.
+- Shallow: a line whose arrays and objects nest deeper than MAX_DEPTH is refused ("line 7:
+  is nested deeper than 64 levels ..."), counted without recursion (`too_deep`), so nothing
+  after the reader (our own walks, Django's JSON encoding, jsonschema) can run out of stack.
 
 JSON decoding is most of the cost of reading a large file. pydantic-core's decoder (jiter) is
 about three times faster than the standard library's, so it is used when installed; any line
@@ -29,6 +32,15 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn
 
 MAX_LINE_BYTES = 1024 * 1024
+# How deep arrays and objects may nest in an uploaded line (and in a JSON Schema, which
+# compare.schema_validator holds to the same limit). Real requests, suite items and schemas
+# nest a dozen levels at most (OpenAI's structured outputs allow 10 for a schema), so 64 is
+# generous; and 64 levels keep every recursive walk over a value (Python's json, jsonschema's
+# check_schema at about five frames a level, Django's JSONField encoding, our own) far inside
+# Python's 1,000-frame stack, which a line 450 levels deep exhausted (a 500).
+MAX_DEPTH = 64
+DEPTH_MESSAGE = (f"is nested deeper than {MAX_DEPTH} levels (arrays and objects inside each "
+                 f"other), the depth limit")
 
 
 def stdlib_loads(line: Any) -> Any:
@@ -211,7 +223,8 @@ def retry(lineno: int, raw: bytes | str | Overlong, errors: LineErrors, *,
     that starts with a byte-order mark (decoded without it), something only the standard
     library accepts (decoded by it), or an error (recorded in `errors`; SKIP). The messages
     always come from the standard library, so they do not depend on the decoder installed.
-    Without `allow_nan`, NaN and Infinity (which RFC 8259 JSON has not) are errors too."""
+    Without `allow_nan`, NaN and Infinity (which RFC 8259 JSON has not) are errors too; so is
+    a value nested deeper than MAX_DEPTH."""
     try:
         text = decoded(raw, errors.what)
     except ValueError as error:
@@ -223,23 +236,26 @@ def retry(lineno: int, raw: bytes | str | Overlong, errors: LineErrors, *,
         text = text[1:]
     text = text.rstrip("\r\n")  # so an error at the end of the line gets its column
     try:
-        if allow_nan:
-            return json.loads(text)
-        return json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text) if allow_nan else json.loads(
+            text, parse_constant=_refuse_constant)
+        if not too_deep(value):  # the fast decoder refuses lines over 200 levels: checked here
+            return value
+        errors.add(lineno, DEPTH_MESSAGE)
     except _NotFinite as error:
         errors.add(lineno, f"is not valid JSON ({error} is not a JSON number; write a finite "
                            f"number, or a string)")
     except json.JSONDecodeError as error:
         errors.add(lineno, f"is not valid JSON ({error.msg} at column {error.colno})")
-    except RecursionError:
-        errors.add(lineno, "is not valid JSON (nested too deeply)")
+    except RecursionError:  # deeper than the decoder can follow: far past MAX_DEPTH
+        errors.add(lineno, DEPTH_MESSAGE)
     return SKIP
 
 
 def objects(lines: Iterable[bytes | str], errors: LineErrors, *,
             allow_nan: bool = False) -> Iterator[tuple[int, Any]]:
     """(line number, decoded JSON value) for every non-blank line that decodes; a line that
-    does not (bad UTF-8, bad JSON, too long) is added to `errors` and not yielded. Line
+    does not (bad UTF-8, bad JSON, too long, nested too deep) is added to `errors` and not
+    yielded. Line
     numbers count every line, blank ones included. `lines` is any iterable of lines — a file
     opened in binary mode is best (see line_reader). NaN and Infinity are refused unless
     `allow_nan`.
@@ -254,10 +270,13 @@ def objects(lines: Iterable[bytes | str], errors: LineErrors, *,
             raw = finish(raw)
         try:
             value = loads(raw)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             value = retry(lineno, raw, errors, allow_nan=allow_nan)
             if value is SKIP:
                 continue
+        if line_too_deep(raw, value):
+            errors.add(lineno, DEPTH_MESSAGE)
+            continue
         if not allow_nan and not finite(value):
             # The fallback decoder reads NaN (retry words that), and both read 1e400 as
             # infinity, which no JSON can hold.
@@ -266,6 +285,43 @@ def objects(lines: Iterable[bytes | str], errors: LineErrors, *,
                                    "write a smaller number, or a string")
             continue
         yield lineno, value
+
+
+def line_too_deep(raw: bytes | str | Overlong, value: Any) -> bool:
+    """The decoded line nests deeper than MAX_DEPTH. A line holding at most MAX_DEPTH
+    brackets cannot (they are counted in C, strings included, so the count only ever
+    overstates): only the rare line with more is walked."""
+    if isinstance(raw, bytes):
+        if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
+            return False
+    elif isinstance(raw, str) and raw.count("[") + raw.count("{") <= MAX_DEPTH:
+        return False
+    return too_deep(value)
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Arrays and objects in `value` nest more than `limit` levels ([] and {} are one level,
+    [[]] two). Walked a level at a time, without recursion, so any depth is safe to ask
+    about; it stops at the first level past the limit."""
+    level, depth = [value], 0
+    while level:
+        inner: list[Any] = []
+        nested = False
+        for item in level:
+            kind = type(item)
+            if kind is dict:
+                nested = True
+                inner.extend(item.values())
+            elif kind is list:
+                nested = True
+                inner.extend(item)
+        if not nested:
+            return False
+        depth += 1
+        if depth > limit:
+            return True
+        level = inner
+    return False
 
 
 def finite(value: Any) -> bool:

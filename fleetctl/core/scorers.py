@@ -586,10 +586,11 @@ def _schema_validate(params: Mapping[str, Any] | None) -> Params:
     if not isinstance(schema, dict):
         raise _fail("json_schema", "schema", "schema is required: a JSON Schema object "
                     "(Draft 2020-12 unless its $schema says otherwise)")
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        cls.check_schema(schema)
-        compare.schema_validator(schema)  # the validator answers are checked with must build too
+        # The one compile of a user-given schema (compare.py): nothing outside it is fetched.
+        compare.schema_validator(schema)
+    except compare.SchemaRefused as exc:
+        raise _fail("json_schema", "schema", str(exc)) from None
     except jsonschema.SchemaError as exc:
         path = "/".join(str(p) for p in exc.path) or "(root)"
         raise _fail("json_schema", "schema", f"schema is not a valid JSON Schema at {path}: "
@@ -605,7 +606,10 @@ def _schema_score(answer: Answer, references: Sequence[str], params: Params) -> 
         value, where = _json_of(answer.text, params["fences"])
     except _NotJson as exc:
         return Score(0.0, f"not valid JSON: {exc}")
-    validator = compare.schema_validator(params["schema"])
+    try:
+        validator = compare.schema_validator(params["schema"])
+    except compare.SchemaRefused as exc:  # stored before schemas were checked: never fetched
+        return Score(0.0, f"the item's schema is refused: {exc}")
     error = next(iter(validator.iter_errors(value)), None)
     if error is None:
         return Score(1.0, f"conforms to the schema ({where})")

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fleetctl.core import jsonl, scorers
+from fleetctl.core import compare, jsonl, scorers
 from fleetctl.core.jsonl import JsonlError, LineErrors, show
 
 FORMAT_VERSION = 1
@@ -400,6 +400,9 @@ def _request(request: object) -> dict[str, Any]:
             out[key] = _tools(field, value)
         else:
             out[key] = _tool_choice(field, value)
+    problem = compare.request_schema_problem(out)  # sent to pools; still never fetched
+    if problem is not None:
+        raise FieldProblem(f"request.{problem[0]}", problem[1])
     return dict(sorted(out.items()))
 
 

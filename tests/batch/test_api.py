@@ -14,6 +14,7 @@ from django.utils import timezone
 from fleetctl.audit.models import AuditEvent
 from fleetctl.batch.models import BatchChunk, BatchFile, BatchJob, BatchJobEvent, BatchResult
 from fleetctl.core.models import IdempotentRequest
+from tests.core.hostile import REVIEWED_DEPTHS, recording_server, with_nested
 
 from .factory import MODEL, request_line, upload, write_input
 
@@ -189,6 +190,70 @@ def test_bad_options_are_400_naming_the_field_and_store_nothing(writer, sim_pool
     fields = refused.json()["error"]["fields"]
     assert field in fields and words in fields[field][0], fields
     assert not BatchJob.objects.exists() and not BatchChunk.objects.exists()
+
+
+# --- nesting, and schemas that point outside themselves -----------------------------------------
+
+DEPTH_REFUSED = ("is nested deeper than 64 levels (arrays and objects inside each other), the "
+                 "depth limit")
+
+
+def _deep_line(i: int, depth: int) -> bytes:
+    """Request line i with a value `depth` levels deep in its body (the line is deeper)."""
+    line = request_line(i)
+    line["body"]["metadata"] = "@NESTED@"
+    return with_nested(line, depth).encode() + b"\n"
+
+
+@pytest.mark.parametrize("depth", REVIEWED_DEPTHS)
+def test_a_line_nested_deeper_than_the_limit_is_a_400_naming_it_and_keeps_nothing(
+        writer, sim_pool, batch_files_dir, depth):
+    content = _jsonl(request_line(0)) + _deep_line(1, depth) + _jsonl(request_line(2))
+    uploaded = writer.post(FILES, {"file": _upload_file(content)}, format="multipart")
+    in_one_step = writer.post(JOBS, {"file": _upload_file(content), "pool": sim_pool.name},
+                              format="multipart")
+    for refused in (uploaded, in_one_step):
+        assert refused.status_code == 400, refused.content[:300]
+        assert refused.json()["error"]["fields"]["file"] == [f"line 2: {DEPTH_REFUSED}"]
+    assert not BatchFile.objects.exists() and not BatchJob.objects.exists()
+    assert _stored_files(batch_files_dir) == []
+
+
+def test_a_line_nested_to_the_limit_is_stored(writer, batch_files_dir):
+    # {"body": {"metadata": ...}}: two levels above the value, so 62 make a line of 64.
+    uploaded = writer.post(FILES, {"file": _upload_file(_deep_line(0, 62))}, format="multipart")
+    assert uploaded.status_code == 201, uploaded.content[:300]
+    assert len(_stored_files(batch_files_dir)) == 1
+
+
+@pytest.mark.parametrize("depth", REVIEWED_DEPTHS)
+def test_a_json_body_nested_too_deeply_is_a_400_and_creates_nothing(writer, sim_pool, depth):
+    body = with_nested({"input_file": "@NESTED@", "pool": sim_pool.name}, depth)
+    refused = writer.post(JOBS, body, content_type="application/json")
+    assert refused.status_code == 400, refused.content[:300]
+    assert refused.json()["error"]["code"] == "invalid"
+    assert not BatchJob.objects.exists()
+
+
+def test_a_request_schema_that_points_outside_is_a_400_naming_the_line_and_fetches_nothing(
+        writer, batch_files_dir):
+    outside = "points outside the schema; only local references (#/…) are allowed"
+    with recording_server() as server:
+        asks_json = request_line(1)
+        asks_json["body"]["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": "answer", "schema": {"$ref": f"{server.url}/answer.json"}}}
+        calls_tool = request_line(2)
+        calls_tool["body"]["tools"] = [{"type": "function", "function": {
+            "name": "lookup", "parameters": {"$ref": "file:///etc/hostname"}}}]
+        content = _jsonl(request_line(0), asks_json, calls_tool)
+        refused = writer.post(FILES, {"file": _upload_file(content)}, format="multipart")
+        assert refused.status_code == 400, refused.content[:300]
+        assert refused.json()["error"]["fields"]["file"] == [
+            f"line 2: body.response_format.json_schema.schema: $ref "
+            f"'{server.url}/answer.json' {outside}",
+            f"line 3: body.tools[0].function.parameters: $ref 'file:///etc/hostname' {outside}"]
+        assert server.hits == []
+    assert not BatchFile.objects.exists() and _stored_files(batch_files_dir) == []
 
 
 def test_upload_over_the_size_cap_is_400(writer, settings, batch_files_dir):

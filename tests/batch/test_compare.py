@@ -23,6 +23,7 @@ from fleetctl.batch.models import BatchChunk, BatchComparison, BatchFile, BatchJ
 from fleetctl.fleet.models import Pool
 from migrations_plan.models import Plan
 from tests.conftest import SYSTEM, wait_until
+from tests.core.hostile import recording_server
 from tests.migrations_plan.conftest import MODEL, World, world  # noqa: F401 - the fixture
 from tests.sim.simproc import TEST_PROFILES, SimProcess, sim_with_profiles
 
@@ -48,23 +49,23 @@ def plan(world: World, sim: SimProcess) -> Plan:  # noqa: F811 - the fixture
     return world.plan()
 
 
-def _body(i: int, temperature: float) -> dict[str, Any]:
+def _body(i: int, temperature: float, **extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": f"question {i}"}],
-            "max_tokens": 24, "temperature": temperature}
+            "max_tokens": 24, "temperature": temperature, **extra}
 
 
 def make_job(pool: Pool, plan: Plan | None, *, n: int = 12, answered_by: str,
              chunk_size: int = 5, compare_sample: int = 5, temperature: float = 0,
-             fail: frozenset[int] = frozenset()) -> BatchJob:
+             fail: frozenset[int] = frozenset(), **extra: Any) -> BatchJob:
     """A finished job of n requests whose answers came from `answered_by` (a URL), stored as
     the worker stores them; the indices in `fail` got a 500 instead. The file goes to the
     test's BATCH_FILES_DIR (conftest's batch_files_dir). Input file, chunks and
     results are rows and a file as the upload and the worker leave them (blank line included,
-    to check that indices count requests, not lines)."""
+    to check that indices count requests, not lines). `extra`: more of each request body."""
     folder = Path(settings.BATCH_FILES_DIR)
     name = f"in-{BatchFile.objects.count()}.jsonl"
     lines = [json.dumps({"custom_id": f"req-{i}", "method": "POST",
-                         "url": "/v1/chat/completions", "body": _body(i, temperature)}
+                         "url": "/v1/chat/completions", "body": _body(i, temperature, **extra)}
                         ).encode() + b"\n" for i in range(n)]
     data = b"\n".join(lines[:3]) + b"".join(lines[3:])  # blank lines between the first three
     (folder / name).write_bytes(data)
@@ -87,7 +88,7 @@ def make_job(pool: Pool, plan: Plan | None, *, n: int = 12, answered_by: str,
                 status, text = 500, json.dumps({"error": {"message": "boom"}})
             else:
                 reply = client.post(f"{answered_by}/v1/chat/completions",
-                                    json=_body(i, temperature))
+                                    json=_body(i, temperature, **extra))
                 status, text = reply.status_code, reply.text
             BatchResult.objects.create(job=job, index=i, custom_id=f"req-{i}",
                                        status_code=status, body=text, worker="w")
@@ -126,6 +127,26 @@ def test_same_profile_is_identical_and_a_rerun_changes_nothing(plan: Plan, sim: 
     at = {r.index: r.at for r in rows}
     assert compare.job_compare(job.pk) == 0
     assert {r.index: r.at for r in BatchComparison.objects.filter(job=job)} == at
+
+
+def test_a_stored_request_whose_schemas_point_outside_is_compared_without_them_fetching_nothing(
+        plan: Plan, sim: SimProcess) -> None:
+    # A file stored before uploads checked schemas: the comparison builds no validator that
+    # reaches out, and compares the answers as JSON.
+    with recording_server() as server:
+        ref = {"$ref": f"{server.url}/answer.json"}
+        job = make_job(plan.candidate_pool, plan, answered_by=sim.url("cand"), compare_sample=4,
+                       response_format={"type": "json_schema", "json_schema": {
+                           "name": "answer", "schema": {"type": "object", "properties": {
+                               "a": ref}}}},
+                       tools=[{"type": "function", "function": {
+                           "name": "lookup", "parameters": {"$ref": "file:///etc/hostname"}}}])
+
+        assert compare.job_compare(job.pk) == 4
+        rows = list(BatchComparison.objects.filter(job=job))
+        assert len(rows) == 4 and all(r.primary_status == 200 for r in rows)
+        assert all(r.outcome["json_checked"] for r in rows)
+        assert server.hits == []
 
 
 def test_divergent_candidate_is_found(plan: Plan, sim: SimProcess) -> None:

@@ -31,6 +31,7 @@ from fleetctl.bench.traces import (
     summarise,
     write_jsonl,
 )
+from tests.core.hostile import REVIEWED_DEPTHS, with_nested
 
 SAMPLES = Path(__file__).parent / "samples"
 
@@ -184,6 +185,34 @@ def test_bad_json_says_where() -> None:
     assert only_error(lines) == \
         "line 2: is not valid JSON (Expecting property name enclosed in double quotes at " \
         "column 37)"
+
+
+DEPTH_REFUSED = ("is nested deeper than 64 levels (arrays and objects inside each other), the "
+                 "depth limit")
+
+
+@pytest.mark.parametrize("depth", [65, *REVIEWED_DEPTHS])
+def test_a_line_nested_deeper_than_the_limit_is_refused_naming_it(depth: int) -> None:
+    # Messages are where a fleetctl trace line nests: {"messages": [{"content": [part]}]}.
+    part = {"type": "text", "text": "hi", "extra": "@NESTED@"}
+    deep = with_nested(req(1.0, messages=[{"role": "user", "content": [part]}]), depth - 5)
+    assert only_error(lines_of(req(), deep)) == f"line 2: {DEPTH_REFUSED}"
+    mooncake = with_nested({"timestamp": 1, "input_length": 10, "output_length": 5,
+                            "hash_ids": [1], "note": "@NESTED@"}, depth - 1)
+    with pytest.raises(TraceError) as caught:
+        list(parse_mooncake(lines_of(mooncake)))
+    assert caught.value.errors == [(1, DEPTH_REFUSED)]
+
+
+def test_a_first_line_too_deep_to_decode_is_no_trace_format_not_a_crash() -> None:
+    with pytest.raises(TraceError, match="is not a trace format"):
+        detect_format(with_nested({"prompt_tokens": "@NESTED@"}, 5000))
+
+
+def test_a_line_nested_to_the_limit_is_read() -> None:
+    part = {"type": "text", "text": "hi", "extra": "@NESTED@"}
+    fits = with_nested(req(1.0, messages=[{"role": "user", "content": [part]}]), 59)  # 64
+    assert len(list(parse_jsonl(lines_of(fits)))) == 1
 
 
 def test_a_line_that_is_not_an_object_is_refused() -> None:

@@ -16,12 +16,16 @@ from hypothesis import strategies as st
 
 from fleetctl.core import jsonl
 from fleetctl.core.jsonl import (
+    DEPTH_MESSAGE,
+    MAX_DEPTH,
     MAX_LINE_BYTES,
     JsonlError,
     LineErrors,
     message_problem,
     objects,
+    too_deep,
 )
+from tests.core.hostile import REVIEWED_DEPTHS, with_nested
 
 
 def read(lines: Any, **kwargs: Any) -> tuple[list[tuple[int, Any]], list[tuple[int, str]]]:
@@ -93,7 +97,41 @@ def test_json_nested_too_deeply_is_a_line_error_not_a_crash() -> None:
     deep = b"[" * 100_000 + b"]" * 100_000 + b"\n"
     got, errors = read([deep, b"1\n"])
     assert got == [(2, 1)]
-    assert [n for n, _ in errors] == [1] and errors[0][1].startswith("is not valid JSON")
+    assert errors == [(1, DEPTH_MESSAGE)]
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, *REVIEWED_DEPTHS])
+@pytest.mark.parametrize("decoder", ["pydantic-core", "standard library"])
+def test_a_line_nested_deeper_than_the_limit_is_refused_naming_it(
+        depth: int, decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if decoder == "standard library":
+        monkeypatch.setattr(jsonl, "fast_loads", jsonl.stdlib_loads)
+    lines = [b'{"a": 1}\n', with_nested({"deep": "@NESTED@"}, depth - 1).encode() + b"\n",
+             b'{"b": 2}\n']
+    got, errors = read(lines)
+    assert got == [(1, {"a": 1}), (3, {"b": 2})]
+    assert errors == [(2, DEPTH_MESSAGE)]
+    assert JsonlError(errors).messages() == [
+        "line 2: is nested deeper than 64 levels (arrays and objects inside each other), "
+        "the depth limit"]
+
+
+def test_a_line_nested_to_the_limit_is_read_and_brackets_in_strings_are_not_nesting() -> None:
+    at_limit = with_nested({"deep": "@NESTED@"}, MAX_DEPTH - 1)
+    brackets = json.dumps({"text": "[{" * 500, "list": [[[]]]})
+    got, errors = read([at_limit + "\n", brackets + "\n"])
+    assert errors == []
+    assert [n for n, _ in got] == [1, 2] and got[1][1]["text"] == "[{" * 500
+
+
+def test_depth_is_measured_without_recursion() -> None:
+    value: Any = 1
+    for _ in range(200_000):  # far past the interpreter's stack
+        value = [value]
+    assert too_deep(value) and too_deep(value, limit=199_999)
+    assert not too_deep(value, limit=200_000)
+    assert not too_deep([]) and too_deep([], limit=0) and not too_deep("x", limit=0)
+    assert too_deep({"a": [{}]}, limit=2) and not too_deep({"a": [{}]}, limit=3)
 
 
 def overlong() -> bytes:

@@ -12,6 +12,7 @@ import csv
 import hashlib
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from fleetctl.evals import services
 from fleetctl.evals.api.diff import CSV_COLUMNS
 from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalSuite
 from migrations_plan.models import Evidence, Plan
+from tests.core.hostile import REVIEWED_DEPTHS, nested_schema, recording_server, with_nested
 from tests.migrations_plan.conftest import MODEL, World, world  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.django_db
@@ -205,6 +207,91 @@ def test_a_missing_file_and_a_file_over_the_limit_are_400s(lead: Any, settings: 
     big = upload(lead, "sums", suite_text(10))
     assert big.status_code == 400, big.json()
     assert "EVAL_MAX_UPLOAD_BYTES" in fields(big)["file"][0]
+    assert not EvalSuite.objects.exists()
+
+
+OUTSIDE = "points outside the schema; only local references (#/…) are allowed"
+
+
+def test_a_schema_that_points_outside_is_a_400_naming_the_line_and_nothing_is_fetched(
+        lead: Any):
+    with recording_server() as server:
+        ref = {"$ref": f"{server.url}/schema.json"}
+        text = _lines(
+            item(0),
+            item(1, scorer="json_schema", references=[], params={"schema": {
+                "type": "object", "properties": {"n": ref}}}),
+            item(2, request={"response_format": {"type": "json_schema", "json_schema": {
+                "name": "answer", "schema": ref}}}),
+            item(3, request={"tools": [{"type": "function", "function": {
+                "name": "lookup", "parameters": {"$schema": f"{server.url}/meta.json"}}}]}))
+        answer = upload(lead, "remote", text)
+        assert answer.status_code == 400, answer.json()
+        assert fields(answer)["file"] == [
+            f"line 2: params.schema: $ref '{server.url}/schema.json' {OUTSIDE}",
+            f"line 3: request.response_format.json_schema.schema: "
+            f"$ref '{server.url}/schema.json' {OUTSIDE}",
+            f"line 4: request.tools[0].function.parameters: $schema '{server.url}/meta.json' "
+            f"is not a JSON Schema draft fleetctl knows (2020-12, 2019-09, 7, 6 or 4); leave it "
+            f"out for 2020-12"]
+        assert server.hits == []
+    assert not EvalSuite.objects.exists() and not EvalItem.objects.exists()
+
+
+def test_a_file_reference_is_refused_alike_whether_the_file_exists_or_not(lead: Any,
+                                                                          tmp_path: Path):
+    secret = tmp_path / "demo-password"
+    secret.write_text("7 correct horse\n")
+    text = _lines(item(0, scorer="json_schema", references=[],
+                       params={"schema": {"$ref": secret.as_uri()}}))
+    present = upload(lead, "local-file", text)
+    secret.unlink()
+    absent = upload(lead, "local-file", text)
+    assert present.status_code == absent.status_code == 400
+    assert present.json() == absent.json()
+    assert fields(present)["file"] == [f"line 1: params.schema: $ref '{secret.as_uri()}' {OUTSIDE}"]
+    assert not EvalSuite.objects.exists()
+
+
+DEPTH_REFUSED = ("is nested deeper than 64 levels (arrays and objects inside each other), the "
+                 "depth limit")
+
+
+@pytest.mark.parametrize("depth", REVIEWED_DEPTHS)
+def test_a_line_nested_deeper_than_the_limit_is_a_400_naming_it_and_nothing_is_stored(
+        lead: Any, depth: int):
+    tools = {"tools": [{"type": "function", "function": {"name": "f",
+                                                         "parameters": "@NESTED@"}}]}
+    deep_item = with_nested(item(1, request=tools), depth)
+    answer = upload(lead, "deep", _lines(item(0), deep_item, item(2)))
+    assert answer.status_code == 400, answer.json()
+    assert fields(answer)["file"] == [f"line 2: {DEPTH_REFUSED}"]
+    assert not EvalSuite.objects.exists() and not EvalItem.objects.exists()
+
+
+def test_a_json_schema_400_levels_deep_is_a_400_and_one_to_the_limit_uploads(lead: Any):
+    def schema_item(depth: int) -> dict[str, Any]:
+        return item(0, scorer="json_schema", references=[],
+                    params={"schema": nested_schema(depth)})
+
+    deep = upload(lead, "deep-schema", _lines(schema_item(400)))
+    assert deep.status_code == 400, deep.json()
+    assert fields(deep)["file"] == [f"line 1: {DEPTH_REFUSED}"]
+    # The item holds the schema two levels down ({"params": {"schema": ...}}): a schema of
+    # 61 levels makes a line of 63, the deepest nested_schema writes within the limit.
+    fits = upload(lead, "deep-schema", _lines(schema_item(61)))
+    assert fits.status_code == 201, fits.json()
+    assert EvalItem.objects.get().params["schema"] == nested_schema(61)
+
+
+@pytest.mark.parametrize("depth", REVIEWED_DEPTHS)
+def test_a_json_body_nested_too_deeply_is_a_400_and_nothing_is_stored(lead: Any, depth: int):
+    body = with_nested({"name": "deep", "file": "@NESTED@"}, depth)
+    answer = lead.post(SUITES, body, content_type="application/json")
+    assert answer.status_code == 400, answer.content[:300]
+    assert answer.json()["error"]["code"] == "invalid"
+    # Shallower bodies parse, and are refused for not being a file upload.
+    assert depth < 5000 or "nested too deeply" in answer.json()["error"]["message"]
     assert not EvalSuite.objects.exists()
 
 

@@ -15,8 +15,10 @@ from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
 
 from fleetctl.core.errors import DomainError
+from fleetctl.core.jsonl import MAX_DEPTH
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,18 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(error_body(
             "invalid", "A value in this request cannot be stored or looked up (for example it "
                        "contains a NUL character); remove it and try again."), status=400)
+    if isinstance(exc, RecursionError):
+        # JSON nested past what Python can follow: DRF's JSON parser lets the decoder's
+        # RecursionError through (it answers only ValueError; a body some 900 levels deep),
+        # as would anything walking such a value later. Uploads are held to MAX_DEPTH by
+        # core/jsonl.py; a body is refused here, in one place for every endpoint. Logged
+        # with its traceback, in case the recursion was ours and not the request's.
+        log.warning("request %s nested too deeply to read: %s", context.get("request"), exc,
+                    exc_info=exc)
+        set_rollback()  # as DRF does for the errors it answers (with ATOMIC_REQUESTS)
+        return Response(error_body(
+            "invalid", f"The request is nested too deeply to read (arrays and objects inside "
+                       f"each other); keep JSON within {MAX_DEPTH} levels."), status=400)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound("No such object. Check the id or name in the URL.")
     elif isinstance(exc, DjangoPermissionDenied):
