@@ -68,7 +68,9 @@ def _side(numbers: dict[str, Any], side: str) -> list[list[str]]:
     stats = numbers.get(side)
     if not stats:
         return []
-    rows = [[f"{side} {stats.get('pool', '')}", "requests", str(stats.get("requests", 0)), ""]]
+    rows = [[f"{side} {stats.get('pool', '')}", "requests", str(stats.get("requests", 0)), ""],
+            ["", "client disconnects", str(stats.get("client_disconnects", 0)),
+             "abandoned by the client: not counted against the pool"]]
     for label, key, unit in (("error rate", "error_rate", "rate"), ("TTFT p95", "ttft_p95", "ms"),
                              ("TPOT p95", "tpot_p95", "ms")):
         figure = stats.get(key) or {}

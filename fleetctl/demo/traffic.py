@@ -12,6 +12,9 @@ divergence, and one in `--stream-every` of them is streamed (default five; `make
 them all: a guarded ramp judges time to first token from the gateway's access log, which only
 a streamed answer tells apart from the whole answer's duration).
 The same position in the rotation is always the same request, so two demos send the same load.
+With `--abandon-every N` one streamed request in N is hung up on after its first chunk, as a
+user pressing "stop" does: the gateway logs a client disconnect, which the dashboards count
+apart and no guard holds against the pool (`make demo` abandons one in 40).
 
 Polite: requests leave on a fixed schedule (`--rps`), never more than `--max-in-flight` at once
 (a slot that is still busy is skipped and counted, not queued up), and after a run of failed
@@ -26,6 +29,7 @@ switches it off). It imports no product code but the outbound HTTP client.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import signal
 import statistics
@@ -36,6 +40,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import httpx
 
 from fleetctl.core.http import Client, OutboundError
 
@@ -113,6 +119,7 @@ class Window:
     streamed: int = 0
     json_mode: int = 0
     skipped: int = 0  # slots dropped because max_in_flight requests were still running
+    abandoned: int = 0  # streamed requests hung up on after their first chunk, on purpose
     failures: Counter[str] = field(default_factory=Counter)
     latencies_ms: list[float] = field(default_factory=list)
 
@@ -124,7 +131,8 @@ class Window:
         why = ", ".join(f"{k} {v}" for k, v in self.failures.most_common(3))
         return (f"demo-traffic: last {seconds:.0f} s: sent {self.sent}, ok {self.ok}, failed "
                 f"{failed}{f' ({why})' if why else ''}, skipped {self.skipped}; streamed "
-                f"{self.streamed}, json {self.json_mode}; latency p50 {p50} ms p99 {p99} ms")
+                f"{self.streamed}, json {self.json_mode}, abandoned {self.abandoned}; latency "
+                f"p50 {p50} ms p99 {p99} ms")
 
 
 class Generator:
@@ -133,12 +141,16 @@ class Generator:
 
     def __init__(self, gateway: str, rps: float, *, max_in_flight: int = 8,
                  timeout_s: float = 60.0, start: int = 0, stream_every: int = STREAM_EVERY,
+                 abandon_every: int = 0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if rps <= 0:
             raise ValueError("rps must be > 0")
-        if stream_every < 1:
-            raise ValueError("stream_every must be >= 1")
+        if stream_every < 1 or abandon_every < 0:
+            raise ValueError("stream_every must be >= 1 and abandon_every >= 0")
         self.stream_every = stream_every
+        self.abandon_every = abandon_every
+        self._streamed_seen = itertools.count(1)
+        self.timeout_s = timeout_s
         self.gateway = gateway.rstrip("/")
         self.interval_s = 1.0 / rps
         self.max_in_flight = max_in_flight
@@ -171,10 +183,23 @@ class Generator:
             return "bad body"
         return ""
 
-    def _one(self, body: dict[str, Any]) -> None:
+    def abandon(self, body: dict[str, Any]) -> str:
+        """A streamed request hung up on after its first chunk ("" when one arrived). Its
+        own connection, closed unread: the gateway sees its client leave mid-answer."""
+        try:
+            with httpx.Client(timeout=self.timeout_s) as client, client.stream(
+                    "POST", f"{self.gateway}/v1/chat/completions", json=body) as answer:
+                if answer.status_code != 200:
+                    return f"HTTP {answer.status_code}"
+                next(answer.iter_raw(), b"")
+        except httpx.HTTPError as exc:
+            return type(exc).__name__
+        return ""
+
+    def _one(self, body: dict[str, Any], abandon: bool = False) -> None:
         started = self.clock()
         try:
-            problem = self.send(body)
+            problem = self.abandon(body) if abandon else self.send(body)
         except Exception as exc:  # a bug here must not end the demo's traffic
             problem = f"{type(exc).__name__}: {exc}"[:80]
         elapsed_ms = (self.clock() - started) * 1000
@@ -183,6 +208,8 @@ class Generator:
             for window in (self.window, self.total):
                 if problem:
                     window.failures[problem] += 1
+                elif abandon:
+                    window.abandoned += 1
                 else:
                     window.ok += 1
                     window.latencies_ms.append(elapsed_ms)
@@ -209,11 +236,13 @@ class Generator:
             self._in_flight += 1
             body = request_body(self.index, self.stream_every)
             self.index += 1
+            abandon = bool(body.get("stream")) and self.abandon_every > 0 and \
+                next(self._streamed_seen) % self.abandon_every == 0
             for window in (self.window, self.total):
                 window.sent += 1
                 window.streamed += bool(body.get("stream"))
                 window.json_mode += "response_format" in body
-        threading.Thread(target=self._one, args=(body,), daemon=True).start()
+        threading.Thread(target=self._one, args=(body, abandon), daemon=True).start()
         return True
 
     def summary(self, seconds: float) -> str:
@@ -268,17 +297,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream-every", type=int, default=STREAM_EVERY, metavar="N",
                         help="stream one request in N (1: all but the JSON-mode ones; "
                              "default %(default)s)")
+    parser.add_argument("--abandon-every", type=int, default=0, metavar="N",
+                        help="hang up on one streamed request in N after its first chunk "
+                             "(0: never; default %(default)s)")
     parser.add_argument("--max-in-flight", type=int, default=8)
     parser.add_argument("--duration", type=float, default=None,
                         help="stop after this many seconds (default: until SIGTERM)")
     args = parser.parse_args(argv)
-    if args.rps < 0 or args.max_in_flight < 1 or args.stream_every < 1:
-        parser.error("--rps must be ≥ 0, --max-in-flight ≥ 1 and --stream-every ≥ 1")
+    if args.rps < 0 or args.max_in_flight < 1 or args.stream_every < 1 or \
+            args.abandon_every < 0:
+        parser.error("--rps must be ≥ 0, --max-in-flight ≥ 1, --stream-every ≥ 1 and "
+                     "--abandon-every ≥ 0")
     if args.rps == 0:
         print("demo-traffic: --rps 0, sending nothing", flush=True)
         return 0
     generator = Generator(args.gateway, args.rps, max_in_flight=args.max_in_flight,
-                          stream_every=args.stream_every)
+                          stream_every=args.stream_every, abandon_every=args.abandon_every)
 
     def stop(signum: int, frame: object) -> None:
         generator.stop.set()

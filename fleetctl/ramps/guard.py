@@ -19,6 +19,17 @@ The rule, in plain words:
 Latency differences smaller than a floor are never a fail or a warn against the primary: a
 p95 measured in log buckets 4.4 % wide, on tens of samples, moves by that much between two
 identical pools, and nobody rolls back a ramp for it.
+
+Requests the client abandoned (client disconnects: telemetry counts them apart) are not the
+pool's: they are in neither the error rate nor the latencies the guard judges, nor in the
+requests it needs (`min_samples`), so anyone who can reach the gateway and hang up cannot
+fail a ramp. They are shown with every judgement. One thing they may mean is the pool's,
+though: clients giving up on a slow pool, whose slowest answers are then missing from its
+figures. So a check that would pass *waits* instead when the candidate's share of abandoned
+requests is clearly over the primary's (bound to bound, and by DISCONNECT_FLOOR or more).
+Hang-ups from outside land on every pool in proportion to its weight, so they raise both
+shares alike. A disconnect never makes a fail, a warn, or a rollback, and never turns a
+failing check into a wait.
 """
 
 from __future__ import annotations
@@ -37,6 +48,10 @@ if TYPE_CHECKING:
 TTFT_FLOOR_MS = 25.0
 # TPOT is per token (tens of ms): the same reasoning at its scale.
 TPOT_FLOOR_MS = 2.0
+
+# A candidate whose clients abandon at most this much more of its requests than the
+# primary's (a share, 0..1) is not waited for, whatever the bounds say.
+DISCONNECT_FLOOR = 0.05
 
 WAIT, PASS, WARN, FAIL = "wait", "pass", "warn", "fail"
 
@@ -69,7 +84,8 @@ def judge(*, candidate: PoolStats, primary: PoolStats | None, thresholds: Thresh
                           "until": candidate.until.isoformat(),
                           "seconds": round((candidate.until - candidate.since)
                                            .total_seconds(), 3)},
-               "floors_ms": {"ttft": TTFT_FLOOR_MS, "tpot": TPOT_FLOOR_MS}}
+               "floors_ms": {"ttft": TTFT_FLOOR_MS, "tpot": TPOT_FLOOR_MS},
+               "disconnect_floor": DISCONNECT_FLOOR}
     waiting = _wait_reasons(candidate, primary, min_samples, now, stale_after_s)
     if waiting:
         return Judgement(WAIT, waiting, numbers)
@@ -99,6 +115,9 @@ def judge(*, candidate: PoolStats, primary: PoolStats | None, thresholds: Thresh
         return Judgement(FAIL, fails + warns, numbers)
     if warns:
         return Judgement(WARN, warns, numbers)
+    abandoned = _abandoned_more(candidate, primary, min_samples)
+    if abandoned:
+        return Judgement(WAIT, abandoned, numbers)
     held = [f"{name} held its SLO over {candidate.requests} requests: error rate "
             f"{_rate(candidate.error_rate.value)} (SLO {_rate(thresholds.slo_error_rate)})"
             + (f", TTFT p95 {_ms(candidate.ttft_p95.value)} (SLO "
@@ -111,7 +130,38 @@ def judge(*, candidate: PoolStats, primary: PoolStats | None, thresholds: Thresh
     if not judge_tpot:
         held.append(f"TPOT not judged: {candidate.tpot_p95.n} samples from the pool's "
                     f"/metrics.")
+    held += _disconnects_note(candidate, primary)
     return Judgement(PASS, held, numbers)
+
+
+def _disconnects_note(candidate: PoolStats, primary: PoolStats | None) -> list[str]:
+    """Say how many requests the clients abandoned, when they did: shown, never judged."""
+    parts = [f"{stats.pool} {stats.client_disconnects} "
+             f"({_rate(stats.disconnect_rate.value)})"
+             for stats in (candidate, primary) if stats is not None and stats.client_disconnects]
+    if not parts:
+        return []
+    return [f"Client disconnects, not counted against any pool: {', '.join(parts)}."]
+
+
+def _abandoned_more(candidate: PoolStats, primary: PoolStats | None,
+                    min_samples: int) -> list[str]:
+    """The reason to wait when the candidate's clients abandon clearly more of its requests
+    than the primary's do (bound to bound, and by the floor); none otherwise, or when the
+    primary has too few requests to compare with."""
+    if primary is None or primary.requests + primary.client_disconnects < min_samples:
+        return []
+    cand, prim = candidate.disconnect_rate, primary.disconnect_rate
+    if cand.value is None or cand.low is None or prim.value is None or prim.high is None:
+        return []
+    if cand.low <= prim.high or cand.value - prim.value < DISCONNECT_FLOOR:
+        return []
+    return [f"Clients abandoned {_rate(cand.value)} of {candidate.pool}'s requests (lower "
+            f"bound {_rate(cand.low)}, {candidate.client_disconnects} of {cand.n}) against "
+            f"{_rate(prim.value)} of {primary.pool}'s (upper bound {_rate(prim.high)}, "
+            f"{primary.client_disconnects} of {prim.n}). They may be giving up on a slow "
+            f"pool, whose slowest answers are then missing from its figures: waiting. "
+            f"Disconnects never fail a ramp."]
 
 
 def _wait_reasons(candidate: PoolStats, primary: PoolStats | None, min_samples: int,
@@ -123,8 +173,10 @@ def _wait_reasons(candidate: PoolStats, primary: PoolStats | None, min_samples: 
         return [f"No telemetry from the gateways since {since} (nothing updated in the last "
                 f"{stale_after_s:g} s); is the ingester running?"]
     if candidate.requests < min_samples:
+        abandoned = (f" ({candidate.client_disconnects} more were abandoned by their clients "
+                     f"and do not count)" if candidate.client_disconnects else "")
         return [f"{candidate.pool} answered {candidate.requests} of the {min_samples} requests "
-                f"needed to judge it in this window; waiting for more."]
+                f"needed to judge it in this window{abandoned}; waiting for more."]
     streamed = candidate.ttft_p95.n
     if 0 < streamed < min_samples:
         return [f"{candidate.pool} streamed {streamed} of the {min_samples} answers needed to "

@@ -209,6 +209,15 @@ def number_rows(numbers: Any) -> list[dict[str, str]]:
                          else str(stats["requests"]),
                          "interval": "", "n": "", "source": ", ".join(
                              str(s) for s in stats.get("sources") or [])})
+        if stats.get("client_disconnects") is not None:  # decisions stored before had none
+            share = stats.get("disconnect_rate") or {}
+            rows.append({"who": f"{role} {pool}".strip(), "what": "client disconnects",
+                         "value": f"{stats['client_disconnects']:,}"
+                         + (f" ({_fmt(share['value'], 'rate')})"
+                            if share.get("value") is not None else ""),
+                         "interval": "", "n": "",
+                         "source": "requests the client abandoned: not counted against the "
+                                   "pool"})
         for key, label, unit in METRIC_ROWS:
             figure = stats.get(key)
             if not isinstance(figure, dict):

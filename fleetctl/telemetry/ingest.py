@@ -29,6 +29,13 @@ waiting.
 
 Memory is bounded by the open windows (one small aggregate per gateway, route, pool and
 window start), never by the number of requests.
+
+A request its client abandoned (LogRecord.ended_by "client": each kind's parser says how its
+log tells) is counted in `client_disconnects` and nowhere else: not in `requests`, `errors`
+or the duration histogram, so anyone who can open a socket to the gateway and hang up cannot
+move a pool's error rate or latency. Only its TTFT is kept, when its first body byte came
+before the hang-up (see Aggregator.add). A request the pool broke off ("pool") is its error
+whatever the status says.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetctl.telemetry.histogram import bucket_of
-from fleetctl.traffic.gateways.base import LogRecord
+from fleetctl.traffic.gateways.base import ENDED_BY_CLIENT, ENDED_BY_POOL, LogRecord
 
 log = logging.getLogger("fleetctl.telemetry.ingest")
 
@@ -71,6 +78,7 @@ class LeaseLost(RuntimeError):
 class _Aggregate:
     __slots__ = (
         "bytes_out",
+        "client_disconnects",
         "client_errors",
         "duration",
         "errors",
@@ -82,7 +90,7 @@ class _Aggregate:
     )
 
     def __init__(self) -> None:
-        self.requests = self.errors = self.client_errors = 0
+        self.requests = self.errors = self.client_errors = self.client_disconnects = 0
         self.retries = self.streamed = self.bytes_out = 0
         self.ttft: dict[int, int] = {}
         self.duration: dict[int, int] = {}
@@ -102,22 +110,35 @@ class Aggregator:
         agg = self.open.get(key)
         if agg is None:
             agg = self.open[key] = _Aggregate()
-        agg.requests += 1
         status = record.status
-        if status >= 500 or status == 0:
-            agg.errors += 1
-        elif status >= 400:
-            agg.client_errors += 1
         if record.attempts > 1:
             agg.retries += record.attempts - 1
         agg.bytes_out += record.bytes_out
-        i = bucket_of(record.duration_ms)
-        agg.duration[i] = agg.duration.get(i, 0) + 1
-        if record.streamed:
-            agg.streamed += 1
-            if record.ttft_ms is not None:
+        if record.ended_by == ENDED_BY_CLIENT:
+            agg.client_disconnects += 1
+            # Its duration is cut short by the client, so it is no sample of the pool's. Its
+            # TTFT is one when the first body byte came before the hang-up: the pool did
+            # answer then, and dropping it would bias the TTFT of a pool whose users stop
+            # answers early ("stop generating") towards the rest. It gives a client no lever a
+            # completed request does not: the time is the pool's own. One that left before
+            # the first byte has no TTFT and adds none (so a slow pool whose clients give up
+            # loses its slowest samples: the guard compares disconnect shares for that).
+            if record.streamed and record.ttft_ms is not None:
                 i = bucket_of(record.ttft_ms)
                 agg.ttft[i] = agg.ttft.get(i, 0) + 1
+        else:
+            agg.requests += 1
+            if status >= 500 or status == 0 or record.ended_by == ENDED_BY_POOL:
+                agg.errors += 1
+            elif status >= 400:
+                agg.client_errors += 1
+            i = bucket_of(record.duration_ms)
+            agg.duration[i] = agg.duration.get(i, 0) + 1
+            if record.streamed:
+                agg.streamed += 1
+                if record.ttft_ms is not None:
+                    i = bucket_of(record.ttft_ms)
+                    agg.ttft[i] = agg.ttft.get(i, 0) + 1
         status_class = f"{status // 100}xx" if status else "no-answer"
         agg.flags[status_class] = agg.flags.get(status_class, 0) + 1
         flags = record.flags
@@ -136,8 +157,10 @@ class Aggregator:
                 Window.Source.GATEWAY, gateway, route, pool, self.window_s,
                 datetime.fromtimestamp(start, tz=UTC),
                 counts={"requests": agg.requests, "errors": agg.errors,
-                        "client_errors": agg.client_errors, "retries": agg.retries,
-                        "streamed": agg.streamed, "bytes_out": agg.bytes_out},
+                        "client_errors": agg.client_errors,
+                        "client_disconnects": agg.client_disconnects,
+                        "retries": agg.retries, "streamed": agg.streamed,
+                        "bytes_out": agg.bytes_out},
                 histograms={"ttft": {str(i): n for i, n in agg.ttft.items()},
                             "duration": {str(i): n for i, n in agg.duration.items()},
                             "flags": dict(agg.flags)}))

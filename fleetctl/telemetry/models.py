@@ -30,13 +30,20 @@ class Window(models.Model):
     pool = models.CharField(max_length=63)
     resolution_s = models.PositiveIntegerField()  # 10, 60 or 600
     start = models.DateTimeField()
+    # The requests the pool is judged on: every request logged but the client disconnects.
     requests = models.BigIntegerField(default=0)
-    # Answers of 5xx, and requests that got no answer (reset, timeout: status 0).
+    # Of those, answers of 5xx, requests that got no answer (reset, timeout: status 0) and
+    # answers the pool broke off (LogRecord.ended_by "pool").
     errors = models.BigIntegerField(default=0)
     client_errors = models.BigIntegerField(default=0)  # 4xx
+    # Requests the client abandoned (LogRecord.ended_by "client": Envoy's DC, HAProxy's C*
+    # and c* termination states, nginx's 499), counted apart and in none of the other counts
+    # or latency histograms (but the TTFT of one that got its first byte: ingest.py).
+    client_disconnects = models.BigIntegerField(default=0)
     # Upstream attempts beyond the first (Envoy's retries before the first byte).
     retries = models.BigIntegerField(default=0)
-    # Answers streamed (text/event-stream): the ones whose first body byte is a TTFT.
+    # Answers streamed (text/event-stream): the ones whose first body byte is a TTFT (client
+    # disconnects apart, though one that had its first byte adds its TTFT: ingest.py).
     streamed = models.BigIntegerField(default=0)
     bytes_out = models.BigIntegerField(default=0)
     # Histograms, in milliseconds (histogram.py). ttft: time to the first body byte of a

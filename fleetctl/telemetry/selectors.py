@@ -5,6 +5,11 @@ whole when it overlaps the asked interval at all: with 10 s windows a 30 s quest
 to 40 s of data, and after downsampling (a 60 s or 600 s window) more. Figures say how many
 samples they stand on (`n`) and which source measured them (`source`); missing data is never
 zero: no windows means requests 0 and Figures whose value is None.
+
+Requests a client abandoned (`client_disconnects`) are shown apart and are in none of the
+other figures: `requests`, the error rate's numerator and denominator, `rps` and the latency
+percentiles are the pool's own (ingest.py says which hang-ups still give a TTFT).
+`disconnect_rate` is their share of everything logged, for the guard to compare pools by.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from fleetctl.telemetry.models import Cursor, Window
 
 LONGEST_WINDOW = timedelta(seconds=600)
 _FIELDS = ("source", "source_name", "route", "pool", "resolution_s", "start", "requests",
-           "errors", "retries", "streamed", "ttft", "duration", "tpot", "updated_at")
+           "errors", "client_disconnects", "retries", "streamed", "ttft", "duration", "tpot",
+           "updated_at")
 TPOT_SOURCE = "pool /metrics (vllm:time_per_output_token_seconds)"
 
 
@@ -56,6 +62,10 @@ class PoolStats:
     duration_p95: Figure
     sources: list[str] = field(default_factory=list)
     last_data_at: datetime | None = None
+    # Requests the clients abandoned (not in `requests`), and their share of all the requests
+    # logged (disconnects / (requests + disconnects), Wilson interval).
+    client_disconnects: int = 0
+    disconnect_rate: Figure = field(default_factory=lambda: Figure(None, None, None, 0, ""))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,22 +137,19 @@ def _ttft_source(label: str, gateways: list[str], kinds: dict[str, str]) -> str:
 def _stats(*, pool: str, route: str | None, since: datetime, until: datetime,
            gateway_rows: list[dict[str, Any]], pool_rows: list[dict[str, Any]],
            confidence: float, kinds: dict[str, str]) -> PoolStats:
-    from fleetctl.core.confidence import wilson_interval
-
     requests = sum(row["requests"] for row in gateway_rows)
     errors = sum(row["errors"] for row in gateway_rows)
+    disconnects = sum(row["client_disconnects"] for row in gateway_rows)
     gateways = sorted({row["source_name"] for row in gateway_rows})
     label = _label(gateways)
     ttft = histogram.merge_all(row["ttft"] for row in gateway_rows)
     duration = histogram.merge_all(row["duration"] for row in gateway_rows)
     tpot = histogram.merge_all(row["tpot"] for row in pool_rows)
-    error_source = f"{label} (5xx and no answer)"
-    if requests:
-        interval = wilson_interval(errors, requests, confidence)
-        error_rate = Figure(interval.estimate, interval.lower, interval.upper, requests,
-                            error_source)
-    else:
-        error_rate = Figure(None, None, None, 0, error_source)
+    error_rate = _rate(errors, requests, confidence,
+                       f"{label} (5xx, no answer or cut off by the pool; client "
+                       f"disconnects apart)")
+    disconnect_rate = _rate(disconnects, requests + disconnects, confidence,
+                            f"{label} (requests the client abandoned)")
     ttft_source = _ttft_source(label, gateways, kinds)
     seconds = max((until - since).total_seconds(), 1e-9)
     updated = [row["updated_at"] for row in (*gateway_rows, *pool_rows)]
@@ -159,7 +166,18 @@ def _stats(*, pool: str, route: str | None, since: datetime, until: datetime,
                                       f"{label} (whole request)"),
         sources=[*gateways, *(["pool /metrics"] if pool_rows else [])],
         last_data_at=max(updated) if updated else None,
+        client_disconnects=disconnects, disconnect_rate=disconnect_rate,
     )
+
+
+def _rate(count: int, total: int, confidence: float, source: str) -> Figure:
+    """count / total with its Wilson interval; no value without a total."""
+    from fleetctl.core.confidence import wilson_interval
+
+    if not total:
+        return Figure(None, None, None, 0, source)
+    interval = wilson_interval(count, total, confidence)
+    return Figure(interval.estimate, interval.lower, interval.upper, total, source)
 
 
 def pool_stats(*, pool: str, route: str | None = None, since: datetime,
@@ -192,8 +210,8 @@ def pool_series(*, pool: str, route: str | None = None, since: datetime,
                 until: datetime | None = None, resolution_s: int | None = None,
                 confidence: float = 0.99) -> list[dict[str, Any]]:
     """Per time step of `resolution_s` (by default the finest giving at most 360 points):
-    start, requests, errors, error_rate, ttft_p50/p95/p99, tpot_p95, rps. Steps without data
-    are left out (not zero)."""
+    start, requests, errors, error_rate, client_disconnects, ttft_p50/p95/p99, tpot_p95, rps.
+    Steps without data are left out (not zero)."""
     from fleetctl.telemetry.services import window_start
 
     until = until or timezone.now()
@@ -215,7 +233,8 @@ def pool_series(*, pool: str, route: str | None = None, since: datetime,
                        kinds=kinds)
         out.append({
             "start": at, "requests": stats.requests, "errors": stats.errors,
-            "error_rate": stats.error_rate.value, "ttft_p50": stats.ttft_p50.value,
+            "error_rate": stats.error_rate.value,
+            "client_disconnects": stats.client_disconnects, "ttft_p50": stats.ttft_p50.value,
             "ttft_p95": stats.ttft_p95.value, "ttft_p99": stats.ttft_p99.value,
             "tpot_p95": stats.tpot_p95.value, "rps": stats.rps,
         })

@@ -125,6 +125,60 @@ def test_numbers_are_json_safe():
     assert json.loads(json.dumps(result.numbers))["window"]["seconds"] == 30.0
 
 
+# --- client disconnects ------------------------------------------------------------------------
+
+STRICT = Thresholds(slo_ttft_p95_ms=250, slo_tpot_p95_ms=50, slo_error_rate=0.05,
+                    latency_margin_pct=100)
+
+
+def test_hang_ups_on_both_pools_are_shown_and_never_judged():
+    # The attack of issue 25: as many hang-ups as answers, spread by weight over both pools.
+    result = judge(stats("cand", ttft=[20.0] * 60, disconnects=60),
+                   stats("prim", ttft=[20.0] * 60, disconnects=55), thresholds=STRICT)
+    assert result.decision == "pass", result.reasons
+    assert "error rate 0.00 %" in result.reasons[0]
+    assert ("Client disconnects, not counted against any pool: cand 60 (50.00 %), prim 55"
+            in result.reasons[-1])
+    assert result.numbers["candidate"]["client_disconnects"] == 60
+    assert result.numbers["candidate"]["disconnect_rate"]["n"] == 120
+
+
+def test_hang_ups_alone_never_make_up_the_samples_a_judgement_needs():
+    result = judge(stats("cand", ttft=[20.0] * 10, disconnects=500),
+                   stats("prim", ttft=[20.0] * 500), thresholds=STRICT)
+    assert result.decision == "wait"
+    assert "answered 10 of the 50 requests" in result.reasons[0]
+    assert "500 more were abandoned by their clients and do not count" in result.reasons[0]
+
+
+def test_a_candidate_whose_clients_give_up_far_more_often_waits_instead_of_passing():
+    result = judge(stats("cand", ttft=[20.0] * 100, disconnects=60),
+                   stats("prim", ttft=[20.0] * 500, disconnects=10), thresholds=STRICT)
+    assert result.decision == "wait"
+    assert "Clients abandoned 37.50 % of cand's requests" in result.reasons[0]
+    assert "Disconnects never fail a ramp." in result.reasons[0]
+
+
+def test_a_disconnect_share_a_little_over_the_primarys_is_no_reason_to_wait():
+    # 6 % against 3 %, thousands of samples: the bounds part, the floor (5 points) does not.
+    result = judge(stats("cand", ttft=[20.0] * 4700, disconnects=300),
+                   stats("prim", ttft=[20.0] * 4850, disconnects=150), thresholds=STRICT,
+                   min_samples=50)
+    assert result.decision == "pass", result.reasons
+
+
+def test_hang_ups_never_hide_a_failing_pool():
+    # A failing candidate whose clients also leave in numbers still fails: a wait for the
+    # disconnects never stands in for a fail (nor for a warn).
+    result = judge(stats("cand", ttft=[20.0] * 200, errors=40, disconnects=400),
+                   stats("prim", ttft=[20.0] * 500), thresholds=STRICT)
+    assert result.decision == "fail"
+    assert "error rate" in result.reasons[0]
+    slow = judge(stats("cand", ttft=[20.0] * 48 + [400.0] * 4, disconnects=400),
+                 stats("prim", ttft=[20.0] * 52), thresholds=STRICT)
+    assert slow.decision == "warn"
+
+
 # --- properties -------------------------------------------------------------------------------
 
 @settings(max_examples=300, deadline=None, derandomize=True)

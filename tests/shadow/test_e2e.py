@@ -427,6 +427,35 @@ def test_the_demo_traffic_generator_feeds_a_mirror_run_through_envoy(world, stac
         p.get("response_format") == "json_object" for p in kinds), list(kinds)[:3]
 
 
+@pytest.mark.slow
+def test_the_demo_traffic_hangs_up_on_some_streams_and_envoy_logs_a_client_disconnect(
+        world, stack):
+    """`make demo` abandons one streamed request in 40, so the dashboards show client
+    disconnects counted apart from the pool's errors (issue 25)."""
+    from fleetctl.demo.traffic import Generator
+    from fleetctl.traffic.gateways.base import ENDED_BY_CLIENT
+    from fleetctl.traffic.gateways.envoy.accesslog import parse_line
+
+    world(primary=["prim-a", "prim-b"], candidate="cand-aa")
+    log = stack.envoy.access_log_path
+    assert log is not None
+    start_at = log.stat().st_size if log.exists() else 0
+    generator = Generator(stack.envoy.listen_url, 10, stream_every=1, abandon_every=2)
+
+    sent = generator.run(duration_s=3, out=lambda line: None)
+    generator.close()
+
+    assert sent.abandoned > 0 and sent.ok > 0 and not sent.failures, sent
+
+    def disconnects() -> int:
+        with log.open("rb") as f:
+            f.seek(start_at)
+            records = [parse_line(line, {}) for line in f]
+        return sum(1 for r in records if r is not None and r.ended_by == ENDED_BY_CLIENT)
+
+    assert wait_until(disconnects, what="Envoy to log the hang-ups") >= 1
+
+
 def test_the_demo_traffic_rotates_over_288_distinct_prompts_and_more_distinct_requests():
     from fleetctl.demo.traffic import PROMPTS, request_body
 

@@ -54,6 +54,23 @@ def test_detail_with_route_and_series(token_client: Any, windows: Any) -> None:
     assert ranged.status_code == 200 and ranged.json()["stats"]["requests"] == 25
 
 
+def test_client_disconnects_are_answered_beside_the_error_rate_and_not_in_it(
+        token_client: Any, windows: Any) -> None:
+    window_add(source="gateway", source_name="gw-a", route="chat", pool="pa", resolution_s=10,
+               start=windows, counts={"client_disconnects": 30})
+    client = token_client(["read"], "viewer")
+    row = {r["pool"]: r for r in client.get("/api/v1/telemetry/pools/").json()}["pa"]
+    assert (row["requests"], row["errors"], row["client_disconnects"]) == (25, 2, 30)
+    assert row["error_rate"]["value"] == 0.08 and row["error_rate"]["n"] == 25
+    assert row["disconnect_rate"]["value"] == pytest.approx(30 / 55)
+    assert row["disconnect_rate"]["n"] == 55
+    detail = client.get("/api/v1/telemetry/pools/pa/", {"route": "chat"}).json()
+    assert detail["stats"]["client_disconnects"] == 30
+    assert [p["client_disconnects"] for p in detail["series"]] == [30]
+    schema = client.get("/api/schema/?format=json").content.decode()
+    assert "client_disconnects" in schema and "disconnect_rate" in schema
+
+
 @pytest.mark.parametrize(("path", "params", "field"), [
     ("/api/v1/telemetry/pools/", {"window_s": "soon"}, "window_s"),
     ("/api/v1/telemetry/pools/", {"window_s": "0"}, "window_s"),

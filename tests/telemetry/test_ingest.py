@@ -184,3 +184,32 @@ def test_nginx_lines_name_their_pool_through_the_gateways_desired_state(
     assert dict(Window.objects.values_list("pool", "requests")) == {"primary": 1, "cand": 1,
                                                                      "": 1}
     assert set(Window.objects.values_list("route", flat=True)) == {"llama"}
+
+
+def test_a_request_the_client_abandoned_is_counted_apart_and_in_no_figure_of_the_pool(
+        log_file: Path) -> None:
+    # As a real Envoy logs them (tests/traffic/envoy/test_access_log.py): a hang-up before
+    # the answer (status 0, DC), one after the first token (200, DC, a first byte), a pool
+    # that broke off its answer (200, UPE), a failed connect the client then gave up on
+    # (0, DC with UF: the pool's), and two answers that went well.
+    _write(log_file,
+           envoy_line(start=T0 + 1, status=0, ttft_ms=None, streamed=False, flags="DC",
+                      duration_ms=300, bytes_out=0),
+           envoy_line(start=T0 + 2, status=200, ttft_ms=400, flags="DC", duration_ms=405),
+           envoy_line(start=T0 + 3, status=200, ttft_ms=9, flags="UPE", duration_ms=209),
+           envoy_line(start=T0 + 4, status=0, ttft_ms=None, streamed=False, flags="DC,UF"),
+           envoy_line(start=T0 + 5, ttft_ms=40, duration_ms=120),
+           envoy_line(start=T0 + 6, ttft_ms=50, duration_ms=130))
+    Ingester(window_s=10).once()
+    window = Window.objects.get(route="chat", pool="pa")
+    assert window.client_disconnects == 2
+    # Neither hang-up is a request the pool is judged on, nor an error; the broken answer and
+    # the failed connect are the pool's errors.
+    assert (window.requests, window.errors, window.client_errors, window.streamed) == (
+        4, 2, 0, 3)
+    # Their durations were cut short by the client: none is a sample. The TTFT of the one
+    # that had its first token before hanging up is.
+    assert histogram.count(window.duration) == 4
+    assert histogram.count(window.ttft) == 4
+    assert window.ttft[str(histogram.bucket_of(400))] == 1
+    assert window.flags["DC"] == 3 and window.flags["no-answer"] == 2

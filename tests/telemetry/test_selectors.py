@@ -159,3 +159,31 @@ def test_ingest_status() -> None:
                                                         ("pa", "pool /metrics")]
     assert rows[0]["lag_s"] == pytest.approx(3.0) and rows[0]["malformed"] == 1
     assert rows[1]["lag_s"] is None and rows[1]["last_error"] == "refused"
+
+
+def test_client_disconnects_are_shown_apart_from_the_error_rate_in_stats_and_series(
+        ) -> None:
+    t0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    window_add(source="gateway", source_name="gw-a", route="chat", pool="pa", resolution_s=10,
+               start=t0, counts={"requests": 80, "errors": 2, "client_disconnects": 20})
+    window_add(source="gateway", source_name="gw-b", route="chat", pool="pa", resolution_s=10,
+               start=t0 + timedelta(seconds=10), counts={"requests": 20, "errors": 0,
+                                                         "client_disconnects": 0})
+    stats = selectors.pool_stats(pool="pa", since=t0, until=t0 + timedelta(seconds=20))
+    assert (stats.requests, stats.errors, stats.client_disconnects) == (100, 2, 20)
+    # The error rate is the pool's own: hang-ups are in neither its numerator nor its
+    # denominator. Their share of everything logged is a figure of its own.
+    assert (stats.error_rate.value, stats.error_rate.n) == (pytest.approx(0.02), 100)
+    share = wilson_interval(20, 120, 0.99)
+    assert stats.disconnect_rate.value == pytest.approx(20 / 120)
+    assert (stats.disconnect_rate.low, stats.disconnect_rate.high, stats.disconnect_rate.n) \
+        == (share.lower, share.upper, 120)
+    assert "client disconnects apart" in stats.error_rate.source
+    assert "abandoned" in stats.disconnect_rate.source
+    assert stats.rps == pytest.approx(100 / 20)
+    series = selectors.pool_series(pool="pa", since=t0, until=t0 + timedelta(seconds=20))
+    assert [(p["requests"], p["client_disconnects"]) for p in series] == [(80, 20), (20, 0)]
+    assert series[0]["error_rate"] == pytest.approx(2 / 80)
+    # No data is no figure, not a zero share.
+    empty = selectors.pool_stats(pool="pb", since=t0, until=t0 + timedelta(seconds=20))
+    assert empty.client_disconnects == 0 and empty.disconnect_rate.value is None

@@ -75,6 +75,20 @@ def test_downsample_is_exact_and_idempotent() -> None:
     assert Window.objects.get(resolution_s=60, start=base).requests == 13
 
 
+def test_client_disconnects_add_up_through_flushes_and_downsampling() -> None:
+    old = NOW - timedelta(hours=2)
+    base = old - timedelta(seconds=old.timestamp() % 60)
+    for i in range(6):
+        for _ in range(2):  # two flushes into each window
+            window_add(source="gateway", source_name="gw", route="chat", pool="pa",
+                       resolution_s=10, start=base + timedelta(seconds=10 * i),
+                       counts={"requests": 1, "client_disconnects": i})
+    assert Window.objects.get(start=base + timedelta(seconds=50)).client_disconnects == 10
+    services.downsample(NOW)
+    minute = Window.objects.get(resolution_s=60)
+    assert (minute.requests, minute.client_disconnects) == (12, 30)
+
+
 def test_minutes_older_than_a_day_become_ten_minutes() -> None:
     day_old = NOW - timedelta(days=2)
     base = day_old - timedelta(seconds=day_old.timestamp() % 600)

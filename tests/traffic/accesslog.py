@@ -1,12 +1,16 @@
-"""What the gateways' access-log tests share (tests/traffic/{envoy,haproxy,nginx} and
-tests/telemetry/test_live.py): a chat request sent through a gateway and read to its end,
-and the records a gateway wrote after a given offset of its log, waited for."""
+"""What the gateways' access-log tests share (tests/traffic/{envoy,haproxy,nginx},
+tests/telemetry/test_live.py and tests/ramps): a chat request sent through a gateway and read
+to its end, one abandoned by its client, and the records a gateway wrote after a given offset
+of its log, waited for."""
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -53,3 +57,28 @@ def read_records(path: Path, since: int, count: int, parse: Parser,
         if len(found) >= count or time.monotonic() > deadline:
             return found
         time.sleep(0.05)
+
+
+def abandon(url: str, *, stream: bool, max_tokens: int = 512, prompt: str = "ping",
+            read_until: bytes = b"", timeout_s: float = 30.0) -> bytes:
+    """A chat request the client abandons, as anyone on the gateway's port can (no
+    credentials): sent whole on a socket of its own, which is closed as soon as `read_until`
+    has come back (at once when it is empty). The answer would run to `max_tokens` (it
+    ignores the end of text), so it is still going when the client leaves. Returns what was
+    read before hanging up."""
+    parts = urlsplit(url)
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": max_tokens, "stream": stream,
+                       "ignore_eos": True}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    got = b""
+    with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80),
+                                  timeout=timeout_s) as sock:
+        sock.sendall(head + body)
+        while read_until and read_until not in got:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    return got

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from django import template
+from django.db.models import Q
 from django.utils import timezone
 
 from fleetctl.core.charts import figure_data
@@ -90,6 +91,10 @@ class LiveRow:
     rps: str
     sources: str
     has_data: bool
+    # Requests the clients abandoned: a count beside the error rate, never part of it.
+    client_disconnects: str = DASH
+    disconnect_source: str = "no data in the window"
+    any_disconnects: bool = False
 
     @classmethod
     def of(cls, stats: Any) -> LiveRow:
@@ -102,7 +107,19 @@ class LiveRow:
             error_rate=figure_rate(stats.error_rate),
             error_source=stats.error_rate.source or sources,
             rps=f"{stats.rps:.2f}/s" if requests and stats.rps is not None else DASH,
-            sources=sources, has_data=bool(requests))
+            sources=sources, has_data=bool(requests),
+            client_disconnects=_disconnects(stats),
+            any_disconnects=bool(getattr(stats, "client_disconnects", 0)),
+            disconnect_source=getattr(stats.disconnect_rate, "source", "") or sources)
+
+
+def _disconnects(stats: Any) -> str:
+    """"3 (1.20 %)": the requests the clients abandoned and their share; "—" without data."""
+    count = int(getattr(stats, "client_disconnects", 0) or 0)
+    if not count and not getattr(stats, "requests", 0):
+        return DASH
+    share = _value(getattr(stats, "disconnect_rate", None))
+    return f"{count:,}" + (f" ({_rate(share)})" if count and share is not None else "")
 
 
 EMPTY = LiveRow(requests=0, ttft_p95=DASH, ttft_source="no data in the window", tpot_p95=DASH,
@@ -148,8 +165,10 @@ def pool_live(pool: Any) -> dict[str, Any]:
     rows = telemetry.pool_series(pool=pool.name, since=now - timedelta(minutes=RECENT_MINUTES),
                                  until=now)
     has_series = any(row.get("requests") or row.get("tpot_p95") is not None for row in rows)
-    plans = list(Plan.objects.filter(candidate_pool=pool).union(
-        Plan.objects.filter(primary_pool=pool)).order_by("name"))
+    # One query with OR, not a UNION: Plan's default ordering makes each side of a union an
+    # ordered subquery, which SQLite (the demo's database) refuses in a compound statement.
+    plans = list(Plan.objects.filter(Q(candidate_pool=pool) | Q(primary_pool=pool))
+                 .order_by("name"))
     return {
         "row": LiveRow.of(stats) if stats is not None else EMPTY,
         "figure": figure_data(charts.recent_figure(pool=pool.name, rows=rows))

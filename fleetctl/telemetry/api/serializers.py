@@ -57,13 +57,20 @@ class PoolStatsSerializer(serializers.Serializer[Any]):
     route = serializers.CharField(allow_null=True)
     since = serializers.DateTimeField()
     until = serializers.DateTimeField()
-    requests = serializers.IntegerField()
+    requests = serializers.IntegerField(
+        help_text="The requests the pool is judged on: every request the gateways logged but "
+                  "the client disconnects.")
     errors = serializers.IntegerField(  # type: ignore[assignment]
-        help_text="5xx answers and requests with no answer.")
+        help_text="5xx answers, requests with no answer, and answers the pool broke off.")
+    client_disconnects = serializers.IntegerField(
+        help_text="Requests the client abandoned (Envoy's DC flag, HAProxy's C/c termination "
+                  "states, nginx's 499): shown apart, never counted against the pool.")
     retries = serializers.IntegerField()
     streamed = serializers.IntegerField()
-    rps = serializers.FloatField()
-    error_rate = FigureSerializer(help_text="Wilson interval.")
+    rps = serializers.FloatField(help_text="requests per second (client disconnects apart).")
+    error_rate = FigureSerializer(help_text="errors / requests, Wilson interval.")
+    disconnect_rate = FigureSerializer(
+        help_text="client_disconnects / (requests + client_disconnects), Wilson interval.")
     ttft_p50 = FigureSerializer()
     ttft_p95 = FigureSerializer(help_text="First body byte of streamed answers, at the "
                                           "gateways.")
@@ -79,6 +86,7 @@ class SeriesPointSerializer(serializers.Serializer[Any]):
     requests = serializers.IntegerField()
     errors = serializers.IntegerField()  # type: ignore[assignment]
     error_rate = serializers.FloatField(allow_null=True)
+    client_disconnects = serializers.IntegerField()
     ttft_p50 = serializers.FloatField(allow_null=True)
     ttft_p95 = serializers.FloatField(allow_null=True)
     ttft_p99 = serializers.FloatField(allow_null=True)

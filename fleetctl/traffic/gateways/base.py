@@ -26,6 +26,11 @@ TOTAL_WEIGHT = 10_000
 # The header every mirrored request carries: the key of the route it was copied from, so the
 # shadow collector knows which run it belongs to.
 MIRROR_HEADER = "x-fleetctl-shadow-route"
+# And the proof that a gateway of that route sent it: "<gateway id>.<HMAC of the route key with
+# the gateway's mirror secret>" (fleetctl/traffic/mirror_auth.py), set on the copy alone and
+# overwriting any the client sent; the shadow collector refuses a copy without a valid one.
+MIRROR_AUTH_HEADER = "x-fleetctl-mirror-auth"
+MIRROR_AUTH_RE = re.compile(r"^[0-9]{1,19}\.[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,10 @@ class RouteSpec:
     # Share of the route's requests copied to DesiredState.mirror_url, in basis points (a
     # shadow run); 0 = none. Never > 0 on a route with empty weights (selectors).
     mirror_bp: int = 0
+    # MIRROR_AUTH_HEADER's value on this gateway's copies of the route (selectors, per
+    # gateway); "" = the copies carry none (a client's is removed) and the collector refuses
+    # them. A secret: kept out of repr, so no log line or error message prints it.
+    mirror_auth: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if self.weights and sum(self.weights.values()) != TOTAL_WEIGHT:
@@ -57,6 +66,9 @@ class RouteSpec:
         if not 0 <= self.mirror_bp <= TOTAL_WEIGHT:
             raise ValueError(f"route {self.key}: mirror_bp {self.mirror_bp} is not "
                              f"0..{TOTAL_WEIGHT}")
+        # Checked here, once, for every renderer: it goes into configs verbatim (quoted).
+        if self.mirror_auth and not MIRROR_AUTH_RE.match(self.mirror_auth):
+            raise ValueError(f"route {self.key}: mirror_auth is not <gateway id>.<64 hex>")
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,9 @@ class PoolCounters:
     active: int  # in flight now
 
 
+ENDED_BY_CLIENT, ENDED_BY_POOL = "client", "pool"  # LogRecord.ended_by
+
+
 @dataclass(frozen=True, slots=True)
 class LogRecord:
     """One request as a gateway's access log tells it (each kind renders its log format and
@@ -118,6 +133,11 @@ class LogRecord:
     attempts: int  # upstream attempts (1 + retries)
     streamed: bool  # the answer was text/event-stream
     flags: str = ""  # the gateway's response flags ("-" or "" for none)
+    # Who cut the request short, as the kind's log tells it (each parser says how):
+    # ENDED_BY_CLIENT when the client went away first (a hang-up: counted apart, never
+    # against the pool), ENDED_BY_POOL when the pool failed after it had begun answering
+    # (the pool's error whatever the status says); "" when the status tells it all.
+    ended_by: str = ""
 
 
 @dataclass

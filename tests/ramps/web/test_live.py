@@ -100,3 +100,36 @@ def test_the_route_page_shows_dashes_without_data(oncall: Client, route: Route):
     for pool in ("h200-us", "mi300x-us"):
         for css in ("live-ttft", "live-errors", "live-rps"):
             assert cells(html, f'data-pool="{pool}"', css) == ["—"], (pool, css)
+
+
+def test_client_disconnects_are_shown_beside_the_error_rate_and_never_in_it(
+        oncall: Client, route: Route):
+    from tests.ramps.web.conftest import make_ramp
+
+    add_window(pool="h200-us", requests=400, errors=0, ttft_ms=250)
+    # 40 answered (2 of them errors) and 60 abandoned by their clients.
+    window = add_window(pool="mi300x-us", requests=40, errors=2, ttft_ms=600)
+    window.client_disconnects = 60
+    window.save(update_fields=["client_disconnects"])
+    html = oncall.get(reverse("traffic:route-detail", args=[route.name])).content.decode()
+    assert cells(html, 'data-pool="mi300x-us"', "live-errors") == ["5.00 %"]
+    assert cells(html, 'data-pool="mi300x-us"', "live-disconnects") == ["60 (60.00 %)"]
+    assert cells(html, 'data-pool="h200-us"', "live-disconnects") == ["0"]
+    assert "Client disconnects" in html
+    pool = oncall.get(reverse("fleet:pool-detail", args=["mi300x-us"])).content.decode()
+    block = pool[pool.index('class="card pool-live"'):]
+    assert re.search(r'class="live-errors"[^>]*>5.00 %<', block)
+    assert re.search(r'class="live-disconnects"[^>]*>60 \(60.00 %\)<', block)
+    overview = oncall.get(reverse("fleet:overview")).content.decode()
+    assert cells(overview, ">mi300x-us</a>", "live-errors") == ["5.00 %"]
+    assert cells(overview, ">mi300x-us</a>", "live-disconnects") == ["+60 (60.00 %) abandoned"]
+    assert cells(overview, ">h200-us</a>", "live-disconnects") == []  # none: nothing said
+    # The ramp page's "what the guard reads now" has them in a column of their own.
+    ramp = make_ramp(route)
+    live = oncall.get(reverse("ramps:detail", args=[ramp.pk])).content.decode()
+    now = live[live.index('class="compact ramp-now"'):]
+    assert cells(now, 'data-pool="mi300x-us"', "ramp-now-disconnects") == ["60 60.00 %"]
+    assert "Client disconnects" in now
+    # A pool without data: a dash, not a zero.
+    empty = oncall.get(reverse("fleet:pool-detail", args=["h200-eu"])).content.decode()
+    assert re.search(r'class="live-disconnects"[^>]*>—<', empty)

@@ -275,3 +275,20 @@ def test_a_ramp_before_its_first_step(oncall: Client, route: Route):
     assert "ramp-now" not in html  # nothing holding: nothing to judge yet
     listed = oncall.get(reverse("ramps:list")).content.decode()
     assert "0/3" in listed
+
+
+def test_a_decision_shows_the_client_disconnects_it_set_apart(oncall: Client, route: Route):
+    ramp = make_ramp(route)
+    rate = {"value": 0.0, "low": 0.0, "high": 0.03, "n": 240, "source": "gateway envoy-a"}
+    RampEvent.objects.create(
+        ramp=ramp, kind="pass", step_index=1, percent=5, actor=f"ramp-{ramp.pk}",
+        message="Hold at 5 % passed",
+        numbers={"candidate": {"pool": "mi300x-us", "requests": 240, "error_rate": rate,
+                               "client_disconnects": 1200,
+                               "disconnect_rate": {"value": 1200 / 1440, "low": 0.8,
+                                                   "high": 0.86, "n": 1440,
+                                                   "source": "gateway envoy-a"}}})
+    html = page(oncall, ramp)
+    row = html[html.index(">client disconnects<"):]
+    assert "1,200 (83.33 %)" in row[:400]
+    assert "not counted against the pool" in row[:600]

@@ -4,6 +4,9 @@ simulated pools: what the log says is checked against what the pools were made t
 
 from __future__ import annotations
 
+import socket
+import struct
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,10 +19,11 @@ from fleetctl.core.ports import free_port
 from fleetctl.demo.envoy_process import EnvoyProcess
 from fleetctl.traffic.gateways import registry
 from fleetctl.traffic.gateways.base import DesiredState, LogRecord, PoolTarget, RouteSpec
-from fleetctl.traffic.gateways.envoy.accesslog import parse_line
+from fleetctl.traffic.gateways.envoy.accesslog import ended_by, parse_line
 from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
+from tests.conftest import wait_until
 from tests.sim.simproc import MODEL, TEST_PROFILES, SimProcess
-from tests.traffic.accesslog import chat, log_offset, read_records
+from tests.traffic.accesslog import abandon, chat, log_offset, read_records
 
 pytestmark = pytest.mark.slow
 
@@ -186,6 +190,119 @@ def test_consecutive_5xx_eject_one_endpoint_and_never_the_last_one(logged: Logge
         logged.fault("bad", error_rate=0.0)
 
 
+def test_a_client_that_hangs_up_is_logged_dc_and_set_apart_as_the_clients_doing(
+        logged: Logged) -> None:
+    url = logged.process.listen_url
+    logged.apply({"ok": (logged.sims.url("ok"),)}, route("hang", {"ok": 10_000}))
+
+    def logged_on_hang(since: int) -> list[LogRecord]:
+        # Envoy flushes its log every 250 ms: a line of an earlier test may come after `since`.
+        return [r for r in logged.records(since, 0, timeout_s=0) if r.route == "hang"]
+
+    # A streamed request to a pool slow to answer (its headers held 10 s), abandoned at once,
+    # with no credentials, as anyone who can reach the gateway.
+    since = logged.offset()
+    logged.fault("ok", added_latency_ms=10_000)
+    try:
+        assert abandon(url, stream=True) == b""
+        (before,) = wait_until(lambda: logged_on_hang(since), what="the hang-up's line")
+    finally:
+        logged.fault("ok", added_latency_ms=0)
+    # And one abandoned after its first token (each token 50 times slower than usual: the
+    # answer is far from done).
+    since = logged.offset()
+    logged.fault("ok", slowdown=50)
+    try:
+        first = abandon(url, stream=True, max_tokens=500, read_until=b"data:")
+        (after,) = wait_until(lambda: logged_on_hang(since), what="the hang-up's line")
+    finally:
+        logged.fault("ok", slowdown=1)
+    assert first.startswith(b"HTTP/1.1 200") and b"data:" in first
+    # Before any answer: status 0 and the flag DC alone. The client's, not the pool's.
+    assert (before.route, before.pool, before.status, before.flags, before.ttft_ms) == (
+        "hang", "ok", 0, "DC", None)
+    assert before.ended_by == "client"
+    # After the first token: the status sent and DC; the first byte's time is the pool's.
+    assert (after.pool, after.status, after.flags, after.streamed) == ("ok", 200, "DC", True)
+    assert after.ended_by == "client" and after.ttft_ms is not None
+
+
+class BrokenPool:
+    """A "pool" on a socket of our own that fails on purpose: `close` hangs up on each request
+    at once, `break-off` sends the headers and one event of a streamed answer, then resets."""
+
+    def __init__(self) -> None:
+        self.how = "close"
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            seen = b""
+            while b"\r\n\r\n" not in seen:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                seen += chunk
+            if self.how == "break-off":
+                event = b'data: {"choices": []}\n\n'
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             b"Transfer-Encoding: chunked\r\n\r\n"
+                             + f"{len(event):x}\r\n".encode() + event + b"\r\n")
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_pool_that_fails_is_the_pools_even_with_status_0_or_a_200_already_sent(
+        logged: Logged) -> None:
+    broken = BrokenPool()
+    try:
+        logged.apply({"broken": (broken.url,)}, route("broken", {"broken": 10_000}))
+        since = logged.offset()
+        hung_up = chat(logged.process.listen_url, stream=True)
+        broken.how = "break-off"
+        with pytest.raises(httpx.HTTPError):  # the answer ends mid-stream
+            chat(logged.process.listen_url, stream=True)
+
+        def on_broken() -> list[LogRecord]:
+            found = [r for r in logged.records(since, 0, timeout_s=0) if r.route == "broken"]
+            return found if len(found) == 2 else []
+
+        closed, cut = wait_until(on_broken, what="both requests' lines")
+    finally:
+        broken.close()
+    assert hung_up == 503
+    assert (closed.status, closed.ended_by) == (503, "pool") and "UC" in closed.flags
+    # The answer had begun (200 sent): only the flag says the pool broke it off.
+    assert (cut.status, cut.flags, cut.ended_by) == (200, "UPE", "pool")
+
+
+@pytest.mark.parametrize(("status", "flags", "by"), [
+    (0, "DC", "client"), (200, "DC", "client"), (404, "DC", "client"),
+    # The pool failed too: DC with a failure of the pool's is the pool's (module docstring).
+    (0, "DC,UC", "pool"), (0, "UF,URX,DC", "pool"), (200, "DC,UPE", "pool"),
+    (504, "UT", "pool"), (200, "UR", "pool"), (200, "SI", "pool"),
+    # A 5xx answered, then a hang-up: the status says it all (the pool's error).
+    (503, "DC", ""),
+    # A flag we do not know beside DC: nothing is set apart on a guess; status 0 stays an
+    # error of the pool's, as before.
+    (0, "DC,DI", ""), (0, "", ""), (200, "-", ""), (429, "RL", ""),
+])
+def test_who_ended_the_request_is_read_from_the_flags(status: int, flags: str, by: str) -> None:
+    assert ended_by(status, flags) == by
+
+
 @pytest.mark.parametrize("line", [b"", b"\n", b"  \n"])
 def test_blank_lines_are_no_request(line: bytes) -> None:
     assert parse_line(line, {}) is None
@@ -205,7 +322,7 @@ def test_dashes_and_nulls_read_as_none() -> None:
             b'"flags":"UF"}\n')
     assert parse_line(line, {}) == LogRecord(
         start=1700000000.25, route="chat", pool="", status=0, duration_ms=0.0, ttft_ms=None,
-        bytes_out=0, attempts=0, streamed=False, flags="UF")
+        bytes_out=0, attempts=0, streamed=False, flags="UF", ended_by="pool")
 
 
 def test_the_access_log_is_off_without_a_path(tmp_path: Path) -> None:

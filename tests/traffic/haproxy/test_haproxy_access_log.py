@@ -14,10 +14,11 @@ import pytest
 from fleetctl.demo.haproxy_process import HAProxyProcess
 from fleetctl.traffic.gateways import registry
 from fleetctl.traffic.gateways.base import LogRecord
-from fleetctl.traffic.gateways.haproxy.accesslog import parse_line
+from fleetctl.traffic.gateways.haproxy.accesslog import ended_by, parse_line
 from fleetctl.traffic.gateways.haproxy.adapter import HAProxyAdapter
+from tests.conftest import wait_until
 from tests.sim.simproc import SimProcess
-from tests.traffic.accesslog import chat, read_records
+from tests.traffic.accesslog import abandon, chat, read_records
 from tests.traffic.scenarios import Harness, route
 
 pytestmark = pytest.mark.slow
@@ -98,3 +99,60 @@ def test_a_failed_connect_redispatched_to_another_server_counts_two_attempts(
     # Round robin sends one of the first two to the closed port: HAProxy retries and, with
     # `option redispatch`, the last retry goes to the other server (%rc is then "+N").
     assert max(r.attempts for r in found[:2]) >= 2
+
+
+def fault(sim: SimProcess, pool: str, **faults: float) -> None:
+    answer = httpx.post(f"{sim.url(pool)}/admin/faults", json=faults, timeout=5)
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_client_that_hangs_up_is_logged_with_a_c_termination_state_and_set_apart(
+        sim_fleet: SimProcess, logged_haproxy: HAProxyProcess) -> None:
+    harness = Harness(url=logged_haproxy.url, adapter=HAProxyAdapter(logged_haproxy.gateway),
+                      sim=sim_fleet)
+    harness.apply(route({"alpha": 10_000, "beta": 0}, key="hang"))
+    path = Path(logged_haproxy.gateway.options["access_log"])
+
+    def on_hang(since: int) -> list[LogRecord]:
+        return [r for r in records(path, since, 0) if r.route == "hang"]
+
+    # Abandoned after its first token, on a pool 50 times slower than usual per token.
+    since = path.stat().st_size
+    fault(sim_fleet, "alpha", slowdown=50)
+    try:
+        first = abandon(logged_haproxy.url, stream=True, max_tokens=500, read_until=b"data:")
+        (after,) = wait_until(lambda: on_hang(since), what="the hang-up's line")
+    finally:
+        fault(sim_fleet, "alpha", slowdown=1)
+    assert b"data:" in first
+    # CD: "the client unexpectedly aborted during data transfer".
+    assert (after.pool, after.status, after.flags[:2], after.ended_by) == (
+        "alpha", 200, "CD", "client")
+    assert after.streamed and after.ttft_ms is not None  # the pool's header time
+
+    # Abandoned at once, on a pool that holds its headers 1.5 s: HAProxy (no `option
+    # abortonclose`) waits for them and finds the client gone when it forwards the answer.
+    since = path.stat().st_size
+    fault(sim_fleet, "alpha", added_latency_ms=1500)
+    try:
+        assert abandon(logged_haproxy.url, stream=True) == b""
+        (before,) = wait_until(lambda: on_hang(since), what="the hang-up's line")
+    finally:
+        fault(sim_fleet, "alpha", added_latency_ms=0)
+    assert before.flags[:1] == "C" and before.ended_by == "client", before
+    assert before.pool == "alpha" and before.status < 500
+
+
+@pytest.mark.parametrize(("status", "term", "by"), [
+    (200, "CD--", "client"), (0, "CH--", "client"), (0, "CQ--", "client"),
+    (400, "CR--", "client"), (200, "cD--", "client"), (0, "CC--", "client"),
+    # The server's side ended it: the pool's, also with the 200 it had sent (SD, sD).
+    (200, "SD--", "pool"), (200, "sD--", "pool"), (502, "SH--", "pool"),
+    (504, "sH--", "pool"), (503, "SC--", "pool"),
+    # A 5xx stays the pool's error, whoever left first.
+    (503, "CC--", ""), (502, "CH--", ""),
+    (200, "", ""), (200, "LR--", ""), (403, "PR--", ""),
+])
+def test_who_ended_the_request_is_read_from_the_termination_state(status: int, term: str,
+                                                                  by: str) -> None:
+    assert ended_by(status, term) == by

@@ -17,8 +17,9 @@ from fleetctl.traffic.gateways import registry
 from fleetctl.traffic.gateways.base import LogRecord
 from fleetctl.traffic.gateways.nginx.accesslog import parse_line
 from fleetctl.traffic.gateways.nginx.adapter import NginxAdapter
+from tests.conftest import wait_until
 from tests.sim.simproc import SimProcess
-from tests.traffic.accesslog import chat, log_offset, read_records
+from tests.traffic.accesslog import abandon, chat, log_offset, read_records
 from tests.traffic.scenarios import POOLS, Harness, route
 
 pytestmark = pytest.mark.slow
@@ -99,3 +100,43 @@ def test_a_failed_connect_tried_on_the_next_server_counts_two_attempts(
     # Round robin sends one of the first two to the closed port; proxy_next_upstream tries
     # the other server, and $upstream_addr lists both.
     assert max(r.attempts for r in found[:2]) == 2
+
+
+def fault(sim: SimProcess, pool: str, **faults: float) -> None:
+    answer = httpx.post(f"{sim.url(pool)}/admin/faults", json=faults, timeout=5)
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_client_that_hangs_up_before_the_headers_is_a_499_and_set_apart(
+        sim_fleet: SimProcess, logged_nginx: NginxProcess) -> None:
+    harness = Harness(url=logged_nginx.url, adapter=NginxAdapter(logged_nginx.gateway),
+                      sim=sim_fleet)
+    harness.apply(route({"alpha": 10_000, "beta": 0}, key="hang"))
+    endpoints = {urlsplit(sim_fleet.url(name)).netloc: name for name in POOLS}
+    path = Path(logged_nginx.gateway.options["access_log"])
+
+    def on_hang(since: int) -> list[LogRecord]:
+        return [r for r in records(path, since, 0, endpoints) if r.route == "hang"]
+
+    # Abandoned at once, on a pool that holds its headers 10 s.
+    since = log_offset(path)
+    fault(sim_fleet, "alpha", added_latency_ms=10_000)
+    try:
+        assert abandon(logged_nginx.url, stream=True) == b""
+        (before,) = wait_until(lambda: on_hang(since), what="the hang-up's line")
+    finally:
+        fault(sim_fleet, "alpha", added_latency_ms=0)
+    assert (before.pool, before.status, before.ttft_ms, before.ended_by) == (
+        "alpha", 499, None, "client")
+
+    # Abandoned after its first token: nginx keeps the 200 it sent, as it does for a pool that
+    # breaks off mid-answer, so its log cannot say whose doing it was. Nothing is set apart.
+    since = log_offset(path)
+    fault(sim_fleet, "alpha", slowdown=50)
+    try:
+        assert b"data:" in abandon(logged_nginx.url, stream=True, max_tokens=500,
+                                   read_until=b"data:")
+        (after,) = wait_until(lambda: on_hang(since), what="the hang-up's line")
+    finally:
+        fault(sim_fleet, "alpha", slowdown=1)
+    assert (after.status, after.ended_by) == (200, "")

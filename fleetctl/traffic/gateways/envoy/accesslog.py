@@ -9,6 +9,20 @@ Envoys and text formats write "-" instead; both read as "none" here.
 request to the first byte of the upstream's *body*. For a streamed answer that is the first
 token, not the response headers (an OpenAI-compatible server sends its headers as soon as it
 accepts a request, long before the prefill ends); %RESPONSE_DURATION% would time the headers.
+
+Who ended a request (`ended_by`), from %RESPONSE_FLAGS% (Envoy's access log docs,
+"Format rules"; measured with a real Envoy in tests/traffic/envoy/test_access_log.py):
+- a client that hangs up is logged with the flag DC ("downstream connection termination")
+  and nothing else: status 0 when it left before the pool's response headers (%RESPONSE_CODE%
+  0: "the server never sent the beginning of a response ... generally means the
+  (downstream) client disconnected"), the status sent when it left mid-answer. DC alone, on
+  an answer that is not a 5xx, is the client's (ENDED_BY_CLIENT);
+- a flag of POOL_FAILURE_FLAGS is the pool's failure (ENDED_BY_POOL), whatever the status:
+  a pool that breaks off a streamed answer leaves status 200 (and UPE, measured). DC *with*
+  one of them is the pool's too: a hang-up alone never adds one (measured), so no client
+  can produce it by hanging up, while calling it a disconnect would let a client hide a
+  failing pool by hanging up on it. Any other flag next to DC (unknown to us) leaves the
+  status to decide, as before: nothing is set apart on a guess.
 """
 
 from __future__ import annotations
@@ -17,11 +31,18 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from fleetctl.traffic.gateways.base import LogRecord
+from fleetctl.traffic.gateways.base import ENDED_BY_CLIENT, ENDED_BY_POOL, LogRecord
 
 # Internal routes (error answers, /v1/models) are named `fleetctl:<what>`: no fleetctl route.
 INTERNAL_ROUTE_PREFIX = "fleetctl:"
 STREAM_TYPE = "text/event-stream"
+CLIENT_GONE_FLAG = "DC"  # downstream connection termination
+# The flags that say the pool (the upstream) failed: no healthy host (UH), connect failure
+# (UF), circuit breaker open (UO), retries exhausted (URX), timed out (UT), reset by the pool
+# (UR), its connection closed (UC), a broken answer (UPE), its max stream duration (UMSDR),
+# the stream idle past its timeout (SI: nothing came from the pool).
+POOL_FAILURE_FLAGS = frozenset({"UH", "UF", "UO", "URX", "UT", "UR", "UC", "UPE", "UMSDR",
+                                "SI"})
 
 LOG_FORMAT: dict[str, str] = {
     "start": "%START_TIME(%s.%3f)%",
@@ -48,20 +69,33 @@ def parse_line(line: bytes, endpoints: Mapping[str, str]) -> LogRecord | None:
         entry = _loads(line)
         route = _text(entry["route"])
         ctype = _text(entry.get("ctype"))
+        status = _number(entry["status"])
+        flags = _text(entry.get("flags"))
         return LogRecord(
             start=float(entry["start"]),
             route="" if route.startswith(INTERNAL_ROUTE_PREFIX) else route,
             pool=_text(entry["pool"]),
-            status=_number(entry["status"]),
+            status=status,
             duration_ms=float(_number(entry["duration_ms"])),
             ttft_ms=_optional_ms(entry.get("ttft_ms")),
             bytes_out=_number(entry.get("bytes")),
             attempts=_number(entry.get("attempts")),
             streamed=ctype.startswith(STREAM_TYPE),
-            flags=_text(entry.get("flags")),
+            flags=flags,
+            ended_by=ended_by(status, flags),
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not an Envoy access log line of fleetctl's format: {exc!r}") from exc
+
+
+def ended_by(status: int, flags: str) -> str:
+    """Who cut the request short, from its status and %RESPONSE_FLAGS% (the module's rule)."""
+    names = {flag for flag in flags.split(",") if flag and flag != "-"}
+    if names & POOL_FAILURE_FLAGS:
+        return ENDED_BY_POOL
+    if names == {CLIENT_GONE_FLAG} and status < 500:
+        return ENDED_BY_CLIENT
+    return ""
 
 
 def _text(value: Any) -> str:

@@ -13,6 +13,12 @@ token (see docs/gateways.md).
 
 Several upstream servers tried for one request (proxy_next_upstream after a failed connect)
 are listed comma-separated in $upstream_addr and the upstream timers; the last one answered.
+
+Who ended a request (`ended_by`): nginx logs 499 ("client closed request", its own code,
+NGX_HTTP_CLIENT_CLOSED_REQUEST in ngx_http_request.h: the client closed the connection before
+nginx sent it the response headers) for a client that hung up: ENDED_BY_CLIENT. A client that
+leaves mid-answer keeps the status already sent (200, measured), and so does a pool that
+breaks off mid-answer: nginx's log cannot tell those two apart, so neither is set apart.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from fleetctl.traffic.gateways.base import LogRecord
+from fleetctl.traffic.gateways.base import ENDED_BY_CLIENT, LogRecord
 
 ROUTE_PREFIX = "route-"
 STREAM_TYPE = "text/event-stream"
+CLIENT_CLOSED_REQUEST = 499
 
 # $msec is when the line is written (the end); start = msec - request_time. $fleetctl_route
 # is the upstream the route map chose: route-<key>, or "!<why>" for a refusal.
@@ -52,16 +59,18 @@ def parse_line(line: bytes, endpoints: Mapping[str, str]) -> LogRecord | None:
                  if a and a != "-" and not a.startswith("unix:")]
         header = str(entry["header_time"]).replace(" : ", ", ").rpartition(",")[2].strip()
         ctype = str(entry.get("ctype", ""))
+        status = int(entry["status"])
         return LogRecord(
             start=float(entry["msec"]) - request_s,
             route=route[len(ROUTE_PREFIX):] if route.startswith(ROUTE_PREFIX) else "",
             pool=endpoints.get(tried[-1], "") if tried else "",
-            status=int(entry["status"]),
+            status=status,
             duration_ms=request_s * 1000.0,
             ttft_ms=float(header) * 1000.0 if header not in ("", "-") else None,
             bytes_out=int(entry["bytes"]),
             attempts=len(tried),
             streamed=ctype.rpartition(",")[2].strip().startswith(STREAM_TYPE),
+            ended_by=ENDED_BY_CLIENT if status == CLIENT_CLOSED_REQUEST else "",
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not an nginx access log line of fleetctl's format: {exc!r}") \
