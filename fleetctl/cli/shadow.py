@@ -82,9 +82,11 @@ def _latest_run(client: ApiClient, plan: str) -> dict[str, Any]:
 def _counters_line(counters: dict[str, int]) -> str:
     drops = [f"{counters.get(f'dropped_{d}', 0)} {d.replace('_', ' ')}" for d in DROPS
              if counters.get(f"dropped_{d}", 0)]
+    refused = counters.get("refused_unauthenticated", 0)
     return (f"{counters.get('received', 0)} received, {counters.get('sampled', 0)} sampled, "
             f"{counters.get('pairs', 0)} pairs ({counters.get('pair_errors', 0)} errors), "
-            f"{counters.get('tokens', 0):,} tokens; dropped: {', '.join(drops) or 'none'}")
+            f"{counters.get('tokens', 0):,} tokens; dropped: {', '.join(drops) or 'none'}"
+            + (f"; refused, not from a gateway of the route: {refused}" if refused else ""))
 
 
 def _summary_fields(run: dict[str, Any]) -> list[tuple[str, Any]]:

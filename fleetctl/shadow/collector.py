@@ -10,6 +10,12 @@ collector keeps their connections free). Afterwards, in the background:
 1. the route (header `x-fleetctl-shadow-route`) → its running run, from the routes hash in
    Redis (fleetctl/shadow/live.py), cached and re-read every 0.5 s: a stop reaches every
    collector within a second. No running run → counted unmatched.
+   Before anything else, and before the body is read: the copy must carry the mirror token
+   of a gateway that carries the route (header `x-fleetctl-mirror-auth`, checked against
+   the tokens traffic publishes in Redis, re-read with the routes: fleetctl/traffic/
+   mirror_auth.py). Else it is answered 403 and counted refused_unauthenticated: a forged
+   copy never counts as received, never spends the run's rate or token budget, and never
+   takes a real copy's place in the queues.
 2. The body must be a JSON object with a "model" → else dropped_malformed.
 3. Caps: today's tokens ≥ max_tokens_per_day → dropped_tokens; the Celery `shadow` queue
    holding ≥ SHADOW_MAX_QUEUED messages → dropped_behind (both cached, re-read every 0.5 s);
@@ -22,7 +28,8 @@ collector keeps their connections free). Afterwards, in the background:
 Counters are added up locally and written to Redis every 0.25 s in one round trip. Memory is
 bounded: the intake and send queues have fixed lengths and the bodies they hold a fixed byte
 budget; beyond either, samples are dropped and counted, never buffered. If Redis cannot be
-read for STALE_AFTER_S, the collector forgets every route (fails closed: nothing enqueued).
+read for STALE_AFTER_S, the collector forgets every route and every token (fails closed:
+nothing enqueued).
 
 It never touches the database. GET /healthz answers this process's counters as JSON.
 """
@@ -49,6 +56,8 @@ from aiohttp import web
 from django.conf import settings
 
 from fleetctl.shadow import live
+from fleetctl.traffic import mirror_auth
+from fleetctl.traffic.gateways.base import MIRROR_AUTH_HEADER
 
 log = logging.getLogger("fleetctl.shadow.collector")
 
@@ -91,6 +100,8 @@ class Collector:
         self.max_queued = max_queued
         self.sender = sender or celery_sender()
         self.routes: dict[str, live.RunConfig] = {}
+        # route -> gateway id -> the mirror tokens (digests) it may present; read with routes
+        self.auth: mirror_auth.AcceptedTokens = {}
         self.routes_read_at = 0.0  # monotonic; 0 = never
         self.tokens: dict[int, int] = {}
         self.queued = 0  # the Celery shadow queue's length at the last refresh
@@ -136,9 +147,19 @@ class Collector:
     def _run_for(self, route: str) -> live.RunConfig | None:
         return self.routes.get(route) if route else None
 
+    def _authentic(self, route: str, request: web.Request) -> bool:
+        """Mirrored by a gateway that carries `route` (mirror_auth.check: constant time)."""
+        return mirror_auth.check(self.auth.get(route), request.headers.get(
+            MIRROR_AUTH_HEADER, ""), time.time())
+
     async def mirror(self, request: web.Request) -> web.Response:
         route = request.headers.get(ROUTE_HEADER, "")
         config = self._run_for(route)
+        if config is not None and not self._authentic(route, request):
+            # Refused before its body is read: it costs the run nothing.
+            self._count(config.run, "refused_unauthenticated")
+            return web.Response(status=403, text=(
+                "not mirrored by a gateway of this route (x-fleetctl-mirror-auth)\n"))
         received_at = time.time()
         length = request.content_length
         body: bytes | None = None
@@ -247,6 +268,7 @@ class Collector:
     async def refresh(self) -> None:
         routes, tokens, queued = await live.asnapshot(
             self._redis, {c.run for c in self.routes.values()} | set(self.tokens))
+        auth = await live.amirror_auth(self._redis)
         # Today's tokens of runs just published are read on the next refresh; until then the
         # run's last known figure (0 for a new run) stands.
         new = {c.run for c in routes.values()} - set(tokens)
@@ -256,7 +278,7 @@ class Collector:
         live_runs = {c.run for c in routes.values()}
         self.tokens = {run: n for run, n in tokens.items() if run in live_runs}
         self.queued = queued
-        self.routes = routes
+        self.routes, self.auth = routes, auth
         self.routes_read_at = time.monotonic()
         for run in set(self.rates) - live_runs:
             del self.rates[run], self.rate_of[run]
@@ -270,7 +292,7 @@ class Collector:
                 if self.routes and age > STALE_AFTER_S:
                     log.warning("Redis unreadable for %.0f s (%s): forgetting every route "
                                 "until it answers", age, exc)
-                    self.routes = {}
+                    self.routes, self.auth = {}, {}
             await asyncio.sleep(REFRESH_S)
 
     async def flush(self) -> None:
@@ -351,11 +373,18 @@ class Collector:
                            "peak": self.peak_outbox},
             "inflight_bytes": inflight,
             "routes": {name: c.run for name, c in self.routes.items()},
+            # Who may mirror what, by gateway id (never a token or a digest).
+            "mirror_gateways": {name: sorted(self.auth.get(name, {}), key=_as_int)
+                                for name in self.routes},
             "routes_age_s": None if age is None else round(age, 3),
             "shadow_queue_length": self.queued,
             "max_queued": self.max_queued,
             "max_body_bytes": self.max_body_bytes,
         })
+
+
+def _as_int(text: str) -> int:
+    return int(text) if text.isdigit() else -1
 
 
 def make_app(collector: Collector) -> web.Application:

@@ -19,6 +19,10 @@ Keys (docs/shadow.md, "The collector"):
 - `fleetctl:shadow:run:<id>:rate` — the run's request-rate state (GCRA: the theoretical
   arrival time of the next request, µs), shared by every collector and the replay task, so
   `max_rps` is a cap on the run, not on each process.
+- `fleetctl:shadow:mirror-auth` — hash, field = route name, value = the gateways that carry
+  the route and digests of the mirror tokens each may present (written by traffic,
+  fleetctl/traffic/mirror_auth.py); re-read with the routes hash. A copy without a valid
+  token is refused and counted `refused_unauthenticated`.
 
 Sync functions use `redis` (web, workers, replay); the `a…` twins use `redis.asyncio` for the
 collector's event loop.
@@ -37,6 +41,8 @@ import redis
 import redis.asyncio as aredis
 from django.conf import settings
 
+from fleetctl.traffic import mirror_auth
+
 ROUTES_KEY = "fleetctl:shadow:routes"
 UNMATCHED_KEY = "fleetctl:shadow:unmatched"
 # The Celery queue `shadow.pair` and `shadow.replay` go to (fleetctl/celery.py ROUTES). Kombu's
@@ -49,6 +55,8 @@ TOKENS_TTL_S = 2 * 24 * 3600
 
 COUNTER_FIELDS = (
     "received",           # mirrored requests for the run's route (or replayed requests)
+    "refused_unauthenticated",  # POSTed for the route without a valid mirror token of one
+                                # of its gateways (forged): refused 403, never `received`
     "sampled",            # admitted and enqueued as a shadow.pair task
     "dropped_rate",       # over the run's max_rps
     "dropped_tokens",     # today's tokens reached max_tokens_per_day
@@ -301,6 +309,11 @@ def aclient(url: str | None = None) -> aredis.Redis:
 
 async def apublished(r: aredis.Redis) -> dict[str, RunConfig]:
     return _parse_routes(await r.hgetall(ROUTES_KEY))
+
+
+async def amirror_auth(r: aredis.Redis) -> mirror_auth.AcceptedTokens:
+    """Route name -> the gateways that may mirror it and the tokens each may present."""
+    return mirror_auth.parse(await r.hgetall(mirror_auth.MIRROR_AUTH_KEY))
 
 
 async def asnapshot(r: aredis.Redis, run_ids: Iterable[int]) -> tuple[

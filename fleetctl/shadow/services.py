@@ -47,6 +47,7 @@ from fleetctl.shadow import live, selectors, stats, triple
 from fleetctl.shadow.evidence import KIND
 from fleetctl.shadow.models import ShadowJudgement, ShadowPair, ShadowRun
 from fleetctl.shadow.redact import redact, redact_value
+from fleetctl.traffic import mirror_auth
 
 if TYPE_CHECKING:
     from fleetctl.bench.models import Trace
@@ -226,7 +227,11 @@ def _start(run: ShadowRun) -> None:
 
 
 def _publish(run: ShadowRun) -> None:
+    """The run for its route, and which gateways may mirror the route (their tokens: the
+    collector refuses other copies). The tokens first: a Redis that lost them would have
+    the run's genuine copies refused."""
     assert run.route is not None
+    mirror_auth.publish_quietly()
     live.publish_run(run.pk, run.route.name, max_rps=run.max_rps,
                      max_tokens_per_day=run.max_tokens_per_day)
 
@@ -712,6 +717,9 @@ def publications_reconcile() -> None:
     running = {run.route.name: run for run in ShadowRun.objects.select_related("route").filter(
         status=ShadowRun.Status.RUNNING, mode=ShadowRun.Mode.MIRROR, route__isnull=False)
         if run.route is not None}
+    if running:
+        # Cheap (one read, one write), and a Redis that restarted empty lost these too.
+        mirror_auth.publish_quietly()
     held = live.published()
     for name, run in running.items():
         expected = live.RunConfig(run.pk, float(run.max_rps), int(run.max_tokens_per_day))

@@ -10,6 +10,7 @@ from django.db import models
 from django.utils import timezone
 
 from fleetctl.fleet.models import JURISDICTIONS, Pool, model_id_validator, slug_validator
+from fleetctl.traffic.mirror_auth import new_secret
 
 
 class ImmutableError(Exception):
@@ -168,6 +169,14 @@ class Gateway(models.Model):
     last_error = models.TextField(blank=True, editable=False)
     last_verified_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # The mirror secret (traffic/mirror_auth.py): generated here, never typed in and never
+    # shown. Not editable, so no form, serializer or audit snapshot carries it; only
+    # services.gateway_mirror_secret_rotate changes it. The gateway's copies of a route carry
+    # an HMAC of the route's key with it; the previous secret's are still accepted for
+    # MIRROR_SECRET_GRACE_S after a rotation, while the gateway takes its new config.
+    mirror_secret = models.CharField(max_length=64, default=new_secret, editable=False)
+    mirror_secret_previous = models.CharField(max_length=64, blank=True, editable=False)
+    mirror_secret_rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["name"]

@@ -37,7 +37,7 @@ from django.db import connection
 from django.db.models import Case, DateTimeField, F, Max, PositiveIntegerField, Value, When
 from django.utils import timezone
 
-from fleetctl.traffic import selectors
+from fleetctl.traffic import mirror_auth, selectors
 from fleetctl.traffic.gateways.base import AdapterError, ApplyResult, DesiredState, adapter_for
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, GatewayPushAttempt
 
@@ -119,7 +119,9 @@ def push_fanout(*, push_ids: list[int], budget_s: float | None = None) -> Settle
         routes = tuple(sorted(route.pk for route in push.live_gateway.routes.all()))
         if routes not in states:
             states[routes] = selectors.gateway_desired_state(gateway=push.live_gateway)
-        work.append((push, states[routes], known.get(push.live_gateway_id, frozenset())))
+        # The routes' state is shared; the collector and the mirror header are the gateway's.
+        desired = selectors.desired_for_gateway(states[routes], gateway=push.live_gateway)
+        work.append((push, desired, known.get(push.live_gateway_id, frozenset())))
     futures = [_push_threads().submit(_push_io, *item) for item in work]
     finished, late = wait_futures(futures, timeout=budget_s)
     caller = threading.get_ident()
@@ -318,6 +320,10 @@ def _push_io(push: GatewayPush, desired: DesiredState, known: frozenset[int]) ->
         io.error, io.permanent = str(exc), exc.permanent
         io.answered = io.answered or timezone.now()
     io.duration_ms = (time.monotonic() - io.started) * 1000
+    # What a gateway says may quote its config, which holds the mirror tokens.
+    io.error = mirror_auth.redact(io.error)
+    if io.result is not None:
+        io.result.detail = mirror_auth.redact(io.result.detail)
     return io
 
 
@@ -509,7 +515,7 @@ def gateway_reconcile(*, gateway: Gateway) -> bool:
             return False
     except AdapterError as exc:
         Gateway.objects.filter(pk=gateway.pk).update(state=Gateway.State.FAILING,
-                                                      last_error=str(exc))
+                                                      last_error=mirror_auth.redact(str(exc)))
     revisions = [r for r in (selectors.revision_current(route=route)
                              for route in gateway.routes.all()) if r is not None]
     if not revisions:

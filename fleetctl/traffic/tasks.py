@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from fleetctl.celery import app
-from fleetctl.traffic import push, sampling
+from fleetctl.traffic import mirror_auth, push, sampling
 from fleetctl.traffic.models import Gateway
 
 
@@ -62,7 +62,9 @@ def converge() -> int:
 
 @app.task(name="traffic.reconcile", ignore_result=True)
 def reconcile() -> int:
-    """Beat: compare every gateway with its desired state; re-push where it drifted."""
+    """Beat: compare every gateway with its desired state; re-push where it drifted. And
+    publish the gateways' mirror tokens again: a Redis that restarted empty has none."""
+    mirror_auth.publish_quietly()
     return sum(push.gateway_reconcile(gateway=gateway)
                for gateway in Gateway.objects.prefetch_related("routes"))
 

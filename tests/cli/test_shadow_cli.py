@@ -46,7 +46,8 @@ def test_start_status_list_export_and_stop(live_server, tokens, tmp_path: Path):
         20, 3, "off", 10)
     assert Route.objects.get(name="llama").mirror_percent == 20
 
-    live.count(shadow.pk, received=100, sampled=20, dropped_rate=5, pairs=2)
+    live.count(shadow.pk, received=100, sampled=20, dropped_rate=5, pairs=2,
+               refused_unauthenticated=7)
     _pair(shadow, 1)
     _pair(shadow, 2, diverged=True, score=0.5, error="@SUM(A1)")
     status = run(live_server, "shadow", "status", "--plan", "mi300x-llama",
@@ -54,6 +55,7 @@ def test_start_status_list_export_and_stop(live_server, tokens, tmp_path: Path):
     assert status.returncode == 0, status.stderr
     assert "100 received, 20 sampled, 2 pairs" in status.stdout
     assert "5 rate" in status.stdout
+    assert "refused, not from a gateway of the route: 7" in status.stdout
     assert "not judged yet" in status.stdout
     as_json = json.loads(run(live_server, "shadow", "status", str(shadow.pk), "--json",
                              token=tokens["viewer"]).stdout)

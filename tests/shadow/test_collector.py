@@ -5,154 +5,45 @@ messages are read from the `shadow` queue's list in Redis.
 
 Every mirrored request for a route with a running run is counted `received` and exactly one
 of `sampled` or `dropped_<reason>`; a request for a route without one is counted unmatched.
+A request for a route with a running run that does not carry the mirror token of one of the
+route's gateways is refused (403) and counted `refused_unauthenticated`, and nothing else:
+not received, no rate or token budget spent, nothing queued.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
 
 import aiohttp
 import httpx
 import psutil
-import pytest
 import redis
 
 from fleetctl.demo.devstack import free_port
 from fleetctl.shadow import collector as collector_module
 from fleetctl.shadow import live
+from fleetctl.traffic import mirror_auth
+from fleetctl.traffic.gateways.base import MIRROR_AUTH_HEADER
 from tests.conftest import wait_until
-from tests.shadow import forget_shadow_keys, use_isolated_redis
-
-ROOT = Path(__file__).resolve().parents[2]
-RUN = 8_800_001
-ROUTE = "chat-us"
-CHAT = {"model": "llama-3.1-8b-instruct", "temperature": 0, "max_tokens": 64,
-        "messages": [{"role": "user", "content": "Name three rivers."}]}
-DROPS = ("dropped_rate", "dropped_tokens", "dropped_behind", "dropped_malformed",
-         "dropped_too_large")
-
-
-@dataclass
-class Running:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def healthz(self) -> dict[str, Any]:
-        return httpx.get(f"{self.url}/healthz", timeout=5).json()
-
-    def post(self, body: bytes | dict[str, Any], route: str | None = ROUTE, *,
-             path: str = "/v1/chat/completions", **kwargs: Any) -> httpx.Response:
-        headers = {"content-type": "application/json"}
-        if route is not None:
-            headers[collector_module.ROUTE_HEADER] = route
-        content = json.dumps(body).encode() if isinstance(body, dict) else body
-        return httpx.post(f"{self.url}{path}", content=kwargs.pop("content", content),
-                          headers=headers, timeout=10, **kwargs)
-
-    def post_many(self, n: int, body: dict[str, Any] = CHAT) -> None:
-        for _ in range(n):
-            assert self.post(body).status_code == 204
-
-    def publish(self, *, max_rps: float = 100, max_tokens_per_day: int = 1_000_000) -> None:
-        """Publish run RUN for ROUTE and wait until this collector has read it."""
-        live.publish_run(RUN, ROUTE, max_rps=max_rps, max_tokens_per_day=max_tokens_per_day)
-        wait_until(lambda: self.healthz()["routes"].get(ROUTE) == RUN, timeout_s=10,
-                   what=f"the collector to read route {ROUTE}'s run")
-
-
-@pytest.fixture
-def shadow_redis(settings: Any) -> Iterator[redis.Redis]:
-    r = use_isolated_redis(settings)
-    yield r
-    forget_shadow_keys(r)
-
-
-@pytest.fixture
-def start_collector(shadow_redis: redis.Redis, settings: Any,
-                    tmp_path: Path) -> Iterator[Callable[..., Running]]:
-    started: list[Running] = []
-
-    def start(redis_url: str | None = None, **env: str) -> Running:
-        port = free_port()
-        log = tmp_path / f"collector-{port}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "fleetctl.shadow.collector", "--port", str(port)],
-                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                env={**os.environ, "REDIS_URL": redis_url or settings.REDIS_URL, **env})
-        running = Running(proc, f"http://127.0.0.1:{port}", log)
-        started.append(running)
-
-        def up() -> bool:
-            assert proc.poll() is None, log.read_text()
-            try:
-                return running.healthz()["max_body_bytes"] > 0
-            except httpx.HTTPError:
-                return False
-
-        wait_until(up, timeout_s=60, what="the collector to answer /healthz")
-        return running
-
-    yield start
-    for running in started:
-        if running.proc.poll() is None:
-            running.proc.terminate()
-            try:
-                running.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                running.proc.kill()
-                running.proc.wait()
-
-
-def counters_when(run: int, predicate: Callable[[dict[str, int]], bool], *, what: str,
-                  timeout_s: float = 10) -> dict[str, int]:
-    """Wait until the run's counters in Redis (flushed every 0.25 s) satisfy `predicate`."""
-    seen: dict[str, int] = {}
-
-    def look() -> dict[str, int] | None:
-        seen.update(live.counters(run))
-        return dict(seen) if predicate(seen) else None
-
-    try:
-        return wait_until(look, timeout_s=timeout_s, what=what)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; counters: {seen}") from None
-
-
-def counted(run: int, **expected: int) -> dict[str, int]:
-    return counters_when(run, lambda c: all(c[k] == v for k, v in expected.items()),
-                         what=f"counters {expected}")
-
-
-def queued_kwargs(r: redis.Redis) -> list[dict[str, Any]]:
-    """The `shadow.pair` tasks waiting in the Celery `shadow` queue (oldest first)."""
-    found = []
-    for raw in reversed(r.lrange(live.SHADOW_QUEUE, 0, -1)):
-        message = json.loads(raw)
-        assert message["headers"]["task"] == "shadow.pair"
-        _args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-        found.append(kwargs)
-    return found
-
-
-def settled(counters: dict[str, int]) -> bool:
-    return counters["received"] == counters["sampled"] + sum(counters[d] for d in DROPS)
+from tests.shadow.collector_proc import (
+    CHAT,
+    GATEWAY,
+    ROUTE,
+    RUN,
+    SECRET,
+    counted,
+    counters_when,
+    publish_gateways,
+    queued_kwargs,
+    settled,
+)
 
 
 def test_it_answers_every_mirrored_request_at_once_and_counts_each_outcome(
@@ -196,6 +87,88 @@ def test_it_answers_every_mirrored_request_at_once_and_counts_each_outcome(
     assert health["counters"]["unmatched"] == 2
     assert health["counters"]["sampled"] == 2
     assert httpx.get(f"{collector.url}/v1/chat/completions").status_code == 405
+
+
+OTHER_ROUTE = "chat-eu"
+OTHER_GATEWAY = 4_002  # carries OTHER_ROUTE only
+OTHER_SECRET = mirror_auth.new_secret()
+
+
+def test_copies_without_a_token_of_one_of_the_routes_gateways_are_refused_counted_and_free(
+        start_collector, shadow_redis):
+    collector = start_collector()
+    collector.publish(max_rps=2)  # a burst of 2, then one every 0.5 s
+    publish_gateways({
+        ROUTE: {GATEWAY: [(mirror_auth.route_token(SECRET, ROUTE), None)]},
+        OTHER_ROUTE: {OTHER_GATEWAY: [(mirror_auth.route_token(OTHER_SECRET, OTHER_ROUTE),
+                                       None)]}})
+    forged = {
+        "no header": None,
+        "empty": "",
+        "a wrong HMAC": f"{GATEWAY}.{'0' * 64}",
+        "an HMAC with another secret": mirror_auth.header_value(
+            GATEWAY, mirror_auth.new_secret(), ROUTE),
+        "the gateway's valid HMAC of another route": mirror_auth.header_value(
+            GATEWAY, SECRET, OTHER_ROUTE),
+        "another gateway's genuine token, replayed": mirror_auth.header_value(
+            OTHER_GATEWAY, OTHER_SECRET, OTHER_ROUTE),
+        "a genuine gateway's HMAC of a route it does not carry": mirror_auth.header_value(
+            OTHER_GATEWAY, OTHER_SECRET, ROUTE),
+        "the right token under another gateway's id": (
+            f"{OTHER_GATEWAY}.{mirror_auth.route_token(SECRET, ROUTE)}"),
+        "no gateway id": mirror_auth.route_token(SECRET, ROUTE),
+        "the right token, then more": mirror_auth.header_value(GATEWAY, SECRET, ROUTE) + "0",
+        "far too long": "9" * 5000,
+    }
+
+    answers = {what: collector.post(CHAT, auth=auth).status_code
+               for what, auth in forged.items() for _ in range(3)}
+
+    assert set(answers.values()) == {403}, answers
+    n = 3 * len(forged)
+    final = counted(RUN, refused_unauthenticated=n)
+    assert (final["received"], final["sampled"], final["dropped_rate"]) == (0, 0, 0)
+    assert shadow_redis.get(live.rate_key(RUN)) is None  # no rate budget spent
+    assert shadow_redis.llen(live.SHADOW_QUEUE) == 0
+    assert collector.healthz()["counters"]["refused_unauthenticated"] == n
+    # The run's burst is whole: the forged copies took none of it.
+    assert [collector.post(CHAT).status_code for _ in range(2)] == [204, 204]
+    final = counted(RUN, received=2, sampled=2)
+    assert final["dropped_rate"] == 0 and final["refused_unauthenticated"] == n
+    assert [task["request"] for task in queued_kwargs(shadow_redis)] == [CHAT, CHAT]
+    assert SECRET not in collector.log.read_text()
+
+
+def test_a_rotated_out_secret_is_accepted_until_its_grace_ends(start_collector, shadow_redis):
+    new, previous, older = SECRET, mirror_auth.new_secret(), mirror_auth.new_secret()
+    now = time.time()
+    publish_gateways({ROUTE: {GATEWAY: [
+        (mirror_auth.route_token(new, ROUTE), None),
+        (mirror_auth.route_token(previous, ROUTE), now + 600),  # rotated out just now
+        (mirror_auth.route_token(older, ROUTE), now - 1),  # its grace is over
+    ]}})
+    live.publish_run(RUN, ROUTE, max_rps=100, max_tokens_per_day=10**6)
+    collector = start_collector()
+    collector.wait_for_gateways(ROUTE, [str(GATEWAY)], run=RUN)
+
+    answers = [collector.post(CHAT, auth=mirror_auth.header_value(GATEWAY, secret, ROUTE))
+               .status_code for secret in (new, previous, older)]
+
+    assert answers == [204, 204, 403]
+    counted(RUN, received=2, sampled=2, refused_unauthenticated=1)
+
+
+def test_a_run_whose_route_no_gateway_carries_refuses_every_copy(start_collector,
+                                                                 shadow_redis):
+    publish_gateways({})  # e.g. the route's gateways were deleted, or Redis lost them
+    live.publish_run(RUN, ROUTE, max_rps=100, max_tokens_per_day=10**6)
+    collector = start_collector()
+    collector.wait_for_gateways(ROUTE, [], run=RUN)
+
+    assert [collector.post(CHAT).status_code for _ in range(2)] == [403, 403]
+
+    counted(RUN, refused_unauthenticated=2, received=0)
+    assert shadow_redis.llen(live.SHADOW_QUEUE) == 0
 
 
 def test_it_never_connects_to_the_database(start_collector, settings):
@@ -291,7 +264,8 @@ def test_a_flood_keeps_its_memory_and_queues_bounded(start_collector, shadow_red
     async def flood(n: int) -> int:
         ok = 0
         connector = aiohttp.TCPConnector(limit=32)
-        headers = {collector_module.ROUTE_HEADER: ROUTE, "content-type": "application/json"}
+        headers = {collector_module.ROUTE_HEADER: ROUTE, "content-type": "application/json",
+                   MIRROR_AUTH_HEADER: mirror_auth.header_value(GATEWAY, SECRET, ROUTE)}
         async with aiohttp.ClientSession(connector=connector) as session:
             async def one() -> None:
                 nonlocal ok

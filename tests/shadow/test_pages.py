@@ -191,6 +191,22 @@ def test_the_list_and_the_run_page_for_a_viewer_have_no_buttons(world: World):  
     assert viewer.get("/shadow/runs/999999/").status_code == 404
 
 
+def test_forged_copies_the_collector_refused_are_shown_with_the_counters_and_answered(
+        world: World):  # noqa: F811
+    run = seeded_run(world)
+    live.count(run.pk, refused_unauthenticated=1200)
+    viewer = signed_in(world.viewer)
+
+    counters = viewer.get(f"/shadow/runs/{run.pk}/", HTTP_HX_REQUEST="true",
+                          HTTP_HX_TARGET="shadow-counters").content.decode()
+
+    tile = counters.split('data-counter="refused_unauthenticated"', 1)[1].split("</div>", 1)[0]
+    assert '<span class="tile-value">1,200</span>' in tile
+    assert "refused: not from a gateway of the route" in tile
+    answer = viewer.get(f"/api/v1/shadow-runs/{run.pk}/").json()
+    assert answer["counters"]["refused_unauthenticated"] == 1200
+
+
 def test_a_stopped_run_stops_polling_and_says_why(world: World):  # noqa: F811
     run = seeded_run(world, status="stopped", stop_reason="candidate diverging <b>bad</b>")
     page = signed_in(world.lead).get(f"/shadow/runs/{run.pk}/").content.decode()

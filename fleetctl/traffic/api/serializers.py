@@ -154,11 +154,13 @@ class GatewaySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Gateway
+        # The mirror secret itself is never answered: only when it was last rotated.
         fields = ["id", "name", "kind", "admin_address", "options", "routes", "state",
                   "state_changed_at", "last_error", "last_verified_at", "supports_mirror",
-                  "created_at"]
+                  "mirror_secret_rotated_at", "created_at"]
         read_only_fields = ["id", "state", "state_changed_at", "last_error",
-                            "last_verified_at", "supports_mirror", "created_at"]
+                            "last_verified_at", "supports_mirror", "mirror_secret_rotated_at",
+                            "created_at"]
         extra_kwargs: dict[str, Any] = {"name": {"validators": []}}
 
 

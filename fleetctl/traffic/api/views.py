@@ -114,6 +114,16 @@ class GatewayViewSet(ServiceModelViewSet):
     update_service = services.gateway_update
     delete_service = services.gateway_delete
 
+    @extend_schema(request=None, responses={200: s.GatewaySerializer})
+    @action(detail=True, methods=["post"], url_path="rotate-mirror-secret", filter_backends=[])
+    def rotate_mirror_secret(self, request: Request, name: str) -> Response:
+        """Give the gateway a new mirror secret (scope `fleet`) and push it the new tokens
+        its shadow copies carry; copies signed with the old one are accepted for 10 minutes
+        more (MIRROR_SECRET_GRACE_S). The secret is never answered."""
+        gateway = services.gateway_mirror_secret_rotate(actor=actor_from_request(request),
+                                                        gateway=self.get_object())
+        return Response(s.GatewaySerializer(self._as_read(gateway)).data)
+
 
 class PushViewSet(viewsets.ReadOnlyModelViewSet):
     """Every push of a revision to a gateway, with each attempt."""

@@ -382,13 +382,15 @@ class EnvoyAdapter(Adapter[EnvoyOptions]):
         return held
 
     def matches(self, desired: DesiredState, held: dict[str, dict[str, int]]) -> bool:
-        """Weights equal and, when a read-back saw them, the loaded clusters are the wanted
-        ones: a pool's new base URLs (or a pool no longer left out) change no weight."""
+        """Weights equal and, when a read-back saw them, the loaded clusters and route
+        structure are the wanted ones: a pool's new base URLs (or a pool no longer left out)
+        change no weight, nor does a new mirror secret (its token is in the routes file)."""
         fit = self.renderable(desired).desired
         seen = _seen.load_state(self._seen_key)
         try:
-            if held == fit.held_weights() and (
-                    seen is None or seen.clusters_version == _render(fit).clusters_version):
+            if held == fit.held_weights() and (seen is None or (
+                    seen.clusters_version == _render(fit).clusters_version
+                    and seen.routes_version == _render(fit).routes_version)):
                 return True
         except config.ConfigError:
             pass  # not renderable: never held (and apply says why)
@@ -528,20 +530,23 @@ def _clusters_on_disk(config_dir: Path) -> tuple[dict[str, dict[str, Any]], str]
 _disk_lock = threading.Lock()
 _disk_cache: dict[str, tuple[tuple[str, int, int, int], dict[str, dict[str, Any]], str]] = {}
 _render_lock = threading.Lock()
-_last_render: tuple[DesiredState, config.RenderedConfig] | None = None
+_last_renders: list[tuple[DesiredState, config.RenderedConfig]] = []
+# Desired states remembered: each gateway of a push has its own (its mirror tokens differ),
+# and the push threads apply and verify them side by side.
+_RENDERS_KEPT = 32
 
 
 def _render(desired: DesiredState) -> config.RenderedConfig:
-    """config.render, once per desired state: a push to ten gateways carrying the same
-    routes hands each the same DesiredState object (treated as immutable, as it is frozen)."""
-    global _last_render
+    """config.render, once per desired state object (treated as immutable, as it is frozen):
+    apply and matches of one attempt both ask."""
     with _render_lock:
-        last = _last_render
-    if last is not None and last[0] is desired:
-        return last[1]
+        for seen, rendered in _last_renders:
+            if seen is desired:
+                return rendered
     rendered = config.render(desired)
     with _render_lock:
-        _last_render = (desired, rendered)
+        _last_renders.insert(0, (desired, rendered))
+        del _last_renders[_RENDERS_KEPT:]
     return rendered
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetctl.traffic.gateways.base import (
+    MIRROR_AUTH_HEADER,
     MIRROR_HEADER,
     ROOT_PATHS,
     TOTAL_WEIGHT,
@@ -442,8 +443,15 @@ def mirror_policy(route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
     swap; the runtime file keeps it over a restart); the default is what a freshly loaded
     file means. Envoy sends the copy and never waits for it: its answer, or its absence, is
     dropped, so a slow or dead collector costs the live request nothing. Only the copy
-    carries MIRROR_HEADER (the live pool never sees it); Envoy appends "-shadow" to its
-    Host."""
+    carries MIRROR_HEADER and MIRROR_AUTH_HEADER (the live pool never sees them), each
+    overwriting what the client sent; without a mirror_auth the client's is removed. Envoy
+    appends "-shadow" to the copy's Host."""
+    auth: dict[str, Any] = {"remove": MIRROR_AUTH_HEADER}
+    if route.mirror_auth:
+        auth = {"append": {
+            "header": {"key": MIRROR_AUTH_HEADER, "value": route.mirror_auth},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }}
     return {
         "cluster": COLLECTOR_CLUSTER,
         "runtime_fraction": {
@@ -453,7 +461,7 @@ def mirror_policy(route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
         "request_headers_mutations": [{"append": {
             "header": {"key": MIRROR_HEADER, "value": route.key},
             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
-        }}],
+        }}, auth],
     }
 
 

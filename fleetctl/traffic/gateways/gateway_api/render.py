@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetctl.traffic.gateways.base import (
+    MIRROR_AUTH_HEADER,
     MIRROR_HEADER,
     TOTAL_WEIGHT,
     AdapterError,
@@ -245,17 +246,24 @@ def mirror_filters(route: RouteSpec, collector: ServiceRef) -> list[dict[str, An
     filter with `percent` when the share is whole percent, else `fraction` in basis points
     (both are experimental-channel fields of Gateway API v1.2+; an implementation on the
     standard channel mirrors every request or refuses the route: check yours). The route
-    header is set on the rule, so the live backends see it too (the API has no header
-    change for the copy alone)."""
+    header and the mirror auth header are set on the rule, replacing any the client sent, so
+    the live backends see them too: the API has no header change for the copy alone. The
+    token is this gateway's for this route only, but a pool of the route can read it; where
+    that matters, mirror through Envoy or nginx (docs/shadow.md)."""
     mirror: dict[str, Any] = {"backendRef": {"group": "", "kind": "Service",
                                              "name": collector.name, "port": collector.port}}
     if route.mirror_bp % 100 == 0:
         mirror["percent"] = route.mirror_bp // 100
     else:
         mirror["fraction"] = {"numerator": route.mirror_bp, "denominator": TOTAL_WEIGHT}
+    headers = [{"name": MIRROR_HEADER, "value": route.key}]
+    modifier: dict[str, Any] = {"set": headers}
+    if route.mirror_auth:
+        headers.append({"name": MIRROR_AUTH_HEADER, "value": route.mirror_auth})
+    else:
+        modifier["remove"] = [MIRROR_AUTH_HEADER]
     return [
-        {"type": "RequestHeaderModifier", "requestHeaderModifier": {
-            "set": [{"name": MIRROR_HEADER, "value": route.key}]}},
+        {"type": "RequestHeaderModifier", "requestHeaderModifier": modifier},
         {"type": "RequestMirror", "requestMirror": mirror},
     ]
 

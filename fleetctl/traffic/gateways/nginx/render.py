@@ -41,6 +41,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from fleetctl.traffic.gateways.base import (
+    MIRROR_AUTH_HEADER,
     MIRROR_HEADER,
     SAFE_NAME,
     TOTAL_WEIGHT,
@@ -205,7 +206,8 @@ def _mirror_blocks(desired: DesiredState) -> str:
     """Which requests are copied: per mirroring route a split_clients over $request_id (a
     fresh random id per request) that yields the route's key for its share (2 decimals of a
     percent: exactly its basis points), and a map from the route the request took to that
-    draw. $fleetctl_shadow is the key of a request to copy, "" for every other."""
+    draw. $fleetctl_shadow is the key of a request to copy, "" for every other, and
+    $fleetctl_shadow_auth the mirror header this gateway's copies of that route carry."""
     mirrored = _mirrored(desired)
     if not mirrored:
         return ""
@@ -227,14 +229,20 @@ def _mirror_blocks(desired: DesiredState) -> str:
         choices.append(f'        "route-{key}" {variable};')
     lines.append('    map $fleetctl_route $fleetctl_shadow {\n        default "";\n'
                  + "\n".join(choices) + "\n    }")
+    auth = {r.key: r.mirror_auth for r in desired.routes}
+    lines.append('    map $fleetctl_shadow $fleetctl_shadow_auth {\n        default "";\n'
+                 + "".join(f'        "{key}" "{auth[key]}";\n' for key, _ in mirrored
+                           if auth.get(key)) + "    }")
     return "\n".join(lines) + "\n"
 
 
 def _mirror_location(desired: DesiredState) -> str:
     """The copy: a background subrequest (nginx `mirror`) with the request's method, headers
-    and body, sent to the collector under the request's own URI with the route header, or
-    answered 204 inside nginx when this request is not drawn. nginx never holds the live
-    answer for it."""
+    and body, sent to the collector under the request's own URI with the route header and
+    the mirror auth header, or answered 204 inside nginx when this request is not drawn.
+    nginx never holds the live answer for it. A header named by proxy_set_header replaces
+    the client's of that name (an empty value sends none), so a client cannot choose
+    either; the live location sets neither."""
     if not _mirrored(desired):
         return ""
     return f"""        location = {MIRROR_LOCATION} {{
@@ -244,6 +252,7 @@ def _mirror_location(desired: DesiredState) -> str:
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_set_header {MIRROR_HEADER} $fleetctl_shadow;
+            proxy_set_header {MIRROR_AUTH_HEADER} $fleetctl_shadow_auth;
             proxy_connect_timeout {MIRROR_CONNECT_TIMEOUT_MS}ms;
             proxy_read_timeout {MIRROR_TIMEOUT_S}s;
             proxy_send_timeout {MIRROR_TIMEOUT_S}s;
