@@ -26,3 +26,5 @@ urlpatterns = [
 ]
 # Under /api/ a path no URL matches is answered in the API's error shape, not an HTML page.
 handler404 = "fleetctl.core.views.not_found"
+# The 500 page names the request's id (a browser user cannot see the response header).
+handler500 = "fleetctl.core.views.server_error"

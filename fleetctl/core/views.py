@@ -13,12 +13,14 @@ from typing import Generic, TypeVar
 from django import forms
 from django.contrib import messages as django_messages
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponseServerError, JsonResponse
 from django.http.response import HttpResponseBase
+from django.template import loader
 from django.views import defaults
 
 from fleetctl.core.api.errors import error_body
 from fleetctl.core.errors import DomainError
+from fleetctl.core.requestid import current_request_id
 
 T = TypeVar("T")
 
@@ -101,3 +103,18 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponseBase:
             "not_found", "Nothing at this path: check the id or name in it, and the endpoint "
                          "against /api/docs/."), status=404)
     return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponseBase:
+    """urls.handler500: the page names the request's id, which is in the log beside the
+    traceback, so a person can quote it (a browser shows no response header). Under /api/
+    the API's one error shape, with the id in its message. Rendered without the request's
+    context, like Django's own 500 page: a context processor could be what failed."""
+    request_id = getattr(request, "request_id", "") or current_request_id()
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body(
+            "server_error", f"Something broke on our side; it was logged with request id "
+                            f"{request_id or 'unknown'}. Quote it when you report the "
+                            f"problem."), status=500)
+    html = loader.get_template("500.html").render({"request_id": request_id})
+    return HttpResponseServerError(html)

@@ -192,10 +192,16 @@ def diff_direction(rows: QuerySet[EvalResult], direction: str) -> QuerySet[EvalR
 
 
 def diff_search(rows: QuerySet[EvalResult], q: str) -> QuerySet[EvalResult]:
-    """diff() rows with `q` in the item's id, prompt or messages, or in either answer."""
+    """diff() rows with `q` in the item's id, prompt or messages, or in either answer.
+
+    The messages are searched in their JSON text, so `q` is looked for as JSON writes it
+    there: quotes and backslashes escaped on both databases, and on SQLite every character
+    beyond ASCII too (Django stores JSON there with `ensure_ascii`, where PostgreSQL's jsonb
+    prints "é" as is) -- otherwise "Straße" would be found on one database only."""
+    in_json = json.dumps(q, ensure_ascii=connection.vendor != "postgresql")[1:-1]
     return rows.annotate(_messages_text=Cast("item__messages", TextField())).filter(
         Q(item__item_id__icontains=q) | Q(item__prompt__icontains=q)
-        | Q(_messages_text__icontains=q) | Q(text__icontains=q)
+        | Q(_messages_text__icontains=in_json) | Q(text__icontains=q)
         | Q(primary_text__icontains=q))
 
 

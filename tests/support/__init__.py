@@ -1,0 +1,1 @@
+"""Helpers shared by tests of several apps that are neither fixtures nor one app's factories."""
