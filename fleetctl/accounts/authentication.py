@@ -56,18 +56,26 @@ class TokenAuthentication(authentication.BaseAuthentication):
         if not parts or parts[0].lower() not in ("bearer", "token"):
             return None
         ip = throttle.client_ip(request)
-        wait = throttle.blocked_for(ip)
-        if wait:
-            raise exceptions.Throttled(wait=wait, detail=(
-                f"Too many invalid API tokens from {ip}; bearer tokens from this address are "
-                f"refused for {wait} more seconds."))
-        if len(parts) != 2:
-            raise exceptions.AuthenticationFailed(
-                "Malformed Authorization header; send 'Authorization: Bearer <token>'."
-            )
-        token = token_find_by_secret(secret=parts[1])
+        # Decide only after the same work for every bearer request: hash what was presented,
+        # look the hash up (one indexed query), read the address's block (one cache read).
+        # A blocked address then still lets a valid token through (someone else's guesses
+        # from a shared NAT must not lock an on-call out of a drain), and timing does not say
+        # which tokens exist: there is no early 429 that skips the lookup for blocked
+        # addresses, and a lookup by SHA-256 of the whole secret says nothing about a
+        # neighbouring guess. An invalid token from a blocked address is answered 429, not
+        # counted or audited again (the block was audited when it began).
+        token = token_find_by_secret(secret=parts[1]) if len(parts) == 2 else None
         refusal = _refusal(token)
+        wait = throttle.blocked_for(ip)
         if refusal or token is None:
+            if wait:
+                raise exceptions.Throttled(wait=wait, detail=(
+                    f"Too many invalid API tokens from {ip}; invalid bearer tokens from this "
+                    f"address are refused for {wait} more seconds."))
+            if len(parts) != 2:
+                raise exceptions.AuthenticationFailed(
+                    "Malformed Authorization header; send 'Authorization: Bearer <token>'."
+                )
             self._count_failure(request, ip=ip, presented=parts[1], token=token, reason=refusal)
             raise exceptions.AuthenticationFailed(refusal)
         token_touch(token=token)

@@ -1,8 +1,13 @@
 """Throttling of failed API authentication, counted per client address in the Django cache
 (Redis). After API_AUTH_FAILURE_LIMIT invalid bearer tokens from one address within
-API_AUTH_FAILURE_WINDOW_S, every bearer-token request from that address is answered 429 for
-API_AUTH_BLOCK_S — valid tokens too, or the difference between 429 and 200 would tell a guesser
-which guess was right. A valid request costs one cache read; it never touches the counters.
+API_AUTH_FAILURE_WINDOW_S, every invalid bearer token from that address is answered 429 for
+API_AUTH_BLOCK_S. A valid token from it still works: addresses are shared (an office NAT, a
+CI runner pool), and someone else's guesses must not lock an on-call out of a drain. Tokens
+are 256 random bits, so a guess that gets through is not what the block prevents; it makes
+guessing loud (the block is audited) and keeps the counters and the audit log from filling
+up. Whether a token is valid is decided after the same hash, lookup and cache read either
+way (authentication.py), so answer timing does not say which tokens exist. A valid request
+never touches the counters.
 
 If the cache cannot be reached the throttle steps aside (and logs it): an on-call draining a
 pool during an incident must not be locked out by a Redis outage."""

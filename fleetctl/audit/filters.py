@@ -1,9 +1,10 @@
 import django_filters
 
 from fleetctl.audit.models import AuditEvent
+from fleetctl.core.filters import FilterSet
 
 
-class AuditEventFilter(django_filters.FilterSet):
+class AuditEventFilter(FilterSet):
     """One FilterSet for the API and the dashboard's audit page."""
 
     since = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator
+from datetime import datetime
 
 from django.db.models import QuerySet
 
@@ -36,3 +37,13 @@ def audit_csv_rows(events: QuerySet[AuditEvent]) -> Iterator[str]:
         row[9] = json.dumps(event.before, sort_keys=True) if event.before is not None else ""
         row[10] = json.dumps(event.after, sort_keys=True) if event.after is not None else ""
         yield writer.writerow([spreadsheet_safe(cell) for cell in row])
+
+
+def refusals_of_request(*, request_id: str, since: datetime) -> list[int]:
+    """The refusals recorded for one request (its id, from `since` on: a caller may send the
+    same X-Request-ID again), oldest first."""
+    if not request_id:
+        return []
+    return list(AuditEvent.objects.filter(request_id=request_id, at__gte=since,
+                                          outcome=AuditEvent.Outcome.DENIED)
+                .order_by("id").values_list("id", flat=True))

@@ -99,6 +99,27 @@ def audit_refused(*, actor: Actor, action: str, target: object | None, message: 
            before=None, after=None).save()
 
 
+def audit_refusals_replayed(*, actor: Actor, event_ids: list[int], key: str
+                            ) -> list[AuditEvent]:
+    """A refused request sent again with its Idempotency-Key is answered from the stored
+    refusal without running again. It is still an attempt (an auditor counts them), so each
+    refusal the first run recorded is recorded again, as this request, marked as a replay:
+    `after` names the event it repeats and the key."""
+    made = []
+    for first in AuditEvent.objects.filter(pk__in=event_ids).order_by("id"):
+        event = _event(
+            actor=actor, action=first.action, target=None, outcome=AuditEvent.Outcome.DENIED,
+            message=(f"{first.message} (replayed: answered again from the refusal stored for "
+                     f"its Idempotency-Key; first refused as audit event {first.pk})"),
+            before=None, after={**(first.after or {}), "replay_of": first.pk,
+                                "idempotency_key": key})
+        event.object_type, event.object_id = first.object_type, first.object_id
+        event.object_repr = first.object_repr
+        event.save()
+        made.append(event)
+    return made
+
+
 def audit_auth_refused(*, action: str, target: object | None, message: str,
                        details: dict[str, Any], token_prefix: str = "") -> AuditEvent:
     """Record a refused sign-in or API credential. Nobody is known to be acting, so the actor

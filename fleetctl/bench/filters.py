@@ -3,9 +3,10 @@
 import django_filters
 
 from fleetctl.bench.models import Run, Trace
+from fleetctl.core.filters import FilterSet
 
 
-class RunFilter(django_filters.FilterSet):
+class RunFilter(FilterSet):
     status = django_filters.ChoiceFilter(choices=Run.Status.choices)
     pool = django_filters.CharFilter(field_name="pools__name", distinct=True, label="pool name")
     trace = django_filters.CharFilter(field_name="trace__name", label="trace name")
@@ -15,7 +16,7 @@ class RunFilter(django_filters.FilterSet):
         fields = ["status", "pool", "trace"]
 
 
-class TraceFilter(django_filters.FilterSet):
+class TraceFilter(FilterSet):
     source = django_filters.ChoiceFilter(choices=Trace.Source.choices)
 
     class Meta:

@@ -3,9 +3,10 @@
 import django_filters
 
 from fleetctl.conformance.models import ConformanceRun
+from fleetctl.core.filters import FilterSet
 
 
-class RunFilter(django_filters.FilterSet):
+class RunFilter(FilterSet):
     status = django_filters.ChoiceFilter(choices=ConformanceRun.Status.choices)
     verdict = django_filters.ChoiceFilter(choices=ConformanceRun.Verdict.choices)
     pool = django_filters.CharFilter(field_name="pool__name", label="pool name")

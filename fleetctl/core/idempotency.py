@@ -8,7 +8,9 @@ commit at the index and then sees it. What the first one answered is kept:
 
 * 2xx and 4xx answers are stored; a retry gets the same status and body, with the header
   `Idempotent-Replayed: true`. A refusal stays a refusal: resending cannot turn it into a
-  change the caller did not see.
+  change the caller did not see. It is still an attempt: what apps above core keep beside an
+  answer and do when it is given again is theirs (`witness_register`); the audit log
+  records each replayed refusal again, marked as a replay.
 * A 5xx, or an exception, is not stored: the claim is released, so a retry runs again.
 * The same key with another method, path or body: 422 (a client bug, or a key reused).
 * The same key while the first request still runs: 409, retry shortly.
@@ -23,7 +25,8 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -54,6 +57,26 @@ PARAMETER = OpenApiParameter(
         "An answer of 5xx is not kept (a retry runs again). Keys are kept "
         "IDEMPOTENCY_TTL_HOURS (default 24 h)."),
 )
+
+
+@dataclass(frozen=True)
+class Witness:
+    """What an app above core does about an answer given again without running its view.
+    `keep(request, since)`: after the first run, what to keep beside the answer (JSON, or
+    None for nothing); `since` is when the request claimed its key. `replayed(request, kept,
+    key)`: each time the stored answer is given again."""
+
+    keep: Callable[[Request, datetime], Any]
+    replayed: Callable[[Request, Any, str], None]
+
+
+# By name; registered in the apps' ready() (core imports no app).
+WITNESSES: dict[str, Witness] = {}
+
+
+def witness_register(name: str, *, keep: Callable[[Request, datetime], Any],
+                     replayed: Callable[[Request, Any, str], None]) -> None:
+    WITNESSES[name] = Witness(keep=keep, replayed=replayed)
 
 
 class KeyInUse(exceptions.APIException):
@@ -127,14 +150,36 @@ def _claim(*, principal: str, key: str, request: Request, sha256: str
                 f"new key for a new request.")
         if earlier.state == IdempotentRequest.State.RUNNING:
             raise KeyInUse()
-        return Response(earlier.response, status=earlier.status_code,
-                        headers={REPLAYED_HEADER: "true"})
+        return _replay(request, earlier, key=key)
     raise KeyInUse()
 
 
-def _stored(data: Any) -> Any:
-    """The answer's data as JSON would render it (dates as strings), to keep and replay."""
-    return json.loads(json.dumps(data, cls=JSONEncoder))
+def _replay(request: Request, earlier: IdempotentRequest, *, key: str) -> Response:
+    answer, kept = _unpacked(earlier.response)
+    for name, value in kept.items():
+        if name in WITNESSES:
+            WITNESSES[name].replayed(request, value, key)
+    return Response(answer, status=earlier.status_code, headers={REPLAYED_HEADER: "true"})
+
+
+# Rows keep {KEPT: 1, "answer": <data>, "witnessed": {name: kept}}; a row stored before
+# witnesses existed holds the answer's data alone.
+KEPT = "fleetctl_idempotent_answer"
+
+
+def _stored(data: Any, *, request: Request, since: datetime) -> Any:
+    """The answer's data as JSON would render it (dates as strings), to keep and replay,
+    with what each witness keeps beside it."""
+    witnessed = {name: value for name, witness in WITNESSES.items()
+                 if (value := witness.keep(request, since)) is not None}
+    return json.loads(json.dumps({KEPT: 1, "answer": data, "witnessed": witnessed},
+                                 cls=JSONEncoder))
+
+
+def _unpacked(stored: Any) -> tuple[Any, dict[str, Any]]:
+    if isinstance(stored, dict) and stored.get(KEPT) == 1:
+        return stored.get("answer"), dict(stored.get("witnessed") or {})
+    return stored, {}
 
 
 def idempotent(view: Callable[..., Response]) -> Callable[..., Response]:
@@ -168,7 +213,8 @@ def idempotent(view: Callable[..., Response]) -> Callable[..., Response]:
             return response
         IdempotentRequest.objects.filter(pk=claim.pk).update(
             state=IdempotentRequest.State.DONE, status_code=response.status_code,
-            response=_stored(response.data), finished_at=timezone.now())
+            response=_stored(response.data, request=request, since=claim.created_at),
+            finished_at=timezone.now())
         return response
 
     return wrapper

@@ -1,10 +1,11 @@
 import django_filters
 from django.db.models import QuerySet
 
+from fleetctl.core.filters import FilterSet
 from fleetctl.fleet.models import JURISDICTIONS, HealthCheck, HealthTransition, Pool, PoolModel
 
 
-class PoolFilter(django_filters.FilterSet):
+class PoolFilter(FilterSet):
     """One FilterSet for the pools API and the dashboard overview."""
 
     q = django_filters.CharFilter(method="filter_q", label="name contains")
@@ -24,7 +25,7 @@ class PoolFilter(django_filters.FilterSet):
         return queryset.filter(name__icontains=value)
 
 
-class PoolModelFilter(django_filters.FilterSet):
+class PoolModelFilter(FilterSet):
     pool = django_filters.CharFilter(field_name="pool__name")
 
     class Meta:
@@ -32,7 +33,7 @@ class PoolModelFilter(django_filters.FilterSet):
         fields = ["pool", "model_id", "quantisation"]
 
 
-class HealthCheckFilter(django_filters.FilterSet):
+class HealthCheckFilter(FilterSet):
     pool = django_filters.CharFilter(field_name="pool__name")
     since = django_filters.IsoDateTimeFilter(field_name="checked_at", lookup_expr="gte")
     until = django_filters.IsoDateTimeFilter(field_name="checked_at", lookup_expr="lt")
@@ -42,7 +43,7 @@ class HealthCheckFilter(django_filters.FilterSet):
         fields = ["pool", "ok", "since", "until"]
 
 
-class HealthTransitionFilter(django_filters.FilterSet):
+class HealthTransitionFilter(FilterSet):
     pool = django_filters.CharFilter(field_name="pool__name")
     since = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
 

@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.apps import AppConfig
 
 
@@ -12,5 +14,26 @@ class RampsConfig(AppConfig):
 
     def ready(self) -> None:
         from fleetctl.ramps.evidence import register
+        from fleetctl.traffic.holds import holder_register
 
         register()
+        # A drain of a ramp's pool ends the ramp; a restore does not give its share back.
+        holder_register("ramps", lock=_lock_for_drain, holds=_holds, drained=_drained)
+
+
+def _lock_for_drain(**kwargs: Any) -> None:
+    from fleetctl.ramps.services import ramps_lock_for_drain
+
+    ramps_lock_for_drain(**kwargs)
+
+
+def _holds(**kwargs: Any) -> Any:
+    from fleetctl.ramps.selectors import ramp_holds
+
+    return ramp_holds(**kwargs)
+
+
+def _drained(**kwargs: Any) -> None:
+    from fleetctl.ramps.services import ramps_end_for_drain
+
+    ramps_end_for_drain(**kwargs)

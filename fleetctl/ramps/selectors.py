@@ -7,12 +7,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from fleetctl.ramps import guard
 from fleetctl.ramps.models import ACTIVE_STATES, Ramp, RampEvent
-from fleetctl.traffic.models import Route
+from fleetctl.traffic.holds import Hold
+from fleetctl.traffic.models import Drain, Route
 
 # The event that ends a step's span, and how the span ended.
 _OUTCOMES: dict[str, str] = {RampEvent.Kind.PASS: "passed", RampEvent.Kind.SKIP: "skipped",
@@ -89,3 +90,25 @@ def ramp_numbers_now(ramp: Ramp) -> dict[str, Any] | None:
     return {"decision": judgement.decision, "reasons": judgement.reasons,
             "at": now.isoformat(), "consecutive_failures": ramp.consecutive_failures,
             **judgement.numbers}
+
+
+def ramp_holds(*, route_ids: list[int], drain: Drain | None = None) -> list[Hold]:
+    """The ramps holding a pool's weight on these routes, as traffic's drains and restores
+    see them (traffic/holds.py): the active ones, and those `drain` ended (aborted by it, or
+    whose own abort or rollback it is)."""
+    held = Q(state__in=ACTIVE_STATES) | (Q(drain=drain) if drain is not None else Q())
+    ramps = (Ramp.objects.select_related("pool").filter(held, route_id__in=route_ids)
+             .order_by("pk"))
+    return [Hold(route_id=ramp.route_id, pool=ramp.pool.name, owner=f"ramp {ramp.pk}",
+                 url=f"/ramps/{ramp.pk}/", state=_hold_state(ramp), active=ramp.active)
+            for ramp in ramps]
+
+
+def _hold_state(ramp: Ramp) -> str:
+    step = ramp.current_step
+    at = f" at {step['percent']:g} %" if step else " before its first step"
+    if ramp.active:
+        return f"{ramp.state}{at}"
+    if ramp.state == Ramp.State.ROLLED_BACK:
+        return f"rolled back by its guard{at} (drain {ramp.drain_id})"
+    return f"aborted{at} (drain {ramp.drain_id})"

@@ -205,6 +205,9 @@ def ramp_abort(*, actor: Actor, ramp: Ramp, reason: str) -> Ramp:
     with _person_action(actor, ramp, action="ramp.abort", reason=reason, what="abort",
                         states=ACTIVE_STATES, refusal="it is not active.",
                         role=roles.DRAIN) as locked:
+        # Ended before its drain is asked for, so the drain finds no active ramp of the pool
+        # to end (drain_request ends those: ramps_end_for_drain).
+        _set_state(locked, Ramp.State.ABORTED, reason)
         drain = _drain(locked, actor=actor, reason=f"ramp {locked.pk} aborted: {reason}")
         _finish(locked, Ramp.State.ABORTED, reason, drain=drain)
         _event(locked, Kind.ABORT, actor=actor, drain=drain,
@@ -216,6 +219,51 @@ def ramp_abort(*, actor: Actor, ramp: Ramp, reason: str) -> Ramp:
     if drain is not None:
         push.drain_push_now(drain)
     return locked
+
+
+# --- a drain of a ramp's pool (traffic/holds.py) ------------------------------------------------
+
+def ramps_lock_for_drain(*, pool: Pool | None, route: Route | None,
+                         routes: list[Route] | None) -> None:
+    """Lock the active ramps a drain of `pool` (or of `route`) could end, before the drain
+    locks their routes: the order a ramp's own step takes (its row, then its route's)."""
+    ramps = Ramp.objects.select_for_update(of=("self",)).filter(state__in=ACTIVE_STATES)
+    if pool is not None:
+        ramps = ramps.filter(pool=pool)
+    if route is not None:
+        ramps = ramps.filter(route=route)
+    if routes is not None:
+        ramps = ramps.filter(route__in=[r.pk for r in routes])
+    list(ramps.order_by("pk").values_list("pk", flat=True))
+
+
+def ramps_end_for_drain(*, actor: Actor, drain: Drain, removed: dict[int, set[str]]
+                        ) -> list[Ramp]:
+    """A drain that took a ramp's pool off its route ends the ramp ("aborted by drain N"),
+    in the drain's transaction: the on-call pulled the pool's traffic, and a ramp that
+    resumed (or a restore that gave its share back) would put it there again with nobody
+    deciding so. Its guard stops; nothing more is drained (the drain is the rollback). To
+    give the pool weight again, start a new ramp: it begins at its first step, under the
+    guard (as Argo Rollouts restarts an aborted rollout from its first step)."""
+    ended = []
+    candidates = (Ramp.objects.select_for_update(of=("self",)).select_related("route", "pool")
+                  .filter(state__in=ACTIVE_STATES, route_id__in=list(removed)).order_by("pk"))
+    for ramp in candidates:
+        if ramp.pool.name not in removed[ramp.route_id]:
+            continue
+        was = ramp.state
+        why = f"aborted by drain {drain.pk} ({actor.label}): {drain.reason}"
+        _finish(ramp, Ramp.State.ABORTED, why, drain=drain)
+        _event(ramp, Kind.ABORT, actor=actor, drain=drain,
+               message=f"Aborted by drain {drain.pk}, which {actor.label} requested "
+                       f"({drain.reason}): it took {ramp.pool.name} off {ramp.route.name}. "
+                       f"The guard stops. A restore of that drain does not give "
+                       f"{ramp.pool.name} this ramp's share back; start a new ramp for that.")
+        audit_record(actor=actor, action="ramp.abort", target=ramp, message=why,
+                     before={"state": was}, after={"state": Ramp.State.ABORTED,
+                                                   "drain": drain.pk})
+        ended.append(ramp)
+    return ended
 
 
 # --- the controller ----------------------------------------------------------------------------
@@ -390,6 +438,7 @@ def _rollback(ramp: Ramp, judgement: guard.Judgement, message: str) -> None:
         evidence = _evidence(ramp, judgement, decision=guard.FAIL)
         _event(ramp, Kind.FAIL, actor=system, message=message, numbers=judgement.numbers,
                evidence_id=evidence)
+        _set_state(ramp, Ramp.State.ROLLED_BACK, message)  # before its drain, as an abort
         drain = _drain(ramp, actor=system,
                        reason=f"ramp {ramp.pk} rolled back by the guard at "
                               f"{ramp.steps[ramp.step_index]['percent']:g} %")

@@ -3,6 +3,7 @@
 import django_filters
 from django.db.models import QuerySet
 
+from fleetctl.core.filters import FilterSet
 from fleetctl.shadow.models import ShadowPair, ShadowRun
 
 YES_NO = [("true", "true"), ("false", "false")]
@@ -26,7 +27,7 @@ class _Order(django_filters.OrderingFilter):
         return ordered.order_by(*ordered.query.order_by, "-id") if value else ordered
 
 
-class RunFilter(django_filters.FilterSet):
+class RunFilter(FilterSet):
     plan = django_filters.CharFilter(field_name="plan__name", label="plan name")
     status = django_filters.ChoiceFilter(choices=ShadowRun.Status.choices)
     mode = django_filters.ChoiceFilter(choices=ShadowRun.Mode.choices)
@@ -38,7 +39,7 @@ class RunFilter(django_filters.FilterSet):
         fields = ["plan", "status", "mode", "candidate"]
 
 
-class PairFilter(django_filters.FilterSet):
+class PairFilter(FilterSet):
     diverged = _flag("signal_diverged", "the candidate diverged from the primary")
     candidate_error = _flag("candidate_error", "the candidate answered an error")
     order = _Order(

@@ -26,8 +26,10 @@ from fleetctl.core.views import Outcome, call_service
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic import charts, selectors, services
 from fleetctl.traffic.forms import DrainForm, HealthPolicyForm, RampForm, RestoreForm
+from fleetctl.traffic.holds import Hold, holds_on
 from fleetctl.traffic.models import Drain, GatewayPush, Route, SplitRevision
 from fleetctl.traffic.push import drain_push_now
+from fleetctl.traffic.split import as_percentages
 
 # The ids of the blocks htmx refreshes; the view picks the partial by HX-Target.
 GATEWAYS_ID = "gateways"
@@ -237,12 +239,24 @@ def _drain_confirm(request: HttpRequest, *, route: Route | None, pool: Pool | No
         ), form=form)
         if done.result is not None:
             drain_push_now(done.result)  # committed: the first attempt, here
-            messages.success(request, f"Draining {what} {target.name}.")
+            # A fact, not a progress report: this message stays on the page while the
+            # progress block below follows the drain to its end.
+            messages.success(request, f"Drain {done.result.pk} of {what} {target.name} "
+                                      f"requested.")
             return redirect("traffic:drain-detail", drain_id=done.result.pk)
+    preview = selectors.drain_preview(route=route, pool=pool)
     return render(request, "traffic/drain_confirm.html", {
         "form": form, "what": what, "target": target, "route": route, "pool": pool,
-        "preview": selectors.drain_preview(route=route, pool=pool),
+        "preview": preview, "ramps_ended": _ramps_a_drain_ends(preview),
     }, status=done.status)
+
+
+def _ramps_a_drain_ends(preview: list[selectors.DrainPreview]) -> list[tuple[Route, Hold]]:
+    """The active ramps whose pool this drain takes off their route: it ends them."""
+    routes = {row.route.pk: row for row in preview}
+    return [(routes[hold.route_id].route, hold)
+            for hold in holds_on(route_ids=list(routes))
+            if hold.active and hold.pool in routes[hold.route_id].removed]
 
 
 @dashboard_view
@@ -324,8 +338,14 @@ def drain_detail(request: HttpRequest, drain_id: int) -> HttpResponse:
     drain = _drain_or_404(drain_id)
     pushes = selectors.drain_gateway_times(drain=drain)
     restored_by = list(drain.restored_by.all())
+    # The ramps this drain ended (or, for a restore, whose share it did not give back).
+    ended_by = drain.restores if drain.action == Drain.Action.RESTORE else drain
+    ramps_ended = [hold for hold in holds_on(
+        route_ids=list(ended_by.revisions.values_list("route_id", flat=True).distinct()),
+        drain=ended_by) if not hold.active] if ended_by is not None else []
     context: dict[str, Any] = {
         "drain": drain,
+        "ramps_ended": ramps_ended,
         "pushes": pushes,
         "steps": _timeline(drain, pushes),
         "gateways_gone": [p for p in pushes if p.status == GatewayPush.Status.ABANDONED],
@@ -351,11 +371,21 @@ def drain_restore(request: HttpRequest, drain_id: int) -> HttpResponse:
             actor=actor, drain=drain, reason=form.cleaned_data["reason"]), form=form)
         if done.result is not None:
             drain_push_now(done.result)
-            messages.success(request, f"Restoring the split from before drain {drain.pk}.")
+            messages.success(request, f"Restore {done.result.pk} of the split from before "
+                                      f"drain {drain.pk} requested.")
             return redirect("traffic:drain-detail", drain_id=done.result.pk)
-    revisions = [(rev, rev.parent) for rev in drain.revisions.select_related("route", "parent")]
+    revisions = list(drain.revisions.select_related("route__primary_pool", "parent"))
+    holds = holds_on(route_ids=[rev.route_id for rev in revisions], drain=drain)
+    rows = []
+    for rev in revisions:
+        weights, withheld = selectors.restore_target(revision=rev, route=rev.route,
+                                                     holds=holds)
+        before = rev.parent.weights if rev.parent else {}
+        rows.append({"revision": rev, "parent": rev.parent,
+                     "withheld": [(hold, before.get(hold.pool, 0) / 100) for hold in withheld],
+                     "back_to": as_percentages(weights), "unchanged": weights == rev.weights})
     return render(request, "traffic/drain_restore.html", {
-        "drain": drain, "form": form, "revisions": revisions,
+        "drain": drain, "form": form, "rows": rows,
         "already": list(drain.restored_by.all()),
     }, status=done.status)
 

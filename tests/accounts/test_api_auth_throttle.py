@@ -42,20 +42,62 @@ def test_twenty_invalid_tokens_from_one_client_get_429_with_retry_after(api, set
     assert 0 < int(last["Retry-After"]) <= settings.API_AUTH_BLOCK_S
     error = last.json()["error"]
     assert error["code"] == "throttled"
-    assert error["message"].startswith(f"Too many invalid API tokens from {GUESSER}; bearer "
-                                       f"tokens from this address are refused for ")
+    assert error["message"].startswith(f"Too many invalid API tokens from {GUESSER}; invalid "
+                                       f"bearer tokens from this address are refused for ")
 
 
-def test_while_blocked_even_a_valid_token_from_that_address_is_refused_but_not_from_another(
+def test_a_blocked_address_still_gets_200_for_a_valid_token_and_429_for_an_invalid_one(
         api, token_client):
     for n in range(10):
         guess(api, n)
     valid = token_client(["read"], "viewer")
-    assert valid.get("/api/v1/me/", REMOTE_ADDR=GUESSER).status_code == 429
+
+    assert valid.get("/api/v1/me/", REMOTE_ADDR=GUESSER).status_code == 200
+    assert guess(api, 10).status_code == 429
+    assert api.get("/api/v1/me/", HTTP_AUTHORIZATION="Bearer", REMOTE_ADDR=GUESSER
+                   ).status_code == 429
+    # Still blocked after the valid token went through: a success does not lift the block.
+    assert guess(api, 11).status_code == 429
     assert valid.get("/api/v1/me/", REMOTE_ADDR=ELSEWHERE).status_code == 200
 
     call_command("api_auth_unblock", GUESSER)
-    assert valid.get("/api/v1/me/", REMOTE_ADDR=GUESSER).status_code == 200
+    assert guess(api, 12).status_code == 401
+
+
+def test_a_revoked_token_from_a_blocked_address_is_refused_like_an_unknown_one(
+        api, token_client):
+    revoked = token_client(["read"], "viewer")
+    token_revoke(actor=Actor(user=revoked.token.user), token_id=revoked.token.pk)
+    for n in range(10):
+        guess(api, n)
+
+    answer = revoked.get("/api/v1/me/", REMOTE_ADDR=GUESSER)
+
+    assert answer.status_code == 429 and answer.json()["error"]["code"] == "throttled"
+
+
+def test_a_valid_token_and_an_unknown_one_cost_the_same_queries_while_blocked(
+        api, token_client):
+    """Timing must not tell which tokens exist: both look the presented secret up before
+    anything is decided (the valid one then also records its use, after the decision)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    for n in range(10):
+        guess(api, n)
+    valid = token_client(["read"], "viewer")
+    with CaptureQueriesContext(connection) as unknown_queries:
+        assert guess(api, 10).status_code == 429
+    with CaptureQueriesContext(connection) as valid_queries:
+        assert valid.get("/api/v1/me/", REMOTE_ADDR=GUESSER).status_code == 200
+
+    def lookups(captured):
+        return [q["sql"] for q in captured.captured_queries
+                if 'FROM "accounts_apitoken"' in q["sql"] and "secret_sha256" in q["sql"]]
+
+    assert len(lookups(unknown_queries)) == len(lookups(valid_queries)) == 1
+    # The unknown token's whole answer is that one lookup: nothing counted or audited.
+    assert len(unknown_queries.captured_queries) == 1
 
 
 def test_invalid_tokens_are_audited_with_a_short_prefix_and_never_the_secret(api):

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from fleetctl.audit.models import AuditEvent
@@ -183,3 +184,70 @@ def test_a_pool_may_not_be_named_like_a_dashboard_path(client_for, region):
     response = lead.post("/api/v1/pools/", {**VALID_POOL, "name": "new"}, format="json")
     assert response.status_code == 400
     assert "reserved" in response.json()["error"]["fields"]["name"][0]
+
+
+# --- a PATCH that waits behind a rename or a delete of its pool ----------------------------------
+
+def _hold_open(change, holding: threading.Event, release: threading.Event) -> None:
+    """Make `change` in a transaction of this thread and keep it open (its row lock held)
+    until `release`."""
+    try:
+        with transaction.atomic():
+            change()
+            holding.set()
+            release.wait(30)
+    finally:
+        connection.close()
+
+
+def _waiting_on_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                       "current_database() AND wait_event_type = 'Lock'")
+        return bool(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("meanwhile", "status", "says"), [
+    ("rename", 409, "Pool h200 was renamed to h200-b while this request waited for it; "
+                    "nothing was changed."),
+    ("delete", 404, "Pool h200 was deleted while this request waited for it; nothing was "
+                    "changed."),
+])
+def test_a_pool_patch_that_waited_behind_a_rename_or_delete_is_refused_not_a_500(
+        make_pool, client_for, meanwhile, status, says):
+    from fleetctl.fleet import services
+    from tests.conftest import SYSTEM, wait_until
+
+    pool = make_pool(name="h200")
+    admin = client_for("admin")
+    admin.raise_request_exception = False
+    holding, release = threading.Event(), threading.Event()
+    change = ((lambda: services.pool_update(actor=SYSTEM, pool=pool, name="h200-b"))
+              if meanwhile == "rename" else
+              (lambda: services.pool_delete(actor=SYSTEM, pool=pool)))
+    other = threading.Thread(target=_hold_open, args=(change, holding, release))
+    other.start()
+    assert holding.wait(30)
+    answers = []
+
+    def patch() -> None:
+        try:  # finds the pool by its old name (the change is not committed yet), then waits
+            answers.append(admin.patch("/api/v1/pools/h200/", {"labels": {"team": "a"}},
+                                       format="json"))
+        finally:
+            connection.close()
+
+    patching = threading.Thread(target=patch)
+    patching.start()
+    wait_until(_waiting_on_a_lock, what="the PATCH to wait for the pool's row lock")
+    release.set()
+    other.join()
+    patching.join()
+
+    answer = answers[0]
+    assert answer.status_code == status, answer.content
+    assert answer.json()["error"]["message"].startswith(says)
+    assert not Pool.objects.filter(labels__team="a").exists()
+    refused = AuditEvent.objects.get(action="pool.update", outcome="denied")
+    assert refused.message.startswith(says)

@@ -100,6 +100,43 @@ def test_a_refusal_is_kept_and_a_retry_gets_the_same_refusal(route, client_for):
     assert IdempotentRequest.objects.get().status_code == 400
 
 
+def test_a_refusal_replayed_with_its_key_is_audited_again_as_a_replay(route, client_for):
+    from fleetctl.audit.models import AuditEvent
+
+    viewer = client_for("viewer")
+    body = {"route": "llama", "reason": "incident"}
+
+    first = viewer.post("/api/v1/drains/", body, format="json", HTTP_IDEMPOTENCY_KEY="d-9")
+    again = viewer.post("/api/v1/drains/", body, format="json", HTTP_IDEMPOTENCY_KEY="d-9")
+    resent = viewer.post("/api/v1/drains/", body, format="json")
+
+    assert first.status_code == again.status_code == resent.status_code == 403
+    assert again["Idempotent-Replayed"] == "true" and again.json() == first.json()
+    refusals = list(AuditEvent.objects.filter(action="drain.request", outcome="denied")
+                    .order_by("id"))
+    assert len(refusals) == 3, [e.message for e in refusals]
+    original, replay, _ = refusals
+    assert replay.actor == original.actor == "viewer"
+    assert (replay.object_type, replay.object_id) == (original.object_type,
+                                                      original.object_id)
+    assert replay.after == {"replay_of": original.pk, "idempotency_key": "d-9"}
+    assert replay.message.startswith(original.message + " (replayed: answered again from the "
+                                                        "refusal stored for its Idempotency-Key")
+    assert replay.request_id != original.request_id
+    assert not Drain.objects.exists()
+
+
+def test_a_success_replayed_with_its_key_records_nothing_more(route, client_for):
+    from fleetctl.audit.models import AuditEvent
+
+    oncall = client_for("on-call")
+    for _ in range(2):
+        oncall.post(URL, _change(30), format="json", HTTP_IDEMPOTENCY_KEY="k-8")
+
+    assert AuditEvent.objects.filter(action="revision.change").count() == 1
+    assert not AuditEvent.objects.filter(outcome="denied").exists()
+
+
 def test_a_server_error_is_not_kept_so_a_retry_runs_again(route, client_for, monkeypatch):
     oncall = client_for("on-call")
     oncall.raise_request_exception = False

@@ -15,6 +15,7 @@ from django.db import connection
 from django.utils import timezone
 
 from fleetctl.accounts.actor import Actor
+from fleetctl.audit.models import AuditEvent
 from fleetctl.core.errors import ConflictError, PermissionDeniedError
 from fleetctl.fleet.models import Pool
 from fleetctl.fleet.services import pool_health_record, pool_model_create, region_create
@@ -31,7 +32,12 @@ from fleetctl.ramps.services import (
 )
 from fleetctl.traffic import selectors as traffic_selectors
 from fleetctl.traffic.models import Route
-from fleetctl.traffic.services import revision_create, route_create
+from fleetctl.traffic.services import (
+    drain_request,
+    drain_restore,
+    revision_create,
+    route_create,
+)
 from fleetctl.webhooks.models import Delivery
 from fleetctl.webhooks.services import webhook_create
 from migrations_plan.models import Evidence, Plan
@@ -496,3 +502,91 @@ def test_a_step_is_never_judged_on_windows_that_began_before_it(fleet, oncall):
                                       now=t0 + timedelta(seconds=27))
     assert judged.decision == "pass", judged.reasons
     assert judged.numbers["candidate"]["since"] == (t0 + timedelta(seconds=7)).isoformat()
+
+
+# --- a drain of the pool a ramp holds ends the ramp; its restore does not hand the share back ---
+
+def _paused_at_50(fleet, oncall):
+    ramp = start(fleet, oncall, steps=((50, 30),))
+    ramps_tick(now=boundary(timezone.now()))
+    ramp_pause(actor=oncall, ramp=ramp, reason="looking at a graph")
+    assert weights(fleet.route)["cand"] == 5000
+    return fresh(ramp)
+
+
+@pytest.mark.django_db
+class TestDrainOfARampsPool:
+    def test_draining_the_pool_of_a_paused_ramp_aborts_it_and_the_restore_keeps_it_off(
+            self, fleet, oncall):
+        ramp = _paused_at_50(fleet, oncall)
+
+        drain = drain_request(actor=oncall, pool=fleet.cand, reason="cand is flaky")
+
+        ramp = fresh(ramp)
+        assert (ramp.state, ramp.drain_id) == ("aborted", drain.pk)
+        assert ramp.state_reason == f"aborted by drain {drain.pk} (oncall): cand is flaky"
+        abort = ramp.events.get(kind="abort")
+        assert abort.drain_id == drain.pk and abort.actor == "oncall"
+        assert abort.message.startswith(f"Aborted by drain {drain.pk}, which oncall requested")
+        assert AuditEvent.objects.filter(action="ramp.abort", object_id=str(ramp.pk),
+                                         after__drain=drain.pk).count() == 1
+        assert weights(fleet.route) == {"prim": 10000}
+        assert ramps_tick(now=timezone.now() + timedelta(seconds=60), only=ramp.pk) == 0
+
+        with pytest.raises(ConflictError, match=r"Nothing to restore: cand's share of route "
+                                                r"llama was held by ramp \d+ \(aborted at 50 % "):
+            drain_restore(actor=oncall, drain=drain, reason="cand is fine again")
+        assert weights(fleet.route) == {"prim": 10000}
+
+    def test_a_running_ramp_is_aborted_too_and_never_steps_the_pool_back_up(self, fleet, oncall):
+        ramp = start(fleet, oncall)
+        t0 = boundary(timezone.now())
+        ramps_tick(now=t0)
+
+        drain_request(actor=oncall, route=fleet.route, reason="everything to the primary")
+
+        assert fresh(ramp).state == "aborted"
+        traffic(since=t0, until=t0 + timedelta(seconds=31),
+                per_window={"cand": GOOD, "prim": GOOD})
+        ramps_tick(now=t0 + timedelta(seconds=31))
+        assert weights(fleet.route) == {"prim": 10000}
+
+    def test_the_restore_gives_back_every_share_but_the_ramps(self, fleet, oncall):
+        revision_create(actor=oncall, route=fleet.route, weights={"prim": 90, "other": 10},
+                        base_revision=1, reason="other takes a little")
+        ramp = _paused_at_50(fleet, oncall)
+        second = route_create(actor=SYSTEM, name="llama-batch", model_id=MODEL,
+                              primary_pool=fleet.prim, weights={"prim": 80, "cand": 20},
+                              latency_class="batch", reason="test")
+        assert weights(fleet.route) == {"prim": 4500, "cand": 5000, "other": 500}
+
+        route_drain = drain_request(actor=oncall, route=fleet.route, reason="incident")
+        pool_drain = drain_request(actor=oncall, pool=fleet.cand, reason="cand everywhere")
+        assert fresh(ramp).drain_id == route_drain.pk
+        restored = drain_restore(actor=oncall, drain=route_drain, reason="over")
+
+        # llama: other's share is back, cand's stays with the primary.
+        assert weights(fleet.route) == {"prim": 9500, "other": 500}
+        assert [str(h) for h in restored.withheld] == [
+            f"ramp {ramp.pk} (aborted at 50 % (drain {route_drain.pk}))"]
+        # llama-batch had no ramp: the pool drain's restore gives cand its 20 % back.
+        drain_restore(actor=oncall, drain=pool_drain, reason="over")
+        assert weights(second) == {"prim": 8000, "cand": 2000}
+
+    def test_the_restore_of_a_ramps_own_abort_does_not_hand_its_share_back(self, fleet, oncall):
+        ramp = _paused_at_50(fleet, oncall)
+        ramp = fresh(ramp_abort(actor=oncall, ramp=ramp, reason="pager"))
+        assert ramp.events.filter(kind="abort").count() == 1
+        assert ramp.state_reason == "pager"
+
+        with pytest.raises(ConflictError, match="Nothing to restore"):
+            drain_restore(actor=oncall, drain=ramp.drain, reason="undo")
+
+    def test_a_drain_of_another_pool_leaves_the_ramp_alone(self, fleet, oncall):
+        revision_create(actor=oncall, route=fleet.route, weights={"prim": 90, "other": 10},
+                        base_revision=1, reason="other takes a little")
+        ramp = _paused_at_50(fleet, oncall)
+
+        drain_request(actor=oncall, pool=fleet.other, reason="other is slow")
+
+        assert fresh(ramp).state == "paused"

@@ -45,7 +45,7 @@ def test_an_on_call_engineer_drains_a_route_by_typing_its_name(oncall: Client, r
 
     push.drain_progress(drain_id=drain.pk)  # what the watcher task does
     html = oncall.get(response["Location"]).content.decode()
-    assert "Draining route llama." in html
+    assert f"Drain {drain.pk} of route llama requested." in html
     assert "complete" in html and "+0 ms" in html
     assert reverse("traffic:route-detail", args=["llama"]) + "#revision-3" in html
     assert '<span class="chip">mi300x-us</span>' in html
@@ -147,3 +147,25 @@ def test_a_restore_cannot_itself_be_restored(oncall: Client, route: Route):
     assert response.status_code == 200
     assert "Only a drain can be restored." in response.content.decode()
     assert Drain.objects.count() == 2
+
+
+def test_the_drain_page_says_draining_while_open_and_its_final_state_once_complete(
+        oncall: Client, route: Route):
+    """The page polls its progress block; the block, and only it, says how the drain
+    stands, so nothing on the page still says "Draining…" once it completed."""
+    oncall.post(drain_url(route), {"confirm_name": "llama", "reason": "canary 5xx"})
+    drain = Drain.objects.get()
+    url = reverse("traffic:drain-detail", args=[drain.pk])
+    poll = {"HX-Request": "true", "HX-Target": "drain-progress"}
+
+    open_ = oncall.get(url).content.decode()
+    assert "Draining…" in open_ and 'hx-trigger="every 500ms"' in open_
+
+    push.drain_progress(drain_id=drain.pk)
+    block = oncall.get(url, headers=poll).content.decode()
+    page = oncall.get(url).content.decode()
+
+    assert "<html" not in block
+    assert "Drain complete</strong> in " in block and "hx-trigger" not in block
+    assert "Draining" not in block and "Draining" not in page
+    assert "Finished; no longer refreshing." in block
