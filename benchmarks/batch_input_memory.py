@@ -135,6 +135,8 @@ def recreate_database(url: str) -> None:
 def setup_django(database_url: str, files_dir: Path) -> dict[str, str]:
     os.environ["DATABASE_URL"] = database_url
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
+    from fleetctl.demo.devstack import local_destinations
+    local_destinations(os.environ)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
     os.environ["DEBUG"] = "0"
     os.environ.setdefault("SECRET_KEY", "benchmark-only")

@@ -29,6 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
+from fleetctl.demo.devstack import local_destinations  # noqa: E402
+
+local_destinations(os.environ)
 
 from shadow_mirror_overhead import MODEL, sim_and_collector  # noqa: E402
 

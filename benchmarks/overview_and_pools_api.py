@@ -88,6 +88,8 @@ def django_in_process(default_db: str, redis_url: str | None = None) -> None:
     os.environ.setdefault("DATABASE_URL", default_db)
     if redis_url is not None:
         os.environ.setdefault("REDIS_URL", redis_url)
+        from fleetctl.demo.devstack import local_destinations
+        local_destinations(os.environ)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
     os.environ["DEBUG"] = "0"
     os.environ.setdefault("SECRET_KEY", "benchmark-only")

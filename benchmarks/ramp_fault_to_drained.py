@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT))
 def setup_env(database: str) -> None:
     os.environ.setdefault("DATABASE_URL", f"postgres://postgres@127.0.0.1:5432/{database}")
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
+    from fleetctl.demo.devstack import local_destinations
+    local_destinations(os.environ)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
     os.environ["DEBUG"] = "0"
     os.environ.setdefault("SECRET_KEY", "benchmark-only")

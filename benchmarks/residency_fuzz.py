@@ -45,6 +45,8 @@ def setup_env() -> None:
     os.environ.setdefault("DATABASE_URL",
                           "postgres://postgres@127.0.0.1:5432/fleetctl_bench_residency")
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/8")
+    from fleetctl.demo.devstack import local_destinations
+    local_destinations(os.environ)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
     os.environ["DEBUG"] = "0"
     os.environ.setdefault("SECRET_KEY", "benchmark-only")

@@ -37,6 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
+from fleetctl.demo.devstack import local_destinations  # noqa: E402
+
+local_destinations(os.environ)
 # The drain benchmark's small, fast pool profile (a 4 ms decode step, no network delay).
 from benchmarks.drain_latency import MODEL, PROFILES  # noqa: E402
 

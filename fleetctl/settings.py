@@ -7,6 +7,7 @@ off SECRET_KEY is required: nothing secret has a default that could leak into pr
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -56,6 +57,14 @@ def env_float(name: str, default: float) -> float:
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name, "")
     return [item.strip() for item in raw.split(",") if item.strip()] if raw else default
+
+
+def _networks(name: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    try:
+        return [ipaddress.ip_network(item, strict=False) for item in env_list(name, [])]
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}; give networks like 10.0.0.0/8,::1/128."
+                                   ) from exc
 
 
 DEBUG = env_bool("DEBUG", True)
@@ -169,22 +178,28 @@ TEMPLATES = [
 DATA_DIR = Path(os.environ.get("FLEETCTL_DATA_DIR", BASE_DIR / "var"))
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
+# WAL lets the web server read while the worker writes; IMMEDIATE transactions and a busy
+# timeout make concurrent writers queue instead of failing with "locked". For any SQLite
+# database, the default file or a DATABASE_URL=sqlite:///… one.
+SQLITE_OPTIONS = {
+    "timeout": 20,
+    "transaction_mode": "IMMEDIATE",
+    "init_command": (
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;"
+    ),
+}
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"]["OPTIONS"] = {**SQLITE_OPTIONS,
+                                           **DATABASES["default"].get("OPTIONS", {})}
 else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(DATA_DIR / "fleetctl.sqlite3"),
-            # WAL lets the web server read while the worker writes; IMMEDIATE transactions and
-            # a busy timeout make concurrent writers queue instead of failing with "locked".
-            "OPTIONS": {
-                "timeout": 20,
-                "transaction_mode": "IMMEDIATE",
-                "init_command": (
-                    "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;"
-                ),
-            },
+            "OPTIONS": dict(SQLITE_OPTIONS),
         }
     }
 if os.environ.get("TEST_DATABASE_NAME"):
@@ -205,6 +220,21 @@ CACHES = {
 # --- Celery (the app lives in fleetctl/celery.py; queues and beat are declared there) ---
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
+
+# --- outbound requests to addresses people give (fleetctl/core/destinations.py) ---
+# Webhook receivers, pool endpoints and gateway admin URLs may not reach loopback, this host's
+# own addresses, link-local, cloud metadata or other special ranges unless the networks are
+# listed here for that purpose (CIDRs, comma-separated). `make demo` and `make test` allow
+# loopback for pools and gateways (the simulated fleet and Envoy run on this host); a
+# production deployment usually needs none of them.
+OUTBOUND_ALLOWED_NETWORKS = {
+    purpose: _networks(f"OUTBOUND_ALLOW_{purpose.upper()}")
+    for purpose in ("pools", "gateways", "webhooks")
+}
+# Services of this deployment that no user-given address may reach, whatever is allowed above
+# (host:port or URLs), beside those fleetctl knows itself: Redis, the database, the shadow
+# collector and every registered gateway's admin API. Name the web server's own address here.
+OUTBOUND_DENY = env_list("OUTBOUND_DENY", [])
 
 # --- fleet health probing ---
 HEALTH_PROBE_INTERVAL_S = env_int("HEALTH_PROBE_INTERVAL_S", 15)
@@ -349,9 +379,10 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["fleetctl.accounts.permissions.IsAuthenticatedActor"],
+    # django-filter's and DRF's, strict: a query value a list cannot read is a 400 naming it.
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
-        "rest_framework.filters.OrderingFilter",
+        "fleetctl.core.api.filters.FilterBackend",
+        "fleetctl.core.api.filters.OrderingFilter",
     ],
     "DEFAULT_PAGINATION_CLASS": "fleetctl.core.api.pagination.Pagination",
     "PAGE_SIZE": 50,

@@ -370,7 +370,7 @@ def traffic_pool(system: Actor, name: str, region: Any, model_id: str) -> Pool:
     from fleetctl.fleet.services import pool_create
 
     pool = pool_create(actor=system, name=name, runtime="cuda", accelerator="H200",
-                       region=region, base_urls=["http://127.0.0.1:1"],
+                       region=region, base_urls=["http://127.0.0.1:2"],
                        max_context_tokens=32768, node_hourly_rate="10.50")
     pool_model_create(actor=system, pool=pool, model_id=model_id, max_context_tokens=8192)
     healthy(pool)

@@ -141,8 +141,11 @@ class _Base:
     @staticmethod
     def _arguments(params: Params, json: Any, content: bytes | str | IO[bytes] | None,
                    form: Mapping[str, str] | None, files: Files,
-                   headers: Mapping[str, str] | None, timeout_s: float | None) -> dict[str, Any]:
+                   headers: Mapping[str, str] | None, timeout_s: float | None,
+                   extensions: Mapping[str, Any] | None = None) -> dict[str, Any]:
         arguments: dict[str, Any] = {"params": params, "headers": headers}
+        if extensions:
+            arguments["extensions"] = dict(extensions)
         if json is not None:
             arguments["json"] = json
         if content is not None:
@@ -169,13 +172,15 @@ class Client(_Base):
                 content: bytes | str | IO[bytes] | None = None,
                 form: Mapping[str, str] | None = None, files: Files = None,
                 headers: Mapping[str, str] | None = None, timeout_s: float | None = None,
-                max_body: int | None = None) -> OutboundResponse:
+                max_body: int | None = None,
+                extensions: Mapping[str, Any] | None = None) -> OutboundResponse:
         """One call; `timeout_s` overrides the client's for it. `max_body` keeps only the
-        first bytes of the answer. Raises OutboundError (or a subclass) without an answer."""
+        first bytes of the answer. `extensions` are httpx's (e.g. `sni_hostname` when the URL
+        names an address). Raises OutboundError (or a subclass) without an answer."""
         started = time.monotonic()
         try:
             response = self._http.request(method, url, **self._arguments(
-                params, json, content, form, files, headers, timeout_s))
+                params, json, content, form, files, headers, timeout_s, extensions))
         except httpx.HTTPError as exc:
             raise _error(self._where(method, url), timeout_s or self.timeout_s, exc) from exc
         return _response(response, started, max_body)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 # The same directory the settings keep SQLite in (FLEETCTL_DATA_DIR), so a second demo can run
@@ -265,6 +266,7 @@ def run_tests(pytest_args: list[str]) -> int:
             "`apt-get install chromium` (.ci/run does this).")
     else:
         env.setdefault("FLEETCTL_CHROMIUM", chromium)
+    local_destinations(env, webhooks=True, own=[])
     log(f"database {env['DATABASE_URL']}  broker {env['REDIS_URL']}")
     try:
         return subprocess.call([PY, "-m", "pytest", *pytest_args], cwd=ROOT, env=env)
@@ -314,6 +316,24 @@ def _demo_settings(env: dict[str, str]) -> None:
     env["SECURE_COOKIES"] = env.get("SECURE_COOKIES") or "0"
 
 
+LOOPBACK = "127.0.0.0/8,::1/128"
+
+
+def local_destinations(env: Any, *, webhooks: bool = False, own: list[str] | None = None
+                       ) -> None:
+    """The simulated fleet and the gateways run on this host, so pools and gateways may be
+    reached on loopback (fleetctl/core/destinations.py refuses it by default); the test suite's
+    webhook receivers run here too. `own`: this stack's services that no address a person
+    gives may reach (the web server, the gateway's listener), whatever is allowed."""
+    env.setdefault("OUTBOUND_ALLOW_POOLS", LOOPBACK)
+    env.setdefault("OUTBOUND_ALLOW_GATEWAYS", LOOPBACK)
+    if webhooks:
+        env.setdefault("OUTBOUND_ALLOW_WEBHOOKS", LOOPBACK)
+    if own:
+        env["OUTBOUND_DENY"] = ",".join(filter(None, [env.get("OUTBOUND_DENY", ""), *own]))
+    # (benchmarks/ call this too: their fleets and gateways run on this host as well)
+
+
 def _interrupt_on_sigterm() -> None:
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -350,6 +370,10 @@ def _start_envoy(stack: Stack, port: int, admin_port: int) -> None:
 # 3 requests/s of it (max_rps), as before.
 DEMO_TRAFFIC_RPS = "4"
 DEMO_TRAFFIC_STREAM_EVERY = "1"
+# One streamed request in 40 is hung up on after its first chunk, as users pressing "stop"
+# do: the dashboards count these client disconnects apart, and the seeded ramp's guard holds
+# none of them against the Gaudi pool.
+DEMO_TRAFFIC_ABANDON_EVERY = "40"
 
 
 def _start_traffic(stack: Stack, env: dict[str, str], gateway_port: int) -> None:
@@ -368,7 +392,8 @@ def _start_traffic(stack: Stack, env: dict[str, str], gateway_port: int) -> None
         return
     stack.start("demo-traffic", [PY, "-m", "fleetctl.demo.traffic", "--gateway",
                                  f"http://127.0.0.1:{gateway_port}", "--rps", rps,
-                                 "--stream-every", DEMO_TRAFFIC_STREAM_EVERY], env)
+                                 "--stream-every", DEMO_TRAFFIC_STREAM_EVERY,
+                                 "--abandon-every", DEMO_TRAFFIC_ABANDON_EVERY], env)
 
 
 def _start_telemetry(stack: Stack, env: dict[str, str]) -> None:
@@ -450,6 +475,8 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
     env.setdefault("HEALTH_PROBE_INTERVAL_S", "10")
     env["PYTHONUNBUFFERED"] = "1"
     _demo_settings(env)
+    local_destinations(env, webhooks=False,
+                        own=[f"{host}:{port}", f"127.0.0.1:{gateway_port}"])
     if port_answers(host, port):
         log(f"something already listens on {host}:{port}; stop it or use `make demo PORT=8001`.")
         return 2

@@ -30,6 +30,8 @@ model_id_validator = RegexValidator(
 def validate_base_urls(value: object) -> None:
     from urllib.parse import urlsplit
 
+    from fleetctl.core.destinations import host_spelling_problem
+
     if not isinstance(value, list) or not value:
         raise ValidationError("Give at least one base URL, as a list.")
     if len(value) > 16:
@@ -48,13 +50,20 @@ def validate_base_urls(value: object) -> None:
             raise ValidationError(f"{url!r} has an invalid port.") from exc
         if parts.query or parts.fragment:
             raise ValidationError(f"{url!r}: a base URL takes no query or fragment.")
+        if parts.username or parts.password:
+            raise ValidationError(f"{url!r}: a base URL carries no user name or password.")
+        # One spelling per address, so that residency compares servers, not strings.
+        problem = host_spelling_problem(parts.hostname)
+        if problem:
+            raise ValidationError(f"{url!r}: {problem}.")
     if len(set(value)) != len(value):
         raise ValidationError("The same base URL is listed twice.")
 
 
 def endpoint_key(url: str) -> str:
-    """One spelling per endpoint, to tell whether two base URLs reach the same server:
-    scheme, lower-case host, explicit port, path without a trailing slash."""
+    """One spelling per endpoint URL, for display and for matching what a gateway reports:
+    scheme, lower-case host, explicit port, path without a trailing slash. Whether two URLs
+    reach the same *server* (residency) is core.destinations.same_server_keys: by address."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url.strip())

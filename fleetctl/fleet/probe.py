@@ -1,14 +1,22 @@
 """What a health probe asks a pool: `/v1/models` must answer 200 with a model list that
 names every model the pool is configured to serve (its PoolModel rows: a server that came
 back with another model, or none, must not take that model's traffic), and `/health` must
-not fail when the server has one (404 means it has none)."""
+not fail when the server has one (404 means it has none). Each call is checked by
+core.destinations first (a pool's name that now resolves to loopback or metadata is refused
+and the probe fails, saying why) and goes to the address that was checked."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 
-from fleetctl.core.http import OutboundError, http_get
+from fleetctl.core.destinations import POOLS, destination_request
+from fleetctl.core.http import OutboundError, OutboundResponse
+
+
+def http_get(url: str, *, timeout_s: float) -> OutboundResponse:
+    return destination_request("GET", url, purpose=POOLS, timeout_s=timeout_s,
+                               max_body=65536)
 
 
 @dataclass

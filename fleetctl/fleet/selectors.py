@@ -5,6 +5,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
+from urllib.parse import urlsplit
 
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.utils import timezone
@@ -133,21 +134,61 @@ def model_ids_served() -> list[str]:
     )
 
 
+def _port_of(url: str) -> int | None:
+    parts = urlsplit(url.strip())
+    try:
+        return parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    except ValueError:
+        return None
+
+
+def _host_of(url: str) -> str:
+    return (urlsplit(url.strip()).hostname or "").rstrip(".").lower()
+
+
+def endpoint_servers(url: str) -> frozenset[tuple[str, int]]:
+    """The servers a base URL reaches (core.destinations.same_server_keys: every address its
+    host resolves to, all of this host's addresses as one). A name that does not resolve now
+    stands for itself, so two pools with the same unresolvable name still share it."""
+    from fleetctl.core.destinations import DestinationRefused, same_server_keys
+
+    try:
+        return same_server_keys(url)
+    except DestinationRefused:
+        return frozenset({(f"name:{_host_of(url)}", _port_of(url) or 0)})
+
+
 def endpoints_registered_elsewhere(*, base_urls: Iterable[str], jurisdiction: str,
                                    exclude: Iterable[int] = ()) -> list[str]:
-    """Base URLs among `base_urls` that a pool in another jurisdiction already has, as
-    sentences: one endpoint cannot sit in two jurisdictions, or a pinned route could reach
-    the same server through a pool registered on the other side of the border."""
-    wanted = {endpoint_key(url): url for url in base_urls}
+    """Base URLs among `base_urls` that reach a server a pool in another jurisdiction already
+    has an endpoint on, as sentences: one server cannot sit in two jurisdictions, or a
+    pinned route could reach it through a pool registered on the other side of the border.
+    Compared by what the URLs connect to, not how they are spelled (`localhost`,
+    `127.0.0.1` and this host's own addresses are one host; a name is each of its
+    addresses; scheme and path do not matter)."""
+    wanted = [(url, endpoint_servers(url)) for url in base_urls]
+    ports = {port for _, servers in wanted for _, port in servers}
+    # Only a name that does not resolve is a "name:" key, and it matches only the same name:
+    # another pool's host is looked up only when one of ours resolved (a resolver can take
+    # a while to say a name is unknown, and a registry holds hundreds of pools).
+    by_address = any(not host.startswith("name:") for _, servers in wanted
+                     for host, _ in servers)
     clashes = []
     for name, urls, where in (Pool.objects.exclude(pk__in=list(exclude))
                               .exclude(region__jurisdiction=jurisdiction)
                               .values_list("name", "base_urls", "region__jurisdiction")):
         for url in urls:
-            if endpoint_key(url) in wanted:
-                clashes.append(f"{wanted[endpoint_key(url)]} is already pool {name}'s, in "
-                               f"{where}")
-    return sorted(clashes)
+            port = _port_of(url)
+            if port not in ports:
+                continue  # another port is another server: no need to resolve its host
+            servers = endpoint_servers(url) if by_address else frozenset(
+                {(f"name:{_host_of(url)}", port)})
+            for mine, my_servers in wanted:
+                if my_servers & servers:
+                    same = "" if endpoint_key(mine) == endpoint_key(url) else f" ({url})"
+                    clashes.append(f"{mine} reaches the same server as pool {name}'s "
+                                   f"endpoint{same}, in {where}")
+    return sorted(set(clashes))
 
 
 # --- currency rates --------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
 from fleetctl.audit.crud import audited_create, audited_delete, audited_update, editable_fields
 from fleetctl.audit.services import audit_record, refusals_audited
-from fleetctl.core.errors import ConflictError
+from fleetctl.core.destinations import DestinationRefused
+from fleetctl.core.errors import ConflictError, NotFoundError
 from fleetctl.fleet.models import (
     CurrencyRate,
     HealthCheck,
@@ -84,6 +85,7 @@ def pool_create(*, actor: Actor, **fields: Any) -> Pool:
         region = fields.get("region")
         if isinstance(region, Region) and isinstance(fields.get("base_urls"), list):
             _refuse_shared_endpoints(fields["base_urls"], region.jurisdiction)
+        _refuse_unreachable_endpoints(fields.get("base_urls"))
         _refuse_unroutable(fields.get("name", ""), fields.get("base_urls"))
         created = audited_create(
             actor=actor, permission=roles.FLEET_MANAGE, action="pool.create", instance=pool
@@ -101,8 +103,8 @@ def pool_update(*, actor: Actor, pool: Pool, **changes: Any) -> Pool:
     with refusals_audited(actor=actor, action="pool.update", target=pool), \
             transaction.atomic():
         # The same locks a split change takes (traffic services): the two serialise.
-        locked = Pool.objects.select_related("region").select_for_update(
-            of=("self", "region")).get(pk=pool.pk)
+        locked = _locked_as_addressed(pool, Pool.objects.select_related("region")
+                                      .select_for_update(of=("self", "region")))
         region = changes.get("region", locked.region)
         if isinstance(region, Region) and region.jurisdiction != locked.region.jurisdiction:
             _refuse_border_crossing(f"Pool {locked.name}", [locked], region.jurisdiction)
@@ -115,6 +117,8 @@ def pool_update(*, actor: Actor, pool: Pool, **changes: Any) -> Pool:
         urls = changes.get("base_urls", locked.base_urls)
         if isinstance(region, Region) and isinstance(urls, list):
             _refuse_shared_endpoints(urls, region.jurisdiction, exclude=[locked.pk])
+        if "base_urls" in changes:
+            _refuse_unreachable_endpoints(urls, pool=locked)
         if {"name", "base_urls"} & set(changes):
             _refuse_unroutable(changes.get("name", locked.name), urls)
         updated = audited_update(
@@ -130,12 +134,29 @@ def pool_delete(*, actor: Actor, pool: Pool) -> None:
     actor.require(roles.FLEET_MANAGE, action="pool.delete", target=pool)
     with refusals_audited(actor=actor, action="pool.delete", target=pool), \
             transaction.atomic():
-        locked = Pool.objects.select_for_update().get(pk=pool.pk)
+        locked = _locked_as_addressed(pool, Pool.objects.select_for_update())
         _refuse_while_relied_on(locked, "deleted")
         _refuse_mirror_targets(f"Pool {locked.name} cannot be deleted", [locked])
         audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="pool.delete",
                        instance=locked)
         _gateways_follow()
+
+
+def _locked_as_addressed(pool: Pool, rows: Any) -> Pool:
+    """The pool's row, locked, still the pool the caller addressed. The API and the pages
+    find a pool by name and then wait here for the lock; meanwhile another request may have
+    deleted it (404) or renamed it (409: the change was meant for the pool as it was named,
+    and `/pools/<old name>/` no longer names anything). Nothing is changed either way."""
+    locked: Pool | None = rows.filter(pk=pool.pk).first()
+    if locked is None:
+        raise NotFoundError(f"Pool {pool.name} was deleted while this request waited for it; "
+                            f"nothing was changed.")
+    if locked.name != pool.name:
+        raise ConflictError(
+            f"Pool {pool.name} was renamed to {locked.name} while this request waited for it; "
+            f"nothing was changed. Read pool {locked.name} and send the change again if it "
+            f"still applies.", extra={"current_name": locked.name})
+    return locked
 
 
 def _gateways_follow() -> None:
@@ -188,6 +209,34 @@ def _refuse_unroutable(name: str, base_urls: Any) -> None:
     pool_routable_check(name=name, base_urls=base_urls)
 
 
+def _refuse_unreachable_endpoints(base_urls: Any, *, pool: Pool | None = None) -> None:
+    """400 for an endpoint no pool may have (core.destinations: this host's loopback or
+    own services, metadata, link-local... unless allow-listed for pools). A name that does
+    not resolve now is taken (DNS may come later) -- except for a pool a pinned route relies
+    on (409, drain first): its residency could not be checked, and a gateway that cannot
+    resolve it would answer the pinned route's callers with errors."""
+    from fleetctl.core.destinations import POOLS, DestinationUnresolved, destination_check
+    from fleetctl.traffic.selectors import routes_relying_on
+
+    if not isinstance(base_urls, list):
+        return
+    for url in base_urls:
+        if not isinstance(url, str):
+            continue
+        try:
+            destination_check(url, purpose=POOLS)
+        except DestinationUnresolved as exc:
+            pinned = [] if pool is None else routes_relying_on(pools=[pool], pinned=True)
+            if pool is not None and pinned:
+                raise ConflictError(
+                    f"Pool {pool.name}: {url} cannot be checked ({exc}), and "
+                    f"pinned routes rely on the pool: {'; '.join(pinned)}. Residency is "
+                    f"checked by address, so nothing was changed. Drain the pool off those "
+                    f"routes first, or give an endpoint that resolves.") from exc
+        except DestinationRefused as exc:
+            raise ValidationError({"base_urls": [f"{url}: {exc}."]}) from exc
+
+
 def _refuse_shared_endpoints(base_urls: list[str], jurisdiction: str, *,
                              exclude: list[int] | None = None) -> None:
     from fleetctl.fleet.selectors import endpoints_registered_elsewhere
@@ -213,9 +262,11 @@ def pool_model_update(*, actor: Actor, entry: PoolModel, **changes: Any) -> Pool
     # A full update (PUT) repeats the pool; only moving the entry to another pool is refused.
     if "pool" in changes and changes["pool"] == entry.pool:
         del changes["pool"]
-    with transaction.atomic():
+    actor.require(roles.FLEET_MANAGE, action="pool_model.update", target=entry)
+    with refusals_audited(actor=actor, action="pool_model.update", target=entry), \
+            transaction.atomic():
         if changes.get("model_id", entry.model_id) != entry.model_id:
-            _refuse_mirror_model_removal(entry, "stop serving")
+            _refuse_model_removal(entry)
         updated = audited_update(actor=actor, permission=roles.FLEET_MANAGE,
                                  action="pool_model.update", instance=entry, changes=changes,
                                  allowed=POOL_MODEL_FIELDS)
@@ -225,18 +276,33 @@ def pool_model_update(*, actor: Actor, entry: PoolModel, **changes: Any) -> Pool
 
 
 def pool_model_delete(*, actor: Actor, entry: PoolModel) -> None:
-    with transaction.atomic():
-        _refuse_mirror_model_removal(entry, "stop serving")
+    """Refused (409, naming the routes) while a route of the model relies on the pool, as
+    deleting the pool is: drain first."""
+    actor.require(roles.FLEET_MANAGE, action="pool_model.delete", target=entry)
+    with refusals_audited(actor=actor, action="pool_model.delete", target=entry), \
+            transaction.atomic():
+        _refuse_model_removal(entry)
         audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="pool_model.delete",
                        instance=entry)
         _gateways_follow()
 
 
-def _refuse_mirror_model_removal(entry: PoolModel, what: str) -> None:
-    """Under the pool's row lock (route_mirror_set takes it too): a pool a shadow run mirrors
-    to may not stop serving the route's model."""
-    pool = Pool.objects.select_for_update().get(pk=entry.pool_id)
-    _refuse_mirror_targets(f"Pool {pool.name} cannot {what} {entry.model_id}", [pool],
+def _refuse_model_removal(entry: PoolModel) -> None:
+    """Under the pool's row lock (revision writers and route_mirror_set take it too), the
+    rules of pool deletion for one model: no route of the model may give the pool weight
+    or have it as its primary, and no shadow run may mirror the model to it."""
+    from fleetctl.traffic.selectors import routes_serving_model_from
+
+    pool = Pool.objects.select_for_update().filter(pk=entry.pool_id).first()
+    if pool is None:
+        raise NotFoundError(f"The pool that served {entry.model_id} was deleted meanwhile; "
+                            f"nothing was changed.")
+    relied_on = routes_serving_model_from(pool=pool, model_id=entry.model_id)
+    if relied_on:
+        raise ConflictError(
+            f"Pool {pool.name} cannot stop serving {entry.model_id} while routes rely on it: "
+            f"{'; '.join(relied_on)}. Drain it off those routes first; nothing was changed.")
+    _refuse_mirror_targets(f"Pool {pool.name} cannot stop serving {entry.model_id}", [pool],
                            model_id=entry.model_id)
 
 

@@ -7,9 +7,21 @@ class TrafficConfig(AppConfig):
     verbose_name = "Traffic"
 
     def ready(self) -> None:
+        from fleetctl.core.destinations import own_services_register
         from fleetctl.fleet.services import register_health_hook
 
         register_health_hook(_queue_health_policy)
+        own_services_register("a registered gateway's admin API", _gateway_admin_addresses)
+
+
+def _gateway_admin_addresses() -> list[str]:
+    """Every registered gateway's admin address that is a URL or host:port (a unix socket
+    or a directory is reached by no URL): a webhook or pool pointed there would drive the
+    gateway's admin API."""
+    from fleetctl.traffic.models import Gateway
+
+    return [address for address in Gateway.objects.values_list("admin_address", flat=True)
+            if not address.startswith("/")]
 
 
 def _queue_health_policy(pool_id: int, transition_id: int) -> None:

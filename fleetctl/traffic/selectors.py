@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from django.conf import settings
 from django.db.models import Q, QuerySet
@@ -13,6 +14,8 @@ from fleetctl.traffic.gateways.base import (
     PoolTarget,
     RouteSpec,
 )
+from fleetctl.traffic.holds import Hold
+from fleetctl.traffic.mirror_auth import header_value
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, Route, SplitRevision
 
 log = logging.getLogger("fleetctl.traffic")
@@ -86,12 +89,26 @@ def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
                          jurisdiction=by_name[name].region.jurisdiction)
         for name in sorted({pool for spec in specs for pool in spec.weights}) if name in by_name
     }
-    return DesiredState(
+    return desired_for_gateway(DesiredState(
         routes=tuple(specs), pools=pools,
         residency_header=settings.TRAFFIC_RESIDENCY_HEADER,
         latency_class_header=settings.TRAFFIC_LATENCY_CLASS_HEADER,
-        mirror_url=mirror_url(gateway=gateway),
-    )
+    ), gateway=gateway)
+
+
+def desired_for_gateway(desired: DesiredState, *, gateway: Gateway) -> DesiredState:
+    """`desired` (built for any gateway that carries the same routes: a push shares one) as
+    this gateway holds it: its own shadow collector and, on every route when it mirrors, the
+    header its copies carry to prove they are this gateway's (mirror_auth). On every route,
+    not only those mirroring now: starting or stopping a shadow run stays a runtime change."""
+    url = mirror_url(gateway=gateway)
+    mirrors = bool(url) and gateway.supports_mirror
+    routes = tuple(replace(route, mirror_auth=header_value(
+        gateway.pk, gateway.mirror_secret, route.key) if mirrors else "")
+        for route in desired.routes)
+    if url == desired.mirror_url and routes == desired.routes:
+        return desired  # the same object: render caches keyed on it still hit
+    return replace(desired, mirror_url=url, routes=routes)
 
 
 def mirror_url(*, gateway: Gateway) -> str:
@@ -347,15 +364,19 @@ def _weight_of(revision: SplitRevision | None, pool: Pool) -> int:
     return int(revision.weights.get(pool.name, 0))
 
 
-def routes_relying_on(*, pools: list[Pool], outside: str | None = None) -> list[str]:
+def routes_relying_on(*, pools: list[Pool], outside: str | None = None,
+                      pinned: bool = False) -> list[str]:
     """Routes that give any of `pools` weight now, or have one as their primary, as
     sentences for an error. With `outside`, only routes pinned to a jurisdiction other than
     `outside` (the pools' jurisdiction after a move): those the move would take across a
-    border. Reads the current revisions; callers hold the pools' (or their region's) row lock,
-    which revision writers take too."""
+    border; with `pinned`, only routes pinned to any jurisdiction. Reads the current
+    revisions; callers hold the pools' (or their region's) row lock, which revision writers
+    take too."""
     routes = list(Route.objects.select_related("primary_pool"))
     if outside is not None:
         routes = [r for r in routes if r.residency and r.residency != outside]
+    if pinned:
+        routes = [r for r in routes if r.residency]
     current = revisions_current(routes=routes)
     found = []
     for route in routes:
@@ -391,3 +412,44 @@ def routes_mirroring_to(*, pools: list[Pool], outside: str | None = None,
                 found.append(f"pool {pool.name} is a mirror target of route "
                              f"{route.name}{owner}; stop the shadow run first")
     return found
+
+
+def routes_serving_model_from(*, pool: Pool, model_id: str) -> list[str]:
+    """Routes of `model_id` that give `pool` weight now or have it as their primary, as
+    sentences for an error: what would be stranded if the pool stopped serving the model
+    (a pool-model deleted, or its model id changed). Pinned or not: gateways keep giving
+    the pool its weight (they do not check what it serves), so the route's requests would
+    reach a pool that no longer says it serves the model. Refused like deleting the pool;
+    drain first. Callers hold the pool's row lock, which revision writers take too."""
+    routes = list(Route.objects.select_related("primary_pool").filter(model_id=model_id)
+                  .order_by("name"))
+    current = revisions_current(routes=routes)
+    found = []
+    for route in routes:
+        pin = f" (pinned to {route.residency})" if route.residency else ""
+        share = _weight_of(current.get(route.pk), pool)
+        if share:
+            found.append(f"route {route.name}{pin} sends {share / 100:g} % of {model_id} to "
+                         f"{pool.name}")
+        if route.primary_pool_id == pool.pk:
+            found.append(f"route {route.name}{pin} has {pool.name} as its primary for "
+                         f"{model_id}")
+    return found
+
+
+def restore_target(*, revision: SplitRevision, route: Route, holds: list[Hold]
+                   ) -> tuple[dict[str, int], list[Hold]]:
+    """What restoring the drain that made `revision` puts back on its route, and the holds
+    that keep a share back: the split from before the drain, except a pool whose share a
+    ramp held (traffic/holds.py), which stays where the drain put it. The restore service
+    (under the routes' locks) and the restore page both use this."""
+    from fleetctl.traffic.split import drained
+
+    before = revision.parent.weights if revision.parent else {}
+    withheld = [hold for hold in holds if hold.route_id == revision.route_id
+                and before.get(hold.pool, 0) > revision.weights.get(hold.pool, 0)]
+    if not withheld:
+        return dict(before), []
+    return drained(before, remove={hold.pool for hold in withheld},
+                   primary=route.primary_pool.name, eligible=pools_eligible(route=route)
+                   ), withheld

@@ -13,6 +13,7 @@ that attempt is what the drain's figures time.
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -26,7 +27,8 @@ from fleetctl.audit.crud import audited_create, audited_delete, audited_update
 from fleetctl.audit.services import audit_record, snapshot
 from fleetctl.core.errors import ConflictError
 from fleetctl.fleet.models import Pool, PoolModel
-from fleetctl.traffic import policy, selectors
+from fleetctl.traffic import mirror_auth, policy, selectors
+from fleetctl.traffic.holds import Hold, holders_drained, holders_lock, holds_on
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, Route, SplitRevision
 from fleetctl.traffic.split import as_percentages, parse_percentages
 
@@ -259,6 +261,13 @@ def _store_pushes(revision: SplitRevision, *, queue: bool) -> list[int]:
 
 # --- gateways --------------------------------------------------------------------------------
 
+def _publish_mirror_auth_after_commit() -> None:
+    """Which gateway may mirror which route, for the shadow collectors (mirror_auth), once
+    the change is committed: before the pushes it queues, so a gateway's first copies
+    under a new config are already accepted."""
+    transaction.on_commit(mirror_auth.publish_quietly)
+
+
 def gateway_create(*, actor: Actor, routes: list[Route] | None = None,
                    **fields: Any) -> Gateway:
     gateway = audited_create(actor=actor, permission=roles.FLEET_MANAGE,
@@ -273,9 +282,42 @@ def gateway_update(*, actor: Actor, gateway: Gateway, routes: list[Route] | None
     gateway = audited_update(actor=actor, permission=roles.FLEET_MANAGE,
                              action="gateway.update", instance=gateway, changes=changes,
                              allowed=GATEWAY_FIELDS)
+    _publish_mirror_auth_after_commit()  # its kind may now mirror, or no longer
     if routes is not None:
         gateway_set_routes(actor=actor, gateway=gateway, routes=routes)
     return gateway
+
+
+def gateway_mirror_secret_rotate(*, actor: Actor, gateway: Gateway) -> Gateway:
+    """Give the gateway a new mirror secret and push it its whole state (the new tokens).
+    The collectors accept the old secret's tokens for MIRROR_SECRET_GRACE_S more, while the
+    push is applied; rotating again within that time drops the one before. The audit event
+    says when and until when, never a secret."""
+    actor.require(roles.FLEET_MANAGE, action="gateway.mirror_secret_rotate", target=gateway)
+    with transaction.atomic():
+        locked = Gateway.objects.select_for_update().get(pk=gateway.pk)
+        now = timezone.now()
+        locked.mirror_secret_previous = locked.mirror_secret
+        locked.mirror_secret = mirror_auth.new_secret()
+        locked.mirror_secret_rotated_at = now
+        locked.save(update_fields=["mirror_secret", "mirror_secret_previous",
+                                   "mirror_secret_rotated_at"])
+        until = now + timedelta(seconds=mirror_auth.MIRROR_SECRET_GRACE_S)
+        audit_record(actor=actor, action="gateway.mirror_secret_rotate", target=locked,
+                     message=f"Mirror secret of gateway {locked.name} rotated; copies signed "
+                             f"with the previous one are accepted until "
+                             f"{until:%Y-%m-%d %H:%M:%S} UTC while the gateway is pushed its "
+                             f"new tokens.",
+                     after={"mirror_secret_rotated_at": now.isoformat(),
+                            "previous_accepted_until": until.isoformat()})
+        _publish_mirror_auth_after_commit()
+        revisions = [r for r in (selectors.revision_current(route=route)
+                                 for route in locked.routes.order_by("name")) if r is not None]
+        if revisions:
+            push = GatewayPush.objects.create(revision=revisions[0], gateway=locked,
+                                              reason="mirror-secret")
+            _enqueue_after_commit(push.pk)
+    return locked
 
 
 def gateway_delete(*, actor: Actor, gateway: Gateway) -> None:
@@ -311,6 +353,7 @@ def gateway_delete(*, actor: Actor, gateway: Gateway) -> None:
                        instance=locked, message=message,
                        after={"pushes_kept": kept, "pushes_abandoned": open_ids,
                               "drains_waiting": waiting, "samples_deleted": samples})
+        _publish_mirror_auth_after_commit()  # its copies are refused from now on
         if waiting:
             from fleetctl.traffic.tasks import drain_watch
 
@@ -325,6 +368,7 @@ def gateway_set_routes(*, actor: Actor, gateway: Gateway, routes: list[Route]) -
         gateway.routes.set(routes)
         audit_record(actor=actor, action="gateway.set_routes", target=gateway,
                      before={"routes": before}, after={"routes": sorted(r.name for r in routes)})
+        _publish_mirror_auth_after_commit()
         for route in routes:
             current = selectors.revision_current(route=route)
             if current is not None:
@@ -479,6 +523,9 @@ def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
     requested_at = timezone.now()
     push_ids: list[int] = []
     with transaction.atomic():
+        # What this drain could end (a ramp of the pool) is locked before the routes, in
+        # the order a ramp's own step takes them (its row, then its route's): no deadlock.
+        holders_lock(pool=pool, route=route, routes=routes)
         plan = _drain_plan(route=route, pool=pool, only=routes)
         if not plan:
             raise ConflictError(
@@ -504,6 +551,9 @@ def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
         audit_record(actor=actor, action="drain.request", target=record, message=reason,
                      after={"drained_pools": record.drained_pools,
                             "routes": [r.name for r, _, _, _ in plan]})
+        # A ramp of a pool this drain took off its route ends here ("aborted by drain N").
+        holders_drained(actor=actor, drain=record,
+                        removed={locked.pk: removed for locked, _, removed, _ in plan})
     record.push_ids, record.new_revisions = push_ids, revisions
     return record
 
@@ -528,7 +578,13 @@ def _drain_plan(*, route: Route | None, pool: Pool | None, only: list[Route] | N
 def drain_restore(*, actor: Actor, drain: Drain, reason: str) -> Drain:
     """Put each drained route back to the split it had before the drain, if nobody changed
     it since (otherwise 409: restoring would overwrite a newer decision). Like drain_request,
-    one transaction: the caller pushes with `push.drain_push_now(record)` after its commit."""
+    one transaction: the caller pushes with `push.drain_push_now(record)` after its commit.
+
+    A share a ramp held is not handed back (traffic/holds.py): the ramp was ended by this
+    drain (or is still active and owns it), and nothing would guard that weight. Such a
+    route gets the rest of its split back; one with nothing else to restore is left as it
+    is, and a restore with nothing at all to put back is refused (409) saying why.
+    `record.withheld` lists the holds that kept a share back."""
     actor.require(roles.DRAIN, action="drain.restore", target=drain)
     if drain.action != Drain.Action.DRAIN:
         raise ValidationError({"drain": ["Only a drain can be restored."]})
@@ -556,22 +612,44 @@ def drain_restore(*, actor: Actor, drain: Drain, reason: str) -> Drain:
             action=Drain.Action.RESTORE, route=drain.route, pool=drain.pool, restores=drain,
             requested_by=actor.label, reason=reason or f"restore after drain {drain.pk}",
         )
+        holds = holds_on(route_ids=list(routes), drain=drain)
+        withheld: list[Hold] = []
         for rev in revisions:
-            parent_weights = rev.parent.weights if rev.parent else {}
             route = routes[rev.route_id]
+            weights, kept_back = selectors.restore_target(revision=rev, route=route,
+                                                          holds=holds)
+            withheld += kept_back
+            if weights == rev.weights:
+                continue  # only a held share to give back: the route stays as drained
+            identity = rev.parent.pool_ids if rev.parent else {}
+            if kept_back:  # the held share went to pools the drain gave it to
+                identity = {**rev.pool_ids, **identity}
             # Restoring sends traffic back: the pools must be healthy again (and in bounds),
             # and be the very pools the split was made for.
-            pool_ids = _check_split(route=route, weights=parent_weights, previous=rev.weights,
-                                    force=False,
-                                    identity=rev.parent.pool_ids if rev.parent else {})
+            pool_ids = _check_split(route=route, weights=weights, previous=rev.weights,
+                                    force=False, identity=identity)
             restored = _store_revision(
-                actor=actor, route=route, base=rev.number, weights=parent_weights,
+                actor=actor, route=route, base=rev.number, weights=weights,
                 kind=SplitRevision.Kind.RESTORE, reason=record.reason, parent=rev,
                 queue=False, pool_ids=pool_ids, push_ids=push_ids,
             )
             record.revisions.add(restored)
             restored_revisions.append(restored)
+        kept_text = _withheld_text(withheld, routes)
+        if not restored_revisions:
+            raise ConflictError(
+                f"Nothing to restore: {kept_text}. A restore does not hand a ramp's share "
+                f"back (nothing would guard it); start a new ramp to give the pool weight "
+                f"again, from its first step. Nothing was changed.",
+                fields={"drain": [kept_text]})
         audit_record(actor=actor, action="drain.restore", target=record, message=record.reason,
-                     after={"restores": drain.pk})
+                     after={"restores": drain.pk,
+                            **({"withheld": kept_text} if withheld else {})})
     record.push_ids, record.new_revisions = push_ids, restored_revisions
+    record.withheld = withheld  # type: ignore[attr-defined]
     return record
+
+
+def _withheld_text(withheld: list[Hold], routes: dict[int, Route]) -> str:
+    return "; ".join(f"{hold.pool}'s share of route {routes[hold.route_id].name} was held by "
+                     f"{hold}" for hold in withheld)

@@ -22,9 +22,17 @@ class WebhookForm(forms.Form):
                   "to keep the current one.")
     clear_secret = forms.BooleanField(required=False, label="Remove the secret")
     active = forms.BooleanField(required=False, initial=True)
+    trusted = forms.BooleanField(
+        required=False, label="Trusted receiver",
+        help_text="Keep what the receiver answers (first 500 characters) for everyone who "
+                  "reads deliveries. Untrusted: its status line only.")
 
-    def __init__(self, *args: Any, editing: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, editing: bool = False, can_trust: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if not can_trust:
+            # Only an administrator marks a receiver trusted (the service checks again).
+            del self.fields["trusted"]
         if not editing:
             del self.fields["clear_secret"]
             self.fields["secret"].help_text = ("Signs each body (X-Fleetctl-Signature). "

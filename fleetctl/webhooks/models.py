@@ -35,6 +35,12 @@ class Webhook(models.Model):
     # Signs each body (HMAC-SHA256, header X-Fleetctl-Signature); never shown back.
     secret = models.CharField(max_length=200, blank=True)
     active = models.BooleanField(default=True)
+    # What the receiver answers is kept (first EXCERPT_CHARS) and shown to every reader only
+    # for a receiver an administrator trusts; otherwise its status line alone. Whoever may
+    # add a webhook could otherwise read an internal service's answers through it.
+    trusted = models.BooleanField(
+        default=False, help_text="Keep the receiver's answers for readers (administrators "
+                                 "set it; a URL change by anyone else clears it).")
     created_by = models.CharField(max_length=150)
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -43,6 +49,26 @@ class Webhook(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def url_shown(self) -> str:
+        """The URL as shown to people who cannot manage webhooks: scheme, host and port. A
+        receiver's path is often its secret (a Slack URL), and `user:pass@` always is."""
+        return url_masked(self.url)
+
+
+def url_masked(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    host = f"[{host}]" if ":" in host else host
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    rest = "/…" if (parts.path not in ("", "/") or parts.query or parts.username) else "/"
+    return f"{parts.scheme}://{host}{port}{rest}"
 
 
 class Delivery(models.Model):

@@ -22,9 +22,21 @@ from django.db import transaction
 from django.utils import timezone
 
 from fleetctl.accounts import roles
-from fleetctl.audit.services import audit_record, snapshot
-from fleetctl.core.http import OutboundError, shared_client
-from fleetctl.webhooks.models import EVENTS, Attempt, Delivery, Webhook
+from fleetctl.audit.services import audit_record, audit_refused, refusals_audited, snapshot
+from fleetctl.core.destinations import (
+    WEBHOOKS,
+    DestinationRefused,
+    destination_request,
+    url_problem,
+)
+from fleetctl.core.errors import ConflictError
+from fleetctl.core.http import (
+    OutboundCertificateError,
+    OutboundError,
+    OutboundTimeout,
+    OutboundUnreachable,
+)
+from fleetctl.webhooks.models import EVENTS, Attempt, Delivery, Webhook, url_masked
 
 if TYPE_CHECKING:
     from fleetctl.accounts.actor import Actor
@@ -40,8 +52,8 @@ TIMEOUT_S = 5.0
 EXCERPT_CHARS = 500
 # 4xx answers that mean "later", not "never".
 RETRYABLE_4XX = frozenset({408, 429})
-# Fields an audit event shows; the secret only as whether one is set.
-AUDITED = ["name", "url", "events", "format", "active"]
+# Fields an audit event shows; the secret only as whether one is set, the URL masked.
+AUDITED = ["name", "events", "format", "active", "trusted"]
 
 
 # --- sending -------------------------------------------------------------------------------
@@ -98,9 +110,11 @@ def signature(secret: str, body: bytes) -> str:
 def delivery_attempt(*, delivery_id: int) -> str:
     """One attempt. 2xx: delivered. 4xx other than 408/429: failed at once (the receiver
     refuses it; sending it again changes nothing). 5xx, 408/429 or no answer: retrying, the
-    next attempt due after RETRY_DELAYS_S, failed once they are spent. Every attempt is an
-    Attempt row. Returns the delivery's status; a delivery already settled is left alone
-    (a task run twice sends once more at most, never after success)."""
+    next attempt due after RETRY_DELAYS_S, failed once they are spent. A receiver fleetctl
+    may not reach (core.destinations: loopback, metadata, its own services...) or a webhook
+    paused meanwhile: failed at once, nothing sent. Every attempt is an Attempt row. Returns
+    the delivery's status; a delivery already settled is left alone (a task run twice sends
+    once more at most, never after success)."""
     with transaction.atomic():
         delivery = (Delivery.objects.select_for_update(skip_locked=True)
                     .select_related("webhook").filter(pk=delivery_id).first())
@@ -110,32 +124,19 @@ def delivery_attempt(*, delivery_id: int) -> str:
             return str(delivery.status)
         number = delivery.attempts + 1
         hook = delivery.webhook
-        body = json.dumps(body_for(delivery), separators=(",", ":")).encode()
-        headers = {"Content-Type": "application/json", "User-Agent": "fleetctl-webhooks",
-                   "X-Fleetctl-Event": delivery.event,
-                   "X-Fleetctl-Delivery": str(delivery.pk)}
-        if hook.secret:
-            headers["X-Fleetctl-Signature"] = signature(hook.secret, body)
         at = timezone.now()
-        code: int | None = None
-        error = excerpt = ""
-        duration: float | None = None
         # Under the row lock: a second run of the task for this delivery skips it meanwhile.
-        try:
-            answer = shared_client().post(hook.url, content=body, headers=headers,
-                                          timeout_s=TIMEOUT_S, max_body=EXCERPT_CHARS * 4)
-            code, duration = answer.status_code, answer.latency_ms
-            excerpt = answer.text[:EXCERPT_CHARS]
-        except OutboundError as exc:
-            error = str(exc)
-        if code is not None and 200 <= code < 300:
+        code, duration, excerpt, error, refused = _send(hook, delivery)
+        if refused:
+            status, retry = Delivery.Status.FAILED, None
+        elif code is not None and 200 <= code < 300:
             status, retry = Delivery.Status.DELIVERED, None
         elif code is not None and 400 <= code < 500 and code not in RETRYABLE_4XX:
             status, retry = Delivery.Status.FAILED, None
-            error = f"{hook.url} answered HTTP {code}: refused, not retried"
+            error = f"{hook.url_shown} answered HTTP {code}: refused, not retried"
         else:
             if code is not None:
-                error = f"{hook.url} answered HTTP {code}"
+                error = f"{hook.url_shown} answered HTTP {code}"
             spent = number > len(RETRY_DELAYS_S)
             status = Delivery.Status.FAILED if spent else Delivery.Status.RETRYING
             retry = None if spent else RETRY_DELAYS_S[number - 1]
@@ -153,6 +154,45 @@ def delivery_attempt(*, delivery_id: int) -> str:
         if retry is not None:
             transaction.on_commit(lambda: _queue_retry(delivery_id, retry))
     return str(status)
+
+
+def _send(hook: Webhook, delivery: Delivery
+          ) -> tuple[int | None, float | None, str, str, bool]:
+    """POST the delivery: (status code, ms, excerpt kept, error, refused without sending).
+    Errors name the receiver by scheme and host only (its path may be a secret) and never
+    carry what an unreachable address said; the excerpt is the receiver's answer for a
+    trusted webhook, its status line otherwise."""
+    if not hook.active:
+        return None, None, "", f"webhook {hook.name} is paused: not sent", True
+    body = json.dumps(body_for(delivery), separators=(",", ":")).encode()
+    headers = {"Content-Type": "application/json", "User-Agent": "fleetctl-webhooks",
+               "X-Fleetctl-Event": delivery.event, "X-Fleetctl-Delivery": str(delivery.pk)}
+    if hook.secret:
+        headers["X-Fleetctl-Signature"] = signature(hook.secret, body)
+    try:
+        answer = destination_request("POST", hook.url, purpose=WEBHOOKS, content=body,
+                                     headers=headers, timeout_s=TIMEOUT_S,
+                                     max_body=EXCERPT_CHARS * 4 if hook.trusted else 0)
+    except DestinationRefused as exc:
+        return None, None, "", f"not sent: {exc}", True
+    except OutboundError as exc:
+        return None, None, "", f"{hook.url_shown}: {_failure(exc)}", False
+    if hook.trusted:
+        excerpt = answer.text[:EXCERPT_CHARS]
+    else:
+        excerpt = f"HTTP {answer.status_code} {answer.reason}"[:100]
+    return answer.status_code, answer.latency_ms, excerpt, "", False
+
+
+def _failure(exc: OutboundError) -> str:
+    """What went wrong, in words that say nothing the receiver's host said."""
+    if isinstance(exc, OutboundTimeout):
+        return f"no answer within {TIMEOUT_S:g} s"
+    if isinstance(exc, OutboundCertificateError):
+        return "its TLS certificate did not verify"
+    if isinstance(exc, OutboundUnreachable):
+        return "could not connect"
+    return "the connection failed before an answer"
 
 
 def _queue_retry(delivery_id: int, countdown: float) -> None:
@@ -175,6 +215,7 @@ def _check(hook: Webhook) -> None:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         problems["url"] = ["Give an http:// or https:// URL, e.g. "
                            "https://hooks.example.com/fleetctl."]
+
     if not isinstance(hook.events, list) or not all(isinstance(e, str) for e in hook.events):
         problems["events"] = ["A list of event names (empty: every event)."]
     else:
@@ -191,15 +232,40 @@ def _check(hook: Webhook) -> None:
 
 
 def _picture(hook: Webhook) -> dict[str, Any]:
-    return {**snapshot(hook, AUDITED), "has_secret": bool(hook.secret)}
+    """What the audit log keeps: the URL masked like for readers, with a fingerprint so an
+    auditor sees that it changed (the audit log is readable by every role)."""
+    digest = hashlib.sha256(hook.url.encode()).hexdigest()[:12]
+    return {**snapshot(hook, AUDITED), "url": f"{url_masked(hook.url)} (sha256 {digest})",
+            "has_secret": bool(hook.secret)}
+
+
+def _refuse_destination(actor: Actor, action: str, target: object, url: str) -> None:
+    """400 (audited: pointing a webhook at fleetctl's own host is worth an auditor's eye)
+    when the URL reaches what a webhook may not: core.destinations says what and why."""
+    parts = urlsplit(url or "")
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return  # _check names the problem with the other fields'
+    why = url_problem(url, purpose=WEBHOOKS)
+    if why is not None:
+        audit_refused(actor=actor, action=action, target=target,
+                      message=f"URL refused: {why.replace(url, url_masked(url))}")
+        raise ValidationError({"url": [f"{why}."]})
+
+
+def _require_trust(actor: Actor, hook: Webhook | str) -> None:
+    """Only an administrator marks a receiver trusted (its answers kept for readers)."""
+    actor.require(roles.ADMIN_MANAGE, action="webhook.trust", target=hook)
 
 
 def webhook_create(*, actor: Actor, name: str, url: str, events: list[str] | None = None,
                    format: str = Webhook.Format.JSON, secret: str = "",
-                   active: bool = True) -> Webhook:
+                   active: bool = True, trusted: bool = False) -> Webhook:
     actor.require(roles.FLEET_MANAGE, action="webhook.create", target="webhooks.webhook")
+    if trusted:
+        _require_trust(actor, "webhooks.webhook")
+    _refuse_destination(actor, "webhook.create", "webhooks.webhook", url)
     hook = Webhook(name=name, url=url, events=list(events or []), format=format,
-                   secret=secret, active=active, created_by=actor.label)
+                   secret=secret, active=active, trusted=trusted, created_by=actor.label)
     _check(hook)
     with transaction.atomic():
         hook.save()
@@ -210,15 +276,23 @@ def webhook_create(*, actor: Actor, name: str, url: str, events: list[str] | Non
 
 def webhook_update(*, actor: Actor, webhook: Webhook, **changes: Any) -> Webhook:
     """Change any of name, url, events, format, active, secret (a new secret replaces the
-    old one; an empty string removes it)."""
+    old one; an empty string removes it) and, for an administrator, trusted. A new URL set
+    by anyone else is not trusted until an administrator says so."""
     actor.require(roles.FLEET_MANAGE, action="webhook.update", target=webhook)
-    unknown = sorted(set(changes) - {"url", "events", "format", "active", "secret", "name"})
+    unknown = sorted(set(changes) - {"url", "events", "format", "active", "secret", "name",
+                                     "trusted"})
     if unknown:
         raise ValidationError({name: ["This field cannot be changed here."] for name in unknown})
+    if "trusted" in changes and bool(changes["trusted"]) != webhook.trusted:
+        _require_trust(actor, webhook)
+    if isinstance(changes.get("url"), str) and changes["url"] != webhook.url:
+        _refuse_destination(actor, "webhook.update", webhook, changes["url"])
     with transaction.atomic():
         locked = Webhook.objects.select_for_update().get(pk=webhook.pk)
         before = _picture(locked)
         old_secret = locked.secret
+        if changes.get("url", locked.url) != locked.url and not actor.can(roles.ADMIN_MANAGE):
+            changes["trusted"] = False
         for field, value in changes.items():
             setattr(locked, field, list(value) if field == "events" else value)
         _check(locked)
@@ -250,7 +324,11 @@ def webhook_test(*, actor: Actor, webhook: Webhook) -> Delivery:
     """Send `webhook.test` to this one webhook (whatever it subscribes to), now."""
     actor.require(roles.FLEET_MANAGE, action="webhook.test", target=webhook)
     text = f"fleetctl test delivery to webhook {webhook.name}, sent by {actor.label}"
-    with transaction.atomic():
+    with refusals_audited(actor=actor, action="webhook.test", target=webhook), \
+            transaction.atomic():
+        if not Webhook.objects.select_for_update().get(pk=webhook.pk).active:
+            raise ConflictError(f"Webhook {webhook.name} is paused: nothing is sent to it, "
+                                f"tests included. Make it active first.")
         delivery = Delivery.objects.create(
             webhook=webhook, event="webhook.test", next_attempt_at=timezone.now(),
             payload={"text": text, "data": {"webhook": webhook.name, "by": actor.label}})

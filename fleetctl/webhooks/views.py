@@ -9,12 +9,13 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from fleetctl.accounts import roles
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.views import Outcome, call_service
 from fleetctl.webhooks import selectors, services
 from fleetctl.webhooks.forms import WebhookForm
-from fleetctl.webhooks.models import EVENTS, Delivery, Webhook
+from fleetctl.webhooks.models import EVENTS, Webhook
 
 DELIVERIES_PER_PAGE = 50
 
@@ -30,8 +31,7 @@ def _get(name: str) -> Webhook:
 @require_GET
 def webhook_list(request: HttpRequest) -> HttpResponse:
     hooks = list(selectors.webhook_list())
-    last = {d.webhook_id: d for d in Delivery.objects.filter(webhook__in=hooks)
-            .order_by("webhook_id", "-created_at", "-id").distinct("webhook_id")}
+    last = selectors.deliveries_latest(webhooks=hooks)
     rows = [(hook, last.get(hook.pk)) for hook in hooks]
     return render(request, "webhooks/list.html", {"rows": rows, "events": sorted(EVENTS.items())})
 
@@ -39,10 +39,11 @@ def webhook_list(request: HttpRequest) -> HttpResponse:
 @dashboard_view
 @require_http_methods(["GET", "POST"])
 def webhook_create(request: HttpRequest) -> HttpResponse:
-    form = WebhookForm(request.POST if request.method == "POST" else None)
+    actor = actor_from_request(request)
+    form = WebhookForm(request.POST if request.method == "POST" else None,
+                       can_trust=actor.can(roles.ADMIN_MANAGE))
     done: Outcome[Webhook] = Outcome()
     if request.method == "POST" and form.is_valid():
-        actor = actor_from_request(request)
         done = call_service(request, lambda: services.webhook_create(
             actor=actor, **form.changes()), form=form)
         if done.result is not None:
@@ -55,13 +56,15 @@ def webhook_create(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def webhook_edit(request: HttpRequest, name: str) -> HttpResponse:
     hook = _get(name)
-    initial = {"name": hook.name, "url": hook.url, "events": hook.events,
-               "format": hook.format, "active": hook.active}
+    actor = actor_from_request(request)
+    # A reader sees the form (disabled) with the URL as readers see it everywhere.
+    url = hook.url if actor.can(roles.FLEET_MANAGE) else hook.url_shown
+    initial = {"name": hook.name, "url": url, "events": hook.events,
+               "format": hook.format, "active": hook.active, "trusted": hook.trusted}
     form = WebhookForm(request.POST if request.method == "POST" else None, initial=initial,
-                       editing=True)
+                       editing=True, can_trust=actor.can(roles.ADMIN_MANAGE))
     done: Outcome[Webhook] = Outcome()
     if request.method == "POST" and form.is_valid():
-        actor = actor_from_request(request)
         done = call_service(request, lambda: services.webhook_update(
             actor=actor, webhook=hook, **form.changes()), form=form)
         if done.result is not None:

@@ -17,6 +17,9 @@ from fleetctl.fleet.tasks import pool_probe, pools_probe_due
 from tests.conftest import ROOT, _worker_env, wait_until
 from tests.fleet.fake_endpoint import FakeEndpoint
 
+# The probe asks the registry which addresses are fleetctl's own (core.destinations).
+pytestmark = pytest.mark.django_db
+
 
 @pytest.fixture
 def endpoint() -> Iterator[FakeEndpoint]:
@@ -54,6 +57,14 @@ def test_a_failing_or_unreachable_endpoint_fails_with_a_readable_error(endpoint)
     assert not down.ok and "could not connect" in down.error
 
 
+def test_a_probe_never_reaches_an_address_a_pool_may_not_have(endpoint, settings):
+    """Checked on every probe: a pool's name may resolve elsewhere since it was registered."""
+    settings.OUTBOUND_ALLOWED_NETWORKS = {"pools": []}
+    result = probe_pool([endpoint.url], timeout_s=10)
+    assert not result.ok and "loopback" in result.error and "OUTBOUND_ALLOW_POOLS" in result.error
+    assert endpoint.requests == []
+
+
 def test_one_bad_endpoint_makes_the_pool_fail(endpoint):
     result = probe_pool([endpoint.url, "http://127.0.0.1:9"], timeout_s=10)
     assert not result.ok and "127.0.0.1:9" in result.error
@@ -85,7 +96,6 @@ def test_health_flips_after_k_failures_and_back_after_recovery(make_pool):
     assert HealthCheck.objects.filter(pool=pool).count() == 6
 
 
-@pytest.mark.django_db
 def test_old_health_rows_are_pruned(make_pool):
     from datetime import timedelta
 

@@ -15,6 +15,9 @@ from fleetctl.fleet.tasks import pool_probe
 from tests.conftest import SYSTEM
 from tests.fleet.fake_endpoint import FakeEndpoint
 
+# The probe asks the registry which addresses are fleetctl's own (core.destinations).
+pytestmark = pytest.mark.django_db
+
 SERVED = "llama-3.1-8b-instruct"
 
 
@@ -34,7 +37,6 @@ def test_a_configured_model_missing_from_v1_models_fails_the_probe(endpoint):
     assert result.models_seen == [SERVED]
 
 
-@pytest.mark.django_db
 def test_the_probe_task_checks_the_pools_configured_models(endpoint, make_pool, settings):
     settings.HEALTH_FAILURES_TO_UNHEALTHY = 2
     pool = make_pool(base_urls=[endpoint.url])
@@ -49,7 +51,6 @@ def test_the_probe_task_checks_the_pools_configured_models(endpoint, make_pool, 
     assert "model qwen2.5-7b-instruct is configured on the pool" in pool.last_probe_error
 
 
-@pytest.mark.django_db
 def test_health_hooks_run_after_the_flip_commits(make_pool, django_capture_on_commit_callbacks,
                                                  monkeypatch):
     calls: list[tuple[int, int]] = []

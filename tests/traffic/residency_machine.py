@@ -21,6 +21,13 @@ carries weight. Real PostgreSQL, a real Celery worker pushing (and running the r
 queued ticks and the health policy's task), a real Envoy read back through its admin API
 (`/clusters` for the endpoints it would really use).
 
+Endpoints are written in every spelling an attacker would try (issue 25): `localhost`,
+`LOCALHOST`, other loopback addresses, `[::1]`, this host's own addresses, `0.0.0.0`,
+`127.1`, `2130706433`, `0x7f.1`, `[::ffff:127.0.0.1]`, a name that does not resolve, with
+and without a path. Whether two endpoints are one server is judged here on its own terms
+(`server_of`: the machine's resolver, every loopback and local address one host), not by
+the product's code.
+
 tests/traffic/test_residency_property.py runs ten sequences in the suite;
 benchmarks/residency_fuzz.py runs the same machine for 1,000+ sequences through the real web
 server and counts crossings. `api` is anything with DRF's test client's post/patch/delete."""
@@ -28,6 +35,8 @@ server and counts crossings. `api` is anything with DRF's test client's post/pat
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import socket
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -48,7 +57,7 @@ from hypothesis.stateful import (
 
 from fleetctl.accounts.actor import Actor
 from fleetctl.core.errors import DomainError
-from fleetctl.fleet.models import HealthTransition, Pool, endpoint_key
+from fleetctl.fleet.models import HealthTransition, Pool
 from fleetctl.fleet.services import pool_health_record, pool_model_create, region_create
 from fleetctl.ramps.models import Ramp
 from fleetctl.ramps.services import ramps_tick, step_data_start
@@ -72,6 +81,41 @@ JURISDICTIONS = ("EU", "US", "IN")
 REGIONS = ("eu1", "eu2", "us", "in")
 NAMES = ("a", "b", "c", "d", "e", "f")
 PORTS = 6  # endpoints per sequence: few, so that pools compete for them
+# How a pool's endpoint is written: index 0 is the plain form; the rest are other spellings of
+# a server on this host (and one name that resolves nowhere), each drawn as often.
+_OWN = sorted({info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)
+               if not ipaddress.ip_address(info[4][0]).is_loopback})
+SPELLINGS = ("127.0.0.1", "localhost", "LOCALHOST", "127.0.0.2", "[::1]", "0.0.0.0",
+             "127.1", "2130706433", "0x7f.1", "[::ffff:127.0.0.1]", "gpu.unresolvable.invalid",
+             *(f"[{a}]" if ":" in a else a for a in _OWN))
+PATHS = ("", "/", "/v1")
+
+
+def server_of(host: str, port: int) -> set[tuple[str, int]]:
+    """The servers `host:port` reaches, by this test's own reading: every address the
+    machine's resolver gives (IPv4-mapped ones as IPv4); loopback, unspecified and this
+    host's own addresses are one host; a name that does not resolve stands for itself."""
+    host = host.strip("[]").rstrip(".").lower()
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return {(f"name:{host}", port)}
+    found = set()
+    for info in infos:
+        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+            address = address.ipv4_mapped
+        local = address.is_loopback or address.is_unspecified or str(address) in _OWN
+        found.add(("this host" if local else str(address), port))
+    return found
+
+
+def url_servers(url: str) -> set[tuple[str, int]]:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    return server_of(parts.hostname or "", port)
 # A guarded ramp's steps (percents drawn from these) and its guard: the pools are in no plan,
 # so the thresholds are given; few samples and short holds, so that a tick can pass a hold on
 # a few telemetry windows written for it.
@@ -94,23 +138,25 @@ class Crossing(AssertionError):
     pass
 
 
-def envoy_view(gateway: Gateway) -> tuple[dict[str, dict[str, int]], dict[str, set[str]]]:
+def envoy_view(gateway: Gateway
+               ) -> tuple[dict[str, dict[str, int]], dict[str, set[tuple[str, int]]]]:
     """What the real Envoy holds: route -> {cluster: weight > 0}, and cluster -> the
     endpoints it would connect to."""
     held = adapter_for(selectors.gateway_spec(gateway)).read_back()
     clusters = httpx.get(f"{gateway.admin_address}/clusters", params={"format": "json"},
                          timeout=10).json()
-    endpoints: dict[str, set[str]] = {}
+    endpoints: dict[str, set[tuple[str, int]]] = {}
     for cluster in clusters.get("cluster_statuses", []):
         for host in cluster.get("host_statuses", []):
-            socket = host["address"]["socket_address"]
-            endpoints.setdefault(cluster["name"], set()).add(
-                endpoint_key(f"http://{socket['address']}:{socket['port_value']}"))
+            where = host["address"]["socket_address"]
+            endpoints.setdefault(cluster["name"], set()).update(
+                server_of(where["address"], int(where["port_value"])))
     return held, endpoints
 
 
 def crossings(gateway: Gateway, *, settled: bool,
-              view: tuple[dict[str, dict[str, int]], dict[str, set[str]]] | None = None
+              view: tuple[dict[str, dict[str, int]], dict[str, set[tuple[str, int]]]]
+              | None = None
               ) -> list[str]:
     """Pinned traffic that Envoy would send outside its pin, judged by the registry now.
     `settled`: the gateway has applied the latest state, so each weighted cluster must also
@@ -118,10 +164,11 @@ def crossings(gateway: Gateway, *, settled: bool,
     held, endpoints = view or envoy_view(gateway)
     pools = list(Pool.objects.select_related("region"))
     where = {p.name: p.region.jurisdiction for p in pools}
-    at_endpoint: dict[str, set[str]] = {}
+    at_endpoint: dict[tuple[str, int], set[str]] = {}
     for pool in pools:
         for url in pool.base_urls:
-            at_endpoint.setdefault(endpoint_key(url), set()).add(pool.region.jurisdiction)
+            for server in url_servers(url):
+                at_endpoint.setdefault(server, set()).add(pool.region.jurisdiction)
     found = []
     for route in Route.objects.filter(gateways=gateway).exclude(residency=""):
         for cluster in held.get(route.name, {}):
@@ -295,13 +342,15 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
         def pool(self, name: str) -> str:
             return f"s{self.n}-{name}"
 
-        def url(self, port: int) -> str:
-            return f"http://127.0.0.1:{self.port0 + port}"
+        def url(self, port: int, spelling: int = 0, path: str = "") -> str:
+            return f"http://{SPELLINGS[spelling]}:{self.port0 + port}{path}"
 
-        def _register(self, name: str, region: str, port: int) -> int:
+        def _register(self, name: str, region: str, port: int, spelling: int = 0,
+                      path: str = "") -> int:
             answer = api.post("/api/v1/pools/", {
                 "name": self.pool(name), "runtime": "cuda", "accelerator": "H100",
-                "region": self.regions[region], "base_urls": [self.url(port)],
+                "region": self.regions[region],
+                "base_urls": [self.url(port, spelling, path)],
                 "max_context_tokens": 4096, "node_hourly_rate": "1"}, format="json")
             if answer.status_code == 201:
                 pool = Pool.objects.get(name=self.pool(name))
@@ -426,9 +475,11 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
 
         # --- the registry ------------------------------------------------------------------------
         @rule(name=st.sampled_from(NAMES), region=st.sampled_from(REGIONS),
-              port=st.integers(0, PORTS - 1))
-        def register_pool(self, name: str, region: str, port: int) -> None:
-            assert self._register(name, region, port) < 500
+              port=st.integers(0, PORTS - 1), spelling=st.integers(0, len(SPELLINGS) - 1),
+              path=st.sampled_from(PATHS))
+        def register_pool(self, name: str, region: str, port: int, spelling: int,
+                          path: str) -> None:
+            assert self._register(name, region, port, spelling, path) < 500
 
         @rule(name=st.sampled_from(NAMES))
         def delete_pool(self, name: str) -> None:
@@ -444,10 +495,12 @@ def make_machine(api: Any, gateway: Gateway, numbers: Iterator[int],
             self._answered(api.patch(f"/api/v1/pools/{self.pool(name)}/",
                                      {"region": self.regions[region]}, format="json"))
 
-        @rule(name=st.sampled_from(NAMES), port=st.integers(0, PORTS - 1))
-        def change_endpoint(self, name: str, port: int) -> None:
+        @rule(name=st.sampled_from(NAMES), port=st.integers(0, PORTS - 1),
+              spelling=st.integers(0, len(SPELLINGS) - 1), path=st.sampled_from(PATHS))
+        def change_endpoint(self, name: str, port: int, spelling: int, path: str) -> None:
             self._answered(api.patch(f"/api/v1/pools/{self.pool(name)}/",
-                                     {"base_urls": [self.url(port)]}, format="json"))
+                                     {"base_urls": [self.url(port, spelling, path)]},
+                                     format="json"))
 
         @rule(region=st.sampled_from(REGIONS), jurisdiction=st.sampled_from(JURISDICTIONS))
         def change_jurisdiction(self, region: str, jurisdiction: str) -> None:

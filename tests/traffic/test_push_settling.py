@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from fleetctl.fleet.models import endpoint_key
 from fleetctl.fleet.services import pool_health_record, pool_model_create, pool_update
 from fleetctl.traffic import push, selectors, services
 from fleetctl.traffic.gateways.base import adapter_for
 from fleetctl.traffic.models import Gateway, GatewayPush, Route
 from tests.conftest import SYSTEM
-from tests.traffic.residency_machine import envoy_view
+from tests.traffic.residency_machine import envoy_view, url_servers
 
 pytestmark = pytest.mark.slow
 MODEL = "llama-3.1-8b-instruct"
@@ -58,4 +57,4 @@ def test_an_attempt_does_not_settle_a_push_committed_after_it_read_its_state(
     assert second.status == "verified"
     adapter = adapter_for(selectors.gateway_spec(edge))
     assert adapter.matches(selectors.gateway_desired_state(gateway=edge), adapter.read_back())
-    assert envoy_view(edge)[1]["a"] == {endpoint_key("http://127.0.0.1:7402")}
+    assert envoy_view(edge)[1]["a"] == url_servers("http://127.0.0.1:7402")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fleetctl.audit.models import AuditEvent
-from fleetctl.fleet.models import Pool, Region
+from fleetctl.fleet.models import Pool, PoolModel, Region
 from fleetctl.fleet.services import pool_health_record, pool_model_create, region_create
 from fleetctl.traffic import selectors
 from fleetctl.traffic.models import Gateway, SplitRevision
@@ -121,6 +121,70 @@ def test_a_pool_carrying_weight_cannot_be_deleted_or_renamed(eu_fleet, client_fo
     assert len(_refusals("pool.delete")) == 1 and len(_refusals("pool.update")) == 1
 
 
+def _entry(pool: str) -> PoolModel:
+    return PoolModel.objects.get(pool__name=pool, model_id=MODEL)
+
+
+def test_a_pool_model_a_pinned_route_sends_weight_to_cannot_be_deleted(eu_fleet, client_for):
+    admin = client_for("admin")
+
+    answer = admin.delete(f"/api/v1/pool-models/{_entry('eu-b').pk}/")
+
+    assert answer.status_code == 409, answer.content
+    message = answer.json()["error"]["message"]
+    assert message.startswith(f"Pool eu-b cannot stop serving {MODEL} while routes rely on it: "
+                              f"route chat-eu (pinned to EU) sends 50 % of {MODEL} to eu-b.")
+    assert "Drain it off those routes first" in message
+    assert PoolModel.objects.filter(pool__name="eu-b").exists()
+    refused = _refusals("pool_model.delete")
+    assert len(refused) == 1 and refused[0].message == message
+
+
+def test_a_pool_model_whose_pool_is_a_routes_primary_cannot_be_deleted_or_renamed(
+        eu_fleet, client_for):
+    revision_create(actor=SYSTEM, route=eu_fleet["route"], weights={"eu-b": 100},
+                    base_revision=1, reason="all on b")
+    admin = client_for("admin")
+
+    deleted = admin.delete(f"/api/v1/pool-models/{_entry('eu-a').pk}/")
+    renamed = admin.patch(f"/api/v1/pool-models/{_entry('eu-a').pk}/",
+                          {"model_id": "another-model"}, format="json")
+
+    assert deleted.status_code == renamed.status_code == 409
+    assert f"route chat-eu (pinned to EU) has eu-a as its primary for {MODEL}" in \
+        deleted.json()["error"]["message"]
+    assert _entry("eu-a").model_id == MODEL
+    assert len(_refusals("pool_model.delete")) == len(_refusals("pool_model.update")) == 1
+
+
+def test_a_pool_model_is_refused_for_an_unpinned_route_too_and_allowed_once_drained(
+        eu_fleet, client_for, make_pool):
+    us_b = make_pool(name="us-b", base_urls=["http://127.0.0.1:7011"])
+    pool_model_create(actor=SYSTEM, pool=us_b, model_id=MODEL, max_context_tokens=4096)
+    pool_health_record(pool_id=us_b.pk, ok=True, status_code=200, latency_ms=1.0)
+    from fleetctl.traffic.services import route_create
+
+    route_create(actor=SYSTEM, name="chat-us", model_id=MODEL, primary_pool=eu_fleet["pools"]
+                 ["us-a"], weights={"us-a": 90, "us-b": 10})
+    admin = client_for("admin")
+
+    refused = admin.delete(f"/api/v1/pool-models/{_entry('us-b').pk}/")
+    assert refused.status_code == 409
+    assert f"route chat-us sends 10 % of {MODEL} to us-b" in refused.json()["error"]["message"]
+
+    drain_push_now(drain_request(actor=SYSTEM, pool=us_b, reason="retiring the model"))
+    allowed = admin.delete(f"/api/v1/pool-models/{_entry('us-b').pk}/")
+    assert allowed.status_code == 204, allowed.content
+    assert not PoolModel.objects.filter(pool=us_b).exists()
+
+
+def test_a_pool_model_no_route_relies_on_can_be_deleted(eu_fleet, client_for):
+    answer = client_for("admin").delete(f"/api/v1/pool-models/{_entry('us-a').pk}/")
+
+    assert answer.status_code == 204
+    assert AuditEvent.objects.filter(action="pool_model.delete", outcome="ok").count() == 1
+
+
 def test_an_endpoint_cannot_sit_in_two_jurisdictions(eu_fleet, client_for):
     admin = client_for("admin")
 
@@ -136,8 +200,8 @@ def test_an_endpoint_cannot_sit_in_two_jurisdictions(eu_fleet, client_for):
         "node_hourly_rate": "1"}, format="json")
 
     assert moved.status_code == 400 and created.status_code == 400
-    assert "pool eu-b's, in EU" in moved.json()["error"]["message"]
-    assert "pool eu-a's, in EU" in created.json()["error"]["message"]
+    assert "pool eu-b's endpoint, in EU" in moved.json()["error"]["message"]
+    assert "pool eu-a's endpoint, in EU" in created.json()["error"]["message"]
     assert same_side.status_code == 201, same_side.content
     assert Pool.objects.get(name="us-a").base_urls == ["http://127.0.0.1:7003"]
 

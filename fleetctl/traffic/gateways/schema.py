@@ -28,6 +28,7 @@ from dataclasses import MISSING, dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
+from fleetctl.core.destinations import GATEWAYS, url_problem
 from fleetctl.traffic.gateways.base import AdapterError
 
 
@@ -223,7 +224,7 @@ def http_url(what: str) -> AddressRule:
             parts.port  # noqa: B018 - raises on a bad port
         except ValueError:
             return f"{value!r} has no valid port"
-        return None
+        return url_problem(value, purpose=GATEWAYS)
     return AddressRule(help=f"the {what} URL, http(s)://host:port", check=check)
 
 
@@ -232,8 +233,11 @@ _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$")
 
 def socket_address(what: str) -> AddressRule:
     def check(value: str) -> str | None:
-        if value.startswith("/") or _HOST_PORT.match(value):
+        if value.startswith("/"):
             return None
+        if _HOST_PORT.match(value):
+            # Checked as the address it is: the same rules as an admin URL's host and port.
+            return url_problem(f"http://{value}", purpose=GATEWAYS)
         return f"{value!r} is neither an absolute path nor host:port"
     return AddressRule(help=f"the {what}, an absolute unix socket path or host:port",
                        check=check)

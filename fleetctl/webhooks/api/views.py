@@ -18,7 +18,8 @@ class WebhookViewSet(ServiceModelViewSet):
 
     queryset = selectors.webhook_list()
     serializer_class = serializers.WebhookSerializer
-    filterset_fields = ["active", "format"]
+    # Not `format`: DRF reads ?format= itself (which renderer answers) before any filter.
+    filterset_fields = ["active"]
     lookup_field = "name"
     instance_kwarg = "webhook"
     create_service = services.webhook_create

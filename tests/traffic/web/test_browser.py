@@ -10,6 +10,7 @@ Set FLEETCTL_SCREENSHOTS=1 to also write docs/screenshots/traffic.png and drain.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -49,11 +50,13 @@ def seed_traffic(base_urls: dict[str, str] | None = None) -> None:
     make_user("olga", "on-call")
     us = make_region("us-east", "US", "Virginia")
     eu = make_region("eu-west", "EU", "Frankfurt")
-    for name, region, runtime in (("h200-us", us, "cuda"), ("mi300x-us", us, "rocm"),
-                                  ("h200-eu", eu, "cuda"), ("mi300x-eu", eu, "rocm")):
+    pools = (("h200-us", us, "cuda"), ("mi300x-us", us, "rocm"), ("h200-eu", eu, "cuda"),
+             ("mi300x-eu", eu, "rocm"))
+    for port, (name, region, runtime) in enumerate(pools, start=9):
+        # A port each: one server cannot sit in two jurisdictions, whatever its paths.
+        nowhere = f"http://127.0.0.1:{port}/{name}"
         fields = {"runtime": runtime, "accelerator": "MI300X" if runtime == "rocm" else "H200",
-                  "region": region,
-                  "base_urls": [(base_urls or {}).get(name, f"http://127.0.0.1:9/{name}")],
+                  "region": region, "base_urls": [(base_urls or {}).get(name, nowhere)],
                   "max_context_tokens": 32768, "node_hourly_rate": "9.50"}
         healthy(pool_create(actor=SYSTEM, name=name, **fields))
     ramp(make_route("llama", primary="h200-us"), {"h200-us": 95, "mi300x-us": 5},
@@ -81,13 +84,17 @@ def drain_llama_through_the_dashboard(page: Page, base_url: str) -> None:
     page.fill("#id_confirm_name", "llama")
     page.get_by_role("button", name="Drain route llama now").click()
     page.wait_for_url("**/traffic/drains/*/")
-    expect(page.get_by_text("Draining route llama.")).to_be_visible()
+    expect(page.get_by_text(re.compile(r"^Drain \d+ of route llama requested\.$"))
+           ).to_be_visible()
 
-    # The progress block polls every 500 ms and stops once the drain is complete.
+    # The progress block polls every 500 ms and stops once the drain is complete; then
+    # nothing on the page says it is still draining.
     progress = page.locator("#drain-progress")
     expect(progress.locator("h2 .badge")).to_have_text("● complete", timeout=60_000)
     expect(progress).not_to_have_attribute("hx-trigger", POLLING)
     expect(progress.get_by_text("Finished; no longer refreshing.")).to_be_visible()
+    expect(progress.locator(".drain-outcome")).to_contain_text("Drain complete")
+    expect(page.get_by_text("Draining")).to_have_count(0)
     expect(page.get_by_role("link", name="Restore…")).to_be_visible()
 
 
