@@ -246,7 +246,7 @@ def _refuse_shared_endpoints(base_urls: list[str], jurisdiction: str, *,
                                              jurisdiction=jurisdiction, exclude=exclude or [])
     if clashes:
         raise ValidationError({"base_urls": [
-            f"{'; '.join(clashes)}. One endpoint cannot sit in two jurisdictions."]})
+            f"{'; '.join(clashes)}. One server cannot sit in two jurisdictions."]})
 
 
 def pool_model_create(*, actor: Actor, pool: Pool, **fields: Any) -> PoolModel:
