@@ -35,6 +35,7 @@ server and counts crossings. `api` is anything with DRF's test client's post/pat
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import socket
 from collections.abc import Callable, Iterator
@@ -83,7 +84,7 @@ NAMES = ("a", "b", "c", "d", "e", "f")
 PORTS = 6  # endpoints per sequence: few, so that pools compete for them
 # How a pool's endpoint is written: index 0 is the plain form; the rest are other spellings of
 # a server on this host (and one name that resolves nowhere), each drawn as often.
-_OWN = sorted({info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)
+_OWN = sorted({str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None)
                if not ipaddress.ip_address(info[4][0]).is_loopback})
 SPELLINGS = ("127.0.0.1", "localhost", "LOCALHOST", "127.0.0.2", "[::1]", "0.0.0.0",
              "127.1", "2130706433", "0x7f.1", "[::ffff:127.0.0.1]", "gpu.unresolvable.invalid",
@@ -91,15 +92,18 @@ SPELLINGS = ("127.0.0.1", "localhost", "LOCALHOST", "127.0.0.2", "[::1]", "0.0.0
 PATHS = ("", "/", "/v1")
 
 
-def server_of(host: str, port: int) -> set[tuple[str, int]]:
+@functools.lru_cache(maxsize=8192)
+def server_of(host: str, port: int) -> frozenset[tuple[str, int]]:
     """The servers `host:port` reaches, by this test's own reading: every address the
     machine's resolver gives (IPv4-mapped ones as IPv4); loopback, unspecified and this
-    host's own addresses are one host; a name that does not resolve stands for itself."""
+    host's own addresses are one host; a name that does not resolve stands for itself.
+    Kept for the run: the machine's names do not change meanwhile, and the invariant asks
+    after every step for every pool registered so far."""
     host = host.strip("[]").rstrip(".").lower()
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
-        return {(f"name:{host}", port)}
+        return frozenset({(f"name:{host}", port)})
     found = set()
     for info in infos:
         address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
@@ -107,10 +111,10 @@ def server_of(host: str, port: int) -> set[tuple[str, int]]:
             address = address.ipv4_mapped
         local = address.is_loopback or address.is_unspecified or str(address) in _OWN
         found.add(("this host" if local else str(address), port))
-    return found
+    return frozenset(found)
 
 
-def url_servers(url: str) -> set[tuple[str, int]]:
+def url_servers(url: str) -> frozenset[tuple[str, int]]:
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
