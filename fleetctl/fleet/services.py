@@ -49,7 +49,8 @@ def region_update(*, actor: Actor, region: Region, **changes: Any) -> Region:
     actor.require(roles.FLEET_MANAGE, action="region.update", target=region)
     with refusals_audited(actor=actor, action="region.update", target=region), \
             transaction.atomic():
-        locked = Region.objects.select_for_update().get(pk=region.pk)
+        locked = _locked_as_addressed(region, Region.objects.select_for_update(),
+                                      what="Region", key="code")
         moved_to = changes.get("jurisdiction", locked.jurisdiction)
         if moved_to != locked.jurisdiction:
             pools = list(locked.pools.all())
@@ -142,20 +143,23 @@ def pool_delete(*, actor: Actor, pool: Pool) -> None:
         _gateways_follow()
 
 
-def _locked_as_addressed(pool: Pool, rows: Any) -> Pool:
-    """The pool's row, locked, still the pool the caller addressed. The API and the pages
-    find a pool by name and then wait here for the lock; meanwhile another request may have
-    deleted it (404) or renamed it (409: the change was meant for the pool as it was named,
-    and `/pools/<old name>/` no longer names anything). Nothing is changed either way."""
-    locked: Pool | None = rows.filter(pk=pool.pk).first()
+def _locked_as_addressed(row: Any, rows: Any, *, what: str = "Pool", key: str = "name"
+                         ) -> Any:
+    """The row, locked, still the one the caller addressed. The API and the pages find a
+    pool by name (a region by code) and then wait here for the lock; meanwhile another
+    request may have deleted it (404) or renamed it (409: the change was meant for the row as
+    it was named, and its old URL no longer names anything). Nothing is changed either way."""
+    named = getattr(row, key)
+    locked = rows.filter(pk=row.pk).first()
     if locked is None:
-        raise NotFoundError(f"Pool {pool.name} was deleted while this request waited for it; "
+        raise NotFoundError(f"{what} {named} was deleted while this request waited for it; "
                             f"nothing was changed.")
-    if locked.name != pool.name:
+    if getattr(locked, key) != named:
+        now = getattr(locked, key)
         raise ConflictError(
-            f"Pool {pool.name} was renamed to {locked.name} while this request waited for it; "
-            f"nothing was changed. Read pool {locked.name} and send the change again if it "
-            f"still applies.", extra={"current_name": locked.name})
+            f"{what} {named} was renamed to {now} while this request waited for it; "
+            f"nothing was changed. Read {what.lower()} {now} and send the change again if it "
+            f"still applies.", extra={f"current_{key}": now})
     return locked
 
 

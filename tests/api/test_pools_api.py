@@ -8,7 +8,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from fleetctl.audit.models import AuditEvent
-from fleetctl.fleet.models import Pool, PoolModel
+from fleetctl.fleet.models import Pool, PoolModel, Region
 
 pytestmark = pytest.mark.django_db
 
@@ -251,3 +251,48 @@ def test_a_pool_patch_that_waited_behind_a_rename_or_delete_is_refused_not_a_500
     assert not Pool.objects.filter(labels__team="a").exists()
     refused = AuditEvent.objects.get(action="pool.update", outcome="denied")
     assert refused.message.startswith(says)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("meanwhile", "status", "says"), [
+    ("rename", 409, "Region eu-north was renamed to eu-n while this request waited for it; "
+                    "nothing was changed."),
+    ("delete", 404, "Region eu-north was deleted while this request waited for it; nothing "
+                    "was changed."),
+])
+def test_a_region_patch_that_waited_behind_a_rename_or_delete_is_refused_not_a_500(
+        client_for, meanwhile, status, says):
+    from fleetctl.fleet import services
+    from tests.conftest import SYSTEM, wait_until
+
+    region = services.region_create(actor=SYSTEM, code="eu-north", name="EU North",
+                                    jurisdiction="EU")
+    admin = client_for("admin")
+    admin.raise_request_exception = False
+    holding, release = threading.Event(), threading.Event()
+    change = ((lambda: services.region_update(actor=SYSTEM, region=region, code="eu-n"))
+              if meanwhile == "rename" else
+              (lambda: services.region_delete(actor=SYSTEM, region=region)))
+    other = threading.Thread(target=_hold_open, args=(change, holding, release))
+    other.start()
+    assert holding.wait(30)
+    answers = []
+
+    def patch() -> None:
+        try:  # finds the region by its old code, then waits for its row lock
+            answers.append(admin.patch("/api/v1/regions/eu-north/", {"name": "North"},
+                                       format="json"))
+        finally:
+            connection.close()
+
+    patching = threading.Thread(target=patch)
+    patching.start()
+    wait_until(_waiting_on_a_lock, what="the PATCH to wait for the region's row lock")
+    release.set()
+    other.join()
+    patching.join()
+
+    answer = answers[0]
+    assert answer.status_code == status, answer.content
+    assert answer.json()["error"]["message"].startswith(says)
+    assert not Region.objects.filter(name="North").exists()
