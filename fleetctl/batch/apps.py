@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.apps import AppConfig
 
 
@@ -14,8 +16,17 @@ class BatchConfig(AppConfig):
     def ready(self) -> None:
         from fleetctl.batch.evidence import register
         from fleetctl.batch.soak import cost_rejudge
+        from fleetctl.core.panels import Panel, register_panel
+        from migrations_plan.panels import PLAN_PANELS
         from migrations_plan.services import PREDICTION_HOOKS
 
         register()
+        register_panel(Panel(PLAN_PANELS, "batch/_plan_panel.html", order=30,
+                             when=_plan_in_stage_3_or_later))
         if cost_rejudge not in PREDICTION_HOOKS:
             PREDICTION_HOOKS.append(cost_rejudge)
+
+
+def _plan_in_stage_3_or_later(context: Any) -> bool:
+    """The plan page's Batch panel shows from stage 3 (batch) on."""
+    return context["plan"].stage >= 3

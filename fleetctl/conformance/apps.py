@@ -10,5 +10,8 @@ class ConformanceConfig(AppConfig):
 
     def ready(self) -> None:
         from fleetctl.conformance.evidence import register
+        from fleetctl.core.panels import register_panel
+        from migrations_plan.panels import gate_action
 
         register()
+        register_panel(gate_action("conformance/_gate_action.html", ("conformance", 1), order=10))

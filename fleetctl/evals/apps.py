@@ -10,6 +10,11 @@ class EvalsConfig(AppConfig):
     verbose_name = "Evals"
 
     def ready(self) -> None:
+        from fleetctl.core.panels import Panel, register_panel
         from fleetctl.evals.evidence import register
+        from migrations_plan.panels import PLAN_PANELS, gate_action
 
         register()
+        register_panel(gate_action("evals/_gate_action.html", ("eval", 2), ("quality", 4),
+                                   order=30))
+        register_panel(Panel(PLAN_PANELS, "evals/_plan_panel.html", order=20))

@@ -13,10 +13,17 @@ class RampsConfig(AppConfig):
     verbose_name = "Ramps"
 
     def ready(self) -> None:
+        from fleetctl.core.panels import Panel, register_panel, register_provider
         from fleetctl.ramps.evidence import register
+        from fleetctl.ramps.templatetags.ramps import live_pools
         from fleetctl.traffic.holds import holder_register
 
         register()
+        # The pool page's live block, the route page's live table and Ramps panel, and the
+        # overview's live column (fleet and traffic sit below ramps and telemetry).
+        register_panel(Panel("pool.panels", "ramps/_pool_live.html", order=10))
+        register_panel(Panel("route.panels", "ramps/_route_panels.html", order=10))
+        register_provider("fleet.pool_live", live_pools)
         # A drain of a ramp's pool ends the ramp; a restore does not give its share back.
         holder_register("ramps", lock=_lock_for_drain, holds=_holds, drained=_drained)
 

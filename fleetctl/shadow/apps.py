@@ -10,6 +10,10 @@ class ShadowConfig(AppConfig):
     verbose_name = "Shadow"
 
     def ready(self) -> None:
+        from fleetctl.core.panels import Panel, register_panel
         from fleetctl.shadow.evidence import register
+        from migrations_plan.panels import PLAN_PANELS, gate_action
 
         register()
+        register_panel(gate_action("shadow/_gate_action.html", ("divergence", 2), order=20))
+        register_panel(Panel(PLAN_PANELS, "shadow/_plan_panel.html", order=10))

@@ -2,8 +2,10 @@
 figures per pool, the pool page's live block (figures, its last half hour, the routes it
 carries, its plans), and the route page's live per-pool table and Ramps panel.
 
-Template tags, so those pages render them without importing telemetry or ramps (both sit
-above fleet and traffic; tests/test_layers.py). Missing data is a dash, never a zero, and
+Template tags of the ramps templates that those pages render as panels, and the overview's
+figure provider (both registered in fleetctl/ramps/apps.py; fleetctl/core/panels.py), so the
+pages show them without naming telemetry or ramps, which sit above fleet and traffic
+(tests/test_layers.py). Missing data is a dash, never a zero, and
 each figure says where it came from in its title (the tooltip).
 """
 
@@ -128,19 +130,14 @@ EMPTY = LiveRow(requests=0, ttft_p95=DASH, ttft_source="no data in the window", 
                 sources="no data in the window", has_data=False)
 
 
-@register.simple_tag
 def live_pools(pools: Any) -> dict[str, LiveRow]:
-    """The overview's live figures: one live_summary for every pool on the page."""
+    """The overview's live figures ("fleet.pool_live"): one live_summary for every pool on
+    the page, a row for each (dashes where the window has no data)."""
     names = [pool.name for pool in pools]
     if not names:
         return {}
     summary = telemetry.live_summary(pools=names, window_s=LIVE_WINDOW_S)
-    return {name: LiveRow.of(stats) for name, stats in summary.items()}
-
-
-@register.filter
-def live_of(live: dict[str, LiveRow], name: str) -> LiveRow:
-    return live.get(name, EMPTY)
+    return {name: LiveRow.of(summary[name]) if name in summary else EMPTY for name in names}
 
 
 def _carried(pool: Any) -> list[dict[str, Any]]:
