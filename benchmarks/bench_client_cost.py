@@ -2,7 +2,7 @@
 
 Starts one simulator process (profile `fast`: steps of 20 + 0.04·b ms, room for 1,024
 sequences, no network delay) and runs the runner in this process at rising fixed concurrency
-(default 64, 128, 256, 384, 512 streams; 128-token completions, `ignore_eos`). Per level:
+(default 64, 128, 256, 384, 512 streams; completions of 96–160 tokens, `ignore_eos`). Per level:
 
 - client CPU-ms per streamed output token = process CPU time of this process over the level /
   output tokens received over the level (target ≤ 0.15);

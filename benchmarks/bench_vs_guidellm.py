@@ -13,7 +13,7 @@ its own process; with `--endpoint mock` (or `both`) also **GuideLLM's mock serve
 batching, so lock step costs nothing there: it shows what the clients themselves add).
 No independent OpenAI-compatible server that batches requests runs here without model weights.
 
-Three clients, alternated in every round and at every level (the order rotates per round so
+Four clients, alternated in every round and at every level (the order rotates per round so
 drift hits each alike):
 
 - **fleetctl before**: the runner of `--before` (default: the commit before staggered
@@ -22,6 +22,7 @@ drift hits each alike):
 - **fleetctl now**: this checkout's runner, streams staggered over the ramp (default: half
   the warm-up, as a run does).
 - **GuideLLM** 0.8.1 (`guidellm run`, profile concurrent, a subprocess with its own workers).
+- **GuideLLM ramp**: the same, its streams started over `--ramp` seconds (`rampup_duration`).
 
 Same request shape for all: chat completions, ~256 prompt tokens, 128 output tokens
 (`max_tokens` + `ignore_eos`), streamed, closed loop; same warm-up (requests *started* in it

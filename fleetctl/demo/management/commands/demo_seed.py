@@ -324,8 +324,9 @@ class Command(BaseCommand):
             candidate_pool=Pool.objects.get(name="mi300x-us-east"), **self._plan_terms(),
             notes="Move llama-8b interactive traffic from H200 to MI300X (demo).")
         plans.approve(actor=lead2, plan=plan, justification=(
-            "Demo: signed off on the seeded evidence; routing is in place and the pool "
-            "is new."))
+            "Demo seed: stage 1 approved before any evidence exists, to start the tour in "
+            "stage 2; the conformance probe queued at start shows what a real stage 1 "
+            "gathers."))
         plan = plans.advance(actor=lead2, plan=plan, reason="stage 1 signed off")
         plans.check_add(actor=lead, plan=plan, stage=2, title="", rule="pool.healthy_for",
                         params={"hours": 0.1})
@@ -353,8 +354,8 @@ class Command(BaseCommand):
                                  latency_margin_pct=25, **terms,
                                  notes="Previous-generation A100s for batch traffic (demo).")
         plans.approve(actor=lead2, plan=plan, justification=(
-            "Demo: signed off on the seeded evidence; the A100s take batch work only, the "
-            "conformance probe runs next."))
+            "Demo seed: stage 1 approved before any evidence exists (the A100s take batch "
+            "work only); the conformance probe queued at start shows what it gathers."))
         plan = plans.advance(actor=lead2, plan=plan, reason="stage 1 signed off")
         plans.attest(actor=lead, check=plan.checks.get(stage=2, key="dashboards"),
                      note="Demo: the batch dashboards and alerts exist")
