@@ -414,7 +414,9 @@ SPECTACULAR_SETTINGS = {
         "PushStatusEnum": "fleetctl.traffic.models.GatewayPush.Status",
         "BenchRunStatusEnum": "fleetctl.bench.models.Run.Status",
         "BenchRunModeEnum": "fleetctl.bench.models.Run.Mode",
-        "ConformanceRunStatusEnum": "fleetctl.conformance.models.ConformanceRun.Status",
+        # Conformance and eval runs speak the job words alone (fleetctl/core/jobs.py); bench
+        # adds `partial`, shadow `stopped`.
+        "JobStatusEnum": "fleetctl.core.jobs.JobStatus",
         "ConformanceVerdictEnum": "fleetctl.conformance.models.ConformanceRun.Verdict",
         "ShadowRunStatusEnum": "fleetctl.shadow.models.ShadowRun.Status",
         "ShadowModeEnum": "fleetctl.shadow.models.ShadowRun.Mode",
@@ -426,7 +428,6 @@ SPECTACULAR_SETTINGS = {
         "JurisdictionEnum": "fleetctl.fleet.models.JURISDICTIONS.items",
         "CurrencyEnum": "fleetctl.fleet.models.CURRENCIES",
         "PlanStateEnum": "migrations_plan.models.Plan.State",
-        "EvalRunStatusEnum": "fleetctl.evals.models.EvalRun.Status",
         "EvalVerdictEnum": "fleetctl.evals.models.EvalRun.Verdict",
         "EvalResultStatusEnum": "fleetctl.evals.models.EvalResult.Status",
         "EvalSuiteSourceEnum": "fleetctl.evals.models.EvalSuite.Source",

@@ -7,6 +7,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from fleetctl.core.jobs import STATUS_MAX_LENGTH, Job, JobStatus
 from fleetctl.fleet.models import Pool, model_id_validator, slug_validator
 
 DEFAULT_WARMUP_S = 15.0
@@ -41,11 +42,15 @@ class Trace(models.Model):
         return self.name
 
 
-class Run(models.Model):
+class Run(Job):
     """One benchmark job: a trace against one or more pools, levels interleaved across pools
-    so machine drift hits all of them alike."""
+    so machine drift hits all of them alike. No plan: its evidence is about pools, and any
+    plan whose gate reads benchmark evidence of them takes it."""
 
     class Status(models.TextChoices):
+        """The job words (fleetctl/core/jobs.py) and `partial`: the run ended, but some
+        levels could not be run (their pools' results stand without them)."""
+
         QUEUED = "queued", "queued"
         RUNNING = "running", "running"
         COMPLETE = "complete", "complete"
@@ -60,8 +65,6 @@ class Run(models.Model):
     class Timing(models.TextChoices):
         CONCURRENCY = "concurrency", "fixed concurrency (closed loop)"
         TRACE = "trace", "the trace's own timing, time-scaled (open loop)"
-
-    ACTIVE = (Status.QUEUED, Status.RUNNING)
 
     name = models.CharField(max_length=100, blank=True)
     trace = models.ForeignKey(Trace, on_delete=models.PROTECT, related_name="runs")
@@ -101,17 +104,9 @@ class Run(models.Model):
     lag_limit_ms = models.FloatField(
         default=25.0, validators=[MinValueValidator(1), MaxValueValidator(10_000)],
         help_text="A level whose client lagged more than this (p99) is invalid, not counted.")
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    status = models.CharField(max_length=STATUS_MAX_LENGTH, choices=Status.choices,
+                              default=JobStatus.QUEUED)
     progress = models.JSONField(default=dict, blank=True)
-    error = models.TextField(blank=True)
-    created_by = models.CharField(max_length=150)
-    created_at = models.DateTimeField(default=timezone.now)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
 
     def __str__(self) -> str:
         return self.name or f"run {self.pk}"

@@ -38,7 +38,6 @@ import time
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
-from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
@@ -63,7 +62,8 @@ from fleetctl.bench.models import (
     Trace,
 )
 from fleetctl.core.errors import ConflictError
-from fleetctl.fleet.models import Pool, PoolModel
+from fleetctl.fleet.models import Pool
+from migrations_plan import jobs
 
 log = logging.getLogger("fleetctl.bench")
 MAX_TRACE_REQUESTS_IN_MEMORY = 1_000_000
@@ -235,24 +235,10 @@ RUN_FIELDS = ["name", "trace", "model_id", "mode", "levels", "timing", "speeds",
               "ramp_s", "min_samples", "shards", "lag_limit_ms"]
 
 
-def run_create(*, actor: Actor, trace: Trace, pools: list[Pool], model_id: str,
-               slo_ttft_p95_ms: float, slo_tpot_p95_ms: float, slo_error_rate: float,
-               mode: str = Run.Mode.SEARCH, levels: list[int] | None = None,
-               max_concurrency: int = 256, warmup_s: float = DEFAULT_WARMUP_S,
-               window_s: float = DEFAULT_WINDOW_S, ramp_s: float | None = None,
-               min_samples: int = 30, shards: int = 1, lag_limit_ms: float = 25.0,
-               name: str = "", timing: str = Run.Timing.CONCURRENCY,
-               speeds: list[float] | None = None) -> Run:
-    actor.require(roles.JOBS, action="bench.run.create", target="bench.run")
-    if not pools:
-        raise ValidationError({"pools": ["Name at least one pool."]})
-    serving = set(PoolModel.objects.filter(pool__in=pools, model_id=model_id)
-                  .values_list("pool__name", flat=True))
-    missing = sorted(p.name for p in pools if p.name not in serving)
-    if missing:
-        raise ValidationError({"pools": [f"{', '.join(missing)} do(es) not serve {model_id}."]})
-    levels = list(levels or [])
-    speeds = list(speeds or [])
+def _load(*, timing: str, mode: str, levels: list[int], speeds: list[float],
+          max_concurrency: int, ramp_s: float | None, warmup_s: float
+          ) -> tuple[str, list[int], list[float]]:
+    """How the run loads each pool, checked: (mode, levels, speeds) as stored."""
     if timing not in Run.Timing.values:
         raise ValidationError({"timing": [f"Unknown timing {timing!r}; choose "
                                           f"{' or '.join(Run.Timing.values)}."]})
@@ -286,6 +272,28 @@ def run_create(*, actor: Actor, trace: Trace, pools: list[Pool], model_id: str,
         raise ValidationError({"ramp_s": [f"The ramp ({ramp_s:g} s) must fit in the warm-up "
                                           f"({warmup_s:g} s): the window starts once every "
                                           f"stream runs. Lower ramp_s or raise warmup_s."]})
+    return mode, levels, speeds
+
+
+def run_create(*, actor: Actor, trace: Trace, pools: list[Pool], model_id: str,
+               slo_ttft_p95_ms: float, slo_tpot_p95_ms: float, slo_error_rate: float,
+               mode: str = Run.Mode.SEARCH, levels: list[int] | None = None,
+               max_concurrency: int = 256, warmup_s: float = DEFAULT_WARMUP_S,
+               window_s: float = DEFAULT_WINDOW_S, ramp_s: float | None = None,
+               min_samples: int = 30, shards: int = 1, lag_limit_ms: float = 25.0,
+               name: str = "", timing: str = Run.Timing.CONCURRENCY,
+               speeds: list[float] | None = None) -> Run:
+    """Queue a benchmark of `pools` (no plan: its evidence is about the pools). Every pool
+    must serve the model; nothing is stored when anything is refused."""
+    actor.require(roles.JOBS, action="bench.run.create", target="bench.run")
+    if not pools:
+        raise ValidationError({"pools": ["Name at least one pool."]})
+    missing = sorted(p.name for p in pools if model_id not in jobs.models_served(p))
+    if missing:
+        raise ValidationError({"pools": [f"{', '.join(missing)} do(es) not serve {model_id}."]})
+    mode, levels, speeds = _load(timing=timing, mode=mode, levels=list(levels or []),
+                                 speeds=list(speeds or []), max_concurrency=max_concurrency,
+                                 ramp_s=ramp_s, warmup_s=warmup_s)
     run = Run(name=name, trace=trace, model_id=model_id, mode=mode, levels=sorted(set(levels)),
               timing=timing, speeds=speeds, ramp_s=ramp_s,
               max_concurrency=max_concurrency, slo_ttft_p95_ms=slo_ttft_p95_ms,
@@ -307,18 +315,7 @@ def run_create(*, actor: Actor, trace: Trace, pools: list[Pool], model_id: str,
 
 
 def run_cancel(*, actor: Actor, run: Run) -> Run:
-    actor.require(roles.JOBS, action="bench.run.cancel", target=run)
-    with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
-        if locked.status not in Run.ACTIVE:
-            raise ConflictError(f"Run {locked.pk} is {locked.status}; only a queued or "
-                                f"running run can be cancelled.")
-        locked.status = Run.Status.CANCELLED
-        locked.finished_at = timezone.now()
-        locked.error = f"cancelled by {actor.label}"
-        locked.save(update_fields=["status", "finished_at", "error"])
-        audit_record(actor=actor, action="bench.run.cancel", target=locked)
-    return locked
+    return jobs.cancel(actor, run, action="bench.run.cancel", noun="Run")
 
 
 # --- execution --------------------------------------------------------------------------------
@@ -604,8 +601,7 @@ async def _measure(ctx: _Context, pool: Pool, concurrency: int,
         run = ctx.run
         doing = (f"{pool.name} at trace speed {speed:g}×" if speed is not None
                  else f"{pool.name} at concurrency {concurrency}")
-        await sync_to_async(_heartbeat)(run, doing)
-        if await sync_to_async(_cancelled)(run):
+        if not await sync_to_async(_heartbeat)(run, doing):  # cancelled (or reaped)
             ctx.cancelled = True
             return stats.Verdict("invalid", "cancelled", None, {}, "run cancelled")
         level = await sync_to_async(_level_start)(run, pool, concurrency, speed)
@@ -654,14 +650,12 @@ def _parts_missing(level: Level, missing: int) -> None:
         for i in range(missing)])
 
 
-def _heartbeat(run: Run, doing: str) -> None:
-    Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now(),
-                                         progress={"doing": doing})
-    close_old_connections()
-
-
-def _cancelled(run: Run) -> bool:
-    return Run.objects.filter(pk=run.pk, status=Run.Status.CANCELLED).exists()
+def _heartbeat(run: Run, doing: str) -> bool:
+    """Beat (on an executor thread): False once the run is no longer running."""
+    try:
+        return jobs.heartbeat(run, doing)
+    finally:
+        close_old_connections()
 
 
 @dataclass
@@ -720,13 +714,10 @@ async def _execute(ctx: _Context, pools: list[Pool]) -> dict[str, Any]:
 
 def run_execute(*, run_id: int) -> Run:
     """The coordinator (a `bench.run` task): sweep every pool, record the outcome."""
-    with transaction.atomic():
-        run = Run.objects.select_for_update().select_related("trace").get(pk=run_id)
-        if run.status != Run.Status.QUEUED:
-            return run  # already taken (a redelivered task) or cancelled
-        run.status = Run.Status.RUNNING
-        run.started_at = run.heartbeat_at = timezone.now()
-        run.save(update_fields=["status", "started_at", "heartbeat_at"])
+    taken = jobs.take(Run, run_id, worker=socket.gethostname())
+    run = Run.objects.select_related("trace").get(pk=run_id)
+    if not taken:
+        return run  # already taken (a redelivered task) or cancelled
     pools = list(run.pools.order_by("name"))
     try:
         ctx = _Context(run=run, requests=trace_requests(run.trace),
@@ -736,8 +727,7 @@ def run_execute(*, run_id: int) -> Run:
         outcome = asyncio.run(_execute(ctx, pools))
     except Exception as exc:
         log.exception("benchmark run %s failed", run_id)
-        Run.objects.filter(pk=run_id).update(status=Run.Status.FAILED, finished_at=timezone.now(),
-                                             error=f"{type(exc).__name__}: {exc}")
+        jobs.fail(run, f"{type(exc).__name__}: {exc}")
         return Run.objects.get(pk=run_id)
     return _record(run, pools, outcome, cancelled=ctx.cancelled)
 
@@ -771,50 +761,53 @@ def run_results(run: Run) -> list[PoolResult]:
 
 
 def _record(run: Run, pools: list[Pool], outcome: dict[str, Any], *, cancelled: bool) -> Run:
-    from fleetctl.fleet.services import pool_set_cost
-    from migrations_plan.services import evidence_record
-
-    system = Actor.for_system("benchmark")
-    now = timezone.now()
+    """The sweep's outcome on the run; unless it was cancelled meanwhile, the run finished
+    (partial when a level could not run) with each pool's cost and benchmark evidence."""
     progress = {"best": {name: result.best for name, result in outcome.items()},
                 "client_bound": {name: result.client_bound for name, result in outcome.items()},
                 "notes": {name: result.note for name, result in outcome.items()},
                 "doing": "done"}
+    if cancelled:  # it keeps the status that stopped it; what was measured is shown
+        Run.objects.filter(pk=run.pk).update(progress=progress, heartbeat_at=timezone.now())
+        return Run.objects.get(pk=run.pk)
     errored = Level.objects.filter(run=run, verdict=Level.Verdict.ERROR).exists()
-    status = (Run.Status.CANCELLED if cancelled else
-              Run.Status.PARTIAL if errored else Run.Status.COMPLETE)
-    with transaction.atomic():
-        Run.objects.filter(pk=run.pk).update(status=status, finished_at=now, progress=progress,
-                                             heartbeat_at=now)
-        run.refresh_from_db()
-        if cancelled:
-            return run
-        results = run_results(run)
-        for result in results:
-            pool, best = result.pool, result.best
-            if best is not None and best.cost_per_1m is not None:
-                pool_set_cost(actor=system, pool=pool, cost_per_1m=best.cost_per_1m,
-                              measured_at=now, hourly_rate=best.hourly_rate,
-                              currency=best.currency, source=f"run #{run.pk}")
-                load = (f"trace speed {best.speed:g}×" if best.speed is not None
-                        else f"concurrency {best.concurrency}")
-                summary = (f"highest SLO-passing {load}: "
-                           f"{best.output_tokens_per_s:,.0f} output tok/s, "
-                           f"{best.cost_per_1m} {best.currency or pool.currency} per 1M "
-                           f"(run {run.pk})")
-                verdict = "pass"
-            else:
-                summary = f"no level met the SLO (run {run.pk})"
-                verdict = "fail"
-            evidence_record(
-                actor=system, pool=pool, kind="benchmark", verdict=verdict, summary=summary,
-                model_id=run.model_id, url=f"/bench/runs/{run.pk}/",
-                source=f"benchmark run {run.pk}",
-                data=benchmark_evidence_data(run, result, [r.pool.name for r in results],
-                                             measured_at=now))
-        audit_record(actor=system, action="bench.run.finish", target=run,
-                     after={"status": status, "best": progress["best"]})
-    return run
+    return jobs.finish(run, actor=Actor.for_system("benchmark"), action="bench.run.finish",
+                       status=Run.Status.PARTIAL if errored else Run.Status.COMPLETE,
+                       fields={"progress": progress}, evidence=_record_evidence,
+                       after={"best": progress["best"]})
+
+
+def _record_evidence(run: Run) -> dict[str, Any]:
+    """Each pool's cost (from its highest passing level) and its `benchmark` evidence."""
+    from fleetctl.fleet.services import pool_set_cost
+    from migrations_plan.services import evidence_record
+
+    system = Actor.for_system("benchmark")
+    now = run.finished_at or timezone.now()
+    results = run_results(run)
+    for result in results:
+        pool, best = result.pool, result.best
+        if best is not None and best.cost_per_1m is not None:
+            pool_set_cost(actor=system, pool=pool, cost_per_1m=best.cost_per_1m,
+                          measured_at=now, hourly_rate=best.hourly_rate,
+                          currency=best.currency, source=f"run #{run.pk}")
+            load = (f"trace speed {best.speed:g}×" if best.speed is not None
+                    else f"concurrency {best.concurrency}")
+            summary = (f"highest SLO-passing {load}: "
+                       f"{best.output_tokens_per_s:,.0f} output tok/s, "
+                       f"{best.cost_per_1m} {best.currency or pool.currency} per 1M "
+                       f"(run {run.pk})")
+            verdict = "pass"
+        else:
+            summary = f"no level met the SLO (run {run.pk})"
+            verdict = "fail"
+        evidence_record(
+            actor=system, pool=pool, kind="benchmark", verdict=verdict, summary=summary,
+            model_id=run.model_id, url=f"/bench/runs/{run.pk}/",
+            source=f"benchmark run {run.pk}",
+            data=benchmark_evidence_data(run, result, [r.pool.name for r in results],
+                                         measured_at=now))
+    return {}
 
 
 def benchmark_evidence_data(run: Run, result: PoolResult, pools: list[str], *,
@@ -855,26 +848,15 @@ def benchmark_evidence_data(run: Run, result: PoolResult, pools: list[str], *,
     }
 
 
+def _interrupted(run: Run) -> None:
+    Level.objects.filter(run=run, verdict=Level.Verdict.RUNNING).update(
+        verdict=Level.Verdict.ERROR, note="interrupted: the worker stopped")
+
+
 def runs_reap(*, stale_after_s: float = HEARTBEAT_STALE_S) -> int:
-    """A run whose coordinator stopped beating (its worker died) is failed, not left
-    "running"; the levels it measured stay, labelled."""
-    cutoff = timezone.now() - timedelta(seconds=stale_after_s)
-    stale = Run.objects.filter(status=Run.Status.RUNNING, heartbeat_at__lt=cutoff)
-    count = 0
-    for run in stale:
-        Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(
-            status=Run.Status.FAILED, finished_at=timezone.now(),
-            error=f"the worker running it stopped (no heartbeat since "
-                  f"{run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC); the levels measured so far "
-                  f"are kept")
-        Level.objects.filter(run=run, verdict=Level.Verdict.RUNNING).update(
-            verdict=Level.Verdict.ERROR, note="interrupted: the worker stopped")
-        count += 1
-    never_started = Run.objects.filter(
-        status=Run.Status.QUEUED,
-        created_at__lt=timezone.now() - timedelta(seconds=QUEUED_STALE_S))
-    count += never_started.update(
-        status=Run.Status.FAILED, finished_at=timezone.now(),
-        error=f"no worker started it within {QUEUED_STALE_S // 60} minutes: is a Celery worker "
-              f"consuming the bench queue?")
-    return count
+    """Beat: a run whose coordinator stopped beating (its worker died) is failed, not left
+    "running" — the levels it measured stay, labelled — and so is one no worker took
+    (policy FAIL: a benchmark is not resumed half-way, its levels would not interleave)."""
+    return jobs.reap(Run, policy=jobs.Reap.FAIL, stale_after_s=stale_after_s,
+                     queued_after_s=QUEUED_STALE_S, queue="bench",
+                     kept="the levels measured so far are kept", on_failed=_interrupted)

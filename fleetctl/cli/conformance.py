@@ -13,7 +13,7 @@ from typing import Any
 from fleetctl.cli.client import ApiClient, CliError
 from fleetctl.cli.output import print_fields, print_json, print_table, row_limit
 
-STATUSES = ("queued", "running", "done", "failed", "cancelled")
+STATUSES = ("queued", "running", "complete", "failed", "cancelled")
 VERDICTS = ("pass", "warn", "fail")
 ACTIVE = ("queued", "running")
 EXIT = {"pass": 0, "warn": 0, "fail": 3}
@@ -82,7 +82,7 @@ def _report(run: dict[str, Any], as_json: bool) -> int:
         if run["cases"]:
             print()
             print_cases(run)
-    if run["status"] != "done":
+    if run["status"] != "complete":
         return 1
     return EXIT.get(run["verdict"], 1)
 

@@ -20,7 +20,7 @@ from fleetctl.cli.output import print_fields, print_json, print_table, row_limit
 RUNS = "/api/v1/shadow-runs/"
 MODES = ("mirror", "replay")
 CONTENT = ("full", "redacted", "off")
-STATUSES = ("running", "stopped", "finished", "failed")
+STATUSES = ("running", "stopped", "complete", "failed")
 FORMATS = ("csv", "json")
 DROPS = ("rate", "tokens", "behind", "malformed", "too_large", "stopped", "residency")
 

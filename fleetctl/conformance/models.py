@@ -7,51 +7,35 @@ from django.db import models
 from django.utils import timezone
 
 from fleetctl.fleet.models import Pool, model_id_validator
+from migrations_plan.jobs import PlanJob
 
 
-class ConformanceRun(models.Model):
+class ConformanceRun(PlanJob):
     """One probe of a pool (every endpoint of it) against the OpenAI contract, side by side
-    with a reference pool (the plan's primary, or one named) on one of its endpoints."""
-
-    class Status(models.TextChoices):
-        QUEUED = "queued", "queued"
-        RUNNING = "running", "running"
-        DONE = "done", "done"
-        FAILED = "failed", "failed (could not finish)"
-        CANCELLED = "cancelled", "cancelled"
+    with a reference pool (the plan's primary, or one named) on one of its endpoints. Its
+    status is the job words (fleetctl/core/jobs.py): `complete` once every case is judged
+    and the verdict recorded as evidence."""
 
     class Verdict(models.TextChoices):
         PASS = "pass", "pass"
         WARN = "warn", "warn (only optional cases fail)"
         FAIL = "fail", "fail (a required case fails)"
 
-    ACTIVE = (Status.QUEUED, Status.RUNNING)
-
     pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="conformance_runs")
     primary = models.ForeignKey(Pool, on_delete=models.SET_NULL, null=True, blank=True,
                                 related_name="+", help_text="The reference pool, if any.")
-    plan = models.ForeignKey("migrations_plan.Plan", on_delete=models.SET_NULL, null=True,
-                             blank=True, related_name="+")
     model_id = models.CharField(max_length=200, validators=[model_id_validator])
     include_saturation = models.BooleanField(
         default=False, help_text="Run the opt-in case that floods the pool to see a 429.")
     required_keys = models.JSONField(
         default=list, blank=True,
         help_text="Case keys this run requires beyond the default required set.")
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
     verdict = models.CharField(max_length=4, choices=Verdict.choices, blank=True)
     summary = models.CharField(max_length=600, blank=True)
     counts = models.JSONField(default=dict, blank=True)
-    error = models.TextField(blank=True)
     evidence_id = models.PositiveIntegerField(null=True, blank=True)
-    created_by = models.CharField(max_length=150)
-    created_at = models.DateTimeField(default=timezone.now)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
 
-    class Meta:
-        ordering = ["-created_at", "-id"]
+    class Meta(PlanJob.Meta):
         indexes = [models.Index(fields=["pool", "-created_at"])]
 
     def __str__(self) -> str:

@@ -16,13 +16,12 @@ warn when only optional ones do; pass otherwise.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Iterable
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.utils import timezone
 
 from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
@@ -32,6 +31,7 @@ from fleetctl.conformance.evidence import KIND
 from fleetctl.conformance.models import ConformanceCase, ConformanceRun
 from fleetctl.core.errors import ConflictError
 from fleetctl.fleet.models import Pool, PoolModel
+from migrations_plan import jobs
 
 if TYPE_CHECKING:
     from migrations_plan.models import Plan
@@ -44,8 +44,18 @@ PRODUCER = "conformance-probe"
 SEVERITY = {suite.ERROR: 3, suite.FAIL: 2, suite.PASS: 1, suite.SKIP: 0}
 
 
-def _models_served(pool: Pool) -> list[str]:
-    return sorted(PoolModel.objects.filter(pool=pool).values_list("model_id", flat=True))
+def _required(keys: Iterable[str] | None, include_saturation: bool) -> list[str]:
+    """The case keys a run requires beyond the default set, checked."""
+    known = suite.by_key()
+    keys = sorted(set(keys or []))
+    unknown = [k for k in keys if k not in known]
+    if unknown:
+        raise ValidationError({"required": [f"No case {', '.join(unknown)}; cases: "
+                                            f"{', '.join(known)}."]})
+    if "errors.rate_limit" in keys and not include_saturation:
+        raise ValidationError({"required": ["errors.rate_limit runs only with "
+                                            "include_saturation: turn it on to require it."]})
+    return keys
 
 
 def run_create(*, actor: Actor, pool: Pool, plan: Plan | None = None,
@@ -54,50 +64,15 @@ def run_create(*, actor: Actor, pool: Pool, plan: Plan | None = None,
                required_keys: Iterable[str] | None = None) -> ConformanceRun:
     """Queue a probe of `pool`. With a plan, the pool must be its candidate and the reference
     is its primary; the model defaults to the one the plan's routes serve (or the pool's only
-    model). Nothing is stored when anything is refused."""
+    model): jobs.resolve_plan_targets. Nothing is stored when anything is refused."""
     actor.require(roles.JOBS, action="conformance.run.create", target=pool)
-    if not [u for u in (pool.base_urls or []) if isinstance(u, str) and u.strip()]:
-        raise ValidationError({"pool": [f"{pool.name} has no endpoints (base URLs) to probe; "
-                                        f"add one to the pool first."]})
-    if plan is not None:
-        if plan.candidate_pool_id != pool.pk:
-            raise ValidationError({"plan": [
-                f"Plan {plan.name} migrates to {plan.candidate_pool.name}, not {pool.name}: "
-                f"probe {plan.candidate_pool.name}, or leave the plan out."]})
-        if primary is not None and primary.pk != plan.primary_pool_id:
-            raise ValidationError({"primary": [
-                f"Plan {plan.name}'s primary is {plan.primary_pool.name}; leave primary out "
-                f"to compare with it, or leave the plan out to compare with {primary.name}."]})
-        primary = plan.primary_pool
-    if primary is not None and primary.pk == pool.pk:
-        raise ValidationError({"primary": ["The reference must be another pool than the one "
-                                           "probed."]})
-    served = _models_served(pool)
-    if not model_id:
-        route_models = sorted({r.model_id for r in plan.routes.all()}) if plan else []
-        candidates = [m for m in route_models if m in served] or served
-        if len(candidates) != 1:
-            raise ValidationError({"model": [
-                f"{pool.name} serves {', '.join(served) or 'no model'}: name the model to "
-                f"probe." if served else
-                f"{pool.name} serves no model yet; add one to the pool first."]})
-        model_id = candidates[0]
-    if model_id not in served:
-        raise ValidationError({"model": [f"{pool.name} does not serve {model_id} (it serves "
-                                         f"{', '.join(served) or 'no model'})."]})
-    if primary is not None and model_id not in _models_served(primary):
-        raise ValidationError({"primary": [f"{primary.name} does not serve {model_id}, so it "
-                                           f"cannot be the reference for it."]})
-    known = suite.by_key()
-    keys = sorted(set(required_keys or []))
-    unknown = [k for k in keys if k not in known]
-    if unknown:
-        raise ValidationError({"required": [f"No case {', '.join(unknown)}; cases: "
-                                            f"{', '.join(known)}."]})
-    if "errors.rate_limit" in keys and not include_saturation:
-        raise ValidationError({"required": ["errors.rate_limit runs only with "
-                                            "include_saturation: turn it on to require it."]})
+    targets = jobs.resolve_plan_targets(plan, noun="conformance runs", candidate=pool,
+                                        primary=primary, model_id=model_id,
+                                        fields={"candidate": "pool"})
+    primary, model_id = targets.primary, targets.model_id
+    keys = _required(required_keys, include_saturation)
     run = ConformanceRun(pool=pool, primary=primary, plan=plan, model_id=model_id,
+                         plan_stage=plan.stage if plan is not None else None,
                          include_saturation=include_saturation, required_keys=keys,
                          created_by=actor.label)
     run.full_clean()
@@ -123,18 +98,7 @@ def _enqueue(run_id: int) -> None:
 
 
 def run_cancel(*, actor: Actor, run: ConformanceRun) -> ConformanceRun:
-    actor.require(roles.JOBS, action="conformance.run.cancel", target=run)
-    with transaction.atomic():
-        locked = ConformanceRun.objects.select_for_update().get(pk=run.pk)
-        if locked.status not in ConformanceRun.ACTIVE:
-            raise ConflictError(f"Conformance run {locked.pk} is {locked.status}; only a queued "
-                                f"or running run can be cancelled.")
-        locked.status = ConformanceRun.Status.CANCELLED
-        locked.finished_at = timezone.now()
-        locked.error = f"cancelled by {actor.label}"
-        locked.save(update_fields=["status", "finished_at", "error"])
-        audit_record(actor=actor, action="conformance.run.cancel", target=locked)
-    return locked
+    return jobs.cancel(actor, run, action="conformance.run.cancel", noun="Conformance run")
 
 
 # --- execution --------------------------------------------------------------------------------
@@ -163,28 +127,10 @@ def _expected_models(run: ConformanceRun) -> list[str]:
 
 def _take(run_id: int) -> ConformanceRun | None:
     """Queued → running; a running run whose heartbeat stopped is taken over (resumed)."""
-    stale = timezone.now() - timedelta(seconds=HEARTBEAT_STALE_S / 2)
-    with transaction.atomic():
-        run = (ConformanceRun.objects.select_for_update(of=("self",))
-               .select_related("pool", "primary", "plan").filter(pk=run_id).first())
-        if run is None:
-            return None
-        resumable = (run.status == ConformanceRun.Status.RUNNING
-                     and (run.heartbeat_at is None or run.heartbeat_at < stale))
-        if run.status != ConformanceRun.Status.QUEUED and not resumable:
-            return None  # taken by another worker, finished or cancelled
-        now = timezone.now()
-        run.status = ConformanceRun.Status.RUNNING
-        run.started_at = run.started_at or now
-        run.heartbeat_at = now
-        run.save(update_fields=["status", "started_at", "heartbeat_at"])
-    return run
-
-
-def _still_running(run: ConformanceRun) -> bool:
-    """Beat the heartbeat; False once the run is no longer running (cancelled meanwhile)."""
-    return ConformanceRun.objects.filter(pk=run.pk, status=ConformanceRun.Status.RUNNING).update(
-        heartbeat_at=timezone.now()) == 1
+    if not jobs.take(ConformanceRun, run_id, worker=socket.gethostname(),
+                     resume_after_s=HEARTBEAT_STALE_S / 2):
+        return None  # taken by another worker, finished or cancelled
+    return ConformanceRun.objects.select_related("pool", "primary", "plan").get(pk=run_id)
 
 
 def _store(run: ConformanceRun, case: suite.Case, position: int, probe: suite.Probe,
@@ -222,13 +168,11 @@ def run_execute(*, run_id: int) -> ConformanceRun | None:
                     continue
                 outcome = case.judge(probe, reference if role == "pool" else None)
                 _store(run, case, position, probe, pool, role, outcome)
-                if not _still_running(run):
+                if not jobs.heartbeat(run):
                     return ConformanceRun.objects.get(pk=run.pk)  # cancelled meanwhile
     except Exception as exc:
         log.exception("conformance run %s failed", run_id)
-        ConformanceRun.objects.filter(pk=run_id, status=ConformanceRun.Status.RUNNING).update(
-            status=ConformanceRun.Status.FAILED, finished_at=timezone.now(),
-            error=f"{type(exc).__name__}: {exc}")
+        jobs.fail(run, f"{type(exc).__name__}: {exc}")
         return ConformanceRun.objects.get(pk=run_id)
     finally:
         for probe in [*probes, *([reference] if reference else [])]:
@@ -287,53 +231,34 @@ def summarise(run: ConformanceRun) -> tuple[str, str, dict[str, int], dict[str, 
 
 
 def _finish(run: ConformanceRun) -> ConformanceRun:
-    from migrations_plan.services import evidence_record
-
+    """Complete, with the verdict recorded as `conformance` evidence (jobs.finish: once)."""
     verdict, summary, counts, data = summarise(run)
-    system = Actor.for_system(PRODUCER)
-    route = (run.plan.routes.filter(model_id=run.model_id).order_by("name").first()
-             if run.plan is not None else None)
-    with transaction.atomic():
-        locked = ConformanceRun.objects.select_for_update().get(pk=run.pk)
-        if locked.status != ConformanceRun.Status.RUNNING:
-            return locked
-        evidence = evidence_record(actor=system, pool=run.pool, kind=KIND, verdict=verdict,
-                                   summary=summary, data=data, route=route,
-                                   model_id=run.model_id, source=f"conformance run {run.pk}",
-                                   url=f"/conformance/runs/{run.pk}/")
-        now = timezone.now()
-        locked.status = ConformanceRun.Status.DONE
-        locked.verdict = verdict
-        locked.summary = summary[:600]
-        locked.counts = counts
-        locked.evidence_id = evidence.pk
-        locked.finished_at = locked.heartbeat_at = now
-        locked.save(update_fields=["status", "verdict", "summary", "counts", "evidence_id",
-                                   "finished_at", "heartbeat_at"])
-        audit_record(actor=system, action="conformance.run.finish", target=locked,
-                     message=f"{verdict}: {summary}"[:2000],
-                     after={"verdict": verdict, "counts": counts, "evidence": evidence.pk})
-    return locked
+
+    def evidence(locked: ConformanceRun) -> dict[str, Any]:
+        from migrations_plan.services import evidence_record
+
+        route = (run.plan.routes.filter(model_id=run.model_id).order_by("name").first()
+                 if run.plan is not None else None)
+        row = evidence_record(actor=Actor.for_system(PRODUCER), pool=run.pool, kind=KIND,
+                              verdict=verdict, summary=summary, data=data, route=route,
+                              model_id=run.model_id, source=f"conformance run {run.pk}",
+                              url=f"/conformance/runs/{run.pk}/")
+        locked.evidence_id = row.pk
+        locked.save(update_fields=["evidence_id"])
+        return {"evidence": row.pk}
+
+    return jobs.finish(run, actor=Actor.for_system(PRODUCER),
+                       action="conformance.run.finish", evidence=evidence,
+                       fields={"verdict": verdict, "summary": summary[:600], "counts": counts},
+                       message=f"{verdict}: {summary}",
+                       after={"verdict": verdict, "counts": counts})
 
 
 def runs_reap(*, stale_after_s: float = HEARTBEAT_STALE_S) -> int:
     """Beat: a running run whose heartbeat stopped (its worker died) is failed, keeping the
-    cases it judged; a run no worker took within QUEUED_STALE_S is failed too."""
-    now = timezone.now()
-    count = 0
-    stale = ConformanceRun.objects.filter(status=ConformanceRun.Status.RUNNING,
-                                          heartbeat_at__lt=now - timedelta(seconds=stale_after_s))
-    for run in stale:
-        count += ConformanceRun.objects.filter(
-            pk=run.pk, status=ConformanceRun.Status.RUNNING).update(
-            status=ConformanceRun.Status.FAILED, finished_at=now,
-            error=f"the worker running it stopped (no heartbeat since "
-                  f"{run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC); the cases judged so far are kept "
-                  f"and no evidence was recorded")
-    count += ConformanceRun.objects.filter(
-        status=ConformanceRun.Status.QUEUED,
-        created_at__lt=now - timedelta(seconds=QUEUED_STALE_S)).update(
-        status=ConformanceRun.Status.FAILED, finished_at=now,
-        error=f"no worker started it within {QUEUED_STALE_S // 60} minutes: is a Celery worker "
-              f"consuming the probe queue?")
-    return count
+    cases it judged (policy FAIL: a redelivered task resumes it first, within half the stale
+    period, when the broker still has it); a run no worker took within QUEUED_STALE_S is
+    failed too. Neither records evidence."""
+    return jobs.reap(ConformanceRun, policy=jobs.Reap.FAIL, stale_after_s=stale_after_s,
+                     queued_after_s=QUEUED_STALE_S, queue="probe",
+                     kept="the cases judged so far are kept and no evidence was recorded")

@@ -17,6 +17,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from fleetctl.fleet.models import Pool, model_id_validator, slug_validator
+from migrations_plan.jobs import PlanJob
 
 
 class EvalSuite(models.Model):
@@ -91,13 +92,11 @@ class EvalItem(models.Model):
         return f"{self.item_id} of {self.suite}"
 
 
-class EvalRun(models.Model):
-    class Status(models.TextChoices):
-        QUEUED = "queued", "queued"
-        RUNNING = "running", "running"
-        COMPLETE = "complete", "complete"
-        CANCELLED = "cancelled", "cancelled"
-        FAILED = "failed", "failed"
+class EvalRun(PlanJob):
+    """An eval run: the job words for its status (fleetctl/core/jobs.py). `worker` is the
+    token of the worker driving it (every write of the driver is conditional on it);
+    `plan_stage`: a run made in stage 4 also records `live-quality` evidence, one made in
+    any other stage never does."""
 
     class Verdict(models.TextChoices):
         PASS = "pass", "pass"
@@ -105,17 +104,9 @@ class EvalRun(models.Model):
         FAIL = "fail", "fail"
         INSUFFICIENT = "insufficient", "insufficient data"
 
-    ACTIVE = (Status.QUEUED, Status.RUNNING)
-
-    plan = models.ForeignKey("migrations_plan.Plan", on_delete=models.CASCADE, null=True,
-                             blank=True, related_name="eval_runs")
-    # The plan's stage when the run was created: a run made in stage 4 also records
-    # `live-quality` evidence; one made in any other stage never does.
-    plan_stage = models.PositiveSmallIntegerField(null=True, blank=True)
     suite = models.ForeignKey(EvalSuite, on_delete=models.PROTECT, related_name="runs")
     suite_sha256 = models.CharField(max_length=64)  # the pin, copied at creation
     model_id = models.CharField(max_length=200, validators=[model_id_validator])
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
     # Effective request parameters: the suite's decoding with the run's overrides.
     decoding = models.JSONField(default=dict, blank=True)
     concurrency = models.PositiveIntegerField(
@@ -145,27 +136,14 @@ class EvalRun(models.Model):
     stats = models.JSONField(default=dict, blank=True)
     evidence_id = models.PositiveIntegerField(null=True, blank=True)
     live_evidence_id = models.PositiveIntegerField(null=True, blank=True)
-    error = models.TextField(blank=True)
-    worker = models.CharField(max_length=200, blank=True)  # who drives it now
-    created_by = models.CharField(max_length=150)
-    created_at = models.DateTimeField(default=timezone.now)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
-    cancelled_by = models.CharField(max_length=150, blank=True)
     resumed = models.PositiveIntegerField(default=0)  # times another worker took it over
 
-    class Meta:
-        ordering = ["-created_at", "-id"]
+    class Meta(PlanJob.Meta):
         indexes = [models.Index(fields=["plan", "-created_at"]),
                    models.Index(fields=["status"])]
 
     def __str__(self) -> str:
         return f"eval run {self.pk}"
-
-    @property
-    def active(self) -> bool:
-        return self.status in self.ACTIVE
 
 
 class EvalRunPool(models.Model):

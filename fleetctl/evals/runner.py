@@ -39,17 +39,17 @@ from collections import defaultdict, deque
 from collections.abc import Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
 
 from fleetctl.core import scorers, upstream
 from fleetctl.core.compare import Answer
 from fleetctl.evals.models import EvalResult, EvalRun, EvalRunPool
+from migrations_plan import jobs
 
 log = logging.getLogger("fleetctl.evals")
 
@@ -137,29 +137,13 @@ def send(job: Job, *, timeout_s: float, max_attempts: int, pacer: Pacer,
 # --- taking a run -----------------------------------------------------------------------------
 
 def take(run_id: int, token: str) -> EvalRun | None:
-    """The run for this worker (token), or None when another drives it or it is over. A run
-    taken over from a dead worker gets its claimed rows back as pending, each with an
-    "interrupted" attempt."""
-    run = EvalRun.objects.filter(pk=run_id).first()
-    if run is None:
-        return None
-    now = timezone.now()
-    stale = now - timedelta(seconds=settings.EVAL_HEARTBEAT_STALE_S)
-    if run.status == EvalRun.Status.QUEUED:
-        took = EvalRun.objects.filter(pk=run_id, status=EvalRun.Status.QUEUED).update(
-            status=EvalRun.Status.RUNNING, worker=token, started_at=now, heartbeat_at=now)
-    elif run.status == EvalRun.Status.RUNNING and (run.heartbeat_at is None
-                                                   or run.heartbeat_at < stale):
-        took = EvalRun.objects.filter(
-            Q(heartbeat_at__lt=stale) | Q(heartbeat_at__isnull=True), pk=run_id,
-            status=EvalRun.Status.RUNNING, worker=run.worker).update(
-            worker=token, heartbeat_at=now, resumed=F("resumed") + 1)
-        if took:
-            log.warning("eval run %s: taken over from worker %s (no heartbeat since %s)",
-                        run_id, run.worker or "-", run.heartbeat_at)
-    else:
-        return None
-    if not took:
+    """The run for this worker (token), or None when another drives it or it is over
+    (jobs.take: from queued, or from running when its heartbeat is older than
+    EVAL_HEARTBEAT_STALE_S, `resumed` += 1). A run taken over from a dead worker gets its
+    claimed rows back as pending, each with an "interrupted" attempt."""
+    if not jobs.take(EvalRun, run_id, worker=token,
+                     resume_after_s=settings.EVAL_HEARTBEAT_STALE_S,
+                     resumed=F("resumed") + 1):
         return None
     release_stale_claims(run_id, token)
     return EvalRun.objects.select_related("suite", "plan").get(pk=run_id)
@@ -182,11 +166,10 @@ def release_stale_claims(run_id: int, token: str) -> int:
     return count
 
 
-def beat(run_id: int, token: str) -> bool:
+def beat(run: EvalRun, token: str) -> bool:
     """The heartbeat; False once the run is not running with this token (cancelled, taken
     over, finished)."""
-    return EvalRun.objects.filter(pk=run_id, status=EvalRun.Status.RUNNING,
-                                  worker=token).update(heartbeat_at=timezone.now()) == 1
+    return jobs.heartbeat(run, worker=token)
 
 
 # --- rows -------------------------------------------------------------------------------------
@@ -210,7 +193,7 @@ def claim(run: EvalRun, token: str, size: int, pools: dict[int, EvalRunPool],
     """The next `size` pending rows in position order, claimed for this token; None when the
     run is no longer this worker's. The claim and a heartbeat are one transaction."""
     with transaction.atomic():
-        if not beat(run.pk, token):
+        if not beat(run, token):
             return None
         pks = list(EvalResult.objects.filter(run=run, status=EvalResult.Status.PENDING)
                    .order_by("position").values_list("pk", flat=True)[:size])
@@ -301,7 +284,7 @@ def drive(run: EvalRun, token: str) -> bool:
     try:
         while True:
             if time.monotonic() - last_beat >= BEAT_EVERY_S:
-                if not beat(run.pk, token):
+                if not beat(run, token):
                     return False
                 last_beat = time.monotonic()
             while len(inflight) < run.concurrency:
@@ -357,9 +340,7 @@ def execute(run_id: int) -> EvalRun | None:
         complete = drive(run, token)
     except Exception as exc:
         log.exception("eval run %s failed", run_id)
-        EvalRun.objects.filter(pk=run_id, status=EvalRun.Status.RUNNING, worker=token).update(
-            status=EvalRun.Status.FAILED, finished_at=timezone.now(),
-            error=f"{type(exc).__name__}: {exc}"[:2000])
+        jobs.fail(run, f"{type(exc).__name__}: {exc}", worker=token)
         return EvalRun.objects.get(pk=run_id)
     if complete and not EvalResult.objects.filter(run_id=run_id).exclude(
             status=EvalResult.Status.DONE).exists():
@@ -369,8 +350,6 @@ def execute(run_id: int) -> EvalRun | None:
                 return services.run_finish(fresh)
             except Exception as exc:
                 log.exception("eval run %s: could not be finished", run_id)
-                EvalRun.objects.filter(pk=run_id, status=EvalRun.Status.RUNNING).update(
-                    status=EvalRun.Status.FAILED, finished_at=timezone.now(),
-                    error=f"every row was scored, but the statistics or the evidence "
-                          f"failed: {type(exc).__name__}: {exc}"[:2000])
+                jobs.fail(fresh, f"every row was scored, but the statistics or the evidence "
+                                 f"failed: {type(exc).__name__}: {exc}")
     return EvalRun.objects.get(pk=run_id)

@@ -19,13 +19,11 @@ import logging
 import re
 import uuid
 from collections.abc import Iterator, Sequence
-from datetime import timedelta
 from typing import IO, TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from fleetctl.accounts import roles
@@ -34,7 +32,8 @@ from fleetctl.audit.services import audit_record
 from fleetctl.core.errors import ConflictError
 from fleetctl.evals.evidence import KIND, LIVE_KIND
 from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalRunPool, EvalSuite
-from fleetctl.fleet.models import Pool, PoolModel, slug_validator
+from fleetctl.fleet.models import Pool, slug_validator
+from migrations_plan import jobs
 
 if TYPE_CHECKING:
     from fleetctl.evals.suites import ParsedSuite, SuiteItem
@@ -248,10 +247,6 @@ def suite_lookup(ref: str) -> EvalSuite:
 
 # --- runs -------------------------------------------------------------------------------------
 
-def _served(pool: Pool) -> set[str]:
-    return set(PoolModel.objects.filter(pool=pool).values_list("model_id", flat=True))
-
-
 def _decoding(suite: EvalSuite, overrides: dict[str, Any] | None) -> dict[str, Any]:
     """The suite's decoding with the run's overrides, each checked as a suite header's is."""
     from fleetctl.evals import suites
@@ -264,8 +259,28 @@ def _decoding(suite: EvalSuite, overrides: dict[str, Any] | None) -> dict[str, A
         raise ValidationError({"decoding": [str(problem)]}) from None
 
 
-def _plan_model(plan: Plan | None) -> list[str]:
-    return sorted({r.model_id for r in plan.routes.all()}) if plan is not None else []
+def _suite_in_service(suite: EvalSuite) -> EvalSuite:
+    suite = EvalSuite.objects.get(pk=suite.pk)  # retired since it was read?
+    if suite.retired:
+        raise ValidationError({"suite": [
+            f"Suite {suite.label} is retired (by {suite.retired_by or 'someone'}); runs use "
+            f"suites in service: upload it again or pick another."]})
+    if not suite.item_count:
+        raise ValidationError({"suite": [f"Suite {suite.label} has no items."]})
+    return suite
+
+
+def _margin(plan: Plan | None, margin: float | None) -> float:
+    """A plan's run is judged with the plan's quality margin; another names its own."""
+    if plan is None:
+        return 0.02 if margin is None else margin
+    plan_margin = plan.quality_margin_pct / 100
+    if margin is not None and abs(margin - plan_margin) > 1e-12:
+        raise ValidationError({"margin": [
+            f"Plan {plan.name}'s quality margin is {plan.quality_margin_pct:g} points; a "
+            f"run for the plan is judged with it (change the plan's margin, or leave the "
+            f"margin out)."]})
+    return plan_margin
 
 
 def run_create(*, actor: Actor, suite: EvalSuite, candidate: Pool | None = None,
@@ -276,118 +291,64 @@ def run_create(*, actor: Actor, suite: EvalSuite, candidate: Pool | None = None,
                confidence: float = 0.95, min_items: int = 100) -> EvalRun:
     """Queue a run of `suite` on the candidate, its primary and any other pools, each sent
     every item directly. With a plan, the candidate, the primary and the margin are the
-    plan's. Every result row is made here. Nothing is stored when anything is refused."""
+    plan's (jobs.resolve_plan_targets). Every result row is made here. Nothing is stored
+    when anything is refused."""
     actor.require(roles.JOBS, action="eval_run.create", target=plan or candidate or suite)
-    suite = EvalSuite.objects.get(pk=suite.pk)  # retired since it was read?
-    if suite.retired:
-        raise ValidationError({"suite": [
-            f"Suite {suite.label} is retired (by {suite.retired_by or 'someone'}); runs use "
-            f"suites in service: upload it again or pick another."]})
-    if not suite.item_count:
-        raise ValidationError({"suite": [f"Suite {suite.label} has no items."]})
-    if plan is not None:
-        if not plan.is_open:
-            raise ValidationError({"plan": [f"Plan {plan.name} is {plan.state}: eval runs "
-                                            f"feed open plans; leave the plan out."]})
-        if candidate is not None and candidate.pk != plan.candidate_pool_id:
-            raise ValidationError({"candidate": [
-                f"Plan {plan.name} migrates to {plan.candidate_pool.name}, not "
-                f"{candidate.name}: run it on {plan.candidate_pool.name}, or leave the plan "
-                f"out."]})
-        if primary is not None and primary.pk != plan.primary_pool_id:
-            raise ValidationError({"primary": [
-                f"Plan {plan.name}'s primary is {plan.primary_pool.name}; leave primary out to "
-                f"compare with it, or leave the plan out to compare with {primary.name}."]})
-        plan_margin = plan.quality_margin_pct / 100
-        if margin is not None and abs(margin - plan_margin) > 1e-12:
-            raise ValidationError({"margin": [
-                f"Plan {plan.name}'s quality margin is {plan.quality_margin_pct:g} points; a "
-                f"run for the plan is judged with it (change the plan's margin, or leave the "
-                f"margin out)."]})
-        candidate = candidate or plan.candidate_pool
-        primary = primary or plan.primary_pool
-        margin = plan_margin
-    if candidate is None:
-        raise ValidationError({"candidate": ["Name the pool to evaluate (the candidate), or a "
-                                             "plan."]})
-    named: list[tuple[str, Pool, str]] = [("candidate", candidate, EvalRunPool.Role.CANDIDATE)]
-    if primary is not None:
-        named.append(("primary", primary, EvalRunPool.Role.PRIMARY))
-    named += [("others", pool, EvalRunPool.Role.OTHER) for pool in others]
-    seen: dict[int, str] = {}
-    for field, pool, _ in named:
-        if pool.pk in seen:
-            raise ValidationError({field: [
-                f"Pool {pool.name} is named twice (as {seen[pool.pk]} and {field}); each pool "
-                f"is scored once per run."]})
-        seen[pool.pk] = field
-        if not [u for u in (pool.base_urls or []) if isinstance(u, str) and u.strip()]:
-            raise ValidationError({field: [f"Pool {pool.name} has no endpoints (base URLs) to "
-                                           f"send to; add one to the pool first."]})
-    served = {pool.pk: _served(pool) for _, pool, _ in named}
-    if not model_id:
-        common = set.intersection(*served.values())
-        in_plan = [m for m in _plan_model(plan) if m in common]
-        choices = in_plan or sorted(common)
-        if len(choices) != 1:
-            raise ValidationError({"model": [
-                f"The pools serve {', '.join(sorted(common))} in common: name the model."
-                if common else
-                f"No model is served by all of {', '.join(p.name for _, p, _ in named)}; "
-                f"name the model and pools that serve it."]})
-        model_id = choices[0]
-    for field, pool, _ in named:
-        if model_id not in served[pool.pk]:
-            raise ValidationError({field: [
-                f"Pool {pool.name} does not serve {model_id} (it serves "
-                f"{', '.join(sorted(served[pool.pk])) or 'no model'}); pick a pool that does, "
-                f"or another model."]})
+    suite = _suite_in_service(suite)
+    targets = jobs.resolve_plan_targets(plan, noun="eval runs", candidate=candidate,
+                                        primary=primary, others=others, model_id=model_id)
     run = EvalRun(plan=plan, plan_stage=plan.stage if plan is not None else None, suite=suite,
-                  suite_sha256=suite.sha256, model_id=model_id,
+                  suite_sha256=suite.sha256, model_id=targets.model_id,
                   decoding=_decoding(suite, decoding), concurrency=concurrency,
                   max_rps=max_rps, timeout_s=timeout_s, max_attempts=max_attempts,
-                  margin=0.02 if margin is None else margin, confidence=confidence,
+                  margin=_margin(plan, margin), confidence=confidence,
                   min_items=min_items, created_by=actor.label)
     run.full_clean()
-    from migrations_plan.evidence import pool_fingerprint
-
     with transaction.atomic():
         run.save()
-        run_pools = EvalRunPool.objects.bulk_create([
-            EvalRunPool(run=run, pool=pool, role=role, position=n,
-                        fingerprint=pool_fingerprint(pool, [model_id]),
-                        endpoints=[u.strip() for u in pool.base_urls
-                                   if isinstance(u, str) and u.strip()])
-            for n, (_, pool, role) in enumerate(named)])
-        npools = len(run_pools)
-        items = EvalItem.objects.filter(suite=suite).order_by("position").values_list(
-            "pk", "position")
-        total = 0
-        batch: list[EvalResult] = []
-        for item_pk, position in items.iterator(5000):
-            for rp in run_pools:
-                batch.append(EvalResult(run=run, run_pool=rp, item_id=item_pk,
-                                        position=position * npools + rp.position))
-            if len(batch) >= 5000:
-                EvalResult.objects.bulk_create(batch)
-                total += len(batch)
-                batch = []
-        EvalResult.objects.bulk_create(batch)
-        total += len(batch)
-        if not total:
-            raise ValidationError({"suite": [f"Suite {suite.label} has no items."]})
-        run.total = total
-        run.save(update_fields=["total"])
+        run_pools = _rows(run, suite, targets)
         audit_record(actor=actor, action="eval_run.create", target=run, after={
-            "suite": suite.label, "suite_sha256": suite.sha256, "model": model_id,
+            "suite": suite.label, "suite_sha256": suite.sha256, "model": run.model_id,
             "plan": plan.name if plan else None, "plan_stage": run.plan_stage,
-            "pools": {rp.role if rp.role != "other" else f"other {rp.position}": p.name
-                      for rp, (_, p, _) in zip(run_pools, named, strict=True)},
-            "total": total, "concurrency": concurrency, "max_rps": max_rps,
+            "pools": {rp.role if rp.role != "other" else f"other {rp.position}": rp.pool.name
+                      for rp in run_pools},
+            "total": run.total, "concurrency": concurrency, "max_rps": max_rps,
             "timeout_s": timeout_s, "max_attempts": max_attempts, "decoding": run.decoding,
             "margin": run.margin, "confidence": confidence, "min_items": min_items})
         transaction.on_commit(lambda: _enqueue(run.pk))
     return run
+
+
+def _rows(run: EvalRun, suite: EvalSuite, targets: jobs.Targets) -> list[EvalRunPool]:
+    """The run's pools (fingerprint and endpoints as they are now) and one pending result
+    row per (item, pool), interleaved: item position x pools + pool position."""
+    from migrations_plan.evidence import pool_fingerprint
+
+    run_pools = EvalRunPool.objects.bulk_create([
+        EvalRunPool(run=run, pool=t.pool, role=t.role, position=n,
+                    fingerprint=pool_fingerprint(t.pool, [run.model_id]),
+                    endpoints=jobs.endpoints_of(t.pool))
+        for n, t in enumerate(targets.targets)])
+    npools = len(run_pools)
+    items = EvalItem.objects.filter(suite=suite).order_by("position").values_list(
+        "pk", "position")
+    total = 0
+    batch: list[EvalResult] = []
+    for item_pk, position in items.iterator(5000):
+        for rp in run_pools:
+            batch.append(EvalResult(run=run, run_pool=rp, item_id=item_pk,
+                                    position=position * npools + rp.position))
+        if len(batch) >= 5000:
+            EvalResult.objects.bulk_create(batch)
+            total += len(batch)
+            batch = []
+    EvalResult.objects.bulk_create(batch)
+    total += len(batch)
+    if not total:
+        raise ValidationError({"suite": [f"Suite {suite.label} has no items."]})
+    run.total = total
+    run.save(update_fields=["total"])
+    return run_pools
 
 
 def _enqueue(run_id: int, *, expires_s: float | None = None) -> None:
@@ -402,20 +363,8 @@ def _enqueue(run_id: int, *, expires_s: float | None = None) -> None:
 def run_cancel(*, actor: Actor, run: EvalRun) -> EvalRun:
     """Queued or running -> cancelled. The runner sees it at its next heartbeat (within 2 s)
     and stops sending; what was scored is kept."""
-    actor.require(roles.JOBS, action="eval_run.cancel", target=run)
-    with transaction.atomic():
-        now = timezone.now()
-        changed = EvalRun.objects.filter(pk=run.pk, status__in=EvalRun.ACTIVE).update(
-            status=EvalRun.Status.CANCELLED, cancelled_by=actor.label, finished_at=now)
-        fresh = EvalRun.objects.get(pk=run.pk)
-        if not changed:
-            raise ConflictError(f"Eval run {fresh.pk} is {fresh.status}; only a queued or "
-                                f"running run can be cancelled.")
-        audit_record(actor=actor, action="eval_run.cancel", target=fresh,
-                     before={"status": run.status}, after={"status": fresh.status,
-                                                           "done": fresh.done,
-                                                           "total": fresh.total})
-    return fresh
+    return jobs.cancel(actor, run, action="eval_run.cancel", noun="Eval run",
+                       after=lambda fresh: {"done": fresh.done, "total": fresh.total})
 
 
 def run_execute(*, run_id: int) -> EvalRun | None:
@@ -428,24 +377,15 @@ def run_execute(*, run_id: int) -> EvalRun | None:
 
 def runs_reap() -> int:
     """Beat: a running run whose heartbeat is older than EVAL_HEARTBEAT_STALE_S (its worker
-    died), and a queued run no worker took in that time, are enqueued again; the worker that
-    takes it over resumes it (runner.take). Returns how many were enqueued."""
-    now = timezone.now()
-    stale = now - timedelta(seconds=settings.EVAL_HEARTBEAT_STALE_S)
-    quiet = Q(heartbeat_at__lt=stale) | Q(heartbeat_at__isnull=True)
-    ids = list(EvalRun.objects.filter(
-        (Q(status=EvalRun.Status.RUNNING) & quiet)
-        | (Q(status=EvalRun.Status.QUEUED, created_at__lt=stale, worker="") & quiet)
-    ).values_list("pk", flat=True))
-    for run_id in ids:
-        # A queued run is enqueued again at most once per stale period (its heartbeat marks
-        # when); a running one's heartbeat is left alone: it is what a taker checks.
-        EvalRun.objects.filter(pk=run_id, status=EvalRun.Status.QUEUED).update(heartbeat_at=now)
-        log.warning("eval run %s: no worker drives it; enqueued again", run_id)
-        # Expiring with the stale period: while no worker consumes `evals`, the copies the
-        # reaper sends every 30 s lapse instead of piling up (the next reap sends a fresh one).
-        _enqueue(run_id, expires_s=float(settings.EVAL_HEARTBEAT_STALE_S))
-    return len(ids)
+    died), and a queued run no worker took in that time, are enqueued again (policy RESUME);
+    the worker that takes it over resumes it from its rows (runner.take). Returns how many
+    were enqueued. Expiring with the stale period: while no worker consumes `evals`, the
+    copies the reaper sends every 30 s lapse instead of piling up (the next reap sends a
+    fresh one)."""
+    stale_s = float(settings.EVAL_HEARTBEAT_STALE_S)
+    return jobs.reap(EvalRun, policy=jobs.Reap.RESUME, stale_after_s=stale_s,
+                     queued_after_s=stale_s,
+                     resume=lambda run_id: _enqueue(run_id, expires_s=stale_s))
 
 
 # --- finishing --------------------------------------------------------------------------------
@@ -494,46 +434,46 @@ def run_statistics(run: EvalRun) -> dict[str, Any]:
 def run_finish(run: EvalRun) -> EvalRun:
     """Statistics, verdict and summary; `eval` evidence about the candidate when the run has a
     primary (and `live-quality` too when the plan was in stage 4 at creation). Once: only a
-    running run is finished, in one transaction with its evidence."""
+    running run is finished, in one transaction with its evidence (jobs.finish)."""
+    figures = run_statistics(run)
+    verdict = str(figures.get("verdict") or "insufficient")
+    summary = summary_line(run, figures)
+
+    def evidence(locked: EvalRun) -> dict[str, Any]:
+        ids = _record_evidence(locked, figures, verdict, summary)
+        return {"done": locked.done, "total": locked.total, "evidence": ids}
+
+    return jobs.finish(run, actor=_system(), action="eval_run.finish", evidence=evidence,
+                       fields={"verdict": verdict, "summary": summary, "stats": figures},
+                       message=f"{verdict}: {summary}", after={"verdict": verdict})
+
+
+def _record_evidence(run: EvalRun, figures: dict[str, Any], verdict: str,
+                     summary: str) -> dict[str, int]:
+    """The run's `eval` evidence (and `live-quality`, made in stage 4) about the candidate;
+    none without a primary to compare with."""
     from fleetctl.evals import stats as stats_module
     from migrations_plan.services import evidence_record
 
     run_pools = list(run.run_pools.select_related("pool").order_by("position"))
     by_role = {rp.role: rp for rp in run_pools}
-    candidate = by_role["candidate"]
-    primary = by_role.get("primary")
-    figures = run_statistics(run)
-    verdict = str(figures.get("verdict") or "insufficient")
-    summary = summary_line(run, figures)
-    system = _system()
-    with transaction.atomic():
-        now = timezone.now()
-        if not EvalRun.objects.filter(pk=run.pk, status=EvalRun.Status.RUNNING).update(
-                status=EvalRun.Status.COMPLETE, finished_at=now, heartbeat_at=now,
-                verdict=verdict, summary=summary, stats=figures):
-            return EvalRun.objects.get(pk=run.pk)  # cancelled, or finished by another
-        locked = EvalRun.objects.select_related("plan", "suite").get(pk=run.pk)
-        evidence_ids: dict[str, int] = {}
-        if primary is not None:
-            route = (locked.plan.routes.filter(model_id=locked.model_id).order_by("name")
-                     .first() if locked.plan is not None else None)
-            data = _evidence_data(locked, run_pools, figures)
-            kinds = [KIND] + ([LIVE_KIND] if locked.plan_stage == 4 else [])
-            for kind in kinds:
-                row = evidence_record(
-                    actor=system, pool=candidate.pool, kind=kind,
-                    verdict=stats_module.verdict_for_evidence(verdict), summary=summary[:300],
-                    data=data, route=route, model_id=locked.model_id,
-                    source=f"eval run {locked.pk}", url=f"/evals/runs/{locked.pk}/")
-                evidence_ids[kind] = row.pk
-            locked.evidence_id = evidence_ids.get(KIND)
-            locked.live_evidence_id = evidence_ids.get(LIVE_KIND)
-            locked.save(update_fields=["evidence_id", "live_evidence_id"])
-        audit_record(actor=system, action="eval_run.finish", target=locked,
-                     message=f"{verdict}: {summary}"[:2000],
-                     after={"verdict": verdict, "done": locked.done, "total": locked.total,
-                            "evidence": evidence_ids})
-    return locked
+    if "primary" not in by_role:
+        return {}
+    route = (run.plan.routes.filter(model_id=run.model_id).order_by("name").first()
+             if run.plan is not None else None)
+    data = _evidence_data(run, run_pools, figures)
+    ids: dict[str, int] = {}
+    for kind in [KIND] + ([LIVE_KIND] if run.plan_stage == 4 else []):
+        row = evidence_record(
+            actor=_system(), pool=by_role["candidate"].pool, kind=kind,
+            verdict=stats_module.verdict_for_evidence(verdict), summary=summary[:300],
+            data=data, route=route, model_id=run.model_id,
+            source=f"eval run {run.pk}", url=f"/evals/runs/{run.pk}/")
+        ids[kind] = row.pk
+    run.evidence_id = ids.get(KIND)
+    run.live_evidence_id = ids.get(LIVE_KIND)
+    run.save(update_fields=["evidence_id", "live_evidence_id"])
+    return ids
 
 
 def _evidence_data(run: EvalRun, run_pools: list[EvalRunPool],

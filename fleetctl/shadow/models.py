@@ -15,18 +15,30 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from fleetctl.core.jobs import STATUS_MAX_LENGTH
 from fleetctl.fleet.models import Pool, model_id_validator
+from migrations_plan.jobs import PlanJob
 
 
-class ShadowRun(models.Model):
+class ShadowRun(PlanJob):
+    """A shadow run: running from the moment it starts (nothing queues it), until a person
+    stops it, its replay ends, or it fails. `finished_at` is when it ended, however it did;
+    `cancelled_by` who stopped it; `stop_reason` why it ended, whichever way."""
+
     class Mode(models.TextChoices):
         MIRROR = "mirror", "mirror live traffic at the gateway"
         REPLAY = "replay", "replay a stored trace"
 
     class Status(models.TextChoices):
+        """The job words a shadow run reaches (fleetctl/core/jobs.py; it is never queued and
+        is stopped, not cancelled) and `stopped`: a person, or the residency fail-safe,
+        pulled the kill switch. Not `complete` (a mirror run has no end of its own and a
+        stopped replay did not replay its trace), not `cancelled` (what it judged until then
+        stands as evidence: a cancelled job records none)."""
+
         RUNNING = "running", "running"
         STOPPED = "stopped", "stopped"
-        FINISHED = "finished", "finished (the trace was replayed)"
+        COMPLETE = "complete", "complete (the trace was replayed)"
         FAILED = "failed", "failed"
 
     class Content(models.TextChoices):
@@ -40,6 +52,7 @@ class ShadowRun(models.Model):
         FAIL = "fail", "fail"
         INSUFFICIENT = "insufficient", "insufficient data"
 
+    # Required (the kernel's is optional): the run's candidate and primary are its plan's.
     plan = models.ForeignKey("migrations_plan.Plan", on_delete=models.CASCADE,
                              related_name="shadow_runs")
     # Mirror mode: the route whose live traffic is copied. Replay: the plan route whose
@@ -74,7 +87,8 @@ class ShadowRun(models.Model):
         default=0.95, validators=[MinValueValidator(0.5), MaxValueValidator(0.999)])
     # Quality margin in rate units (0.02 = 2 points), copied from the plan when started.
     margin = models.FloatField(validators=[MinValueValidator(0), MaxValueValidator(1)])
-    status = models.CharField(max_length=8, choices=Status.choices, default=Status.RUNNING)
+    status = models.CharField(max_length=STATUS_MAX_LENGTH, choices=Status.choices,
+                              default=Status.RUNNING)
     stop_reason = models.TextField(blank=True)
     # Gateways of the route that cannot mirror (e.g. HAProxy), named when the run started.
     gateways_without_mirror = models.JSONField(default=list, blank=True)
@@ -85,14 +99,8 @@ class ShadowRun(models.Model):
     summary = models.CharField(max_length=600, blank=True)
     evidence_id = models.PositiveIntegerField(null=True, blank=True)
     judged_at = models.DateTimeField(null=True, blank=True)
-    created_by = models.CharField(max_length=150)
-    created_at = models.DateTimeField(default=timezone.now)
-    stopped_by = models.CharField(max_length=150, blank=True)
-    stopped_at = models.DateTimeField(null=True, blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
 
-    class Meta:
-        ordering = ["-created_at", "-id"]
+    class Meta(PlanJob.Meta):
         indexes = [models.Index(fields=["plan", "-created_at"])]
         constraints = [
             models.UniqueConstraint(fields=["plan"], condition=Q(status="running"),

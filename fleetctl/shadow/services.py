@@ -42,12 +42,13 @@ from fleetctl.accounts.actor import Actor
 from fleetctl.audit.services import audit_record
 from fleetctl.core.compare import Answer, Comparison, compare, requested_form, requested_greedy
 from fleetctl.core.errors import ConflictError
-from fleetctl.fleet.models import Pool, PoolModel
+from fleetctl.fleet.models import Pool
 from fleetctl.shadow import live, selectors, stats, triple
 from fleetctl.shadow.evidence import KIND
 from fleetctl.shadow.models import ShadowJudgement, ShadowPair, ShadowRun
 from fleetctl.shadow.redact import redact, redact_value
 from fleetctl.traffic import mirror_auth
+from migrations_plan import jobs
 
 if TYPE_CHECKING:
     from fleetctl.bench.models import Trace
@@ -98,20 +99,12 @@ def _choose_route(plan: Plan, route: Route | None) -> Route:
     return route
 
 
-def _pools_problems(route: Route, pools: list[Pool]) -> list[str]:
-    problems = []
-    for pool in pools:
-        if route.residency and pool.region.jurisdiction != route.residency:
-            problems.append(f"Residency: pool {pool.name} is in jurisdiction "
-                            f"{pool.region.jurisdiction}, but route {route.name} is pinned to "
-                            f"{route.residency}; its requests may not be sent there.")
-        if not [u for u in (pool.base_urls or []) if isinstance(u, str) and u.strip()]:
-            problems.append(f"Pool {pool.name} has no endpoints (base URLs) to send to; add "
-                            f"one to the pool first.")
-        elif not PoolModel.objects.filter(pool=pool, model_id=route.model_id).exists():
-            problems.append(f"Pool {pool.name} does not serve {route.model_id} (route "
-                            f"{route.name}'s model).")
-    return problems
+def _outside_pin(route: Route, pools: list[Pool]) -> list[str]:
+    """Residency: each pool the route's pin does not allow its requests to go to."""
+    return [f"Residency: pool {pool.name} is in jurisdiction {pool.region.jurisdiction}, but "
+            f"route {route.name} is pinned to {route.residency}; its requests may not be sent "
+            f"there." for pool in pools
+            if route.residency and pool.region.jurisdiction != route.residency]
 
 
 def _without_mirror(route: Route, mode: str) -> list[str]:
@@ -154,12 +147,11 @@ def run_create(*, actor: Actor, plan: Plan, mode: str = "mirror", route: Route |
                max_tokens_per_day: int = 2_000_000, content: str = "redacted",
                retention_hours: int = 168, min_pairs: int = 200,
                confidence: float = 0.95) -> ShadowRun:
-    """Start a shadow run of the plan's candidate against its primary. Nothing is stored,
-    mirrored or published when anything is refused."""
+    """Start a shadow run of the plan's candidate against its primary, on the route's model
+    (jobs.resolve_plan_targets, each pool inside the route's residency pin). Nothing is
+    stored, mirrored or published when anything is refused."""
     actor.require(roles.JOBS, action="shadow.run.create", target=plan)
-    if not plan.is_open:
-        raise ConflictError(f"Plan {plan.name} is {plan.state}: shadow runs are for open "
-                            f"plans.")
+    jobs.require_open(plan, "shadow runs", optional=False)
     if mode not in ShadowRun.Mode.values:
         raise ValidationError({"mode": [f"Mode is mirror (copy live requests) or replay "
                                         f"(replay a stored trace), not {mode!r}."]})
@@ -167,33 +159,26 @@ def run_create(*, actor: Actor, plan: Plan, mode: str = "mirror", route: Route |
     route = _choose_route(plan, route)
     candidate = Pool.objects.select_related("region").get(pk=plan.candidate_pool_id)
     primary = Pool.objects.select_related("region").get(pk=plan.primary_pool_id)
-    problems = _pools_problems(route, [candidate, primary])
-    if problems:
-        raise ValidationError({"route" if "Residency" in problems[0] else "plan": problems})
+    outside = _outside_pin(route, [candidate, primary])
+    if outside:
+        raise ValidationError({"route": outside})
+    jobs.resolve_plan_targets(plan, noun="shadow runs", candidate=candidate, primary=primary,
+                              model_id=route.model_id,
+                              fields={"candidate": "plan", "primary": "plan"})
     without = _without_mirror(route, mode)
-    run = ShadowRun(plan=plan, route=route, candidate=candidate, primary=primary,
-                    model_id=route.model_id, mode=mode, trace=trace,
+    now = timezone.now()
+    run = ShadowRun(plan=plan, plan_stage=plan.stage, route=route, candidate=candidate,
+                    primary=primary, model_id=route.model_id, mode=mode, trace=trace,
                     sample_percent=sample_percent, max_rps=max_rps,
                     max_tokens_per_day=max_tokens_per_day, content=content,
                     retention_hours=retention_hours, min_pairs=min_pairs,
                     confidence=confidence, margin=plan.quality_margin_pct / 100,
                     gateways_without_mirror=without, created_by=actor.label,
-                    heartbeat_at=timezone.now())
+                    started_at=now, heartbeat_at=now)
     run.full_clean(validate_constraints=False)  # one running run per plan: checked below
     try:
         with transaction.atomic():
-            # One running run per plan; and one mirror per route (the route holds one
-            # mirror share and the collectors one run per route). A replay uses no mirror.
-            clash = Q(plan=plan)
-            if mode == ShadowRun.Mode.MIRROR:
-                clash |= Q(route=route, mode=ShadowRun.Mode.MIRROR)
-            busy = (ShadowRun.objects.select_for_update()
-                    .filter(clash, status=ShadowRun.Status.RUNNING).first())
-            if busy is not None:
-                raise ConflictError(
-                    f"Shadow run {busy.pk} ({busy.mode} of route "
-                    f"{busy.route.name if busy.route else '-'}, plan {busy.plan.name}) is still "
-                    f"running; stop it first.")
+            _refuse_busy(plan, route, mode)
             run.save()
             if mode == ShadowRun.Mode.MIRROR:
                 from fleetctl.traffic.services import route_mirror_set
@@ -211,6 +196,21 @@ def run_create(*, actor: Actor, plan: Plan, mode: str = "mirror", route: Route |
         raise ConflictError(f"Plan {plan.name} already has a running shadow run; stop it "
                             f"first.") from None
     return run
+
+
+def _refuse_busy(plan: Plan, route: Route, mode: str) -> None:
+    """One running run per plan; and one mirror per route (the route holds one mirror share
+    and the collectors one run per route). A replay uses no mirror."""
+    clash = Q(plan=plan)
+    if mode == ShadowRun.Mode.MIRROR:
+        clash |= Q(route=route, mode=ShadowRun.Mode.MIRROR)
+    busy = (ShadowRun.objects.select_for_update()
+            .filter(clash, status=ShadowRun.Status.RUNNING).first())
+    if busy is not None:
+        raise ConflictError(
+            f"Shadow run {busy.pk} ({busy.mode} of route "
+            f"{busy.route.name if busy.route else '-'}, plan {busy.plan.name}) is still "
+            f"running; stop it first.")
 
 
 def _settings_of(run: ShadowRun) -> dict[str, Any]:
@@ -303,23 +303,33 @@ def _unpublish(run: ShadowRun) -> None:
         live.unpublish_run(run.route.name)
 
 
-def _end(locked: ShadowRun, *, status: str, reason: str, actor: Actor) -> None:
-    """Inside a transaction holding the run's lock: clear the mirror this run owns, record
-    the end. Mirror first: the route's gateways are pushed after the commit."""
+def _clear_mirror(locked: ShadowRun, *, reason: str, actor: Actor) -> None:
+    """The route's mirror, when this run holds it (pushed to the gateways after the
+    commit)."""
     if locked.mode == ShadowRun.Mode.MIRROR and locked.route is not None \
             and getattr(locked.route, "mirror_owner", "") == _owner(locked):
         from fleetctl.traffic.services import route_mirror_clear
 
         route_mirror_clear(actor=actor, route=locked.route, reason=f"{_owner(locked)}: {reason}")
-    now = timezone.now()
+
+
+def _end(locked: ShadowRun, *, status: str, reason: str, actor: Actor) -> None:
+    """Inside a transaction holding the run's lock: clear the mirror this run owns, record
+    the end (stopped: who stopped it; failed: the reason is its error too)."""
+    _clear_mirror(locked, reason=reason, actor=actor)
     locked.status = status
     locked.stop_reason = reason[:2000]
-    locked.stopped_by = actor.label
-    locked.stopped_at = now
+    locked.finished_at = timezone.now()
     locked.counters = selectors.live_counters(locked)
-    locked.save(update_fields=["status", "stop_reason", "stopped_by", "stopped_at",
-                               "counters"])
-    audit_record(actor=actor, action=f"shadow.run.{'stop' if status == 'stopped' else status}",
+    fields = ["status", "stop_reason", "finished_at", "counters"]
+    if status == ShadowRun.Status.STOPPED:
+        locked.cancelled_by = actor.label
+        fields.append("cancelled_by")
+    if status == ShadowRun.Status.FAILED:
+        locked.error = reason[:2000]
+        fields.append("error")
+    locked.save(update_fields=fields)
+    audit_record(actor=actor, action=f"shadow.run.{'stop' if status == 'stopped' else 'finish'}",
                  target=locked, message=reason[:2000],
                  after={"status": status, "counters": locked.counters})
 
@@ -520,11 +530,6 @@ def replay_body(row: Any, model_id: str) -> dict[str, Any]:
             "temperature": 0, "stream": True, "logprobs": True, "top_logprobs": 5}
 
 
-def _still_running(run_id: int) -> bool:
-    return ShadowRun.objects.filter(pk=run_id, status=ShadowRun.Status.RUNNING).update(
-        heartbeat_at=timezone.now()) == 1
-
-
 def _pair_in_thread(run_id: int, body: dict[str, Any], received_at: str) -> None:
     try:
         pair_execute(run_id=run_id, request=body, received_at=received_at, source="replay")
@@ -555,7 +560,7 @@ def replay_execute(*, run_id: int) -> ShadowRun | None:
                             thread_name_prefix=f"shadow-replay-{run.pk}") as pool:
         t0 = time.monotonic()
         for row in chosen:
-            if not _wait_until(run.pk, t0 + row.arrival_s):
+            if not _wait_until(run, t0 + row.arrival_s):
                 stopped = True
                 break
             live.count(run.pk, received=1)
@@ -574,23 +579,30 @@ def replay_execute(*, run_id: int) -> ShadowRun | None:
             busy.add(pool.submit(_pair_in_thread, run.pk, replay_body(row, run.model_id),
                                  timezone.now().isoformat()))
     close_old_connections()
-    if not stopped and _still_running(run.pk):
-        run_judge(run=ShadowRun.objects.get(pk=run.pk))
-        with transaction.atomic():
-            locked = ShadowRun.objects.select_for_update(of=("self",)).select_related(
-                "route").get(pk=run.pk)
-            if locked.running:
-                _end(locked, status=ShadowRun.Status.FINISHED, actor=_system(),
-                     reason=f"the trace was replayed ({len(chosen)} of {len(rows)} requests "
-                            f"sampled)")
+    if not stopped and jobs.heartbeat(run):
+        _complete(run, f"the trace was replayed ({len(chosen)} of {len(rows)} requests "
+                       f"sampled)")
     return ShadowRun.objects.get(pk=run.pk)
 
 
-def _wait_until(run_id: int, at: float) -> bool:
+def _complete(run: ShadowRun, reason: str) -> ShadowRun:
+    """A replay that sent its trace: complete (jobs.finish), judged one last time in the
+    same transaction — the judgement is its evidence hook."""
+
+    def judged(locked: ShadowRun) -> dict[str, Any]:
+        return {"judgement": run_judge(run=locked).pk}
+
+    return jobs.finish(run, actor=_system(), action="shadow.run.finish", evidence=judged,
+                       fields={"stop_reason": reason,
+                               "counters": selectors.live_counters(run)},
+                       message=reason)
+
+
+def _wait_until(run: ShadowRun, at: float) -> bool:
     """Sleep until monotonic time `at`, looking at the run meanwhile; False once it stopped."""
     while True:
         left = at - time.monotonic()
-        if not _still_running(run_id):
+        if not jobs.heartbeat(run):  # the replay's beat; False once the run stopped
             return False
         if left <= 0:
             return True

@@ -265,6 +265,10 @@ class ShadowRunSerializer(serializers.ModelSerializer):
         child=serializers.CharField(), read_only=True,
         help_text="Gateways of the route that cannot mirror (HAProxy), named at the start.")
     url = serializers.SerializerMethodField(help_text="The run's dashboard page.")
+    # The job columns (migrations_plan/jobs.py) under the names this API has always used.
+    stopped_by = serializers.CharField(source="cancelled_by", read_only=True)
+    stopped_at = serializers.DateTimeField(source="finished_at", read_only=True,
+                                           allow_null=True)
 
     class Meta:
         model = ShadowRun
