@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test install lint check-migrations clean
+.PHONY: demo test test-fast install lint check-migrations clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: install
 test: install check-migrations
 	$(BIN)/ruff check .
 	$(BIN)/python -m fleetctl.demo.devstack test $(PYTEST_ARGS)
+
+## test-fast: what needs only PostgreSQL and Redis (no worker, fleet, gateway or browser)
+test-fast: install
+	$(BIN)/python -m fleetctl.demo.devstack test -m "not slow and not browser and not processes" $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

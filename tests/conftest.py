@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,9 @@ from fleetctl.accounts.actor import Actor
 from fleetctl.accounts.services import token_create_personal, token_create_service
 from fleetctl.fleet import services as fleet_services
 from fleetctl.fleet.models import Pool, Region
+from tests.support.celery_worker import start_celery_worker
+from tests.support.waiting import wait_until
+from tests.support.workers import log_name
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM = Actor.for_system("test")
@@ -34,6 +36,21 @@ def pytest_report_header() -> list[str]:
 
 # The `browser` fixture (Chromium through Playwright) for the dashboard tests.
 pytest_plugins = ["tests.browser"]
+
+# Fixtures that start a real process (a Celery worker, a simulated fleet, a gateway, a
+# collector, a browser, a live server): a test using one is marked `processes`.
+PROCESS_FIXTURES = frozenset({
+    "celery_worker", "celery_worker_process", "browser", "live_server", "batch_sim",
+    "sim_pool", "sim_primary_pool", "bench_sim", "conformance_sim", "start_collector",
+    "start_sim", "sim_fleet", "envoy", "sims", "haproxy", "nginx", "sim",
+})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.processes)
+
 
 @pytest.fixture(autouse=True)
 def _fast_password_hashing(settings: Any) -> None:
@@ -167,18 +184,19 @@ def _worker_quiet(timeout_s: float = 60) -> None:
     waited for."""
     from fleetctl.celery import app
 
-    deadline = time.monotonic() + timeout_s
     inspect = app.control.inspect(timeout=1.0, limit=1)
-    while True:
+
+    def quiet() -> bool:
         scheduled = inspect.scheduled() or {}
         waiting = [task["request"]["id"] for tasks in scheduled.values() for task in tasks]
         if waiting:
             app.control.revoke(waiting)
         _purge_broker()
-        busy = [task for tasks in (inspect.active() or {}).values() for task in tasks]
-        if not busy or time.monotonic() > deadline:
-            return
-        time.sleep(0.1)
+        return not [task for tasks in (inspect.active() or {}).values() for task in tasks]
+
+    # Best effort: a task still running after timeout_s is the test's own to explain.
+    with contextlib.suppress(AssertionError):
+        wait_until(quiet, timeout_s=timeout_s, every_s=0.1, what="the worker to go quiet")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -202,14 +220,10 @@ def celery_worker_process(
         name = connection.settings_dict["NAME"]
     env = _worker_env(name)
     _purge_broker()
-    log = open(ROOT / "var" / "test-worker.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "fleetctl", "worker", "-Q",
-         ",".join(QUEUES), "-c", "12", "--pool", "threads", "-l", "INFO",
-         "--without-gossip", "--without-mingle", "-n", f"test-{os.getpid()}@%h"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
-    _wait_for_worker(proc)
+    log = ROOT / "var" / log_name("test-worker", ".log")
+    log.write_bytes(b"")  # this session's
+    proc = start_celery_worker(env, log, node=f"test-{os.getpid()}@%h", queues=QUEUES,
+                               concurrency=12)
     global _worker_started
     _worker_started = True
     yield proc
@@ -218,25 +232,6 @@ def celery_worker_process(
         proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
         proc.kill()
-    log.close()
-
-
-def _wait_for_worker(proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
-    # A generous limit: starting Celery (and importing Django) can take many seconds on a
-    # loaded 2-core machine, and waiting costs nothing once it answers.
-    from fleetctl.celery import app
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"Celery worker exited with {proc.returncode}; see var/test-worker.log"
-            )
-        replies = app.control.ping(timeout=0.5)
-        if replies:
-            return
-    raise RuntimeError(f"Celery worker did not answer a ping within {timeout_s:g} s; "
-                       "see var/test-worker.log")
 
 
 @pytest.fixture
@@ -245,14 +240,3 @@ def celery_worker(
 ) -> subprocess.Popen[bytes]:
     """Use with tests whose data the worker must see (hence transactional_db)."""
     return celery_worker_process
-
-
-def wait_until(predicate: Callable[[], Any], *, timeout_s: float = 20, every_s: float = 0.1,
-               what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

@@ -20,8 +20,9 @@ import pytest
 
 from fleetctl.demo import devstack
 from fleetctl.demo.devstack import Stack
-from tests.conftest import ROOT, wait_until
+from tests.conftest import ROOT
 from tests.sim import simproc
+from tests.support.waiting import wait_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 

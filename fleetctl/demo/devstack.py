@@ -243,6 +243,23 @@ def _postgres_url() -> str | None:
     return None
 
 
+TEST_WORKERS = 3  # on 2 cores; 4 was slower (24:42 vs 22:04) and overloaded timing-bound tests
+
+
+def pytest_defaults(pytest_args: list[str]) -> list[str]:
+    """What `make test` adds unless told otherwise: its 30 slowest tests, and worker processes
+    (pytest-xdist; `FLEETCTL_TEST_WORKERS`, 0 for one process, or `-n` in the arguments).
+    A file's tests stay on one worker (`--dist loadfile`), so its module-scoped real services
+    start once."""
+    defaults = ["--durations=30"]
+    chosen = any(arg in ("-n", "--numprocesses") or arg.startswith(("-n", "--numprocesses="))
+                 or arg == "no:xdist" for arg in pytest_args)
+    workers = os.environ.get("FLEETCTL_TEST_WORKERS", str(TEST_WORKERS))
+    if not chosen and workers.strip() not in ("", "0", "1"):
+        defaults += ["-n", workers.strip(), "--dist", "loadfile"]
+    return defaults
+
+
 def run_tests(pytest_args: list[str]) -> int:
     env = dict(os.environ)
     stack = Stack()
@@ -269,7 +286,8 @@ def run_tests(pytest_args: list[str]) -> int:
     local_destinations(env, webhooks=True, own=[])
     log(f"database {env['DATABASE_URL']}  broker {env['REDIS_URL']}")
     try:
-        return subprocess.call([PY, "-m", "pytest", *pytest_args], cwd=ROOT, env=env)
+        return subprocess.call([PY, "-m", "pytest", *pytest_defaults(pytest_args),
+                                *pytest_args], cwd=ROOT, env=env)
     finally:
         stack.stop()
 

@@ -24,7 +24,7 @@ from tests.api.test_schemathesis import (  # noqa: F401 - fixtures
     in_test_transaction,
     rows,
 )
-from tests.conftest import wait_until
+from tests.support.waiting import wait_until
 from tests.traffic.test_drain_e2e import envoys, sims  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]

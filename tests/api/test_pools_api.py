@@ -217,7 +217,8 @@ def _waiting_on_a_lock() -> bool:
 def test_a_pool_patch_that_waited_behind_a_rename_or_delete_is_refused_not_a_500(
         make_pool, client_for, meanwhile, status, says):
     from fleetctl.fleet import services
-    from tests.conftest import SYSTEM, wait_until
+    from tests.conftest import SYSTEM
+    from tests.support.waiting import wait_until
 
     pool = make_pool(name="h200")
     admin = client_for("admin")
@@ -263,7 +264,8 @@ def test_a_pool_patch_that_waited_behind_a_rename_or_delete_is_refused_not_a_500
 def test_a_region_patch_that_waited_behind_a_rename_or_delete_is_refused_not_a_500(
         client_for, meanwhile, status, says):
     from fleetctl.fleet import services
-    from tests.conftest import SYSTEM, wait_until
+    from tests.conftest import SYSTEM
+    from tests.support.waiting import wait_until
 
     region = services.region_create(actor=SYSTEM, code="eu-north", name="EU North",
                                     jurisdiction="EU")

@@ -21,23 +21,12 @@ from fleetctl.fleet.models import Pool
 from fleetctl.fleet.services import pool_health_record, pool_model_create
 from tests.conftest import SYSTEM
 from tests.sim.simproc import SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
 
 from .factory import MODEL
 
-# The tests/sim "quick" profile: a few ms per answer, no noise, no divergence, MODEL served.
-PROFILES = """
-[profiles.quick]
-base = "h200"
-decode_base_ms = 2.0
-decode_per_seq_ms = 0.01
-network_latency_ms = 0.0
-divergence_rate = 0.0
-replica_noise = 0.0
-max_context = 4096
-kv_cache_tokens = 400000
-"""
-
-# Two pools of one process: "batch" (the target) and "primary" (for comparisons).
+# Two pools of one process: "batch" (the target) and "primary" (for comparisons), "quick"
+# both: a few ms per answer, no noise, no divergence, MODEL served.
 SIM_POOLS = {"batch": "quick", "primary": "quick"}
 
 
@@ -45,7 +34,7 @@ SIM_POOLS = {"batch": "quick", "primary": "quick"}
 def batch_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
     """One simulator process for the session, pools "batch" and "primary" on free ports.
     Tests that fault a pool (`/admin/faults`) must clear the fault before they end."""
-    sim = sim_with_profiles(tmp_path_factory.mktemp("batch-sim"), PROFILES, SIM_POOLS)
+    sim = sim_with_profiles(tmp_path_factory.mktemp("batch-sim"), TEST_PROFILES, SIM_POOLS)
     yield sim
     sim.stop()
 

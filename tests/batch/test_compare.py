@@ -22,10 +22,12 @@ from fleetctl.batch import compare
 from fleetctl.batch.models import BatchChunk, BatchComparison, BatchFile, BatchJob, BatchResult
 from fleetctl.fleet.models import Pool
 from migrations_plan.models import Plan
-from tests.conftest import SYSTEM, wait_until
+from tests.conftest import SYSTEM
 from tests.core.hostile import recording_server
 from tests.migrations_plan.conftest import MODEL, World, world  # noqa: F401 - the fixture
-from tests.sim.simproc import TEST_PROFILES, SimProcess, sim_with_profiles
+from tests.sim.simproc import SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
 
 from .factory import make_job as factory_make_job
 from .workerproc import WorkerProcess, worker_starter

@@ -14,7 +14,8 @@ from fleetctl.batch.evidence import DRILL_KIND
 from fleetctl.batch.models import BatchChunk, BatchJob, BatchResult
 from fleetctl.fleet.models import Pool
 from migrations_plan.models import Evidence
-from tests.conftest import SYSTEM, wait_until
+from tests.conftest import SYSTEM
+from tests.support.waiting import wait_until
 
 from .factory import make_job
 from .workerproc import WorkerProcess, worker_starter

@@ -28,9 +28,10 @@ from fleetctl.webhooks.models import Delivery, Webhook
 from migrations_plan import evidence as ev
 from migrations_plan import services as plans
 from migrations_plan.models import Evidence, Plan
-from tests.conftest import SYSTEM, wait_until
+from tests.conftest import SYSTEM
 from tests.migrations_plan.conftest import World
 from tests.migrations_plan.helpers import walk_to
+from tests.support.waiting import wait_until
 
 from .factory import MODEL, upload, write_input
 from .workerproc import WorkerProcess

@@ -4,9 +4,9 @@ pause, finishing; and the executor in this process against the simulator pool.""
 
 from __future__ import annotations
 
-import base64
-import json
+import contextlib
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -140,28 +140,35 @@ def test_finish_completes_the_job_only_when_every_request_has_a_result(
     assert last is not None and last.number == 1
     store.record(last, outcome(2))
     store.record(last, outcome(3))
-    with django_capture_on_commit_callbacks(execute=True):
+    with compare_tasks_published() as queued, django_capture_on_commit_callbacks(execute=True):
         assert store.finish(last) == "done"
+        assert queued == []  # not before the commit
     job.refresh_from_db()
     assert job.state == "completed" and job.finished_at is not None
     assert job.events.filter(kind=BatchJobEvent.Kind.COMPLETED).count() == 1
     # The output comparison is queued (by task name, on the evals queue) once committed.
-    assert [job.pk] in compare_tasks_queued()
+    assert queued == [[job.pk]]
 
 
-def compare_tasks_queued() -> list[list[int]]:
-    """The args of every batch.compare message waiting on the evals queue (taken off it)."""
-    import redis
-    from django.conf import settings
+@contextlib.contextmanager
+def compare_tasks_published() -> Iterator[list[list[int]]]:
+    """The args of every batch.compare message published to the broker meanwhile (Celery's
+    own before_task_publish signal: a worker of the session may take the message off the
+    queue before a test could read it there)."""
+    from celery.signals import before_task_publish
 
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    found = []
-    for raw in client.lrange("evals", 0, -1):
-        message = json.loads(raw)
-        if message["headers"]["task"] == "batch.compare":
-            found.append(json.loads(base64.b64decode(message["body"]))[0])
-            client.lrem("evals", 1, raw)
-    return found
+    found: list[list[int]] = []
+
+    def seen(sender: str | None = None, body: Any = None, routing_key: str = "",
+             **_: Any) -> None:
+        if sender == "batch.compare" and routing_key == "evals":
+            found.append(list(body[0]))
+
+    before_task_publish.connect(seen, weak=False)
+    try:
+        yield found
+    finally:
+        before_task_publish.disconnect(seen)
 
 
 def test_retry_waits_grow_with_jitter_up_to_the_cap_and_honour_retry_after() -> None:

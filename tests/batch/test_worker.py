@@ -4,7 +4,6 @@ follow a person's pause/resume/cancel, retry a faulty pool and expire with parti
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,7 +13,8 @@ from django.utils import timezone
 from fleetctl.batch import outputs, services
 from fleetctl.batch.models import BatchChunk, BatchJob, BatchResult
 from fleetctl.fleet.models import Pool
-from tests.conftest import SYSTEM, wait_until
+from tests.conftest import SYSTEM
+from tests.support.waiting import wait_until
 
 from .factory import make_job
 from .workerproc import WorkerProcess, worker_starter
@@ -65,6 +65,16 @@ def done(job: BatchJob) -> int:
     return BatchResult.objects.filter(job=job).count()
 
 
+def after_a_later_job(pool: Pool, tmp_path: Path) -> None:
+    """The end of a negative check ("the worker sends nothing more for a job it let go"): a
+    one-line job queued now completes. The worker claims the oldest job it can, so a claim
+    of the earlier job, and what it would send, comes first; and its work for the job it let
+    go is over (a chunk is released once its requests are back)."""
+    later = make_job(SYSTEM, pool, n=1, tmp_path=tmp_path)
+    wait_until(lambda: job_state(later) == "completed", timeout_s=20,
+               what="a later one-line job to complete")
+
+
 def test_repeated_kill_9_of_the_holder_loses_nothing_and_writes_nothing_twice(
         sim_pool: Pool, tmp_path: Path, workers: Callable[..., WorkerProcess]) -> None:
     """Three kill -9s of whichever worker holds the job, at different points; one of the
@@ -113,7 +123,7 @@ def test_a_running_worker_follows_pause_resume_and_cancel(
     services.job_pause(actor=SYSTEM, job=job, reason="pool maintenance")
     wait_until(lambda: not holder(job), timeout_s=10, what="the holder to release its chunk")
     paused_at = done(job)
-    time.sleep(1.5)  # longer than a renewal interval (lease 2 s / 3): nothing more is sent
+    after_a_later_job(sim_pool, tmp_path)  # nothing more is sent
     assert done(job) == paused_at < 80
     assert job_state(job) == "paused"
 
@@ -125,7 +135,7 @@ def test_a_running_worker_follows_pause_resume_and_cancel(
     wait_until(lambda: worker.log().count(": released") > released, timeout_s=10,
                what="the holder to stop")
     cancelled_at = done(job)
-    time.sleep(1.0)
+    after_a_later_job(sim_pool, tmp_path)
     assert done(job) == cancelled_at < 80
     assert job_state(job) == "cancelled"
     assert results_by_index(job) == {i: 1 for i in results_by_index(job)}
@@ -146,7 +156,7 @@ def test_a_job_past_its_window_expires_with_its_partial_output(
     wait_until(lambda: ": released" in worker.log(), timeout_s=10,
                what="the holder to let its chunk go")
     partial = done(job)
-    time.sleep(1.0)  # the worker is still running: it must not send any more
+    after_a_later_job(sim_pool, tmp_path)  # the worker is still running: it sends no more
 
     assert job_state(job) == "expired" and 0 < done(job) == partial < 100
     assert len(list(outputs.output_lines(job))) == partial

@@ -21,8 +21,8 @@ from fleetctl.fleet.models import Pool
 from migrations_plan import evidence as ev
 from migrations_plan import services as plans
 from migrations_plan.models import Evidence, Plan
-from tests.conftest import wait_until
 from tests.migrations_plan.conftest import world  # noqa: F401 - the fixture
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 MODEL = "llama-3.1-8b-instruct"

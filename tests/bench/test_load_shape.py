@@ -18,8 +18,8 @@ from fleetctl.bench.models import Level, Run, Sample, ShardPart
 from fleetctl.bench.runner import Endpoint, LevelPlan, run_level, stagger_offsets
 from tests.bench.helpers import MODEL, SLO, serving, small_trace
 from tests.cli.test_cli import run as cli
-from tests.conftest import wait_until
 from tests.sim.simproc import SimProcess
+from tests.support.waiting import wait_until
 
 from .conftest import Row
 

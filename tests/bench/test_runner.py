@@ -21,6 +21,7 @@ from fleetctl.bench.runner import Endpoint, LevelPlan, LevelResult, run_level
 from fleetctl.bench.stats import summarize
 from tests.noise import best_of
 from tests.sim.simproc import MODEL, SimProcess
+from tests.support.waiting import wait_until
 
 from .conftest import Row
 
@@ -173,10 +174,8 @@ def test_a_pool_going_down_mid_stream_counts_as_an_error_and_keeps_its_partial_t
                                               concurrency=2))
         # Down once the streams are under way (tokens sent; 200 tokens take 4 s), rather
         # than after a fixed pause a loaded machine may not have used to start them.
-        deadline = asyncio.get_running_loop().time() + 30
-        while await asyncio.to_thread(tokens_generated) < before + 4:
-            assert asyncio.get_running_loop().time() < deadline, "no stream started"
-            await asyncio.sleep(0.02)
+        await asyncio.to_thread(wait_until, lambda: tokens_generated() >= before + 4,
+                                timeout_s=30, every_s=0.02, what="a stream to start")
         async with httpx.AsyncClient() as http:
             await http.post(f"{url}/admin/faults", json={"down": True})
         try:

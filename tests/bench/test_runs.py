@@ -15,8 +15,8 @@ from fleetctl.bench.models import Level, Run, Sample, ShardPart
 from fleetctl.fleet.models import Pool
 from fleetctl.fleet.services import pool_model_create
 from migrations_plan.models import Evidence
-from tests.conftest import wait_until
 from tests.migrations_plan.conftest import world  # noqa: F401 - the fixture
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 MODEL = "llama-3.1-8b-instruct"

@@ -22,6 +22,9 @@ pytestmark = pytest.mark.slow
 SAMPLES = Path(__file__).resolve().parents[1] / "bench" / "samples"
 FAST = ["--warmup-s", "0.5", "--window-s", "2", "--min-samples", "8", "--lag-limit-ms", "500"]
 SLO = ["--ttft-p95-ms", "2000", "--tpot-p95-ms", "200", "--error-rate", "0.05"]
+# A run started with --no-wait and then cancelled still measures the level under way (a cancel
+# is seen between levels): short levels, so the session's worker is free soon after.
+SHORT_LEVELS = ["--warmup-s", "1", "--window-s", "2"]
 
 
 @pytest.fixture
@@ -107,8 +110,8 @@ def test_no_wait_returns_the_started_run(live_server, transactional_db, make_poo
     serving(make_pool, "paced")
     run(live_server, "bench", "generate", "--name", "t", "--n", "20", token=oncall_token)
     started = run(live_server, "bench", "run", "--trace", "t", "--pool", "paced", "--model",
-                  MODEL, *SLO, "--max-concurrency", "8", "--no-wait", "--json",
-                  token=oncall_token)
+                  MODEL, *SLO, "--max-concurrency", "8", *SHORT_LEVELS, "--no-wait",
+                  "--json", token=oncall_token)
     assert started.returncode == 0, started.stderr
     body = json.loads(started.stdout)
     assert body["mode"] == "search" and body["max_concurrency"] == 8
@@ -191,7 +194,8 @@ def test_bad_speeds_are_command_line_errors(live_server, transactional_db, make_
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
     run(live_server, "bench", "generate", "--name", "t", "--n", "20", token=oncall_token)
     started = run(live_server, "bench", "run", "--trace", "t", "--pool", "paced", "--model",
-                  MODEL, *SLO, "--speeds", "0.5,2", "--no-wait", "--json", token=oncall_token)
+                  MODEL, *SLO, "--speeds", "0.5,2", *SHORT_LEVELS, "--no-wait", "--json",
+                  token=oncall_token)
     assert started.returncode == 0, started.stderr
     body = json.loads(started.stdout)
     assert body["timing"] == "trace" and body["speeds"] == [0.5, 2.0]

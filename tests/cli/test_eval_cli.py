@@ -20,9 +20,9 @@ from fleetctl.evals import services
 from fleetctl.evals.models import EvalResult, EvalRun, EvalSuite
 from fleetctl.fleet.models import Pool
 from tests.cli.test_cli import run
-from tests.conftest import wait_until
 from tests.evals.test_api import item, scored_run, suite_text
 from tests.migrations_plan.conftest import World, world  # noqa: F401 - the fixture
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,8 @@ from fleetctl.ramps import services as ramps
 from fleetctl.ramps.models import Ramp
 from fleetctl.traffic import services
 from fleetctl.traffic.models import Route
-from tests.conftest import SYSTEM, wait_until
+from tests.conftest import SYSTEM
+from tests.support.waiting import wait_until
 
 MODEL = "llama-3.1-8b-instruct"
 SLO = ["--slo-ttft-ms", "800", "--slo-tpot-ms", "60", "--slo-error-rate", "0.01"]

@@ -11,39 +11,18 @@ import pytest
 
 from fleetctl.fleet.models import Pool
 from fleetctl.fleet.services import pool_model_create
-from tests.sim.simproc import TEST_PROFILES, SimProcess, sim_with_profiles
+from tests.sim.simproc import SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
 
 MODEL = "llama-3.1-8b-instruct"
-CONFORMANCE_PROFILES = TEST_PROFILES + """
-[profiles.legacy]
-base = "a100-legacy"
-decode_base_ms = 2.0
-decode_per_seq_ms = 0.01
-network_latency_ms = 0.0
-divergence_rate = 0.0
-max_context = 4096
-
-[profiles.no-usage]
-base = "quick"
-stream_usage = false
-
-[profiles.no-json]
-base = "quick"
-json_mode = false
-
-[profiles.tiny]
-base = "quick"
-decode_base_ms = 20.0
-max_seqs = 1
-max_waiting = 1
-"""
 SIM_POOLS = {"good": "quick", "twin": "quick-twin", "legacy": "legacy",
-             "no-usage": "no-usage", "no-json": "no-json", "tiny": "tiny"}
+             "no-usage": "quick:stream_usage=false", "no-json": "quick:json_mode=false",
+             "tiny": "small"}
 
 
 @pytest.fixture(scope="session")
 def conformance_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    sim = sim_with_profiles(tmp_path_factory.mktemp("conformance-sim"), CONFORMANCE_PROFILES,
+    sim = sim_with_profiles(tmp_path_factory.mktemp("conformance-sim"), TEST_PROFILES,
                             SIM_POOLS)
     yield sim
     sim.stop()

@@ -47,7 +47,7 @@ def test_the_gate_button_runs_the_probe_and_the_gate_reads_its_verdict(
     expect(page.get_by_text("Started conformance run")).to_be_visible()
 
     live = page.locator("#conformance-live")
-    expect(live).to_have_attribute("data-status", "done", timeout=120_000)
+    expect(live).to_have_attribute("data-status", "complete", timeout=120_000)
     expect(live.locator(".verdict")).to_contain_text("fail")
     expect(live.locator(".conformance-summary")).to_contain_text(
         "required failing: tools, tool_choice required (no tool_calls)")

@@ -15,8 +15,8 @@ from django.core.management import call_command
 from fleetctl.conformance.models import ConformanceRun
 from migrations_plan import evidence as ev
 from migrations_plan.models import Plan
-from tests.conftest import wait_until
 from tests.sim import simproc
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -37,13 +37,13 @@ def test_the_demo_probes_fail_the_a100_on_tools_and_parity_and_pass_the_mi300x(
         status__in=ConformanceRun.ACTIVE).exists(), timeout_s=240, what="the demo's probes")
     a100 = ConformanceRun.objects.get(pool__name="a100-eu-central")
     mi300x = ConformanceRun.objects.get(pool__name="mi300x-us-east")
-    assert (a100.status, a100.verdict) == ("done", "fail"), a100.error
+    assert (a100.status, a100.verdict) == ("complete", "fail"), a100.error
     assert a100.primary.name == "h200-us-east" and a100.plan.name == "a100-llama-8b"
     evidence = a100.pool.evidence.get(kind="conformance")
     assert set(evidence.data["required_failing"]) == {"tools.required", "tools.named",
                                                       "parity.prompt_tokens"}
     assert "tokens vs h200-us-east" in a100.summary
-    assert (mi300x.status, mi300x.verdict) == ("done", "pass"), mi300x.summary
+    assert (mi300x.status, mi300x.verdict) == ("complete", "pass"), mi300x.summary
 
     plan = Plan.objects.get(name="a100-llama-8b")
     # The demo's A100 plan was signed through stages 1 and 2 for batch work before its probe

@@ -14,8 +14,8 @@ from fleetctl.conformance.models import ConformanceCase, ConformanceRun
 from fleetctl.fleet.models import Pool
 from migrations_plan import evidence as ev
 from migrations_plan.models import Evidence
-from tests.conftest import wait_until
 from tests.migrations_plan.conftest import World, world  # noqa: F401 - the fixture
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def test_a_conforming_pool_passes_and_the_gate_check_reads_the_evidence(
     plan = world.plan()
     assert conformance_check(plan).status == ev.INSUFFICIENT
     run = finished(services.run_create(actor=world.actor("oncall"), pool=candidate, plan=plan))
-    assert (run.status, run.verdict) == ("done", "pass"), (run.error, run.summary)
+    assert (run.status, run.verdict) == ("complete", "pass"), (run.error, run.summary)
     assert run.primary == world.primary and run.model_id == "llama-3.1-8b-instruct"
     rows = ConformanceCase.objects.filter(run=run)
     mine = rows.filter(role="pool")
@@ -78,7 +78,7 @@ def test_the_legacy_a100_fails_tools_and_prompt_token_parity_and_blocks_the_gate
     point(world.primary, conformance_sim, "good")
     plan = world.plan()
     run = finished(services.run_create(actor=world.actor("oncall"), pool=candidate, plan=plan))
-    assert (run.status, run.verdict) == ("done", "fail"), run.error
+    assert (run.status, run.verdict) == ("complete", "fail"), run.error
     assert failing(run) == {"tools.required", "tools.named", "parity.prompt_tokens"}
     assert "required failing: tools, tool_choice required (no tool_calls)" in run.summary
     assert "prompt-token parity (+" in run.summary or "prompt-token parity (-" in run.summary
@@ -104,7 +104,7 @@ def test_a_switched_off_feature_fails_exactly_its_cases(
     pool = sim_pool(f"{sim}-pool", sim)
     reference = sim_pool("reference", "good")
     run = finished(services.run_create(actor=system, pool=pool, primary=reference))
-    assert run.status == "done", run.error
+    assert run.status == "complete", run.error
     assert failing(run) == expected
     assert run.verdict == verdict
     assert Evidence.objects.get(kind="conformance", pool=pool).verdict == verdict
@@ -147,7 +147,7 @@ def test_a_pool_that_does_not_answer_fails_with_the_reason(celery_worker, make_p
     pool_model_create(actor=system, pool=down, model_id="llama-3.1-8b-instruct",
                       max_context_tokens=8192)
     run = finished(services.run_create(actor=system, pool=down))
-    assert (run.status, run.verdict) == ("done", "fail")
+    assert (run.status, run.verdict) == ("complete", "fail")
     chat = ConformanceCase.objects.get(run=run, key="chat.basic")
     assert chat.status == "error" and "could not connect" in chat.got
     assert Evidence.objects.get(kind="conformance", pool=down).verdict == "fail"
@@ -165,7 +165,7 @@ def test_a_run_whose_worker_died_is_resumed_from_its_rows_or_failed(db, sim_pool
     # The reaper would fail it; a redelivered task takes it over first and resumes it.
     services.run_execute(run_id=run.pk)
     run.refresh_from_db()
-    assert (run.status, run.verdict) == ("done", "pass"), run.error
+    assert (run.status, run.verdict) == ("complete", "pass"), run.error
     kept = ConformanceCase.objects.get(run=run, key="chat.basic")
     assert kept.got == "kept"
     assert ConformanceCase.objects.filter(run=run).count() == len(services.cases_for(run))

@@ -389,7 +389,8 @@ def test_comparing_is_deterministic() -> None:
 
 @pytest.fixture(scope="module")
 def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tests.sim.simproc import TEST_PROFILES, sim_with_profiles
+    from tests.sim.simproc import sim_with_profiles
+    from tests.support.profiles import TEST_PROFILES
 
     sim = sim_with_profiles(tmp_path_factory.mktemp("compare-sim"), TEST_PROFILES,
                             {"primary": "quick", "diverging": "diverging", "tie": "tie",

@@ -24,7 +24,8 @@ from fleetctl.evals.models import EvalRun
 from fleetctl.fleet.models import Pool
 from tests.browser import sign_in
 from tests.migrations_plan.conftest import World, world  # noqa: F401 - the fixture
-from tests.sim.simproc import TEST_PROFILES, SimProcess, sim_with_profiles
+from tests.sim.simproc import SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
 from tests.web.test_browser import Problems
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]

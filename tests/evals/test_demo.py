@@ -17,8 +17,8 @@ from fleetctl.evals import bundled
 from fleetctl.evals.models import EvalResult, EvalRun, EvalSuite
 from migrations_plan import evidence as ev
 from migrations_plan.models import Evidence, Plan
-from tests.conftest import wait_until
 from tests.sim import simproc
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -40,8 +40,10 @@ from fleetctl.traffic.services import gateway_create, route_create
 from migrations_plan import evidence as ev
 from migrations_plan import services as plans
 from migrations_plan.models import Evidence, Plan
-from tests.conftest import SYSTEM, wait_until
-from tests.sim.simproc import TEST_PROFILES, SimProcess, sim_with_profiles
+from tests.conftest import SYSTEM
+from tests.sim.simproc import SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

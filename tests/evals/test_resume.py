@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,26 +29,26 @@ from fleetctl.evals import services
 from fleetctl.evals.models import EvalResult, EvalRun
 from fleetctl.fleet.models import Region
 from fleetctl.fleet.services import pool_create, pool_model_create
-from tests.conftest import ROOT, SYSTEM, _worker_env, wait_until
-from tests.sim.simproc import TEST_PROFILES, SimProcess, sim_with_profiles
+from tests.conftest import SYSTEM, _worker_env
+from tests.sim.simproc import SimProcess, sim_with_profiles
+from tests.support.celery_worker import start_celery_worker
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 MODEL = "llama-3.1-8b-instruct"
-# Slow enough that a run of 600 rows at concurrency 8 takes some 20 s (each answer ~0.3 s),
-# so there is a moment with rows scored, rows in flight and rows pending to kill it in.
-PROFILES = TEST_PROFILES + """
-[profiles.steady]
-base = "quick"
-decode_base_ms = 15.0
-"""
 STALE_S = 3  # EVAL_HEARTBEAT_STALE_S for the reaper and the rescuer
 
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    sim = sim_with_profiles(tmp_path_factory.mktemp("evals-resume"), PROFILES,
-                            {"a": "steady:task_accuracy=0.9", "b": "steady:task_accuracy=0.9"})
+    # Slow enough that a run of 600 rows at concurrency 8 takes some 20 s (each answer
+    # ~0.3 s), so there is a moment with rows scored, rows in flight and rows pending to kill
+    # it in.
+    sim = sim_with_profiles(tmp_path_factory.mktemp("evals-resume"), TEST_PROFILES,
+                            {"a": "slow-15ms:task_accuracy=0.9",
+                             "b": "slow-15ms:task_accuracy=0.9"})
     yield sim
     sim.stop()
 
@@ -82,26 +81,13 @@ class Worker:
     """`celery -A fleetctl worker -Q evals` as a process of its own, on the test database."""
 
     def __init__(self, node: str, log: Path, **env: str) -> None:
+        """Returns once the worker answers a ping."""
         with connection.cursor():
             database = connection.settings_dict["NAME"]
         self.node = f"{node}-{os.getpid()}@%h"
         self.log = log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "fleetctl", "worker", "-Q", "evals",
-             "-c", "2", "--pool", "threads", "-l", "INFO", "--without-gossip",
-             "--without-mingle", "-n", self.node],
-            cwd=ROOT, env={**_worker_env(database), **env}, stdout=log.open("wb"),
-            stderr=subprocess.STDOUT)
-
-    def wait_ready(self) -> None:
-        prefix = self.node.split("@")[0]
-
-        def answers() -> bool:
-            assert self.proc.poll() is None, self.log.read_text()
-            replies = app.control.ping(timeout=0.5) or []
-            return any(name.startswith(prefix) for reply in replies for name in reply)
-
-        wait_until(answers, timeout_s=120, what=f"worker {self.node}")
+        self.proc = start_celery_worker({**_worker_env(database), **env}, log, node=self.node,
+                                        queues=["evals"], concurrency=2)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -136,7 +122,6 @@ def test_a_worker_killed_mid_run_is_resumed_by_another_and_no_row_is_scored_twic
 
     victim = Worker("evals-victim", tmp_path / "victim.log")
     workers.append(victim)
-    victim.wait_ready()
     lead = Actor(user=make_user("lead", "platform-lead"))
     run = services.run_create(actor=lead, suite=suite, candidate=pools[0], primary=pools[1],
                               model_id=MODEL, concurrency=8)
@@ -169,7 +154,6 @@ def test_a_worker_killed_mid_run_is_resumed_by_another_and_no_row_is_scored_twic
     rescuer = Worker("evals-rescuer", tmp_path / "rescuer.log",
                      EVAL_HEARTBEAT_STALE_S=str(STALE_S))
     workers.append(rescuer)
-    rescuer.wait_ready()
     assert services.runs_reap() == 1
     wait_until(lambda: EvalRun.objects.get(pk=run.pk).status == "complete", timeout_s=180,
                every_s=0.2, what=f"the rescuer to finish the run ({tmp_path}/rescuer.log)")

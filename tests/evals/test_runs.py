@@ -37,25 +37,21 @@ from fleetctl.evals.models import EvalResult, EvalRun, EvalSuite
 from fleetctl.fleet.models import Pool
 from fleetctl.fleet.services import pool_model_create
 from migrations_plan.models import Evidence
-from tests.conftest import wait_until
-from tests.sim.simproc import TEST_PROFILES, SimProcess, sim_with_profiles
+from tests.sim.simproc import SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 MODEL = "llama-3.1-8b-instruct"
 SYSTEM = Actor.for_system("eval-runs-test")
-PROFILES = TEST_PROFILES + """
-[profiles.slow]
-base = "quick"
-decode_base_ms = 40.0
-"""
 
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    sim = sim_with_profiles(tmp_path_factory.mktemp("evals-runs"), PROFILES,
-                            {"a1": "quick", "a2": "quick", "b": "quick-twin", "slow": "slow",
-                             "slow2": "slow"})
+    sim = sim_with_profiles(tmp_path_factory.mktemp("evals-runs"), TEST_PROFILES,
+                            {"a1": "quick", "a2": "quick", "b": "quick-twin",
+                             "slow": "slow-40ms", "slow2": "slow-40ms"})
     yield sim
     sim.stop()
 

@@ -253,8 +253,8 @@ def test_run_create_refuses_what_cannot_run_naming_the_field(world, pools):  # n
     message = refused("others", **base, primary=pools["primary"], others=[pools["bare"]],
                       model_id=MODEL)
     assert "no-model does not serve" in message
-    message = refused("model", **base, primary=pools["bare"])
-    assert "No model is served by all" in message
+    message = refused("primary", **base, primary=pools["bare"])
+    assert "no-model does not serve" in message
     assert "does not serve" in refused("candidate", **base, model_id="other-model")
     # The same pool twice.
     assert "named twice" in refused("primary", **base, primary=pools["candidate"])

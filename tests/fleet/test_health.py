@@ -14,8 +14,9 @@ from fleetctl.fleet.models import HealthCheck, HealthTransition, Pool
 from fleetctl.fleet.probe import probe_pool
 from fleetctl.fleet.services import health_history_prune, pool_health_record
 from fleetctl.fleet.tasks import pool_probe, pools_probe_due
-from tests.conftest import ROOT, _worker_env, wait_until
+from tests.conftest import ROOT, _worker_env
 from tests.fleet.fake_endpoint import FakeEndpoint
+from tests.support.waiting import wait_until
 
 # The probe asks the registry which addresses are fleetctl's own (core.destinations).
 pytestmark = pytest.mark.django_db

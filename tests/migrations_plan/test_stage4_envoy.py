@@ -13,9 +13,9 @@ from fleetctl.traffic import services as traffic
 from fleetctl.traffic.models import Drain, GatewayPush, Route
 from migrations_plan import services
 from migrations_plan.models import StageMove
-from tests.conftest import wait_until
 from tests.migrations_plan.helpers import pass_gate, walk_to
 from tests.noise import binomial_tolerance
+from tests.support.waiting import wait_until
 from tests.traffic.test_drain_e2e import _ask, _client, envoys, served, sims  # noqa: F401
 
 pytestmark = pytest.mark.slow

@@ -8,14 +8,12 @@ same world with its own database and worker.
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,22 +22,17 @@ from typing import Any
 import httpx
 import openai
 
+from tests.support.celery_worker import start_celery_worker
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
+from tests.telemetry.lines import start_ingester
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "llama-3.1-8b-instruct"
 
-# The pools: quick to answer (a few ms to the first token), no replica noise, so an A/A pair
+# The pools are "quick" ones: a few ms to the first token, no replica noise, so an A/A pair
 # is truly alike and +300 ms to the first token is far outside anything they do by themselves.
-PROFILES = """
-[profiles.quick]
-base = "h200"
-decode_base_ms = 2.0
-decode_per_seq_ms = 0.01
-network_latency_ms = 0.0
-divergence_rate = 0.0
-replica_noise = 0.0
-max_context = 4096
-kv_cache_tokens = 400000
-"""
+PROFILES = TEST_PROFILES  # the tests' one profile set (benchmarks/ramp_*.py read it here)
 
 # Thresholds of the ramps in these tests: TTFT p95 is a few ms on a quiet machine but reaches
 # 200–450 ms on both pools alike when the 2 shared cores are saturated (measured); +300 ms on
@@ -48,15 +41,9 @@ THRESHOLDS: dict[str, Any] = {"slo_ttft_p95_ms": 250.0, "slo_tpot_p95_ms": 50.0,
                               "slo_error_rate": 0.05, "latency_margin_pct": 100.0}
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str,
-             every_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+# The tests' one wait helper, by the name benchmarks/ramp_*.py call it, looking every 0.2 s
+# (the ramp world keeps both cores busy: no need to look more often).
+wait_for = functools.partial(wait_until, every_s=0.2)
 
 
 # --- traffic -----------------------------------------------------------------------------------
@@ -130,14 +117,20 @@ class Ingester:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Ingester:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "fleetctl.telemetry.ingest"],
-                                         cwd=ROOT, env=self.env, stdout=out,
-                                         stderr=subprocess.STDOUT)
-        time.sleep(0.5)
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"the ingester exited with {self.proc.returncode}: "
-                               f"{self.log.read_text(errors='replace')[-2000:]}")
+        """Returns once the ingester holds its lease (it is reading the logs)."""
+        since = self.log.stat().st_size if self.log.exists() else 0
+        self.proc = proc = start_ingester(self.log, env=self.env)
+
+        def reading() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the ingester exited with {proc.returncode}: "
+                                   f"{self.log.read_text(errors='replace')[-2000:]}")
+            with self.log.open("rb") as log:
+                log.seek(since)
+                return b"took the ingester lease" in log.read()
+
+        wait_until(reading, timeout_s=60, what="the ingester to take its lease",
+                   explain=lambda: self.log.read_text(errors="replace")[-2000:])
         return self
 
     def stop(self) -> None:
@@ -153,22 +146,8 @@ class Ingester:
 def start_worker(env: dict[str, str], log: Path, *, name: str,
                  queues: str = "watch,push,default") -> subprocess.Popen[bytes]:
     """A Celery worker of our own (threads, as the demo's), answering a ping before return."""
-    from fleetctl.celery import app
-
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "fleetctl", "worker", "-Q", queues, "-c", "8",
-             "--pool", "threads", "-l", "INFO", "--without-gossip", "--without-mingle",
-             "-n", f"{name}@%h"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker {name} exited with {proc.returncode}; see {log}")
-        replies = app.control.ping(destination=[f"{name}@{os.uname().nodename}"], timeout=0.5)
-        if replies:
-            return proc
-    raise RuntimeError(f"worker {name} did not answer a ping; see {log}")
+    return start_celery_worker(env, log, node=f"{name}@%h", queues=queues.split(","),
+                               concurrency=8)
 
 
 class TickLoop:

@@ -74,7 +74,8 @@ def test_clients_who_hang_up_on_a_healthy_ramp_are_counted_apart_and_never_roll_
         e2e.wait_for(lambda: candidate_disconnects("primary", since=began) >= 10,
                      timeout_s=60, what="the primary's first client disconnects in telemetry")
         ramp = start_ramp(world, "cand", STEPS)
-        e2e.wait_for(lambda: finished(ramp), timeout_s=150, what="the ramp to finish")
+        e2e.wait_for(lambda: finished(ramp), timeout_s=150, what="the ramp to finish",
+                     explain=lambda: e2e.explain(ramp))
     finally:
         sent = attack.stop()
 
@@ -111,9 +112,10 @@ def test_a_pool_that_really_fails_is_rolled_back_while_clients_hang_up(world):  
     try:
         ramp = start_ramp(world, "cand", [{"percent": 50, "hold_s": 600}])
         e2e.wait_for(lambda: (ramp.refresh_from_db() or ramp.step_started_at is not None),
-                     timeout_s=60, what="the ramp's step")
+                     timeout_s=60, what="the ramp's step", explain=lambda: e2e.explain(ramp))
         e2e.set_fault(world["sims"].url("cand"), error_rate=0.5)
-        e2e.wait_for(lambda: finished(ramp), timeout_s=90, what="the guard to roll back")
+        e2e.wait_for(lambda: finished(ramp), timeout_s=90, what="the guard to roll back",
+                     explain=lambda: e2e.explain(ramp))
     finally:
         attack.stop()
 

@@ -12,14 +12,15 @@ meanwhile) with a 6-s ramp lease; the killed-worker test kills it and starts its
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -34,6 +35,7 @@ from fleetctl.traffic.services import route_create
 from tests.conftest import _worker_env
 from tests.ramps import e2e
 from tests.sim.simproc import sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
 
 pytestmark = [pytest.mark.slow]
 SYSTEM = Actor.for_system("e2e")
@@ -46,7 +48,7 @@ SHORT = [{"percent": 20, "hold_s": HOLD_S}, {"percent": 50, "hold_s": HOLD_S}]
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    sim = sim_with_profiles(tmp_path_factory.mktemp("ramp-sims"), e2e.PROFILES,
+    sim = sim_with_profiles(tmp_path_factory.mktemp("ramp-sims"), TEST_PROFILES,
                             {"primary": "quick", "cand": "quick", "twin": "quick"})
     yield sim
     sim.stop()
@@ -150,7 +152,8 @@ def finished(ramp) -> bool:
 def test_a_ramp_on_a_healthy_pool_steps_through_its_holds_and_completes(world):
     ramp = start_ramp(world, "cand", SHORT)
 
-    e2e.wait_for(lambda: finished(ramp), timeout_s=150, what="the ramp to finish")
+    e2e.wait_for(lambda: finished(ramp), timeout_s=150, what="the ramp to finish",
+                 explain=lambda: e2e.explain(ramp))
 
     assert ramp.state == "complete", e2e.explain(ramp)
     kinds = e2e.ramp_events(ramp)
@@ -169,12 +172,13 @@ def test_a_latency_fault_mid_ramp_is_rolled_back_by_the_guard_and_drained_on_the
     ramp = start_ramp(world, "cand", [{"percent": 20, "hold_s": HOLD_S},
                                       {"percent": 50, "hold_s": 600}])
     e2e.wait_for(lambda: (ramp.refresh_from_db() or ramp.step_index == 1), timeout_s=120,
-                 what="the ramp to reach 50 %")
+                 what="the ramp to reach 50 %", explain=lambda: e2e.explain(ramp))
     assert ramp.state == "running", e2e.explain(ramp)
 
     e2e.set_fault(world["sims"].url("cand"), added_latency_ms=300)
 
-    e2e.wait_for(lambda: finished(ramp), timeout_s=90, what="the guard to roll back")
+    e2e.wait_for(lambda: finished(ramp), timeout_s=90, what="the guard to roll back",
+                 explain=lambda: e2e.explain(ramp))
     assert ramp.state == "rolled-back", e2e.explain(ramp)
     kinds = e2e.ramp_events(ramp)
     assert "fail" in kinds and kinds.count("rollback") == 1, e2e.explain(ramp)
@@ -191,7 +195,8 @@ def test_a_latency_fault_mid_ramp_is_rolled_back_by_the_guard_and_drained_on_the
 def test_an_aa_ramp_whose_candidate_is_the_primarys_twin_never_rolls_back(world):
     ramp = start_ramp(world, "twin", SHORT)
 
-    e2e.wait_for(lambda: finished(ramp), timeout_s=150, what="the ramp to finish")
+    e2e.wait_for(lambda: finished(ramp), timeout_s=150, what="the ramp to finish",
+                 explain=lambda: e2e.explain(ramp))
 
     assert ramp.state == "complete", e2e.explain(ramp)
     assert not {"fail", "rollback", "warn"} & set(e2e.ramp_events(ramp)), e2e.explain(ramp)
@@ -267,22 +272,23 @@ def test_a_ramp_whose_worker_is_killed_resumes_under_a_new_worker_once_the_lease
     ramp = start_ramp(world, "cand", [{"percent": 20, "hold_s": HOLD_S},
                                       {"percent": 50, "hold_s": HOLD_S}])
     e2e.wait_for(lambda: (ramp.refresh_from_db() or ramp.step_index >= 0), timeout_s=60,
-                 what="the first step")
+                 what="the first step", explain=lambda: e2e.explain(ramp))
     # Kill it in the middle of a tick (holding the ramp's lease) when we catch one in 3 s
     # of looking (ticks come every 2 s); otherwise in the middle of the first hold.
-    caught = None
-    looking = time.monotonic() + 3
-    while time.monotonic() < looking:
+    def leased() -> Any:
         ramp.refresh_from_db()
-        if ramp.lease_owner and ramp.lease_until is not None:
-            caught = ramp.lease_until
-            break
+        return ramp.lease_owner and ramp.lease_until
+
+    caught = None
+    with contextlib.suppress(AssertionError):  # none caught: killed mid-hold instead
+        caught = e2e.wait_for(leased, timeout_s=3, every_s=0, what="a tick holding the lease")
     os.kill(own.pid, signal.SIGKILL)
     own.wait()
     ramp.refresh_from_db()
     step_when_killed, events_when_killed = ramp.step_index, ramp.events.count()
     ticker.start("ramps2")
-    e2e.wait_for(lambda: finished(ramp), timeout_s=150, what="the ramp to finish")
+    e2e.wait_for(lambda: finished(ramp), timeout_s=150, what="the ramp to finish",
+                 explain=lambda: e2e.explain(ramp))
     assert ramp.state == "complete", e2e.explain(ramp)
     assert step_when_killed < 1 == ramp.step_index
     if caught is not None:

@@ -23,8 +23,9 @@ from fleetctl.ramps.models import Ramp
 from fleetctl.ramps.services import ramp_create, ramps_tick, step_data_start
 from fleetctl.traffic.models import Drain, GatewayPush, SplitRevision
 from fleetctl.traffic.services import gateway_create, route_create
-from tests.conftest import SYSTEM, wait_until
+from tests.conftest import SYSTEM
 from tests.ramps.windows import traffic
+from tests.support.waiting import wait_until
 from tests.traffic.envoy.conftest import MODEL, sims  # noqa: F401 - the session's simulators
 
 pytestmark = pytest.mark.slow

@@ -25,7 +25,7 @@ from fleetctl.shadow import collector as collector_module
 from fleetctl.shadow import live
 from fleetctl.traffic import mirror_auth
 from fleetctl.traffic.gateways.base import MIRROR_AUTH_HEADER
-from tests.conftest import wait_until
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = 8_800_001
@@ -133,10 +133,7 @@ def counters_when(run: int, predicate: Callable[[dict[str, int]], bool], *, what
         seen.update(live.counters(run))
         return dict(seen) if predicate(seen) else None
 
-    try:
-        return wait_until(look, timeout_s=timeout_s, what=what)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; counters: {seen}") from None
+    return wait_until(look, timeout_s=timeout_s, what=what, explain=lambda: f"counters: {seen}")
 
 
 def counted(run: int, **expected: int) -> dict[str, int]:

@@ -31,7 +31,6 @@ from fleetctl.shadow import collector as collector_module
 from fleetctl.shadow import live
 from fleetctl.traffic import mirror_auth
 from fleetctl.traffic.gateways.base import MIRROR_AUTH_HEADER
-from tests.conftest import wait_until
 from tests.shadow.collector_proc import (
     CHAT,
     GATEWAY,
@@ -44,6 +43,7 @@ from tests.shadow.collector_proc import (
     queued_kwargs,
     settled,
 )
+from tests.support.waiting import wait_until
 
 
 def test_it_answers_every_mirrored_request_at_once_and_counts_each_outcome(

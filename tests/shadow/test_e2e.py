@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,29 +44,23 @@ from fleetctl.traffic.services import gateway_create, route_create
 from migrations_plan import evidence as ev
 from migrations_plan import services as plans
 from migrations_plan.models import Evidence, Plan
-from tests.conftest import ROOT, SYSTEM, wait_until
-from tests.sim.simproc import TEST_PROFILES, SimProcess
+from tests.conftest import SYSTEM
+from tests.shadow import collector_proc
+from tests.sim.simproc import SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
 
 MODEL = "llama-3.1-8b-instruct"
 KNOWN_RATE = 0.3  # the known-divergence candidate's hard flips, per prompt
-PROFILES = TEST_PROFILES + """
-[profiles.replica]
-base = "quick"
-replica_noise = 0.05
-
-[profiles.steady]
-base = "quick"
-replica_noise = 0.0
-"""
 SIM_POOLS = {
     # The primary's two replicas, with replica noise (the noise floor) ...
     "prim-a": "replica", "prim-b": "replica",
     # ... and a primary without it, whose answers through Envoy are exactly reproducible.
-    "steady-a": "steady", "steady-b": "steady",
+    "steady-a": "quick", "steady-b": "quick",
     "cand-known": f"replica:divergence_rate={KNOWN_RATE},near_tie_fraction=0",
     "cand-aa": "replica",
     "cand-bad": "replica:truncate_rate=0.5",
-    "eu-prim": "steady",
+    "eu-prim": "quick",
 }
 MARKER = "zq-marker-7d1c5e"
 
@@ -81,56 +72,26 @@ class Stack:
     collector_url: str
 
 
-def start_collector(log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_collector(log_dir: Path) -> collector_proc.Running:
     """`python -m fleetctl.shadow.collector` on a free port, on the tests' Redis."""
     from django.conf import settings
 
-    port = free_port()
-    env = {**os.environ, "REDIS_URL": settings.REDIS_URL, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "fleetctl.shadow.collector", "--host",
-                             "127.0.0.1", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, log.read_text()
-        try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, timeout_s=60, what="the shadow collector")
-    return proc, url
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return collector_proc.launch(settings.REDIS_URL, log_dir, PYTHONUNBUFFERED="1")
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("shadow-e2e")
-    (work / "profiles.toml").write_text(PROFILES)
-    args = ["--profiles", str(work / "profiles.toml"), "--log-level", "WARNING",
-            "--model", MODEL]
-    for name, profile in SIM_POOLS.items():
-        args += ["--pool", f"{name}={profile}@0"]
-    sims = SimProcess(args, len(SIM_POOLS), work / "sims.log")
+    sims = sim_with_profiles(work, TEST_PROFILES, SIM_POOLS, models=[MODEL])
     envoy = EnvoyProcess(work / "envoy", free_port(), free_port())
-    collector: subprocess.Popen[bytes] | None = None
+    collector: collector_proc.Running | None = None
     try:
         envoy.start(timeout_s=60)
-        collector, url = start_collector(work / "collector.log")
-        yield Stack(sims, envoy, url)
+        collector = start_collector(work)
+        yield Stack(sims, envoy, collector.url)
     finally:
         if collector is not None:
-            stop(collector)
+            collector.stop()
         envoy.stop()
         sims.stop()
 
@@ -391,14 +352,15 @@ def test_live_answers_through_envoy_are_the_same_with_shadowing_on_and_off(world
 @pytest.mark.slow
 def test_with_the_collector_stopped_live_traffic_through_envoy_still_answers_everything(
         world, stack, tmp_path):
-    collector, url = start_collector(tmp_path / "collector.log")
+    collector = start_collector(tmp_path)
     try:
-        w = world(primary=["steady-a", "steady-b"], candidate="cand-aa", collector_url=url)
-        run = start(w, url)
+        w = world(primary=["steady-a", "steady-b"], candidate="cand-aa",
+                  collector_url=collector.url)
+        run = start(w, collector.url)
         ask_all(stack, PROMPTS[:8])
         pairs_at_least(run, 8)  # mirroring works while the collector is up
     finally:
-        stop(collector)
+        collector.stop()
 
     answers = ask_all(stack, PROMPTS[:60])  # raises on any error
 

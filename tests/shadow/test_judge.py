@@ -14,7 +14,6 @@ from django.utils import timezone
 from fleetctl.shadow import services
 from fleetctl.shadow.models import ShadowJudgement, ShadowPair, ShadowRun
 from migrations_plan.models import Evidence
-from tests.conftest import wait_until
 from tests.migrations_plan.conftest import World, world  # noqa: F401 - the fixture
 from tests.shadow.test_pair import (  # noqa: F401 - fixtures
     _clean_redis,
@@ -24,6 +23,7 @@ from tests.shadow.test_pair import (  # noqa: F401 - fixtures
     shadow_sim,
     shadow_world,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -22,39 +22,23 @@ from fleetctl.shadow import live, services, stats
 from fleetctl.shadow.models import ShadowJudgement, ShadowPair, ShadowRun
 from fleetctl.traffic.models import Route
 from migrations_plan.models import Plan
-from tests.conftest import wait_until
 from tests.migrations_plan.conftest import MODEL, World, world  # noqa: F401 - the fixture
-from tests.sim.simproc import TEST_PROFILES, SimProcess, sim_with_profiles
+from tests.sim.simproc import SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-# No replica noise in these profiles (when the simulator has it): a pair's outcome is then
-# decided by the prompt alone, so each test knows what the comparison must find.
-_QUIET = "replica_noise = 0.0\n"
-SHADOW_PROFILES = TEST_PROFILES + f"""
-[profiles.shadow-ref]
-base = "quick"
-{_QUIET}
-[profiles.shadow-regressed]
-base = "quick"
-divergence_rate = 0.6
-near_tie_fraction = 0.0
-{_QUIET}"""
-SIM_POOLS = {"p1": "shadow-ref", "p2": "shadow-ref", "same": "shadow-ref",
-             "regressed": "shadow-regressed"}
-if _QUIET:  # replica noise (batch nondeterminism) turned up so that a few pairs show it
-    SHADOW_PROFILES += """
-[profiles.shadow-noisy]
-base = "quick"
-replica_noise = 0.5
-"""
-    SIM_POOLS.update({"noisy-a": "shadow-noisy", "noisy-b": "shadow-noisy",
-                      "noisy-c": "shadow-noisy"})
+# No replica noise but on the noisy pools: a pair's outcome is then decided by the prompt
+# alone, so each test knows what the comparison must find.
+SIM_POOLS = {"p1": "quick", "p2": "quick", "same": "quick", "regressed": "shadow-regressed",
+             # replica noise (batch nondeterminism) turned up so that a few pairs show it
+             "noisy-a": "shadow-noisy", "noisy-b": "shadow-noisy", "noisy-c": "shadow-noisy"}
 
 
 @pytest.fixture(scope="session")
 def shadow_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    sim = sim_with_profiles(tmp_path_factory.mktemp("shadow-sim"), SHADOW_PROFILES, SIM_POOLS)
+    sim = sim_with_profiles(tmp_path_factory.mktemp("shadow-sim"), TEST_PROFILES, SIM_POOLS)
     yield sim
     sim.stop()
 
@@ -233,7 +217,7 @@ def test_residency_a_candidate_moved_outside_the_pin_drops_the_pair_and_stops_th
     with django_capture_on_commit_callbacks(execute=True):
         assert execute(run, chat(4)) is None
     run.refresh_from_db()
-    assert run.status == "stopped" and run.stopped_by == "system:shadow"
+    assert run.status == "stopped" and run.cancelled_by == "system:shadow"
     assert "residency: pool mi300x-us is now in jurisdiction DE" in run.stop_reason
     assert not ShadowPair.objects.filter(run=run).exists()
     assert live.counters(run.pk)["dropped_residency"] == 1

@@ -24,7 +24,6 @@ from fleetctl.shadow.models import ShadowPair, ShadowRun
 from fleetctl.traffic import services as traffic
 from fleetctl.traffic.models import Route
 from migrations_plan.models import Evidence, Plan
-from tests.conftest import wait_until
 from tests.migrations_plan.conftest import MODEL, World, world  # noqa: F401 - the fixture
 from tests.shadow.test_pair import (  # noqa: F401 - fixtures
     _clean_redis,
@@ -33,6 +32,7 @@ from tests.shadow.test_pair import (  # noqa: F401 - fixtures
     shadow_sim,
     shadow_world,
 )
+from tests.support.waiting import wait_until
 
 
 def refused(field: str, call: Any, *, says: str) -> None:
@@ -182,7 +182,7 @@ def test_stop_is_the_kill_switch_unpublished_mirror_cleared_and_stopped(
     with django_capture_on_commit_callbacks(execute=True):
         stopped = services.run_stop(actor=world.actor("oncall"), run=run,
                                     reason="candidate answers look wrong")
-    assert (stopped.status, stopped.stopped_by, stopped.stop_reason) == (
+    assert (stopped.status, stopped.cancelled_by, stopped.stop_reason) == (
         "stopped", "olga", "candidate answers look wrong")
     assert stopped.counters["received"] == 5 and stopped.counters["pairs"] == 3
     assert live.published() == {}
@@ -259,7 +259,7 @@ def test_a_replay_run_replays_the_traces_texts_and_finishes_judged(
     assert Route.objects.get(name="llama").mirror_percent == 0  # a replay mirrors nothing
     done = wait_until(lambda: ShadowRun.objects.filter(pk=run.pk).exclude(
         status="running").first(), timeout_s=90, what="the replay to finish")
-    assert done.status == "finished", done.stop_reason
+    assert done.status == "complete", done.stop_reason
     assert done.stop_reason == "the trace was replayed (6 of 6 requests sampled)"
     pairs = list(ShadowPair.objects.filter(run=run))
     assert len(pairs) == 6 and {p.source for p in pairs} == {"replay"}

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from .simproc import FLEET_POOLS, TEST_PROFILES, SimProcess
+from tests.support.profiles import TEST_PROFILES
+
+from .simproc import FLEET_POOLS, SimProcess
 
 
 def pytest_configure(config: pytest.Config) -> None:

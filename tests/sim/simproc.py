@@ -16,75 +16,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import openai
 
+from tests.support.waiting import wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "llama-3.1-8b-instruct"
 
-# Small, fast profiles so the suite runs in seconds on 2 cores. Steps of a few ms keep
-# requests short; the pools that test queueing and prefill are slowed down on purpose.
-# No replica noise (the built-ins have a little): tests that compare answers stay exact.
-TEST_PROFILES = """
-[profiles.quick]
-base = "h200"
-decode_base_ms = 2.0
-decode_per_seq_ms = 0.01
-network_latency_ms = 0.0
-divergence_rate = 0.0
-replica_noise = 0.0
-max_context = 4096
-kv_cache_tokens = 400000
-
-[profiles.quick-twin]
-base = "mi300x"
-decode_base_ms = 3.0
-decode_per_seq_ms = 0.01
-network_latency_ms = 0.0
-divergence_rate = 0.0
-replica_noise = 0.0
-max_context = 4096
-
-[profiles.diverging]
-base = "quick"
-divergence_rate = 0.25
-near_tie_fraction = 0.5
-
-[profiles.tie]
-base = "quick"
-divergence_rate = 1.0
-near_tie_fraction = 1.0
-
-[profiles.flip]
-base = "quick"
-divergence_rate = 1.0
-near_tie_fraction = 0.0
-
-[profiles.narrow]
-base = "quick"
-decode_base_ms = 20.0
-max_seqs = 2
-max_waiting = 64
-
-[profiles.small]
-base = "quick"
-decode_base_ms = 20.0
-max_seqs = 1
-max_waiting = 1
-
-[profiles.prefill]
-base = "quick"
-prefill_tokens_per_s = 4000.0
-
-[profiles.quick-other]
-base = "quick"
-tokenizer = "other"
-"""
-
+# The pools of tests/sim's fleet, by profile (tests/support/profiles.py TEST_PROFILES).
 FLEET_POOLS = {
     "ref": "quick",
     "twin": "quick-twin",
@@ -172,26 +116,32 @@ class SimProcess:
         return self.proc.returncode
 
 
-def sim_with_profiles(folder: Path, profiles: str, pools: dict[str, str]) -> SimProcess:
-    """A simulator with the given profiles file text and pools (name -> profile, each on a
-    free port), logging to `folder`/sim.log."""
+def sim_with_profiles(folder: Path, profiles: str, pools: dict[str, str], *,
+                      models: Sequence[str] = (), args: Sequence[str] = ()) -> SimProcess:
+    """A simulator with the given profiles file text (tests/support/profiles.py
+    TEST_PROFILES) and pools (name -> profile, each on a free port), serving `models` (the
+    profile's own when none are given), with further command-line `args`, logging to
+    `folder`/sim.log. The one starter of the tests' simulated fleets."""
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / "profiles.toml"
     path.write_text(profiles)
-    args = ["--profiles", str(path), "--log-level", "WARNING"]
+    argv = ["--profiles", str(path), "--log-level", "WARNING", *args]
+    for model in models:
+        argv += ["--model", model]
     for name, profile in pools.items():
-        args += ["--pool", f"{name}={profile}@0"]
-    return SimProcess(args, len(pools), folder / "sim.log")
+        argv += ["--pool", f"{name}={profile}@0"]
+    return SimProcess(argv, len(pools), folder / "sim.log")
 
 
 def _wait_healthy(url: str, deadline: float) -> None:
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
+            return httpx.get(f"{url}/health", timeout=1.0).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} never became healthy")
+            return False
+
+    wait_until(healthy, timeout_s=max(0.0, deadline - time.monotonic()),
+               what=f"{url} to answer /health")
 
 
 def run_cli(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
@@ -227,9 +177,12 @@ def free_ports(count: int) -> int:
     range (32768-60999): a port in that range can be taken meanwhile by any outgoing
     connection's local end (the workers' Redis and database connections), and the simulated
     fleet then cannot listen on it."""
+    from tests.support.workers import port_range
+
+    start, stop = port_range()  # each test worker its own stretch
     pick = random.Random()
     while True:
-        base = pick.randrange(20000, 32768 - count)
+        base = pick.randrange(start, stop - count)
         if all(_bindable(base + i) for i in range(count)):
             return base
 

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.noise import best_of
+from tests.support.waiting import wait_until
 
 from .simproc import MODEL, SimProcess, async_client, client
 
@@ -98,14 +99,12 @@ def test_running_and_cache_usage_gauges_show_a_live_stream(fleet: SimProcess) ->
     assert value(during, "vllm:num_requests_running", model_name=MODEL) == 1
     assert 0 < value(during, "vllm:gpu_cache_usage_perc", model_name=MODEL) < 1
     # The client left: the pool drops the stream and frees its cache.
-    deadline = time.monotonic() + 30
-    while True:
+    def freed() -> bool:
         after = scrape(url)
-        if (value(after, "vllm:num_requests_running"),
-                value(after, "vllm:gpu_cache_usage_perc")) == (0, 0):
-            break
-        assert time.monotonic() < deadline, "the closed stream is still running"
-        time.sleep(0.01)
+        return (value(after, "vllm:num_requests_running"),
+                value(after, "vllm:gpu_cache_usage_perc")) == (0, 0)
+
+    wait_until(freed, timeout_s=30, every_s=0.01, what="the closed stream to stop running")
 
 
 def ground_truth(url: str, **params: Any) -> dict[str, Any]:
@@ -227,10 +226,8 @@ def test_a_request_cut_off_by_a_down_pool_is_recorded_once(gt_url: str) -> None:
 
     worker = threading.Thread(target=long_request)
     worker.start()
-    deadline = time.monotonic() + 30
-    while not httpx.get(f"{gt_url}/admin/state").json()["engine"]["running"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: httpx.get(f"{gt_url}/admin/state").json()["engine"]["running"],
+               timeout_s=30, every_s=0.01, what="the long request to run")
     try:
         httpx.post(f"{gt_url}/admin/faults", json={"down": True}).raise_for_status()
         worker.join(30)

@@ -31,8 +31,9 @@ from fleetctl.sim.profiles import (
     with_overrides,
 )
 from fleetctl.sim.textgen import TextKey, render_chat
+from tests.support.profiles import TEST_PROFILES
 
-from .simproc import MODEL, TEST_PROFILES, SimProcess, run_cli, sim_with_profiles
+from .simproc import MODEL, SimProcess, run_cli, sim_with_profiles
 
 CORE = [json.loads(line) for line in bundled.suite_lines(bundled.MIX)[1:]]
 QUIET = dataclasses.replace(BUILTIN_PROFILES["h200"], name="quiet", divergence_rate=0.0)

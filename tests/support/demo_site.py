@@ -20,13 +20,14 @@ import secrets
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -76,18 +77,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60) -> None:
+def wait_answering(url: str, proc: subprocess.Popen[bytes], log: Path,
+                   timeout_s: float = 60) -> None:
     """Until `url` answers (no fixed sleep): a server that exits first fails at once."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def answers() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}:\n"
                                f"{log.read_text(errors='replace')[-3000:]}")
         with suppress(httpx.TransportError):
             httpx.get(url, timeout=1)
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer within {timeout_s:g} s; see {log}")
+            return True
+        return False
+
+    wait_until(answers, timeout_s=timeout_s, what=f"{url} to answer (see {log})")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -144,7 +146,7 @@ def sqlite_demo_site(data_dir: Path) -> Iterator[Site]:
                  "--threads", "4", "--timeout", "120"],
                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT))
         base_url = f"http://127.0.0.1:{port}"
-        wait_for(f"{base_url}/login/", procs[-1], log)
+        wait_answering(f"{base_url}/login/", procs[-1], log)
         yield Site(base_url=base_url, password=password, log=log, notes=prepared.stdout)
     finally:
         for proc in reversed(procs):

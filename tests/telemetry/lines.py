@@ -44,7 +44,13 @@ def ingester_env() -> dict[str, str]:
     return env
 
 
-def start_ingester(log: Path, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "fleetctl.telemetry.ingest", "--log-level", "INFO", *args],
-        cwd=REPO, env=ingester_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT)
+def start_ingester(log: Path, *args: str,
+                   env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`python -m fleetctl.telemetry.ingest ARGS` on `env` (ingester_env() when None),
+    appending to `log`; returned at once (tests/ramps/e2e.py `Ingester` waits for its lease).
+    The one starter of the tests' ingester processes."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "fleetctl.telemetry.ingest", "--log-level", "INFO", *args],
+            cwd=REPO, env=ingester_env() if env is None else env, stdout=out,
+            stderr=subprocess.STDOUT)

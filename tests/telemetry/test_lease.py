@@ -175,7 +175,7 @@ def test_two_real_ingesters_count_once_and_the_second_takes_over_a_killed_first(
     import os
     import signal
 
-    from tests.conftest import wait_until
+    from tests.support.waiting import wait_until
     from tests.telemetry.lines import start_ingester
 
     path = tmp_path / "access.log"

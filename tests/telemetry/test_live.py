@@ -23,8 +23,9 @@ from fleetctl.telemetry.scrape import Scraper, metrics_url
 from fleetctl.traffic.gateways.base import DesiredState, PoolTarget, RouteSpec
 from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
 from fleetctl.traffic.models import Gateway
-from tests.conftest import wait_until
-from tests.sim.simproc import MODEL, TEST_PROFILES, SimProcess
+from tests.sim.simproc import MODEL, SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
 from tests.telemetry.lines import envoy_line, start_ingester
 from tests.traffic.accesslog import chat
 
@@ -33,11 +34,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    workdir = tmp_path_factory.mktemp("telemetry-sim")
-    (workdir / "profiles.toml").write_text(TEST_PROFILES)
-    process = SimProcess(["--profiles", str(workdir / "profiles.toml"), "--log-level",
-                          "WARNING", "--model", MODEL, "--pool", "sa=quick@0"], 1,
-                         workdir / "sim.log")
+    process = sim_with_profiles(tmp_path_factory.mktemp("telemetry-sim"), TEST_PROFILES,
+                                {"sa": "quick"}, models=[MODEL])
     yield process
     process.stop()
 
@@ -84,11 +82,17 @@ def test_an_ingester_killed_mid_stream_neither_loses_nor_double_counts(
             "lines", flat=True).first() or 0) > 2000, timeout_s=60, what="a first flush")
         os.kill(first.pid, signal.SIGKILL)  # no goodbye flush: the unflushed lines are lost
         first.wait(timeout=10)
-        time.sleep(0.5)  # lines keep coming while no ingester runs
+        # Lines keep coming while no ingester runs.
+        killed_at = written["n"]
+        wait_until(lambda: written["n"] >= killed_at + 1000, timeout_s=30,
+                   what="1,000 lines written while no ingester runs")
         second = start_ingester(tmp_path / "ingest-2.log", "--no-scrape", "--flush-interval",
                                 "0.2")
         try:
-            time.sleep(1.0)
+            # The restarted ingester catches up with those and goes on reading as lines come.
+            started_at = written["n"]
+            wait_until(lambda: Cursor.objects.get(path=str(path)).lines > started_at,
+                       timeout_s=60, what="the restarted ingester to read past its start")
             done.set()
             thread.join(timeout=10)
             total = written["n"]

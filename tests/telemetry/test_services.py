@@ -9,7 +9,7 @@ import pytest
 from fleetctl.telemetry import histogram, services
 from fleetctl.telemetry.models import Window
 from fleetctl.telemetry.services import WindowDelta, window_add, windows_add
-from tests.conftest import wait_until
+from tests.support.waiting import wait_until
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 

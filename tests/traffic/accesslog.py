@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -16,6 +15,7 @@ import httpx
 
 from fleetctl.traffic.gateways.base import LogRecord
 from tests.sim.simproc import MODEL
+from tests.support.waiting import wait_until
 
 Parser = Callable[[bytes, Mapping[str, str]], LogRecord | None]
 
@@ -43,20 +43,22 @@ def read_records(path: Path, since: int, count: int, parse: Parser,
                  endpoints: Mapping[str, str] | None = None,
                  timeout_s: float = 30.0) -> list[LogRecord]:
     """The records of the whole lines written after byte `since`, once there are `count` (a
-    gateway flushes its log a little after the answer) or after `timeout_s` with what there
-    is, for the test to say what is missing."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    gateway flushes its log a little after the answer; `count` 0: what there is now)."""
+    found: list[LogRecord] = []
+
+    def enough() -> bool:
         lines = []
         if path.exists():
             with path.open("rb") as log:
                 log.seek(since)
                 lines = [line for line in log.read().splitlines(keepends=True)
                          if line.endswith(b"\n")]
-        found = [r for r in (parse(line, endpoints or {}) for line in lines) if r is not None]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
+        found[:] = [r for r in (parse(line, endpoints or {}) for line in lines) if r is not None]
+        return len(found) >= count
+
+    wait_until(enough, timeout_s=timeout_s, what=f"{count} records in {path.name}",
+               explain=lambda: f"{len(found)} found: {found}")
+    return found
 
 
 def abandon(url: str, *, stream: bool, max_tokens: int = 512, prompt: str = "ping",

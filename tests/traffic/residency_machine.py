@@ -75,8 +75,9 @@ from fleetctl.traffic.services import (
 )
 from migrations_plan import services as plans
 from migrations_plan.models import GateCheck, Plan
-from tests.conftest import SYSTEM, wait_until
+from tests.conftest import SYSTEM
 from tests.ramps.windows import traffic
+from tests.support.waiting import wait_until
 
 JURISDICTIONS = ("EU", "US", "IN")
 REGIONS = ("eu1", "eu2", "us", "in")

@@ -7,7 +7,6 @@ the gateway says. The scenarios themselves are in tests/traffic/contract/.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,7 +23,8 @@ from fleetctl.traffic.gateways.base import (
     PoolTarget,
     RouteSpec,
 )
-from tests.sim.simproc import MODEL, TEST_PROFILES, SimProcess
+from tests.sim.simproc import MODEL, SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
 
 # alpha and beta serve the unpinned route in the US; gamma is the only pool in India.
 POOLS = {"alpha": "US", "beta": "US", "gamma": "IN"}
@@ -34,14 +34,8 @@ OTHER_MODEL = "qwen2.5-7b-instruct"  # every pool serves it too, for routes by m
 
 
 def start_fleet(directory: Path) -> SimProcess:
-    directory.mkdir(parents=True, exist_ok=True)
-    profiles = directory / "profiles.toml"
-    profiles.write_text(TEST_PROFILES)
-    args = ["--profiles", str(profiles), "--log-level", "WARNING",
-            "--model", MODEL, "--model", OTHER_MODEL]
-    for name in POOLS:
-        args += ["--pool", f"{name}=quick@0"]
-    return SimProcess(args, len(POOLS), directory / "sim.log")
+    return sim_with_profiles(directory, TEST_PROFILES, dict.fromkeys(POOLS, "quick"),
+                             models=[MODEL, OTHER_MODEL])
 
 
 def route(weights: dict[str, int], *, key: str = "chat", residency: str = "",
@@ -98,16 +92,6 @@ def error_of(call: Callable[[], object]) -> openai.APIStatusError:
     with pytest.raises(openai.APIStatusError) as caught:
         call()
     return caught.value
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    """Poll until `predicate` holds; generous, as waiting costs nothing once it does."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 @contextmanager

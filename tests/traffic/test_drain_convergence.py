@@ -31,7 +31,8 @@ from fleetctl.traffic.services import (
     revision_create,
     route_create,
 )
-from tests.conftest import SYSTEM, wait_until
+from tests.conftest import SYSTEM
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 MODEL = "llama-3.1-8b-instruct"

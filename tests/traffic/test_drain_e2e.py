@@ -19,25 +19,23 @@ from fleetctl.demo.envoy_process import EnvoyProcess
 from fleetctl.fleet.services import pool_health_record, pool_model_create, region_create
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush
 from fleetctl.traffic.services import gateway_create, route_create
-from tests.conftest import wait_until
-from tests.sim.simproc import TEST_PROFILES, SimProcess
+from tests.sim.simproc import SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 MODEL = "llama-3.1-8b-instruct"
-# Long enough (2 ms a token) to still be streaming when the next requests are counted: the
-# pools count a request when it completes, so a stream ending mid-check would be miscounted.
-STREAM_TOKENS = 2400
+# Long enough (~8 s at 2 ms a token; the profile allows 4,096) to outlast a drain's push and
+# verify on a loaded machine: the test checks the stream is still open after the next
+# requests (and `served` counts running requests too, so its end cannot skew the count).
+STREAM_TOKENS = 4000
 
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    workdir = tmp_path_factory.mktemp("drain-sims")
-    (workdir / "profiles.toml").write_text(TEST_PROFILES)
-    args = ["--profiles", str(workdir / "profiles.toml"), "--log-level", "WARNING",
-            "--model", MODEL]
-    for pool in ("us-primary", "us-cand", "eu-only"):
-        args += ["--pool", f"{pool}=quick@0"]
-    sim = SimProcess(args, 3, workdir / "sims.log")
+    sim = sim_with_profiles(tmp_path_factory.mktemp("drain-sims"), TEST_PROFILES,
+                            dict.fromkeys(("us-primary", "us-cand", "eu-only"), "quick"),
+                            models=[MODEL])
     yield sim
     sim.stop()
 
@@ -52,10 +50,16 @@ def envoys(tmp_path: Path) -> Iterator[list[EnvoyProcess]]:
 
 
 def served(sims: SimProcess, pool: str) -> int:
+    """Requests that reached the pool: finished, running or waiting (one scrape, so a
+    stream that ends between two reads is counted in both)."""
     text = httpx.get(f"{sims.url(pool)}/metrics", timeout=5).text
-    return int(sum(sample.value for family in text_string_to_metric_families(text)
-                   if family.name == "vllm:request_success"
-                   for sample in family.samples if sample.name.endswith("_total")))
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name == "vllm:request_success":
+            total += sum(s.value for s in family.samples if s.name.endswith("_total"))
+        elif family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            total += sum(s.value for s in family.samples)
+    return int(total)
 
 
 @pytest.fixture
@@ -118,17 +122,22 @@ def test_a_drain_takes_effect_for_the_next_request_and_lets_streams_finish(
     wait_until(lambda: not GatewayPush.objects.filter(status__in=["pending", "retrying"])
                .exists(), what="the ramp to verify")
     stream_result: dict[str, object] = {}
+    first_token = threading.Event()
 
     def long_stream() -> None:
         stream = _client(envoys[0]).chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "tell me everything"}],
             max_tokens=STREAM_TOKENS, stream=True, extra_body={"ignore_eos": True})
-        stream_result["chunks"] = sum(1 for chunk in stream if chunk.choices
-                                      and chunk.choices[0].delta.content)
+        chunks = 0
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                chunks += 1
+                first_token.set()
+        stream_result["chunks"] = chunks
 
     streaming = threading.Thread(target=long_stream)
     streaming.start()
-    time.sleep(0.3)  # the stream is under way on us-cand
+    wait_until(first_token.is_set, what="the stream's first token from us-cand")
     response = oncall.post("/api/v1/drains/", {"pool": "us-cand", "reason": "test drain"},
                            format="json")
     assert response.status_code == 202, response.json()

@@ -23,8 +23,9 @@ from fleetctl.traffic import selectors
 from fleetctl.traffic.models import Drain, GatewayPush, Route
 from fleetctl.traffic.services import gateway_create, route_create
 from fleetctl.traffic.tasks import health_policy
-from tests.conftest import wait_until
-from tests.sim.simproc import TEST_PROFILES, SimProcess
+from tests.sim.simproc import SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 MODEL = "llama-3.1-8b-instruct"
@@ -32,13 +33,8 @@ MODEL = "llama-3.1-8b-instruct"
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    workdir = tmp_path_factory.mktemp("health-sims")
-    (workdir / "profiles.toml").write_text(TEST_PROFILES)
-    args = ["--profiles", str(workdir / "profiles.toml"), "--log-level", "WARNING",
-            "--model", MODEL]
-    for pool in ("hp-primary", "hp-cand"):
-        args += ["--pool", f"{pool}=quick@0"]
-    sim = SimProcess(args, 2, workdir / "sims.log")
+    sim = sim_with_profiles(tmp_path_factory.mktemp("health-sims"), TEST_PROFILES,
+                            dict.fromkeys(("hp-primary", "hp-cand"), "quick"), models=[MODEL])
     yield sim
     sim.stop()
 

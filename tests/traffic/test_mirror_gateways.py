@@ -31,6 +31,7 @@ from fleetctl.traffic.gateways.envoy import render as envoy_config
 from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
 from fleetctl.traffic.gateways.nginx.adapter import NginxAdapter
 from tests.sim.simproc import MODEL, SimProcess
+from tests.support.waiting import observe_for, wait_until
 from tests.traffic.scenarios import Harness, route
 
 pytestmark = pytest.mark.slow
@@ -94,22 +95,26 @@ class Sink:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
-    def wait_for(self, count: int, timeout_s: float = 10.0) -> list[Copy]:
-        deadline = time.monotonic() + timeout_s
-        while len(self.copies) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
+    def received(self, count: int, timeout_s: float = 10.0) -> list[Copy]:
+        """The copies once there are `count` (mirrors trail their live requests)."""
+        wait_until(lambda: len(self.copies) >= count, timeout_s=timeout_s, every_s=0.01,
+                   what=f"{count} copies at the sink",
+                   explain=lambda: f"{len(self.copies)} arrived")
         return list(self.copies)
 
     def settle(self, quiet_s: float = 0.5, timeout_s: float = 15.0) -> list[Copy]:
-        """The copies once none arrived for `quiet_s` (mirrors trail their live requests)."""
-        deadline = time.monotonic() + timeout_s
-        seen, since = -1, time.monotonic()
-        while time.monotonic() < deadline:
-            if len(self.copies) != seen:
-                seen, since = len(self.copies), time.monotonic()
-            elif time.monotonic() - since >= quiet_s:
-                break
-            time.sleep(0.02)
+        """The copies once none arrived for `quiet_s`: mirrors trail their live requests, and
+        how many a share gives is not known in advance, so a quiet spell is the end."""
+        seen = {"count": -1, "since": time.monotonic()}
+
+        def quiet() -> bool:
+            now = time.monotonic()
+            if len(self.copies) != seen["count"]:
+                seen.update(count=len(self.copies), since=now)
+            return now - seen["since"] >= quiet_s
+
+        wait_until(quiet, timeout_s=timeout_s, every_s=0.02,
+                   what=f"the copies to stop coming for {quiet_s:g} s")
         return list(self.copies)
 
 
@@ -147,6 +152,15 @@ def assert_share(copies: int, sent: int, bp: int) -> None:
     assert interval.lower <= bp / 10_000 <= interval.upper, (copies, sent, interval)
 
 
+def assert_only_the_marker_arrives(harness: Harness, sink: Sink) -> None:
+    """The end of "nothing is mirrored": the route mirrors 100 % again and one more request
+    is sent; its copy arrives, and no copy of a request sent before it came first (a gateway
+    sends a copy as its request comes in: those sent earlier would have arrived earlier)."""
+    harness.adapter.apply(mirrored(harness, sink.url, bp=10_000))
+    marker = send(harness, 1, tag="marker")
+    assert [copy.body for copy in sink.received(1)] == marker
+
+
 def assert_copies_of(copies: list[Copy], bodies: list[bytes], key: str) -> None:
     """Every copy is one of the requests sent, body byte for byte, with the route header."""
     sent = set(bodies)
@@ -181,7 +195,7 @@ def test_envoy_changes_the_share_with_one_runtime_update_and_keeps_it_over_a_res
     assert routes_file.stat().st_ino == before
     assert adapter.read_back_mirror() == {"chat": 10_000}  # a read of its own
     bodies = send(envoy_gateway, 20, tag="all")
-    assert len(sink.wait_for(20)) == 20
+    assert len(sink.received(20)) == 20
     assert_copies_of(sink.copies, bodies, "chat")
 
     # 0 %: nothing is mirrored, and it is again one runtime update.
@@ -189,20 +203,19 @@ def test_envoy_changes_the_share_with_one_runtime_update_and_keeps_it_over_a_res
     assert result.method == "runtime", result.detail
     sink.copies.clear()
     send(envoy_gateway, 50, tag="none")
-    time.sleep(0.5)
-    assert sink.copies == []
     adapter.read_back()
     assert adapter.read_back_mirror() == {}
+    assert_only_the_marker_arrives(envoy_gateway, sink)  # ...as 100 % again, pushed last
 
     # A restart starts from the runtime file: the last share pushed, not the file's default.
-    adapter.apply(mirrored(envoy_gateway, sink.url, bp=10_000))
     process: EnvoyProcess = envoy_gateway.process  # type: ignore[attr-defined]
     process.kill()
     process.start(timeout_s=60)
     adapter.read_back()
     assert adapter.read_back_mirror() == {"chat": 10_000}
+    sink.copies.clear()
     send(envoy_gateway, 5, tag="restarted")
-    assert len(sink.wait_for(5)) == 5
+    assert len(sink.received(5)) == 5
 
 
 def test_a_push_does_not_verify_while_envoy_holds_another_mirror_share(
@@ -233,8 +246,7 @@ def test_nginx_at_0_percent_mirrors_nothing(nginx_gateway: Harness, sink: Sink) 
     nginx_gateway.adapter.read_back()
     assert nginx_gateway.adapter.read_back_mirror() == {}
     send(nginx_gateway, 50, tag="none")
-    time.sleep(0.5)
-    assert sink.copies == []
+    assert_only_the_marker_arrives(nginx_gateway, sink)
 
 
 # --- both ----------------------------------------------------------------------------------------
@@ -269,7 +281,7 @@ def test_live_answers_never_wait_for_a_collector_that_is_down_or_slow(
         started = time.monotonic()
         send(mirroring, 3, tag="slow")
         elapsed = time.monotonic() - started
-        assert len(slow.wait_for(3)) == 3  # the copies went out...
+        assert len(slow.received(3)) == 3  # the copies went out...
         assert elapsed < 5.0, elapsed  # ...and no live answer waited for one (each takes 5 s)
     finally:
         slow.stop()
@@ -290,7 +302,8 @@ def test_haproxy_renders_no_mirror_and_says_so(sim_fleet: SimProcess, tmp_path: 
         assert harness.adapter.matches(desired, harness.adapter.read_back())
         assert harness.adapter.mirror_matches(desired) == (True, "")  # nothing to hold
         send(harness, 10, tag="haproxy")
-        time.sleep(0.3)
-        assert sink.copies == []
+        # A negative check with no later event to wait for (HAProxy mirrors nothing at all,
+        # so there is no copy to come after a stray one): a window of time.
+        observe_for(0.3, lambda: sink.copies == [], what="no copy at the sink")
     finally:
         process.stop()

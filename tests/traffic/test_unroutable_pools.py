@@ -31,8 +31,9 @@ from fleetctl.traffic.gateways.nginx.adapter import NginxAdapter
 from fleetctl.traffic.models import Drain, Gateway, GatewayPushAttempt
 from fleetctl.traffic.push import gateway_reconcile
 from fleetctl.traffic.services import gateway_create, route_create
-from tests.conftest import wait_until
-from tests.sim.simproc import TEST_PROFILES, SimProcess
+from tests.sim.simproc import SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
 
 MODEL = "llama-3.1-8b-instruct"
 PATH_PROBLEM = ("cannot route to a base URL with a path (/openai): give the server's root URL "
@@ -171,13 +172,8 @@ def test_a_base_url_ending_in_v1_is_the_servers_root_to_every_proxy(
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    workdir = tmp_path_factory.mktemp("unroutable-sims")
-    (workdir / "profiles.toml").write_text(TEST_PROFILES)
-    args = ["--profiles", str(workdir / "profiles.toml"), "--log-level", "WARNING",
-            "--model", MODEL]
-    for pool in ("primary", "cand", "late"):
-        args += ["--pool", f"{pool}=quick@0"]
-    sim = SimProcess(args, 3, workdir / "sims.log")
+    sim = sim_with_profiles(tmp_path_factory.mktemp("unroutable-sims"), TEST_PROFILES,
+                            dict.fromkeys(("primary", "cand", "late"), "quick"), models=[MODEL])
     yield sim
     sim.stop()
 

@@ -106,9 +106,11 @@ def test_client_disconnects_are_shown_beside_the_error_rate_and_never_in_it(
         oncall: Client, route: Route):
     from tests.ramps.web.conftest import make_ramp
 
-    add_window(pool="h200-us", requests=400, errors=0, ttft_ms=250)
+    # Recent windows (12-22 s old): the ramp page below reads its last 30 s, and a loaded
+    # machine takes seconds to render the pages before it.
+    add_window(pool="h200-us", requests=400, errors=0, ttft_ms=250, ago_s=12)
     # 40 answered (2 of them errors) and 60 abandoned by their clients.
-    window = add_window(pool="mi300x-us", requests=40, errors=2, ttft_ms=600)
+    window = add_window(pool="mi300x-us", requests=40, errors=2, ttft_ms=600, ago_s=12)
     window.client_disconnects = 60
     window.save(update_fields=["client_disconnects"])
     html = oncall.get(reverse("traffic:route-detail", args=[route.name])).content.decode()

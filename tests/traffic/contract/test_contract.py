@@ -62,6 +62,7 @@ import pytest
 from fleetctl.traffic.gateways.base import AdapterError, DesiredState, PoolTarget
 from tests.noise import FALSE_FAILURE, binomial_tolerance
 from tests.sim.simproc import MODEL
+from tests.support.waiting import wait_until
 from tests.traffic.contract.conftest import applicable, needs
 from tests.traffic.contract.kinds import (
     BASE_URLS,
@@ -81,7 +82,6 @@ from tests.traffic.scenarios import (
     error_of,
     route,
     slowed,
-    wait_until,
 )
 
 pytestmark = pytest.mark.slow
@@ -283,12 +283,14 @@ def test_pool_counters_count_what_each_pool_was_sent(gateway: GatewayUnderTest) 
     for _ in range(5):
         ask(client)
     # A gateway may count a request just after forwarding its last byte.
-    assert wait_until(lambda: gateway.adapter.pool_counters()["alpha"].requests_total
-                      - before["alpha"].requests_total == 5)
+    wait_until(lambda: gateway.adapter.pool_counters()["alpha"].requests_total
+               - before["alpha"].requests_total == 5, timeout_s=30,
+               what="alpha's counter to count the 5 requests")
     after = gateway.adapter.pool_counters()
     assert after["beta"].requests_total == before["beta"].requests_total
     assert after["alpha"].errors_total == before["alpha"].errors_total
-    assert wait_until(lambda: gateway.adapter.pool_counters()["alpha"].active == 0)
+    wait_until(lambda: gateway.adapter.pool_counters()["alpha"].active == 0, timeout_s=30,
+               what="alpha's active requests to reach 0")
 
 
 # --- real traffic ----------------------------------------------------------------------------
@@ -324,8 +326,8 @@ def test_each_model_reaches_the_pool_its_route_names(gateway: GatewayUnderTest) 
         model=OTHER_MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=20,
         stream=True))
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
-    assert wait_until(lambda: gateway.served_since(before) == {"alpha": 1, "beta": 0,
-                                                                "gamma": 0})
+    wait_until(lambda: gateway.served_since(before) == {"alpha": 1, "beta": 0, "gamma": 0},
+               timeout_s=30, what="alpha to count the stream as served")
 
 
 @needs(TRAFFIC)
@@ -395,7 +397,8 @@ def test_a_stream_open_on_a_drained_pool_finishes_normally(gateway: GatewayUnder
     tokens = [c for c in first + rest if c.choices and c.choices[0].delta.content]
     assert len(tokens) == 60
     assert rest[-1].choices[0].finish_reason == "length"
-    assert wait_until(lambda: gateway.adapter.in_flight("beta") == 0)
+    wait_until(lambda: gateway.adapter.in_flight("beta") == 0, timeout_s=30,
+               what="the drained pool's stream to end")
     print(f"\n{gateway.kind}: drain applied while streaming: {result.method}: {result.detail}")
 
 
@@ -535,7 +538,8 @@ def test_structural_changes_under_load_lose_no_request(gateway: GatewayUnderTest
             # Requests are flowing before each change (some finished since the last one),
             # rather than a fixed pause that a loaded machine may not fill.
             more = answered[0] + len(errors) + 4
-            assert wait_until(functools.partial(finished, more)), "no requests are finishing"
+            wait_until(functools.partial(finished, more), timeout_s=30,
+                       what="requests to finish")
             extra = (route({"gamma": 10000}, key="chat-in", residency="IN"),) if n % 2 == 0 \
                 else ()
             assert gateway.apply(base, *extra).method == gateway.structural_method

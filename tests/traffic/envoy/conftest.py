@@ -8,7 +8,6 @@ served a request is read from the pools' own ground truth, never from what Envoy
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -20,7 +19,9 @@ from fleetctl.core.ports import free_port
 from fleetctl.demo.envoy_process import EnvoyProcess
 from fleetctl.traffic.gateways.base import DesiredState, GatewaySpec, PoolTarget, RouteSpec
 from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
-from tests.sim.simproc import TEST_PROFILES, SimProcess
+from tests.sim.simproc import SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
 
 MODEL = "llama-3.1-8b-instruct"
 OTHER_MODEL = "qwen2.5-7b-instruct"
@@ -30,14 +31,9 @@ JURISDICTION = {"pa": "US", "pb": "EU", "pc": "EU"}
 
 @pytest.fixture(scope="session")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    workdir = tmp_path_factory.mktemp("envoy-sims")
-    profiles = workdir / "profiles.toml"
-    profiles.write_text(TEST_PROFILES)
-    args = ["--profiles", str(profiles), "--log-level", "WARNING", "--record-ground-truth",
-            "--ground-truth-size", "5000", "--model", MODEL, "--model", OTHER_MODEL]
-    for pool in POOLS:
-        args += ["--pool", f"{pool}=quick@0"]
-    sim = SimProcess(args, len(POOLS), workdir / "sims.log")
+    sim = sim_with_profiles(tmp_path_factory.mktemp("envoy-sims"), TEST_PROFILES,
+                            dict.fromkeys(POOLS, "quick"), models=[MODEL, OTHER_MODEL],
+                            args=["--record-ground-truth", "--ground-truth-size", "5000"])
     yield sim
     sim.stop()
 
@@ -67,12 +63,17 @@ class Gateway:
         """Response id and request id -> the pool whose ground truth records it. A pool
         records a request just after answering it, so wait for the `expected` ids (as long
         as a loaded machine may need: waiting costs nothing once they are there)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            served = self._ground_truth()
-            if all(i in served for i in expected) or time.monotonic() > deadline:
-                return served
-            time.sleep(0.02)
+        served: dict[str, str] = {}
+
+        def recorded() -> bool:
+            served.clear()
+            served.update(self._ground_truth())
+            return all(i in served for i in expected)
+
+        wait_until(recorded, timeout_s=timeout_s, every_s=0.02,
+                   what=f"the pools to record {', '.join(expected)}",
+                   explain=lambda: f"missing: {[i for i in expected if i not in served]}")
+        return served
 
     def _ground_truth(self) -> dict[str, str]:
         served: dict[str, str] = {}

@@ -21,8 +21,9 @@ from fleetctl.traffic.gateways import registry
 from fleetctl.traffic.gateways.base import DesiredState, LogRecord, PoolTarget, RouteSpec
 from fleetctl.traffic.gateways.envoy.accesslog import ended_by, parse_line
 from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
-from tests.conftest import wait_until
-from tests.sim.simproc import MODEL, TEST_PROFILES, SimProcess
+from tests.sim.simproc import MODEL, SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
 from tests.traffic.accesslog import abandon, chat, log_offset, read_records
 
 pytestmark = pytest.mark.slow
@@ -35,13 +36,8 @@ LONG_PROMPT = "word " * 2000  # ~2,000 tokens: ~500 ms of prefill on `slow`
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    workdir = tmp_path_factory.mktemp("log-sims")
-    (workdir / "profiles.toml").write_text(TEST_PROFILES)
-    args = ["--profiles", str(workdir / "profiles.toml"), "--log-level", "WARNING",
-            "--model", MODEL]
-    for name, profile in SIM_POOLS.items():
-        args += ["--pool", f"{name}={profile}@0"]
-    sim = SimProcess(args, len(SIM_POOLS), workdir / "sims.log")
+    sim = sim_with_profiles(tmp_path_factory.mktemp("log-sims"), TEST_PROFILES, SIM_POOLS,
+                            models=[MODEL])
     yield sim
     sim.stop()
 

@@ -10,7 +10,6 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -23,6 +22,7 @@ from fleetctl.traffic.gateways.base import AdapterError, GatewaySpec, PoolTarget
 from fleetctl.traffic.gateways.envoy import render as envoy_config
 from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
 from fleetctl.traffic.gateways.envoy.runtime import read_runtime_file
+from tests.support.waiting import wait_until
 
 from .conftest import MODEL, OTHER_MODEL, Gateway, route, state
 
@@ -46,13 +46,6 @@ def post(gw: Gateway, body: dict[str, Any] | bytes, **headers: str) -> tuple[htt
                         headers={"content-type": "application/json",
                                  "x-request-id": request_id, **headers})
     return answer, request_id
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
 
 
 # --- residency and models ---------------------------------------------------------------------
@@ -190,10 +183,8 @@ def test_a_weights_change_after_a_verified_read_back_is_one_post_and_a_stale_mem
     gateway.process.start(timeout_s=60)
     write_atomically(clusters, kept)
     wanted = json.loads(kept)["version_info"]
-    deadline = time.monotonic() + 30
-    while gateway.adapter.admin.load_state().clusters_version != wanted:
-        assert time.monotonic() < deadline, "Envoy did not load the clusters file"
-        time.sleep(0.01)
+    wait_until(lambda: gateway.adapter.admin.load_state().clusters_version == wanted,
+               timeout_s=30, every_s=0.01, what="Envoy to load the clusters file")
     assert gateway.adapter.apply(even).method == "runtime"
     assert not gateway.adapter.matches(even, gateway.adapter.read_back())
     assert gateway.adapter.apply(even).method == "file-swap"

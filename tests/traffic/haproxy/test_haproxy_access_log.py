@@ -16,8 +16,8 @@ from fleetctl.traffic.gateways import registry
 from fleetctl.traffic.gateways.base import LogRecord
 from fleetctl.traffic.gateways.haproxy.accesslog import ended_by, parse_line
 from fleetctl.traffic.gateways.haproxy.adapter import HAProxyAdapter
-from tests.conftest import wait_until
 from tests.sim.simproc import SimProcess
+from tests.support.waiting import wait_until
 from tests.traffic.accesslog import abandon, chat, read_records
 from tests.traffic.scenarios import Harness, route
 

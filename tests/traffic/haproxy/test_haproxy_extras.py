@@ -10,7 +10,8 @@ import pytest
 
 from fleetctl.demo.haproxy_process import HAProxyProcess
 from tests.sim.simproc import MODEL
-from tests.traffic.scenarios import RESIDENCY, Harness, ask, route, slowed, wait_until
+from tests.support.waiting import wait_until
+from tests.traffic.scenarios import RESIDENCY, Harness, ask, route, slowed
 
 pytestmark = pytest.mark.slow
 
@@ -60,4 +61,5 @@ def test_a_stream_outlives_a_reload_on_the_old_worker_and_is_counted(
         rest = list(chunks)
     assert len([c for c in first + rest if c.choices and c.choices[0].delta.content]) == 40
     assert rest[-1].choices[0].finish_reason == "length"
-    assert wait_until(lambda: harness.adapter.in_flight("beta") == 0)
+    wait_until(lambda: harness.adapter.in_flight("beta") == 0, timeout_s=30,
+               what="the drained pool's stream to end")

@@ -17,8 +17,8 @@ from fleetctl.traffic.gateways import registry
 from fleetctl.traffic.gateways.base import LogRecord
 from fleetctl.traffic.gateways.nginx.accesslog import parse_line
 from fleetctl.traffic.gateways.nginx.adapter import NginxAdapter
-from tests.conftest import wait_until
 from tests.sim.simproc import SimProcess
+from tests.support.waiting import wait_until
 from tests.traffic.accesslog import abandon, chat, log_offset, read_records
 from tests.traffic.scenarios import POOLS, Harness, route
 

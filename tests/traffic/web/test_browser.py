@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,13 @@ from playwright.sync_api import Browser, Page, expect
 from fleetctl.core.ports import free_port
 from fleetctl.demo.envoy_process import EnvoyProcess
 from fleetctl.fleet.services import pool_create
-from fleetctl.traffic import sampling, services
+from fleetctl.traffic import sampling, selectors, services
+from fleetctl.traffic.gateways.base import adapter_for
 from fleetctl.traffic.models import Gateway, Route
 from tests.browser import sign_in
-from tests.conftest import wait_until
-from tests.sim.simproc import TEST_PROFILES, SimProcess
+from tests.sim.simproc import sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
 from tests.traffic.web.conftest import MODEL, SYSTEM, healthy, make_route, ramp
 from tests.web.factories import PASSWORD, make_region, make_user
 from tests.web.test_browser import Problems, shoot
@@ -123,11 +124,8 @@ def envoy_traffic(celery_worker: subprocess.Popen[bytes], tmp_path: Path) -> Ite
     """Simulated pools, an Envoy the worker pushes to, and some requests through it so the
     route page has per-pool rates. All seeded before the browser starts. Yields Envoy's
     listener URL."""
-    profiles = tmp_path / "profiles.toml"
-    profiles.write_text(TEST_PROFILES)
-    sims = SimProcess(["--profiles", str(profiles), "--log-level", "WARNING", "--model", MODEL,
-                       *(arg for pool in POOLS for arg in ("--pool", f"{pool}=quick@0"))],
-                      len(POOLS), tmp_path / "sims.log")
+    sims = sim_with_profiles(tmp_path / "sims", TEST_PROFILES, dict.fromkeys(POOLS, "quick"),
+                             models=[MODEL])
     try:
         envoy = EnvoyProcess(tmp_path / "envoy", free_port(), free_port()).start(timeout_s=60)
         try:
@@ -151,13 +149,26 @@ def envoy_traffic(celery_worker: subprocess.Popen[bytes], tmp_path: Path) -> Ite
 
 def send_requests(url: str, gateway: Gateway, *, count: int) -> None:
     """Requests for the unpinned route, with a traffic sample before and after them (two
-    readings make one rate per pool)."""
+    readings make one rate per pool), the second once the gateway has counted them all."""
+    adapter = adapter_for(selectors.gateway_spec(gateway))
+
+    def counted() -> tuple[int, int]:
+        counters = adapter.pool_counters().values()
+        return sum(c.requests_total for c in counters), sum(c.active for c in counters)
+
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="test", max_retries=0, timeout=30)
+    before, _ = counted()
     sampling.traffic_sample(gateway=gateway)
     for _ in range(count):
         client.chat.completions.create(model=MODEL, max_tokens=4,
                                        messages=[{"role": "user", "content": "hello"}])
-    time.sleep(1)
+
+    def all_counted() -> bool:
+        requests, active = counted()
+        return requests >= before + count and active == 0
+
+    wait_until(all_counted, what=f"Envoy to count the {count} requests",
+               explain=lambda: f"(requests, active): {counted()}, requests before: {before}")
     sampling.traffic_sample(gateway=gateway)
 
 
