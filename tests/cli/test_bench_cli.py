@@ -115,7 +115,7 @@ def test_no_wait_returns_the_started_run(live_server, transactional_db, make_poo
     assert started.returncode == 0, started.stderr
     body = json.loads(started.stdout)
     assert body["mode"] == "search" and body["max_concurrency"] == 8
-    assert body["status"] == "queued"
+    assert body["status"] in ("queued", "running")  # started: a free worker may have it already
     _cancel(body["id"])  # nobody waits for it: the worker need not measure it to the end
 
 
