@@ -125,19 +125,23 @@ def test_a_drain_takes_effect_for_the_next_request_and_lets_streams_finish(
     first_token = threading.Event()
 
     def long_stream() -> None:
-        stream = _client(envoys[0]).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "tell me everything"}],
-            max_tokens=STREAM_TOKENS, stream=True, extra_body={"ignore_eos": True})
         chunks = 0
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                chunks += 1
-                first_token.set()
+        try:
+            stream = _client(envoys[0]).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "tell me everything"}],
+                max_tokens=STREAM_TOKENS, stream=True, extra_body={"ignore_eos": True})
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    chunks += 1
+                    first_token.set()
+        except Exception as exc:  # said by the wait below, which then fails
+            stream_result["error"] = repr(exc)
         stream_result["chunks"] = chunks
 
     streaming = threading.Thread(target=long_stream)
     streaming.start()
-    wait_until(first_token.is_set, what="the stream's first token from us-cand")
+    wait_until(first_token.is_set, timeout_s=60, what="the stream's first token from us-cand",
+               explain=lambda: f"stream so far: {stream_result}")
     response = oncall.post("/api/v1/drains/", {"pool": "us-cand", "reason": "test drain"},
                            format="json")
     assert response.status_code == 202, response.json()
