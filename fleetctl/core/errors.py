@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
+
 
 class DomainError(Exception):
     status_code = 400
@@ -34,3 +36,13 @@ class ConflictError(DomainError):
                  extra: dict[str, object] | None = None) -> None:
         super().__init__(message, fields=fields)
         self.extra = extra or {}
+
+
+def required_reason(reason: str | None, message: str, *, field: str = "reason") -> str:
+    """The reason a person gave for a change, stripped; a blank one is refused on `field`
+    with `message` (which says what the reason is for, e.g. "it goes in the record"). The one
+    check every service that records a reason makes."""
+    text = (reason or "").strip()
+    if not text:
+        raise ValidationError({field: [message]})
+    return text

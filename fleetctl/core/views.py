@@ -1,5 +1,14 @@
-"""What every dashboard view shares: turning service errors into form errors and messages,
-and the 404 answer. Views stay thin callers of selectors and services; this is the glue.
+"""The dashboard's view kit: what every dashboard view shares. Views stay thin callers of
+selectors and services; this is the glue, written once:
+
+- `get_or_404(selector, ..., what=...)`: the one rule for turning a selector's "nothing"
+  (None, `NotFoundError`, `DoesNotExist`) into the 404 page.
+- `form_action(...)`: selector → form → service → message → redirect (or, for an htmx
+  request, `HX-Redirect`), with the page re-rendered with the form's errors and the refusal's
+  status when the form or the service says no.
+- `call_service` / `call_for_form`: one service call, its refusals onto the form or a message.
+- `refresh_if_changed(...)`: a polled block whose object changed state asks htmx to reload
+  the page once, so the buttons offered match the state.
 
 The guard that needs the signed-in person (`dashboard_view`) lives in
 `fleetctl.accounts.dashboard`: core imports nothing of the apps above it."""
@@ -12,14 +21,15 @@ from typing import Generic, TypeVar
 
 from django import forms
 from django.contrib import messages as django_messages
-from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
-from django.http import HttpRequest, HttpResponseServerError, JsonResponse
+from django.core.exceptions import NON_FIELD_ERRORS, ObjectDoesNotExist, ValidationError
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseServerError, JsonResponse
 from django.http.response import HttpResponseBase
+from django.shortcuts import redirect
 from django.template import loader
 from django.views import defaults
 
 from fleetctl.core.api.errors import error_body
-from fleetctl.core.errors import DomainError
+from fleetctl.core.errors import DomainError, NotFoundError
 from fleetctl.core.requestid import current_request_id
 
 T = TypeVar("T")
@@ -69,6 +79,59 @@ def call_for_form(call: Callable[[], T], form: forms.BaseForm, *,
     except DomainError as exc:
         form.add_error(None, exc.message)
         return Outcome(status=exc.status_code)
+
+
+def get_or_404(select: Callable[..., T | None], /, *args: object, what: str,
+               **kwargs: object) -> T:
+    """The selector's object, or the 404 page saying `No {what}.` Selectors answer "nothing"
+    as None (or raise `NotFoundError` / `DoesNotExist`); this is the one place a view turns
+    that into a 404, so every page says it the same way."""
+    try:
+        found = select(*args, **kwargs)
+    except (NotFoundError, ObjectDoesNotExist) as exc:
+        raise Http404(f"No {what}.") from exc
+    if found is None:
+        raise Http404(f"No {what}.")
+    return found
+
+
+def go_to(request: HttpRequest, url: str) -> HttpResponseBase:
+    """After a write: a redirect, or for an htmx request `HX-Redirect` (htmx would otherwise
+    swap the whole next page into the element that posted)."""
+    if request.headers.get("HX-Request") == "true" and not request.headers.get("HX-Boosted"):
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = url
+        return response
+    return redirect(url)
+
+
+def form_action(request: HttpRequest, form: forms.BaseForm,
+                call: Callable[[dict[str, object]], T], *, success: Callable[[T], str],
+                then: Callable[[T], str], invalid: Callable[[Outcome[T]], HttpResponseBase],
+                renamed: dict[str, str] | None = None) -> HttpResponseBase:
+    """The dashboard's one write: validate `form`; call the service with its cleaned data;
+    on success a message (`success(result)`) and a redirect to `then(result)`; otherwise
+    `invalid(outcome)` re-renders the page with the form's errors and the status to answer
+    (400 for the form or a field, the refusal's 403/404/409). Nothing is written on a refusal
+    (services are transactions)."""
+    done: Outcome[T] = Outcome(status=400)
+    if form.is_valid():
+        data = form.cleaned_data
+        done = call_for_form(lambda: call(data), form, renamed=renamed)
+        if done.ok:
+            result: T = done.result  # type: ignore[assignment]
+            django_messages.success(request, success(result))
+            return go_to(request, then(result))
+    return invalid(done)
+
+
+def refresh_if_changed(request: HttpRequest, response: HttpResponse, state: str) -> HttpResponse:
+    """A polled block sends `?seen=<state it loaded with>`: when the object's state changed
+    meanwhile, ask htmx to reload the page once, so the forms offered are this state's."""
+    seen = request.GET.get("seen")
+    if seen and seen != state:
+        response["HX-Refresh"] = "true"
+    return response
 
 
 def form_add_service_errors(form: forms.BaseForm, exc: ValidationError) -> None:
