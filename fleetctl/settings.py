@@ -278,7 +278,7 @@ SHADOW_MAX_QUEUED = env_int("SHADOW_MAX_QUEUED", 500)
 # Where gateways send mirrored requests (http://host:port), unless a gateway's option
 # `shadow_collector` names another: the collector of this deployment.
 SHADOW_COLLECTOR_URL = os.environ.get("SHADOW_COLLECTOR_URL", "http://127.0.0.1:9911")
-# --- shadow runs (fleetctl/shadow/services.py) ---
+# --- shadow runs (fleetctl/shadow/services/) ---
 # How often beat judges every running shadow run (a judgement row, evidence when it changed).
 SHADOW_JUDGE_INTERVAL_S = env_int("SHADOW_JUDGE_INTERVAL_S", 15)
 # One side of a shadow pair (a whole answer, streamed or not) gets this long, then it is an

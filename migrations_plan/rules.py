@@ -253,7 +253,7 @@ def latest_evidence(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
 
 def ramp_each_step(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
     """The candidate's newest guarded ramp decides, step by step: each hold the guard judged
-    wrote a `ramp-slo` row (ramps/services.py), and the check passes only when every step of
+    wrote a `ramp-slo` row (ramps/services/), and the check passes only when every step of
     that ramp has a passing row — one good hold at 1 % says nothing about 50 %. A failing or
     warning step is the check's status; steps not judged yet are insufficient data."""
     from migrations_plan.evidence import KINDS

@@ -37,7 +37,7 @@ from fleetctl.batch.models import (
     BatchJobEvent,
     Soak,
 )
-from fleetctl.core.errors import ConflictError
+from fleetctl.core.errors import ConflictError, required_reason
 from fleetctl.fleet.models import Pool, PoolModel
 from migrations_plan.models import Plan
 
@@ -146,13 +146,13 @@ def _model_problems(input_file: BatchFile, pool: Pool) -> list[str]:
 
 
 def _target_refusal(pool: Pool) -> str | None:
-    """The stage rule (fleetctl/batch/rules.py): a plan's candidate below stage 3 runs no
+    """The stage rule (fleetctl/batch/targets.py): a plan's candidate below stage 3 runs no
     batch jobs."""
     try:
-        from fleetctl.batch import rules
+        from fleetctl.batch import targets
     except ImportError:  # pragma: no cover - until the stage rules land
         return None
-    refusal = getattr(rules, "job_target_refusal", None)
+    refusal = getattr(targets, "job_target_refusal", None)
     return refusal(pool) if refusal is not None else None
 
 
@@ -274,10 +274,10 @@ def job_event(job: BatchJob, kind: str, actor_label: str, *, manual: bool = Fals
 
 
 def _need_reason(reason: str, what: str) -> str:
-    reason = (reason or "").strip()
-    if not reason:
-        raise ValidationError({"reason": [f"Say why you {what} (it goes in the job's "
-                                          f"timeline and the audit log)."]})
+    """The reason for a person's action on a job, stripped; a blank one or one over 2,000
+    characters is refused."""
+    reason = required_reason(reason, f"Say why you {what} (it goes in the job's timeline "
+                                     f"and the audit log).")
     if len(reason) > 2000:
         raise ValidationError({"reason": ["At most 2,000 characters."]})
     return reason

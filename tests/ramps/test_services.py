@@ -418,12 +418,12 @@ class TestLease:
 
     def test_a_failing_tick_is_recorded_and_released(self, fleet, oncall, monkeypatch):
         ramp = start(fleet, oncall)
-        from fleetctl.ramps import services
+        from fleetctl.ramps.services import controller
 
         def broken(*args, **kwargs):
             raise RuntimeError("telemetry database gone")
 
-        monkeypatch.setattr(services, "_step", broken)
+        monkeypatch.setattr(controller, "_step", broken)
         assert ramps_tick(now=timezone.now()) == 1
         ramp = fresh(ramp)
         assert "telemetry database gone" in ramp.events.get(kind="error").message
@@ -432,10 +432,10 @@ class TestLease:
 
 @pytest.mark.django_db(transaction=True)
 def test_two_concurrent_ticks_drive_a_ramp_once(fleet, oncall, monkeypatch):
-    from fleetctl.ramps import services
+    from fleetctl.ramps.services import people
 
     # The worker of other tests must not take the ramp before the two threads race for it.
-    monkeypatch.setattr(services, "_queue_run", lambda pk: None)
+    monkeypatch.setattr(people, "_queue_run", lambda pk: None)
     ramp = start(fleet, oncall)
     now = timezone.now()
     barrier = threading.Barrier(2)

@@ -1,0 +1,207 @@
+"""Worker code for judging and purging: judge a run and record its evidence (beat
+`shadow.judge`), keep the collectors' published runs in step, and purge stored text past
+its retention (beat `shadow.purge`)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models.expressions import RawSQL
+from django.utils import timezone
+
+from fleetctl.shadow import live, selectors, stats
+from fleetctl.shadow.evidence import KIND
+from fleetctl.shadow.models import ShadowJudgement, ShadowPair, ShadowRun
+from fleetctl.shadow.services._shared import _publish, _system, log
+from fleetctl.traffic import mirror_auth
+
+if TYPE_CHECKING:
+    from migrations_plan.models import Evidence
+
+# Evidence is recorded when the verdict changes, else at most this often while pairs arrive.
+EVIDENCE_EVERY_S = 60
+# The run verdict's evidence verdict: "insufficient" is evidence of nothing yet.
+EVIDENCE_VERDICT = {"pass": "pass", "warn": "warn", "fail": "fail", "insufficient": "info"}
+# Stage 4's "Quality unchanged" kind (registered by fleetctl/evals/evidence.py): a run judged
+# while its plan is live records it too.
+LIVE_QUALITY_KIND = "live-quality"
+
+
+# --- judge and purge --------------------------------------------------------------------------
+
+def _evidence_due(run: ShadowRun, judged: stats.RunJudgement) -> bool:
+    from migrations_plan.models import Evidence
+
+    if judged.pairs == 0:
+        return False
+    if run.evidence_id is None or judged.verdict != run.verdict:
+        return True
+    last = Evidence.objects.filter(pk=run.evidence_id).values("observed_at", "data").first()
+    if last is None:
+        return True
+    stale = last["observed_at"] <= timezone.now() - timedelta(seconds=EVIDENCE_EVERY_S)
+    return stale and judged.pairs > int((last["data"] or {}).get("pairs", 0))
+
+
+def _evidence_data(run: ShadowRun, judged: stats.RunJudgement, counters: dict[str, int],
+                   window: tuple[datetime | None, datetime | None]) -> dict[str, Any]:
+    from migrations_plan.evidence import pool_fingerprint
+
+    first, last = window
+    return {
+        "run": run.pk, "mode": run.mode, "pairs": judged.pairs, "min_pairs": run.min_pairs,
+        "margin": run.margin, "confidence": run.confidence,
+        "window": {"from": first.isoformat() if first else None,
+                   "to": last.isoformat() if last else None},
+        "metrics": judged.metrics_dict(), "gated": list(stats.GATED),
+        "counters": {k: v for k, v in counters.items() if v >= 0},
+        "primary": run.primary.name, "candidate": run.candidate.name,
+        "fingerprints": {"primary": pool_fingerprint(run.primary, [run.model_id]),
+                         "candidate": pool_fingerprint(run.candidate, [run.model_id])},
+        "route": run.route.name if run.route else None, "model": run.model_id,
+    }
+
+
+def _record_live_quality(run: ShadowRun, judged: stats.RunJudgement,
+                         shadow: Evidence) -> None:
+    """In stage 4 the mirrored requests are live traffic, so the judgement also speaks to the
+    stage-4 check "Quality unchanged": record it as `live-quality` evidence too (the kind the
+    evals app registers; shadow may not import evals, hence the name). The same verdict and
+    summary as the `shadow` row, with the gated metrics' intervals."""
+    from migrations_plan.services import evidence_record
+
+    data = {"run": run.pk, "source": "shadow", "stage": 4, "items": judged.pairs,
+            "min_items": run.min_pairs, "margin": run.margin, "confidence": run.confidence,
+            "candidate": run.candidate.name, "primary": run.primary.name,
+            "model": run.model_id,
+            "metrics": {name: m for name, m in judged.metrics_dict().items()
+                        if name in stats.GATED},
+            "fingerprints": (shadow.data or {}).get("fingerprints", {})}
+    evidence_record(actor=_system(), pool=run.candidate, kind=LIVE_QUALITY_KIND,
+                    verdict=shadow.verdict, summary=shadow.summary, data=data,
+                    route=run.route, model_id=run.model_id, source=f"shadow run {run.pk}",
+                    url=f"/shadow/runs/{run.pk}/")
+
+
+def run_judge(*, run: ShadowRun) -> ShadowJudgement:
+    """Judge the run's pairs (stats.judge_pairs), store the judgement, fold the Redis
+    counters into the run, and record `shadow` evidence about the candidate when the verdict
+    changed or a minute passed with new pairs."""
+    from migrations_plan.services import evidence_record
+
+    run = ShadowRun.objects.select_related("route", "candidate", "primary", "plan").get(pk=run.pk)
+    # The newest SHADOW_JUDGE_WINDOW_PAIRS pairs: a run that lasts for weeks is judged on
+    # its recent behaviour at a bounded cost per look, not on every pair it ever made. One
+    # pair per distinct request (its newest): a prompt asked a hundred times diverges, or
+    # not, a hundred times alike, and counted a hundred times it would narrow the interval
+    # as if it were a hundred different requests.
+    rows = list(ShadowPair.objects.filter(run=run).order_by("-received_at", "-id")
+                .values_list("noise", "signal", "received_at", "request_hash", "sides")
+                [:settings.SHADOW_JUDGE_WINDOW_PAIRS])
+    seen: set[str] = set()
+    pairs = []
+    for noise, signal, _, digest, _sides in rows:
+        if digest not in seen:
+            seen.add(digest)
+            pairs.append((noise, signal))
+    window = (rows[-1][2], rows[0][2]) if rows else (None, None)
+    judged = stats.judge_pairs(pairs, margin=run.margin, min_pairs=run.min_pairs,
+                               confidence=run.confidence)
+    counters = selectors.live_counters(run)
+    now = timezone.now()
+    with transaction.atomic():
+        judgement = ShadowJudgement.objects.create(
+            run=run, at=now, pairs=judged.pairs, verdict=judged.verdict,
+            metrics=judged.metrics_dict(), counters=counters,
+            latency=stats.latency_summary([row[4] for row in rows]))
+        evidence_id = run.evidence_id
+        if _evidence_due(run, judged):
+            evidence = evidence_record(
+                actor=_system(), pool=run.candidate, kind=KIND,
+                verdict=EVIDENCE_VERDICT[judged.verdict], summary=judged.summary,
+                data=_evidence_data(run, judged, counters, window), route=run.route,
+                model_id=run.model_id, source=f"shadow run {run.pk}",
+                url=f"/shadow/runs/{run.pk}/")
+            evidence_id = evidence.pk
+            if run.plan.stage == 4:
+                _record_live_quality(run, judged, evidence)
+        ShadowRun.objects.filter(pk=run.pk).update(
+            verdict=judged.verdict, summary=judged.summary[:600], counters=counters,
+            judged_at=now, evidence_id=evidence_id)
+    return judgement
+
+
+def publications_reconcile() -> None:
+    """Make what the collectors read in Redis match the running mirror runs: a Redis that
+    restarted empty (the demo's embedded one, a failover) forgets every run, and the
+    collectors would count the route's copies as unmatched for as long as the run lasts; a
+    publication whose run is no longer running is taken down."""
+    running = {run.route.name: run for run in ShadowRun.objects.select_related("route").filter(
+        status=ShadowRun.Status.RUNNING, mode=ShadowRun.Mode.MIRROR, route__isnull=False)
+        if run.route is not None}
+    if running:
+        # Cheap (one read, one write), and a Redis that restarted empty lost these too.
+        mirror_auth.publish_quietly()
+    held = live.published()
+    for name, run in running.items():
+        expected = live.RunConfig(run.pk, float(run.max_rps), int(run.max_tokens_per_day))
+        if held.get(name) != expected:
+            log.warning("shadow run %s was not published for route %s; publishing it again",
+                        run.pk, name)
+            _publish(run)
+            if not any(live.counters(run.pk).values()):
+                # Redis lost the counters too: carry on from what the judge last folded in,
+                # so what comes next adds to them instead of hiding under them.
+                stored = {k: int(v) for k, v in (run.counters or {}).items()
+                          if k in live.COUNTER_FIELDS and int(v) > 0}
+                if stored:
+                    live.count(run.pk, **stored)
+    for name in set(held) - set(running):
+        log.warning("route %s was published for shadow run %s, which is not running; taking "
+                    "it down", name, held[name].run)
+        live.unpublish_run(name)
+
+
+def runs_judge() -> int:
+    """Beat: judge every running run; one run's failure does not stop the others. Running
+    mirror runs are published again first if Redis lost them."""
+    try:
+        publications_reconcile()
+    except Exception:
+        log.exception("shadow runs could not be checked against what the collectors read")
+    judged = 0
+    for run in ShadowRun.objects.filter(status=ShadowRun.Status.RUNNING):
+        try:
+            run_judge(run=run)
+            judged += 1
+        except Exception:
+            log.exception("shadow run %s could not be judged", run.pk)
+    return judged
+
+
+def _without_tokens(column: str) -> RawSQL:
+    """The comparison JSON less its divergent tokens (text), in the database's own dialect:
+    jsonb on PostgreSQL, the JSON1 functions on SQLite (the demo's database)."""
+    if connection.vendor == "postgresql":
+        return RawSQL(f"{column} - 'token_a' - 'token_b'", ())
+    return RawSQL(f"json_remove({column}, '$.token_a', '$.token_b')", ())
+
+
+def pairs_purge(now: datetime | None = None) -> int:
+    """Beat: empty the stored text (content, and the divergent tokens in the comparisons)
+    of pairs received longer ago than their run's retention. Metrics and hashes stay."""
+    now = now or timezone.now()
+    purged = 0
+    for hours in (ShadowRun.objects.filter(pairs__content_purged_at__isnull=True)
+                  .values_list("retention_hours", flat=True).distinct()):
+        purged += ShadowPair.objects.filter(
+            run__retention_hours=hours, content_purged_at__isnull=True,
+            received_at__lt=now - timedelta(hours=hours)).update(
+            content={}, content_purged_at=now,
+            noise=_without_tokens("noise"), signal=_without_tokens("signal"))
+    if purged:
+        log.info("shadow: purged the text of %s pairs past their retention", purged)
+    return purged
