@@ -4,7 +4,8 @@ Pure asyncio + aiohttp: importable and runnable without Django. See README.md he
 """
 
 from .profiles import BUILTIN_PROFILES, Profile, ProfileError, load_profiles
-from .server import PoolSpec, SimPool, serve, serve_async
+from .server import PoolSpec, SimPool
+from .serving import serve, serve_async
 
 __all__ = [
     "BUILTIN_PROFILES",

@@ -1,73 +1,36 @@
-"""OpenAI request validation, response bodies and SSE chunks.
+"""OpenAI request validation: a chat or completions body read into a GenRequest, or an
+ApiError naming the field.
 
-Kept apart from the aiohttp routes so the shapes can be read (and tested) on their own.
+Kept apart from the aiohttp routes so the shapes can be read (and tested) on their own; the
+tools and response_format fields are read in tools.py, response bodies and SSE chunks are
+built in responses.py.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .engine import Delta
+from .apierror import ApiError
 from .textgen import (
-    VOCAB,
-    VOCAB_JSON,
-    Token,
     render_chat,
     render_chat_other,
     tokenize,
     tokenize_other,
+)
+from .tools import (
+    Tool,
+    choose_tool,
+    read_response_format,
+    read_tool_choice,
+    read_tools,
 )
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MAX_STOPS = 4
 MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETIONS = 5
-FUNCTION_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-TOOL_CHOICES = ("none", "auto", "required")
-RESPONSE_FORMATS = ("text", "json_object", "json_schema")
-
-
-class ApiError(Exception):
-    """Becomes an OpenAI error object: {"error": {message, type, param, code}}."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-
-@dataclass(frozen=True)
-class Tool:
-    """One function from `tools`: its name and its JSON-Schema `parameters`."""
-
-    name: str
-    parameters: dict[str, Any]
 
 
 @dataclass
@@ -256,157 +219,6 @@ def _content_text(where: str, content: Any) -> str:
                    "of content parts.", param=f"{where}.content", code="invalid_type")
 
 
-# ---- tools and response_format -----------------------------------------------------------
-
-
-def _read_tools(body: dict[str, Any]) -> list[Tool]:
-    tools = body.get("tools")
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise ApiError(400, "Invalid type for 'tools': expected an array of tool objects.",
-                       param="tools", code="invalid_type")
-    if not tools:
-        raise ApiError(400, "Invalid 'tools': empty array. Give at least one tool, or leave "
-                       "'tools' out.", param="tools", code="invalid_value")
-    out: list[Tool] = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise ApiError(400, f"Invalid type for '{where}': expected an object like "
-                           '{"type": "function", "function": {"name": ...}}.', param=where,
-                           code="invalid_type")
-        if tool.get("type") != "function":
-            raise ApiError(400, f"Invalid value for '{where}.type': expected 'function'.",
-                           param=f"{where}.type", code="invalid_value")
-        function = tool.get("function")
-        if not isinstance(function, dict):
-            raise ApiError(400, f"Missing or invalid '{where}.function': expected an object "
-                           "with 'name' and optional 'description' and 'parameters'.",
-                           param=f"{where}.function", code="invalid_value")
-        out.append(_read_function(f"{where}.function", function))
-    names = [t.name for t in out]
-    for name in names:
-        if names.count(name) > 1:
-            raise ApiError(400, f"Invalid 'tools': the function name '{name}' is used twice.",
-                           param="tools", code="invalid_value")
-    return out
-
-
-def _read_function(where: str, function: dict[str, Any]) -> Tool:
-    name = function.get("name")
-    if not isinstance(name, str) or not FUNCTION_NAME_RE.match(name):
-        raise ApiError(400, f"Invalid '{where}.name': expected 1 to 64 letters, digits, "
-                       f"underscores or dashes, got {name!r}.", param=f"{where}.name",
-                       code="invalid_value")
-    description = function.get("description")
-    if description is not None and not isinstance(description, str):
-        raise ApiError(400, f"Invalid type for '{where}.description': expected a string.",
-                       param=f"{where}.description", code="invalid_type")
-    parameters = function.get("parameters", {})
-    if parameters is None:
-        parameters = {}
-    if not isinstance(parameters, dict):
-        raise ApiError(400, f"Invalid type for '{where}.parameters': expected a JSON Schema "
-                       "object.", param=f"{where}.parameters", code="invalid_type")
-    if "type" in parameters and parameters["type"] != "object":
-        raise ApiError(400, f"Invalid '{where}.parameters': the schema's type must be "
-                       f"'object', got {parameters['type']!r}.", param=f"{where}.parameters",
-                       code="invalid_value")
-    strict = function.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise ApiError(400, f"Invalid type for '{where}.strict': expected a boolean.",
-                       param=f"{where}.strict", code="invalid_type")
-    return Tool(name=name, parameters=parameters)
-
-
-def _read_tool_choice(body: dict[str, Any], tools: list[Tool]) -> str | Tool:
-    choice = body.get("tool_choice")
-    if choice is None:
-        return "auto" if tools else "none"
-    if choice == "none":
-        return "none"
-    if not tools:
-        raise ApiError(400, "Invalid 'tool_choice': it is only allowed when 'tools' are "
-                       "given.", param="tool_choice", code="invalid_value")
-    if isinstance(choice, str):
-        if choice not in TOOL_CHOICES:
-            raise ApiError(400, f"Invalid value for 'tool_choice': expected one of "
-                           f"{', '.join(TOOL_CHOICES)} or a named function, got {choice!r}.",
-                           param="tool_choice", code="invalid_value")
-        return choice
-    function = choice.get("function") if isinstance(choice, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(
-        name, str
-    ):
-        raise ApiError(400, "Invalid 'tool_choice': expected 'none', 'auto', 'required' or "
-                       '{"type": "function", "function": {"name": "..."}}.',
-                       param="tool_choice", code="invalid_value")
-    for tool in tools:
-        if tool.name == name:
-            return tool
-    raise ApiError(400, f"Invalid 'tool_choice': no function named '{name}' in 'tools' "
-                   f"(given: {', '.join(t.name for t in tools)}).", param="tool_choice",
-                   code="invalid_value")
-
-
-def choose_tool(tools: list[Tool], choice: str | Tool,
-                messages: list[tuple[str, str]]) -> Tool | None:
-    """The function an answer calls. A named choice calls it; "required" calls the first
-    tool whose name the last user message contains, else the first tool; "auto" calls a tool
-    only when the last message is the user's and contains a tool's name (case-insensitive,
-    first tool in `tools` order); "none" never calls one."""
-    if isinstance(choice, Tool):
-        return choice
-    if choice == "none" or not tools:
-        return None
-    last_role, last_text = messages[-1]
-    asked = None
-    if last_role == "user":
-        text = last_text.lower()
-        asked = next((t for t in tools if t.name.lower() in text), None)
-    if choice == "required":
-        return asked or tools[0]
-    return asked
-
-
-def _read_response_format(body: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
-    fmt = body.get("response_format")
-    if fmt is None:
-        return None, None
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind not in RESPONSE_FORMATS:
-        raise ApiError(400, "Invalid 'response_format': expected an object with 'type' one of "
-                       f"{', '.join(RESPONSE_FORMATS)}.", param="response_format",
-                       code="invalid_value")
-    if kind == "text":
-        return None, None
-    if kind == "json_object":
-        return "json_object", None
-    spec = fmt.get("json_schema")
-    if not isinstance(spec, dict):
-        raise ApiError(400, "Invalid 'response_format.json_schema': expected an object with "
-                       "'name' and 'schema'.", param="response_format.json_schema",
-                       code="invalid_value")
-    name = spec.get("name")
-    if not isinstance(name, str) or not FUNCTION_NAME_RE.match(name):
-        raise ApiError(400, "Invalid 'response_format.json_schema.name': expected 1 to 64 "
-                       f"letters, digits, underscores or dashes, got {name!r}.",
-                       param="response_format.json_schema.name", code="invalid_value")
-    schema = spec.get("schema", {})
-    if not isinstance(schema, dict):
-        raise ApiError(400, "Invalid type for 'response_format.json_schema.schema': expected "
-                       "a JSON Schema object.", param="response_format.json_schema.schema",
-                       code="invalid_type")
-    strict = spec.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise ApiError(400, "Invalid type for 'response_format.json_schema.strict': expected "
-                       "a boolean.", param="response_format.json_schema.strict",
-                       code="invalid_type")
-    return "json_schema", schema
-
-
 def parse_chat(
     body: dict[str, Any], *, tool_calls: bool = True, json_mode: bool = True
 ) -> GenRequest:
@@ -425,9 +237,9 @@ def parse_chat(
     tools: list[Tool] = []
     tool = None
     if tool_calls:
-        tools = _read_tools(body)
-        tool = choose_tool(tools, _read_tool_choice(body, tools), parsed)
-    json_format, json_schema = _read_response_format(body) if json_mode else (None, None)
+        tools = read_tools(body)
+        tool = choose_tool(tools, read_tool_choice(body, tools), parsed)
+    json_format, json_schema = read_response_format(body) if json_mode else (None, None)
     max_tokens = _read_int(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _read_int(body, "max_tokens", 1)
@@ -508,215 +320,3 @@ def resolve_max_tokens(req: GenRequest, prompt_tokens: int, max_context: int) ->
             code="context_length_exceeded",
         )
     return wanted
-
-
-# ---- response bodies --------------------------------------------------------------------
-
-
-@dataclass
-class ResponseMeta:
-    response_id: str
-    created: int
-    model: str
-    fingerprint: str
-    endpoint: str
-    prompt_tokens: int
-    # Set when the answer is a tool call: its id and the function's name. The generated
-    # text is then the call's `arguments`.
-    tool_call_id: str | None = None
-    tool_name: str | None = None
-
-    def finish(self, finish_reason: str) -> str:
-        """A tool call that ends by itself finishes with "tool_calls" (cut short: "length")."""
-        return "tool_calls" if self.tool_name is not None and finish_reason == "stop" \
-            else finish_reason
-
-    def tool_call(self, arguments: str) -> dict[str, Any]:
-        return {"id": self.tool_call_id, "type": "function",
-                "function": {"name": self.tool_name, "arguments": arguments}}
-
-
-def usage(meta: ResponseMeta, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": meta.prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": meta.prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
-def _chat_logprob_entry(token: Token) -> dict[str, Any]:
-    return {
-        "token": token.text,
-        "logprob": token.logprob,
-        "bytes": list(token.text.encode()),
-        "top_logprobs": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in token.top or []
-        ],
-    }
-
-
-def _completion_logprobs(tokens: list[Token], offset: int) -> dict[str, Any]:
-    offsets = []
-    for token in tokens:
-        offsets.append(offset)
-        offset += len(token.text)
-    return {
-        "tokens": [t.text for t in tokens],
-        "token_logprobs": [t.logprob for t in tokens],
-        "top_logprobs": [dict(t.top or []) for t in tokens],
-        "text_offset": offsets,
-    }
-
-
-def completion_body(
-    meta: ResponseMeta, deltas: list[Delta], finish_reason: str, cached_tokens: int,
-    with_logprobs: bool,
-) -> dict[str, Any]:
-    text = "".join(d.text for d in deltas)
-    tokens = [d.token for d in deltas if d.token is not None]
-    logprobs: dict[str, Any] | None = None
-    if meta.endpoint == "chat":
-        if with_logprobs:
-            logprobs = {"content": [_chat_logprob_entry(t) for t in tokens], "refusal": None}
-        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-        if meta.tool_name is not None:
-            message["content"] = None
-            message["tool_calls"] = [meta.tool_call(text)]
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": meta.finish(finish_reason),
-        }
-        obj = "chat.completion"
-    else:
-        if with_logprobs:
-            logprobs = _completion_logprobs(tokens, 0)
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        obj = "text_completion"
-    return {
-        "id": meta.response_id,
-        "object": obj,
-        "created": meta.created,
-        "model": meta.model,
-        "system_fingerprint": meta.fingerprint,
-        "choices": [choice],
-        "usage": usage(meta, len(tokens), cached_tokens),
-    }
-
-
-_VOCAB_JSON_BYTES: tuple[bytes, ...] = tuple(j.encode() for j in VOCAB_JSON)
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
-class ChunkRenderer:
-    """SSE bytes for a stream. The common chunk (one vocabulary token, no logprobs) is the
-    precomputed prefix + the token's precomputed JSON string + the suffix: no json.dumps."""
-
-    def __init__(self, meta: ResponseMeta, include_usage: bool, with_logprobs: bool) -> None:
-        self.meta = meta
-        self.include_usage = include_usage
-        self.with_logprobs = with_logprobs
-        self.chat = meta.endpoint == "chat"
-        self.tool = self.chat and meta.tool_name is not None
-        self._sent_role = False
-        self._text_offset = 0
-        self._completion_tokens = 0
-        head = {
-            "id": meta.response_id,
-            "object": "chat.completion.chunk" if self.chat else "text_completion",
-            "created": meta.created,
-            "model": meta.model,
-            "system_fingerprint": meta.fingerprint,
-        }
-        self._head = _compact(head)[:-1]  # open object: choices and usage follow
-        text_key = '"delta":{"content":' if self.chat else '"text":'
-        self._prefix = f'data: {self._head},"choices":[{{"index":0,{text_key}'.encode()
-        close = "}" if self.chat else ""
-        usage_null = ',"usage":null' if include_usage else ""
-        self._suffix = f'{close},"logprobs":null,"finish_reason":null}}]{usage_null}}}\n\n'.encode()
-
-    def render(self, deltas: list[Delta], cached_tokens: int) -> bytes:
-        return b"".join(self.render_one(delta, cached_tokens) for delta in deltas)
-
-    def render_one(self, delta: Delta, cached_tokens: int) -> bytes:
-        if self.tool:
-            return self._tool_one(delta, cached_tokens)
-        out = self._token_chunk(delta)
-        if self.chat and not self._sent_role:
-            # The role chunk goes out with the first token, so clients' TTFT stays honest.
-            self._sent_role = True
-            out = self._event({"role": "assistant", "content": ""}, None, None) + out
-        self._completion_tokens += delta.token is not None
-        if delta.finish_reason is not None:
-            out += self._finish(delta.finish_reason, cached_tokens)
-        return out
-
-    def _tool_one(self, delta: Delta, cached_tokens: int) -> bytes:
-        """A streamed tool call: the first chunk names the call (id, type, function name,
-        empty arguments), then each token's text is a piece of `arguments`, as OpenAI and
-        vLLM stream them."""
-        out = b""
-        if not self._sent_role:
-            self._sent_role = True
-            head = {"role": "assistant", "content": None,
-                    "tool_calls": [{"index": 0, **self.meta.tool_call("")}]}
-            out = self._event(head, None, None)
-        token = delta.token
-        self._completion_tokens += token is not None
-        if delta.text or (self.with_logprobs and token is not None):
-            logprobs = None
-            if self.with_logprobs and token is not None:
-                logprobs = {"content": [_chat_logprob_entry(token)], "refusal": None}
-            piece = {"tool_calls": [{"index": 0, "function": {"arguments": delta.text}}]}
-            out += self._event(piece, logprobs, None)
-        if delta.finish_reason is not None:
-            out += self._finish(self.meta.finish(delta.finish_reason), cached_tokens)
-        return out
-
-    def _token_chunk(self, delta: Delta) -> bytes:
-        token = delta.token
-        if self.with_logprobs and token is not None:
-            return self._logprob_chunk(delta, token)
-        if not delta.text:
-            return b""
-        if token is not None and delta.text is VOCAB[token.vocab_index]:
-            text_json = _VOCAB_JSON_BYTES[token.vocab_index]
-        else:
-            text_json = json.dumps(delta.text).encode()
-        return self._prefix + text_json + self._suffix
-
-    def _logprob_chunk(self, delta: Delta, token: Token) -> bytes:
-        if self.chat:
-            logprobs: dict[str, Any] = {"content": [_chat_logprob_entry(token)], "refusal": None}
-            return self._event({"content": delta.text}, logprobs, None)
-        logprobs = _completion_logprobs([token], self._text_offset)
-        self._text_offset += len(token.text)
-        return self._event(delta.text, logprobs, None)
-
-    def _finish(self, finish_reason: str, cached_tokens: int) -> bytes:
-        final = self._event({} if self.chat else "", None, finish_reason)
-        if self.include_usage:
-            body = usage(self.meta, self._completion_tokens, cached_tokens)
-            final += self._raw(f'{self._head},"choices":[],"usage":{_compact(body)}}}')
-        return final + b"data: [DONE]\n\n"
-
-    def _event(self, content: Any, logprobs: Any, finish_reason: str | None) -> bytes:
-        choice: dict[str, Any] = {"index": 0}
-        choice["delta" if self.chat else "text"] = content
-        choice["logprobs"] = logprobs
-        choice["finish_reason"] = finish_reason
-        tail = ',"usage":null' if self.include_usage else ""
-        return self._raw(f'{self._head},"choices":[{_compact(choice)}]{tail}}}')
-
-    @staticmethod
-    def _raw(payload: str) -> bytes:
-        return f"data: {payload}\n\n".encode()
-
-    @staticmethod
-    def error_event(error: ApiError) -> bytes:
-        return f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n".encode()

@@ -159,7 +159,8 @@ def _fail(args: argparse.Namespace, message: str) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from .server import PoolSpec, serve  # aiohttp only when serving
+    from .server import PoolSpec  # aiohttp only when serving
+    from .serving import serve
 
     _configure_logging(args.log_level)
     try:

@@ -231,6 +231,8 @@ BUILTIN_PROFILES["a100-legacy"] = dataclasses.replace(
 
 # field name -> (accepted python types, human description of the constraint, check)
 _FLOAT = (int, float)
+_FRACTION = (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1)
+_SWITCH = ((bool,), "true or false", lambda v: True)
 _CHECKS: dict[str, tuple[tuple[type, ...], str, Any]] = {
     "description": ((str,), "a string", lambda v: True),
     "accelerator": ((str,), "a non-empty string", lambda v: bool(v)),
@@ -245,18 +247,18 @@ _CHECKS: dict[str, tuple[tuple[type, ...], str, Any]] = {
     "node_hourly_usd": (_FLOAT, "a number >= 0", lambda v: v >= 0),
     "max_context": ((int,), "an integer >= 2", lambda v: v >= 2),
     "max_waiting": ((int,), "an integer >= 0", lambda v: v >= 0),
-    "divergence_rate": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
-    "near_tie_fraction": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
+    "divergence_rate": _FRACTION,
+    "near_tie_fraction": _FRACTION,
     "max_prefill_tokens_per_step": ((int,), "an integer >= 1", lambda v: v >= 1),
-    "tool_calls": ((bool,), "true or false", lambda v: True),
-    "json_mode": ((bool,), "true or false", lambda v: True),
-    "stream_usage": ((bool,), "true or false", lambda v: True),
-    "logprobs": ((bool,), "true or false", lambda v: True),
+    "tool_calls": _SWITCH,
+    "json_mode": _SWITCH,
+    "stream_usage": _SWITCH,
+    "logprobs": _SWITCH,
     "tokenizer": ((str,), f"one of {', '.join(TOKENIZERS)}", lambda v: v in TOKENIZERS),
-    "replica_noise": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
-    "json_broken": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
-    "truncate_rate": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
-    "task_accuracy": (_FLOAT, "a number between 0 and 1", lambda v: 0 <= v <= 1),
+    "replica_noise": _FRACTION,
+    "json_broken": _FRACTION,
+    "truncate_rate": _FRACTION,
+    "task_accuracy": _FRACTION,
 }
 _OPTIONAL = ("description", "models", "max_prefill_tokens_per_step", *SWITCHES,
              "replica_noise", *REGRESSIONS, "task_accuracy")
@@ -325,14 +327,10 @@ def _parse_override(key: str, text: str) -> Any:
     if types == (bool,):
         lowered = text.lower()
         return {"true": True, "false": False}.get(lowered, text)
-    if types == (int,):
+    if types in ((int,), _FLOAT):
+        number = int if types == (int,) else float
         try:
-            return int(text)
-        except ValueError:
-            return text
-    if types == _FLOAT:
-        try:
-            return float(text)
+            return number(text)
         except ValueError:
             return text
     return text

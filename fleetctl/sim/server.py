@@ -1,4 +1,4 @@
-"""aiohttp routes for one simulated pool, and `serve()` for several in one event loop.
+"""aiohttp routes for one simulated pool (serving.py serves several in one event loop).
 
 Surface per pool port: OpenAI-compatible `/v1/models`, `/v1/chat/completions`,
 `/v1/completions`; `/health`; `/metrics`; and `/admin/*` (state, faults, reset,
@@ -8,35 +8,25 @@ ground truth). Every error is an OpenAI error object; nothing answers with a tra
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
-import json
-import logging
 import random
-import signal
-import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
-from typing import Any, TextIO
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import HttpVersion11, web
 
+from .admin import PoolAdmin
 from .api import (
-    ApiError,
-    ChunkRenderer,
     GenRequest,
-    ResponseMeta,
-    completion_body,
     parse_chat,
     parse_completion,
     prompt_token_count,
     prompt_token_list,
     resolve_max_tokens,
 )
+from .apierror import ApiError
 from .engine import (
-    Delta,
     Engine,
     EngineHooks,
     PrefixCache,
@@ -45,19 +35,24 @@ from .engine import (
     Sequence,
     StepRecord,
 )
-from .gcgovernor import GOVERNOR
+from .errors import MAX_BODY_BYTES, error_response, openai_errors, read_json
+from .faults import Faults, down_error
 from .groundtruth import DEFAULT_REQUEST_CAPACITY, GroundTruth, RequestInfo, request_record
 from .metrics import CONTENT_TYPE, Gauges, PoolMetrics
 from .profiles import Profile
-from .structured import SchemaError, ScriptedStream, broken_json, json_text
+from .responses import ChunkRenderer, ResponseMeta, completion_body
+from .streams import (
+    DirectStream,
+    expected_length,
+    regressed,
+    seq_request_id,
+    structured_text,
+)
+from .structured import ScriptedStream, broken_json
 from .tasks import task_for
 from .textgen import TextKey, TokenSource, TokenStream, stable_hash, stable_unit
 
-log = logging.getLogger("fleetctl.sim")
-
-MAX_BODY_BYTES = 32 * 1024 * 1024
 LISTEN_BACKLOG = 2048
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True)
@@ -74,100 +69,8 @@ class PoolSpec:
         return self.models or self.profile.models
 
 
-@dataclass
-class Faults:
-    error_rate: float = 0.0
-    added_latency_ms: float = 0.0
-    slowdown: float = 1.0
-    down: bool = False
 
-    def validated(self, data: Any) -> Faults:
-        """A new Faults with `data` applied, or ApiError(400) naming the bad field."""
-        if not isinstance(data, dict):
-            raise ApiError(400, "Expected a JSON object of fault settings.")
-        current = asdict(self)
-        for key, value in data.items():
-            if key not in current:
-                allowed = ", ".join(sorted(current))
-                raise ApiError(400, f"Unknown fault field '{key}' (allowed: {allowed}).",
-                               param=key)
-            current[key] = _check_fault(key, value)
-        return Faults(**current)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _check_fault(key: str, value: Any) -> Any:
-    if key == "down":
-        if not isinstance(value, bool):
-            raise ApiError(400, "Invalid 'down': expected true or false.", param=key)
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ApiError(400, f"Invalid '{key}': expected a number.", param=key)
-    ok, expected = {
-        "error_rate": (0.0 <= value <= 1.0, "between 0 and 1"),
-        "added_latency_ms": (0.0 <= value <= 600_000, "between 0 and 600000"),
-        "slowdown": (1.0 <= value <= 1000.0, "between 1 and 1000"),
-    }[key]
-    if not ok:
-        raise ApiError(400, f"Invalid '{key}': expected a value {expected}, got {value!r}.",
-                       param=key)
-    return float(value)
-
-
-def error_response(err: ApiError, request_id: str | None = None) -> web.Response:
-    headers = dict(err.headers)
-    if request_id:
-        headers["x-request-id"] = request_id
-    return web.json_response(err.body(), status=err.status, headers=headers or None)
-
-
-@web.middleware
-async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Map every failure to an OpenAI error object: never a traceback, never HTML."""
-    try:
-        return await handler(request)
-    except ApiError as err:
-        return error_response(err)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status)
-        message = f"{exc.reason}: {request.method} {request.path}"
-        return error_response(ApiError(exc.status, message, code=code))
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("sim: unexpected error handling %s %s", request.method, request.path)
-        return error_response(
-            ApiError(500, "The simulator had an internal error.", type="server_error")
-        )
-
-
-async def read_json(request: web.Request) -> Any:
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise ApiError(413, f"Request body too large (max {MAX_BODY_BYTES} bytes).") from exc
-    try:
-        return json.loads(raw) if raw else None
-    except ValueError as exc:
-        raise ApiError(
-            400,
-            "We could not parse the JSON body of your request. (HINT: This likely means you "
-            "aren't using your HTTP library correctly.)",
-        ) from exc
-
-
-def _down_error(reason: str = "pool is down") -> ApiError:
-    message = "The pool is down (simulated fault)." if reason == "pool is down" else (
-        f"The request was aborted: {reason}."
-    )
-    return ApiError(503, message, type="server_error", code="service_unavailable")
-
-
-class SimPool:
+class SimPool(PoolAdmin):
     """One simulated pool: engine, metrics, ground truth, faults and its aiohttp app."""
 
     def __init__(
@@ -311,14 +214,14 @@ class SimPool:
 
     async def list_models(self, request: web.Request) -> web.Response:
         if self.faults.down:
-            raise _down_error()
+            raise down_error()
         return web.json_response(
             {"object": "list", "data": [self._model_card(m) for m in self.models]}
         )
 
     async def get_model(self, request: web.Request) -> web.Response:
         if self.faults.down:
-            raise _down_error()
+            raise down_error()
         model = request.match_info["model"]
         self._check_model(model)
         return web.json_response(self._model_card(model))
@@ -356,7 +259,7 @@ class SimPool:
         self, request: web.Request, info: RequestInfo
     ) -> web.StreamResponse:
         if self.faults.down:
-            raise _down_error()
+            raise down_error()
         body = await read_json(request)
         if not isinstance(body, dict):
             raise ApiError(400, "Invalid request body: expected a JSON object.")
@@ -402,7 +305,7 @@ class SimPool:
         engine = self.engine
         running = max(1, len(engine.running))
         step_s = self.profile.step_seconds(running, 0, engine.slowdown)
-        left = min((max(1, _expected_length(s) - s.generated) for s in engine.running),
+        left = min((max(1, expected_length(s) - s.generated) for s in engine.running),
                    default=1)
         return max(1, min(60, int(left * step_s + 0.999)))
 
@@ -411,7 +314,7 @@ class SimPool:
         if delay_ms > 0:
             await asyncio.sleep(delay_ms / 1000.0)
         if self.faults.down:  # it may have gone down while the request was in flight
-            raise _down_error()
+            raise down_error()
 
     def _maybe_inject_error(self) -> None:
         rate = self.faults.error_rate
@@ -427,9 +330,9 @@ class SimPool:
         key = TextKey.of(req.model, req.prompt_text, req.seed)
         stream: TokenSource
         if req.tool_call is not None or req.json_format is not None:
-            text = _structured_text(req, key)
-            if req.tool_call is None and _regressed(profile.json_broken, "json-broken",
-                                                    profile.name, key):
+            text = structured_text(req, key)
+            if req.tool_call is None and regressed(profile.json_broken, "json-broken",
+                                                   profile.name, key):
                 text = broken_json(text, stable_unit("json-broken-at", profile.name, key))
                 info.regression = "json_broken"
             stream = ScriptedStream(text, key, req.top_logprobs)
@@ -450,7 +353,7 @@ class SimPool:
         # A structured answer ends with its JSON, whatever ignore_eos says.
         ignore_eos = req.ignore_eos and isinstance(stream, TokenStream)
         length = max_tokens if ignore_eos else min(max_tokens, stream.natural_length)
-        if length > 1 and _regressed(profile.truncate_rate, "truncate", profile.name, key):
+        if length > 1 and regressed(profile.truncate_rate, "truncate", profile.name, key):
             # Cut short at 25..60 % of the answer, reported as "length" though max_tokens was
             # far: the regress switch `truncate_rate`.
             share = 0.25 + 0.35 * stable_unit("truncate-at", profile.name, key)
@@ -486,10 +389,10 @@ class SimPool:
         finally:
             self.engine.cancel(seq)  # no-op when it finished; frees it if we were cancelled
         if seq.error is not None or seq.finish_reason is None:
-            raise _down_error(seq.error or "aborted")
+            raise down_error(seq.error or "aborted")
         body = completion_body(meta, deltas, seq.finish_reason, seq.cached_tokens,
                                with_logprobs=req.top_logprobs is not None)
-        return web.json_response(body, headers={"x-request-id": _request_id(seq)})
+        return web.json_response(body, headers={"x-request-id": seq_request_id(seq)})
 
     async def _stream(
         self, request: web.Request, req: GenRequest, seq: Sequence, meta: ResponseMeta
@@ -497,7 +400,7 @@ class SimPool:
         response = web.StreamResponse(headers={
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
-            "x-request-id": _request_id(seq),
+            "x-request-id": seq_request_id(seq),
         })
         renderer = ChunkRenderer(meta, req.include_usage, req.top_logprobs is not None)
         transport = request.transport
@@ -513,7 +416,7 @@ class SimPool:
             else:
                 await self._stream_via_task(response, renderer, seq)
             if seq.error is not None and not seq.error.startswith("client"):
-                await response.write(ChunkRenderer.error_event(_down_error(seq.error)))
+                await response.write(ChunkRenderer.error_event(down_error(seq.error)))
             await response.write_eof()
         except ConnectionResetError:
             pass  # the client left; the sequence is cancelled below
@@ -536,226 +439,4 @@ class SimPool:
             if seq.done and not seq.pending:
                 return
 
-    # ---- admin -------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
-        engine = self.engine
-        lag = engine.lag
-        return {
-            "pool": self.spec.name,
-            "port": self.port,
-            "profile": self.profile.as_dict(),
-            "models": list(self.models),
-            "faults": self.faults.as_dict(),
-            "engine": {
-                "running": len(engine.running),
-                "waiting": len(engine.waiting),
-                "kv_used_tokens": engine.kv_used,
-                "kv_capacity_tokens": self.profile.kv_cache_tokens,
-                "kv_usage": engine.kv_usage(),
-                "prefix_cache_blocks": len(engine.prefix_cache),
-                "steps": engine.steps,
-                "preemptions": engine.preemptions,
-            },
-            "schedule_lag": {
-                "lagging": lag.lagging,
-                "lagging_episodes": lag.episodes,
-                "window_steps": len(lag.window),
-                "p99_ms": lag.p99() * 1000.0,
-                "max_ms": max(lag.window, default=0.0) * 1000.0,
-            },
-            "gc": GOVERNOR.stats(),
-            "ground_truth": {
-                "enabled": self.ground_truth.enabled,
-                "capacity": self.ground_truth.capacity,
-                "requests": len(self.ground_truth.requests),
-                "steps": len(self.ground_truth.steps),
-            },
-        }
-
-    async def admin_state(self, request: web.Request) -> web.Response:
-        return web.json_response(self.state())
-
-    async def admin_faults(self, request: web.Request) -> web.Response:
-        self.apply_faults(self.faults.validated(await read_json(request)))
-        return web.json_response({"pool": self.spec.name, "faults": self.faults.as_dict()})
-
-    async def admin_reset(self, request: web.Request) -> web.Response:
-        self.apply_faults(Faults())
-        return web.json_response({"pool": self.spec.name, "faults": self.faults.as_dict()})
-
-    def apply_faults(self, faults: Faults) -> None:
-        going_down = faults.down and not self.faults.down
-        self.faults = faults
-        self.engine.slowdown = faults.slowdown
-        if going_down:
-            self.engine.abort_all("pool is down")
-        log.info("sim pool %s faults: %s", self.spec.name, faults.as_dict())
-
-    async def admin_ground_truth(self, request: web.Request) -> web.Response:
-        since = _query_int(request, "since", 0)
-        limit = _query_int(request, "limit", None)
-        kind = request.query.get("kind", "all")
-        if kind not in ("all", "requests", "steps"):
-            raise ApiError(400, "Invalid 'kind': expected all, requests or steps.", param="kind")
-        return web.json_response(self.ground_truth.read(since=since or 0, limit=limit, kind=kind))
-
-    async def admin_ground_truth_set(self, request: web.Request) -> web.Response:
-        body = await read_json(request)
-        if not isinstance(body, dict) or not set(body) <= {"enabled", "clear", "capacity"}:
-            raise ApiError(400, "Expected a JSON object with 'enabled' (bool), 'clear' (bool) "
-                           "and/or 'capacity' (int >= 1).")
-        enabled, clear, capacity = body.get("enabled"), body.get("clear"), body.get("capacity")
-        if enabled is not None and not isinstance(enabled, bool):
-            raise ApiError(400, "Invalid 'enabled': expected true or false.", param="enabled")
-        if clear is not None and not isinstance(clear, bool):
-            raise ApiError(400, "Invalid 'clear': expected true or false.", param="clear")
-        if capacity is not None and (
-            isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1
-        ):
-            raise ApiError(400, "Invalid 'capacity': expected an integer >= 1.",
-                           param="capacity")
-        if enabled is not None:
-            self.ground_truth.enabled = enabled
-        if clear:
-            self.ground_truth.clear()
-        if capacity is not None:
-            self.ground_truth.resize(capacity)
-        return web.json_response(self.state()["ground_truth"])
-
-    async def admin_ground_truth_clear(self, request: web.Request) -> web.Response:
-        self.ground_truth.clear()
-        return web.json_response(self.state()["ground_truth"])
-
-
-class DirectStream:
-    """Writes a stream's SSE chunks from inside the scheduler step, straight to the socket.
-
-    Waking one writer task per stream per step costs more than the write itself; with a few
-    hundred streams that burst is what delays the next step. The response has been
-    prepared with chunked transfer encoding and its headers sent, so each chunk is framed
-    here (size in hex, CRLF) exactly as aiohttp would, and `write_eof()` ends it normally.
-    """
-
-    MAX_BUFFERED_BYTES = 8 * 1024 * 1024
-
-    def __init__(self, transport: asyncio.BaseTransport, renderer: ChunkRenderer,
-                 seq: Sequence) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        self.transport = transport
-        self.renderer = renderer
-        self.seq = seq
-
-    def push(self, delta: Delta) -> None:
-        data = self.renderer.render_one(delta, self.seq.cached_tokens)
-        if not data:
-            return
-        transport = self.transport
-        if transport.is_closing():
-            self.seq.abort("client disconnected")
-        elif transport.get_write_buffer_size() > self.MAX_BUFFERED_BYTES:
-            self.seq.abort("client not reading its stream")
-        else:
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-
-
-def _structured_text(req: GenRequest, key: TextKey) -> str:
-    """The JSON a tool call's arguments or a JSON answer will be, or a 400 naming the schema."""
-    tool = req.tool_call
-    try:
-        if tool is not None:
-            return json_text(tool.parameters, key, f"tool:{tool.name}")
-        return json_text(req.json_schema, key, req.json_format or "json_object")
-    except SchemaError as exc:
-        if tool is not None:
-            index = next(i for i, t in enumerate(req.tools) if t.name == tool.name)
-            param = f"tools[{index}].function.parameters"
-        else:
-            param = "response_format.json_schema.schema"
-        raise ApiError(400, f"Invalid '{param}': no value can be produced for this schema "
-                       f"({exc}).", param=param, code="invalid_value") from None
-
-
-def _regressed(rate: float, what: str, profile_name: str, key: TextKey) -> bool:
-    """Whether a regress switch hits this (model, prompt, seed): keyed like divergence, so a
-    regressed pool gets the same prompts wrong every time, at `rate` of all prompts."""
-    return rate > 0 and stable_unit(what, profile_name, key) < rate
-
-
-def _expected_length(seq: Sequence) -> int:
-    """Tokens a running sequence will generate in all: its natural length or max_tokens."""
-    if seq.params.ignore_eos:
-        return seq.params.max_tokens
-    return min(seq.params.max_tokens, seq.stream.natural_length)
-
-
-def _request_id(seq: Sequence) -> str:
-    info = seq.request_info
-    return info.request_id if isinstance(info, RequestInfo) else ""
-
-
-def _query_int(request: web.Request, name: str, default: int | None) -> int | None:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ApiError(400, f"Invalid '{name}': expected an integer.", param=name) from None
-
-
-# ---- serving several pools in one loop ------------------------------------------------
-
-
-async def serve_async(
-    pools: list[PoolSpec],
-    host: str = "127.0.0.1",
-    *,
-    record_ground_truth: bool = False,
-    ground_truth_size: int = DEFAULT_REQUEST_CAPACITY,
-    out: TextIO = sys.stdout,
-    stop: asyncio.Event | None = None,
-    random_seed: int | None = None,
-) -> None:
-    """Run every pool until SIGINT/SIGTERM (or `stop` is set)."""
-    loop = asyncio.get_running_loop()
-    stop = stop or asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        # Not possible outside the main thread (embedded use); the caller's `stop` then rules.
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    sims = [
-        SimPool(spec, record_ground_truth=record_ground_truth, ground_truth_size=ground_truth_size,
-                random_seed=random_seed)
-        for spec in pools
-    ]
-    started: list[SimPool] = []
-    try:
-        for sim in sims:
-            await sim.start(host)
-            started.append(sim)
-            print(sim.banner(host), file=out, flush=True)
-        # Start-up objects live for the whole run; keep the collector from rescanning them.
-        gc.collect()
-        gc.freeze()
-        GOVERNOR.install()
-        await stop.wait()
-    finally:
-        GOVERNOR.uninstall()
-        for sim in started:
-            await sim.stop()
-
-
-def serve(
-    pools: list[PoolSpec],
-    host: str = "127.0.0.1",
-    *,
-    record_ground_truth: bool = False,
-    ground_truth_size: int = DEFAULT_REQUEST_CAPACITY,
-    random_seed: int | None = None,
-) -> None:
-    """Blocking entrypoint: serve `pools` on `host` until SIGINT or SIGTERM."""
-    asyncio.run(serve_async(
-        pools, host, record_ground_truth=record_ground_truth,
-        ground_truth_size=ground_truth_size, random_seed=random_seed,
-    ))

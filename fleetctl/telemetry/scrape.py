@@ -147,10 +147,15 @@ class Scraper:
             windows_add(deltas, now=now)
         return answered
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, *, only_while: threading.Event | None = None) -> None:
+        """Scrape every interval until `stop` is set; with `only_while`, only while that is
+        set too (the ingester's lease)."""
         from django.db import close_old_connections
 
         while not stop.is_set():
+            if only_while is not None and not only_while.is_set():
+                stop.wait(0.5)
+                continue
             began = time.monotonic()
             try:
                 self.scrape_all()

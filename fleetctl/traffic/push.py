@@ -16,6 +16,9 @@ a gateway; this module does the talking, after those transactions commit:
   (`drain_push_now`, named at every call site), then the drain is followed from the rows
   (`drain_progress`): verified, in-flight streams closed, or failed.
 
+One attempt's I/O and the rows it writes are in push_attempts.py, the following of drains in
+push_drains.py; this module makes the attempts and is the one callers import.
+
 Every entry point that may run in a request refuses to run inside a transaction
 (`refuse_in_transaction`): gateway I/O must never sit inside someone's open transaction, nor
 move silently to its commit.
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
@@ -34,12 +36,15 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Case, DateTimeField, F, Max, PositiveIntegerField, Value, When
+from django.db.models import Max
 from django.utils import timezone
 
 from fleetctl.traffic import mirror_auth, selectors
-from fleetctl.traffic.gateways.base import AdapterError, ApplyResult, DesiredState, adapter_for
-from fleetctl.traffic.models import Drain, Gateway, GatewayPush, GatewayPushAttempt
+from fleetctl.traffic.gateways.base import AdapterError, DesiredState, adapter_for
+from fleetctl.traffic.models import Drain, Gateway, GatewayPush
+from fleetctl.traffic.push_attempts import OPEN, RETRY_DELAYS_S, _push_io, _push_record, _PushIO
+from fleetctl.traffic.push_drains import DRAINS_OPEN as DRAINS_OPEN  # where callers look
+from fleetctl.traffic.push_drains import drain_progress, drains_advance
 
 log = logging.getLogger("fleetctl.traffic")
 
@@ -61,11 +66,6 @@ def refuse_in_transaction(what: str) -> None:
 
 # --- pushing ---------------------------------------------------------------------------------
 
-# Every push sends the gateway its whole desired state, so a gateway that is down needs only
-# one push retried (its newest open one) and the retry is the probe: cheap (a refused
-# connection) and capped low, so a gateway that answers again is sent the current state
-# within seconds, which settles every older open push to it (_gateways_in_sync).
-RETRY_DELAYS_S = (0.2, 0.5, 1, 2, 5)
 # A push stored but not attempted this long after its commit lost the process that was to
 # make its first attempt (a web process killed right after a drain committed): the converge
 # task attempts it. An inline first attempt still in flight this late (a hung gateway) may be
@@ -74,7 +74,6 @@ ORPHAN_PUSH_AFTER_S = 3.0
 # A retrying push whose retry is this late was lost (countdown messages can die with their
 # worker): the converge task drives it again.
 RETRY_LOST_AFTER_S = 3.0
-OPEN = (GatewayPush.Status.PENDING, GatewayPush.Status.RETRYING)
 
 
 @dataclass
@@ -138,8 +137,16 @@ def push_fanout(*, push_ids: list[int], budget_s: float | None = None) -> Settle
             _retry_later(io.push.pk, retry_in, attempts=io.push.attempts + 1)
         if io.push.pk not in settled:  # failed: retrying, or failed for good
             settled[io.push.pk] = (status, None)
+    _as_left(open_now, outcomes, settled)
+    return Settled(statuses=settled, pushes=open_now)
+
+
+def _as_left(pushes: list[GatewayPush], outcomes: list[_PushIO],
+             settled: dict[int, tuple[str, Any]]) -> None:
+    """Set `pushes` (read before the attempts) to the rows as these attempts left them, for
+    the caller's answer, without reading them again."""
     by_gateway = {io.push.live_gateway_id: io for io in outcomes}
-    for push in open_now:  # the rows as these attempts left them, for the caller's answer
+    for push in pushes:
         attempt = by_gateway.get(push.live_gateway_id)
         if attempt is not None and attempt.push.pk == push.pk:
             push.attempts, push.last_error = push.attempts + 1, attempt.error
@@ -148,7 +155,6 @@ def push_fanout(*, push_ids: list[int], budget_s: float | None = None) -> Settle
             if push.status == GatewayPush.Status.VERIFIED and attempt is not None:
                 push.applied_at, push.verified_at = attempt.answered, verified_at
                 push.last_error = ""
-    return Settled(statuses=settled, pushes=open_now)
 
 
 def _open_pushes_now(gateway_ids: Any) -> dict[int, frozenset[int]]:
@@ -277,56 +283,6 @@ def _push_threads() -> Any:
     return _pool
 
 
-@dataclass
-class _PushIO:
-    """What one attempt found out from the gateway; recorded afterwards."""
-
-    push: GatewayPush
-    desired: DesiredState
-    known: frozenset[int]
-    sent: Any
-    started: float
-    answered: Any = None
-    verified_at: Any = None
-    result: ApplyResult | None = None
-    verified: bool = False
-    error: str = ""
-    permanent: bool = False
-    duration_ms: float = 0.0
-
-
-def _push_io(push: GatewayPush, desired: DesiredState, known: frozenset[int]) -> _PushIO:
-    """Apply and read back; no database work here (it runs in a thread per gateway).
-    `known`: the gateway's open pushes read before `desired` (_open_pushes_now)."""
-    io = _PushIO(push=push, desired=desired, known=known, sent=timezone.now(),
-                 started=time.monotonic())
-    try:
-        adapter = adapter_for(selectors.gateway_spec(push.live_gateway))
-        io.result = adapter.apply(desired)
-        io.answered = timezone.now()
-        held = adapter.read_back()
-        io.verified = adapter.matches(desired, held)
-        if io.verified:
-            # The mirror fraction (shadow runs) is held too, or this kind says it cannot tell.
-            io.verified, mirror_note = adapter.mirror_matches(desired)
-            if not io.verified:
-                io.error = mirror_note
-            elif mirror_note and io.result is not None:
-                io.result.detail = "; ".join(t for t in (io.result.detail, mirror_note) if t)
-        io.verified_at = timezone.now()
-        if not io.verified and not io.error:
-            io.error = f"read back {held} differs from what was applied"
-    except AdapterError as exc:
-        io.error, io.permanent = str(exc), exc.permanent
-        io.answered = io.answered or timezone.now()
-    io.duration_ms = (time.monotonic() - io.started) * 1000
-    # What a gateway says may quote its config, which holds the mirror tokens.
-    io.error = mirror_auth.redact(io.error)
-    if io.result is not None:
-        io.result.detail = mirror_auth.redact(io.result.detail)
-    return io
-
-
 def push_execute(*, push_id: int, attempts: int | None = None) -> str:
     """One attempt at making a gateway hold its whole desired state (the push_run task);
     queues its own retry. Returns the push's status.
@@ -354,149 +310,6 @@ def push_execute(*, push_id: int, attempts: int | None = None) -> str:
     elif status == GatewayPush.Status.VERIFIED:
         drains_advance()  # the gateway may be back: drains waiting on it complete now
     return status
-
-
-def _push_record(outcomes: list[_PushIO], *, settled: dict[int, tuple[str, Any]] | None = None
-                 ) -> list[tuple[str, float | None]]:
-    """Attempt rows in one insert, then the pushes a verified attempt settles and its gateway
-    in one update each; failures one by one (they are rare and each has its own retry).
-    `settled` collects push id → (status, verified at) of every push settled here."""
-    if not outcomes:
-        return []
-    GatewayPushAttempt.objects.bulk_create([
-        GatewayPushAttempt(
-            push=io.push, number=io.push.attempts + 1, sent_at=io.sent,
-            answered_at=io.answered, applied=bool(io.result and io.result.applied),
-            verified=io.verified, method=io.result.method if io.result else "",
-            detail=io.result.detail if io.result else "", error=io.error,
-            duration_ms=io.duration_ms)
-        for io in outcomes
-    ])
-    _gateways_in_sync([io for io in outcomes if io.verified],
-                      settled if settled is not None else {})
-    return [(GatewayPush.Status.VERIFIED, None) if io.verified
-            else _push_failed(io.push, io.push.attempts + 1, io.error, io.permanent)
-            for io in outcomes]
-
-
-def _push_failed(push: GatewayPush, attempts: int, error: str,
-                 permanent: bool) -> tuple[str, float | None]:
-    retry = None if permanent else RETRY_DELAYS_S[min(attempts - 1, len(RETRY_DELAYS_S) - 1)]
-    status = GatewayPush.Status.FAILED if permanent else GatewayPush.Status.RETRYING
-    # A push abandoned meanwhile (its gateway deleted) stays abandoned: it counts the attempt.
-    GatewayPush.objects.filter(pk=push.pk).exclude(status=GatewayPush.Status.ABANDONED).update(
-        status=status, last_error=error, attempts=F("attempts") + 1)
-    gateway = push.live_gateway
-    if gateway.state != Gateway.State.FAILING:
-        log.error("gateway %s cannot be updated: %s", gateway.name, error)
-    # Conditional, so of two attempts failing at once only one reports the flip.
-    flipped = Gateway.objects.filter(pk=gateway.pk).exclude(
-        state=Gateway.State.FAILING).update(state=Gateway.State.FAILING, last_error=error,
-                                            state_changed_at=timezone.now())
-    if flipped:
-        _gateway_notify(gateway.name, failing=True, error=error)
-    else:
-        Gateway.objects.filter(pk=gateway.pk).update(last_error=error)
-    return status, retry
-
-
-def _gateway_notify(name: str, *, failing: bool, error: str = "") -> None:
-    from fleetctl.webhooks.services import notify
-
-    state = Gateway.State.FAILING if failing else Gateway.State.IN_SYNC
-    notify("gateway.failing", {"gateway": name, "state": str(state), "error": error,
-                               "url": f"/api/v1/gateways/{name}/"},
-           text=(f"fleetctl gateway {name} is failing: {error}" if failing
-                 else f"fleetctl gateway {name} is in sync again"))
-
-
-def _gateways_in_sync(outcomes: list[_PushIO], settled: dict[int, tuple[str, Any]]) -> None:
-    """Each gateway holds exactly the revisions it was sent: its open pushes of those
-    revisions are verified, open pushes of older ones (or of routes it no longer carries)
-    superseded. Only pushes that were committed before the attempt read its desired state
-    are settled: one made meanwhile (a newer revision, a registry edit the attempt never saw)
-    stays open for its own attempt. The attempted pushes count their attempt. Fills
-    `settled` with push id → (status, verified at)."""
-    if not outcomes:
-        return
-    now = timezone.now()
-    by_gateway = {io.push.live_gateway_id: io for io in outcomes}
-    attempted = [io.push.pk for io in outcomes]
-    open_pushes = GatewayPush.objects.filter(
-        gateway_id__in=by_gateway,
-        status__in=[GatewayPush.Status.PENDING, GatewayPush.Status.RETRYING],
-    ).select_related("revision__route")
-    verified: dict[int, _PushIO] = {}
-    superseded = []
-    for push in open_pushes:
-        io = by_gateway[push.live_gateway_id]
-        if push.pk not in io.known and push.pk != io.push.pk:
-            continue  # committed after this attempt read its state: it may hold more
-        held = {spec.key: spec.revision for spec in io.desired.routes}
-        number = held.get(push.revision.route.name)
-        if number == push.revision.number:
-            verified[push.pk] = io
-        elif number is None or push.revision.number < number:
-            superseded.append(push.pk)
-    counted = Case(When(pk__in=attempted, then=F("attempts") + 1), default=F("attempts"),
-                   output_field=PositiveIntegerField())
-    if verified:
-        _settle_verified(verified, attempted)
-        settled.update({pk: (GatewayPush.Status.VERIFIED, io.verified_at)
-                        for pk, io in verified.items()})
-    if superseded:
-        GatewayPush.objects.filter(pk__in=superseded, status__in=OPEN).update(
-            status=GatewayPush.Status.SUPERSEDED, attempts=counted)
-        settled.update({pk: (GatewayPush.Status.SUPERSEDED, None) for pk in superseded})
-    uncounted = [pk for pk in attempted if pk not in verified and pk not in superseded]
-    if uncounted:  # settled by another attempt meanwhile: it still had this one
-        GatewayPush.objects.filter(pk__in=uncounted).update(attempts=F("attempts") + 1)
-    recovered = list(Gateway.objects.filter(pk__in=by_gateway, state=Gateway.State.FAILING)
-                     .values_list("name", flat=True))
-    Gateway.objects.filter(pk__in=by_gateway).update(
-        state=Gateway.State.IN_SYNC, last_error="", last_verified_at=now,
-        state_changed_at=Case(When(state=Gateway.State.IN_SYNC, then=F("state_changed_at")),
-                              default=Value(now), output_field=DateTimeField()))
-    for name in recovered:
-        _gateway_notify(name, failing=False)
-    # In sync with all it can hold; what it had to leave out (a pool it cannot route to)
-    # stays in view until a push holds everything again.
-    for gateway_id, io in by_gateway.items():
-        if io.result is not None and io.result.warning:
-            log.warning("gateway %s: %s", io.push.live_gateway.name, io.result.warning)
-            Gateway.objects.filter(pk=gateway_id).update(
-                last_error=f"warning: {io.result.warning}")
-
-
-def _settle_verified(verified: dict[int, _PushIO], attempted: list[int]) -> None:
-    """One statement for every push settled verified, each applied and verified when its
-    gateway's attempt was; `status IN (open)` keeps a push another attempt settled meanwhile.
-    Written as SQL: the ORM builds this CASE from one expression per push, and resolving
-    those took ~20 ms of every drain's answer (benchmarks/drain_latency.py)."""
-    ops, quote = connection.ops, connection.ops.quote_name
-    column = quote  # these fields' columns carry their names
-
-    pks = list(verified)
-    marks = ", ".join(["%s"] * len(pks))
-    cases = {"applied_at": [], "verified_at": []}  # type: dict[str, list[Any]]
-    for pk, io in verified.items():
-        cases["applied_at"] += [pk, ops.adapt_datetimefield_value(io.answered)]
-        cases["verified_at"] += [pk, ops.adapt_datetimefield_value(io.verified_at)]
-    when = " ".join(["WHEN %s THEN %s"] * len(pks))
-    counted = [pk for pk in attempted if pk in verified]
-    attempts = column("attempts")
-    bump = (f"CASE WHEN {quote('id')} IN ({', '.join(['%s'] * len(counted))}) "
-            f"THEN 1 ELSE 0 END" if counted else "0")
-    sql = (f"UPDATE {quote(GatewayPush._meta.db_table)} SET {column('status')} = %s, "
-           f"{column('last_error')} = %s, "
-           f"{column('applied_at')} = CASE {quote('id')} {when} END, "
-           f"{column('verified_at')} = CASE {quote('id')} {when} END, "
-           f"{attempts} = {attempts} + {bump} "
-           f"WHERE {quote('id')} IN ({marks}) AND {column('status')} IN (%s, %s)")
-    params = [GatewayPush.Status.VERIFIED.value, "", *cases["applied_at"],
-              *cases["verified_at"], *counted, *pks, *(status.value for status in OPEN)]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
 
 
 # --- converge and reconcile (beat) ---------------------------------------------------------
@@ -552,152 +365,3 @@ def _overdue(push: GatewayPush, now: Any) -> bool:
     backoff = RETRY_DELAYS_S[min(push.attempts - 1, len(RETRY_DELAYS_S) - 1)]
     last = push.last_attempt_at or push.created_at  # type: ignore[attr-defined]
     return now - last > timedelta(seconds=backoff + RETRY_LOST_AFTER_S)
-
-
-# --- drains ----------------------------------------------------------------------------------
-
-DRAINS_OPEN = (Drain.Status.PUSHING, Drain.Status.VERIFIED, Drain.Status.PARTIAL)
-
-
-def drain_progress(*, drain_id: int, look_in_flight: bool = True) -> bool:
-    """One look at a drain: all pushes verified? in-flight to drained pools zero? Updates
-    the record and returns True when there is nothing more to wait for. Without
-    `look_in_flight` it stops after noting the verified time (no gateway is asked).
-
-    A drain gives up — status `failed`, the reason stored, never left `partial` or
-    `verified` — when a gateway refused one of its pushes for good (a permanent adapter
-    error: nothing retries it), when it is still not verified on every gateway
-    DRAIN_WATCH_TIMEOUT_S after it was requested, or when the drained pools' in-flight
-    requests have not reached zero by then (or could not be read). Retrying pushes carry on
-    after that (a gateway that answers again still gets the current state); the record says
-    the drain did not do what it was asked in time."""
-    drain = Drain.objects.filter(pk=drain_id).first()
-    if drain is None or drain.status in (Drain.Status.COMPLETE, Drain.Status.FAILED):
-        return True
-    pushes = list(GatewayPush.objects.select_related("gateway", "revision__route")
-                  .filter(revision__in=drain.revisions.all()))
-    now = timezone.now()
-    failing = [p for p in pushes if p.status in (GatewayPush.Status.RETRYING,
-                                                 GatewayPush.Status.FAILED)]
-    # A push whose gateway was deleted before it verified waits no more: the drain finishes
-    # for the remaining gateways, and its record keeps saying which one never verified.
-    done = [p for p in pushes if p.status in (GatewayPush.Status.VERIFIED,
-                                              GatewayPush.Status.SUPERSEDED,
-                                              GatewayPush.Status.ABANDONED)]
-    if len(done) < len(pushes):
-        error = "; ".join(f"{p.gateway_label}: {p.last_error}" for p in failing)
-        reason = _given_up(drain, pushes, now)
-        if reason:
-            log.error("%s %s failed: %s", drain.action, drain.pk, reason)
-            Drain.objects.filter(pk=drain.pk).update(
-                status=Drain.Status.FAILED, failure_reason=reason, last_error=error)
-            return True
-        status = Drain.Status.PARTIAL if failing else Drain.Status.PUSHING
-        if (drain.status, drain.last_error) != (status, error):  # the watcher polls: no idle writes
-            Drain.objects.filter(pk=drain.pk).update(status=status, last_error=error)
-        return False
-    if drain.verified_at is None:
-        # The last gateway's read-back — or the moment a gateway it waited on was deleted:
-        # the drain was not done with its gateways before that.
-        verified_times = [p.verified_at for p in pushes if p.verified_at] + [
-            p.gateway_deleted_at for p in pushes
-            if p.status == GatewayPush.Status.ABANDONED and p.gateway_deleted_at] or [now]
-        drain.verified_at = max(verified_times)
-        Drain.objects.filter(pk=drain.pk).update(verified_at=drain.verified_at,
-                                                 status=Drain.Status.VERIFIED, last_error="")
-    if not look_in_flight:
-        return False
-    if drain.in_flight_zero_at is None and not _in_flight_zero(drain):
-        reason = _in_flight_given_up(drain, now)
-        if reason:
-            log.error("%s %s failed: %s", drain.action, drain.pk, reason)
-            Drain.objects.filter(pk=drain.pk).update(status=Drain.Status.FAILED,
-                                                     failure_reason=reason)
-            return True
-        return False
-    zero_at = drain.in_flight_zero_at or now
-    Drain.objects.filter(pk=drain.pk).update(
-        in_flight_zero_at=zero_at, completed_at=max(zero_at, drain.verified_at),
-        status=Drain.Status.COMPLETE,
-    )
-    return True
-
-
-def _given_up(drain: Drain, pushes: list[GatewayPush], now: Any) -> str:
-    """Why a drain not yet verified everywhere will not be: a push refused for good, or the
-    watch timeout passed. Empty while there is still reason to wait."""
-    refused = [p for p in pushes if p.status == GatewayPush.Status.FAILED]
-    if refused:
-        return "; ".join(f"gateway {p.gateway_label} refused {p.revision.route.name} "
-                         f"r{p.revision.number} for good: {p.last_error}" for p in refused)
-    timeout_s = settings.DRAIN_WATCH_TIMEOUT_S
-    if not _past_deadline(drain, now):
-        return ""
-    waiting = sorted({p.gateway_label for p in pushes
-                      if p.status not in (GatewayPush.Status.VERIFIED,
-                                          GatewayPush.Status.SUPERSEDED,
-                                          GatewayPush.Status.ABANDONED)})
-    return (f"not verified on {', '.join(waiting)} within {timeout_s:g} s "
-            f"(DRAIN_WATCH_TIMEOUT_S); their pushes keep retrying")
-
-
-def _past_deadline(drain: Drain, now: Any) -> bool:
-    return now - drain.requested_at > timedelta(seconds=settings.DRAIN_WATCH_TIMEOUT_S)
-
-
-def _in_flight_given_up(drain: Drain, now: Any) -> str:
-    """Why a drain verified everywhere stops waiting for in-flight requests: the watch
-    timeout passed. Empty while there is still reason to wait."""
-    if not _past_deadline(drain, now):
-        return ""
-    return (f"verified on every gateway, but in-flight requests to "
-            f"{', '.join(drain.drained_pools)} did not reach zero (or could not be read) "
-            f"within {settings.DRAIN_WATCH_TIMEOUT_S:g} s (DRAIN_WATCH_TIMEOUT_S)")
-
-
-def _in_flight_zero(drain: Drain) -> bool:
-    """In-flight requests to each drained pool, summed over the gateways that carried it.
-    A pool that still has weight on some other route of a gateway cannot be told apart per
-    route, so that gateway is not waited for (its cluster counts both routes)."""
-    if drain.action == Drain.Action.RESTORE or not drain.drained_pools:
-        return True
-    for gateway in Gateway.objects.filter(routes__in=[r.route_id for r in
-                                                      drain.revisions.all()]).distinct():
-        desired = selectors.gateway_desired_state(gateway=gateway)
-        adapter = adapter_for(selectors.gateway_spec(gateway))
-        for pool in drain.drained_pools:
-            if any(r.weights.get(pool) for r in desired.routes):
-                continue
-            try:
-                count = adapter.in_flight(pool)
-            except AdapterError:
-                return False
-            if count > 0:
-                return False
-    return True
-
-
-def _give_up_unfollowable(drain_id: int, exc: Exception) -> bool:
-    """A drain whose progress cannot even be looked at (every look raises) is not left open
-    for ever: past the watch timeout it is failed, with what went wrong."""
-    now = timezone.now()
-    reason = (f"its progress could not be followed within {settings.DRAIN_WATCH_TIMEOUT_S:g} "
-              f"s (DRAIN_WATCH_TIMEOUT_S): {type(exc).__name__}: {exc}")
-    return bool(Drain.objects.filter(
-        pk=drain_id, status__in=DRAINS_OPEN,
-        requested_at__lt=now - timedelta(seconds=settings.DRAIN_WATCH_TIMEOUT_S)).update(
-            status=Drain.Status.FAILED, failure_reason=reason))
-
-
-def drains_advance() -> int:
-    """One look at every open drain and restore (drain_progress), whoever made it and
-    whatever process died since: the converge task runs this every few seconds, and a push
-    that verifies runs it at once. Returns how many are settled now (complete or failed)."""
-    complete = 0
-    for pk in Drain.objects.filter(status__in=DRAINS_OPEN).values_list("pk", flat=True):
-        try:
-            complete += drain_progress(drain_id=pk)
-        except Exception as exc:  # one drain's trouble must not keep the others waiting
-            log.exception("drain %s: could not look at its progress", pk)
-            complete += _give_up_unfollowable(pk, exc)
-    return complete

@@ -398,6 +398,16 @@ def url_port(url: str, default: int) -> int:
     return default if port is None else port
 
 
+def address_host(hostname: str) -> str:
+    """A base URL's host as a `host:port` address writes it: an IPv6 address in brackets."""
+    return f"[{hostname}]" if ":" in hostname else hostname
+
+
+def openai_error(message: str, kind: str, code: str) -> dict[str, Any]:
+    """The OpenAI error object a gateway answers with by itself (every kind's refusals)."""
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
 SAFE_NAME = re.compile(r"^[a-z0-9-]+$")
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:/@+-]+$")
 

@@ -277,13 +277,34 @@ def shadow_collector_option() -> Any:
                        "default: the SHADOW_COLLECTOR_URL setting")
 
 
-def _absolute_path(value: str) -> str | None:
+def absolute_path(value: str) -> str | None:
+    """An option check: a path on the gateway's host must be absolute."""
     return None if value.startswith("/") else f"must be an absolute path, not {value!r}"
 
 
 def access_log_option() -> Any:
     """The `access_log` option of kinds that write one (their `accesslog.py` parses it)."""
-    return option(None, check=_absolute_path,
+    return option(None, check=absolute_path,
                   help="the access log file the gateway writes (one JSON object per request) "
                        "and the telemetry ingester follows, on the gateway's host; none: no "
                        "live telemetry from this gateway")
+
+
+# The timeouts of kinds that reload a rendered config (HAProxy, nginx): the same words and
+# limits on every such kind.
+
+def connect_timeout_option() -> Any:
+    """The `connect_timeout_s` option: how long a connect to a pool may take."""
+    return option(2.0, minimum=0.001, maximum=600, help="seconds to connect to a pool")
+
+
+def stream_timeout_option() -> Any:
+    """The `stream_timeout_s` option: how long a request or stream may stay silent."""
+    return option(3600, minimum=1, maximum=7 * 86400,
+                  help="seconds a request or stream may stay silent")
+
+
+def reload_timeout_option() -> Any:
+    """The `reload_timeout_s` option: how long a reload may take."""
+    return option(10.0, minimum=0.1, maximum=600,
+                  help="seconds a reload may take before it counts as failed")

@@ -6,22 +6,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleetctl.traffic.gateways.schema import access_log_option, option
-
-
-def _absolute(value: str) -> str | None:
-    return None if value.startswith("/") else f"must be an absolute path, not {value!r}"
+from fleetctl.traffic.gateways.schema import (
+    absolute_path,
+    access_log_option,
+    connect_timeout_option,
+    option,
+    reload_timeout_option,
+    stream_timeout_option,
+)
 
 
 @dataclass(frozen=True)
 class HAProxyOptions:
     bind: str = option(help="where the frontend listens, e.g. 127.0.0.1:8080")
-    config_path: str = option(check=_absolute,
+    config_path: str = option(check=absolute_path,
                               help="the haproxy.cfg fleetctl renders (HAProxy runs with -f on it)")
-    master_socket: str = option(check=_absolute,
+    master_socket: str = option(check=absolute_path,
                                 help="the master CLI socket (HAProxy runs with -W -S on it); "
                                      "reloads go through it")
-    state_file: str | None = option(None, check=_absolute,
+    state_file: str | None = option(None, check=absolute_path,
                                     help="the server-state file; default: server-state beside "
                                          "config_path")
     haproxy_bin: str = option("/usr/sbin/haproxy", help="the haproxy binary, for haproxy -c")
@@ -29,14 +32,11 @@ class HAProxyOptions:
     max_body_bytes: int = option(256 * 1024, minimum=1024, maximum=64 * 1024 * 1024,
                                  help="larger request bodies are refused (413): the body is "
                                       "read whole to find the model")
-    connect_timeout_s: float = option(2.0, minimum=0.001, maximum=600,
-                                      help="seconds to connect to a pool")
-    stream_timeout_s: int = option(3600, minimum=1, maximum=7 * 86400,
-                                   help="seconds a request or stream may stay silent")
+    connect_timeout_s: float = connect_timeout_option()
+    stream_timeout_s: int = stream_timeout_option()
     runtime_timeout_s: float = option(2.0, minimum=0.01, maximum=600,
                                       help="seconds per runtime API or master CLI command")
-    reload_timeout_s: float = option(10.0, minimum=0.1, maximum=600,
-                                     help="seconds a reload may take before it counts as failed")
+    reload_timeout_s: float = reload_timeout_option()
     # HAProxy logs to a stream, not a file: the config sends the log to stdout, and whatever
     # starts HAProxy appends that stream to this file (docs/gateways.md).
     access_log: str | None = access_log_option()

@@ -35,7 +35,9 @@ from fleetctl.traffic.gateways.base import (
     GatewaySpec,
     PoolTarget,
     RouteSpec,
+    address_host,
     check_plain_names,
+    openai_error,
     pool_base_url_problem,
     url_port,
 )
@@ -151,8 +153,8 @@ def _pool_servers(pool: str, base_urls: tuple[str, ...]) -> list[Server]:
         assert parts.hostname is not None  # pool_problem checked it
         https = parts.scheme == "https"
         port = url_port(url, 443 if https else 80)
-        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-        servers.append(Server(name=f"{pool}.{n}", pool=pool, address=f"{host}:{port}",
+        servers.append(Server(name=f"{pool}.{n}", pool=pool,
+                              address=f"{address_host(parts.hostname)}:{port}",
                               tls_host=parts.hostname if https else None))
     return servers
 
@@ -195,8 +197,7 @@ def shares(server_to_weight: dict[str, int]) -> dict[str, int]:
 
 def _error_json(message: str, kind: str, code: str) -> str:
     # Rendered inside single quotes: the message must not contain one.
-    return json.dumps({"error": {"message": message, "type": kind, "param": None,
-                                 "code": code}}, separators=(",", ":"))
+    return json.dumps(openai_error(message, kind, code), separators=(",", ":"))
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,11 @@ from dataclasses import dataclass
 
 from fleetctl.traffic.gateways.schema import (
     access_log_option,
+    connect_timeout_option,
     option,
+    reload_timeout_option,
     shadow_collector_option,
+    stream_timeout_option,
 )
 
 _LISTEN = re.compile(r"^(\d+\.\d+\.\d+\.\d+|\[[0-9a-fA-F:]+\]|localhost):\d+$")
@@ -36,13 +39,10 @@ class NginxOptions:
     client_keepalive_s: int = option(0, minimum=0, maximum=3600,
                                      help="client keep-alive seconds (0: off, so a reload "
                                           "never closes an idle connection under a client)")
-    connect_timeout_s: float = option(2.0, minimum=0.001, maximum=600,
-                                      help="seconds to connect to a pool")
-    stream_timeout_s: int = option(3600, minimum=1, maximum=7 * 86400,
-                                   help="seconds a request or stream may stay silent")
+    connect_timeout_s: float = connect_timeout_option()
+    stream_timeout_s: int = stream_timeout_option()
     http_timeout_s: float = option(2.0, minimum=0.01, maximum=600,
                                    help="seconds per call to nginx's version page")
-    reload_timeout_s: float = option(10.0, minimum=0.1, maximum=600,
-                                     help="seconds a reload may take before it counts as failed")
+    reload_timeout_s: float = reload_timeout_option()
     shadow_collector: str | None = shadow_collector_option()
     access_log: str | None = access_log_option()

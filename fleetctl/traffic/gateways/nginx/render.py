@@ -50,8 +50,10 @@ from fleetctl.traffic.gateways.base import (
     GatewaySpec,
     PoolTarget,
     RouteSpec,
+    address_host,
     base_url_problem,
     check_plain_names,
+    openai_error,
     pool_base_url_problem,
     url_port,
 )
@@ -191,8 +193,7 @@ def _address(pool: str, url: str) -> str:
         raise AdapterError(f"pool {pool}: nginx {problem}", permanent=True)
     parts = urlsplit(url)
     assert parts.hostname is not None  # base_url_problem checked it
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{host}:{url_port(url, 80)}"
+    return f"{address_host(parts.hostname)}:{url_port(url, 80)}"
 
 
 def _mirrored(desired: DesiredState) -> list[tuple[str, int]]:
@@ -275,7 +276,7 @@ def _var(header: str) -> str:
 
 
 def _error(status: int, message: str, kind: str, code: str) -> str:
-    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+    body = json.dumps(openai_error(message, kind, code))
     return f"return {status} '{body}\\n';"
 
 

@@ -1,0 +1,58 @@
+"""Faults an operator injects into a simulated pool (POST /admin/faults): errors, added
+latency, a slowdown, or the whole pool down."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .apierror import ApiError
+
+
+@dataclass
+class Faults:
+    error_rate: float = 0.0
+    added_latency_ms: float = 0.0
+    slowdown: float = 1.0
+    down: bool = False
+
+    def validated(self, data: Any) -> Faults:
+        """A new Faults with `data` applied, or ApiError(400) naming the bad field."""
+        if not isinstance(data, dict):
+            raise ApiError(400, "Expected a JSON object of fault settings.")
+        current = asdict(self)
+        for key, value in data.items():
+            if key not in current:
+                allowed = ", ".join(sorted(current))
+                raise ApiError(400, f"Unknown fault field '{key}' (allowed: {allowed}).",
+                               param=key)
+            current[key] = _check_fault(key, value)
+        return Faults(**current)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check_fault(key: str, value: Any) -> Any:
+    if key == "down":
+        if not isinstance(value, bool):
+            raise ApiError(400, "Invalid 'down': expected true or false.", param=key)
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ApiError(400, f"Invalid '{key}': expected a number.", param=key)
+    ok, expected = {
+        "error_rate": (0.0 <= value <= 1.0, "between 0 and 1"),
+        "added_latency_ms": (0.0 <= value <= 600_000, "between 0 and 600000"),
+        "slowdown": (1.0 <= value <= 1000.0, "between 1 and 1000"),
+    }[key]
+    if not ok:
+        raise ApiError(400, f"Invalid '{key}': expected a value {expected}, got {value!r}.",
+                       param=key)
+    return float(value)
+
+
+def down_error(reason: str = "pool is down") -> ApiError:
+    message = "The pool is down (simulated fault)." if reason == "pool is down" else (
+        f"The request was aborted: {reason}."
+    )
+    return ApiError(503, message, type="server_error", code="service_unavailable")

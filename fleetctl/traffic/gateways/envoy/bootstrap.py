@@ -1,0 +1,125 @@
+"""The bootstrap: the static part of an Envoy's config (listener, runtime layers, where
+the CDS/RDS files are), written once when Envoy starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fleetctl.traffic.gateways.base import DesiredState
+from fleetctl.traffic.gateways.envoy.accesslog import LOG_FORMAT as ACCESS_LOG_FORMAT
+from fleetctl.traffic.gateways.envoy.lua import LUA_DEFAULT
+from fleetctl.traffic.gateways.envoy.names import (
+    CLUSTERS_FILE,
+    FILE_LOG_TYPE,
+    HCM_TYPE,
+    LUA_FILTER,
+    LUA_TYPE,
+    MAX_CX_TYPE,
+    REQUEST_BUFFER_LIMIT_BYTES,
+    REQUEST_ID_TYPE,
+    ROUTE_CONFIG_NAME,
+    ROUTER_TYPE,
+    ROUTES_FILE,
+    RUNTIME_DIR,
+    RUNTIME_FILE,
+    RUNTIME_LAYER,
+    RUNTIME_UNWATCHED,
+    STAT_PREFIX,
+    STREAM_IDLE_TIMEOUT,
+)
+
+
+def render_bootstrap(*, config_dir: Path, listen_port: int, admin_port: int,
+                     node_id: str = "fleetctl", listen_address: str = "127.0.0.1",
+                     access_log_path: Path | None = None) -> dict[str, Any]:
+    """The static part: listeners, runtime layers and where the CDS/RDS files are.
+    `config_dir` must be absolute; both files must exist before Envoy starts."""
+    config_dir = config_dir.resolve()
+    return {
+        "node": {"id": node_id, "cluster": "fleetctl"},
+        "admin": {"address": socket_address(listen="127.0.0.1", port=admin_port)},
+        # The admin layer is what POST /runtime_modify writes: weights, at once. Below it, the
+        # same weights from a file, loaded before Envoy serves: a restart keeps them. Both
+        # runtime directories must exist before Envoy starts.
+        "layered_runtime": {"layers": [
+            {"name": RUNTIME_LAYER, "rtds_layer": {"name": RUNTIME_LAYER, "rtds_config": {
+                "resource_api_version": "V3", "path_config_source": {
+                    "path": str(config_dir / RUNTIME_DIR / RUNTIME_FILE),
+                    "watched_directory": {
+                        "path": str(config_dir / RUNTIME_DIR / RUNTIME_UNWATCHED)},
+                },
+            }}},
+            {"name": "admin", "admin_layer": {}},
+        ]},
+        "dynamic_resources": {"cds_config": _file_source(config_dir, CLUSTERS_FILE)},
+        "static_resources": {"listeners": [listener(
+            listen_address, listen_port,
+            {"rds": {"route_config_name": ROUTE_CONFIG_NAME,
+                     "config_source": _file_source(config_dir, ROUTES_FILE)}},
+            access_log_path,
+        )]},
+        "overload_manager": {"resource_monitors": [{
+            "name": "envoy.resource_monitors.global_downstream_max_connections",
+            "typed_config": {"@type": MAX_CX_TYPE, "max_active_downstream_connections": 50_000},
+        }]},
+    }
+
+def listener(address: str, port: int, routes: dict[str, Any],
+             access_log_path: Path | None) -> dict[str, Any]:
+    hcm: dict[str, Any] = {
+        "@type": HCM_TYPE,
+        "stat_prefix": STAT_PREFIX,
+        "codec_type": "AUTO",
+        **routes,
+        "stream_idle_timeout": STREAM_IDLE_TIMEOUT,
+        "request_timeout": "0s",
+        "use_remote_address": True,
+        # `/v1/../x` or `//v1/x` must be matched (and forwarded) as the path it means.
+        "normalize_path": True,
+        "merge_slashes": True,
+        # A client's x-request-id reaches the pool unchanged (by default Envoy keeps it but
+        # rewrites one character of it to carry a tracing flag).
+        "preserve_external_request_id": True,
+        "request_id_extension": {"typed_config": {
+            "@type": REQUEST_ID_TYPE, "pack_trace_reason": False,
+        }},
+        "http_filters": [
+            {"name": LUA_FILTER, "typed_config": {
+                "@type": LUA_TYPE,
+                "default_source_code": {"inline_string": LUA_DEFAULT.replace(
+                    "@MODEL_HEADER@", DesiredState.model_header).lstrip()},
+            }},
+            {"name": "envoy.filters.http.router", "typed_config": {
+                "@type": ROUTER_TYPE, "suppress_envoy_headers": True,
+            }},
+        ],
+    }
+    if access_log_path is not None:
+        # One JSON object per request (accesslog.LOG_FORMAT), which the telemetry ingester
+        # follows. Envoy's file logger is asynchronous and buffered: a slow disk or a stopped
+        # ingester never holds a request (docs/envoy.md).
+        hcm["access_log"] = [{"name": "envoy.access_loggers.file", "typed_config": {
+            "@type": FILE_LOG_TYPE, "path": str(access_log_path),
+            "log_format": {"json_format": dict(ACCESS_LOG_FORMAT)},
+        }}]
+    return {
+        "name": "fleetctl-ingress",
+        "address": socket_address(listen=address, port=port),
+        "per_connection_buffer_limit_bytes": REQUEST_BUFFER_LIMIT_BYTES,
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm,
+        }]}],
+    }
+
+
+def _file_source(config_dir: Path, name: str) -> dict[str, Any]:
+    # Envoy re-reads the file when anything is *moved* into the directory: fleetctl writes a
+    # temporary file there and renames it over the old one, so a reader never sees half.
+    return {"resource_api_version": "V3", "path_config_source": {
+        "path": str(config_dir / name), "watched_directory": {"path": str(config_dir)},
+    }}
+
+
+def socket_address(*, listen: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": listen, "port_value": port}}

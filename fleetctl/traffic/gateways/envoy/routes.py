@@ -1,0 +1,275 @@
+"""The routes file's content (RDS): one Envoy route per RouteSpec, the error answers
+around them, and the per-route policies (retries, mirroring, runtime keys)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fleetctl.traffic.gateways.base import (
+    MIRROR_AUTH_HEADER,
+    MIRROR_HEADER,
+    DesiredState,
+    RouteSpec,
+    openai_error,
+)
+from fleetctl.traffic.gateways.envoy.lua import routing_lua
+from fleetctl.traffic.gateways.envoy.names import (
+    COLLECTOR_CLUSTER,
+    HOST_SELECTION_RETRY_MAX_ATTEMPTS,
+    LUA_FILTER,
+    LUA_PER_ROUTE_TYPE,
+    MIRROR_KEY,
+    MODEL_CHARS,
+    NUM_RETRIES,
+    POOL_HEADER,
+    PREVIOUS_HOSTS_TYPE,
+    RETRY_ON,
+    ROUTE_CONFIG_NAME,
+    ROUTE_CONFIG_TYPE,
+    RUNTIME_ROOT,
+    digest,
+    fraction,
+)
+
+
+def render_route_config(desired: DesiredState) -> dict[str, Any]:
+    return {
+        "@type": ROUTE_CONFIG_TYPE,
+        "name": ROUTE_CONFIG_NAME,
+        "virtual_hosts": [{
+            "name": "fleetctl",
+            "domains": ["*"],
+            "routes": _routes(desired),
+            # The script arrives with the routes, so the header it writes always is the one
+            # these routes match on, and the bootstrap never changes.
+            "typed_per_filter_config": {LUA_FILTER: {
+                "@type": LUA_PER_ROUTE_TYPE,
+                "source_code": {"inline_string": routing_lua(desired)},
+            }},
+        }],
+    }
+
+
+def render_unconfigured_route_config() -> dict[str, Any]:
+    """What a gateway holds before fleetctl first pushes to it: every request gets a 503."""
+    return {
+        "@type": ROUTE_CONFIG_TYPE,
+        "name": ROUTE_CONFIG_NAME,
+        "virtual_hosts": [{"name": "fleetctl", "domains": ["*"], "routes": [_error_route(
+            "fleetctl:unconfigured", {"prefix": "/"}, 503, "service_unavailable",
+            "gateway_unconfigured", "this gateway has not been configured by fleetctl yet",
+        )]}],
+    }
+
+
+def _routes(desired: DesiredState) -> list[dict[str, Any]]:
+    """Most specific first. Per model: routes pinned to a jurisdiction, then a refusal of any
+    other jurisdiction, then unpinned routes (which also require the header to be absent)."""
+    models = sorted({route.model for route in desired.routes})
+    entries = _models_routes(models)
+    for model in models:
+        specs = [route for route in desired.routes if route.model == model]
+        pinned = sorted((r for r in specs if r.residency), key=_specificity)
+        unpinned = sorted((r for r in specs if not r.residency), key=_specificity)
+        entries += [_spec_route(route, desired) for route in pinned]
+        entries.append(_residency_refused(model, desired))
+        entries += [_spec_route(route, desired) for route in unpinned]
+        entries.append(_no_route_for(model, desired))
+    entries += _fallback_routes(desired)
+    return entries
+
+
+def _specificity(route: RouteSpec) -> tuple[bool, str, str]:
+    return (not route.latency_class, route.residency, route.key)
+
+
+def _spec_route(route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
+    headers = [_exact(desired.model_header, route.model)]
+    if route.latency_class:
+        headers.append(_exact(desired.latency_class_header, route.latency_class))
+    headers.append(_exact(desired.residency_header, route.residency) if route.residency
+                   else _absent(desired.residency_header))
+    match = {"prefix": "/v1/", "headers": headers}
+    if not route.weights:
+        where = f"in jurisdiction {route.residency} " if route.residency else ""
+        return _error_route(
+            route.key, match, 503, "service_unavailable", "no_pool_available",
+            f"route {route.key}: no pool {where}may serve model {route.model} now",
+        )
+    action: dict[str, Any] = {
+        "weighted_clusters": {
+            "runtime_key_prefix": runtime_prefix(route, desired),
+            "clusters": [{"name": pool, "weight": route.weights[pool]}
+                         for pool in sorted(route.weights)],
+        },
+        "timeout": "0s",
+        "auto_host_rewrite": True,
+        "retry_policy": retry_policy(),
+    }
+    if desired.mirror_url:
+        action["request_mirror_policies"] = [mirror_policy(route, desired)]
+    return {
+        "name": route.key,
+        "match": match,
+        "route": action,
+        "response_headers_to_add": [{
+            "header": {"key": POOL_HEADER, "value": "%UPSTREAM_CLUSTER%"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }],
+    }
+
+
+def retry_policy() -> dict[str, Any]:
+    """Retry a request that failed before any byte of it reached a server (RETRY_ON) on
+    another endpoint of the same pool; the access log counts the attempts."""
+    return {
+        "retry_on": RETRY_ON,
+        "num_retries": NUM_RETRIES,
+        "retry_host_predicate": [{
+            "name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": {"@type": PREVIOUS_HOSTS_TYPE},
+        }],
+        "host_selection_retry_max_attempts": HOST_SELECTION_RETRY_MAX_ATTEMPTS,
+    }
+
+
+def mirror_policy(route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
+    """Copy the route's requests, `mirror_bp` of 10,000 of them, to the shadow collector.
+    The share is a runtime key beside the weights' (one /runtime_modify changes it, no file
+    swap; the runtime file keeps it over a restart); the default is what a freshly loaded
+    file means. Envoy sends the copy and never waits for it: its answer, or its absence, is
+    dropped, so a slow or dead collector costs the live request nothing. Only the copy
+    carries MIRROR_HEADER and MIRROR_AUTH_HEADER (the live pool never sees them), each
+    overwriting what the client sent; without a mirror_auth the client's is removed. Envoy
+    appends "-shadow" to the copy's Host."""
+    auth: dict[str, Any] = {"remove": MIRROR_AUTH_HEADER}
+    if route.mirror_auth:
+        auth = {"append": {
+            "header": {"key": MIRROR_AUTH_HEADER, "value": route.mirror_auth},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }}
+    return {
+        "cluster": COLLECTOR_CLUSTER,
+        "runtime_fraction": {
+            "default_value": fraction(route.mirror_bp),
+            "runtime_key": f"{runtime_prefix(route, desired)}.{MIRROR_KEY}",
+        },
+        "request_headers_mutations": [{"append": {
+            "header": {"key": MIRROR_HEADER, "value": route.key},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }}, auth],
+    }
+
+
+def runtime_prefix(route: RouteSpec, desired: DesiredState) -> str:
+    """`fleetctl.<route>.<shape hash>`: a new shape of the route never reads the runtime
+    weights of an old one (whose pools may differ, or all be 0 for the new list)."""
+    shape = [route.model, route.latency_class, route.residency, sorted(route.weights),
+             desired.model_header, desired.residency_header, desired.latency_class_header]
+    return f"{RUNTIME_ROOT}.{route.key}.{digest(shape)[:8]}"
+
+
+def _residency_refused(model: str, desired: DesiredState) -> dict[str, Any]:
+    match = {"prefix": "/v1/", "headers": [_exact(desired.model_header, model),
+                                           _present(desired.residency_header)]}
+    jurisdiction = f"%REQ({desired.residency_header}):64%"
+    return _error_route(
+        f"fleetctl:residency:{model}", match, 403, "invalid_request_error",
+        "residency_unavailable",
+        f"no route serves model {model} in jurisdiction {jurisdiction}", dynamic=True,
+    )
+
+
+def _no_route_for(model: str, desired: DesiredState) -> dict[str, Any]:
+    match = {"prefix": "/v1/", "headers": [_exact(desired.model_header, model)]}
+    latency = f"%REQ({desired.latency_class_header}):64%"
+    return _error_route(
+        f"fleetctl:no-route:{model}", match, 404, "invalid_request_error", "route_not_found",
+        f"no route serves model {model} for latency class {latency}", dynamic=True,
+    )
+
+
+def _fallback_routes(desired: DesiredState) -> list[dict[str, Any]]:
+    unknown = {"prefix": "/v1/", "headers": [_present(desired.model_header)]}
+    missing = {"prefix": "/v1/", "headers": [_exact(":method", "POST")]}
+    return [
+        _error_route("fleetctl:unknown-model", unknown, 404, "invalid_request_error",
+                     "model_not_found",
+                     f"The model `%REQ({desired.model_header})%` does not exist "
+                     "or no route serves it", dynamic=True),
+        _error_route("fleetctl:missing-model", missing, 400, "invalid_request_error",
+                     "missing_model", "the JSON body needs a top-level string `model` "
+                     f"of the characters {MODEL_CHARS}"),
+        _error_route("fleetctl:unknown-url", {"prefix": "/"}, 404, "invalid_request_error",
+                     "unknown_url", "Unknown request URL: %REQ(:METHOD)% %REQ(:PATH):256%",
+                     dynamic=True),
+    ]
+
+
+def _models_routes(models: list[str]) -> list[dict[str, Any]]:
+    """GET /v1/models lists the models this gateway routes (not what each pool serves:
+    the gateway answers for the set, and a pool's own list may be wider)."""
+    listing = {"object": "list", "data": [_model_object(m) for m in models]}
+    entries = [_static_route("fleetctl:models", {"path": "/v1/models"}, 200, listing)]
+    entries += [_static_route(f"fleetctl:model:{m}", {"path": f"/v1/models/{m}"}, 200,
+                              _model_object(m)) for m in models]
+    return entries
+
+
+def _model_object(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": 0, "owned_by": "fleetctl"}
+
+
+def _error_route(name: str, match: dict[str, Any], status: int, kind: str, code: str,
+                 message: str, *, dynamic: bool = False) -> dict[str, Any]:
+    """An OpenAI-style error answered by Envoy itself. `dynamic` messages contain Envoy
+    format commands (json_format escapes what they expand to); others are static text."""
+    if not dynamic:
+        message = message.replace("%", "%%")
+    body = openai_error(message, kind, code)
+    return {"name": name, "match": match, "direct_response": {
+        "status": status, "body_format": {"json_format": body},
+    }}
+
+
+def _static_route(name: str, match: dict[str, Any], status: int,
+                  body: dict[str, Any]) -> dict[str, Any]:
+    text = json.dumps(body, separators=(",", ":")).replace("%", "%%")
+    return {"name": name, "match": match, "direct_response": {
+        "status": status, "body_format": {
+            "text_format_source": {"inline_string": text}, "content_type": "application/json",
+        },
+    }}
+
+
+def _exact(header: str, value: str) -> dict[str, Any]:
+    return {"name": header, "string_match": {"exact": value}}
+
+
+def _present(header: str) -> dict[str, Any]:
+    return {"name": header, "present_match": True}
+
+
+def _absent(header: str) -> dict[str, Any]:
+    return {"name": header, "present_match": True, "invert_match": True}
+
+
+def without_weights(node: Any) -> Any:
+    """The route config minus default weights and mirror fractions: two configs that differ
+    only in those have the same version, and such a change goes through the runtime, not a
+    file swap."""
+    if isinstance(node, dict):
+        if "runtime_fraction" in node and "cluster" in node:  # a request mirror policy
+            node = {**node, "runtime_fraction": {
+                k: v for k, v in node["runtime_fraction"].items() if k != "default_value"}}
+        if "weighted_clusters" in node:
+            node = {**node, "weighted_clusters": {
+                **node["weighted_clusters"],
+                "clusters": [{k: v for k, v in c.items() if k != "weight"}
+                             for c in node["weighted_clusters"]["clusters"]],
+            }}
+        return {key: without_weights(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [without_weights(item) for item in node]
+    return node
