@@ -5,11 +5,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
-from fleetctl.batch.models import BatchChunk, BatchJob, BatchResend
+from fleetctl.batch.models import (
+    BatchChunk,
+    BatchComparison,
+    BatchFile,
+    BatchJob,
+    BatchJobEvent,
+    BatchResend,
+    Soak,
+    SoakEvent,
+)
+from fleetctl.fleet.models import Pool
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,64 @@ def job_list() -> QuerySet[BatchJob]:
 
 def job_get(pk: int) -> BatchJob | None:
     return job_list().filter(pk=pk).first()
+
+
+def jobs_filtered(filters: dict[str, Any] | None) -> QuerySet[BatchJob]:
+    """The list page's jobs: `filters` as its filter form read them (None, a filter it could
+    not read: no jobs, rather than all of them)."""
+    return job_list().filter(**filters) if filters is not None else job_list().none()
+
+
+def chunk_sums(job_ids: list[int]) -> dict[int, dict[str, int]]:
+    """Succeeded, failed and retries per job, for one page of the list: one query."""
+    rows = (BatchChunk.objects.filter(job_id__in=job_ids).values("job_id")
+            .annotate(succeeded=Sum("succeeded"), failed=Sum("failed"), retries=Sum("retries"))
+            .order_by())
+    return {row["job_id"]: {"succeeded": row["succeeded"] or 0, "failed": row["failed"] or 0,
+                            "retries": row["retries"] or 0}
+            for row in rows}
+
+
+def job_events(job: BatchJob, *, newest_first: bool = False) -> QuerySet[BatchJobEvent]:
+    """The job's timeline, oldest first (the API) or newest first (its page)."""
+    order = ("-at", "-id") if newest_first else ("at", "id")
+    return BatchJobEvent.objects.filter(job=job).order_by(*order)
+
+
+def job_resends(job: BatchJob) -> QuerySet[BatchResend]:
+    return BatchResend.objects.filter(job=job).order_by("index", "at")
+
+
+def job_comparisons(job: BatchJob) -> QuerySet[BatchComparison]:
+    return (BatchComparison.objects.filter(job=job).select_related("primary_pool")
+            .order_by("index"))
+
+
+def file_list() -> QuerySet[BatchFile]:
+    return BatchFile.objects.all()
+
+
+def file_get(pk: int) -> BatchFile | None:
+    return BatchFile.objects.filter(pk=pk).first()
+
+
+def pool_names() -> list[str]:
+    """Every pool's name, in order: the pools a job may be put on."""
+    return list(Pool.objects.order_by("name").values_list("name", flat=True))
+
+
+def soak_list() -> QuerySet[Soak]:
+    return Soak.objects.select_related("plan", "pool", "input_file", "evidence",
+                                       "cost_evidence").order_by("-started_at", "-id")
+
+
+def soak_get(pk: int) -> Soak | None:
+    return soak_list().filter(pk=pk).first()
+
+
+def soak_events(soak: Soak, *, limit: int) -> list[SoakEvent]:
+    """The soak's newest events first."""
+    return list(SoakEvent.objects.filter(soak=soak).order_by("-at", "-id")[:limit])
 
 
 def job_progress(job: BatchJob, now: datetime | None = None) -> Progress:

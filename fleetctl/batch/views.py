@@ -19,12 +19,12 @@ the template's autoescape or `json_script`, never `|safe`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Sum
-from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -42,12 +42,18 @@ from fleetctl.batch.forms import (
     SoakStopForm,
     duration_text,
 )
-from fleetctl.batch.models import ACTIVE_STATES, BatchChunk, BatchFile, BatchJob, Soak
+from fleetctl.batch.models import ACTIVE_STATES, BatchFile, BatchJob, Soak
 from fleetctl.core.charts import figure_data
-from fleetctl.core.errors import NotFoundError
-from fleetctl.core.views import Outcome, call_for_form
+from fleetctl.core.views import (
+    Outcome,
+    call_for_form,
+    form_action,
+    get_or_404,
+    refresh_if_changed,
+)
+from fleetctl.fleet import selectors as fleet
 from fleetctl.fleet.models import Pool
-from migrations_plan.models import Plan
+from migrations_plan import selectors as plans
 
 LIVE_ID = "batch-live"
 CHARTS_ID = "batch-charts"
@@ -67,55 +73,37 @@ ACTION_DONE = {"pause": "Paused", "resume": "Resumed", "cancel": "Cancelled"}
 ACTION_STATES = {"pause": ("queued", "running"), "resume": ("paused",),
                  "cancel": ACTIVE_STATES, "edit": ACTIVE_STATES}
 
-
-def _call(call: Callable[[], Any], form: Any) -> Outcome[Any]:
-    return call_for_form(call, form, renamed=FORM_FIELDS)
+T = TypeVar("T")
 
 
-def _job_or_404(job_id: int) -> BatchJob:
-    try:
-        job = selectors.job_get(job_id)
-    except (NotFoundError, BatchJob.DoesNotExist) as exc:
-        raise Http404(f"No batch job with id {job_id}.") from exc
-    if job is None:
-        raise Http404(f"No batch job with id {job_id}.")
-    return job
+def _job(job_id: int) -> BatchJob:
+    return get_or_404(selectors.job_get, job_id, what=f"batch job with id {job_id}")
 
 
-def _soak_or_404(soak_id: int) -> Soak:
-    found = (Soak.objects.select_related("plan", "pool", "input_file", "evidence",
-                                         "cost_evidence").filter(pk=soak_id).first())
-    if found is None:
-        raise Http404(f"No soak with id {soak_id}.")
-    return found
+def _soak(soak_id: int) -> Soak:
+    return get_or_404(selectors.soak_get, soak_id, what=f"soak with id {soak_id}")
 
 
-def _seen_changed(request: HttpRequest, state: str, response: HttpResponse) -> HttpResponse:
-    if request.GET.get("seen") and request.GET["seen"] != state:
-        # The state changed while the page watched: reload once, so the forms offered are
-        # the ones this state allows.
-        response["HX-Refresh"] = "true"
-    return response
+def _pool(name: str) -> Pool:
+    return get_or_404(fleet.pool_get, name=name, what=f"pool named {name!r}")
 
 
 def _htmx_target(request: HttpRequest) -> str:
     return str(getattr(getattr(request, "htmx", None), "target", "") or "")
 
 
+def job_url(job: BatchJob) -> str:
+    return reverse("batch:job-detail", args=[job.pk])
+
+
+def soak_url(soak_row: Soak) -> str:
+    return reverse("batch:soak-detail", args=[soak_row.pk])
+
+
 # ---- list ------------------------------------------------------------------------------------
 
-def _chunk_sums(job_ids: list[int]) -> dict[int, dict[str, int]]:
-    """Succeeded, failed and retries per job for one page of the list: one query."""
-    rows = (BatchChunk.objects.filter(job_id__in=job_ids).values("job_id")
-            .annotate(succeeded=Sum("succeeded"), failed=Sum("failed"), retries=Sum("retries"))
-            .order_by())
-    return {row["job_id"]: {"succeeded": row["succeeded"] or 0, "failed": row["failed"] or 0,
-                            "retries": row["retries"] or 0}
-            for row in rows}
-
-
 def _list_rows(jobs: list[BatchJob]) -> list[dict[str, Any]]:
-    sums = _chunk_sums([job.pk for job in jobs])
+    sums = selectors.chunk_sums([job.pk for job in jobs])
     rows = []
     for job in jobs:
         counts = sums.get(job.pk, {"succeeded": 0, "failed": 0, "retries": 0})
@@ -130,9 +118,7 @@ def _list_rows(jobs: list[BatchJob]) -> list[dict[str, Any]]:
 @require_GET
 def job_list(request: HttpRequest) -> HttpResponse:
     form = JobFilterForm(request.GET or None)
-    filters = form.filters()
-    jobs = selectors.job_list().select_related("pool", "plan", "soak", "input_file")
-    jobs = jobs.filter(**filters) if filters is not None else jobs.none()
+    jobs = selectors.jobs_filtered(form.filters())
     page = Paginator(jobs, PAGE_SIZE).get_page(request.GET.get("page"))
     rows = _list_rows(list(page.object_list))
     context = {"filter_form": form, "page": page, "rows": rows, "list_id": LIST_ID,
@@ -142,11 +128,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     return render(request, "batch/list.html", context)
 
 
-# ---- new job ---------------------------------------------------------------------------------
-
-def _pools() -> list[str]:
-    return list(Pool.objects.order_by("name").values_list("name", flat=True))
-
+# ---- an input file, then a job or a soak -----------------------------------------------------
 
 def _upload(request: HttpRequest, form: JobForm | SoakStartForm) -> Outcome[BatchFile]:
     """The form's input file: a new upload through the service (a bad line refuses the whole
@@ -154,7 +136,7 @@ def _upload(request: HttpRequest, form: JobForm | SoakStartForm) -> Outcome[Batc
     picked."""
     data = form.cleaned_data
     if data.get("input_file"):
-        picked = BatchFile.objects.filter(pk=data["input_file"]).first()
+        picked = selectors.file_get(data["input_file"])
         if picked is None:
             form.add_error("input_file", "That input file no longer exists; pick another.")
             return Outcome(status=400)
@@ -182,6 +164,31 @@ def _kept_file(request: HttpRequest, form: Any, batch_file: BatchFile) -> None:
                            "below, so you need not upload it again.")
 
 
+def _with_input_file(request: HttpRequest, form: JobForm | SoakStartForm,
+                    create: Callable[[BatchFile], T], *, success: Callable[[T], str],
+                    then: Callable[[T], str], page: Callable[[int], HttpResponse]
+                    ) -> HttpResponse:
+    """A new job or soak: the input file (uploaded through the service, or picked), then the
+    create; a message and the new row's page, or `page(status)` again with what was wrong.
+    (Not form_action: two service calls, and a refused create keeps a fresh upload.)"""
+    if request.method != "POST":
+        return page(200)
+    if not form.is_valid():
+        return page(400)
+    uploaded = _upload(request, form)
+    if uploaded.result is None:
+        return page(uploaded.status)
+    batch_file = uploaded.result
+    done = call_for_form(lambda: create(batch_file), form, renamed=FORM_FIELDS)
+    if done.ok:
+        result: T = done.result  # type: ignore[assignment]
+        messages.success(request, success(result))
+        return redirect(then(result))
+    if form.cleaned_data.get("file"):
+        _kept_file(request, form, batch_file)
+    return page(done.status)
+
+
 @dashboard_view
 @require_http_methods(["GET", "POST"])
 def job_new(request: HttpRequest) -> HttpResponse:
@@ -192,26 +199,16 @@ def job_new(request: HttpRequest) -> HttpResponse:
     if request.GET.get("input_file", "").isdigit():
         initial["input_file"] = int(request.GET["input_file"])
     form = JobForm(request.POST if posted else None, request.FILES if posted else None,
-                   pools=_pools(), initial=initial)
-    done: Outcome[Any] = Outcome(status=400 if posted else 200)
-    if posted and form.is_valid():
-        actor = actor_from_request(request)
-        uploaded = _upload(request, form)
-        done = Outcome(status=uploaded.status)
-        if uploaded.result is not None:
-            batch_file = uploaded.result
-            pool = Pool.objects.get(name=form.cleaned_data["pool"])
-            kwargs = form.service_kwargs()
-            done = _call(lambda: services.job_create(actor=actor, input_file=batch_file,
-                                                     pool=pool, **kwargs), form)
-            if done.result is not None:
-                job = done.result
-                messages.success(request, f"Created batch job {job.pk}: {job.total:,} requests "
-                                          f"of {batch_file.name} on {pool.name}.")
-                return redirect("batch:job-detail", job_id=job.pk)
-            if form.cleaned_data.get("file"):
-                _kept_file(request, form, batch_file)
-    return render(request, "batch/job_new.html", {"form": form}, status=done.status)
+                   pools=selectors.pool_names(), initial=initial)
+    return _with_input_file(
+        request, form, lambda batch_file: services.job_create(
+            actor=actor_from_request(request), input_file=batch_file,
+            pool=_pool(form.cleaned_data["pool"]), **form.service_kwargs()),
+        success=lambda job: (f"Created batch job {job.pk}: {job.total:,} requests of "
+                             f"{job.input_file.name} on {job.pool.name}."),
+        then=job_url,
+        page=lambda status: render(request, "batch/job_new.html", {"form": form},
+                                   status=status))
 
 
 # ---- the job page ----------------------------------------------------------------------------
@@ -260,11 +257,11 @@ def _offered(job: BatchJob) -> list[str]:
 
 def _render_job(request: HttpRequest, job: BatchJob, *, action_form: JobActionForm | None = None,
                 edit_form: JobEditForm | None = None, status: int = 200) -> HttpResponse:
-    resends = job.resends.all()
+    resends = selectors.job_resends(job)
     return render(request, "batch/job_detail.html", {
         **_live(job), **_charts(job),
         "comparison": compare.comparison_summary(job),
-        "events": list(job.events.order_by("-at", "-id")[:EVENTS_SHOWN]),
+        "events": list(selectors.job_events(job, newest_first=True)[:EVENTS_SHOWN]),
         "events_shown": EVENTS_SHOWN,
         "resends": list(resends[:RESENDS_SHOWN]), "resends_count": resends.count(),
         "resends_shown": RESENDS_SHOWN,
@@ -279,55 +276,52 @@ def _render_job(request: HttpRequest, job: BatchJob, *, action_form: JobActionFo
 @dashboard_view
 @require_GET
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
-    job = _job_or_404(job_id)
+    job = _job(job_id)
     blocks = {LIVE_ID: ("batch/_job_live.html", _live),
               CHARTS_ID: ("batch/_job_charts.html", _charts)}
     target = _htmx_target(request)
     if target in blocks:
         name, context = blocks[target]
-        return _seen_changed(request, job.state, render(request, name, context(job)))
+        return refresh_if_changed(request, render(request, name, context(job)), job.state)
     return _render_job(request, job)
 
 
 @dashboard_view
 @require_POST
-def job_action(request: HttpRequest, job_id: int) -> HttpResponse:
+def job_action(request: HttpRequest, job_id: int) -> HttpResponseBase:
     """Pause, resume or cancel, always with a reason (audited, and a manual intervention on
     the job's timeline). A refusal is shown on the page with its status; nothing changed."""
-    job = _job_or_404(job_id)
+    job = _job(job_id)
     form = JobActionForm(request.POST)
-    done: Outcome[BatchJob] = Outcome(status=400)
-    if form.is_valid():
-        action = form.cleaned_data["action"]
-        actor = actor_from_request(request)
-        done = _call(lambda: ACTIONS[action](actor=actor, job=job,
-                                             reason=form.cleaned_data["reason"]), form)
-        if done.result is not None:
-            messages.success(request, f"{ACTION_DONE[action]} batch job {job.pk}.")
-            return redirect("batch:job-detail", job_id=job.pk)
-        job = _job_or_404(job_id)
-    return _render_job(request, job, action_form=form, status=done.status)
+    return form_action(
+        request, form, lambda data: ACTIONS[form.cleaned_data["action"]](
+            actor=actor_from_request(request), job=job, reason=form.cleaned_data["reason"]),
+        success=lambda _: f"{ACTION_DONE[form.cleaned_data['action']]} batch job {job.pk}.",
+        then=lambda _: job_url(job), renamed=FORM_FIELDS,
+        invalid=lambda done: _render_job(request, _job(job_id), action_form=form,
+                                         status=done.status))
+
+
+def _edit_values(form: JobEditForm) -> dict[str, Any]:
+    data = form.cleaned_data
+    return {"concurrency": data.get("concurrency"), "rate_limit_rps": data.get("rate_limit_rps"),
+            "reason": data["reason"]}
 
 
 @dashboard_view
 @require_POST
-def job_edit(request: HttpRequest, job_id: int) -> HttpResponse:
-    job = _job_or_404(job_id)
+def job_edit(request: HttpRequest, job_id: int) -> HttpResponseBase:
+    job = _job(job_id)
     form = JobEditForm(request.POST)
-    done: Outcome[BatchJob] = Outcome(status=400)
-    if form.is_valid():
-        actor = actor_from_request(request)
-        data = form.cleaned_data
-        done = _call(lambda: services.job_edit(
-            actor=actor, job=job, concurrency=data.get("concurrency"),
-            rate_limit_rps=data.get("rate_limit_rps"), reason=data["reason"]), form)
-        if done.result is not None:
-            messages.success(request, f"Changed batch job {job.pk}: concurrency "
-                                      f"{done.result.concurrency}, rate limit "
-                                      f"{done.result.rate_limit_rps or 'none'}.")
-            return redirect("batch:job-detail", job_id=job.pk)
-        job = _job_or_404(job_id)
-    return _render_job(request, job, edit_form=form, status=done.status)
+    return form_action(
+        request, form, lambda data: services.job_edit(
+            actor=actor_from_request(request), job=job, **_edit_values(form)),
+        success=lambda changed: (f"Changed batch job {job.pk}: concurrency "
+                                 f"{changed.concurrency}, rate limit "
+                                 f"{changed.rate_limit_rps or 'none'}."),
+        then=lambda _: job_url(job), renamed=FORM_FIELDS,
+        invalid=lambda done: _render_job(request, _job(job_id), edit_form=form,
+                                         status=done.status))
 
 
 def _stream(lines: Iterator[bytes], filename: str) -> StreamingHttpResponse:
@@ -341,14 +335,14 @@ def _stream(lines: Iterator[bytes], filename: str) -> StreamingHttpResponse:
 def job_output(request: HttpRequest, job_id: int) -> StreamingHttpResponse:
     """The output file (OpenAI Batch output format), streamed: what exists so far, also for
     an expired or cancelled job."""
-    job = _job_or_404(job_id)
+    job = _job(job_id)
     return _stream(outputs.blocks(outputs.output_lines(job)), f"{job.public_id}_output.jsonl")
 
 
 @dashboard_view
 @require_GET
 def job_errors(request: HttpRequest, job_id: int) -> StreamingHttpResponse:
-    job = _job_or_404(job_id)
+    job = _job(job_id)
     return _stream(outputs.blocks(outputs.error_lines(job)), f"{job.public_id}_errors.jsonl")
 
 
@@ -367,7 +361,7 @@ def _render_soak(request: HttpRequest, soak_row: Soak, *, stop_form: SoakStopFor
     return render(request, "batch/soak_detail.html", {
         **_soak_live(soak_row),
         "arbitrage": cost.plan_arbitrage(soak_row.plan, soak_row),
-        "events": list(soak_row.events.order_by("-at", "-id")[:EVENTS_SHOWN]),
+        "events": selectors.soak_events(soak_row, limit=EVENTS_SHOWN),
         "stop_form": stop_form or SoakStopForm(),
         "edit_form": _now_shown(edit_form or SoakEditForm(), {
             "every": duration_text(soak_row.every_s),
@@ -379,57 +373,46 @@ def _render_soak(request: HttpRequest, soak_row: Soak, *, stop_form: SoakStopFor
 @dashboard_view
 @require_GET
 def soak_detail(request: HttpRequest, soak_id: int) -> HttpResponse:
-    soak_row = _soak_or_404(soak_id)
+    soak_row = _soak(soak_id)
     if _htmx_target(request) == SOAK_LIVE_ID:
-        return _seen_changed(request, soak_row.state,
-                             render(request, "batch/_soak_live.html", _soak_live(soak_row)))
+        return refresh_if_changed(
+            request, render(request, "batch/_soak_live.html", _soak_live(soak_row)),
+            soak_row.state)
     return _render_soak(request, soak_row)
 
 
 @dashboard_view
 @require_POST
-def soak_stop(request: HttpRequest, soak_id: int) -> HttpResponse:
+def soak_stop(request: HttpRequest, soak_id: int) -> HttpResponseBase:
     """Stop the soak: a manual intervention (the soak cannot pass after it)."""
-    soak_row = _soak_or_404(soak_id)
+    soak_row = _soak(soak_id)
     form = SoakStopForm(request.POST)
-    done: Outcome[Soak] = Outcome(status=400)
-    if form.is_valid():
-        actor = actor_from_request(request)
-        done = _call(lambda: soak.soak_stop(actor=actor, soak=soak_row,
-                                            reason=form.cleaned_data["reason"]), form)
-        if done.result is not None:
-            messages.success(request, f"Stopped soak {soak_row.pk}.")
-            return redirect("batch:soak-detail", soak_id=soak_row.pk)
-        soak_row = _soak_or_404(soak_id)
-    return _render_soak(request, soak_row, stop_form=form, status=done.status)
+    return form_action(
+        request, form, lambda data: soak.soak_stop(
+            actor=actor_from_request(request), soak=soak_row,
+            reason=form.cleaned_data["reason"]),
+        success=lambda _: f"Stopped soak {soak_row.pk}.", then=lambda _: soak_url(soak_row),
+        renamed=FORM_FIELDS,
+        invalid=lambda done: _render_soak(request, _soak(soak_id), stop_form=form,
+                                          status=done.status))
 
 
 @dashboard_view
 @require_POST
-def soak_edit(request: HttpRequest, soak_id: int) -> HttpResponse:
+def soak_edit(request: HttpRequest, soak_id: int) -> HttpResponseBase:
     """Change the soak's schedule or limits: a manual intervention (the soak cannot pass
     after it)."""
-    soak_row = _soak_or_404(soak_id)
+    soak_row = _soak(soak_id)
     form = SoakEditForm(request.POST)
-    done: Outcome[Soak] = Outcome(status=400)
-    if form.is_valid():
-        actor = actor_from_request(request)
-        done = _call(lambda: soak.soak_edit(actor=actor, soak=soak_row,
-                                            reason=form.cleaned_data["reason"],
-                                            **form.changes()), form)
-        if done.result is not None:
-            messages.success(request, f"Changed soak {soak_row.pk}; it now counts a manual "
-                                      "intervention.")
-            return redirect("batch:soak-detail", soak_id=soak_row.pk)
-        soak_row = _soak_or_404(soak_id)
-    return _render_soak(request, soak_row, edit_form=form, status=done.status)
-
-
-def _plan_or_404(name: str) -> Plan:
-    plan = Plan.objects.select_related("candidate_pool", "primary_pool").filter(name=name).first()
-    if plan is None:
-        raise Http404(f"No plan named {name!r}.")
-    return plan
+    return form_action(
+        request, form, lambda data: soak.soak_edit(
+            actor=actor_from_request(request), soak=soak_row,
+            reason=form.cleaned_data["reason"], **form.changes()),
+        success=lambda _: (f"Changed soak {soak_row.pk}; it now counts a manual "
+                           "intervention."),
+        then=lambda _: soak_url(soak_row), renamed=FORM_FIELDS,
+        invalid=lambda done: _render_soak(request, _soak(soak_id), edit_form=form,
+                                          status=done.status))
 
 
 @dashboard_view
@@ -437,31 +420,17 @@ def _plan_or_404(name: str) -> Plan:
 def soak_start(request: HttpRequest, plan: str) -> HttpResponse:
     """The plan page's "Start a soak" on a page of its own: a refusal (the plan not in stage
     3, a soak already running, a bad input file) is shown with what was typed."""
-    the_plan = _plan_or_404(plan)
+    the_plan = get_or_404(plans.plan_get, name=plan, what=f"plan named {plan!r}")
     posted = request.method == "POST"
     form = SoakStartForm(request.POST if posted else None, request.FILES if posted else None)
-    done: Outcome[Any] = Outcome(status=400 if posted else 200)
-    if posted and form.is_valid():
-        actor = actor_from_request(request)
-        uploaded = _upload(request, form)
-        done = Outcome(status=uploaded.status)
-        if uploaded.result is not None:
-            batch_file = uploaded.result
-            kwargs = form.service_kwargs()
-            done = _call(lambda: soak.soak_create(actor=actor, plan=the_plan,
-                                                  input_file=batch_file, **kwargs), form)
-            if done.result is not None:
-                started = done.result
-                messages.success(request, f"Started soak {started.pk} on "
-                                          f"{the_plan.candidate_pool.name}: a job every "
-                                          f"{duration_text(started.every_s)} for "
-                                          f"{duration_text(started.duration_s)}.")
-                return redirect("batch:soak-detail", soak_id=started.pk)
-            if form.cleaned_data.get("file"):
-                _kept_file(request, form, batch_file)
-    return render(request, "batch/soak_start.html", {"plan": the_plan, "form": form},
-                  status=done.status)
-
-
-def job_url(job: BatchJob) -> str:
-    return reverse("batch:job-detail", args=[job.pk])
+    return _with_input_file(
+        request, form, lambda batch_file: soak.soak_create(
+            actor=actor_from_request(request), plan=the_plan, input_file=batch_file,
+            **form.service_kwargs()),
+        success=lambda started: (f"Started soak {started.pk} on "
+                                 f"{the_plan.candidate_pool.name}: a job every "
+                                 f"{duration_text(started.every_s)} for "
+                                 f"{duration_text(started.duration_s)}."),
+        then=soak_url,
+        page=lambda status: render(request, "batch/soak_start.html",
+                                   {"plan": the_plan, "form": form}, status=status))

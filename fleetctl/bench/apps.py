@@ -9,6 +9,6 @@ class BenchConfig(AppConfig):
     verbose_name = "Benchmarks"
 
     def ready(self) -> None:
-        from fleetctl.bench.rules import register
+        from fleetctl.bench.evidence import register
 
         register()

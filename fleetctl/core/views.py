@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from django import forms
 from django.contrib import messages as django_messages
@@ -106,18 +106,21 @@ def go_to(request: HttpRequest, url: str) -> HttpResponseBase:
 
 
 def form_action(request: HttpRequest, form: forms.BaseForm,
-                call: Callable[[dict[str, object]], T], *, success: Callable[[T], str],
+                call: Callable[[dict[str, Any]], T], *, success: Callable[[T], str],
                 then: Callable[[T], str], invalid: Callable[[Outcome[T]], HttpResponseBase],
-                renamed: dict[str, str] | None = None) -> HttpResponseBase:
+                renamed: dict[str, str] | None = None,
+                flash_refusals: bool = False) -> HttpResponseBase:
     """The dashboard's one write: validate `form`; call the service with its cleaned data;
     on success a message (`success(result)`) and a redirect to `then(result)`; otherwise
     `invalid(outcome)` re-renders the page with the form's errors and the status to answer
     (400 for the form or a field, the refusal's 403/404/409). Nothing is written on a refusal
-    (services are transactions)."""
-    done: Outcome[T] = Outcome(status=400)
+    (services are transactions). `flash_refusals`: the pages that show a refusal as a
+    message above the page (`call_service`), and the form's own errors with 200."""
+    done: Outcome[T] = Outcome(status=200 if flash_refusals else 400)
     if form.is_valid():
         data = form.cleaned_data
-        done = call_for_form(lambda: call(data), form, renamed=renamed)
+        done = (call_service(request, lambda: call(data), form=form) if flash_refusals
+                else call_for_form(lambda: call(data), form, renamed=renamed))
         if done.ok:
             result: T = done.result  # type: ignore[assignment]
             django_messages.success(request, success(result))

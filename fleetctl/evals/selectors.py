@@ -22,6 +22,7 @@ from django.db.models.functions import Cast
 
 from fleetctl.core.errors import NotFoundError
 from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalRunPool, EvalSuite
+from fleetctl.fleet.models import Pool
 
 DIRECTIONS = ("regressed", "improved")
 
@@ -47,6 +48,26 @@ def suites(*, name: str | None = None, source: str | None = None,
     if retired is not None:
         out = out.filter(retired_at__isnull=not retired)
     return out
+
+
+def suite_get(suite_id: int) -> EvalSuite | None:
+    return EvalSuite.objects.filter(pk=suite_id).first()
+
+
+def suite_runs(suite: EvalSuite, *, limit: int) -> list[EvalRun]:
+    """The suite's newest runs, each with its plan (a suite's page lists them)."""
+    return list(suite.runs.select_related("plan").order_by("-created_at", "-id")[:limit])
+
+
+def items_none() -> QuerySet[EvalItem]:
+    """No items: what the item filters (and their schema) are declared on."""
+    return EvalItem.objects.none()
+
+
+def results_none() -> QuerySet[EvalResult]:
+    """No results: what the result and diff filters (and their schema) are declared on, and
+    what an unreadable diff filter lists."""
+    return EvalResult.objects.none()
 
 
 def suite_items(suite: EvalSuite, *, tag: str | None = None,
@@ -99,8 +120,21 @@ def run_pools(run: EvalRun) -> list[EvalRunPool]:
     return sorted(run.run_pools.all(), key=lambda rp: rp.position)
 
 
-def _role(run: EvalRun, role: str) -> EvalRunPool | None:
+def role_pool(run: EvalRun, role: str) -> EvalRunPool | None:
+    """The run's pool in `role` (candidate, primary), from the prefetched pools."""
     return next((rp for rp in run_pools(run) if rp.role == role), None)
+
+
+def pool_models() -> dict[str, list[str]]:
+    """Every pool's name and the model ids it serves, for the new-run form's hints."""
+    return {p.name: sorted(m.model_id for m in p.models.all())
+            for p in Pool.objects.prefetch_related("models").order_by("name")}
+
+
+def primary_results(primary: EvalRunPool, item_ids: list[int]) -> dict[int, EvalResult]:
+    """The primary's rows for these items, by item id: one query for a page of the diff."""
+    return {r.item_id: r for r in EvalResult.objects.filter(run_pool=primary,
+                                                             item_id__in=item_ids)}
 
 
 def progress(run: EvalRun) -> dict[str, Any]:
@@ -161,7 +195,7 @@ def diff(run: EvalRun, *, direction: str | None = None, tag: str | None = None,
     annotated with the primary's row id, score and text; empty when the run has no primary.
     direction: "regressed" (the candidate scored lower) or "improved"; q: text in the item's
     id, prompt or messages, or in either answer."""
-    candidate, primary = _role(run, "candidate"), _role(run, "primary")
+    candidate, primary = role_pool(run, "candidate"), role_pool(run, "primary")
     if candidate is None or primary is None:
         return EvalResult.objects.none()
     if direction is not None and direction not in DIRECTIONS:
@@ -234,7 +268,7 @@ def diff_rows(run: EvalRun, page: Sequence[EvalResult]) -> list[dict[str, Any]]:
     """A page of diff() as side-by-side rows: the primary's rows in one query."""
     if not page:
         return []
-    candidate, primary = _role(run, "candidate"), _role(run, "primary")
+    candidate, primary = role_pool(run, "candidate"), role_pool(run, "primary")
     assert candidate is not None and primary is not None
     ids = [getattr(row, "primary_id", None) for row in page]
     theirs = {r.pk: r for r in EvalResult.objects.filter(pk__in=[i for i in ids if i])}

@@ -23,7 +23,8 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -31,9 +32,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
-from fleetctl.core.chat import prompt_text
-from fleetctl.core.errors import DomainError, NotFoundError
-from fleetctl.core.views import Outcome, call_for_form
+from fleetctl.core.views import Outcome, call_for_form, call_service, form_action, get_or_404
 from fleetctl.evals import charts, selectors, services
 from fleetctl.evals.forms import (
     DEFAULT_SUITE,
@@ -44,8 +43,8 @@ from fleetctl.evals.forms import (
     SuiteUploadForm,
 )
 from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalRunPool, EvalSuite
-from fleetctl.fleet.models import Pool
-from migrations_plan.models import Plan
+from fleetctl.inference.chat import prompt_text
+from migrations_plan import selectors as plans
 
 LIVE_ID = "eval-live"
 PAGE_SIZE = 25
@@ -57,24 +56,14 @@ DIFF_PAGE_SIZE = 20
 FORM_FIELDS = {"model_id": "model", "margin": "margin_pct"}
 
 
-def _call(call: Any, form: Any) -> Outcome[Any]:
-    return call_for_form(call, form, renamed=FORM_FIELDS)
-
-
 # ---- reads -----------------------------------------------------------------------------------
 
-def _suite_or_404(suite_id: int) -> EvalSuite:
-    suite = EvalSuite.objects.filter(pk=suite_id).first()
-    if suite is None:
-        raise Http404(f"No eval suite with id {suite_id}.")
-    return suite
+def _suite(suite_id: int) -> EvalSuite:
+    return get_or_404(selectors.suite_get, suite_id, what=f"eval suite with id {suite_id}")
 
 
-def _run_or_404(run_id: int) -> EvalRun:
-    try:
-        return selectors.run_get(run_id)
-    except NotFoundError as exc:
-        raise Http404(exc.message) from exc
+def _run(run_id: int) -> EvalRun:
+    return get_or_404(selectors.run_get, run_id, what=f"eval run with id {run_id}")
 
 
 def _suite_ref(ref: str) -> EvalSuite | None:
@@ -84,14 +73,6 @@ def _suite_ref(ref: str) -> EvalSuite | None:
         return services.suite_lookup(ref)
     except ValidationError:
         return None
-
-
-def _run_pools(run: EvalRun) -> list[EvalRunPool]:
-    return selectors.run_pools(run)
-
-
-def _role_pool(run: EvalRun, role: str) -> EvalRunPool | None:
-    return next((rp for rp in _run_pools(run) if rp.role == role), None)
 
 
 def _progress(run: EvalRun) -> dict[str, Any]:
@@ -168,12 +149,12 @@ def _diff(request: HttpRequest, run: EvalRun) -> dict[str, Any]:
     form = DiffFilterForm(request.GET or None, tags=tags)
     filters = form.filters()
     rows_qs = (selectors.diff(run, **{k: v or None for k, v in filters.items()})
-               if filters is not None else EvalResult.objects.none())
+               if filters is not None else selectors.results_none())
     page = Paginator(rows_qs, DIFF_PAGE_SIZE).get_page(
         request.GET.get("page"))
-    candidate, primary = _role_pool(run, "candidate"), _role_pool(run, "primary")
-    theirs = {r.item_id: r for r in EvalResult.objects.filter(
-        run_pool=primary, item_id__in=[r.item_id for r in page.object_list])} if primary else {}
+    candidate, primary = selectors.role_pool(run, "candidate"), selectors.role_pool(run, "primary")
+    theirs = selectors.primary_results(primary, [r.item_id for r in page.object_list]
+                                       ) if primary else {}
     rows = [DiffRow(item=r.item, candidate=r, primary=theirs.get(r.item_id),
                     prompt=item_prompt(r.item)) for r in page.object_list]
     counts = selectors.diff_counts(run) if primary else {}
@@ -189,7 +170,7 @@ def _diff(request: HttpRequest, run: EvalRun) -> dict[str, Any]:
 
 
 def _live(run: EvalRun) -> dict[str, Any]:
-    run_pools = _run_pools(run)
+    run_pools = selectors.run_pools(run)
     names = [rp.pool.name for rp in run_pools]
     stats = run.stats or {}
     pool_rows = [{"rp": rp, "stats": (stats.get("pools") or {}).get(rp.pool.name)}
@@ -207,7 +188,7 @@ def evidence_url(run: EvalRun) -> str:
     if run.plan is not None:
         stage = 4 if run.plan_stage == 4 else 2
         return f"{reverse('plans:detail', args=[run.plan.name])}?stage={stage}#gate"
-    candidate = _role_pool(run, "candidate")
+    candidate = selectors.role_pool(run, "candidate")
     return reverse("fleet:pool-detail", args=[candidate.pool.name]) if candidate else ""
 
 
@@ -235,10 +216,10 @@ def suite_list(request: HttpRequest) -> HttpResponse:
     form = SuiteUploadForm(request.POST if posted else None, request.FILES if posted else None)
     done: Outcome[Any] = Outcome(status=400 if posted else 200)
     if posted and form.is_valid():
-        actor = actor_from_request(request)
         data = form.cleaned_data
-        done = _call(lambda: services.suite_upload(
-            actor=actor, name=data["name"], fileobj=data["file"],
+        # Not form_action: an upload of a version already stored says so, as news, not success.
+        done = call_for_form(lambda: services.suite_upload(
+            actor=actor_from_request(request), name=data["name"], fileobj=data["file"],
             description=data.get("description") or ""), form)
         if done.result is not None:
             suite, created = done.result
@@ -250,32 +231,35 @@ def suite_list(request: HttpRequest) -> HttpResponse:
                 messages.info(request, f"{suite.name} v{suite.version} already has exactly "
                                        "this content; nothing new stored.")
             return redirect("evals:suite-detail", suite_id=suite.pk)
-    suites = selectors.suites()
-    return render(request, "evals/suites.html", {"suites": suites, "form": form},
+    return render(request, "evals/suites.html", {"suites": selectors.suites(), "form": form},
                   status=done.status)
+
+
+def _suite_page(request: HttpRequest, suite: EvalSuite, *, tag: str, page_number: Any,
+                retire_form: RetireForm, status: int = 200) -> HttpResponse:
+    page = Paginator(selectors.suite_items(suite, tag=tag or None),
+                     ITEMS_PAGE_SIZE).get_page(page_number)
+    return render(request, "evals/suite_detail.html", {
+        "suite": suite, "page": page, "tag": tag,
+        "rows": [{"item": item, "prompt": item_prompt(item)} for item in page.object_list],
+        "tags": sorted((suite.tags or {}).items()),
+        "scorers": sorted((suite.scorers or {}).items()),
+        "runs": selectors.suite_runs(suite, limit=10),
+        "retire_form": retire_form}, status=status)
 
 
 @dashboard_view
 @require_GET
 def suite_detail(request: HttpRequest, suite_id: int) -> HttpResponse:
-    suite = _suite_or_404(suite_id)
-    tag = request.GET.get("tag", "")
-    items = selectors.suite_items(suite, tag=tag or None)
-    page = Paginator(items, ITEMS_PAGE_SIZE).get_page(request.GET.get("page"))
-    rows = [{"item": item, "prompt": item_prompt(item)} for item in page.object_list]
-    return render(request, "evals/suite_detail.html", {
-        "suite": suite, "page": page, "rows": rows, "tag": tag,
-        "tags": sorted((suite.tags or {}).items()),
-        "scorers": sorted((suite.scorers or {}).items()),
-        "runs": suite.runs.select_related("plan").order_by("-created_at", "-id")[:10],
-        "retire_form": RetireForm()})
+    return _suite_page(request, _suite(suite_id), tag=request.GET.get("tag", ""),
+                       page_number=request.GET.get("page"), retire_form=RetireForm())
 
 
 @dashboard_view
 @require_GET
 def suite_download(request: HttpRequest, suite_id: int) -> HttpResponse:
     """The canonical JSONL: the bytes whose sha256 is the suite's pin."""
-    suite = _suite_or_404(suite_id)
+    suite = _suite(suite_id)
     response = HttpResponse(services.suite_jsonl(suite), content_type="application/x-ndjson")
     response["Content-Disposition"] = (
         f'attachment; filename="{suite.name}-v{suite.version}.jsonl"')
@@ -284,26 +268,21 @@ def suite_download(request: HttpRequest, suite_id: int) -> HttpResponse:
 
 @dashboard_view
 @require_POST
-def suite_retire(request: HttpRequest, suite_id: int) -> HttpResponse:
-    suite = _suite_or_404(suite_id)
+def suite_retire(request: HttpRequest, suite_id: int) -> HttpResponseBase:
+    suite = _suite(suite_id)
     form = RetireForm(request.POST)
-    done: Outcome[Any] = Outcome(status=400)
-    if form.is_valid():
-        actor = actor_from_request(request)
-        done = _call(lambda: services.suite_retire(actor=actor, suite=suite), form)
-        if done.result is not None:
-            messages.success(request, f"Retired {suite.name} v{suite.version}: no new run can "
-                                      "use it.")
-            return redirect("evals:suite-detail", suite_id=suite.pk)
-    suite.refresh_from_db()
-    page = Paginator(suite.items.order_by("position"), ITEMS_PAGE_SIZE).get_page(1)
-    return render(request, "evals/suite_detail.html", {
-        "suite": suite, "page": page, "tag": "",
-        "rows": [{"item": item, "prompt": item_prompt(item)} for item in page.object_list],
-        "tags": sorted((suite.tags or {}).items()),
-        "scorers": sorted((suite.scorers or {}).items()),
-        "runs": suite.runs.select_related("plan").order_by("-created_at", "-id")[:10],
-        "retire_form": form}, status=done.status)
+
+    def page(done: Outcome[EvalSuite]) -> HttpResponse:
+        suite.refresh_from_db()
+        return _suite_page(request, suite, tag="", page_number=1, retire_form=form,
+                           status=done.status)
+
+    return form_action(
+        request, form, lambda data: services.suite_retire(actor=actor_from_request(request),
+                                                          suite=suite),
+        success=lambda _: f"Retired {suite.name} v{suite.version}: no new run can use it.",
+        then=lambda _: reverse("evals:suite-detail", kwargs={"suite_id": suite.pk}),
+        invalid=page)
 
 
 def _initial(request: HttpRequest) -> dict[str, Any]:
@@ -312,8 +291,7 @@ def _initial(request: HttpRequest) -> dict[str, Any]:
     another is named."""
     initial: dict[str, Any] = {k: request.GET[k] for k in ("plan", "candidate", "primary",
                                                              "model") if request.GET.get(k)}
-    plan = Plan.objects.select_related("candidate_pool", "primary_pool").filter(
-        name=initial.get("plan", "")).first() if "plan" in initial else None
+    plan = plans.plan_get(name=initial["plan"]) if "plan" in initial else None
     if plan is not None:
         initial.setdefault("candidate", plan.candidate_pool.name)
         initial.setdefault("primary", plan.primary_pool.name)
@@ -326,34 +304,36 @@ def _initial(request: HttpRequest) -> dict[str, Any]:
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def run_create(request: HttpRequest) -> HttpResponse:
+def run_create(request: HttpRequest) -> HttpResponseBase:
     posted = request.method == "POST"
     form = RunForm(request.POST if posted else None, initial=_initial(request))
-    done: Outcome[EvalRun] = Outcome(status=400 if posted else 200)
-    if posted and form.is_valid():
-        actor = actor_from_request(request)
-        kwargs = form.service_kwargs()
-        done = _call(lambda: services.run_create(actor=actor, **kwargs), form)
-        if done.result is not None:
-            run = done.result
-            messages.success(request, f"Started eval run {run.pk}: {run.suite.label} on "
-                                      f"{', '.join(rp.pool.name for rp in _run_pools(run))}.")
-            return redirect("evals:run-detail", run_id=run.pk)
-    pools = {p.name: sorted(m.model_id for m in p.models.all())
-             for p in Pool.objects.prefetch_related("models").order_by("name")}
-    return render(request, "evals/run_new.html", {"form": form, "pool_models": pools},
-                  status=done.status)
+
+    def page(done: Outcome[EvalRun]) -> HttpResponse:
+        return render(request, "evals/run_new.html", {
+            "form": form, "pool_models": selectors.pool_models()}, status=done.status)
+
+    if not posted:
+        return page(Outcome())
+    return form_action(
+        request, form, lambda data: services.run_create(actor=actor_from_request(request),
+                                                        **form.service_kwargs()),
+        success=lambda run: (f"Started eval run {run.pk}: {run.suite.label} on "
+                             f"{', '.join(rp.pool.name for rp in selectors.run_pools(run))}."),
+        then=lambda run: reverse("evals:run-detail", kwargs={"run_id": run.pk}),
+        invalid=page, renamed=FORM_FIELDS)
 
 
 @dashboard_view
 @require_GET
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run_or_404(run_id)
+    run = _run(run_id)
     if request.htmx.target == LIVE_ID:  # type: ignore[attr-defined]
         response = render(request, "evals/_run_live.html", _live(run))
         if not run.active:
             # The run ended while the page watched it: load the page once more, so the item
-            # diff below (a page-load snapshot) shows every item that changed.
+            # diff below (a page-load snapshot) shows every item that changed. (Not
+            # refresh_if_changed: the block polls only while the run is active, so any
+            # answer that finds it ended is a change.)
             response["HX-Refresh"] = "true"
         return response
     return render(request, "evals/run_detail.html", {
@@ -363,15 +343,10 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 @dashboard_view
 @require_POST
 def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run_or_404(run_id)
-    actor = actor_from_request(request)
-    try:
-        services.run_cancel(actor=actor, run=run)
-    except ValidationError as exc:
-        messages.error(request, " ".join(exc.messages))
-    except DomainError as exc:
-        messages.error(request, exc.message)
-    else:
+    run = _run(run_id)
+    done = call_service(request, lambda: services.run_cancel(
+        actor=actor_from_request(request), run=run))
+    if done.ok:
         messages.success(request, f"Cancelled eval run {run.pk}; the items scored so far are "
                                   "kept.")
     return redirect("evals:run-detail", run_id=run.pk)

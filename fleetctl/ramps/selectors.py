@@ -14,6 +14,7 @@ from fleetctl.ramps import guard
 from fleetctl.ramps.models import ACTIVE_STATES, Ramp, RampEvent
 from fleetctl.traffic.holds import Hold
 from fleetctl.traffic.models import Drain, Route
+from migrations_plan.models import Plan
 
 # The event that ends a step's span, and how the span ended.
 _OUTCOMES: dict[str, str] = {RampEvent.Kind.PASS: "passed", RampEvent.Kind.SKIP: "skipped",
@@ -25,6 +26,27 @@ _OUTCOMES: dict[str, str] = {RampEvent.Kind.PASS: "passed", RampEvent.Kind.SKIP:
 
 def ramp_list() -> QuerySet[Ramp]:
     return Ramp.objects.select_related("route", "pool", "plan", "drain")
+
+
+def ramps_filtered(*, state: str = "", route: str = "", pool: str = "") -> QuerySet[Ramp]:
+    """The list page's ramps: by state ("active": running or paused), route and pool name;
+    an empty value does not filter."""
+    ramps = ramp_list()
+    if state == "active":
+        ramps = ramps.filter(state__in=ACTIVE_STATES)
+    elif state:
+        ramps = ramps.filter(state=state)
+    if route:
+        ramps = ramps.filter(route__name=route)
+    if pool:
+        ramps = ramps.filter(pool__name=pool)
+    return ramps
+
+
+def stage4_plans(route: Route) -> list[Plan]:
+    """Plans at stage 4 (live) that list the route, by name, with their candidates."""
+    return list(Plan.objects.filter(routes=route, state=Plan.State.STAGE_4)
+                .select_related("candidate_pool").order_by("name"))
 
 
 def ramp_detail(pk: int) -> Ramp | None:

@@ -19,11 +19,10 @@ import json
 from datetime import datetime
 from typing import Any
 
-from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
+from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -31,8 +30,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
-from fleetctl.core.errors import NotFoundError
-from fleetctl.core.views import Outcome, call_for_form
+from fleetctl.core.views import Outcome, form_action, get_or_404, refresh_if_changed
+from fleetctl.fleet import selectors as fleet
 from fleetctl.fleet.models import Pool
 from fleetctl.ramps import charts, selectors, services
 from fleetctl.ramps.forms import RampActionForm, RampFilterForm, RampStartForm, steps_text
@@ -40,7 +39,6 @@ from fleetctl.ramps.models import ACTIVE_STATES, Ramp, RampEvent
 from fleetctl.telemetry import selectors as telemetry
 from fleetctl.traffic import selectors as traffic
 from fleetctl.traffic.models import Route
-from migrations_plan.models import Plan
 
 LIVE_ID = "ramp-live"
 CHARTS_ID = "ramp-charts"
@@ -57,25 +55,16 @@ ACTION_STATES = {"pause": ("running",), "resume": ("paused",), "skip": ("running
                  "abort": ACTIVE_STATES}
 
 
-def _call(call: Any, form: Any) -> Outcome[Any]:
-    return call_for_form(call, form, renamed=FORM_FIELDS)
+def _ramp(ramp_id: int) -> Ramp:
+    return get_or_404(selectors.ramp_detail, ramp_id, what=f"ramp with id {ramp_id}")
 
 
-def _ramp_or_404(ramp_id: int) -> Ramp:
-    try:
-        ramp = selectors.ramp_detail(ramp_id)
-    except NotFoundError as exc:
-        raise Http404(f"No ramp with id {ramp_id}.") from exc
-    if ramp is None:
-        raise Http404(f"No ramp with id {ramp_id}.")
-    return ramp
+def _pool(name: str) -> Pool:
+    return get_or_404(fleet.pool_get, name=name, what=f"pool named {name!r}")
 
 
-def _route_or_404(name: str) -> Route:
-    route = traffic.route_get(name=name)
-    if route is None:
-        raise Http404(f"No route named {name!r}.")
-    return route
+def _route(name: str) -> Route:
+    return get_or_404(traffic.route_get, name=name, what=f"route named {name!r}")
 
 
 # ---- the start form (also rendered by the route page's Ramps panel) --------------------------
@@ -83,13 +72,6 @@ def _route_or_404(name: str) -> Route:
 def start_pools(route: Route) -> list[str]:
     """The pools a ramp on `route` may step up: eligible for it, other than its primary."""
     return sorted(traffic.pools_eligible(route=route) - {route.primary_pool.name})
-
-
-def stage4_plans(route: Route) -> list[Plan]:
-    """Plans at stage 4 (live) that list the route: their candidate and thresholds prefill
-    the form, and the service uses the plan of the pool chosen."""
-    return list(Plan.objects.filter(routes=route, state=Plan.State.STAGE_4)
-                .select_related("candidate_pool").order_by("name"))
 
 
 # The steps a new ramp is offered (those above the pool's current weight), percent → hold.
@@ -103,7 +85,9 @@ def start_form(route: Route, data: Any = None) -> RampStartForm:
     pools = start_pools(route)
     current = traffic.revision_current(route=route)
     split = current.percentages() if current else {}
-    plans = [plan for plan in stage4_plans(route) if plan.candidate_pool.name in pools]
+    # A stage-4 plan's candidate and thresholds prefill the form (the service uses the plan
+    # of the pool chosen).
+    plans = [plan for plan in selectors.stage4_plans(route) if plan.candidate_pool.name in pools]
     initial: dict[str, Any] = {}
     if plans:
         plan = plans[0]
@@ -122,54 +106,44 @@ def start_form(route: Route, data: Any = None) -> RampStartForm:
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def ramp_start(request: HttpRequest, route: str) -> HttpResponse:
+def ramp_start(request: HttpRequest, route: str) -> HttpResponseBase:
     """The form on a page of its own (the route page's panel posts here): a refused start is
     shown with the service's message and what was typed."""
-    the_route = _route_or_404(route)
+    the_route = _route(route)
     posted = request.method == "POST"
     form = start_form(the_route, request.POST if posted else None)
-    done: Outcome[Ramp] = Outcome(status=400 if posted else 200)
-    if posted and form.is_valid():
-        actor = actor_from_request(request)
-        pool = Pool.objects.get(name=form.cleaned_data["pool"])
-        kwargs = form.service_kwargs()
-        done = _call(lambda: services.ramp_create(actor=actor, route=the_route, pool=pool,
-                                                  **kwargs), form)
-        if done.result is not None:
-            ramp = done.result
-            messages.success(request, f"Started ramp {ramp.pk}: {pool.name} on "
-                                      f"{the_route.name}, {len(ramp.steps)} steps.")
-            return redirect("ramps:detail", ramp_id=ramp.pk)
-    return render(request, "ramps/start.html", {
-        "route": the_route, "form": form, "active": selectors.ramp_active_for(the_route),
-    }, status=done.status)
+
+    def page(done: Outcome[Ramp]) -> HttpResponse:
+        return render(request, "ramps/start.html", {
+            "route": the_route, "form": form, "active": selectors.ramp_active_for(the_route),
+        }, status=done.status)
+
+    if not posted:
+        return page(Outcome())
+    return form_action(
+        request, form, lambda data: services.ramp_create(
+            actor=actor_from_request(request), route=the_route,
+            pool=_pool(form.cleaned_data["pool"]), **form.service_kwargs()),
+        success=lambda ramp: (f"Started ramp {ramp.pk}: {ramp.pool.name} on {the_route.name}, "
+                              f"{len(ramp.steps)} steps."),
+        then=detail_url, invalid=page, renamed=FORM_FIELDS)
 
 
 # ---- list ------------------------------------------------------------------------------------
-
-def _filtered(form: RampFilterForm) -> QuerySet[Ramp]:
-    ramps = selectors.ramp_list()
-    if not form.is_bound:
-        return ramps
-    if not form.is_valid():
-        return ramps.none()
-    data = form.cleaned_data
-    if data.get("state") == "active":
-        ramps = ramps.filter(state__in=ACTIVE_STATES)
-    elif data.get("state"):
-        ramps = ramps.filter(state=data["state"])
-    if data.get("route"):
-        ramps = ramps.filter(route__name=data["route"])
-    if data.get("pool"):
-        ramps = ramps.filter(pool__name=data["pool"])
-    return ramps
-
 
 @dashboard_view
 @require_GET
 def ramp_list(request: HttpRequest) -> HttpResponse:
     form = RampFilterForm(request.GET or None)
-    ramps = _filtered(form).select_related("route", "pool")
+    if not form.is_bound:
+        ramps = selectors.ramp_list()
+    elif form.is_valid():
+        data = form.cleaned_data
+        ramps = selectors.ramps_filtered(state=data.get("state") or "",
+                                         route=data.get("route") or "",
+                                         pool=data.get("pool") or "")
+    else:  # a filter it cannot read lists nothing, and says why
+        ramps = selectors.ramp_list().none()
     page = Paginator(ramps, PAGE_SIZE).get_page(request.GET.get("page"))
     return render(request, "ramps/list.html", {"filter_form": form, "page": page})
 
@@ -324,40 +298,32 @@ def _render_detail(request: HttpRequest, ramp: Ramp, *, action_form: RampActionF
 @dashboard_view
 @require_GET
 def ramp_detail(request: HttpRequest, ramp_id: int) -> HttpResponse:
-    ramp = _ramp_or_404(ramp_id)
+    ramp = _ramp(ramp_id)
     target = request.htmx.target  # type: ignore[attr-defined]
     blocks = {LIVE_ID: ("ramps/_live.html", _live), CHARTS_ID: ("ramps/_charts.html", _charts),
               DECISIONS_ID: ("ramps/_decisions.html", _decisions_block)}
     if target in blocks:
         name, context = blocks[target]
-        response = render(request, name, context(ramp, list(ramp.events.all())))
-        if request.GET.get("seen") and request.GET["seen"] != ramp.state:
-            # The state changed while the page watched: reload once, so the buttons offered
-            # are the ones this state allows.
-            response["HX-Refresh"] = "true"
-        return response
+        return refresh_if_changed(
+            request, render(request, name, context(ramp, list(ramp.events.all()))), ramp.state)
     return _render_detail(request, ramp)
 
 
 @dashboard_view
 @require_POST
-def ramp_action(request: HttpRequest, ramp_id: int) -> HttpResponse:
+def ramp_action(request: HttpRequest, ramp_id: int) -> HttpResponseBase:
     """Pause, resume, skip (the ramp role) or abort (the drain role), always with a reason.
     A refusal (a role missing, the ramp no longer in a state that allows it) is shown on the
     page with its status; nothing changed."""
-    ramp = _ramp_or_404(ramp_id)
+    ramp = _ramp(ramp_id)
     form = RampActionForm(request.POST)
-    done: Outcome[Ramp] = Outcome(status=400)
-    if form.is_valid():
-        action = form.cleaned_data["action"]
-        actor = actor_from_request(request)
-        done = _call(lambda: ACTIONS[action](actor=actor, ramp=ramp,
-                                             reason=form.cleaned_data["reason"]), form)
-        if done.result is not None:
-            messages.success(request, f"{ACTION_DONE[action]} ramp {ramp.pk}.")
-            return redirect("ramps:detail", ramp_id=ramp.pk)
-        ramp = _ramp_or_404(ramp_id)
-    return _render_detail(request, ramp, action_form=form, status=done.status)
+    return form_action(
+        request, form, lambda data: ACTIONS[form.cleaned_data["action"]](
+            actor=actor_from_request(request), ramp=ramp, reason=form.cleaned_data["reason"]),
+        success=lambda _: f"{ACTION_DONE[form.cleaned_data['action']]} ramp {ramp.pk}.",
+        then=lambda _: detail_url(ramp), renamed=FORM_FIELDS,
+        invalid=lambda done: _render_detail(request, _ramp(ramp_id), action_form=form,
+                                            status=done.status))
 
 
 def detail_url(ramp: Ramp) -> str:

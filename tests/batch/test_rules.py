@@ -1,4 +1,4 @@
-"""Which pools batch jobs may target (fleetctl/batch/rules.py): the candidate of an open plan
+"""Which pools batch jobs may target (fleetctl/batch/targets.py): the candidate of an open plan
 only from stage 3 on; a primary, a pool in no plan and a closed plan's candidate always. The
 plan is moved through its gates by the services, as people move it."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetctl.batch.rules import job_target_refusal
+from fleetctl.batch.targets import job_target_refusal
 from migrations_plan import services
 from tests.migrations_plan.conftest import World, world  # noqa: F401
 from tests.migrations_plan.helpers import pass_gate, walk_to

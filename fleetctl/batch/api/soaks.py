@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
-from django_filters import rest_framework as filters
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -15,24 +14,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.batch import selectors
 from fleetctl.batch import soak as soaks
 from fleetctl.batch.cost import plan_arbitrage
-from fleetctl.batch.models import DEFAULT_CHUNK_SIZE, BatchFile, BatchJob, Soak, SoakEvent
+from fleetctl.batch.filters import SoakFilter
+from fleetctl.batch.models import DEFAULT_CHUNK_SIZE, BatchJob, Soak, SoakEvent
 from fleetctl.core import idempotency
 from fleetctl.core.api.fields import StrictCharField
 from fleetctl.core.api.schema import ObjectField
 from fleetctl.core.errors import NotFoundError
-from migrations_plan.models import Plan
-
-
-class SoakFilter(filters.FilterSet):
-    state = filters.ChoiceFilter(choices=Soak.State.choices)
-    plan = filters.CharFilter(field_name="plan__name", help_text="Plan name.")
-    pool = filters.CharFilter(field_name="pool__name", help_text="Pool name.")
-
-    class Meta:
-        model = Soak
-        fields = ["state", "plan", "pool"]
+from migrations_plan import selectors as plans
 
 
 class SoakSerializer(serializers.ModelSerializer):
@@ -88,10 +79,10 @@ OPTION_HELP = {
 
 class SoakCreateSerializer(serializers.Serializer):
     plan = serializers.SlugRelatedField(
-        slug_field="name", queryset=Plan.objects.all(),
+        slug_field="name", queryset=plans.plan_list(),
         help_text="The plan's name; it must be at stage 3. The soak runs on its candidate.")
     input_file = serializers.PrimaryKeyRelatedField(
-        queryset=BatchFile.objects.all(),
+        queryset=selectors.file_list(),
         help_text="An uploaded input file's id (POST /api/v1/batch/files/).")
     every_s = serializers.IntegerField(help_text=OPTION_HELP["every_s"])
     duration_s = serializers.IntegerField(help_text=OPTION_HELP["duration_s"])
@@ -147,14 +138,13 @@ class SoakViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     filterset_class = SoakFilter
 
     def get_queryset(self) -> QuerySet[Soak]:
-        return Soak.objects.select_related("plan", "pool", "input_file").order_by(
-            "-started_at", "-id")
+        return selectors.soak_list()
 
     def get_serializer_class(self):  # type: ignore[no-untyped-def]
         return SoakDetailSerializer if self.action == "retrieve" else SoakSerializer
 
     def _soak(self, pk: str) -> Soak:
-        soak = self.get_queryset().filter(pk=int(pk)).first() if str(pk).isdigit() else None
+        soak = selectors.soak_get(int(pk)) if str(pk).isdigit() else None
         if soak is None:
             raise NotFoundError(f"No soak {pk}. See /api/v1/batch/soaks/ for the soaks there "
                                 f"are.")

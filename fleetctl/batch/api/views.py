@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -23,15 +24,13 @@ from rest_framework.response import Response
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.batch import outputs, selectors, services
 from fleetctl.batch.api import serializers as s
-from fleetctl.batch.api.filters import FileFilter, JobFilter
-from fleetctl.batch.models import BatchComparison, BatchFile, BatchJob
+from fleetctl.batch.filters import FileFilter, JobFilter
+from fleetctl.batch.models import BatchFile, BatchJob
 from fleetctl.core import idempotency
 from fleetctl.core.api.renderers import NDJSON, NDJSONRenderer
 from fleetctl.core.errors import NotFoundError
 
 ID = OpenApiParameter("id", int, OpenApiParameter.PATH, description="The job's id.")
-
-
 
 
 class _JsonErrors:
@@ -64,11 +63,13 @@ class BatchFileViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
     """Batch input files (OpenAI Batch JSONL), validated whole when uploaded. POST a
     multipart upload (`file`, optional `name`) with scope `jobs`."""
 
-    queryset = BatchFile.objects.all()
     serializer_class = s.BatchFileSerializer
     filterset_class = FileFilter
     ordering_fields = ["created_at", "id", "requests", "size_bytes"]
     parser_classes = [MultiPartParser, FormParser]
+
+    def get_queryset(self) -> QuerySet[BatchFile]:
+        return selectors.file_list()
 
     @extend_schema(request={"multipart/form-data": s.FileUploadSerializer},
                    responses={201: s.BatchFileSerializer})
@@ -94,11 +95,13 @@ class BatchJobViewSet(_JsonErrors, mixins.ListModelMixin, mixins.RetrieveModelMi
     or cancel; `read` for the rest. Output and error files in the OpenAI Batch output
     format."""
 
-    queryset = selectors.job_list()
     serializer_class = s.BatchJobSerializer
     filterset_class = JobFilter
     ordering_fields = ["created_at", "id", "state"]
     parser_classes = [JSONParser, MultiPartParser, FormParser]
+
+    def get_queryset(self) -> QuerySet[BatchJob]:
+        return selectors.job_list()
 
     def get_serializer_class(self):  # type: ignore[no-untyped-def]
         return s.BatchJobDetailSerializer if self.action == "retrieve" else s.BatchJobSerializer
@@ -235,7 +238,7 @@ class BatchJobViewSet(_JsonErrors, mixins.ListModelMixin, mixins.RetrieveModelMi
     @action(detail=True, methods=["get"], filter_backends=[])
     def events(self, request: Request, pk: str) -> Response:
         """The job's timeline, oldest first (paginated); `manual` marks a person's action."""
-        return self._page(self._job(pk).events.order_by("at", "id"), s.BatchJobEventSerializer)
+        return self._page(selectors.job_events(self._job(pk)), s.BatchJobEventSerializer)
 
     @extend_schema(parameters=[ID], responses={200: s.BatchResendSerializer(many=True)})
     @action(detail=True, methods=["get"], filter_backends=[])
@@ -243,17 +246,15 @@ class BatchJobViewSet(_JsonErrors, mixins.ListModelMixin, mixins.RetrieveModelMi
         """Requests that may have been sent twice: in flight when their chunk's holder lost
         its lease (killed, or stalled), sent again by the new holder; each still has exactly
         one result."""
-        return self._page(self._job(pk).resends.order_by("index", "at"),
-                          s.BatchResendSerializer)
+        return self._page(selectors.job_resends(self._job(pk)), s.BatchResendSerializer)
 
     @extend_schema(parameters=[ID], responses={200: s.BatchComparisonSerializer(many=True)})
     @action(detail=True, methods=["get"], filter_backends=[])
     def comparisons(self, request: Request, pk: str) -> Response:
         """The sampled requests answered by the plan's primary too, and how the answers
         compare (empty until the comparison has run, or when the job has no plan)."""
-        rows = BatchComparison.objects.filter(job=self._job(pk)).select_related(
-            "primary_pool").order_by("index")
-        return self._page(rows, s.BatchComparisonSerializer)
+        return self._page(selectors.job_comparisons(self._job(pk)),
+                          s.BatchComparisonSerializer)
 
 
 __all__ = ["BatchFileViewSet", "BatchJobViewSet"]

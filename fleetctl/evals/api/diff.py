@@ -39,7 +39,7 @@ BATCH = 500
 
 def require_primary(run: EvalRun) -> None:
     """A run without a primary has nothing to diff: a 400 saying what to do."""
-    if not run.run_pools.filter(role=EvalRunPool.Role.PRIMARY).exists():
+    if selectors.role_pool(run, EvalRunPool.Role.PRIMARY) is None:
         raise DomainError(f"Eval run {run.pk} has no primary pool, so there is nothing to "
                           "compare its candidate with; start a run with a primary (or a "
                           "plan) to get an item diff.")

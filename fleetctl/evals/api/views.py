@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import QuerySet
 from django.http import HttpResponse, StreamingHttpResponse
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
@@ -32,8 +33,8 @@ from fleetctl.core.errors import DomainError
 from fleetctl.evals import selectors, services
 from fleetctl.evals.api import diff
 from fleetctl.evals.api import serializers as s
-from fleetctl.evals.api.filters import DiffFilter, ItemFilter, ResultFilter, RunFilter, SuiteFilter
-from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalSuite
+from fleetctl.evals.filters import DiffFilter, ItemFilter, ResultFilter, RunFilter, SuiteFilter
+from fleetctl.evals.models import EvalRun, EvalSuite
 
 EXPORT_FORMATS = ("json", "csv")
 DEFAULT_MAX_UPLOAD_BYTES = 64 * 1024 * 1024
@@ -70,14 +71,19 @@ class EvalSuiteViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModel
     a multipart upload (name, description, file) or …/bundled/ to install fleetctl's own;
     both need `jobs`, as does …/retire/."""
 
-    queryset = EvalSuite.objects.all()
     serializer_class = s.EvalSuiteSerializer
     filterset_class = SuiteFilter
     ordering_fields = ["name", "version", "created_at", "item_count"]
     parser_classes = [JSONParser, MultiPartParser, FormParser]
 
+    def get_queryset(self) -> QuerySet[EvalSuite]:
+        if getattr(self, "queryset", None) is not None:
+            # An action's own queryset: what its filters (and their schema) read.
+            return super().get_queryset()
+        return selectors.suites()
+
     def _suite(self, pk: str) -> EvalSuite:
-        return get_object_or_404(EvalSuite.objects.all(), pk=pk)
+        return get_object_or_404(selectors.suites(), pk=pk)
 
     @extend_schema(
         request={"multipart/form-data": s.EvalSuiteUploadSerializer},
@@ -110,12 +116,12 @@ class EvalSuiteViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModel
                    parameters=[OpenApiParameter("id", int, OpenApiParameter.PATH,
                                                 description="The suite's id.")])
     @action(detail=True, methods=["get"], filterset_class=ItemFilter,
-            filter_backends=[DjangoFilterBackend], queryset=EvalItem.objects.none())
+            filter_backends=[DjangoFilterBackend], queryset=selectors.items_none())
     def items(self, request: Request, pk: str) -> Response:
         """The suite's items in order (paginated; `page_size` up to 500); `tag=` and
         `scorer=` filter."""
         suite = self._suite(pk)
-        page = self.paginate_queryset(self.filter_queryset(suite.items.order_by("position")))
+        page = self.paginate_queryset(self.filter_queryset(selectors.suite_items(suite)))
         return self.get_paginated_response(s.EvalItemSerializer(page, many=True).data)
 
     @extend_schema(
@@ -178,19 +184,23 @@ class EvalRunViewSet(ExportFormatNegotiation, _FileAnswers, mixins.ListModelMixi
     every answer scored; the candidate judged against the primary item by item. POST starts
     one (`jobs`); the answer comes at once, poll the run for progress."""
 
-    queryset = EvalRun.objects.select_related("plan", "suite").prefetch_related(
-        "run_pools__pool")
     serializer_class = s.EvalRunSerializer
     filterset_class = RunFilter
     ordering_fields = ["created_at", "id", "status"]
+
+    def get_queryset(self) -> QuerySet[EvalRun]:
+        if getattr(self, "queryset", None) is not None:
+            # An action's own queryset: what its filters (and their schema) read.
+            return super().get_queryset()
+        return selectors.runs()
 
     def get_serializer_class(self):  # type: ignore[no-untyped-def]
         return s.EvalRunDetailSerializer if self.action == "retrieve" else s.EvalRunSerializer
 
     def _run(self, pk: str) -> EvalRun:
-        # Not self.queryset: the results, diff and export actions set their own (for their
-        # filters' schema).
-        return get_object_or_404(EvalRunViewSet.queryset.all(), pk=pk)
+        # Not self.get_queryset(): the results, diff and export actions set their own (for
+        # their filters' schema).
+        return get_object_or_404(selectors.runs(), pk=pk)
 
     def _detail(self, run: EvalRun, code: int = status.HTTP_200_OK) -> Response:
         return Response(s.EvalRunDetailSerializer(self._run(str(run.pk))).data, status=code)
@@ -230,20 +240,19 @@ class EvalRunViewSet(ExportFormatNegotiation, _FileAnswers, mixins.ListModelMixi
     # queryset: what the results' filters (and their schema) apply to; the run's results are
     # filtered, never this.
     @action(detail=True, methods=["get"], filterset_class=ResultFilter,
-            filter_backends=[DjangoFilterBackend], queryset=EvalResult.objects.none())
+            filter_backends=[DjangoFilterBackend], queryset=selectors.results_none())
     def results(self, request: Request, pk: str) -> Response:
         """Every item on every pool, in the run's interleaved order (paginated; `page_size` up
         to 500): the answer, its score and reason, tokens, latency and every attempt."""
         run = self._run(pk)
-        results = run.results.select_related("item", "run_pool__pool").order_by("position")
-        page = self.paginate_queryset(self.filter_queryset(results))
+        page = self.paginate_queryset(self.filter_queryset(selectors.results(run)))
         return self.get_paginated_response(s.EvalResultSerializer(page, many=True).data)
 
     @extend_schema(responses={200: s.EvalDiffSerializer(many=True)},
                    parameters=[OpenApiParameter("id", int, OpenApiParameter.PATH,
                                                 description="The run's id.")])
     @action(detail=True, methods=["get"], filterset_class=DiffFilter,
-            filter_backends=[DjangoFilterBackend], queryset=EvalResult.objects.none())
+            filter_backends=[DjangoFilterBackend], queryset=selectors.results_none())
     def diff(self, request: Request, pk: str) -> Response:
         """The items the candidate and the primary scored differently, side by side, in suite
         order (paginated): `direction=regressed` for the candidate's losses, `improved` for
@@ -265,7 +274,7 @@ class EvalRunViewSet(ExportFormatNegotiation, _FileAnswers, mixins.ListModelMixi
                        OpenApiTypes.OBJECT, description="{run, diff: [...]}"),
                    (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR)})
     @action(detail=True, methods=["get"], filterset_class=DiffFilter,
-            filter_backends=[DjangoFilterBackend], queryset=EvalResult.objects.none(),
+            filter_backends=[DjangoFilterBackend], queryset=selectors.results_none(),
             pagination_class=None, renderer_classes=[renderers.JSONRenderer, CSVRenderer])
     def export(self, request: Request, pk: str, format: str | None = None
                ) -> StreamingHttpResponse:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -14,7 +15,7 @@ from fleetctl.core import idempotency
 from fleetctl.core.errors import NotFoundError
 from fleetctl.ramps import selectors, services
 from fleetctl.ramps.api import serializers as s
-from fleetctl.ramps.api.filters import RampFilter
+from fleetctl.ramps.filters import RampFilter
 from fleetctl.ramps.models import Ramp
 
 
@@ -22,9 +23,11 @@ class RampViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     """Guarded ramps: a pool's weight on a route stepped up hold by hold, each hold judged on
     live telemetry; the guard rolls back (a drain) on a clear failure."""
 
-    queryset = selectors.ramp_list()
     serializer_class = s.RampSerializer
     filterset_class = RampFilter
+
+    def get_queryset(self) -> QuerySet[Ramp]:
+        return selectors.ramp_list()
 
     def get_serializer_class(self):  # type: ignore[no-untyped-def]
         return s.RampDetailSerializer if self.action == "retrieve" else s.RampSerializer

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from fleetctl.core.csvcells import spreadsheet_safe
+from fleetctl.shadow import selectors
 from fleetctl.shadow.models import ShadowPair, ShadowRun
 
 COMPARED = ("finish_mismatch", "error_mismatch", "validity_mismatch", "refusal_mismatch",
@@ -91,11 +92,6 @@ def pair_json(pair: ShadowPair) -> dict[str, Any]:
             "divergence_score": pair.divergence_score}
 
 
-def _pairs(run: ShadowRun) -> Iterator[ShadowPair]:
-    # Oldest first, as a time series reads; content is never loaded.
-    return run.pairs.order_by("received_at", "id").defer("content").iterator(chunk_size=2000)
-
-
 def _batches(items: Iterable[T]) -> Iterator[list[T]]:
     batch: list[T] = []
     for item in items:
@@ -113,7 +109,7 @@ def csv_lines(run: ShadowRun) -> Iterator[str]:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     yield buffer.getvalue()
-    for pairs in _batches(_pairs(run)):
+    for pairs in _batches(selectors.pairs_for_export(run)):
         buffer.seek(0)
         buffer.truncate()
         writer.writerows(pair_row(pair) for pair in pairs)
@@ -124,7 +120,7 @@ def json_chunks(run: ShadowRun, head: dict[str, Any]) -> Iterator[str]:
     """{"run": head, "pairs": [...]}, a batch of pairs per chunk."""
     opening = json.dumps({"run": head}, default=str)
     yield opening[:-1] + ', "pairs": ['
-    rows = (json.dumps(pair_json(pair), default=str) for pair in _pairs(run))
+    rows = (json.dumps(pair_json(pair), default=str) for pair in selectors.pairs_for_export(run))
     for n, batch in enumerate(_batches(rows)):
         yield ("," if n else "") + ",".join(batch)
     yield "]}\n"

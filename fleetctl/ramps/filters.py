@@ -1,3 +1,6 @@
+"""The FilterSet of ramps, in one place for the API and the dashboard (the ramps page reads
+its own form, which offers "active" as a state)."""
+
 from __future__ import annotations
 
 from django_filters import rest_framework as filters

@@ -1,8 +1,11 @@
+"""The FilterSets of batch jobs, input files and soaks, in one place for the API and the
+dashboard (the jobs page reads its own form, which offers "active" as a state)."""
+
 from __future__ import annotations
 
 from django_filters import rest_framework as filters
 
-from fleetctl.batch.models import BatchFile, BatchJob
+from fleetctl.batch.models import BatchFile, BatchJob, Soak
 
 
 class JobFilter(filters.FilterSet):
@@ -24,3 +27,13 @@ class FileFilter(filters.FilterSet):
     class Meta:
         model = BatchFile
         fields = ["name", "sha256"]
+
+
+class SoakFilter(filters.FilterSet):
+    state = filters.ChoiceFilter(choices=Soak.State.choices)
+    plan = filters.CharFilter(field_name="plan__name", help_text="Plan name.")
+    pool = filters.CharFilter(field_name="pool__name", help_text="Pool name.")
+
+    class Meta:
+        model = Soak
+        fields = ["state", "plan", "pool"]
