@@ -97,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
               f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
         report("parse_jsonl (fleetctl format)",
                lines_per_s(paths["fleetctl"], traces.parse_jsonl, args.runs), target=True)
-        fast = traces._fast_loads
-        traces._fast_loads = traces._stdlib_loads
+        fast = traces.reading._fast_loads
+        traces.reading._fast_loads = traces.reading._stdlib_loads
         try:
             report("parse_jsonl, standard-library json decoder",
                    lines_per_s(paths["fleetctl"], traces.parse_jsonl, args.runs))
         finally:
-            traces._fast_loads = fast
+            traces.reading._fast_loads = fast
         report("parse_mooncake", lines_per_s(paths["mooncake"], traces.parse_mooncake, args.runs))
         report("parse_azure_csv",
                lines_per_s(paths["azure-csv"], traces.parse_azure_csv, args.runs))

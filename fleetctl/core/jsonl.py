@@ -1,6 +1,6 @@
 """Reading an uploaded JSONL file: streamed, line-numbered and all-or-nothing.
 
-One reader for every JSONL upload fleetctl takes — request traces (bench/traces.py), eval
+One reader for every JSONL upload fleetctl takes — request traces (bench/traces/), eval
 suites (evals/suites.py) and batch inputs — so that each refuses a bad file the same way:
 
 - Streamed: one line at a time. A file object is read with readline(limit), so a line longer
@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 
 MAX_LINE_BYTES = 1024 * 1024
 # How deep arrays and objects may nest in an uploaded line (and in a JSON Schema, which
-# compare.schema_validator holds to the same limit). Real requests, suite items and schemas
+# inference.schema.schema_validator holds to the same limit). Real requests, suite items and schemas
 # nest a dozen levels at most (OpenAI's structured outputs allow 10 for a schema), so 64 is
 # generous; and 64 levels keep every recursive walk over a value (Python's json, jsonschema's
 # check_schema at about five frames a level, Django's JSONField encoding, our own) far inside

@@ -682,7 +682,7 @@ def test_prefix_shares_count_requests_and_tokens() -> None:
 def test_the_standard_library_decoder_reads_and_refuses_the_same(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """pydantic-core's decoder is optional; without it the results must not change."""
-    from fleetctl.bench import traces
+    from fleetctl.bench.traces import reading
 
     good = [*lines_of({"fleetctl_trace": 1, "name": "x"}), b"\n",
             *(json.dumps(r.to_json()).encode() for r in feature_rich_trace(50))]
@@ -695,5 +695,5 @@ def test_the_standard_library_decoder_reads_and_refuses_the_same(
         return list(parse_jsonl(good)), caught.value.errors
 
     fast = outcome()
-    monkeypatch.setattr(traces, "_fast_loads", traces._stdlib_loads)
+    monkeypatch.setattr(reading, "_fast_loads", reading._stdlib_loads)
     assert outcome() == fast
