@@ -1,4 +1,4 @@
-"""How many answer pairs per second does `fleetctl.core.compare` compare on one core?
+"""How many answer pairs per second does `fleetctl.inference.compare` compare on one core?
 
 Builds 512-token chat answers (each token with its logprob and 5 top_logprobs, as a shadow
 run requests them) for four cases — identical, diverging at token 5, diverging at token
@@ -29,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fleetctl.core.compare import Answer, compare  # noqa: E402
+from fleetctl.inference.compare import Answer, compare  # noqa: E402
 
 TOKENS = 512
 TARGET_PAIRS_PER_S = 500

@@ -29,7 +29,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fleetctl.core import confidence as conf  # noqa: E402
+from fleetctl.inference import confidence as conf  # noqa: E402
 
 FALSE_FAIL_TARGET = 0.05
 

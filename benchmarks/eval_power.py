@@ -4,7 +4,7 @@ candidate that is as good as its primary? Measured against the simulator, in-pro
 For every bundled suite (fleetctl.evals.bundled, parsed by fleetctl.evals.suites like an
 upload), each trial answers every item as a simulated pool would (fleetctl.sim.tasks.task_text,
 the text the simulator's server sends) and scores it with the item's scorer
-(fleetctl.core.scorers.score), for three pools built from the real built-in profiles:
+(fleetctl.evals.scorers.score), for three pools built from the real built-in profiles:
 
 - the primary: h200 at task accuracy 0.92;
 - an A/A candidate: mi300x at the same accuracy (its own divergence: on its share of keys it
@@ -50,8 +50,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fleetctl.core import scorers  # noqa: E402
-from fleetctl.evals import bundled, stats, suites  # noqa: E402
+from fleetctl.evals import bundled, scorers, stats, suites  # noqa: E402
 from fleetctl.sim import tasks  # noqa: E402
 from fleetctl.sim.profiles import BUILTIN_PROFILES, Profile  # noqa: E402
 

@@ -33,11 +33,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fleetctl.core import compare  # noqa: E402
-from fleetctl.core.compare import Answer  # noqa: E402
-from fleetctl.core.scorers import score  # noqa: E402
 from fleetctl.evals import bundled  # noqa: E402
+from fleetctl.evals.scorers import score  # noqa: E402
 from fleetctl.evals.suites import SuiteItem, parse_suite  # noqa: E402
+from fleetctl.inference import schema  # noqa: E402
+from fleetctl.inference.compare import Answer  # noqa: E402
 from fleetctl.sim.profiles import BUILTIN_PROFILES  # noqa: E402
 from fleetctl.sim.tasks import task_text  # noqa: E402
 
@@ -69,8 +69,8 @@ def rate(batch: list[tuple[SuiteItem, Answer]], runs: int, *, cold: bool
     for _ in range(runs):
         params = [copy.deepcopy(item.params) for item, _ in batch]
         if cold:
-            compare._VALIDATORS.clear()
-            compare._BY_IDENTITY.clear()
+            schema._VALIDATORS.clear()
+            schema._BY_IDENTITY.clear()
         total = 0.0
         start = time.perf_counter()
         for (scorer, answer, references), item_params in zip(jobs, params, strict=True):

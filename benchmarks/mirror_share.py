@@ -52,10 +52,10 @@ def main() -> None:
 
     django.setup()
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from fleetctl.core.confidence import wilson_interval
     from fleetctl.core.ports import free_port
     from fleetctl.demo.envoy_process import EnvoyProcess
     from fleetctl.demo.nginx_process import NginxProcess
+    from fleetctl.inference.confidence import wilson_interval
     from fleetctl.shadow import live
     from fleetctl.traffic.gateways.base import DesiredState, PoolTarget, RouteSpec, adapter_for
 

@@ -1,4 +1,4 @@
-"""How many answers per second does each scorer in `fleetctl.core.scorers` score on one core?
+"""How many answers per second does each scorer in `fleetctl.evals.scorers` score on one core?
 
 For each scorer, a few hundred realistic answers (a chain of reasoning ending in the
 answer, 50 to 300 words, as eval runs get them at temperature 0; JSON objects for the JSON
@@ -27,8 +27,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fleetctl.core.compare import Answer, ToolCall  # noqa: E402
-from fleetctl.core.scorers import score, validate  # noqa: E402
+from fleetctl.evals.scorers import score, validate  # noqa: E402
+from fleetctl.inference.compare import Answer, ToolCall  # noqa: E402
 
 WORDS = ("the", "train", "leaves", "at", "noon", "and", "travels", "so", "we", "add",
          "apples", "each", "box", "holds", "then", "total", "price", "per", "item", "km")

@@ -45,7 +45,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fleetctl.core import confidence  # noqa: E402
+from fleetctl.inference import confidence  # noqa: E402
 from fleetctl.shadow import stats  # noqa: E402
 
 FLOOR = 0.01

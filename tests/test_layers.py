@@ -1,6 +1,8 @@
 """The apps are layers: each imports only the layers below it, read from the source with `ast`.
 
     core                      imports no app
+    inference                 core only: talking to models and judging their answers (a
+                              plain package, not an app)
     accounts, audit           core, and each other (an Actor's refusals are audited; an
                               audit event names its Actor)
     fleet                     core, accounts, audit
@@ -54,33 +56,40 @@ ROOT = Path(__file__).resolve().parent.parent
 BELOW_FLEET = {"core", "accounts", "audit"}
 MAY_IMPORT: dict[str, set[str]] = {
     "core": set(),
+    # Talking to models and judging their answers (upstream calls, chat rendering, answer
+    # comparison, user-given JSON Schemas, confidence bounds): a plain package on core.
+    "inference": {"core"},
     "accounts": {"core", "audit"},
     "audit": {"core", "accounts"},
     "fleet": BELOW_FLEET,
     "traffic": BELOW_FLEET | {"fleet", "webhooks"},
-    "plans": BELOW_FLEET | {"fleet", "traffic", "webhooks"},
+    # Plans check evidence kinds' JSON Schemas, and reported data, with inference's
+    # local-only schema rules (nothing is fetched).
+    "plans": BELOW_FLEET | {"fleet", "traffic", "webhooks", "inference"},
     "bench": BELOW_FLEET | {"fleet", "traffic", "plans"},
     # The conformance probe sits beside bench: it records plan evidence the same way.
     "conformance": BELOW_FLEET | {"fleet", "traffic", "plans"},
-    # Shadow runs replay stored traces (bench) and record plan evidence.
-    "shadow": BELOW_FLEET | {"fleet", "traffic", "plans", "bench"},
-    # Eval runs score suites on pools directly and record plan evidence.
-    "evals": BELOW_FLEET | {"fleet", "traffic", "plans"},
+    # Shadow runs replay stored traces (bench), call and compare pools (inference), and
+    # record plan evidence.
+    "shadow": BELOW_FLEET | {"fleet", "traffic", "plans", "bench", "inference"},
+    # Eval runs score suites on pools directly (inference) and record plan evidence.
+    "evals": BELOW_FLEET | {"fleet", "traffic", "plans", "inference"},
     # Outgoing webhooks know events and URLs, nothing of the domains that send them.
     "webhooks": BELOW_FLEET,
-    # Telemetry follows the gateways' logs (traffic) and scrapes the pools (fleet).
-    "telemetry": BELOW_FLEET | {"fleet", "traffic"},
+    # Telemetry follows the gateways' logs (traffic), scrapes the pools (fleet), and bounds
+    # its rates and percentiles with inference's confidence intervals.
+    "telemetry": BELOW_FLEET | {"fleet", "traffic", "inference"},
     # Ramps step a route's split (traffic), judged on telemetry against a plan's SLO, and
     # record plan evidence.
     "ramps": BELOW_FLEET | {"fleet", "traffic", "telemetry", "plans", "webhooks"},
-    # Batch jobs run on pools (fleet), may carry a plan's batch route (traffic), and record
-    # plan evidence; drills and soaks notify.
-    "batch": BELOW_FLEET | {"fleet", "traffic", "plans", "webhooks"},
+    # Batch jobs run on pools (fleet), may carry a plan's batch route (traffic), compare
+    # answers (inference), and record plan evidence; drills and soaks notify.
+    "batch": BELOW_FLEET | {"fleet", "traffic", "plans", "webhooks", "inference"},
     "sim": set(),
     "cli": {"sim", "fleetctl.bench.traces"},
     "project": {"core", "accounts", "audit", "fleet", "traffic", "plans", "bench", "sim",
                 "cli", "conformance", "shadow", "evals", "webhooks", "telemetry", "ramps",
-                "batch"},
+                "batch", "inference"},
 }
 ALL_UNITS = set(MAY_IMPORT) | {"demo"}
 # What any unit may import: the Celery app and the package itself (its version).
@@ -224,6 +233,9 @@ def test_the_rule_refuses_what_it_should():
     assert not _allowed("traffic", "migrations_plan.models")
     assert not _allowed("cli", "fleetctl.bench.models")
     assert not _allowed("bench", "fleetctl.demo.devstack")
+    assert not _allowed("core", "fleetctl.inference.compare")
+    assert not _allowed("inference", "fleetctl.fleet.models")
+    assert _allowed("inference", "fleetctl.core.jsonl")
     assert _allowed("bench", "migrations_plan.evidence")
     assert _allowed("cli", "fleetctl.bench.traces")
     assert _allowed("fleet", "fleetctl.celery")

@@ -3,7 +3,7 @@
 Why: a candidate that answers every line of a batch job is not yet shown to answer them as
 the primary would. After a job ends (task `batch.compare`), up to `job.compare_sample` of its
 successful requests are sent, body unchanged, straight to the plan's primary pool (never
-through a route) and each pair of answers is compared with fleetctl/core/compare.py, the
+through a route) and each pair of answers is compared with fleetctl/inference/compare.py, the
 module shadow runs and eval runs use, with the primary as the reference (a).
 
 - The sample is deterministic: each successful request's index is ranked by a hash of
@@ -38,10 +38,10 @@ from django.utils import timezone
 from fleetctl.batch import inputs
 from fleetctl.batch.models import BatchChunk, BatchComparison, BatchJob, BatchResult
 from fleetctl.batch.services import file_path
-from fleetctl.core import upstream
-from fleetctl.core.compare import Answer, Comparison, compare, requested_form, requested_greedy
-from fleetctl.core.confidence import Interval, wilson_interval
 from fleetctl.fleet.models import Pool
+from fleetctl.inference import upstream
+from fleetctl.inference.compare import Answer, Comparison, compare, requested_form, requested_greedy
+from fleetctl.inference.confidence import Interval, wilson_interval
 
 log = logging.getLogger(__name__)
 

@@ -8,13 +8,16 @@ is paid for by the hour whatever else it does, and batch work fills it). A drill
 a lapsed lease on purpose, so it is left out when the soak has other completed jobs.
 
 Two currencies are never one number: the measured cost is converted into the prediction's
-currency through the newest dated fleet rate (either direction), and the conversion is said
-("1 EUR = 1.08 USD, rate of 2026-11-30"). No rate, no verdict: insufficient, with what to add.
+currency through the newest dated fleet rate (either direction) by the fleet's one conversion
+(fleet/selectors.py `convert`), and the conversion is said ("1 EUR = 1.08 USD, rate of
+2026-11-30"). No rate, or only one older than MAX_RATE_AGE_DAYS, no verdict: insufficient,
+with what to add.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import date
 from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +25,7 @@ from django.utils import timezone
 
 from fleetctl.fleet.costs import cost_per_1m
 from fleetctl.fleet.models import money
-from fleetctl.fleet.selectors import rate_on
+from fleetctl.fleet.selectors import NoRate, convert, rate_on
 
 if TYPE_CHECKING:
     from fleetctl.batch.models import BatchJob, Soak
@@ -30,6 +33,9 @@ if TYPE_CHECKING:
 
 PASS, FAIL, INSUFFICIENT = "pass", "fail", "insufficient"
 PLACES = Decimal("0.0001")
+# The oldest exchange rate a conversion may use, in days before it: the benchmark cost
+# check's default (bench/evidence.py, max_rate_age_days), through the same conversion.
+MAX_RATE_AGE_DAYS = 31.0
 
 
 @dataclass
@@ -123,61 +129,106 @@ def plan_arbitrage(plan: Plan, soak: Soak | None = None) -> Arbitrage:
                        predicted_at=plan.predicted_cost_at)
     soak = soak or _latest_soak(plan)
     pool = soak.pool if soak is not None else plan.candidate_pool
-    answer.hourly_rate = Decimal(str(pool.node_hourly_rate))
+    answer.hourly_rate = hourly_rate = Decimal(str(pool.node_hourly_rate))
     answer.measured_currency = pool.currency
     if soak is not None:
-        answer.soak_id = soak.pk
-        jobs, answer.left_out = _measured_jobs(soak)
-        answer.jobs = [job.pk for job in jobs]
-        answer.busy_seconds = sum((job.finished_at - job.started_at).total_seconds()
-                                  for job in jobs if job.finished_at and job.started_at)
-        answer.output_tokens = sum(_job_output_tokens(job) for job in jobs)
-        if answer.busy_seconds > 0 and answer.output_tokens > 0:
-            answer.output_tokens_per_s = answer.output_tokens / answer.busy_seconds
-            answer.measured = cost_per_1m(answer.hourly_rate, answer.output_tokens_per_s)
+        _measure(answer, soak, hourly_rate)
+    missing = _missing_figure(answer, plan, soak, pool.name)
+    if missing:
+        answer.message = missing
+        return answer
+    assert soak is not None and answer.measured is not None and answer.predicted is not None
+    converted = _compare_in_predicted_currency(answer)
+    if converted is None:
+        return answer
+    _judge(answer, soak, converted)
+    return answer
 
+
+def _measure(answer: Arbitrage, soak: Soak, hourly_rate: Decimal) -> None:
+    """The soak's jobs, busy time, output tokens and (when it has both) measured cost."""
+    answer.soak_id = soak.pk
+    jobs, answer.left_out = _measured_jobs(soak)
+    answer.jobs = [job.pk for job in jobs]
+    answer.busy_seconds = sum((job.finished_at - job.started_at).total_seconds()
+                              for job in jobs if job.finished_at and job.started_at)
+    answer.output_tokens = sum(_job_output_tokens(job) for job in jobs)
+    if answer.busy_seconds > 0 and answer.output_tokens > 0:
+        answer.output_tokens_per_s = answer.output_tokens / answer.busy_seconds
+        answer.measured = cost_per_1m(hourly_rate, answer.output_tokens_per_s)
+
+
+def _missing_figure(answer: Arbitrage, plan: Plan, soak: Soak | None, pool_name: str) -> str:
+    """Why there is nothing to judge yet (no prediction, no soak, nothing measured), or ""."""
     if answer.predicted is None:
-        answer.message = (f"Plan {plan.name} has no predicted cost per 1M output tokens: it is "
-                          f"recorded when the plan enters stage 3 from the candidate's "
-                          f"benchmark cost, or a platform lead sets it (predicted_cost_per_1m "
-                          f"and predicted_cost_currency on the plan).")
-        return answer
-    predicted_text = f"{money(answer.predicted)} {answer.predicted_currency}"
+        return (f"Plan {plan.name} has no predicted cost per 1M output tokens: it is "
+                f"recorded when the plan enters stage 3 from the candidate's "
+                f"benchmark cost, or a platform lead sets it (predicted_cost_per_1m "
+                f"and predicted_cost_currency on the plan).")
+    predicted_text = _predicted_text(answer)
     if soak is None:
-        answer.message = (f"Predicted {predicted_text} per 1M output tokens; no soak has run "
-                          f"on {pool.name} yet to measure it (start one in stage 3).")
-        return answer
+        return (f"Predicted {predicted_text} per 1M output tokens; no soak has run "
+                f"on {pool_name} yet to measure it (start one in stage 3).")
     if answer.measured is None:
-        answer.message = (f"Predicted {predicted_text} per 1M output tokens; soak {soak.pk} has "
-                          f"no completed job with output tokens yet to measure it.")
-        return answer
+        return (f"Predicted {predicted_text} per 1M output tokens; soak {soak.pk} has "
+                f"no completed job with output tokens yet to measure it.")
+    return ""
 
-    measured_text = f"{money(answer.measured)} {answer.measured_currency}"
-    compared = answer.measured
-    converted = ""
-    if answer.measured_currency != answer.predicted_currency:
-        found = rate_on(from_currency=answer.measured_currency,
-                        to_currency=answer.predicted_currency, on=timezone.localdate())
-        if found is None:
-            answer.message = (
-                f"Measured {measured_text} per 1M output tokens, predicted {predicted_text}: "
-                f"two currencies are compared only through a stated rate, and there is no "
-                f"{answer.measured_currency}/{answer.predicted_currency} rate. Add one "
-                f"(Fleet → Currency rates, or POST /api/v1/currency-rates/) to judge it.")
-            return answer
-        row, inverted = found
-        rate = (Decimal(1) / row.rate) if inverted else row.rate
-        shown = money(rate.quantize(Decimal("0.000001")))
-        answer.conversion = (f"1 {answer.measured_currency} = {shown} "
-                             f"{answer.predicted_currency}, rate of {row.as_of:%Y-%m-%d}"
-                             + (f" (the inverse of {row.label})" if inverted else ""))
-        answer.conversion_data = {"from": answer.measured_currency,
-                                  "to": answer.predicted_currency, "rate": str(rate),
-                                  "as_of": row.as_of.isoformat(), "rate_id": row.pk,
-                                  "source": row.source, "inverted": inverted}
-        compared = (answer.measured * rate).quantize(PLACES, rounding=ROUND_HALF_UP)
-        converted = f" = {money(compared)} {answer.predicted_currency} ({answer.conversion})"
+
+def _predicted_text(answer: Arbitrage) -> str:
+    assert answer.predicted is not None
+    return f"{money(answer.predicted)} {answer.predicted_currency}"
+
+
+def _measured_text(answer: Arbitrage) -> str:
+    assert answer.measured is not None
+    return f"{money(answer.measured)} {answer.measured_currency}"
+
+
+def _compare_in_predicted_currency(answer: Arbitrage) -> str | None:
+    """Set `measured_compared` (the measured cost in the prediction's currency) and return
+    how it was converted (" = 7.716 EUR (1 USD = …)", "" for one currency); None, with the
+    message set, when there is no usable rate: none, or one older than MAX_RATE_AGE_DAYS,
+    which the fleet's conversion refuses as it does for the benchmark's cost check."""
+    assert answer.measured is not None
+    if answer.measured_currency == answer.predicted_currency:
+        answer.measured_compared = answer.measured
+        return ""
+    on = timezone.localdate()
+    try:
+        conversion = convert(amount=answer.measured, from_currency=answer.measured_currency,
+                             to_currency=answer.predicted_currency, on=on,
+                             max_age_days=MAX_RATE_AGE_DAYS)
+    except NoRate as exc:
+        answer.message = _no_rate_message(answer, on, exc)
+        return None
+    row = conversion.row
+    shown = money(conversion.rate.quantize(Decimal("0.000001")))
+    answer.conversion = (f"1 {answer.measured_currency} = {shown} "
+                         f"{answer.predicted_currency}, rate of {row.as_of:%Y-%m-%d}"
+                         + (f" (the inverse of {row.label})" if conversion.inverted else ""))
+    answer.conversion_data = conversion.as_json()
+    compared = conversion.amount.quantize(PLACES, rounding=ROUND_HALF_UP)
     answer.measured_compared = compared
+    return f" = {money(compared)} {answer.predicted_currency} ({answer.conversion})"
+
+
+def _no_rate_message(answer: Arbitrage, on: date, refused: NoRate) -> str:
+    head = (f"Measured {_measured_text(answer)} per 1M output tokens, predicted "
+            f"{_predicted_text(answer)}: two currencies are compared only through a stated "
+            f"rate, and ")
+    pair = f"{answer.measured_currency}/{answer.predicted_currency}"
+    if rate_on(from_currency=answer.measured_currency, to_currency=answer.predicted_currency,
+               on=on) is None:
+        return (head + f"there is no {pair} rate. Add one (Fleet → Currency rates, or "
+                       f"POST /api/v1/currency-rates/) to judge it.")
+    return head + f"{refused} (Fleet → Currency rates, or POST /api/v1/currency-rates/)."
+
+
+def _judge(answer: Arbitrage, soak: Soak, converted: str) -> None:
+    """Pass or fail against the prediction plus the plan's margin, saying every figure."""
+    assert answer.predicted is not None and answer.measured_compared is not None
+    margin = answer.margin_pct
     limit = (answer.predicted * (1 + Decimal(str(margin)) / 100)).quantize(
         PLACES, rounding=ROUND_HALF_UP)
     answer.limit = limit
@@ -185,7 +236,8 @@ def plan_arbitrage(plan: Plan, soak: Soak | None = None) -> Arbitrage:
            f"{answer.output_tokens_per_s:,.1f} output tok/s over "
            f"{answer.busy_seconds:,.0f} s of soak {soak.pk}'s jobs")
     margin_text = f" + {margin:g} %" if margin else ""
-    if compared <= limit:
+    measured_text, predicted_text = _measured_text(answer), _predicted_text(answer)
+    if answer.measured_compared <= limit:
         answer.status = PASS
         answer.message = (f"Measured {measured_text}{converted} per 1M output tokens, within "
                           f"the predicted {predicted_text}{margin_text} (limit "
@@ -195,4 +247,3 @@ def plan_arbitrage(plan: Plan, soak: Soak | None = None) -> Arbitrage:
         answer.message = (f"Measured {measured_text}{converted} per 1M output tokens, over the "
                           f"predicted {predicted_text}{margin_text} (limit {money(limit)} "
                           f"{answer.predicted_currency}; {how}).")
-    return answer

@@ -6,8 +6,9 @@ Threads, and why:
   (`store.dispatched`), then hands the request to a sender thread; every answer comes back on
   a queue and is recorded here, one transaction each. So a worker uses two database
   connections (this one and the lease renewer's) however high the job's concurrency.
-- Sender threads (at most `job.concurrency` busy at once) only talk HTTP: one pooled httpx
-  client per process, the body sent as given (non-streamed), `job.request_timeout_s` per try,
+- Sender threads (at most `job.concurrency` busy at once) only talk HTTP: the process's one
+  pooled httpx client (fleetctl/inference/upstream.py's, shared with shadow and eval calls),
+  the body sent as given (non-streamed), `job.request_timeout_s` per try,
   the pool's base_urls taken round robin.
 - The renewer extends the lease every lease_s / 3 and re-reads the job's concurrency and rate
   limit (a person may edit them while it runs). When a renewal fails (the lease was taken
@@ -60,20 +61,22 @@ from django.utils import timezone
 
 from fleetctl.batch.models import BatchJob, BatchJobEvent
 from fleetctl.batch.store import FAULT_CLEARED, CheckpointStore, Claim, Outcome, input_path
+from fleetctl.inference.upstream import (
+    ERROR_BODY_LIMIT,
+    call_timeout,
+    endpoint_url,
+    pooled_client,
+    transport_error,
+)
 
 log = logging.getLogger("fleetctl.batch")
 
-CONNECT_TIMEOUT_S = 10.0
-MAX_CONNECTIONS = 512
 MAX_CONCURRENCY = 256  # BatchJob.concurrency's validator
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 30.0
-ERROR_BODY_LIMIT = 65536
 FAULT_S = 2.0  # how long the fault-pool drill keeps the pool down
 HALT_POLL_S = 0.25
 
-_lock = threading.Lock()
-_http: httpx.Client | None = None
 _drill_threads: list[threading.Thread] = []
 
 
@@ -82,21 +85,6 @@ def wait_for_drills(timeout_s: float = FAULT_S + 15) -> None:
     deadline = time.monotonic() + timeout_s
     for thread in _drill_threads:
         thread.join(timeout=max(0.0, deadline - time.monotonic()))
-
-
-def http_client() -> httpx.Client:
-    """The process's one pooled client, shared by every sender thread."""
-    global _http
-    with _lock:
-        if _http is None:
-            _http = httpx.Client(follow_redirects=False, limits=httpx.Limits(
-                max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS))
-        return _http
-
-
-def endpoint_url(base_url: str, path: str) -> str:
-    """base_url + the line's url, whether or not the base_url already ends in /v1."""
-    return base_url.rstrip("/").removesuffix("/v1") + path
 
 
 def retryable(status: int) -> bool:
@@ -147,15 +135,13 @@ def send(base_url: str, request: dict[str, Any], *, timeout_s: float) -> Reply:
     """POST one line's body to base_url + its url; errors are replies, never raised."""
     url = endpoint_url(base_url, str(request.get("url") or "/v1/chat/completions"))
     started = time.monotonic()
-    timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
     try:
-        response = http_client().post(url, json=request.get("body"), timeout=timeout)
+        response = pooled_client().post(url, json=request.get("body"),
+                                        timeout=call_timeout(timeout_s))
     except httpx.TimeoutException:
         return _transport("timeout", f"no answer within {timeout_s:g} s", started)
-    except httpx.ConnectError as exc:
-        return _transport("unreachable", f"could not connect to {base_url}: {exc}", started)
     except httpx.HTTPError as exc:
-        return _transport("transport", f"{exc.__class__.__name__}: {exc}", started)
+        return _transport(*transport_error(exc, base_url), started)
     latency_ms = (time.monotonic() - started) * 1000
     text = response.text
     try:
@@ -453,7 +439,7 @@ class ChunkRun:
         """Down for FAULT_S seconds through each endpoint's fault hook, then cleared (always,
         even when a hook failed half way)."""
         urls = list(self.job.pool.base_urls)
-        client = http_client()
+        client = pooled_client()
         applied: list[str] = []
         try:
             if not self.store.drill_fire(

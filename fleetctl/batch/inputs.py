@@ -33,7 +33,6 @@ from typing import IO, Any
 
 import numpy as np
 
-from fleetctl.core.compare import request_schema_problem
 from fleetctl.core.jsonl import (
     MAX_LINE_BYTES,
     JsonlError,
@@ -42,6 +41,7 @@ from fleetctl.core.jsonl import (
     objects,
     show,
 )
+from fleetctl.inference.schema import request_schema_problem
 
 URLS = ("/v1/chat/completions", "/v1/completions")
 KEYS = ("custom_id", "method", "url", "body")

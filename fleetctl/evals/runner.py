@@ -46,9 +46,10 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from fleetctl.core import scorers, upstream
-from fleetctl.core.compare import Answer
+from fleetctl.evals import scorers
 from fleetctl.evals.models import EvalResult, EvalRun, EvalRunPool
+from fleetctl.inference import upstream
+from fleetctl.inference.compare import Answer
 from migrations_plan import jobs
 
 log = logging.getLogger("fleetctl.evals")
@@ -265,47 +266,68 @@ def release(run_id: int, token: str) -> int:
 
 # --- the loop ---------------------------------------------------------------------------------
 
+class _Lost(Exception):
+    """The run stopped being this worker's (cancelled, taken over): a beat or claim failed."""
+
+
+@dataclass
+class _Feed:
+    """The run's pending rows, claimed a chunk at a time as the senders need them, and the
+    heartbeat that keeps the claim (a claim counts as a beat)."""
+
+    run: EvalRun
+    token: str
+    pools: dict[int, EvalRunPool]
+    chunk: int
+    counters: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    queue: deque[Job] = field(default_factory=deque)
+    exhausted: bool = False
+    last_beat: float = field(default_factory=time.monotonic)
+
+    def keep_alive(self) -> None:
+        if time.monotonic() - self.last_beat >= BEAT_EVERY_S:
+            if not beat(self.run, self.token):
+                raise _Lost
+            self.last_beat = time.monotonic()
+
+    def next_job(self) -> Job | None:
+        """The next row to send, or None when the rows ran out."""
+        if not self.queue:
+            if self.exhausted:
+                return None
+            jobs = claim(self.run, self.token, self.chunk, self.pools, self.counters)
+            if jobs is None:
+                raise _Lost
+            self.last_beat = time.monotonic()
+            if not jobs:
+                self.exhausted = True
+                return None
+            self.queue.extend(jobs)
+        return self.queue.popleft()
+
+
 def drive(run: EvalRun, token: str) -> bool:
     """Send, score and write every pending row. True when the rows ran out; False when the
     run stopped being this worker's (cancelled, taken over)."""
-    pools = {rp.pk: rp for rp in EvalRunPool.objects.filter(run=run)}
-    counters: dict[int, int] = defaultdict(int)
+    feed = _Feed(run, token, {rp.pk: rp for rp in EvalRunPool.objects.filter(run=run)},
+                 chunk=max(MIN_CHUNK, 2 * run.concurrency))
     stop = threading.Event()
     pacer = Pacer(run.max_rps)
-    chunk = max(MIN_CHUNK, 2 * run.concurrency)
     executor = ThreadPoolExecutor(max_workers=run.concurrency,
                                   thread_name_prefix=f"eval-run-{run.pk}")
     inflight: dict[Future[Outcome], int] = {}
-    queue: deque[Job] = deque()
     unwritten: list[Outcome] = []
     oldest = 0.0
-    exhausted = False
-    last_beat = time.monotonic()
     try:
         while True:
-            if time.monotonic() - last_beat >= BEAT_EVERY_S:
-                if not beat(run, token):
-                    return False
-                last_beat = time.monotonic()
-            while len(inflight) < run.concurrency:
-                if not queue:
-                    if exhausted:
-                        break
-                    jobs = claim(run, token, chunk, pools, counters)
-                    if jobs is None:
-                        return False
-                    last_beat = time.monotonic()
-                    if not jobs:
-                        exhausted = True
-                        break
-                    queue.extend(jobs)
-                job = queue.popleft()
+            feed.keep_alive()
+            while len(inflight) < run.concurrency and (job := feed.next_job()) is not None:
                 future = executor.submit(send, job, timeout_s=run.timeout_s,
                                          max_attempts=run.max_attempts, pacer=pacer,
                                          stop=stop)
                 inflight[future] = job.pk
             if not inflight:
-                break
+                return True
             finished, _ = wait(inflight, timeout=WAIT_S, return_when=FIRST_COMPLETED)
             for future in finished:
                 inflight.pop(future)
@@ -316,7 +338,8 @@ def drive(run: EvalRun, token: str) -> bool:
                               or time.monotonic() - oldest >= WRITE_EVERY_S):
                 write(run.pk, token, unwritten)
                 unwritten = []
-        return True
+    except _Lost:
+        return False
     finally:
         stop.set()
         executor.shutdown(wait=False, cancel_futures=True)

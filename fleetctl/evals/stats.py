@@ -3,7 +3,7 @@ the items both scored, the verdict against the plan's quality margin, and the sa
 a lead sees which kind of task regressed. Pure (no Django, no I/O): services.run_finish hands
 it the result rows, the power benchmark (benchmarks/eval_power.py) simulated ones.
 
-Every interval comes from fleetctl.core.confidence, so an eval verdict reads like a shadow
+Every interval comes from fleetctl.inference.confidence, so an eval verdict reads like a shadow
 verdict: a pool's score is a Wilson interval when every score is 0 or 1 and a BCa bootstrap
 otherwise; the paired difference is Newcombe's paired interval with the exact McNemar p-value
 for 0/1 scores and a paired BCa bootstrap otherwise; confidence.judge gives the verdict
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fleetctl.core import confidence
+from fleetctl.inference import confidence
 
 # The bootstrap's seed: fixed, so a run's statistics never change when computed again.
 SEED = 20261202
@@ -146,6 +146,40 @@ def _summary(verdict: str, *, candidate: str, primary: str | None,
     return line
 
 
+def _tag_breakdown(item_tags: Mapping[str, set[str]], scores: Mapping[str, dict[str, float]],
+                   order: Sequence[str], candidate: str, primary: str | None, *,
+                   margin: float, level: float) -> tuple[dict[str, Any], list[str]]:
+    """Per tag: each pool's score, the paired difference (no verdict: the run's verdict is
+    the gate) and whether it regressed (its upper bound is below −margin); and the
+    regressed tags, in order."""
+    by_tag: dict[str, list[str]] = {}
+    for item in sorted(item_tags):
+        for tag in item_tags[item]:
+            by_tag.setdefault(tag, []).append(item)
+    cand = scores[candidate]
+    prim = scores[primary] if primary is not None else None
+    tags: dict[str, Any] = {}
+    regressed: list[str] = []
+    for tag in sorted(by_tag):
+        items = by_tag[tag]
+        tag_pools = {name: pool_score([scores[name][i] for i in items if i in scores[name]],
+                                      level=level)
+                     for name in order}
+        tag_pair: dict[str, Any] | None = None
+        flagged = False
+        if prim is not None:
+            a, b = _pairs(cand, prim, items)
+            tag_pair = paired(a, b, margin=margin, level=level, min_items=1)
+            tag_pair.pop("verdict")
+            tag_pair.pop("explanation")
+            flagged = tag_pair["upper"] is not None and tag_pair["upper"] < -margin
+            if flagged:
+                regressed.append(tag)
+        tags[tag] = {"n": len(items), "pools": tag_pools, "paired": tag_pair,
+                     "regressed": flagged}
+    return tags, regressed
+
+
 def run_statistics(rows: Iterable[Mapping[str, Any]], *, candidate: str, primary: str | None,
                    margin: float, confidence: float, min_items: int,
                    breakdown: bool = True) -> dict[str, Any]:
@@ -181,31 +215,9 @@ def run_statistics(rows: Iterable[Mapping[str, Any]], *, candidate: str, primary
         pair["candidate_only"] = sum(1 for i in cand if i not in prim)
         pair["primary_only"] = sum(1 for i in prim if i not in cand)
 
-    by_tag: dict[str, list[str]] = {}
-    for item in sorted(item_tags) if breakdown else ():
-        for tag in item_tags[item]:
-            by_tag.setdefault(tag, []).append(item)
-    tags: dict[str, Any] = {}
-    regressed: list[str] = []
-    for tag in sorted(by_tag):
-        items = by_tag[tag]
-        tag_pools = {name: pool_score([scores[name][i] for i in items if i in scores[name]],
-                                      level=confidence)
-                     for name in order}
-        tag_pair: dict[str, Any] | None = None
-        flagged = False
-        if prim is not None:
-            a, b = _pairs(cand, prim, items)
-            tag_pair = paired(a, b, margin=margin, level=confidence, min_items=1)
-            # No verdict per tag: the run's verdict is the gate.
-            tag_pair.pop("verdict")
-            tag_pair.pop("explanation")
-            flagged = tag_pair["upper"] is not None and tag_pair["upper"] < -margin
-            if flagged:
-                regressed.append(tag)
-        tags[tag] = {"n": len(items), "pools": tag_pools, "paired": tag_pair,
-                     "regressed": flagged}
-
+    tags, regressed = (_tag_breakdown(item_tags, scores, order, candidate, primary,
+                                      margin=margin, level=confidence)
+                       if breakdown else ({}, []))
     verdict = pair["verdict"] if pair is not None else "insufficient"
     if pair is None:
         explanation = "No primary pool: nothing to compare the candidate with."

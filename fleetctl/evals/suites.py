@@ -12,7 +12,7 @@ line is the header; every other non-blank line is one item:
 line-numbered and all-or-nothing. Every problem is "line N: <field>: <what to do>"; up to
 `max_errors` are reported and, if there is any, it raises SuiteError and the caller stores
 nothing. Scorer names, parameters (regexes compiled, JSON Schemas checked) and references are
-checked here by fleetctl/core/scorers.py, so a suite that uploads can be scored.
+checked here by fleetctl/evals/scorers/, so a suite that uploads can be scored.
 
 A parsed suite is stored as rows, and written back with `canonical_jsonl`: one header line,
 then one line per item, keys sorted, no spaces, defaults filled in. Those bytes are what a
@@ -34,8 +34,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fleetctl.core import compare, jsonl, scorers
+from fleetctl.core import jsonl
 from fleetctl.core.jsonl import JsonlError, LineErrors, show
+from fleetctl.evals import scorers
+from fleetctl.inference import schema
 
 FORMAT_VERSION = 1
 HEADER_KEY = "fleetctl_eval_suite"
@@ -400,7 +402,7 @@ def _request(request: object) -> dict[str, Any]:
             out[key] = _tools(field, value)
         else:
             out[key] = _tool_choice(field, value)
-    problem = compare.request_schema_problem(out)  # sent to pools; still never fetched
+    problem = schema.request_schema_problem(out)  # sent to pools; still never fetched
     if problem is not None:
         raise FieldProblem(f"request.{problem[0]}", problem[1])
     return dict(sorted(out.items()))

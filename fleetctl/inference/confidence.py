@@ -375,6 +375,26 @@ def judge(
     bound < −margin. lower_is_better (divergence, error rate): pass when the upper bound ≤
     margin, fail when the lower bound > margin. Warn in between; insufficient below min_n
     (n defaults to the interval's)."""
+    _check_judge_inputs(difference_interval, margin, direction)
+    count = difference_interval.n if n is None else _check_count("n", n)
+    min_n = _check_count("min_n", min_n, minimum=1)
+    margin = float(margin)
+    iv = difference_interval
+    level = f"{iv.confidence * 100:g} %"
+    span = f"{_pct(iv.estimate)} [{_pct(iv.lower)}, {_pct(iv.upper)}] at {level}"
+    verdict: Verdict
+    if count < min_n:
+        verdict = "insufficient"
+        explanation = f"Only {count} samples; at least {min_n} are needed to judge ({span})."
+    else:
+        verdict, explanation = _verdict(iv, margin, direction, span)
+    return Judgement(verdict=verdict, estimate=iv.estimate, lower=iv.lower, upper=iv.upper,
+                     margin=margin, direction=direction, confidence=iv.confidence,
+                     method=iv.method, n=count, min_n=min_n, explanation=explanation,
+                     p_value=iv.p_value)
+
+
+def _check_judge_inputs(difference_interval: Any, margin: Any, direction: Any) -> None:
     if not isinstance(difference_interval, Interval):
         raise ConfidenceInputError(
             "judge() needs an Interval (from paired_difference and the like).")
@@ -386,46 +406,24 @@ def judge(
     if direction not in DIRECTIONS:
         raise ConfidenceInputError(
             f"Direction must be one of {', '.join(DIRECTIONS)}, not {direction!r}.")
-    count = difference_interval.n if n is None else _check_count("n", n)
-    min_n = _check_count("min_n", min_n, minimum=1)
-    margin = float(margin)
-    iv = difference_interval
-    level = f"{iv.confidence * 100:g} %"
-    span = f"{_pct(iv.estimate)} [{_pct(iv.lower)}, {_pct(iv.upper)}] at {level}"
-    verdict: Verdict
-    if count < min_n:
-        verdict = "insufficient"
-        explanation = f"Only {count} samples; at least {min_n} are needed to judge ({span})."
-    elif direction == "higher_is_better":
-        if iv.lower >= -margin:
-            verdict = "pass"
-            explanation = (f"Candidate − reference {span}: the lower bound is within the "
-                           f"margin of −{margin * 100:.2f} pts.")
-        elif iv.upper < -margin:
-            verdict = "fail"
-            explanation = (f"Candidate − reference {span}: the whole interval is worse than "
-                           f"the margin of −{margin * 100:.2f} pts.")
-        else:
-            verdict = "warn"
-            explanation = (f"Candidate − reference {span}: the interval crosses the margin of "
-                           f"−{margin * 100:.2f} pts; more samples would settle it.")
+
+
+def _verdict(iv: Interval, margin: float, direction: Direction,
+             span: str) -> tuple[Verdict, str]:
+    """Pass, fail or warn, and why, for an interval with enough samples. The two directions
+    mirror each other: higher_is_better holds the lower bound to −margin, lower_is_better
+    the upper bound to +margin."""
+    if direction == "higher_is_better":
+        passed, failed, bound, sign = iv.lower >= -margin, iv.upper < -margin, "lower", "−"
     else:
-        if iv.upper <= margin:
-            verdict = "pass"
-            explanation = (f"Candidate − reference {span}: the upper bound is within the "
-                           f"margin of +{margin * 100:.2f} pts.")
-        elif iv.lower > margin:
-            verdict = "fail"
-            explanation = (f"Candidate − reference {span}: the whole interval is worse than "
-                           f"the margin of +{margin * 100:.2f} pts.")
-        else:
-            verdict = "warn"
-            explanation = (f"Candidate − reference {span}: the interval crosses the margin of "
-                           f"+{margin * 100:.2f} pts; more samples would settle it.")
-    return Judgement(verdict=verdict, estimate=iv.estimate, lower=iv.lower, upper=iv.upper,
-                     margin=margin, direction=direction, confidence=iv.confidence,
-                     method=iv.method, n=count, min_n=min_n, explanation=explanation,
-                     p_value=iv.p_value)
+        passed, failed, bound, sign = iv.upper <= margin, iv.lower > margin, "upper", "+"
+    limit = f"the margin of {sign}{margin * 100:.2f} pts"
+    head = f"Candidate − reference {span}: "
+    if passed:
+        return "pass", f"{head}the {bound} bound is within {limit}."
+    if failed:
+        return "fail", f"{head}the whole interval is worse than {limit}."
+    return "warn", f"{head}the interval crosses {limit}; more samples would settle it."
 
 
 # -- planning -------------------------------------------------------------------------------

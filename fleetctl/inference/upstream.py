@@ -1,6 +1,8 @@
-"""One streamed call to one OpenAI-compatible endpoint, read into a compare.Answer with its
-timing: what shadow runs (fleetctl/shadow/triple.py) and eval runs (fleetctl/evals/runner.py)
-send to a pool.
+"""Calls to OpenAI-compatible endpoints: the process's one pooled client for them
+(`pooled_client`), and one streamed call read into a compare.Answer with its timing (`call`):
+what shadow runs (fleetctl/shadow/triple.py) and eval runs (fleetctl/evals/runner.py) send
+to a pool. Batch jobs (fleetctl/batch/executor.py) send their non-streamed requests on the
+same client, with the same URL and transport-error rules (`endpoint_url`, `transport_error`).
 
 Directly to the endpoint given, never through a route (a route would add its own split,
 retries and failover). Never retried here: an endpoint that does not answer within the
@@ -16,6 +18,12 @@ The bench runner's stream parser keeps only chunk times, not their content. So t
 streams with httpx itself, on the same rules (a timeout on every call, no redirects).
 
 Thread-safe: one pooled client per process, shared by every calling thread.
+
+Where aiohttp stays, and why: the benchmark runner (fleetctl/bench/runner.py, the load
+generator) and the simulator (fleetctl/sim/) hold hundreds of streams open at once in one
+event loop, where aiohttp measured faster than httpx, and the timing they report is the
+point of them; the shadow collector (fleetctl/shadow/collector.py) is an aiohttp server, not
+a client. Every other call to a model endpoint goes through this module's client.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from fleetctl.core.compare import Answer
+from fleetctl.inference.compare import Answer
 
 CONNECT_TIMEOUT_S = 10.0
 ERROR_BODY_LIMIT = 65536
@@ -54,17 +62,39 @@ class Reply:
     first_byte: bool = True
 
 
+def endpoint_url(base_url: str, path: str) -> str:
+    """base_url + an API path such as /v1/completions, whether or not the base_url already
+    ends in /v1."""
+    return base_url.rstrip("/").removesuffix("/v1") + path
+
+
 def request_url(base_url: str, request: Mapping[str, Any]) -> str:
     """chat/completions for a body with messages, completions for one with a prompt."""
-    base = base_url.rstrip("/").removesuffix("/v1")
-    return f"{base}/v1/{'chat/completions' if 'messages' in request else 'completions'}"
+    return endpoint_url(
+        base_url, f"/v1/{'chat/completions' if 'messages' in request else 'completions'}")
+
+
+def call_timeout(timeout_s: float) -> httpx.Timeout:
+    """A call's timeout: `timeout_s` for each read, and at most CONNECT_TIMEOUT_S to connect."""
+    return httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
+
+
+def transport_error(exc: httpx.HTTPError, base_url: str) -> tuple[str, str]:
+    """(code, message) for a call that got no HTTP answer and did not time out: the
+    connection was refused or failed ("unreachable"), or broke later ("transport")."""
+    if isinstance(exc, httpx.ConnectError):
+        return "unreachable", f"could not connect to {base_url}: {exc}"
+    return "transport", f"{exc.__class__.__name__}: {exc}"
 
 
 _lock = threading.Lock()
 _http: httpx.Client | None = None
 
 
-def _client() -> httpx.Client:
+def pooled_client() -> httpx.Client:
+    """The process's one pooled client for model endpoints, shared by every thread: no
+    redirects followed, MAX_CONNECTIONS kept open. Give each call its own timeout
+    (`call_timeout`)."""
     global _http
     with _lock:
         if _http is None:
@@ -140,12 +170,12 @@ def call(base_url: str, request: Mapping[str, Any], *, timeout_s: float,
     url = request_url(base_url, request)
     started = time.monotonic()
     deadline = started + timeout_s
-    timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
     first_byte = False
     try:
-        with _client().stream("POST", url, json=dict(request), timeout=timeout,
-                              headers={"Accept": "application/json, text/event-stream"}
-                              ) as response:
+        with pooled_client().stream("POST", url, json=dict(request),
+                                    timeout=call_timeout(timeout_s),
+                                    headers={"Accept": "application/json, text/event-stream"}
+                                    ) as response:
             first_byte = True  # the status line and headers are in
             if response.status_code >= 400:
                 answer = _parse_error_body(response.status_code,
@@ -164,11 +194,8 @@ def call(base_url: str, request: Mapping[str, Any], *, timeout_s: float,
     except (httpx.TimeoutException, _Late):
         answer = Answer.from_error(0, code="timeout",
                                    message=f"no complete answer within {timeout_s:g} s")
-    except httpx.ConnectError as exc:
-        answer = Answer.from_error(0, code="unreachable",
-                                   message=f"could not connect to {base_url}: {exc}")
     except httpx.HTTPError as exc:
-        answer = Answer.from_error(0, code="transport",
-                                   message=f"{exc.__class__.__name__}: {exc}")
+        code, message = transport_error(exc, base_url)
+        answer = Answer.from_error(0, code=code, message=message)
     return Reply(role=role, endpoint=base_url, answer=answer,
                  latency_ms=(time.monotonic() - started) * 1000, first_byte=first_byte)

@@ -60,6 +60,24 @@ def divergence_figure(judgements: Sequence[Any], *, margin: float,
                         row_heights=[0.5, 0.5],
                         subplot_titles=("Rate: candidate vs noise floor",
                                         "Difference with its confidence band"))
+    _add_rates(fig, x, rows, hover)
+    _add_difference(fig, x, rows, hover, margin)
+    fig.update_layout(
+        height=480, margin={"l": 64, "r": 16, "t": 56, "b": 64}, font=FONT,
+        plot_bgcolor="#ffffff", paper_bgcolor="#ffffff",
+        legend={"orientation": "h", "x": 0, "y": -0.1, "yanchor": "top"},
+        hovermode="x unified",
+    )
+    fig.update_yaxes(title_text="% of pairs", rangemode="tozero", gridcolor="#e5e7eb",
+                     row=1, col=1)
+    fig.update_yaxes(title_text="points", gridcolor="#e5e7eb", zeroline=False, row=2, col=1)
+    fig.update_xaxes(gridcolor="#e5e7eb")
+    return fig
+
+
+def _add_rates(fig: go.Figure, x: list[Any], rows: Sequence[tuple[Any, int, dict[str, Any]]],
+               hover: list[str]) -> None:
+    """The top panel: the signal and the noise floor the judge compared."""
     fig.add_trace(go.Scatter(
         name="signal (primary vs candidate)", x=x,
         y=[_pct(m.get("signal_rate")) for _, _, m in rows], mode="lines+markers",
@@ -71,6 +89,11 @@ def divergence_figure(judgements: Sequence[Any], *, margin: float,
         line={"color": NOISE_COLOUR, "width": 2, "dash": "dot"}, marker={"size": 6},
         text=hover, hovertemplate="noise %{y:.2f} %<br>%{text}<extra></extra>"), row=1, col=1)
 
+
+def _add_difference(fig: go.Figure, x: list[Any],
+                    rows: Sequence[tuple[Any, int, dict[str, Any]]], hover: list[str],
+                    margin: float) -> None:
+    """The bottom panel: what the gate reads, the difference with its band, and the margin."""
     # The band: the upper edge, then the lower edge filled up to it.
     fig.add_trace(go.Scatter(
         name="confidence band", legendgroup="band", x=x,
@@ -97,15 +120,3 @@ def divergence_figure(judgements: Sequence[Any], *, margin: float,
                   annotation_font={"color": MARGIN_COLOUR, "size": 11})
     fig.add_hline(y=0, row=2, col=1,  # type: ignore[arg-type]
                   line={"color": "#9ca3af", "width": 1})
-
-    fig.update_layout(
-        height=480, margin={"l": 64, "r": 16, "t": 56, "b": 64}, font=FONT,
-        plot_bgcolor="#ffffff", paper_bgcolor="#ffffff",
-        legend={"orientation": "h", "x": 0, "y": -0.1, "yanchor": "top"},
-        hovermode="x unified",
-    )
-    fig.update_yaxes(title_text="% of pairs", rangemode="tozero", gridcolor="#e5e7eb",
-                     row=1, col=1)
-    fig.update_yaxes(title_text="points", gridcolor="#e5e7eb", zeroline=False, row=2, col=1)
-    fig.update_xaxes(gridcolor="#e5e7eb")
-    return fig

@@ -3,7 +3,7 @@ plus the plan's margin? Pure (no Django, no I/O): the judge (services.run_judge)
 the stored pairs' metrics, the benchmark (benchmarks/shadow_gate_statistics.py) simulated
 ones.
 
-Each pair is two comparisons of the same request (fleetctl.core.compare): noise = primary
+Each pair is two comparisons of the same request (fleetctl.inference.compare): noise = primary
 vs secondary (the primary asked again, on another endpoint when it has one), signal =
 primary vs candidate. Per metric, the candidate sample is the signal's 0/1 flag and the
 reference sample the noise's, on the same requests, so the difference is paired and judged
@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl.core import confidence
+from fleetctl.inference import confidence
 
 GATED: tuple[str, ...] = ("divergence", "finish_mismatch", "error_mismatch",
                           "validity_mismatch", "refusal_mismatch")

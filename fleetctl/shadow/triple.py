@@ -1,7 +1,7 @@
 """One sampled request sent to the primary, the primary again (the secondary) and the
 candidate at the same moment, each answer read into a compare.Answer with its timing.
 
-Each call is fleetctl/core/upstream.py's `call`: directly to each pool's endpoint, never
+Each call is fleetctl/inference/upstream.py's `call`: directly to each pool's endpoint, never
 through a route (a route would add its own split, retries and failover, and a mirrored
 request must not come back to the gateway that copied it). Never retried, never failed over:
 an endpoint that does not answer within the timeout, refuses the connection or drops the
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fleetctl.core.upstream import Reply, call
+from fleetctl.inference.upstream import Reply, call
 
 # One side's answer and what the pair row keeps about the call.
 Side = Reply

@@ -131,11 +131,11 @@ def quantile_interval(h: Mapping[str, int], q: float,
                       confidence: float = 0.99) -> tuple[float, float] | None:
     """Bounds on the q-quantile of what the samples were drawn from, in ms; None when empty.
 
-    The ranks come from `core.confidence.quantile_rank_interval` (binomial order statistics,
+    The ranks come from `inference.confidence.quantile_rank_interval` (binomial order statistics,
     distribution-free); each bound is the outer edge of the bucket that rank falls in, so
     the bucketing never narrows the interval. With few samples the ranks reach the smallest
     and largest sample and the interval is wide rather than wrong."""
-    from fleetctl.core.confidence import quantile_rank_interval
+    from fleetctl.inference.confidence import quantile_rank_interval
 
     buckets = _sorted(h)
     n = sum(c for _, c in buckets)

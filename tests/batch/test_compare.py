@@ -1,6 +1,6 @@
 """A job's sample compared with the plan's primary, on real simulated pools: the job's answers
 come from the candidate pool (a simulator), the sample is sent again to the primary (another
-simulator pool), and each pair is compared with fleetctl/core/compare.py.
+simulator pool), and each pair is compared with fleetctl/inference/compare.py.
 
 Two pools of one profile answer a greedy request identically; the "flip" profile diverges on
 every greedy answer, so each test knows what the comparison must find."""

@@ -97,6 +97,20 @@ def test_two_currencies_without_a_rate_are_not_compared(soaked):
     assert "no USD/EUR rate" in answer.message and "Add one" in answer.message
 
 
+def test_a_stale_rate_is_refused_as_the_fleets_conversion_refuses_it(soaked):
+    # One conversion (fleet/selectors.py `convert`): a rate older than the limit is no rate.
+    people, plan, soak = soaked
+    predict(people, plan, "7.80", "EUR")
+    old = timezone.localdate() - timedelta(days=40)
+    currency_rate_create(actor=SYSTEM, from_currency="USD", to_currency="EUR",
+                         rate="0.90", as_of=old, source="ECB")
+    answer = plan_arbitrage(plan, soak)
+    assert answer.status == "insufficient" and answer.measured_compared is None
+    assert f"is as of {old:%Y-%m-%d}, 40 days before the measurement (limit 31)" \
+        in answer.message
+    assert answer.message.startswith("Measured 8.3333 USD per 1M output tokens, predicted")
+
+
 def test_a_stated_conversion_through_the_newest_rate_either_direction(soaked):
     people, plan, soak = soaked
     predict(people, plan, "7.80", "EUR")

@@ -12,7 +12,7 @@ import httpx
 import jsonschema
 import pytest
 
-from fleetctl.core.compare import (
+from fleetctl.inference.compare import (
     NEAR_TIE_NATS,
     Answer,
     ToolCall,

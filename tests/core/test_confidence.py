@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleetctl.core import confidence as conf
-from fleetctl.core.confidence import ConfidenceInputError, Interval
 from fleetctl.core.errors import DomainError
+from fleetctl.inference import confidence as conf
+from fleetctl.inference.confidence import ConfidenceInputError, Interval
 
 
 def _pairs(both: int, only_candidate: int, only_reference: int,
@@ -26,7 +26,7 @@ def _pairs(both: int, only_candidate: int, only_reference: int,
 def test_importing_the_module_leaves_scipy_and_statsmodels_for_first_use() -> None:
     # Web and worker processes import gate code at start-up; the heavy libraries load only
     # when a bound is computed.
-    probe = ("import sys, fleetctl.core.confidence as c; "
+    probe = ("import sys, fleetctl.inference.confidence as c; "
              "print(sorted(m for m in ('scipy', 'statsmodels') if m in sys.modules)); "
              "c.wilson_interval(1, 2); print('statsmodels' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

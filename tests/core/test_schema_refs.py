@@ -1,4 +1,4 @@
-"""A user-given JSON Schema is compiled in one place (core/compare.py) and never reaches
+"""A user-given JSON Schema is compiled in one place (inference/schema.py) and never reaches
 outside itself: a "$ref" to a URL or a file, or a "$schema" that is not a standard draft,
 is refused before anything is compiled, and the retrievers both libraries are handed
 refuse every URI without opening it. A real HTTP server records every request, to prove
@@ -15,17 +15,18 @@ import jsonschema
 import jsonschema_rs
 import pytest
 
-from fleetctl.core import compare, scorers
-from fleetctl.core.compare import (
+from fleetctl.core.jsonl import MAX_DEPTH
+from fleetctl.evals import scorers
+from fleetctl.inference import compare
+from fleetctl.inference import schema as schemas
+from fleetctl.inference.compare import Answer, requested_form
+from fleetctl.inference.schema import (
     LOCAL_ONLY_REGISTRY,
-    Answer,
     SchemaRefused,
     refuse_retrieval,
-    requested_form,
     schema_problem,
     schema_validator,
 )
-from fleetctl.core.jsonl import MAX_DEPTH
 from tests.core.hostile import nested_schema, recording_server
 
 OUTSIDE = "points outside the schema; only local references (#/…) are allowed"
@@ -86,7 +87,7 @@ def test_the_retrievers_refuse_what_the_check_let_through_without_a_request() ->
     with recording_server() as server:
         schema = {"properties": {"a": {"$ref": f"{server.url}/a.json"}}}
         with pytest.raises(SchemaRefused, match=re.escape(OUTSIDE)):
-            compare._compiled(schema)  # the compile step alone, past schema_problem
+            schemas._compiled(schema)  # the compile step alone, past schema_problem
         with pytest.raises(Exception, match=r"a\.json"):
             jsonschema_rs.validator_for(schema, retriever=refuse_retrieval)
         with pytest.raises(Exception, match=r"Unretrievable|a\.json"):
@@ -102,7 +103,7 @@ def test_a_file_reference_says_the_same_whether_the_file_exists_or_not(tmp_path:
 
     def messages() -> list[str]:
         out = []
-        for build in (schema_validator, compare._compiled):
+        for build in (schema_validator, schemas._compiled):
             with pytest.raises(SchemaRefused) as refused:
                 build(schema)
             out.append(str(refused.value))

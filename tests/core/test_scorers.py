@@ -11,9 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetctl.core.compare import Answer, ToolCall
 from fleetctl.core.errors import DomainError
-from fleetctl.core.scorers import (
+from fleetctl.evals.scorers import (
     SCORERS,
     Score,
     ScorerParamsError,
@@ -23,6 +22,7 @@ from fleetctl.core.scorers import (
     validate,
     validate_references,
 )
+from fleetctl.inference.compare import Answer, ToolCall
 
 
 def run(name: str, answer: Answer | str, refs: list[str], **params: Any) -> Score:

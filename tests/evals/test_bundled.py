@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from fleetctl.core import scorers
-from fleetctl.evals import bundled
+from fleetctl.evals import bundled, scorers
 from fleetctl.evals.suites import canonical_jsonl, parse_suite
 
 WORDS = ("calm", "rain", "falls", "on", "the", "quiet", "harbor", "while", "people", "walk",

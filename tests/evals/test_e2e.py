@@ -31,11 +31,11 @@ import pytest
 from django.contrib.auth.models import User
 
 from fleetctl.accounts.actor import Actor
-from fleetctl.core.confidence import wilson_interval
 from fleetctl.evals import bundled, services
 from fleetctl.evals.models import EvalResult, EvalRun, EvalSuite
 from fleetctl.fleet.models import Pool, Region
 from fleetctl.fleet.services import pool_create, pool_health_record, pool_model_create
+from fleetctl.inference.confidence import wilson_interval
 from fleetctl.traffic.services import gateway_create, route_create
 from migrations_plan import evidence as ev
 from migrations_plan import services as plans

@@ -11,7 +11,7 @@ sends a small suite to simulated pools, directly, and writes every row once.
   sent again with an "interrupted" attempt, its written rows left alone.
 
 The statistical end-to-end runs and the kill -9 test are tests/evals/test_e2e.py and
-test_resume.py. Also here: core.upstream's first_byte, on sockets that fail before and after
+test_resume.py. Also here: inference.upstream's first_byte, on sockets that fail before and after
 the status line.
 """
 
@@ -31,11 +31,11 @@ from django.utils import timezone
 
 from fleetctl.accounts.actor import Actor
 from fleetctl.celery import app
-from fleetctl.core import upstream
 from fleetctl.evals import runner, services
 from fleetctl.evals.models import EvalResult, EvalRun, EvalSuite
 from fleetctl.fleet.models import Pool
 from fleetctl.fleet.services import pool_model_create
+from fleetctl.inference import upstream
 from migrations_plan.models import Evidence
 from tests.sim.simproc import SimProcess, sim_with_profiles
 from tests.support.profiles import TEST_PROFILES

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from fleetctl.core.confidence import wilson_interval
+from fleetctl.inference.confidence import wilson_interval
 from fleetctl.telemetry import histogram
 from fleetctl.telemetry.selectors import Figure, PoolStats
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from fleetctl.core.compare import Answer, compare
+from fleetctl.inference.compare import Answer, compare
 from fleetctl.shadow import stats
 
 SAME = {"diverged": 0, "finish_mismatch": 0, "error_mismatch": 0, "refusal_mismatch": 0,

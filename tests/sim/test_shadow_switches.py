@@ -2,7 +2,7 @@
 pool differ a little, at near-ties, at the rate the profile says) and the regress switches
 a candidate is given to show that a shadow run catches it (broken JSON, truncation).
 
-Rates are checked against Wilson intervals (fleetctl.core.confidence), never for equality.
+Rates are checked against Wilson intervals (fleetctl.inference.confidence), never for equality.
 The processes get `--random-seed`, so the non-keyed noise draws repeat from run to run; the
 regress switches are keyed by prompt, so they repeat anyway."""
 
@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetctl.core.compare import Answer, compare
-from fleetctl.core.confidence import wilson_interval
+from fleetctl.inference.compare import Answer, compare
+from fleetctl.inference.confidence import wilson_interval
 from fleetctl.sim.profiles import BUILTIN_PROFILES, ProfileError, load_profiles, with_overrides
 from fleetctl.sim.structured import broken_json
 from fleetctl.sim.textgen import TextKey, TokenStream

@@ -19,9 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetctl.core import scorers
-from fleetctl.core.confidence import wilson_interval
-from fleetctl.evals import bundled
+from fleetctl.evals import bundled, scorers
+from fleetctl.inference.confidence import wilson_interval
 from fleetctl.sim import tasks
 from fleetctl.sim.profiles import (
     BUILTIN_PROFILES,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetctl.core.confidence import ConfidenceInputError, quantile_rank_interval
+from fleetctl.inference.confidence import ConfidenceInputError, quantile_rank_interval
 from fleetctl.telemetry import histogram as H
 
 durations = st.lists(st.floats(min_value=1.0, max_value=3_000_000.0, allow_nan=False),

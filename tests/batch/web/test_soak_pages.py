@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import date
 from decimal import Decimal
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from fleetctl.batch.models import BatchFile, BatchJob, Soak
 from fleetctl.fleet.models import CurrencyRate, Pool
@@ -180,8 +180,9 @@ def test_the_arbitrage_states_the_conversion_and_never_mixes_currencies(
     no_rate = panel(oncall, plan)
     assert "there is no USD/EUR rate" in no_rate and 'data-status="insufficient"' in no_rate
     assert "converted:" not in no_rate
+    # A fresh rate: one older than the conversion's limit (31 days) is no rate (test_cost.py).
     CurrencyRate.objects.create(from_currency="USD", to_currency="EUR", rate=Decimal("0.9"),
-                                as_of=date(2026, 1, 1), created_by="test")
+                                as_of=timezone.localdate(), created_by="test")
     shown = panel(oncall, plan)
     assert "converted: 1 USD = 0.90 EUR" in shown
     figures = shown.split('class="compact kv arbitrage-figures"')[1].split("</table>")[0]
