@@ -9,9 +9,10 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from fleetctl.audit.models import AuditEvent
+from fleetctl.audit.selectors import object_history
 from migrations_plan import evidence as ev
 from migrations_plan import permissions
-from migrations_plan.models import STAGE_NAMES, Approval, GateCheck, Plan
+from migrations_plan.models import STAGE_NAMES, Approval, Evidence, GateCheck, Plan, StageMove
 
 if TYPE_CHECKING:
     from fleetctl.fleet.models import Pool
@@ -136,9 +137,21 @@ def plan_checks(*, plan: Plan, include_removed: bool = True) -> QuerySet[GateChe
 def plan_timeline(*, plan: Plan, limit: int = 200) -> list[AuditEvent]:
     """Everything that happened to the plan, newest first: edits, attestations, approvals
     (and refusals), voids, evidence status changes, stage moves."""
-    return list(AuditEvent.objects.filter(object_type="migrations_plan.plan",
-                                          object_id=str(plan.pk))
-                .order_by("-at", "-id")[:limit])
+    return object_history(object_type="migrations_plan.plan", object_id=plan.pk, limit=limit)
+
+
+def plan_approvals(*, plan: Plan) -> QuerySet[Approval]:
+    """Every approval of every stage, newest first, with who gave it."""
+    return plan.approvals.select_related("by").order_by("-at", "-id")
+
+
+def plan_moves(*, plan: Plan) -> QuerySet[StageMove]:
+    """Every stage move, newest first, with the approvals it used and the drains it ran."""
+    return plan.moves.prefetch_related("approvals__by", "drains").order_by("-at", "-id")
+
+
+def evidence_list() -> QuerySet[Evidence]:
+    return Evidence.objects.select_related("pool", "route")
 
 
 def gate_summary(gate: ev.GateEvaluation) -> dict[str, Any]:
@@ -151,8 +164,6 @@ def gate_summary(gate: ev.GateEvaluation) -> dict[str, Any]:
 
 def open_plans() -> QuerySet[Plan]:
     return Plan.objects.exclude(state__in=Plan.CLOSED_STATES)
-
-
 
 
 # --- reads for the dashboard ------------------------------------------------------------------
@@ -177,8 +188,18 @@ def counting_approvals(*, cards: list[PlanCard]) -> dict[int, int]:
             for plan_id, approvals in active.items()}
 
 
+def check_list() -> QuerySet[GateCheck]:
+    return GateCheck.objects.select_related("plan")
+
+
 def check_get(*, plan: Plan, check_id: int) -> GateCheck | None:
-    return plan.checks.filter(pk=check_id).select_related("plan").first()
+    return check_list().filter(plan=plan, pk=check_id).first()
+
+
+def check_as_listed(*, check: GateCheck) -> GateCheck:
+    """A check as the plan's check list shows it (with its attestations), read again after
+    a write changed it."""
+    return plan_checks(plan=check.plan).get(pk=check.pk)
 
 
 def removed_checks(*, plan: Plan, stage: int) -> QuerySet[GateCheck]:

@@ -2,7 +2,8 @@
 (its gate per stage, approvals, the approve/advance decision, gate edits, plan actions and
 the timeline).
 
-Function views that call selectors (reads) and services (writes, through `call_service`).
+Function views that call selectors (reads) and services (writes, through the view kit:
+`form_action`, `call_service`).
 The services decide every permission and rule, through `permissions`; the views show its
 answer in advance, so a disabled button carries the reason the service would give. htmx
 asks for the gate block of the same page by targeting its id; the view then renders only
@@ -19,7 +20,8 @@ from typing import Any
 
 from django import forms
 from django.contrib import messages
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -29,7 +31,7 @@ from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.core.views import Outcome, call_service
+from fleetctl.core.views import Outcome, call_service, form_action, get_or_404
 from migrations_plan import evidence as ev
 from migrations_plan import permissions, selectors, services
 from migrations_plan.forms import (
@@ -82,20 +84,6 @@ ACTION_WORDS = {
     "plan.rehearse": "started a drain rehearsal",
     "plan.abandon": "abandoned",
 }
-
-
-def _plan_or_404(name: str) -> Plan:
-    plan = selectors.plan_get(name=name)
-    if plan is None:
-        raise Http404(f"No plan named {name!r}.")
-    return plan
-
-
-def _check_or_404(plan: Plan, check_id: int) -> GateCheck:
-    check = selectors.check_get(plan=plan, check_id=check_id)
-    if check is None:
-        raise Http404(f"Plan {plan.name} has no check {check_id}.")
-    return check
 
 
 def age_text(since: datetime, now: datetime | None = None) -> str:
@@ -182,20 +170,21 @@ def plan_board(request: HttpRequest) -> HttpResponse:
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def plan_create(request: HttpRequest) -> HttpResponse:
+def plan_create(request: HttpRequest) -> HttpResponseBase:
     form = PlanForm(request.POST if request.method == "POST" else None)
-    done: Outcome[Plan] = Outcome()
-    if request.method == "POST" and form.is_valid():
-        actor = actor_from_request(request)
-        data = {**form.cleaned_data, "routes": list(form.cleaned_data["routes"])}
-        done = call_service(request, lambda: services.plan_create(actor=actor, **data),
-                            form=form)
-        if done.result is not None:
-            messages.success(request, f"Opened plan {done.result.name} at stage 1 "
-                                      f"(abstraction) with the default gates.")
-            return redirect("plans:detail", name=done.result.name)
-    return render(request, "migrations_plan/plan_form.html", {"form": form},
-                  status=done.status)
+
+    def page(done: Outcome[Plan]) -> HttpResponse:
+        return render(request, "migrations_plan/plan_form.html", {"form": form},
+                      status=done.status)
+
+    if request.method != "POST":
+        return page(Outcome())
+    return form_action(
+        request, form, lambda data: services.plan_create(
+            actor=actor_from_request(request), **{**data, "routes": list(data["routes"])}),
+        success=lambda plan: f"Opened plan {plan.name} at stage 1 (abstraction) with the "
+                             f"default gates.",
+        then=_plan_url, invalid=page, flash_refusals=True)
 
 
 # --- the plan page ---------------------------------------------------------------------------
@@ -323,8 +312,16 @@ def _render_plan(request: HttpRequest, plan: Plan, *, stage: int | None = None,
         context["approve_form"].fields["justification"].required = True
     if request.htmx.target == GATE_ID:  # type: ignore[attr-defined]
         return render(request, "migrations_plan/_gate.html", context, status=status)
+    context.update(_page_context(plan, viewed, actor, bound))
+    return render(request, "migrations_plan/plan_detail.html", context, status=status)
+
+
+def _page_context(plan: Plan, viewed: int, actor: Actor, bound: dict[str, forms.Form]
+                  ) -> dict[str, Any]:
+    """What the whole plan page shows around its gate block: the stage tabs, the plan's
+    routes and actions, the add-check form and the timeline."""
     now = timezone.now()
-    context.update({
+    return {
         "tabs": _stage_tabs(plan, viewed),
         "age": age_text(plan.stage_entered_at, now),
         "overdue": bool(plan.target_date and plan.is_open
@@ -346,14 +343,14 @@ def _render_plan(request: HttpRequest, plan: Plan, *, stage: int | None = None,
         "timeline_limit": TIMELINE_LIMIT,
         "audit_url": f"{reverse('audit:list')}?object_type=migrations_plan.plan"
                      f"&object_id={plan.pk}",
-    })
-    return render(request, "migrations_plan/plan_detail.html", context, status=status)
+    }
 
 
 @dashboard_view
 @require_GET
 def plan_detail(request: HttpRequest, name: str) -> HttpResponse:
-    return _render_plan(request, _plan_or_404(name))
+    plan = get_or_404(selectors.plan_get, name=name, what=f"plan named {name!r}")
+    return _render_plan(request, plan)
 
 
 # --- writes ----------------------------------------------------------------------------------
@@ -367,26 +364,28 @@ def _plan_url(plan: Plan, stage: int | None = None, anchor: str = "") -> str:
 
 def _act(request: HttpRequest, plan: Plan, *, key: str, form: forms.Form,
          call: Callable[[Actor, dict[str, Any]], Any], success: str,
-         stage: int | None = None, anchor: str = "") -> HttpResponse:
+         stage: int | None = None, anchor: str = "") -> HttpResponseBase:
     """One POST from the plan page: validate the form, call the service, then either go back
     to the page with a message or show the page again with the form's errors (a refusal's
-    message is flashed by `call_service`; nothing has changed)."""
-    done: Outcome[Any] = Outcome()
-    if form.is_valid():
-        actor = actor_from_request(request)
-        done = call_service(request, lambda: call(actor, form.cleaned_data), form=form)
-        if done.ok:
-            messages.success(request, success)
-            fresh = selectors.plan_get(name=plan.name) or plan
-            return redirect(_plan_url(fresh, stage, anchor))
-    return _render_plan(request, selectors.plan_get(name=plan.name) or plan, stage=stage,
-                        bound={key: form}, status=done.status)
+    message is flashed; nothing has changed). Either way the plan is read again: the
+    service may have moved it."""
+
+    def fresh() -> Plan:
+        return selectors.plan_get(name=plan.name) or plan
+
+    return form_action(
+        request, form, lambda data: call(actor_from_request(request), data),
+        success=lambda _result: success,
+        then=lambda _result: _plan_url(fresh(), stage, anchor),
+        invalid=lambda done: _render_plan(request, fresh(), stage=stage, bound={key: form},
+                                          status=done.status),
+        flash_refusals=True)
 
 
 @dashboard_view
 @require_POST
-def plan_approve(request: HttpRequest, name: str) -> HttpResponse:
-    plan = _plan_or_404(name)
+def plan_approve(request: HttpRequest, name: str) -> HttpResponseBase:
+    plan = get_or_404(selectors.plan_get, name=name, what=f"plan named {name!r}")
     return _act(request, plan, key="approve", anchor="approvals",
                 form=ApproveForm(request.POST, prefix="approve"),
                 call=lambda actor, data: services.approve(
@@ -397,8 +396,8 @@ def plan_approve(request: HttpRequest, name: str) -> HttpResponse:
 
 @dashboard_view
 @require_POST
-def plan_advance(request: HttpRequest, name: str) -> HttpResponse:
-    plan = _plan_or_404(name)
+def plan_advance(request: HttpRequest, name: str) -> HttpResponseBase:
+    plan = get_or_404(selectors.plan_get, name=name, what=f"plan named {name!r}")
     after = "completed" if plan.stage == 4 else (
         f"now at stage {plan.stage + 1} ({STAGE_NAMES.get(plan.stage + 1, '')})")
     return _act(request, plan, key="advance",
@@ -409,8 +408,8 @@ def plan_advance(request: HttpRequest, name: str) -> HttpResponse:
 
 
 def _leave(request: HttpRequest, name: str, kind: str,
-           service: Callable[..., Plan]) -> HttpResponse:
-    plan = _plan_or_404(name)
+           service: Callable[..., Plan]) -> HttpResponseBase:
+    plan = get_or_404(selectors.plan_get, name=name, what=f"plan named {name!r}")
     return _act(request, plan, key=kind, anchor="plan-actions",
                 form=ReasonForm(request.POST, prefix=kind, label=LABELS[kind]),
                 call=lambda actor, data: service(actor=actor, plan=plan,
@@ -420,19 +419,19 @@ def _leave(request: HttpRequest, name: str, kind: str,
 
 @dashboard_view
 @require_POST
-def plan_pause(request: HttpRequest, name: str) -> HttpResponse:
+def plan_pause(request: HttpRequest, name: str) -> HttpResponseBase:
     return _leave(request, name, "pause", services.pause)
 
 
 @dashboard_view
 @require_POST
-def plan_resume(request: HttpRequest, name: str) -> HttpResponse:
+def plan_resume(request: HttpRequest, name: str) -> HttpResponseBase:
     return _leave(request, name, "resume", services.resume)
 
 
 @dashboard_view
 @require_POST
-def plan_abandon(request: HttpRequest, name: str) -> HttpResponse:
+def plan_abandon(request: HttpRequest, name: str) -> HttpResponseBase:
     return _leave(request, name, "abandon", services.abandon)
 
 
@@ -440,7 +439,7 @@ def plan_abandon(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def plan_rehearse(request: HttpRequest, name: str) -> HttpResponse:
     """Start a drain rehearsal (stage 4) and follow it on its drain page."""
-    plan = _plan_or_404(name)
+    plan = get_or_404(selectors.plan_get, name=name, what=f"plan named {name!r}")
     done = call_service(request, lambda: services.rehearsal_start(
         actor=actor_from_request(request), plan=plan))
     if done.ok and done.result is not None:
@@ -452,8 +451,8 @@ def plan_rehearse(request: HttpRequest, name: str) -> HttpResponse:
 
 @dashboard_view
 @require_POST
-def plan_regress(request: HttpRequest, name: str) -> HttpResponse:
-    plan = _plan_or_404(name)
+def plan_regress(request: HttpRequest, name: str) -> HttpResponseBase:
+    plan = get_or_404(selectors.plan_get, name=name, what=f"plan named {name!r}")
     return _act(request, plan, key="regress", anchor="plan-actions",
                 form=RegressForm(request.POST, prefix="regress", plan=plan),
                 call=lambda actor, data: services.regress(
@@ -463,8 +462,8 @@ def plan_regress(request: HttpRequest, name: str) -> HttpResponse:
 
 @dashboard_view
 @require_POST
-def check_add(request: HttpRequest, name: str) -> HttpResponse:
-    plan = _plan_or_404(name)
+def check_add(request: HttpRequest, name: str) -> HttpResponseBase:
+    plan = get_or_404(selectors.plan_get, name=name, what=f"plan named {name!r}")
     stage = _posted_stage(request)
     if stage is None:
         messages.error(request, "Stages are 1–4; nothing was added.")
@@ -485,39 +484,50 @@ def _posted_stage(request: HttpRequest) -> int | None:
     return stage if stage in STAGE_NAMES else None
 
 
-@dashboard_view
-@require_POST
-def check_edit(request: HttpRequest, name: str, check_id: int) -> HttpResponse:
-    plan = _plan_or_404(name)
-    check = _check_or_404(plan, check_id)
-    return _act(request, plan, key=f"edit-{check.pk}", stage=check.stage, anchor="gate",
-                form=CheckEditForm(request.POST, prefix=f"edit-{check.pk}"),
-                call=lambda actor, data: services.check_update(
-                    actor=actor, check=check, title=data["title"], params=data["params"]),
-                success=f"Saved check {check.title!r}.")
+def _on_check(request: HttpRequest, name: str, check_id: int, *, kind: str,
+              form: Callable[[str], forms.Form],
+              call: Callable[[Actor, GateCheck, dict[str, Any]], Any],
+              success: Callable[[GateCheck], str]) -> HttpResponseBase:
+    """One POST about one check of a gate: its form is prefixed `<kind>-<check id>`, so its
+    errors show on that check's row, and the page goes back to the check's stage."""
+    plan = get_or_404(selectors.plan_get, name=name, what=f"plan named {name!r}")
+    check = get_or_404(selectors.check_get, plan=plan, check_id=check_id,
+                       what=f"check {check_id} in plan {plan.name}")
+    prefix = f"{kind}-{check.pk}"
+    return _act(request, plan, key=prefix, stage=check.stage, anchor="gate",
+                form=form(prefix), call=lambda actor, data: call(actor, check, data),
+                success=success(check))
 
 
 @dashboard_view
 @require_POST
-def check_remove(request: HttpRequest, name: str, check_id: int) -> HttpResponse:
-    plan = _plan_or_404(name)
-    check = _check_or_404(plan, check_id)
-    return _act(request, plan, key=f"remove-{check.pk}", stage=check.stage, anchor="gate",
-                form=ReasonForm(request.POST, prefix=f"remove-{check.pk}",
-                                label=LABELS["remove"]),
-                call=lambda actor, data: services.check_remove(
-                    actor=actor, check=check, reason=data["reason"]),
-                success=f"Removed check {check.title!r} from the stage {check.stage} gate.")
+def check_edit(request: HttpRequest, name: str, check_id: int) -> HttpResponseBase:
+    return _on_check(
+        request, name, check_id, kind="edit",
+        form=lambda prefix: CheckEditForm(request.POST, prefix=prefix),
+        call=lambda actor, check, data: services.check_update(
+            actor=actor, check=check, title=data["title"], params=data["params"]),
+        success=lambda check: f"Saved check {check.title!r}.")
 
 
 @dashboard_view
 @require_POST
-def check_attest(request: HttpRequest, name: str, check_id: int) -> HttpResponse:
-    plan = _plan_or_404(name)
-    check = _check_or_404(plan, check_id)
-    return _act(request, plan, key=f"attest-{check.pk}", stage=check.stage, anchor="gate",
-                form=AttestForm(request.POST, prefix=f"attest-{check.pk}"),
-                call=lambda actor, data: services.attest(actor=actor, check=check,
-                                                         note=data["note"]),
-                success=f"You attested {check.title!r}.")
+def check_remove(request: HttpRequest, name: str, check_id: int) -> HttpResponseBase:
+    return _on_check(
+        request, name, check_id, kind="remove",
+        form=lambda prefix: ReasonForm(request.POST, prefix=prefix, label=LABELS["remove"]),
+        call=lambda actor, check, data: services.check_remove(
+            actor=actor, check=check, reason=data["reason"]),
+        success=lambda check: f"Removed check {check.title!r} from the stage {check.stage} "
+                              f"gate.")
 
+
+@dashboard_view
+@require_POST
+def check_attest(request: HttpRequest, name: str, check_id: int) -> HttpResponseBase:
+    return _on_check(
+        request, name, check_id, kind="attest",
+        form=lambda prefix: AttestForm(request.POST, prefix=prefix),
+        call=lambda actor, check, data: services.attest(actor=actor, check=check,
+                                                        note=data["note"]),
+        success=lambda check: f"You attested {check.title!r}.")

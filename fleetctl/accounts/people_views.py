@@ -12,9 +12,10 @@ from django.contrib import messages
 from django.contrib.auth.tokens import default_token_generator
 from django.contrib.auth.views import PasswordResetConfirmView
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
-from django.urls import reverse_lazy
+from django.urls import reverse, reverse_lazy
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -23,10 +24,12 @@ from fleetctl.accounts.actor import Actor
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.forms import PersonInviteForm, PersonRolesForm
 from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.audit.selectors import object_history
 from fleetctl.core.errors import PermissionDeniedError
-from fleetctl.core.views import Outcome, call_service
+from fleetctl.core.views import Outcome, call_service, form_action, get_or_404
 
 NOT_ADMIN = "Only admins manage people and roles. Ask an admin to change your roles."
+HISTORY_SHOWN = 20  # a person's latest changes; the audit page has the rest
 
 
 def _admin(request: HttpRequest, action: str) -> Actor:
@@ -67,40 +70,36 @@ def people(request: HttpRequest) -> HttpResponse:
     }, status=done.status)
 
 
-def _person_or_404(username: str) -> Any:
-    person = selectors.person_get(username=username)
-    if person is None:
-        raise Http404(f"No person named {username!r}.")
-    return person
-
-
 @dashboard_view
 @never_cache
 @require_http_methods(["GET", "POST"])
-def person(request: HttpRequest, username: str) -> HttpResponse:
+def person(request: HttpRequest, username: str) -> HttpResponseBase:
     """One person: their roles (the form), enable/disable, a new set-password link."""
     actor = _admin(request, "web.people")
-    found = _person_or_404(username)
+    found = get_or_404(selectors.person_get, username=username,
+                       what=f"person named {username!r}")
     held = selectors.person_roles(found)
     form = PersonRolesForm(request.POST if request.method == "POST" else None,
                            initial={"roles": held})
-    done: Outcome[Any] = Outcome()
-    if request.method == "POST" and form.is_valid():
-        done = call_service(request, lambda: services.user_set_roles(
-            actor=actor, username=username, role_names=form.cleaned_data["roles"]), form=form)
-        if done.result is not None:
-            messages.success(request, f"Roles of {username}: "
-                             f"{', '.join(form.cleaned_data['roles']) or 'none'}.")
-            return redirect("people:detail", username=username)
-    return _render_person(request, found, form=form, status=done.status)
+
+    def page(done: Outcome[Any]) -> HttpResponse:
+        return _render_person(request, found, form=form, status=done.status)
+
+    if request.method != "POST":
+        return page(Outcome())
+    return form_action(
+        request, form, lambda data: services.user_set_roles(
+            actor=actor, username=username, role_names=data["roles"]),
+        success=lambda _user: f"Roles of {username}: "
+                              f"{', '.join(form.cleaned_data['roles']) or 'none'}.",
+        then=lambda _user: reverse("people:detail", args=[username]), invalid=page,
+        flash_refusals=True)
 
 
 def _render_person(request: HttpRequest, found: Any, *, form: PersonRolesForm,
                    status: int = 200, link: str = "") -> HttpResponse:
-    from fleetctl.audit.models import AuditEvent
-
-    events = AuditEvent.objects.filter(
-        object_type=found._meta.label_lower, object_id=str(found.pk)).order_by("-at")[:20]
+    events = object_history(object_type=found._meta.label_lower, object_id=found.pk,
+                            limit=HISTORY_SHOWN)
     history = [(event, _changes(event.before, event.after)) for event in events]
     return render(request, "accounts/person.html", {
         "person": found, "roles": selectors.person_roles(found), "form": form,
@@ -131,7 +130,8 @@ def person_active(request: HttpRequest, username: str) -> HttpResponse:
 @require_POST
 def person_link(request: HttpRequest, username: str) -> HttpResponse:
     actor = _admin(request, "web.people")
-    found = _person_or_404(username)
+    found = get_or_404(selectors.person_get, username=username,
+                       what=f"person named {username!r}")
     done = call_service(request, lambda: services.person_set_password_link(
         actor=actor, username=username))
     if done.result is None:

@@ -28,6 +28,9 @@ def token_find_by_secret(*, secret: str) -> ApiToken | None:
 
 
 def token_list_for_user(*, user: Any) -> QuerySet[ApiToken]:
+    """A person's personal tokens; none for a caller who is no person (a service token)."""
+    if user is None:
+        return ApiToken.objects.none()
     return ApiToken.objects.filter(kind=ApiToken.Kind.PERSONAL, user=user)
 
 
@@ -72,3 +75,9 @@ def person_roles(user: Any) -> list[str]:
         groups = user.groups.filter(name__in=roles.ROLES)
     held = {group.name for group in groups}
     return [name for name in roles.ROLES if name in held]
+
+
+def row_as_listed(rows: QuerySet[Any], *, pk: object) -> Any:
+    """One row of a list's queryset, as the list shows it (with what the queryset adds, e.g.
+    a region's pool_count): the answer to an API write reads its row this way."""
+    return rows.get(pk=pk)

@@ -19,6 +19,14 @@ def audit_event_list() -> QuerySet[AuditEvent]:
     return AuditEvent.objects.all()
 
 
+def object_history(*, object_type: str, object_id: object, limit: int = 200
+                   ) -> list[AuditEvent]:
+    """What happened to one row (its `app_label.model` and primary key), newest first: the
+    history a page shows beside the row."""
+    return list(AuditEvent.objects.filter(object_type=object_type, object_id=str(object_id))
+                .order_by("-at", "-id")[:limit])
+
+
 class _Echo:
     def write(self, value: str) -> str:
         return value

@@ -51,6 +51,10 @@ def pool_get(*, name: str) -> Pool | None:
     return pool_list().filter(name=name).first()
 
 
+def pool_exists(*, name: str) -> bool:
+    return Pool.objects.filter(name=name).exists()
+
+
 def pool_model_list() -> QuerySet[PoolModel]:
     return PoolModel.objects.select_related("pool", "pool__region")
 

@@ -12,7 +12,8 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -21,11 +22,17 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
-from fleetctl.core.views import Outcome, call_service, filter_form_says_any
+from fleetctl.core.views import (
+    Outcome,
+    call_service,
+    filter_form_says_any,
+    form_action,
+    get_or_404,
+)
 from fleetctl.fleet import charts, selectors, services
 from fleetctl.fleet.filters import PoolFilter
 from fleetctl.fleet.forms import CurrencyRateForm, PoolForm, PoolModelForm, RegionForm
-from fleetctl.fleet.models import CurrencyRate, Pool, PoolModel, Region
+from fleetctl.fleet.models import CurrencyRate, Pool, Region
 
 # The ids of the overview blocks htmx refreshes; the view picks the partial by HX-Target.
 TILES_ID = "summary-tiles"
@@ -35,11 +42,8 @@ OVERVIEW_PAGE_SIZE = 100
 CHART_HOURS = 24
 
 
-def _pool_or_404(name: str) -> Pool:
-    pool = selectors.pool_get(name=name)
-    if pool is None:
-        raise Http404(f"No pool named {name!r}.")
-    return pool
+def _pool_url(pool: Pool) -> str:
+    return reverse("fleet:pool-detail", args=[pool.name])
 
 
 # --- overview --------------------------------------------------------------------------------
@@ -107,7 +111,7 @@ def _render_pool_detail(
 @dashboard_view
 @require_GET
 def pool_detail(request: HttpRequest, name: str) -> HttpResponse:
-    pool = _pool_or_404(name)
+    pool = get_or_404(selectors.pool_get, name=name, what=f"pool named {name!r}")
     return _render_pool_detail(request, pool, model_form=PoolModelForm(pool=pool))
 
 
@@ -115,49 +119,53 @@ def pool_detail(request: HttpRequest, name: str) -> HttpResponse:
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def pool_create(request: HttpRequest) -> HttpResponse:
+def pool_create(request: HttpRequest) -> HttpResponseBase:
     form = PoolForm(request.POST if request.method == "POST" else None)
-    done: Outcome[Pool] = Outcome()
-    if request.method == "POST" and form.is_valid():
-        actor = actor_from_request(request)
-        done = call_service(
-            request, lambda: services.pool_create(actor=actor, **form.cleaned_data), form=form
-        )
-        if done.result is not None:
-            messages.success(request, f"Registered pool {done.result.name}.")
-            return redirect("fleet:pool-detail", name=done.result.name)
-    return render(request, "fleet/pool_form.html", {"form": form, "pool": None},
-                  status=done.status)
+
+    def page(done: Outcome[Pool]) -> HttpResponse:
+        return render(request, "fleet/pool_form.html", {"form": form, "pool": None},
+                      status=done.status)
+
+    if request.method != "POST":
+        return page(Outcome())
+    return form_action(
+        request, form, lambda data: services.pool_create(actor=actor_from_request(request),
+                                                         **data),
+        success=lambda pool: f"Registered pool {pool.name}.", then=_pool_url, invalid=page,
+        flash_refusals=True)
 
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def pool_edit(request: HttpRequest, name: str) -> HttpResponse:
-    pool = _pool_or_404(name)
+def pool_edit(request: HttpRequest, name: str) -> HttpResponseBase:
+    pool = get_or_404(selectors.pool_get, name=name, what=f"pool named {name!r}")
     form = PoolForm(request.POST if request.method == "POST" else None, pool=pool)
-    done: Outcome[Pool] = Outcome()
-    if request.method == "POST" and form.is_valid():
-        actor = actor_from_request(request)
-        done = call_service(
-            request,
-            lambda: services.pool_update(actor=actor, pool=pool, **form.cleaned_data),
-            form=form,
-        )
-        if done.result is not None:
-            messages.success(request, f"Saved pool {done.result.name}.")
-            stale = done.result.cost_stale_reason
-            if stale and stale != pool.cost_stale_reason:
-                messages.warning(request, f"Its cost per 1M output tokens is now stale: "
-                                          f"{stale}.")
-            return redirect("fleet:pool-detail", name=done.result.name)
-    return render(request, "fleet/pool_form.html", {"form": form, "pool": pool},
-                  status=done.status)
+    stale_before = pool.cost_stale_reason
+
+    def page(done: Outcome[Pool]) -> HttpResponse:
+        return render(request, "fleet/pool_form.html", {"form": form, "pool": pool},
+                      status=done.status)
+
+    def then(saved: Pool) -> str:
+        # After "Saved pool …": an edit that made its cost stale says so once, here.
+        stale = saved.cost_stale_reason
+        if stale and stale != stale_before:
+            messages.warning(request, f"Its cost per 1M output tokens is now stale: {stale}.")
+        return _pool_url(saved)
+
+    if request.method != "POST":
+        return page(Outcome())
+    return form_action(
+        request, form, lambda data: services.pool_update(actor=actor_from_request(request),
+                                                         pool=pool, **data),
+        success=lambda saved: f"Saved pool {saved.name}.", then=then, invalid=page,
+        flash_refusals=True)
 
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
 def pool_delete(request: HttpRequest, name: str) -> HttpResponse:
-    pool = _pool_or_404(name)
+    pool = get_or_404(selectors.pool_get, name=name, what=f"pool named {name!r}")
     status = 200
     if request.method == "POST":
         actor = actor_from_request(request)
@@ -173,27 +181,23 @@ def pool_delete(request: HttpRequest, name: str) -> HttpResponse:
 
 @dashboard_view
 @require_POST
-def pool_model_add(request: HttpRequest, name: str) -> HttpResponse:
-    pool = _pool_or_404(name)
+def pool_model_add(request: HttpRequest, name: str) -> HttpResponseBase:
+    pool = get_or_404(selectors.pool_get, name=name, what=f"pool named {name!r}")
     form = PoolModelForm(request.POST, pool=pool)
-    done: Outcome[PoolModel] = Outcome()
-    if form.is_valid():
-        actor = actor_from_request(request)
-        done = call_service(
-            request,
-            lambda: services.pool_model_create(actor=actor, pool=pool, **form.cleaned_data),
-            form=form,
-        )
-        if done.result is not None:
-            messages.success(request, f"{pool.name} now serves {done.result.model_id}.")
-            return redirect("fleet:pool-detail", name=pool.name)
-    return _render_pool_detail(request, pool, model_form=form, status=done.status)
+    return form_action(
+        request, form, lambda data: services.pool_model_create(
+            actor=actor_from_request(request), pool=pool, **data),
+        success=lambda entry: f"{pool.name} now serves {entry.model_id}.",
+        then=lambda _entry: _pool_url(pool),
+        invalid=lambda done: _render_pool_detail(request, pool, model_form=form,
+                                                 status=done.status),
+        flash_refusals=True)
 
 
 @dashboard_view
 @require_POST
 def pool_model_remove(request: HttpRequest, name: str, entry_id: int) -> HttpResponse:
-    pool = _pool_or_404(name)
+    pool = get_or_404(selectors.pool_get, name=name, what=f"pool named {name!r}")
     entry = selectors.pool_model_get(pool=pool, entry_id=entry_id)
     if entry is None:
         messages.error(request, "That model was already removed from this pool.")
@@ -209,25 +213,25 @@ def pool_model_remove(request: HttpRequest, name: str, entry_id: int) -> HttpRes
 @dashboard_view
 @require_GET
 def region_list(request: HttpRequest) -> HttpResponse:
-    regions = selectors.region_list().order_by("code")
+    regions = selectors.region_list()
     return render(request, "fleet/region_list.html", {"regions": regions})
 
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def region_create(request: HttpRequest) -> HttpResponse:
+def region_create(request: HttpRequest) -> HttpResponseBase:
     form = RegionForm(request.POST if request.method == "POST" else None)
-    done: Outcome[Region] = Outcome()
-    if request.method == "POST" and form.is_valid():
-        actor = actor_from_request(request)
-        done = call_service(
-            request, lambda: services.region_create(actor=actor, **form.cleaned_data), form=form
-        )
-        if done.result is not None:
-            region = done.result
-            messages.success(request, f"Created region {region.code} ({region.jurisdiction}).")
-            return redirect("fleet:region-list")
-    return render(request, "fleet/region_form.html", {"form": form}, status=done.status)
+
+    def page(done: Outcome[Region]) -> HttpResponse:
+        return render(request, "fleet/region_form.html", {"form": form}, status=done.status)
+
+    if request.method != "POST":
+        return page(Outcome())
+    return form_action(
+        request, form, lambda data: services.region_create(actor=actor_from_request(request),
+                                                           **data),
+        success=lambda region: f"Created region {region.code} ({region.jurisdiction}).",
+        then=lambda _region: reverse("fleet:region-list"), invalid=page, flash_refusals=True)
 
 
 # --- currency rates --------------------------------------------------------------------------
@@ -235,30 +239,27 @@ def region_create(request: HttpRequest) -> HttpResponse:
 RATES_SHOWN = 200
 
 
-def _render_rates(request: HttpRequest, form: CurrencyRateForm, status: int = 200
-                  ) -> HttpResponse:
-    return render(request, "fleet/currency_rates.html", {
-        "form": form, "rates": selectors.currency_rate_list()[:RATES_SHOWN],
-        "rate_count": selectors.currency_rate_list().count(),
-        "audit_url": f"{reverse('audit:list')}?"
-                     f"{urlencode({'object_type': CurrencyRate._meta.label_lower})}",
-    }, status=status)
-
-
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def currency_rates(request: HttpRequest) -> HttpResponse:
+def currency_rates(request: HttpRequest) -> HttpResponseBase:
     """Dated exchange rates: the only way costs in two currencies are compared."""
     form = CurrencyRateForm(request.POST if request.method == "POST" else None)
-    done: Outcome[CurrencyRate] = Outcome()
-    if request.method == "POST" and form.is_valid():
-        actor = actor_from_request(request)
-        done = call_service(request, lambda: services.currency_rate_create(
-            actor=actor, **form.cleaned_data), form=form)
-        if done.result is not None:
-            messages.success(request, f"Added {done.result}.")
-            return redirect("fleet:currency-rates")
-    return _render_rates(request, form, status=done.status)
+
+    def page(done: Outcome[CurrencyRate]) -> HttpResponse:
+        return render(request, "fleet/currency_rates.html", {
+            "form": form, "rates": selectors.currency_rate_list()[:RATES_SHOWN],
+            "rate_count": selectors.currency_rate_list().count(),
+            "audit_url": f"{reverse('audit:list')}?"
+                         f"{urlencode({'object_type': CurrencyRate._meta.label_lower})}",
+        }, status=done.status)
+
+    if request.method != "POST":
+        return page(Outcome())
+    return form_action(
+        request, form, lambda data: services.currency_rate_create(
+            actor=actor_from_request(request), **data),
+        success=lambda rate: f"Added {rate}.", then=lambda _rate: reverse("fleet:currency-rates"),
+        invalid=page, flash_refusals=True)
 
 
 @dashboard_view

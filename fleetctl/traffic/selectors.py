@@ -184,8 +184,27 @@ def push_list() -> QuerySet[GatewayPush]:
         "attempt_rows")
 
 
-def drain_list() -> QuerySet[Drain]:
-    return Drain.objects.select_related("route", "pool").prefetch_related("revisions__route")
+def drain_list(*, with_restores: bool = False) -> QuerySet[Drain]:
+    """Drains with their routes; `with_restores`: and the restores that undid each."""
+    drains = Drain.objects.select_related("route", "pool").prefetch_related("revisions__route")
+    return drains.prefetch_related("restored_by") if with_restores else drains
+
+
+def drain_progress_reread(*, drain: Drain) -> None:
+    """Read a drain's progress again from its row, in place (after waiting on its pushes)."""
+    drain.refresh_from_db(fields=["status", "verified_at", "in_flight_zero_at",
+                                  "completed_at", "last_error", "failure_reason"])
+
+
+def drain_revisions(*, drain: Drain) -> list[SplitRevision]:
+    """The revisions a drain made, each with its route's primary and its parent (what a
+    restore goes back to)."""
+    return list(drain.revisions.select_related("route__primary_pool", "parent"))
+
+
+def drain_route_ids(*, drain: Drain) -> list[int]:
+    """The routes a drain (or restore) changed, by id."""
+    return list(drain.revisions.values_list("route_id", flat=True).distinct())
 
 
 def drain_gateway_times(*, drain: Drain) -> list[GatewayPush]:
@@ -241,9 +260,19 @@ def route_get(*, name: str) -> Route | None:
     return route_list().select_related("primary_pool__region").filter(name=name).first()
 
 
+def revision_list(*, route: Route) -> QuerySet[SplitRevision]:
+    """The route's revisions, newest first, each with its parent in the same query (a page
+    diffs against it)."""
+    return route.revisions.select_related("route", "parent").order_by("-number")
+
+
 def revision_history(*, route: Route, limit: int = 50) -> list[SplitRevision]:
-    """Newest first, each with its parent in the same query (the page diffs against it)."""
-    return list(route.revisions.select_related("parent").order_by("-number")[:limit])
+    return list(revision_list(route=route)[:limit])
+
+
+def revision_push_ids(*, revision: SplitRevision) -> list[int]:
+    """The pushes that carry a revision to its gateways, by id (to wait for them)."""
+    return list(revision.pushes.values_list("pk", flat=True))
 
 
 def route_gateway_pushes(*, route: Route) -> list[tuple[Gateway, GatewayPush | None]]:
@@ -331,7 +360,7 @@ def drain_preview(*, route: Route | None = None, pool: Pool | None = None
 
 
 def drain_get(*, drain_id: int) -> Drain | None:
-    return drain_list().prefetch_related("restored_by").filter(pk=drain_id).first()
+    return drain_list(with_restores=True).filter(pk=drain_id).first()
 
 
 def drain_restored_by(*, drain: Drain) -> Drain | None:

@@ -1,7 +1,8 @@
 """Traffic dashboard: routes and gateways, a route's split and history with the ramp form,
 drains (confirm by typing the name, then live progress) and restores.
 
-Function views that call selectors (reads) and services (writes, through `call_service`).
+Function views that call selectors (reads) and services (writes, through the view kit:
+`form_action`, `call_service`).
 htmx asks for a block of the same page by targeting its id; the view then renders only that
 block's partial template.
 """
@@ -14,7 +15,8 @@ from typing import Any
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -22,7 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data, pool_colours
-from fleetctl.core.views import Outcome, call_service
+from fleetctl.core.views import Outcome, call_service, form_action, get_or_404
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic import charts, selectors, services
 from fleetctl.traffic.forms import DrainForm, HealthPolicyForm, RampForm, RestoreForm
@@ -40,18 +42,11 @@ DRAINS_PAGE_SIZE = 50
 TERMINAL = (Drain.Status.COMPLETE, Drain.Status.FAILED)
 
 
-def _route_or_404(name: str) -> Route:
-    route = selectors.route_get(name=name)
-    if route is None:
-        raise Http404(f"No route named {name!r}.")
-    return route
-
-
 @dashboard_view
 @require_POST
 def route_health_policy(request: HttpRequest, name: str) -> HttpResponse:
     """What the health policy does on this route (fleet-manage); applies from the next flip."""
-    route = _route_or_404(name)
+    route = get_or_404(selectors.route_get, name=name, what=f"route named {name!r}")
     form = HealthPolicyForm(request.POST)
     if not form.is_valid():
         messages.error(request, "Choose off, drain or drain-restore.")
@@ -63,20 +58,6 @@ def route_health_policy(request: HttpRequest, name: str) -> HttpResponse:
         messages.success(request, f"Health policy of {name}: "
                                   f"{done.result.get_health_policy_display()}.")
     return redirect("traffic:route-detail", name=name)
-
-
-def _pool_or_404(name: str) -> Pool:
-    pool = selectors.pool_get(name=name)
-    if pool is None:
-        raise Http404(f"No pool named {name!r}.")
-    return pool
-
-
-def _drain_or_404(drain_id: int) -> Drain:
-    drain = selectors.drain_get(drain_id=drain_id)
-    if drain is None:
-        raise Http404(f"No drain with id {drain_id}.")
-    return drain
 
 
 # --- routes ----------------------------------------------------------------------------------
@@ -185,70 +166,83 @@ def _render_route_detail(request: HttpRequest, route: Route, *, now: RouteNow | 
 @dashboard_view
 @require_GET
 def route_detail(request: HttpRequest, name: str) -> HttpResponse:
-    return _render_route_detail(request, _route_or_404(name))
+    route = get_or_404(selectors.route_get, name=name, what=f"route named {name!r}")
+    return _render_route_detail(request, route)
 
 
 @dashboard_view
 @require_POST
-def route_ramp(request: HttpRequest, name: str) -> HttpResponse:
-    route = _route_or_404(name)
+def route_ramp(request: HttpRequest, name: str) -> HttpResponseBase:
+    route = get_or_404(selectors.route_get, name=name, what=f"route named {name!r}")
     now = RouteNow.read(route)
     form = _ramp_form(route, now, request.POST)
-    done: Outcome[SplitRevision] = Outcome()
-    if form.is_valid():
-        actor = actor_from_request(request)
-        done = call_service(request, lambda: services.revision_create(
-            actor=actor, route=route, weights=form.cleaned_data["weights"],
-            base_revision=form.cleaned_data["base_revision"],
-            reason=form.cleaned_data["reason"], force=form.cleaned_data["force"],
-        ), form=form)
-        if done.result is not None:
-            messages.success(request, f"Route {route.name} is now at revision "
-                                      f"{done.result.number}; pushing to its gateways.")
-            return redirect("traffic:route-detail", name=route.name)
-    if done.status == 409:
+
+    def refused(done: Outcome[SplitRevision]) -> HttpResponse:
+        if done.status != 409:
+            return _render_route_detail(request, route, now=now, form=form,
+                                        status=done.status)
         # Someone changed the split meanwhile: show the fresh split, and keep what this
         # person typed (now based on the fresh revision) so they can compare and decide.
-        route = _route_or_404(name)
-        now = RouteNow.read(route)
+        fresh = get_or_404(selectors.route_get, name=name, what=f"route named {name!r}")
+        fresh_now = RouteNow.read(fresh)
         typed = form.cleaned_data
-        form = _ramp_form(route, now, initial={
+        retyped = _ramp_form(fresh, fresh_now, initial={
             "weights": {pool: f"{share:g}" for pool, share in typed["weights"].items()},
             "reason": typed["reason"], "force": typed["force"],
-            "base_revision": route.revision_number,
+            "base_revision": fresh.revision_number,
         })
-        form.stale = True
-    return _render_route_detail(request, route, now=now, form=form, status=done.status)
+        retyped.stale = True
+        return _render_route_detail(request, fresh, now=fresh_now, form=retyped,
+                                    status=done.status)
+
+    return form_action(
+        request, form, lambda data: services.revision_create(
+            actor=actor_from_request(request), route=route, weights=data["weights"],
+            base_revision=data["base_revision"], reason=data["reason"], force=data["force"]),
+        success=lambda revision: f"Route {route.name} is now at revision {revision.number}; "
+                                 f"pushing to its gateways.",
+        then=lambda _revision: reverse("traffic:route-detail", args=[route.name]),
+        invalid=refused, flash_refusals=True)
 
 
 # --- drains ----------------------------------------------------------------------------------
 
 def _drain_confirm(request: HttpRequest, *, route: Route | None, pool: Pool | None
-                   ) -> HttpResponse:
+                   ) -> HttpResponseBase:
     """The confirm page for a route or a pool drain: what would move, then type the name."""
     target = route or pool
     assert target is not None
     what = "route" if route is not None else "pool"
     form = DrainForm(request.POST if request.method == "POST" else None,
                      expected=target.name, what=what)
-    done: Outcome[Drain] = Outcome()
-    if request.method == "POST" and form.is_valid():
-        actor = actor_from_request(request)
-        done = call_service(request, lambda: services.drain_request(
-            actor=actor, reason=form.cleaned_data["reason"], route=route, pool=pool,
-        ), form=form)
-        if done.result is not None:
-            drain_push_now(done.result)  # committed: the first attempt, here
-            # A fact, not a progress report: this message stays on the page while the
-            # progress block below follows the drain to its end.
-            messages.success(request, f"Drain {done.result.pk} of {what} {target.name} "
-                                      f"requested.")
-            return redirect("traffic:drain-detail", drain_id=done.result.pk)
-    preview = selectors.drain_preview(route=route, pool=pool)
-    return render(request, "traffic/drain_confirm.html", {
-        "form": form, "what": what, "target": target, "route": route, "pool": pool,
-        "preview": preview, "ramps_ended": _ramps_a_drain_ends(preview),
-    }, status=done.status)
+
+    def page(done: Outcome[Drain]) -> HttpResponse:
+        preview = selectors.drain_preview(route=route, pool=pool)
+        return render(request, "traffic/drain_confirm.html", {
+            "form": form, "what": what, "target": target, "route": route, "pool": pool,
+            "preview": preview, "ramps_ended": _ramps_a_drain_ends(preview),
+        }, status=done.status)
+
+    if request.method != "POST":
+        return page(Outcome())
+    return form_action(
+        request, form, lambda data: _pushed(services.drain_request(
+            actor=actor_from_request(request), reason=data["reason"], route=route, pool=pool)),
+        # A fact, not a progress report: this message stays on the page while the
+        # progress block below follows the drain to its end.
+        success=lambda drain: f"Drain {drain.pk} of {what} {target.name} requested.",
+        then=_drain_url, invalid=page, flash_refusals=True)
+
+
+def _pushed(drain: Drain) -> Drain:
+    """A drain or restore the service committed, with its first attempt at every gateway
+    made here (the converge task makes it should this process die first)."""
+    drain_push_now(drain)
+    return drain
+
+
+def _drain_url(drain: Drain) -> str:
+    return reverse("traffic:drain-detail", args=[drain.pk])
 
 
 def _ramps_a_drain_ends(preview: list[selectors.DrainPreview]) -> list[tuple[Route, Hold]]:
@@ -261,14 +255,16 @@ def _ramps_a_drain_ends(preview: list[selectors.DrainPreview]) -> list[tuple[Rou
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def route_drain(request: HttpRequest, name: str) -> HttpResponse:
-    return _drain_confirm(request, route=_route_or_404(name), pool=None)
+def route_drain(request: HttpRequest, name: str) -> HttpResponseBase:
+    route = get_or_404(selectors.route_get, name=name, what=f"route named {name!r}")
+    return _drain_confirm(request, route=route, pool=None)
 
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def pool_drain(request: HttpRequest, name: str) -> HttpResponse:
-    return _drain_confirm(request, route=None, pool=_pool_or_404(name))
+def pool_drain(request: HttpRequest, name: str) -> HttpResponseBase:
+    pool = get_or_404(selectors.pool_get, name=name, what=f"pool named {name!r}")
+    return _drain_confirm(request, route=None, pool=pool)
 
 
 def _ms_since(start: datetime, at: datetime | None) -> float | None:
@@ -335,13 +331,14 @@ def _still_watched(drain: Drain) -> bool:
 @dashboard_view
 @require_GET
 def drain_detail(request: HttpRequest, drain_id: int) -> HttpResponse:
-    drain = _drain_or_404(drain_id)
+    drain = get_or_404(selectors.drain_get, drain_id=drain_id,
+                       what=f"drain with id {drain_id}")
     pushes = selectors.drain_gateway_times(drain=drain)
     restored_by = list(drain.restored_by.all())
     # The ramps this drain ended (or, for a restore, whose share it did not give back).
     ended_by = drain.restores if drain.action == Drain.Action.RESTORE else drain
     ramps_ended = [hold for hold in holds_on(
-        route_ids=list(ended_by.revisions.values_list("route_id", flat=True).distinct()),
+        route_ids=selectors.drain_route_ids(drain=ended_by),
         drain=ended_by) if not hold.active] if ended_by is not None else []
     context: dict[str, Any] = {
         "drain": drain,
@@ -361,20 +358,25 @@ def drain_detail(request: HttpRequest, drain_id: int) -> HttpResponse:
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def drain_restore(request: HttpRequest, drain_id: int) -> HttpResponse:
-    drain = _drain_or_404(drain_id)
+def drain_restore(request: HttpRequest, drain_id: int) -> HttpResponseBase:
+    drain = get_or_404(selectors.drain_get, drain_id=drain_id,
+                       what=f"drain with id {drain_id}")
     form = RestoreForm(request.POST if request.method == "POST" else None)
-    done: Outcome[Drain] = Outcome()
-    if request.method == "POST" and form.is_valid():
-        actor = actor_from_request(request)
-        done = call_service(request, lambda: services.drain_restore(
-            actor=actor, drain=drain, reason=form.cleaned_data["reason"]), form=form)
-        if done.result is not None:
-            drain_push_now(done.result)
-            messages.success(request, f"Restore {done.result.pk} of the split from before "
-                                      f"drain {drain.pk} requested.")
-            return redirect("traffic:drain-detail", drain_id=done.result.pk)
-    revisions = list(drain.revisions.select_related("route__primary_pool", "parent"))
+    if request.method != "POST":
+        return _render_restore(request, drain, form, Outcome())
+    return form_action(
+        request, form, lambda data: _pushed(services.drain_restore(
+            actor=actor_from_request(request), drain=drain, reason=data["reason"])),
+        success=lambda restore: f"Restore {restore.pk} of the split from before drain "
+                                f"{drain.pk} requested.",
+        then=_drain_url,
+        invalid=lambda done: _render_restore(request, drain, form, done), flash_refusals=True)
+
+
+def _render_restore(request: HttpRequest, drain: Drain, form: RestoreForm,
+                    done: Outcome[Drain]) -> HttpResponse:
+    """The restore page: per route, the split it goes back to and what a ramp keeps back."""
+    revisions = selectors.drain_revisions(drain=drain)
     holds = holds_on(route_ids=[rev.route_id for rev in revisions], drain=drain)
     rows = []
     for rev in revisions:
@@ -393,7 +395,7 @@ def drain_restore(request: HttpRequest, drain_id: int) -> HttpResponse:
 @dashboard_view
 @require_GET
 def drain_list(request: HttpRequest) -> HttpResponse:
-    page = Paginator(selectors.drain_list().prefetch_related("restored_by"),
+    page = Paginator(selectors.drain_list(with_restores=True),
                      DRAINS_PAGE_SIZE).get_page(request.GET.get("page"))
     return render(request, "traffic/drain_list.html", {
         "page": page,

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from fleetctl.accounts import roles
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.core.views import Outcome, call_service
+from fleetctl.core.views import Outcome, call_service, form_action, get_or_404
 from fleetctl.webhooks import selectors, services
 from fleetctl.webhooks.forms import WebhookForm
 from fleetctl.webhooks.models import EVENTS, Webhook
@@ -20,11 +22,8 @@ from fleetctl.webhooks.models import EVENTS, Webhook
 DELIVERIES_PER_PAGE = 50
 
 
-def _get(name: str) -> Webhook:
-    hook = selectors.webhook_get(name=name)
-    if hook is None:
-        raise Http404(f"No webhook named {name}.")
-    return hook
+def _detail_url(hook: Webhook) -> str:
+    return reverse("webhooks:detail", args=[hook.name])
 
 
 @dashboard_view
@@ -38,24 +37,26 @@ def webhook_list(request: HttpRequest) -> HttpResponse:
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def webhook_create(request: HttpRequest) -> HttpResponse:
+def webhook_create(request: HttpRequest) -> HttpResponseBase:
     actor = actor_from_request(request)
     form = WebhookForm(request.POST if request.method == "POST" else None,
                        can_trust=actor.can(roles.ADMIN_MANAGE))
-    done: Outcome[Webhook] = Outcome()
-    if request.method == "POST" and form.is_valid():
-        done = call_service(request, lambda: services.webhook_create(
-            actor=actor, **form.changes()), form=form)
-        if done.result is not None:
-            messages.success(request, f"Created webhook {done.result.name}.")
-            return redirect("webhooks:detail", name=done.result.name)
-    return render(request, "webhooks/form.html", {"form": form}, status=done.status)
+
+    def page(done: Outcome[Webhook]) -> HttpResponse:
+        return render(request, "webhooks/form.html", {"form": form}, status=done.status)
+
+    if request.method != "POST":
+        return page(Outcome())
+    return form_action(
+        request, form, lambda _data: services.webhook_create(actor=actor, **form.changes()),
+        success=lambda hook: f"Created webhook {hook.name}.", then=_detail_url, invalid=page,
+        flash_refusals=True)
 
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def webhook_edit(request: HttpRequest, name: str) -> HttpResponse:
-    hook = _get(name)
+def webhook_edit(request: HttpRequest, name: str) -> HttpResponseBase:
+    hook = get_or_404(selectors.webhook_get, name=name, what=f"webhook named {name}")
     actor = actor_from_request(request)
     # A reader sees the form (disabled) with the URL as readers see it everywhere.
     url = hook.url if actor.can(roles.FLEET_MANAGE) else hook.url_shown
@@ -63,21 +64,24 @@ def webhook_edit(request: HttpRequest, name: str) -> HttpResponse:
                "format": hook.format, "active": hook.active, "trusted": hook.trusted}
     form = WebhookForm(request.POST if request.method == "POST" else None, initial=initial,
                        editing=True, can_trust=actor.can(roles.ADMIN_MANAGE))
-    done: Outcome[Webhook] = Outcome()
-    if request.method == "POST" and form.is_valid():
-        done = call_service(request, lambda: services.webhook_update(
-            actor=actor, webhook=hook, **form.changes()), form=form)
-        if done.result is not None:
-            messages.success(request, f"Saved webhook {done.result.name}.")
-            return redirect("webhooks:detail", name=done.result.name)
-    return render(request, "webhooks/form.html", {"form": form, "webhook": hook},
-                  status=done.status)
+
+    def page(done: Outcome[Webhook]) -> HttpResponse:
+        return render(request, "webhooks/form.html", {"form": form, "webhook": hook},
+                      status=done.status)
+
+    if request.method != "POST":
+        return page(Outcome())
+    return form_action(
+        request, form, lambda _data: services.webhook_update(actor=actor, webhook=hook,
+                                                             **form.changes()),
+        success=lambda saved: f"Saved webhook {saved.name}.", then=_detail_url, invalid=page,
+        flash_refusals=True)
 
 
 @dashboard_view
 @require_POST
 def webhook_delete(request: HttpRequest, name: str) -> HttpResponse:
-    hook = _get(name)
+    hook = get_or_404(selectors.webhook_get, name=name, what=f"webhook named {name}")
     if request.POST.get("confirm") != "yes":
         messages.error(request, f"Tick the box to confirm deleting webhook {name} and its "
                                 f"delivery records.")
@@ -93,7 +97,7 @@ def webhook_delete(request: HttpRequest, name: str) -> HttpResponse:
 @dashboard_view
 @require_POST
 def webhook_test(request: HttpRequest, name: str) -> HttpResponse:
-    hook = _get(name)
+    hook = get_or_404(selectors.webhook_get, name=name, what=f"webhook named {name}")
     actor = actor_from_request(request)
     done = call_service(request, lambda: services.webhook_test(actor=actor, webhook=hook))
     if done.result is not None:
@@ -104,7 +108,7 @@ def webhook_test(request: HttpRequest, name: str) -> HttpResponse:
 @dashboard_view
 @require_GET
 def webhook_detail(request: HttpRequest, name: str) -> HttpResponse:
-    hook = _get(name)
+    hook = get_or_404(selectors.webhook_get, name=name, what=f"webhook named {name}")
     page = Paginator(selectors.deliveries_for(webhook=hook), DELIVERIES_PER_PAGE).get_page(
         request.GET.get("page"))
     return render(request, "webhooks/detail.html", {"webhook": hook, "page": page})

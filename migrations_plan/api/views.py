@@ -19,7 +19,7 @@ from fleetctl.traffic.api.serializers import DrainSerializer
 from migrations_plan import evidence as ev
 from migrations_plan import filters, selectors, services
 from migrations_plan.api import serializers as s
-from migrations_plan.models import STAGE_NAMES, Evidence, GateCheck, Plan
+from migrations_plan.models import STAGE_NAMES, GateCheck, Plan
 
 STAGE_PARAM = OpenApiParameter("stage", int, OpenApiParameter.PATH,
                                description="1 abstraction, 2 shadow, 3 batch, 4 live.")
@@ -99,8 +99,7 @@ class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         return Response(s.GateCheckSerializer(check).data, status=status.HTTP_201_CREATED)
 
     def _check(self, plan: Plan, check_id: str) -> GateCheck:
-        return get_object_or_404(GateCheck.objects.select_related("plan"), plan=plan,
-                                 pk=check_id)
+        return get_object_or_404(selectors.check_list(), plan=plan, pk=check_id)
 
     @extend_schema(parameters=[CHECK_PARAM], request=s.CheckUpdateSerializer,
                    responses={200: s.GateCheckSerializer})
@@ -137,8 +136,8 @@ class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         body.is_valid(raise_exception=True)
         services.attest(actor=actor_from_request(request), check=check,
                         note=body.validated_data["note"])
-        fresh = selectors.plan_checks(plan=check.plan).get(pk=check.pk)
-        return Response(s.GateCheckSerializer(fresh).data, status=status.HTTP_201_CREATED)
+        return Response(s.GateCheckSerializer(selectors.check_as_listed(check=check)).data,
+                        status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={202: DrainSerializer})
     @action(detail=True, methods=["post"], url_path="rehearse-drain")
@@ -220,7 +219,7 @@ class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     def approvals(self, request: Request, name: str) -> Response:
         """Every approval of every stage, newest first, with the evidence snapshot it saw."""
         plan = self._plan(name)
-        page = self.paginate_queryset(plan.approvals.select_related("by").order_by("-at", "-id"))
+        page = self.paginate_queryset(selectors.plan_approvals(plan=plan))
         return self.get_paginated_response(s.ApprovalSerializer(page, many=True).data)
 
     @extend_schema(responses={200: s.StageMoveSerializer(many=True)})
@@ -229,8 +228,7 @@ class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         """Every stage move, newest first: who, why, the gate snapshot, the approvals it used
         and the drains that ran first."""
         plan = self._plan(name)
-        rows = plan.moves.prefetch_related("approvals__by", "drains").order_by("-at", "-id")
-        page = self.paginate_queryset(rows)
+        page = self.paginate_queryset(selectors.plan_moves(plan=plan))
         return self.get_paginated_response(s.StageMoveSerializer(page, many=True).data)
 
     @extend_schema(responses={200: AuditEventSerializer(many=True)})
@@ -249,7 +247,7 @@ class EvidenceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
     (kind external). Rows are immutable: record a new one. Posting is for other systems'
     reports only and needs the `jobs` permission (service tokens with the `jobs` scope may)."""
 
-    queryset = Evidence.objects.select_related("pool", "route")
+    queryset = selectors.evidence_list()
     serializer_class = s.EvidenceSerializer
     filterset_class = filters.EvidenceFilter
     ordering_fields = ["observed_at", "id"]

@@ -52,10 +52,7 @@ class TokenViewSet(_TokenViewSet):
     create_service = services.token_create_personal
 
     def get_queryset(self) -> QuerySet[ApiToken]:
-        actor = actor_from_request(self.request)
-        if actor.user is None:
-            return ApiToken.objects.none()
-        return selectors.token_list_for_user(user=actor.user)
+        return selectors.token_list_for_user(user=actor_from_request(self.request).user)
 
 
 class ServiceTokenViewSet(_TokenViewSet):

@@ -9,6 +9,7 @@ from django.contrib.auth.models import AnonymousUser
 from rest_framework import viewsets
 from rest_framework.serializers import BaseSerializer
 
+from fleetctl.accounts import selectors
 from fleetctl.accounts.permissions import DESCRIBING_API, actor_from_request
 
 
@@ -43,7 +44,7 @@ class ServiceModelViewSet(viewsets.ModelViewSet):
     def _as_read(self, instance: Any) -> Any:
         """The written row as a read shows it: the answer to a write has the fields the
         queryset adds (a region's pool_count), as the schema promises."""
-        return self.get_queryset().get(pk=instance.pk)
+        return selectors.row_as_listed(self.get_queryset(), pk=instance.pk)
 
     def perform_create(self, serializer: BaseSerializer) -> None:
         serializer.instance = self._as_read(type(self).create_service(

@@ -15,7 +15,7 @@ from fleetctl.core import idempotency
 from fleetctl.traffic import push, selectors, services
 from fleetctl.traffic.api import serializers as s
 from fleetctl.traffic.api import waiting
-from fleetctl.traffic.api.filters import GatewayFilter
+from fleetctl.traffic.filters import GatewayFilter
 from fleetctl.traffic.models import Drain, Route
 
 
@@ -70,8 +70,7 @@ class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Crea
         answers once every gateway verified it (or the timeout passed)."""
         route = self.get_object()
         if request.method == "GET":
-            history = route.revisions.select_related("route", "parent").order_by("-number")
-            page = self.paginate_queryset(history)
+            page = self.paginate_queryset(selectors.revision_list(route=route))
             return self.get_paginated_response(s.RevisionSerializer(page, many=True).data)
         timeout_s = waiting.wait_timeout(request)
         body = s.RevisionCreateSerializer(data=request.data)
@@ -82,7 +81,7 @@ class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Crea
         unchanged = getattr(revision, "unchanged", False)
         if timeout_s is not None:
             pushes = waiting.wait_for_pushes(
-                list(revision.pushes.values_list("pk", flat=True)), timeout_s)
+                selectors.revision_push_ids(revision=revision), timeout_s)
             revision.verified = waiting.verified(pushes)  # type: ignore[attr-defined]
             revision.wait_gateways = waiting.gateway_rows(pushes)  # type: ignore[attr-defined]
         return Response(s.RevisionAnswerSerializer(revision).data,
@@ -181,8 +180,7 @@ class DrainViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
             pushes = waiting.wait_for_pushes(list(drain.push_ids or []), timeout_s)
             drain.verified = waiting.verified(pushes)  # type: ignore[attr-defined]
             # The record and its gateways as they stand after the wait, from the rows.
-            drain.refresh_from_db(fields=["status", "verified_at", "in_flight_zero_at",
-                                          "completed_at", "last_error", "failure_reason"])
+            selectors.drain_progress_reread(drain=drain)
             drain.first_pushes = None
         return Response(s.DrainAnswerSerializer(drain).data, status=status.HTTP_202_ACCEPTED)
 

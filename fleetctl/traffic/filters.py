@@ -1,4 +1,5 @@
-"""Query filters of the traffic API whose choices come from the gateway kind registry."""
+"""The traffic app's FilterSets, in one place for the API and any page listing the same rows.
+The gateway kinds come from the kind registry."""
 
 from __future__ import annotations
 
