@@ -8,14 +8,15 @@ their errors are put back on these forms by the views.
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 from django import forms
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db import models
 
 from fleetctl.accounts import roles
+from fleetctl.core.forms import model_form_field, reason_field
 from fleetctl.fleet.models import CURRENCIES, Pool
 from fleetctl.traffic.models import Route
 from migrations_plan import evidence as ev
@@ -41,13 +42,7 @@ class OwnerChoiceField(forms.ModelChoiceField):
         return f"{obj.get_username()} ({full})" if full else obj.get_username()
 
 
-def _plan_field(name: str, **overrides: Any) -> forms.Field:
-    """The model's own field (validators, help text) as a form field."""
-    model_field = Plan._meta.get_field(name)
-    assert isinstance(model_field, models.Field)
-    field = model_field.formfield(**overrides)
-    assert field is not None
-    return field
+_plan_field = partial(model_form_field, Plan)
 
 
 class PlanForm(forms.Form):
@@ -105,8 +100,7 @@ class AdvanceForm(forms.Form):
 
 
 class ReasonForm(forms.Form):
-    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}),
-                             help_text="Goes in the plan's timeline.")
+    reason = reason_field(help_text="Goes in the plan's timeline.")
 
     def __init__(self, *args: Any, label: str = "Reason", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -17,12 +17,28 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from fleetctl.batch.models import ACTIVE_STATES, DEFAULT_CHUNK_SIZE, BatchFile, BatchJob
+from fleetctl.core.forms import reason_field
 
 REASON_REQUIRED = ("Say why: the reason goes in the timeline and the audit log, and a soak "
                    "counts it as a manual intervention.")
 FILE_CHOICES = 50
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$", re.IGNORECASE)
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _reason() -> forms.CharField:
+    return reason_field(error_messages={"required": REASON_REQUIRED})
+
+
+def _concurrency(**kwargs: Any) -> forms.IntegerField:
+    """A job's requests in flight (as BatchJob.concurrency: 1 to 256)."""
+    return forms.IntegerField(label="Concurrency", min_value=1, max_value=256, **kwargs)
+
+
+def _rate_limit(**kwargs: Any) -> forms.FloatField:
+    """A job's requests started per second, at most; empty: no limit."""
+    return forms.FloatField(label="Rate limit, requests/s", min_value=0.01, required=False,
+                            **kwargs)
 
 
 def parse_duration(text: str) -> int:
@@ -109,12 +125,9 @@ DRILL_CHOICES = [("", "none"), ("kill-worker", "kill-worker: kill -9 the worker 
 class JobForm(InputFileMixin):
     pool = forms.ChoiceField(label="Pool", help_text="The job runs on this pool only (pinned). "
                                                      "A stage 1–2 candidate is refused.")
-    concurrency = forms.IntegerField(label="Concurrency", min_value=1, max_value=256,
-                                     initial=8, help_text="Requests in flight at once, at most.")
-    rate_limit_rps = forms.FloatField(label="Rate limit, requests/s", min_value=0.01,
-                                      required=False,
-                                      help_text="Requests started per second, at most. Empty: "
-                                                "no limit.")
+    concurrency = _concurrency(initial=8, help_text="Requests in flight at once, at most.")
+    rate_limit_rps = _rate_limit(help_text="Requests started per second, at most. Empty: no "
+                                           "limit.")
     completion_window = DurationField(
         label="Completion window", initial="24h", min_s=10, max_s=7 * 86400,
         help_text="The job expires this long after it is created (10s to 7d); its partial "
@@ -161,17 +174,13 @@ class JobActionForm(forms.Form):
     ACTIONS = ("pause", "resume", "cancel")
 
     action = forms.ChoiceField(choices=[(a, a) for a in ACTIONS], widget=forms.HiddenInput)
-    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}),
-                             error_messages={"required": REASON_REQUIRED})
+    reason = _reason()
 
 
 class JobEditForm(forms.Form):
-    concurrency = forms.IntegerField(label="Concurrency", min_value=1, max_value=256,
-                                     required=False)
-    rate_limit_rps = forms.FloatField(label="Rate limit, requests/s", min_value=0.01,
-                                      required=False)
-    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}),
-                             error_messages={"required": REASON_REQUIRED})
+    concurrency = _concurrency(required=False)
+    rate_limit_rps = _rate_limit()
+    reason = _reason()
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -208,10 +217,8 @@ class SoakStartForm(InputFileMixin):
                           help_text="A new job starts this often, once the previous one ended.")
     duration = DurationField(label="Duration", initial="7d", min_s=60, max_s=90 * 86400,
                              help_text="How long the soak runs (days in production).")
-    concurrency = forms.IntegerField(label="Concurrency", min_value=1, max_value=256,
-                                     initial=8)
-    rate_limit_rps = forms.FloatField(label="Rate limit, requests/s", min_value=0.01,
-                                      required=False)
+    concurrency = _concurrency(initial=8)
+    rate_limit_rps = _rate_limit()
     completion_window = DurationField(label="Each job's completion window", initial="1h",
                                       min_s=10, max_s=7 * 86400)
     drill = forms.ChoiceField(label="Drill in the first job", choices=DRILL_CHOICES,
@@ -230,20 +237,16 @@ class SoakStartForm(InputFileMixin):
 
 
 class SoakStopForm(forms.Form):
-    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}),
-                             error_messages={"required": REASON_REQUIRED})
+    reason = _reason()
 
 
 class SoakEditForm(forms.Form):
     every = DurationField(label="Every", min_s=10, max_s=7 * 86400, required=False)
     duration = DurationField(label="Duration", min_s=60, max_s=90 * 86400, required=False,
                              help_text="From the soak's start.")
-    concurrency = forms.IntegerField(label="Concurrency", min_value=1, max_value=256,
-                                     required=False)
-    rate_limit_rps = forms.FloatField(label="Rate limit, requests/s", min_value=0.01,
-                                      required=False)
-    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}),
-                             error_messages={"required": REASON_REQUIRED})
+    concurrency = _concurrency(required=False)
+    rate_limit_rps = _rate_limit()
+    reason = _reason()
 
     def changes(self) -> dict[str, Any]:
         data = self.cleaned_data

@@ -19,7 +19,7 @@ The state lives in rows, so any worker process can take any job over:
   with any fails).
 - `Soak`: recurring jobs on a plan's candidate over a duration; its jobs point back to it.
 - `BatchComparison`: a sample of a job's requests sent to the plan's primary, compared with
-  the job's answers (fleetctl/core/compare.py).
+  the job's answers (fleetctl/inference/compare.py).
 """
 
 from __future__ import annotations
@@ -288,7 +288,21 @@ class BatchResend(models.Model):
         return f"resend of {self.index} in job {self.job_id}"
 
 
-class BatchJobEvent(models.Model):
+class TimelineEntry(models.Model):
+    """A line of a job's or a soak's timeline: when, who, whether a person did it (a soak
+    with any manual action fails), what happened and its figures (abstract)."""
+
+    at = models.DateTimeField(default=timezone.now)
+    actor = models.CharField(max_length=150)
+    manual = models.BooleanField(default=False)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class BatchJobEvent(TimelineEntry):
     class Kind(models.TextChoices):
         CREATED = "created", "created"
         STARTED = "started", "started"
@@ -305,13 +319,8 @@ class BatchJobEvent(models.Model):
         RETRY = "retry", "retried requests"
 
     job = models.ForeignKey(BatchJob, on_delete=models.CASCADE, related_name="events")
-    at = models.DateTimeField(default=timezone.now)
+    # `manual`: a person's action (pause, resume, edit, cancel).
     kind = models.CharField(max_length=14, choices=Kind.choices)
-    actor = models.CharField(max_length=150)
-    # A person's action (pause, resume, edit, cancel): a soak with any of these fails.
-    manual = models.BooleanField(default=False)
-    message = models.TextField(blank=True)
-    data = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["job", "at", "id"]
@@ -320,17 +329,12 @@ class BatchJobEvent(models.Model):
         return f"{self.kind} on job {self.job_id}"
 
 
-class SoakEvent(models.Model):
+class SoakEvent(TimelineEntry):
     """The soak's own timeline: jobs started, a person's edits/stops/restarts (manual), and
     the verdict."""
 
     soak = models.ForeignKey(Soak, on_delete=models.CASCADE, related_name="events")
-    at = models.DateTimeField(default=timezone.now)
     kind = models.CharField(max_length=20)
-    actor = models.CharField(max_length=150)
-    manual = models.BooleanField(default=False)
-    message = models.TextField(blank=True)
-    data = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["soak", "at", "id"]

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import math
 import re
+from functools import partial
 from typing import Any
 
 from django import forms
 from django.core.exceptions import ValidationError
-from django.db import models
 
 from fleetctl.bench import traces
 from fleetctl.bench.models import Run, Trace
+from fleetctl.core.forms import model_form_field
 from fleetctl.fleet.models import Pool
 
 SOURCES = [("auto", "detect from the first line"), ("fleetctl", "fleetctl JSONL"),
@@ -26,13 +27,7 @@ LENGTH_HELP = ('A number (every request the same), a range such as 64-512 (unifo
                'e.g. {"kind": "lognormal", "median": 800, "sigma": 0.9}.')
 
 
-def _run_field(name: str, **overrides: Any) -> forms.Field:
-    """The model's own field (validators, help text) as a form field."""
-    model_field = Run._meta.get_field(name)
-    assert isinstance(model_field, models.Field)
-    field = model_field.formfield(**overrides)
-    assert field is not None
-    return field
+_run_field = partial(model_form_field, Run)
 
 
 def length_spec(text: str) -> Any:

@@ -28,6 +28,10 @@ def trace_get(*, name: str) -> Trace | None:
     return Trace.objects.filter(name=name).first()
 
 
+def trace_exists() -> bool:
+    return Trace.objects.exists()
+
+
 def trace_path(trace: Trace) -> Path:
     """Where the trace's normalised JSONL file lives (it may be missing on this machine)."""
     return Path(settings.DATA_DIR) / "traces" / trace.path
@@ -40,6 +44,11 @@ def run_list() -> QuerySet[Run]:
 
 def run_get(*, run_id: int) -> Run | None:
     return run_list().filter(pk=run_id).first()
+
+
+def trace_runs(*, trace: Trace, limit: int) -> QuerySet[Run]:
+    """The newest runs of one trace."""
+    return run_list().filter(trace=trace)[:limit]
 
 
 def run_levels(*, run: Run) -> QuerySet[Level]:

@@ -1,6 +1,7 @@
 from django.urls import path
 
 from fleetctl.bench import views
+from fleetctl.core.urls import job_run_urls
 
 app_name = "bench"
 urlpatterns = [
@@ -9,7 +10,5 @@ urlpatterns = [
     path("traces/upload/", views.trace_upload, name="trace-upload"),
     path("traces/generate/", views.trace_generate, name="trace-generate"),
     path("traces/<slug:name>/", views.trace_detail, name="trace-detail"),
-    path("runs/new/", views.run_create, name="run-create"),
-    path("runs/<int:run_id>/", views.run_detail, name="run-detail"),
-    path("runs/<int:run_id>/cancel/", views.run_cancel, name="run-cancel"),
+    *job_run_urls(views),
 ]

@@ -9,13 +9,17 @@ partial, every 2 s while the run can still change.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from django import forms
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from fleetctl.accounts.dashboard import dashboard_view
@@ -25,25 +29,46 @@ from fleetctl.bench.filters import RunFilter
 from fleetctl.bench.forms import RunForm, TraceGenerateForm, TraceUploadForm
 from fleetctl.bench.models import Level, Run, Trace
 from fleetctl.core.charts import figure_data, pool_colours
-from fleetctl.core.views import Outcome, call_service, filter_form_says_any
+from fleetctl.core.views import (
+    Outcome,
+    call_service,
+    filter_form_says_any,
+    form_action,
+    get_or_404,
+)
 
 LIVE_ID = "run-live"  # the block htmx re-polls on the run page
 RUNS_PAGE_SIZE = 25
 TRACES_LIMIT = 50
 
-
-def _trace_or_404(name: str) -> Trace:
-    trace = selectors.trace_get(name=name)
-    if trace is None:
-        raise Http404(f"No trace named {name!r}.")
-    return trace
+T = TypeVar("T")
 
 
-def _run_or_404(run_id: int) -> Run:
-    run = selectors.run_get(run_id=run_id)
-    if run is None:
-        raise Http404(f"No benchmark run with id {run_id}.")
-    return run
+def _trace(name: str) -> Trace:
+    return get_or_404(selectors.trace_get, name=name, what=f"trace named {name!r}")
+
+
+def _run(run_id: int) -> Run:
+    return get_or_404(selectors.run_get, run_id=run_id, what=f"benchmark run with id {run_id}")
+
+
+def _form_page(request: HttpRequest, form: forms.BaseForm, call: Callable[[], T], *,
+               success: Callable[[T], str], then: Callable[[T], str], template: str,
+               context: Callable[[], dict[str, Any]] = dict) -> HttpResponseBase:
+    """A benchmark form's page: on a POST the service, then a message and the result's page;
+    otherwise the form again with the service's field errors (200) or the refusal as a
+    message with its status, as these pages have always answered."""
+    def page(done: Outcome[T]) -> HttpResponse:
+        return render(request, template, {"form": form, **context()}, status=done.status)
+
+    if request.method != "POST":
+        return page(Outcome())
+    return form_action(request, form, lambda _: call(), success=success, then=then,
+                       invalid=page, flash_refusals=True)
+
+
+def _trace_page(trace: Trace) -> str:
+    return reverse("bench:trace-detail", kwargs={"name": trace.name})
 
 
 # --- the list --------------------------------------------------------------------------------
@@ -65,48 +90,35 @@ def bench_home(request: HttpRequest) -> HttpResponse:
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def trace_upload(request: HttpRequest) -> HttpResponse:
+def trace_upload(request: HttpRequest) -> HttpResponseBase:
     posted = request.method == "POST"
     form = TraceUploadForm(request.POST if posted else None, request.FILES if posted else None)
-    done: Outcome[Trace] = Outcome()
-    if posted and form.is_valid():
-        actor = actor_from_request(request)
-        data = form.cleaned_data
-        # The uploaded file object (memory or a temporary file), read line by line.
-        done = call_service(request, lambda: services.trace_upload(
-            actor=actor, name=data["name"], description=data["description"],
-            source=data["source"], fileobj=data["file"]), form=form)
-        if done.result is not None:
-            messages.success(request, f"Stored trace {done.result.name}: "
-                                      f"{done.result.requests:,} requests.")
-            return redirect("bench:trace-detail", name=done.result.name)
-    return render(request, "bench/trace_upload.html", {"form": form}, status=done.status)
+    # The uploaded file object (memory or a temporary file), read line by line.
+    return _form_page(request, form, lambda: services.trace_upload(
+        actor=actor_from_request(request), name=form.cleaned_data["name"],
+        description=form.cleaned_data["description"], source=form.cleaned_data["source"],
+        fileobj=form.cleaned_data["file"]),
+        success=lambda trace: f"Stored trace {trace.name}: {trace.requests:,} requests.",
+        then=_trace_page, template="bench/trace_upload.html")
 
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def trace_generate(request: HttpRequest) -> HttpResponse:
+def trace_generate(request: HttpRequest) -> HttpResponseBase:
     form = TraceGenerateForm(request.POST if request.method == "POST" else None)
-    done: Outcome[Trace] = Outcome()
-    if request.method == "POST" and form.is_valid():
-        actor = actor_from_request(request)
-        kwargs = form.service_kwargs()
-        done = call_service(request, lambda: services.trace_generate(actor=actor, **kwargs),
-                            form=form)
-        if done.result is not None:
-            messages.success(request, f"Generated trace {done.result.name}: "
-                                      f"{done.result.requests:,} requests.")
-            return redirect("bench:trace-detail", name=done.result.name)
-    return render(request, "bench/trace_generate.html", {"form": form}, status=done.status)
+    return _form_page(request, form, lambda: services.trace_generate(
+        actor=actor_from_request(request), **form.service_kwargs()),
+        success=lambda trace: f"Generated trace {trace.name}: {trace.requests:,} requests.",
+        then=_trace_page, template="bench/trace_generate.html")
 
 
 @dashboard_view
 @require_GET
 def trace_detail(request: HttpRequest, name: str) -> HttpResponse:
-    trace = _trace_or_404(name)
+    trace = _trace(name)
     return render(request, "bench/trace_detail.html", {
         "trace": trace, "summary": trace.summary or {},
-        "runs": selectors.run_list().filter(trace=trace)[:RUNS_PAGE_SIZE],
+        "runs": selectors.trace_runs(trace=trace, limit=RUNS_PAGE_SIZE),
         "file_present": selectors.trace_path(trace).exists(),
     })
 
@@ -124,21 +136,15 @@ def _run_initial(request: HttpRequest) -> dict[str, Any]:
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def run_create(request: HttpRequest) -> HttpResponse:
+def run_create(request: HttpRequest) -> HttpResponseBase:
     form = RunForm(request.POST if request.method == "POST" else None,
                    initial=_run_initial(request))
-    done: Outcome[Run] = Outcome()
-    if request.method == "POST" and form.is_valid():
-        actor = actor_from_request(request)
-        kwargs = form.service_kwargs()
-        done = call_service(request, lambda: services.run_create(actor=actor, **kwargs),
-                            form=form)
-        if done.result is not None:
-            messages.success(request, f"Started run {done.result.pk}; it appears below as "
-                                      "its levels are measured.")
-            return redirect("bench:run-detail", run_id=done.result.pk)
-    return render(request, "bench/run_form.html", {
-        "form": form, "has_traces": Trace.objects.exists()}, status=done.status)
+    return _form_page(request, form, lambda: services.run_create(
+        actor=actor_from_request(request), **form.service_kwargs()),
+        success=lambda run: f"Started run {run.pk}; it appears below as its levels are "
+                            "measured.",
+        then=lambda run: reverse("bench:run-detail", kwargs={"run_id": run.pk}),
+        template="bench/run_form.html", context=lambda: {"has_traces": selectors.trace_exists()})
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -200,7 +206,7 @@ def _run_context(run: Run) -> dict[str, Any]:
 @dashboard_view
 @require_GET
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
-    context = _run_context(_run_or_404(run_id))
+    context = _run_context(_run(run_id))
     if request.htmx.target == LIVE_ID:  # type: ignore[attr-defined]
         return render(request, "bench/_run_live.html", context)
     return render(request, "bench/run_detail.html", context)
@@ -209,7 +215,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 @dashboard_view
 @require_POST
 def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run_or_404(run_id)
+    run = _run(run_id)
     actor = actor_from_request(request)
     done = call_service(request, lambda: services.run_cancel(actor=actor, run=run))
     if done.result is not None:

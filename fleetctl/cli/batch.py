@@ -17,7 +17,14 @@ from typing import IO, Any
 import httpx
 
 from fleetctl.cli.client import ApiClient, CliError
-from fleetctl.cli.output import non_negative, print_fields, print_json, print_table
+from fleetctl.cli.output import (
+    non_negative,
+    print_answer,
+    print_fields,
+    print_json,
+    print_table,
+    show_answer,
+)
 
 JOBS = "/api/v1/batch/jobs/"
 FILES = "/api/v1/batch/files/"
@@ -125,10 +132,7 @@ def _follow(client: ApiClient, job: dict[str, Any], quiet: bool) -> dict[str, An
 
 
 def _ended(job: dict[str, Any], as_json: bool) -> int:
-    if as_json:
-        print_json(job)
-    else:
-        print(progress_line(job))
+    print_answer(job, as_json, progress_line)
     return EXIT_BY_STATE.get(job["state"], 1)
 
 
@@ -137,6 +141,15 @@ def _file(path_text: str) -> Path:
     if not path.is_file():
         raise CliError(f"{path_text}: no such file", 2)
     return path
+
+
+def _post_file(client: ApiClient, url: str, path: Path, form: dict[str, str]) -> Any:
+    """POST a JSONL file with form fields: httpx streams the file, the server reads it line
+    by line."""
+    with path.open("rb") as fp:
+        return client._send("POST", url, data=form,
+                            files={"file": (path.name, fp, "application/x-ndjson")},
+                            timeout=UPLOAD_TIMEOUT_S)
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -158,32 +171,21 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.input_file is not None:
         job = client.post(JOBS, {"input_file": args.input_file, **options}, idempotent=True)
     else:
-        path = _file(args.file)
-        with path.open("rb") as fp:
-            # One step: the file and the options in one multipart request, so a refused job
-            # keeps no file. httpx streams the file; the server reads it line by line.
-            form = {k: str(v) for k, v in options.items()}
-            if args.name:
-                form["name"] = args.name
-            job = client._send("POST", JOBS, data=form,
-                               files={"file": (path.name, fp, "application/x-ndjson")},
-                               timeout=UPLOAD_TIMEOUT_S)
+        # One step: the file and the options in one multipart request, so a refused job
+        # keeps no file.
+        form = {k: str(v) for k, v in options.items()}
+        if args.name:
+            form["name"] = args.name
+        job = _post_file(client, JOBS, _file(args.file), form)
     if not args.wait:
-        if args.json:
-            print_json(job)
-        else:
-            print(progress_line(job))
+        print_answer(job, args.json, progress_line)
         return 0
     return _ended(_follow(client, job, args.json), args.json)
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
     path = _file(args.file)
-    client = _client(args)
-    with path.open("rb") as fp:
-        uploaded = client._send("POST", FILES, data={"name": args.name or path.name},
-                                files={"file": (path.name, fp, "application/x-ndjson")},
-                                timeout=UPLOAD_TIMEOUT_S)
+    uploaded = _post_file(_client(args), FILES, path, {"name": args.name or path.name})
     if args.json:
         print_json(uploaded)
     else:
@@ -213,10 +215,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     job = client.get(f"{JOBS}{args.id}/")
     if args.wait:
         return _ended(_follow(client, job, args.json), args.json)
-    if args.json:
-        print_json(job)
-    else:
-        print_job(job)
+    show_answer(job, args.json, print_job)
     return 0
 
 
@@ -224,10 +223,7 @@ def _action(name: str) -> Any:
     def run(args: argparse.Namespace) -> int:
         job = _client(args).post(f"{JOBS}{args.id}/{name}/", {"reason": args.reason},
                                  idempotent=True)
-        if args.json:
-            print_json(job)
-        else:
-            print(progress_line(job))
+        print_answer(job, args.json, progress_line)
         return 0
 
     return run
@@ -305,20 +301,14 @@ def cmd_soak_start(args: argparse.Namespace) -> int:
     input_file = args.input_file
     if args.file:
         path = _file(args.file)
-        with path.open("rb") as fp:
-            input_file = client._send("POST", FILES, data={"name": path.name},
-                                      files={"file": (path.name, fp, "application/x-ndjson")},
-                                      timeout=UPLOAD_TIMEOUT_S)["id"]
+        input_file = _post_file(client, FILES, path, {"name": path.name})["id"]
     body = {"plan": args.plan, "input_file": input_file, "every_s": args.every,
             "duration_s": args.duration, "concurrency": args.concurrency,
             "rate_limit_rps": args.rate, "completion_window_s": args.window,
             "chunk_size": args.chunk_size, "drill": args.drill}
     soak = client.post(SOAKS, {k: v for k, v in body.items() if v is not None},
                        idempotent=True)
-    if args.json:
-        print_json(soak)
-    else:
-        print(_soak_line(soak))
+    print_answer(soak, args.json, _soak_line)
     return 0
 
 
@@ -361,10 +351,7 @@ def cmd_soak_status(args: argparse.Namespace) -> int:
 def cmd_soak_stop(args: argparse.Namespace) -> int:
     soak = _client(args).post(f"{SOAKS}{args.id}/stop/", {"reason": args.reason},
                               idempotent=True)
-    if args.json:
-        print_json(soak)
-    else:
-        print(_soak_line(soak))
+    print_answer(soak, args.json, _soak_line)
     return 0
 
 
@@ -376,7 +363,14 @@ def add_commands(sub: Any, common: Any) -> None:
                     "url, body per line) on one pool with a concurrency limit, a rate limit "
                     "and a completion window. Token scope `jobs` to change, `read` to look.")
     actions = batch.add_subparsers(dest="batch_command", metavar="ACTION", required=True)
+    _add_submit(actions, common)
+    _add_job_commands(actions, common)
+    soak = actions.add_parser("soak", help="recurring jobs on a stage-3 plan's candidate")
+    _add_soak_commands(soak.add_subparsers(dest="soak_command", metavar="ACTION",
+                                           required=True), common)
 
+
+def _add_submit(actions: Any, common: Any) -> None:
     submit = actions.add_parser("submit", help="upload a file and start a job on a pool")
     submit.add_argument("file", nargs="?", help="the input file (JSONL)")
     submit.add_argument("--input-file", type=int, help="an uploaded file's id instead of FILE")
@@ -405,6 +399,9 @@ def add_commands(sub: Any, common: Any) -> None:
     common(submit)
     submit.set_defaults(func=cmd_submit)
 
+
+def _add_job_commands(actions: Any, common: Any) -> None:
+    """upload, list, status, pause / resume / cancel, edit and output."""
     upload = actions.add_parser("upload", help="upload and validate an input file (no job)")
     upload.add_argument("file")
     upload.add_argument("--name")
@@ -450,8 +447,8 @@ def add_commands(sub: Any, common: Any) -> None:
     output.add_argument("-o", "--output", metavar="FILE", help="write here (default stdout)")
     output.set_defaults(func=cmd_output)
 
-    soak = actions.add_parser("soak", help="recurring jobs on a stage-3 plan's candidate")
-    soak_actions = soak.add_subparsers(dest="soak_command", metavar="ACTION", required=True)
+
+def _add_soak_commands(soak_actions: Any, common: Any) -> None:
     start = soak_actions.add_parser("start", help="start a soak (its first job now)")
     start.add_argument("--plan", required=True)
     start.add_argument("--file", help="an input file to upload")

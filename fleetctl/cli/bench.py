@@ -13,7 +13,7 @@ from typing import Any
 
 from fleetctl.bench import traces
 from fleetctl.cli.client import ApiClient, CliError
-from fleetctl.cli.output import print_fields, print_json, print_table
+from fleetctl.cli.output import print_answer, print_fields, print_json, print_table
 
 ACTIVE = ("queued", "running")
 SOURCES = ("auto", "fleetctl", "mooncake", "azure-csv")
@@ -59,10 +59,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
                              data={"name": args.name, "description": args.description,
                                    "source": args.source},
                              files={"file": (path.name, fp, "application/octet-stream")})
-    if args.json:
-        print_json(trace)
-    else:
-        print(_trace_line(trace))
+    print_answer(trace, args.json, _trace_line)
     return 0
 
 
@@ -84,10 +81,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "shared_prefix_tokens": args.shared_prefix_tokens,
             "latency_class": args.latency_class}
     trace = _client(args).post("/api/v1/bench/traces/generate/", body)
-    if args.json:
-        print_json(trace)
-    else:
-        print(_trace_line(trace))
+    print_answer(trace, args.json, _trace_line)
     return 0
 
 
@@ -266,7 +260,11 @@ def _seconds(value: str) -> float:
 def add_commands(sub: Any, common: Any) -> None:
     bench = sub.add_parser("bench", help="benchmark traces against pools (cost per 1M tokens)")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="ACTION", required=True)
+    _add_trace_commands(bench_sub, common)
+    _add_run_commands(bench_sub, common)
 
+
+def _add_trace_commands(bench_sub: Any, common: Any) -> None:
     traces = bench_sub.add_parser("traces", help="list the stored traces")
     common(traces)
     traces.set_defaults(func=cmd_traces)
@@ -298,6 +296,8 @@ def add_commands(sub: Any, common: Any) -> None:
     common(gen)
     gen.set_defaults(func=cmd_generate)
 
+
+def _add_run_commands(bench_sub: Any, common: Any) -> None:
     run = bench_sub.add_parser("run", help="benchmark pools on a trace and wait for the result")
     run.add_argument("--trace", required=True)
     run.add_argument("--pool", required=True, action="append",

@@ -16,7 +16,7 @@ import httpx
 from fleetctl.cli.bench import _number, _positive_int
 from fleetctl.cli.client import ApiClient, CliError
 from fleetctl.cli.conformance import _run_id
-from fleetctl.cli.output import print_fields, print_json, print_table
+from fleetctl.cli.output import number_in, print_fields, print_json, print_table
 
 SUITES = "/api/v1/eval-suites/"
 RUNS = "/api/v1/eval-runs/"
@@ -277,11 +277,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rate(value: str) -> float:
-    number = _number(value)
-    if not 0.01 <= number <= 10000:
-        raise argparse.ArgumentTypeError(f"{value!r}: give requests per second, 0.01 to 10000")
-    return number
+_rate = number_in(0.01, 10000, "give requests per second, 0.01 to 10000")
 
 
 def _concurrency(value: str) -> int:
@@ -298,11 +294,7 @@ def _seed(value: str) -> int:
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from exc
 
 
-def _margin(value: str) -> float:
-    number = _number(value)
-    if not 0 <= number <= 100:
-        raise argparse.ArgumentTypeError(f"{value!r}: give score points from 0 to 100")
-    return number
+_margin = number_in(0, 100, "give score points from 0 to 100")
 
 
 def _page(value: str) -> int:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -32,9 +32,39 @@ def non_negative(kind: type) -> Any:
     return parse
 
 
+def number_in(low: float, high: float, hint: str) -> Callable[[str], float]:
+    """An argparse type: a number from `low` to `high`; `hint` says what to give instead."""
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+        if not low <= number <= high:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{value!r}: {hint}")
+        return number
+
+    return parse
+
+
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")
+
+
+def print_answer(data: Any, as_json: bool, line: Callable[[Any], str]) -> None:
+    """An answer as the server sent it (`--json`, for scripts) or as its one summary line."""
+    if as_json:
+        print_json(data)
+    else:
+        print(line(data))
+
+
+def show_answer(data: Any, as_json: bool, show: Callable[[Any], None]) -> None:
+    """An answer as the server sent it (`--json`), or as `show` prints it for a person."""
+    if as_json:
+        print_json(data)
+    else:
+        show(data)
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

@@ -11,7 +11,14 @@ from typing import Any
 
 from fleetctl.cli import traffic
 from fleetctl.cli.client import ApiClient, CliError
-from fleetctl.cli.output import non_negative, print_fields, print_json, print_table
+from fleetctl.cli.output import (
+    non_negative,
+    print_answer,
+    print_fields,
+    print_json,
+    print_table,
+    show_answer,
+)
 from fleetctl.cli.telemetry import figure_text
 
 # Exit codes of `ramp start --wait` (and `ramp status --wait`): how the ramp ended.
@@ -128,10 +135,7 @@ def _follow(client: ApiClient, ramp: dict[str, Any], quiet: bool) -> dict[str, A
 
 
 def _ended(ramp: dict[str, Any], as_json: bool) -> int:
-    if as_json:
-        print_json(ramp)
-    else:
-        print(_summary(ramp))
+    print_answer(ramp, as_json, _summary)
     return EXIT_BY_STATE.get(ramp["state"], 1)
 
 
@@ -159,10 +163,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     ramp = client.post("/api/v1/ramps/", {k: v for k, v in body.items() if v is not None},
                        idempotent=True)
     if not args.wait:
-        if args.json:
-            print_json(ramp)
-        else:
-            print(_summary(ramp))
+        print_answer(ramp, args.json, _summary)
         return 0
     if not args.json:
         print(_summary(ramp), file=sys.stderr)
@@ -191,10 +192,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                       r["created_by"], r["created_at"]] for r in ramps])
         return 0
     ramp = client.get(f"/api/v1/ramps/{_ramp_id(client, args)}/")
-    if args.json:
-        print_json(ramp)
-    else:
-        print_ramp(ramp)
+    show_answer(ramp, args.json, print_ramp)
     return 0
 
 

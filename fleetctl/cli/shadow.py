@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 
-from fleetctl.cli.bench import _number, _positive_int
+from fleetctl.cli.bench import _positive_int
 from fleetctl.cli.client import ApiClient, CliError
 from fleetctl.cli.conformance import _run_id
-from fleetctl.cli.output import print_fields, print_json, print_table, row_limit
+from fleetctl.cli.output import number_in, print_fields, print_json, print_table, row_limit
 
 RUNS = "/api/v1/shadow-runs/"
 MODES = ("mirror", "replay")
@@ -41,18 +41,8 @@ def _client(args: argparse.Namespace) -> _Client:
     return client
 
 
-def _percent(value: str) -> float:
-    number = _number(value)
-    if not 0.01 <= number <= 100:
-        raise argparse.ArgumentTypeError(f"{value!r}: give a percentage from 0.01 to 100")
-    return number
-
-
-def _rate(value: str) -> float:
-    number = _number(value)
-    if not 0.01 <= number <= 1000:
-        raise argparse.ArgumentTypeError(f"{value!r}: give requests per second, 0.01 to 1000")
-    return number
+_percent = number_in(0.01, 100, "give a percentage from 0.01 to 100")
+_rate = number_in(0.01, 1000, "give requests per second, 0.01 to 1000")
 
 
 def _pct(rate: float | None) -> str:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fleetctl.cli.client import ApiClient
-from fleetctl.cli.output import print_json, print_table
+from fleetctl.cli.output import print_table, show_answer
 
 # (label, key in a pool's figures, unit)
 FIGURES = (("error rate", "error_rate", "rate"), ("TTFT p50", "ttft_p50", "ms"),
@@ -65,10 +65,7 @@ def cmd_telemetry(args: argparse.Namespace) -> int:
             params["pool"] = args.pool
         body = client.get("/api/v1/telemetry/pools/", params)
         stats = body["results"] if isinstance(body, dict) else body
-    if args.json:
-        print_json(stats)
-    else:
-        print_stats(stats)
+    show_answer(stats, args.json, print_stats)
     return 0
 
 

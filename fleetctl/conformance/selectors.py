@@ -20,6 +20,11 @@ def run_get(*, run_id: int) -> ConformanceRun | None:
     return run_list().filter(pk=run_id).first()
 
 
+def runs_with_cases() -> QuerySet[ConformanceRun]:
+    """The runs, each with its case rows and their pools (the API's run detail)."""
+    return run_list().prefetch_related("cases__pool")
+
+
 def run_cases(*, run: ConformanceRun) -> QuerySet[ConformanceCase]:
     return ConformanceCase.objects.filter(run=run).select_related("pool").order_by(
         "position", "role", "endpoint")

@@ -1,12 +1,11 @@
 from django.urls import path
 
 from fleetctl.conformance import views
+from fleetctl.core.urls import job_run_urls
 
 app_name = "conformance"
 urlpatterns = [
     path("", views.run_list, name="home"),
-    path("runs/new/", views.run_create, name="run-create"),
-    path("runs/<int:run_id>/", views.run_detail, name="run-detail"),
-    path("runs/<int:run_id>/cancel/", views.run_cancel, name="run-cancel"),
+    *job_run_urls(views),
     path("plans/<slug:name>/run/", views.plan_run, name="plan-run"),
 ]

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from fleetctl.accounts.dashboard import dashboard_view
@@ -17,18 +19,22 @@ from fleetctl.conformance import selectors, services
 from fleetctl.conformance.filters import RunFilter
 from fleetctl.conformance.forms import RunForm
 from fleetctl.conformance.models import ConformanceRun
-from fleetctl.core.views import Outcome, call_service, filter_form_says_any
-from migrations_plan.models import Plan
+from fleetctl.core.views import (
+    Outcome,
+    call_service,
+    filter_form_says_any,
+    form_action,
+    get_or_404,
+)
+from migrations_plan import selectors as plans
 
 LIVE_ID = "conformance-live"
 PAGE_SIZE = 25
 
 
-def _run_or_404(run_id: int) -> ConformanceRun:
-    run = selectors.run_get(run_id=run_id)
-    if run is None:
-        raise Http404(f"No conformance run with id {run_id}.")
-    return run
+def _run(run_id: int) -> ConformanceRun:
+    return get_or_404(selectors.run_get, run_id=run_id,
+                      what=f"conformance run with id {run_id}")
 
 
 @dashboard_view
@@ -41,22 +47,26 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "filter": runs, "page": page, "suite": selectors.suite_table()})
 
 
+def _run_page(run: ConformanceRun) -> str:
+    return reverse("conformance:run-detail", kwargs={"run_id": run.pk})
+
+
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def run_create(request: HttpRequest) -> HttpResponse:
+def run_create(request: HttpRequest) -> HttpResponseBase:
     initial = {k: request.GET[k] for k in ("pool", "plan", "primary", "model") if k in request.GET}
     form = RunForm(request.POST if request.method == "POST" else None, initial=initial)
-    done: Outcome[ConformanceRun] = Outcome()
-    if request.method == "POST" and form.is_valid():
-        actor = actor_from_request(request)
-        kwargs = form.service_kwargs()
-        done = call_service(request, lambda: services.run_create(actor=actor, **kwargs),
-                            form=form)
-        if done.result is not None:
-            messages.success(request, f"Started conformance run {done.result.pk} of "
-                                      f"{done.result.pool.name}.")
-            return redirect("conformance:run-detail", run_id=done.result.pk)
-    return render(request, "conformance/run_form.html", {"form": form}, status=done.status)
+
+    def page(done: Outcome[ConformanceRun]) -> HttpResponse:
+        return render(request, "conformance/run_form.html", {"form": form}, status=done.status)
+
+    if request.method != "POST":
+        return page(Outcome())
+    return form_action(
+        request, form, lambda _: services.run_create(actor=actor_from_request(request),
+                                                     **form.service_kwargs()),
+        success=lambda run: f"Started conformance run {run.pk} of {run.pool.name}.",
+        then=_run_page, invalid=page, flash_refusals=True)
 
 
 @dashboard_view
@@ -64,10 +74,7 @@ def run_create(request: HttpRequest) -> HttpResponse:
 def plan_run(request: HttpRequest, name: str) -> HttpResponse:
     """The stage-1 gate's button: the plan's candidate against its primary, on the model its
     routes serve."""
-    plan = Plan.objects.select_related("candidate_pool", "primary_pool").filter(
-        name=name).first()
-    if plan is None:
-        raise Http404(f"No plan named {name!r}.")
+    plan = get_or_404(plans.plan_get, name=name, what=f"plan named {name!r}")
     actor = actor_from_request(request)
     done = call_service(request, lambda: services.run_create(
         actor=actor, pool=plan.candidate_pool, plan=plan))
@@ -81,7 +88,7 @@ def plan_run(request: HttpRequest, name: str) -> HttpResponse:
 @dashboard_view
 @require_GET
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run_or_404(run_id)
+    run = _run(run_id)
     context = {"run": run, "lines": selectors.case_lines(run=run),
                "progress": selectors.progress(run=run), "live_id": LIVE_ID,
                "polling": run.status in ConformanceRun.ACTIVE,
@@ -94,7 +101,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 @dashboard_view
 @require_POST
 def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run_or_404(run_id)
+    run = _run(run_id)
     actor = actor_from_request(request)
     done = call_service(request, lambda: services.run_cancel(actor=actor, run=run))
     if done.result is not None:

@@ -35,6 +35,18 @@ ACTIVE: tuple[str, ...] = (JobStatus.QUEUED, JobStatus.RUNNING)
 STATUS_MAX_LENGTH = 10
 
 
+class JobVerdict(models.TextChoices):
+    """The verdict of a job that compares a candidate with its primary within a margin at a
+    confidence (shadow and eval runs): `insufficient` until there are enough pairs to judge.
+    Conformance (no `insufficient`; its `warn` means only optional cases fail) and a bench
+    level (per load, with `invalid` and `error`) judge other things and keep their own."""
+
+    PASS = "pass", "pass"
+    WARN = "warn", "warn"
+    FAIL = "fail", "fail"
+    INSUFFICIENT = "insufficient", "insufficient data"
+
+
 class Job(models.Model):
     """The columns of every evidence job (abstract). `worker` names what drives the run now
     (a host, or a token when takeovers are conditional on it); `cancelled_by` who ended it

@@ -4,11 +4,12 @@ numbers); the services decide everything else, and their refusals land on these 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from django import forms
-from django.db import models
 
+from fleetctl.core.forms import model_form_field
 from fleetctl.evals.models import EvalRun, EvalSuite
 from fleetctl.fleet.models import Pool
 from migrations_plan.models import Plan
@@ -16,12 +17,7 @@ from migrations_plan.models import Plan
 DEFAULT_SUITE = "fleetctl-core"  # bundled.MIX: every family in one suite
 
 
-def _model_field(name: str, **overrides: Any) -> forms.Field:
-    model_field = EvalRun._meta.get_field(name)
-    assert isinstance(model_field, models.Field)
-    field = model_field.formfield(**overrides)
-    assert field is not None
-    return field
+_model_field = partial(model_form_field, EvalRun)
 
 
 class SuiteUploadForm(forms.Form):

@@ -16,6 +16,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from fleetctl.core.jobs import JobVerdict
 from fleetctl.fleet.models import Pool, model_id_validator, slug_validator
 from migrations_plan.jobs import PlanJob
 
@@ -98,11 +99,7 @@ class EvalRun(PlanJob):
     `plan_stage`: a run made in stage 4 also records `live-quality` evidence, one made in
     any other stage never does."""
 
-    class Verdict(models.TextChoices):
-        PASS = "pass", "pass"
-        WARN = "warn", "warn"
-        FAIL = "fail", "fail"
-        INSUFFICIENT = "insufficient", "insufficient data"
+    Verdict = JobVerdict
 
     suite = models.ForeignKey(EvalSuite, on_delete=models.PROTECT, related_name="runs")
     suite_sha256 = models.CharField(max_length=64)  # the pin, copied at creation

@@ -1,5 +1,6 @@
 from django.urls import path
 
+from fleetctl.core.urls import job_run_urls
 from fleetctl.evals import views
 
 app_name = "evals"
@@ -9,7 +10,5 @@ urlpatterns = [
     path("suites/<int:suite_id>/", views.suite_detail, name="suite-detail"),
     path("suites/<int:suite_id>/download/", views.suite_download, name="suite-download"),
     path("suites/<int:suite_id>/retire/", views.suite_retire, name="suite-retire"),
-    path("runs/new/", views.run_create, name="run-new"),
-    path("runs/<int:run_id>/", views.run_detail, name="run-detail"),
-    path("runs/<int:run_id>/cancel/", views.run_cancel, name="run-cancel"),
+    *job_run_urls(views, create_name="run-new"),
 ]

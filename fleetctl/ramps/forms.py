@@ -14,6 +14,7 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
+from fleetctl.core.forms import reason_field
 from fleetctl.ramps.models import Ramp
 
 
@@ -73,9 +74,8 @@ class RampStartForm(forms.Form):
                                      required=False)
     latency_margin_pct = forms.FloatField(
         label="Latency margin vs the primary, %", min_value=0, required=False)
-    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}),
-                             help_text="Goes in the ramp's record, its revisions and the "
-                                       "audit log.")
+    reason = reason_field(help_text="Goes in the ramp's record, its revisions and the "
+                                    "audit log.")
 
     def __init__(self, *args: Any, pools: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -100,9 +100,8 @@ class RampActionForm(forms.Form):
     ACTIONS = ("pause", "resume", "skip", "abort")
 
     action = forms.ChoiceField(choices=[(a, a) for a in ACTIONS], widget=forms.HiddenInput)
-    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}),
-                             error_messages={"required": "Say why: the reason goes in the "
-                                                         "ramp's timeline and the audit log."})
+    reason = reason_field(error_messages={"required": "Say why: the reason goes in the "
+                                                      "ramp's timeline and the audit log."})
     confirm = forms.BooleanField(required=False)
 
     def clean(self) -> dict[str, Any]:

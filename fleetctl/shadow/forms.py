@@ -4,12 +4,13 @@ numbers); the services decide everything else and their refusals land on these f
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from django import forms
-from django.db import models
 
 from fleetctl.bench.models import Trace
+from fleetctl.core.forms import model_form_field
 from fleetctl.shadow.models import ShadowRun
 from fleetctl.traffic.models import Route
 
@@ -18,12 +19,7 @@ TUNABLE = ("sample_percent", "max_rps", "max_tokens_per_day", "content", "retent
            "min_pairs")
 
 
-def _model_field(name: str, **overrides: Any) -> forms.Field:
-    model_field = ShadowRun._meta.get_field(name)
-    assert isinstance(model_field, models.Field)
-    field = model_field.formfield(**overrides)
-    assert field is not None
-    return field
+_model_field = partial(model_form_field, ShadowRun)
 
 
 class StartForm(forms.Form):

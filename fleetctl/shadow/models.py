@@ -15,7 +15,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from fleetctl.core.jobs import STATUS_MAX_LENGTH
+from fleetctl.core.jobs import STATUS_MAX_LENGTH, JobVerdict
 from fleetctl.fleet.models import Pool, model_id_validator
 from migrations_plan.jobs import PlanJob
 
@@ -46,11 +46,7 @@ class ShadowRun(PlanJob):
         REDACTED = "redacted", "redacted: stored with e-mails, numbers, keys masked"
         OFF = "off", "off: metrics and hashes only, no text anywhere"
 
-    class Verdict(models.TextChoices):
-        PASS = "pass", "pass"
-        WARN = "warn", "warn"
-        FAIL = "fail", "fail"
-        INSUFFICIENT = "insufficient", "insufficient data"
+    Verdict = JobVerdict
 
     # Required (the kernel's is optional): the run's candidate and primary are its plan's.
     plan = models.ForeignKey("migrations_plan.Plan", on_delete=models.CASCADE,
@@ -118,7 +114,7 @@ class ShadowRun(PlanJob):
 class ShadowPair(models.Model):
     """One sampled request: the primary's, the secondary's and the candidate's answers
     (metrics always; text only as the run's content policy allows) and the two comparisons
-    (fleetctl.core.compare): noise = primary vs secondary, signal = primary vs candidate."""
+    (fleetctl.inference.compare): noise = primary vs secondary, signal = primary vs candidate."""
 
     class Source(models.TextChoices):
         MIRROR = "mirror", "mirrored"

@@ -4,6 +4,7 @@ judgements (the time series), and its live counters (Redis merged over the store
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from django.db.models import QuerySet
@@ -39,6 +40,32 @@ def pairs_most_divergent(run: ShadowRun, limit: int = 20) -> QuerySet[ShadowPair
 
 def judgements(run: ShadowRun) -> QuerySet[ShadowJudgement]:
     return ShadowJudgement.objects.filter(run=run).order_by("at", "id")
+
+
+def judgements_picked(run: ShadowRun, pick: Callable[[list[int]], list[int]]
+                      ) -> list[ShadowJudgement]:
+    """The judgements whose ids `pick` keeps from all of them (oldest first): a chart reads
+    a few hundred of a long run's thousands, never every row."""
+    series = judgements(run)
+    picked = pick(list(series.values_list("id", flat=True)))
+    return list(series.filter(id__in=picked)) if picked else []
+
+
+def pairs(run: ShadowRun) -> QuerySet[ShadowPair]:
+    """The run's pairs, as the API's pair filters order and narrow them."""
+    return ShadowPair.objects.filter(run=run)
+
+
+def pairs_none() -> QuerySet[ShadowPair]:
+    """No pairs: what the pair filters (and their schema) are declared on."""
+    return ShadowPair.objects.none()
+
+
+def pairs_for_export(run: ShadowRun, chunk_size: int = 2000) -> Iterator[ShadowPair]:
+    """Every pair of the run, oldest first as a time series reads, read in chunks and
+    without its content (an export never carries prompt or answer text)."""
+    return (ShadowPair.objects.filter(run=run).order_by("received_at", "id").defer("content")
+            .iterator(chunk_size=chunk_size))
 
 
 def live_counters(run: ShadowRun) -> dict[str, int]:

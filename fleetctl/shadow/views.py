@@ -14,15 +14,16 @@ text.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
-from django.contrib import messages
-from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
+from django.shortcuts import render
+from django.urls import reverse
 from django.utils.html import escape
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString, mark_safe
@@ -31,15 +32,14 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
-from fleetctl.core.chat import prompt_text
-from fleetctl.core.compare import TOKEN_RE
-from fleetctl.core.errors import DomainError
-from fleetctl.core.views import Outcome, filter_form_says_any, form_add_service_errors
+from fleetctl.core.views import Outcome, filter_form_says_any, form_action, get_or_404
+from fleetctl.inference.chat import prompt_text
+from fleetctl.inference.compare import TOKEN_RE
 from fleetctl.shadow import charts, live, selectors, services, stats
 from fleetctl.shadow.filters import RunFilter
 from fleetctl.shadow.forms import AdjustForm, StartForm, StopForm
 from fleetctl.shadow.models import ShadowRun
-from migrations_plan.models import Plan
+from migrations_plan import selectors as plans
 
 COUNTERS_ID = "shadow-counters"
 JUDGEMENT_ID = "shadow-judgement"
@@ -57,32 +57,8 @@ HAPROXY_NOTE = ("HAProxy cannot mirror: these gateways' traffic is not sampled; 
                 "run.")
 
 
-def _run_or_404(run_id: int) -> ShadowRun:
-    run = selectors.run_get(run_id)
-    if run is None:
-        raise Http404(f"No shadow run with id {run_id}.")
-    return run
-
-
-def _plan_or_404(name: str) -> Plan:
-    plan = Plan.objects.select_related("candidate_pool", "primary_pool").filter(
-        name=name).first()
-    if plan is None:
-        raise Http404(f"No plan named {name!r}.")
-    return plan
-
-
-def _call(call: Any, form: Any) -> Outcome[ShadowRun]:
-    """Run a service call for a form: field errors onto its fields, a refusal (403, 409) at
-    its top with the refusal's status, so the person reads why next to what they pressed."""
-    try:
-        return Outcome(result=call(), ok=True)
-    except ValidationError as exc:
-        form_add_service_errors(form, exc)
-        return Outcome(status=400)
-    except DomainError as exc:
-        form.add_error(None, exc.message)
-        return Outcome(status=exc.status_code)
+def _run(run_id: int) -> ShadowRun:
+    return get_or_404(selectors.run_get, run_id, what=f"shadow run with id {run_id}")
 
 
 # ---- pairs side by side ------------------------------------------------------------------------
@@ -171,9 +147,7 @@ def latency_rows(judgement: Any) -> list[dict[str, Any]]:
 
 
 def _judgement(run: ShadowRun) -> dict[str, Any]:
-    series = selectors.judgements(run)
-    picked = charts.thin(list(series.values_list("id", flat=True)))
-    judgements = list(series.filter(id__in=picked)) if picked else []
+    judgements = selectors.judgements_picked(run, charts.thin)
     latest = judgements[-1] if judgements else None
     figure = None
     if judgements:
@@ -211,7 +185,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
 @dashboard_view
 @require_GET
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run_or_404(run_id)
+    run = _run(run_id)
     target = request.htmx.target  # type: ignore[attr-defined]
     if target == COUNTERS_ID:
         return render(request, "shadow/_counters.html", {
@@ -231,63 +205,66 @@ def _local_next(request: HttpRequest, value: str) -> str:
     return ""
 
 
+def _run_page_again(request: HttpRequest, run: ShadowRun, **forms: Any
+                    ) -> Callable[[Outcome[ShadowRun]], HttpResponse]:
+    """A refused stop or adjust: the run page (as it now stands) with the form's errors."""
+    def page(done: Outcome[ShadowRun]) -> HttpResponse:
+        run.refresh_from_db()
+        return render(request, "shadow/run_detail.html", _run_context(request, run, **forms),
+                      status=done.status)
+    return page
+
+
+def _run_page(run: ShadowRun) -> str:
+    return reverse("shadow:run-detail", kwargs={"run_id": run.pk})
+
+
 @dashboard_view
 @require_POST
-def run_stop(request: HttpRequest, run_id: int) -> HttpResponse:
+def run_stop(request: HttpRequest, run_id: int) -> HttpResponseBase:
     """The kill switch: one POST with a reason. The collector stops sampling within a
     second (the service unpublishes the run) and the route's mirror is cleared."""
-    run = _run_or_404(run_id)
+    run = _run(run_id)
     form = StopForm(request.POST)
-    done: Outcome[ShadowRun] = Outcome(status=400)
-    if form.is_valid():
-        actor = actor_from_request(request)
-        reason = form.cleaned_data["reason"]
-        done = _call(lambda: services.run_stop(actor=actor, run=run, reason=reason), form)
-        if done.result is not None:
-            messages.success(request, f"Stopped shadow run {run.pk}: nothing more is sampled.")
-            return redirect(_local_next(request, form.cleaned_data.get("next") or "")
-                            or f"/shadow/runs/{run.pk}/")
-    run.refresh_from_db()
-    return render(request, "shadow/run_detail.html",
-                  _run_context(request, run, stop_form=form), status=done.status)
+    return form_action(
+        request, form, lambda data: services.run_stop(
+            actor=actor_from_request(request), run=run, reason=form.cleaned_data["reason"]),
+        success=lambda _: f"Stopped shadow run {run.pk}: nothing more is sampled.",
+        then=lambda _: (_local_next(request, form.cleaned_data.get("next") or "")
+                        or f"/shadow/runs/{run.pk}/"),
+        invalid=_run_page_again(request, run, stop_form=form))
 
 
 @dashboard_view
 @require_POST
-def run_adjust(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run_or_404(run_id)
+def run_adjust(request: HttpRequest, run_id: int) -> HttpResponseBase:
+    run = _run(run_id)
     form = AdjustForm(request.POST, run=run)
-    done: Outcome[ShadowRun] = Outcome(status=400)
-    if form.is_valid():
-        actor = actor_from_request(request)
-        changes = form.changes()
-        done = _call(lambda: services.run_adjust(actor=actor, run=run, **changes), form)
-        if done.result is not None:
-            messages.success(request, f"Adjusted shadow run {run.pk}.")
-            return redirect("shadow:run-detail", run_id=run.pk)
-    run.refresh_from_db()
-    return render(request, "shadow/run_detail.html",
-                  _run_context(request, run, adjust_form=form), status=done.status)
+    return form_action(
+        request, form, lambda data: services.run_adjust(
+            actor=actor_from_request(request), run=run, **form.changes()),
+        success=lambda _: f"Adjusted shadow run {run.pk}.", then=lambda _: _run_page(run),
+        invalid=_run_page_again(request, run, adjust_form=form))
 
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
-def plan_start(request: HttpRequest, name: str) -> HttpResponse:
+def plan_start(request: HttpRequest, name: str) -> HttpResponseBase:
     """Start a run for a plan. The plan page's Shadow panel posts here; a refused start
     renders this page with the form and what was wrong, nothing stored."""
-    plan = _plan_or_404(name)
+    plan = get_or_404(plans.plan_get, name=name, what=f"plan named {name!r}")
     form = StartForm(request.POST if request.method == "POST" else None, plan=plan)
-    done: Outcome[ShadowRun] = Outcome(status=200 if request.method == "GET" else 400)
-    if request.method == "POST" and form.is_valid():
-        actor = actor_from_request(request)
-        kwargs = form.service_kwargs()
-        done = _call(lambda: services.run_create(actor=actor, plan=plan, **kwargs), form)
-        if done.result is not None:
-            messages.success(request, f"Started shadow run {done.result.pk} for {plan.name}: "
-                                      f"{done.result.candidate.name} against "
-                                      f"{done.result.primary.name}.")
-            return redirect("shadow:run-detail", run_id=done.result.pk)
-    return render(request, "shadow/start.html", {
-        "plan": plan, "form": form, "current": selectors.run_for_plan(plan)},
-        status=done.status)
 
+    def page(done: Outcome[ShadowRun]) -> HttpResponse:
+        return render(request, "shadow/start.html", {
+            "plan": plan, "form": form, "current": selectors.run_for_plan(plan)},
+            status=done.status)
+
+    if request.method != "POST":
+        return page(Outcome())
+    return form_action(
+        request, form, lambda data: services.run_create(
+            actor=actor_from_request(request), plan=plan, **form.service_kwargs()),
+        success=lambda run: (f"Started shadow run {run.pk} for {plan.name}: "
+                             f"{run.candidate.name} against {run.primary.name}."),
+        then=_run_page, invalid=page)

@@ -172,7 +172,7 @@ def _stats(*, pool: str, route: str | None, since: datetime, until: datetime,
 
 def _rate(count: int, total: int, confidence: float, source: str) -> Figure:
     """count / total with its Wilson interval; no value without a total."""
-    from fleetctl.core.confidence import wilson_interval
+    from fleetctl.inference.confidence import wilson_interval
 
     if not total:
         return Figure(None, None, None, 0, source)

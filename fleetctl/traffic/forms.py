@@ -16,6 +16,7 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
+from fleetctl.core.forms import reason_field
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic.models import Route
 from fleetctl.traffic.split import parse_percentages
@@ -61,10 +62,7 @@ class RampForm(forms.Form):
     stale = False
 
     weights = SplitField(label="New split")
-    reason = forms.CharField(
-        max_length=2000, widget=forms.Textarea(attrs={"rows": 2}),
-        help_text="Goes in the revision record and the audit log.",
-    )
+    reason = reason_field(help_text="Goes in the revision record and the audit log.")
     base_revision = forms.IntegerField(min_value=0, widget=forms.HiddenInput)
     force = forms.BooleanField(
         required=False, label="Force: allow weight on a pool that is not healthy",
@@ -122,10 +120,8 @@ class DrainForm(forms.Form):
 
 
 class RestoreForm(forms.Form):
-    reason = forms.CharField(
-        max_length=2000, required=False, widget=forms.Textarea(attrs={"rows": 2}),
-        help_text="Optional; without one the record says which drain it undoes.",
-    )
+    reason = reason_field(
+        required=False, help_text="Optional; without one the record says which drain it undoes.")
 
 
 class HealthPolicyForm(forms.Form):

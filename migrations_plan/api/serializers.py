@@ -9,9 +9,9 @@ from django.contrib.auth import get_user_model
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from fleetctl.core.api.fields import StrictCharField
+from fleetctl.core.api.fields import StrictCharField, by_name
 from fleetctl.core.api.schema import NullableObjectField, ObjectField
-from fleetctl.fleet.models import Pool
+from fleetctl.fleet.api.serializers import pool_by_name
 from fleetctl.traffic.models import Route
 from migrations_plan import evidence as ev
 from migrations_plan import permissions, selectors
@@ -47,11 +47,10 @@ class StatusField(serializers.ChoiceField):
         return ev.normalise_status(str(value))
 
 
-def _pool_field(**kwargs: Any) -> serializers.SlugRelatedField:
-    return serializers.SlugRelatedField(
-        slug_field="name", queryset=Pool.objects.all(),
-        error_messages={"does_not_exist": "No pool named {value}; see GET /api/v1/pools/."},
-        **kwargs)
+def plan_by_name(**kwargs: Any) -> serializers.SlugRelatedField:
+    """A plan a request names; an unknown name is refused with where plans are listed."""
+    return by_name(Plan.objects.all(), "No plan named {value}; see GET /api/v1/plans/.",
+                   **kwargs)
 
 
 def _owner_field(**kwargs: Any) -> serializers.SlugRelatedField:
@@ -272,8 +271,8 @@ class PlanDetailSerializer(PlanSerializer):
 
 class PlanCreateSerializer(serializers.ModelSerializer):
     name = StrictCharField(max_length=63, help_text="A slug, e.g. mi300x-llama.")
-    candidate_pool = _pool_field(help_text="Name of the pool joining the routes.")
-    primary_pool = _pool_field(help_text="Name of the pool serving the routes today.")
+    candidate_pool = pool_by_name(help_text="Name of the pool joining the routes.")
+    primary_pool = pool_by_name(help_text="Name of the pool serving the routes today.")
     routes = serializers.ListField(
         child=StrictCharField(max_length=63), max_length=50,
         help_text="Names of the routes (models) the candidate will join.")
@@ -474,7 +473,7 @@ class EvidenceCreateSerializer(serializers.Serializer):
     saying which job measures them); a report is shown as "reported by <reported_by>" and never
     satisfies a check over a measured kind."""
 
-    pool = _pool_field(help_text="Name of the pool the report is about.")
+    pool = pool_by_name(help_text="Name of the pool the report is about.")
     kind = StrictCharField(max_length=40, required=False, default=ev.EXTERNAL,
                            help_text="external (the only kind that can be posted; default).")
     reported_by = StrictCharField(

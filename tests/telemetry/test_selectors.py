@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from django.utils import timezone
 
-from fleetctl.core.confidence import wilson_interval
+from fleetctl.inference.confidence import wilson_interval
 from fleetctl.telemetry import histogram, selectors
 from fleetctl.telemetry.models import Cursor
 from fleetctl.telemetry.services import window_add, window_start

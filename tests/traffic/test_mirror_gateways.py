@@ -21,11 +21,11 @@ import httpx
 import pytest
 from aiohttp import web
 
-from fleetctl.core.confidence import wilson_interval
 from fleetctl.core.ports import free_port
 from fleetctl.demo.envoy_process import EnvoyProcess
 from fleetctl.demo.haproxy_process import HAProxyProcess
 from fleetctl.demo.nginx_process import NginxProcess
+from fleetctl.inference.confidence import wilson_interval
 from fleetctl.traffic.gateways.base import MIRROR_HEADER, DesiredState, adapter_for
 from fleetctl.traffic.gateways.envoy import render as envoy_config
 from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter

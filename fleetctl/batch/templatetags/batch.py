@@ -13,6 +13,7 @@ from django import template
 from fleetctl.batch import cost, selectors
 from fleetctl.batch.forms import SoakStartForm, duration_text
 from fleetctl.batch.models import BatchJob, Soak
+from fleetctl.core.display import or_dash
 from fleetctl.fleet.models import money
 
 register = template.Library()
@@ -65,20 +66,18 @@ def batch_state_class(state: Any) -> str:
 
 
 @register.filter
+@or_dash
 def batch_rate(value: Any) -> str:
     """A rate per second: 12.345 → "12.3"; "—" when unknown."""
-    if value is None or value == "":
-        return "—"
     number = float(value)
     return f"{number:,.1f}" if number >= 10 else f"{number:.2f}"
 
 
 @register.filter
+@or_dash
 def batch_seconds(value: Any) -> str:
     """Seconds as a person reads them: 4.2 → "4.2 s", 754 → "12 min 34 s", 86400 → "24h";
     "—" when unknown."""
-    if value is None or value == "":
-        return "—"
     seconds = float(value)
     if seconds < 60:
         return f"{seconds:.1f} s"
@@ -90,17 +89,15 @@ def batch_seconds(value: Any) -> str:
 
 
 @register.filter
+@or_dash
 def batch_pct(value: Any) -> str:
     """A share (0..1) as a percentage: 0.873 → "87.3 %"; "—" when unknown."""
-    if value is None or value == "":
-        return "—"
     return f"{float(value) * 100:.1f} %"
 
 
 @register.filter
+@or_dash
 def batch_money(value: Any, currency: str = "") -> str:
     """An amount with its currency, as fleet shows money: "500.00 EUR"; "—" when
     unknown. Never without the currency when one is known."""
-    if value is None or value == "":
-        return "—"
     return f"{money(value)} {currency}".strip()

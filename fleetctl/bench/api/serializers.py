@@ -13,6 +13,7 @@ from fleetctl.bench import selectors
 from fleetctl.bench.models import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S, Level, Run, Sample, Trace
 from fleetctl.core.api.fields import StrictCharField
 from fleetctl.core.api.schema import OBJECT_SCHEMA, ObjectField
+from fleetctl.fleet.api.serializers import pool_by_name
 from fleetctl.fleet.models import Pool
 
 SOURCES = ("auto", "fleetctl", "mooncake", "azure-csv")
@@ -131,9 +132,7 @@ class RunCreateSerializer(serializers.Serializer):
     trace = serializers.SlugRelatedField(
         slug_field="name", queryset=Trace.objects.all(),
         error_messages={"does_not_exist": "No trace named {value}; see GET /api/v1/bench/traces/."})
-    pools = serializers.SlugRelatedField(
-        slug_field="name", queryset=Pool.objects.all(), many=True,
-        error_messages={"does_not_exist": "No pool named {value}; see GET /api/v1/pools/."})
+    pools = pool_by_name(many=True)
     model_id = StrictCharField(max_length=200, help_text="The model every pool must serve.")
     mode = serializers.ChoiceField(choices=Run.Mode.choices, default=Run.Mode.SEARCH)
     levels = LevelsField(required=False, default=list,

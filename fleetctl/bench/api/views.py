@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from django.http import FileResponse, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -29,12 +30,14 @@ class TraceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     """Request traces (fleetctl JSONL, stored normalised). POST a multipart upload or
     …/generate/ a synthetic one; both need `jobs`."""
 
-    queryset = selectors.trace_list()
     serializer_class = s.TraceSerializer
     filterset_class = TraceFilter
     ordering_fields = ["name", "created_at", "requests"]
     lookup_field = "name"
     parser_classes = [JSONParser, MultiPartParser, FormParser]
+
+    def get_queryset(self) -> QuerySet[Trace]:
+        return selectors.trace_list()
 
     @extend_schema(request={"multipart/form-data": s.TraceUploadSerializer},
                    responses={201: s.TraceSerializer})
@@ -77,10 +80,12 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     """Benchmark runs: a trace against one or more pools, levels interleaved. POST starts one
     (`jobs`); the answer comes at once, poll the run for progress."""
 
-    queryset = selectors.run_list()
     serializer_class = s.RunSerializer
     filterset_class = RunFilter
     ordering_fields = ["created_at", "id", "status"]
+
+    def get_queryset(self) -> QuerySet[Run]:
+        return selectors.run_list()
 
     def get_serializer_class(self):  # type: ignore[no-untyped-def]
         return s.RunDetailSerializer if self.action == "retrieve" else s.RunSerializer

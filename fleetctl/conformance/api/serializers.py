@@ -12,24 +12,17 @@ from fleetctl.conformance import cases as suite
 from fleetctl.conformance.models import ConformanceCase, ConformanceRun
 from fleetctl.core.api.fields import StrictBooleanField, StrictCharField
 from fleetctl.core.api.schema import ObjectField
-from fleetctl.fleet.models import Pool
-from migrations_plan.models import Plan
+from fleetctl.fleet.api.serializers import pool_by_name
+from migrations_plan.api.serializers import plan_by_name
 
 
 class ConformanceRunCreateSerializer(serializers.Serializer):
-    pool = serializers.SlugRelatedField(
-        slug_field="name", queryset=Pool.objects.all(),
-        help_text="The pool to probe (every one of its endpoints).",
-        error_messages={"does_not_exist": "No pool named {value}; see GET /api/v1/pools/."})
-    plan = serializers.SlugRelatedField(
-        slug_field="name", queryset=Plan.objects.all(), required=False, allow_null=True,
-        default=None, help_text="A plan whose candidate is the pool: its primary is the "
-                                "reference and its routes' model is probed.",
-        error_messages={"does_not_exist": "No plan named {value}; see GET /api/v1/plans/."})
-    primary = serializers.SlugRelatedField(
-        slug_field="name", queryset=Pool.objects.all(), required=False, allow_null=True,
-        default=None, help_text="The reference pool when no plan is named.",
-        error_messages={"does_not_exist": "No pool named {value}; see GET /api/v1/pools/."})
+    pool = pool_by_name(help_text="The pool to probe (every one of its endpoints).")
+    plan = plan_by_name(required=False, allow_null=True, default=None,
+                        help_text="A plan whose candidate is the pool: its primary is the "
+                                  "reference and its routes' model is probed.")
+    primary = pool_by_name(required=False, allow_null=True, default=None,
+                           help_text="The reference pool when no plan is named.")
     model = StrictCharField(max_length=200, required=False, allow_blank=True, default="",
                             help_text="Default: the plan's routes' model, or the pool's only "
                                       "model.")

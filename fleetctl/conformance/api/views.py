@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -23,7 +24,6 @@ class ConformanceRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
     side with a reference pool. POST starts one (`jobs`); the answer comes at once with the
     run queued, poll it for its cases and verdict."""
 
-    queryset = selectors.run_list()
     serializer_class = s.ConformanceRunSerializer
     filterset_class = RunFilter
     ordering_fields = ["created_at", "id", "status"]
@@ -33,15 +33,13 @@ class ConformanceRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
             return s.ConformanceRunDetailSerializer
         return s.ConformanceRunSerializer
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
-        runs = selectors.run_list()
+    def get_queryset(self) -> QuerySet[ConformanceRun]:
         if self.action == "retrieve":
-            return runs.prefetch_related("cases__pool")
-        return runs
+            return selectors.runs_with_cases()
+        return selectors.run_list()
 
     def _detail(self, run: ConformanceRun, code: int = status.HTTP_200_OK) -> Response:
-        fresh = get_object_or_404(selectors.run_list().prefetch_related("cases__pool"),
-                                  pk=run.pk)
+        fresh = get_object_or_404(selectors.runs_with_cases(), pk=run.pk)
         return Response(s.ConformanceRunDetailSerializer(fresh).data, status=code)
 
     @extend_schema(request=s.ConformanceRunCreateSerializer,

@@ -38,3 +38,38 @@ class MillisecondsField(serializers.FloatField):
         from fleetctl.core.numbers import round_ms
 
         return round_ms(float(value))
+
+
+class StrictFloatField(serializers.FloatField):
+    """A number, not true or false (float(True) is 1: a quiet 1 instead of a refusal)."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool):
+            self.fail("invalid")
+        return float(super().to_internal_value(data))
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A whole number, not true or false, not 4.5 and not "4"."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return int(super().to_internal_value(data))
+
+
+def by_name(queryset: Any, missing: str, **kwargs: Any) -> serializers.SlugRelatedField:
+    """A row a request names by its `name`; `missing` refuses an unknown name and says where
+    the names are listed."""
+    error_messages = {"does_not_exist": missing, **kwargs.pop("error_messages", {})}
+    return serializers.SlugRelatedField(slug_field="name", queryset=queryset,
+                                        error_messages=error_messages, **kwargs)
+
+
+RANGE_ERRORS = ("min_value", "max_value", "invalid", "max_string_length", "null", "overflow")
+
+
+def range_messages(message: str, *also: str) -> dict[str, Any]:
+    """The same actionable text for a value below or above its range, or not a number (and
+    for the error keys in `also`), as a field's `error_messages`."""
+    return dict.fromkeys((*RANGE_ERRORS, *also), message)

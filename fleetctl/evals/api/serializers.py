@@ -9,46 +9,31 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
-from fleetctl.core.api.fields import StrictCharField
+from fleetctl.core.api.fields import (
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+    range_messages,
+)
 from fleetctl.core.api.schema import OBJECT_SCHEMA, ObjectField
 from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalRunPool, EvalSuite
-from fleetctl.fleet.models import Pool
-from migrations_plan.models import Plan
+from fleetctl.fleet.api.serializers import pool_by_name
+from migrations_plan.api.serializers import plan_by_name
 
 STRINGS = {"type": "array", "items": {"type": "string"}}
 COUNTS = {"type": "object", "additionalProperties": {"type": "integer"}}
 
 
 def _ranged(message: str) -> dict[str, Any]:
-    """The same actionable text for a value below or above its range, or not a number."""
-    return {"min_value": message, "max_value": message, "invalid": message,
-            "max_string_length": message, "null": message, "overflow": message,
-            "required": message}
+    """The range's text also when the value is missing."""
+    return range_messages(message, "required")
 
 
-class _Number(serializers.FloatField):
-    """A number, not true or false (float(True) is 1)."""
-
-    def to_internal_value(self, data: Any) -> float:
-        if isinstance(data, bool):
-            self.fail("invalid")
-        return float(super().to_internal_value(data))
-
-
-class _Whole(serializers.IntegerField):
-    """A whole number, not true or false, not 4.5 and not "4"."""
-
-    def to_internal_value(self, data: Any) -> int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            self.fail("invalid")
-        return int(super().to_internal_value(data))
 
 
 def _pool_field(help_text: str, **kwargs: Any) -> serializers.SlugRelatedField:
-    return serializers.SlugRelatedField(
-        slug_field="name", queryset=Pool.objects.all(), help_text=help_text,
-        error_messages={"does_not_exist": "No pool named {value}; see GET /api/v1/pools/.",
-                        "invalid": "Give a pool by its name (text)."}, **kwargs)
+    return pool_by_name(help_text=help_text,
+                        error_messages={"invalid": "Give a pool by its name (text)."}, **kwargs)
 
 
 # --- suites ----------------------------------------------------------------------------------
@@ -181,30 +166,29 @@ class EvalRunCreateSerializer(serializers.Serializer):
         child=_pool_field("Another pool scored alongside (not judged)."),
         required=False, default=list, max_length=8,
         help_text="More pools scored on the same items (no verdict of their own).")
-    plan = serializers.SlugRelatedField(
-        slug_field="name", queryset=Plan.objects.all(), required=False, allow_null=True,
-        default=None, help_text="A plan: candidate, primary, model and margin default to its; "
-                                "the run's evidence is recorded for it.",
-        error_messages={"does_not_exist": "No plan named {value}; see GET /api/v1/plans/.",
-                        "invalid": "Give the plan by its name (text)."})
+    plan = plan_by_name(
+        required=False, allow_null=True, default=None,
+        help_text="A plan: candidate, primary, model and margin default to its; the run's "
+                  "evidence is recorded for it.",
+        error_messages={"invalid": "Give the plan by its name (text)."})
     model = StrictCharField(max_length=200, required=False, allow_blank=True, default="",
                             help_text="Default: the plan's model, else the one model every "
                                       "pool serves.")
-    concurrency = _Whole(
+    concurrency = StrictIntegerField(
         min_value=1, max_value=256, default=16,
         error_messages=_ranged("Give concurrency as a whole number from 1 to 256: requests "
                                "in flight at once, across the run's pools."),
         help_text="Requests in flight at once, across the run's pools.")
-    max_rps = _Number(
+    max_rps = StrictFloatField(
         min_value=0.01, max_value=10000, required=False, allow_null=True, default=None,
         error_messages=_ranged("Give max_rps as a number from 0.01 to 10000 requests per "
                                "second (or null: no limit)."),
         help_text="Requests per second across the run's pools (null: no limit).")
-    timeout_s = _Number(
+    timeout_s = StrictFloatField(
         min_value=1, max_value=3600, default=120,
         error_messages=_ranged("Give timeout_s as a number of seconds from 1 to 3600."),
         help_text="Seconds an answer may take.")
-    max_attempts = _Whole(
+    max_attempts = StrictIntegerField(
         min_value=1, max_value=10, default=3,
         error_messages=_ranged("Give max_attempts as a whole number from 1 to 10 (a retry "
                                "only after a transport error before any byte)."),
@@ -212,16 +196,16 @@ class EvalRunCreateSerializer(serializers.Serializer):
     decoding = serializers.DictField(
         required=False, allow_null=True, default=None,
         help_text="Overrides of the suite's decoding: temperature, top_p, seed, max_tokens.")
-    margin_pct = _Number(
+    margin_pct = StrictFloatField(
         min_value=0, max_value=100, required=False, allow_null=True, default=None,
         error_messages=_ranged("Give margin_pct as a number of percentage points from 0 to "
                                "100 (default: the plan's quality margin, else 2)."),
         help_text="Score points the candidate may lose (default: the plan's quality margin).")
-    confidence = _Number(
+    confidence = StrictFloatField(
         min_value=0.5, max_value=0.999, default=0.95,
         error_messages=_ranged("Give confidence as a number from 0.5 to 0.999, e.g. 0.95."),
         help_text="Of the intervals the verdict reads.")
-    min_items = _Whole(
+    min_items = StrictIntegerField(
         min_value=1, max_value=1_000_000, default=100,
         error_messages=_ranged("Give min_items as a whole number from 1 to 1000000: below "
                                "it the verdict is insufficient data."),

@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 from django import template
 from django.urls import reverse
 
+from fleetctl.core.display import or_dash
 from fleetctl.evals.forms import DEFAULT_SUITE
 from fleetctl.evals.models import EvalRun
 
@@ -64,34 +65,30 @@ def eval_gate(plan: Any, result: Any, check_key: str) -> dict[str, Any]:
 
 
 @register.filter
+@or_dash
 def eval_pct(value: Any) -> str:
     """A score (0..1) as a percentage: 0.873 -> "87.3 %"; "—" when unknown."""
-    if value is None or value == "":
-        return "—"
     return f"{float(value) * 100:.1f} %"
 
 
 @register.filter
+@or_dash
 def eval_points(value: Any) -> str:
     """A difference of scores in points, signed with a real minus: -0.031 -> "−3.1"."""
-    if value is None or value == "":
-        return "—"
     return f"{float(value) * 100:+.1f}".replace("-", "\u2212")
 
 
 @register.filter
+@or_dash
 def eval_p(value: Any) -> str:
     """A p-value as a person reads it: "= 0.0312", "< 0.0001"; "—" when unknown."""
-    if value is None or value == "":
-        return "—"
     return "< 0.0001" if float(value) < 0.0001 else f"= {float(value):.4f}"
 
 
 @register.filter
+@or_dash
 def eval_count(value: Any) -> str:
     """A count with thousands separators; "—" when unknown."""
-    if value is None or value == "":
-        return "—"
     return f"{int(value):,}"
 
 

@@ -5,7 +5,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from fleetctl.core.api.fields import StrictCharField
+from fleetctl.core.api.fields import StrictCharField, by_name
 from fleetctl.fleet.models import (
     CurrencyRate,
     HealthCheck,
@@ -14,6 +14,12 @@ from fleetctl.fleet.models import (
     PoolModel,
     Region,
 )
+
+
+def pool_by_name(**kwargs: Any) -> serializers.SlugRelatedField:
+    """A pool a request names; an unknown name is refused with where pools are listed."""
+    return by_name(Pool.objects.all(), "No pool named {value}; see GET /api/v1/pools/.",
+                   **kwargs)
 
 
 class RegionSerializer(serializers.ModelSerializer):

@@ -11,12 +11,12 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from fleetctl.bench.models import Trace
-from fleetctl.core.api.fields import StrictCharField
+from fleetctl.core.api.fields import StrictCharField, StrictFloatField, range_messages
 from fleetctl.core.api.schema import ObjectField
 from fleetctl.shadow.live import COUNTER_FIELDS
 from fleetctl.shadow.models import ShadowJudgement, ShadowPair, ShadowRun
 from fleetctl.traffic.models import Route
-from migrations_plan.models import Plan
+from migrations_plan.api.serializers import plan_by_name
 
 # The adjustable settings of a running run (services.run_adjust).
 ADJUSTABLE = ("sample_percent", "max_rps", "max_tokens_per_day", "content", "retention_hours",
@@ -26,36 +26,23 @@ ADJUSTABLE = ("sample_percent", "max_rps", "max_tokens_per_day", "content", "ret
 COUNTERS = COUNTER_FIELDS
 
 
-def _ranged(message: str) -> dict[str, Any]:
-    """The same actionable text for a value below or above its range, or not a number."""
-    return {"min_value": message, "max_value": message, "invalid": message,
-            "max_string_length": message, "null": message, "overflow": message}
-
-
-class _Number(serializers.FloatField):
-    """A number, not true or false (float(True) is 1: a quiet 1 % instead of a refusal)."""
-
-    def to_internal_value(self, data: Any) -> float:
-        if isinstance(data, bool):
-            self.fail("invalid")
-        return float(super().to_internal_value(data))
 
 
 def _sample_percent(**kwargs: Any) -> serializers.FloatField:
-    return _Number(
+    return StrictFloatField(
         min_value=0.01, max_value=100,
-        error_messages=_ranged("Give sample_percent as a number from 0.01 to 100: the "
-                               "percentage of the route's requests copied (replay: of the "
-                               "trace's)."),
+        error_messages=range_messages("Give sample_percent as a number from 0.01 to 100: "
+                                      "the percentage of the route's requests copied "
+                                      "(replay: of the trace's)."),
         help_text="Mirror: share of the route's requests the gateways copy, %. Replay: share "
                   "of the trace's requests sent.", **kwargs)
 
 
 def _max_rps(**kwargs: Any) -> serializers.FloatField:
-    return _Number(
+    return StrictFloatField(
         min_value=0.01, max_value=1000,
-        error_messages=_ranged("Give max_rps as a number from 0.01 to 1000: sampled requests "
-                               "per second sent on (each costs three calls)."),
+        error_messages=range_messages("Give max_rps as a number from 0.01 to 1000: sampled "
+                                      "requests per second sent on (each costs three calls)."),
         help_text="Spend cap: sampled requests per second sent on (each costs three calls).",
         **kwargs)
 
@@ -63,9 +50,9 @@ def _max_rps(**kwargs: Any) -> serializers.FloatField:
 def _max_tokens_per_day(**kwargs: Any) -> serializers.IntegerField:
     return serializers.IntegerField(
         min_value=1000, max_value=10**12,
-        error_messages=_ranged("Give max_tokens_per_day as a whole number from 1000 to "
-                               "1000000000000: prompt + completion tokens per UTC day, all "
-                               "three sides."),
+        error_messages=range_messages("Give max_tokens_per_day as a whole number from 1000 "
+                                      "to 1000000000000: prompt + completion tokens per UTC "
+                                      "day, all three sides."),
         help_text="Spend cap: prompt + completion tokens per UTC day, all three sides.",
         **kwargs)
 
@@ -83,8 +70,9 @@ def _content(**kwargs: Any) -> serializers.ChoiceField:
 def _retention_hours(**kwargs: Any) -> serializers.IntegerField:
     return serializers.IntegerField(
         min_value=1, max_value=24 * 90,
-        error_messages=_ranged("Give retention_hours as a whole number from 1 to 2160 (90 "
-                               "days): stored text is purged this long after it arrived."),
+        error_messages=range_messages("Give retention_hours as a whole number from 1 to 2160 "
+                                      "(90 days): stored text is purged this long after it "
+                                      "arrived."),
         help_text="Stored prompt and answer text is purged this long after it was received.",
         **kwargs)
 
@@ -92,16 +80,14 @@ def _retention_hours(**kwargs: Any) -> serializers.IntegerField:
 def _min_pairs(**kwargs: Any) -> serializers.IntegerField:
     return serializers.IntegerField(
         min_value=10, max_value=1_000_000,
-        error_messages=_ranged("Give min_pairs as a whole number from 10 to 1000000: below "
-                               "it the verdict is insufficient data."),
+        error_messages=range_messages("Give min_pairs as a whole number from 10 to 1000000: "
+                                      "below it the verdict is insufficient data."),
         help_text="Below this many compared pairs the verdict is insufficient data.", **kwargs)
 
 
 class ShadowRunCreateSerializer(serializers.Serializer):
-    plan = serializers.SlugRelatedField(
-        slug_field="name", queryset=Plan.objects.all(),
-        help_text="The plan (by name): its candidate is shadowed against its primary.",
-        error_messages={"does_not_exist": "No plan named {value}; see GET /api/v1/plans/."})
+    plan = plan_by_name(
+        help_text="The plan (by name): its candidate is shadowed against its primary.")
     mode = serializers.ChoiceField(
         choices=ShadowRun.Mode.choices, default=ShadowRun.Mode.MIRROR,
         error_messages={"invalid_choice": "Give mode as mirror (copy a route's live traffic "
@@ -127,9 +113,10 @@ class ShadowRunCreateSerializer(serializers.Serializer):
     content = _content(default=ShadowRun.Content.REDACTED)
     retention_hours = _retention_hours(default=168)
     min_pairs = _min_pairs(default=200)
-    confidence = _Number(
+    confidence = StrictFloatField(
         min_value=0.5, max_value=0.999, default=0.95,
-        error_messages=_ranged("Give confidence as a number from 0.5 to 0.999, e.g. 0.95."),
+        error_messages=range_messages(
+            "Give confidence as a number from 0.5 to 0.999, e.g. 0.95."),
         help_text="Confidence level of the bounds the verdict uses.")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
@@ -22,7 +23,7 @@ from fleetctl.shadow import selectors, services
 from fleetctl.shadow.api import exports
 from fleetctl.shadow.api import serializers as s
 from fleetctl.shadow.filters import PairFilter, RunFilter
-from fleetctl.shadow.models import ShadowPair, ShadowRun
+from fleetctl.shadow.models import ShadowRun
 
 EXPORT_FORMATS = ("json", "csv")  # the export's renderers' formats
 
@@ -33,10 +34,15 @@ class ShadowRunViewSet(ExportFormatNegotiation, mixins.ListModelMixin, mixins.Re
     the route's gateways (or a replayed trace), primary vs primary again as the noise floor.
     POST starts one (`jobs`), PATCH adjusts its sampling and caps, …/stop/ stops it."""
 
-    queryset = selectors.run_list()
     serializer_class = s.ShadowRunSerializer
     filterset_class = RunFilter
     ordering_fields = ["created_at", "id", "status"]
+
+    def get_queryset(self) -> QuerySet[ShadowRun]:
+        if getattr(self, "queryset", None) is not None:
+            # An action's own queryset: what its filters (and their schema) read.
+            return super().get_queryset()
+        return selectors.run_list()
 
     def get_serializer_class(self):  # type: ignore[no-untyped-def]
         if self.action == "retrieve":
@@ -109,13 +115,13 @@ class ShadowRunViewSet(ExportFormatNegotiation, mixins.ListModelMixin, mixins.Re
     # queryset: what the pairs' filters (and their schema) apply to; the run's pairs are
     # filtered, never this.
     @action(detail=True, methods=["get"], filterset_class=PairFilter,
-            filter_backends=[DjangoFilterBackend], queryset=ShadowPair.objects.none())
+            filter_backends=[DjangoFilterBackend], queryset=selectors.pairs_none())
     def pairs(self, request: Request, pk: str) -> Response:
         """The run's pairs (paginated; `page_size` up to 500), newest first; `diverged=true`,
         `candidate_error=true`, `order=-divergence_score` for the most divergent. Text only
         as the run's content policy stored it, within its retention."""
         run = self._run(pk)
-        page = self.paginate_queryset(self.filter_queryset(run.pairs.all()))
+        page = self.paginate_queryset(self.filter_queryset(selectors.pairs(run)))
         return self.get_paginated_response(s.ShadowPairSerializer(page, many=True).data)
 
     @extend_schema(responses={200: s.ShadowJudgementSerializer(many=True)})

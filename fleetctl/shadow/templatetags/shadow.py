@@ -8,6 +8,7 @@ from typing import Any
 
 from django import template
 
+from fleetctl.core.display import or_dash
 from fleetctl.shadow.forms import StartForm, StopForm
 from fleetctl.shadow.selectors import live_counters, run_for_plan
 
@@ -34,24 +35,21 @@ def get_side(mapping: Any, side: str) -> Any:
 
 
 @register.filter
+@or_dash
 def shadow_pct(rate: Any) -> str:
     """A rate (0..1) as a percentage: 0.0123 -> "1.23 %"."""
-    if rate is None or rate == "":
-        return "—"
     return f"{float(rate) * 100:.2f} %"
 
 
 @register.filter
+@or_dash
 def shadow_points(value: Any) -> str:
     """A difference of rates in points, signed: 0.005 -> "+0.50"."""
-    if value is None or value == "":
-        return "—"
     return f"{float(value) * 100:+.2f}"
 
 
 @register.filter
+@or_dash
 def thousands(value: Any) -> str:
     """A count with thousands separators (2000000 -> "2,000,000"); "—" when unknown."""
-    if value is None or value == "":
-        return "—"
     return f"{int(value):,}"

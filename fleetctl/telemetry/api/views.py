@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from fleetctl.core.errors import NotFoundError
+from fleetctl.fleet import selectors as fleet_selectors
 from fleetctl.telemetry import selectors
 from fleetctl.telemetry.api import serializers as s
 
@@ -41,11 +42,9 @@ class TelemetryPoolViewSet(viewsets.ViewSet):
     def retrieve(self, request: Request, name: str) -> Response:
         """One pool in [since, until) (default the last 15 minutes), optionally one route:
         the figures with their bounds and sources, and a series per time step."""
-        from fleetctl.fleet.models import Pool
-
         query = s.DetailQuery(data=request.query_params)
         query.is_valid(raise_exception=True)
-        if not Pool.objects.filter(name=name).exists():
+        if not fleet_selectors.pool_exists(name=name):
             raise NotFoundError(f"No pool named {name!r}.")
         args: dict[str, Any] = {"pool": name, "route": query.validated_data.get("route"),
                                 "since": query.validated_data["since"],
