@@ -27,7 +27,7 @@ from django.utils import timezone
 from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
 from fleetctl.audit.services import audit_record
-from fleetctl.batch import inputs
+from fleetctl.batch import inputs, targets
 from fleetctl.batch.models import (
     ACTIVE_STATES,
     DEFAULT_CHUNK_SIZE,
@@ -147,13 +147,9 @@ def _model_problems(input_file: BatchFile, pool: Pool) -> list[str]:
 
 def _target_refusal(pool: Pool) -> str | None:
     """The stage rule (fleetctl/batch/targets.py): a plan's candidate below stage 3 runs no
-    batch jobs."""
-    try:
-        from fleetctl.batch import targets
-    except ImportError:  # pragma: no cover - until the stage rules land
-        return None
-    refusal = getattr(targets, "job_target_refusal", None)
-    return refusal(pool) if refusal is not None else None
+    batch jobs. Imported plainly: a rule that failed to import must fail the call, never
+    let the job through."""
+    return targets.job_target_refusal(pool)
 
 
 def plan_for_pool(pool: Pool) -> Plan | None:
