@@ -14,6 +14,28 @@
     }
   });
 
+  // The top bar's menu on a phone (app.css folds it below 640 px once the bar has-menu):
+  // without this script the menu simply stays open. Escape closes it and gives the focus
+  // back to the button.
+  var toggle = document.querySelector(".topbar .nav-toggle");
+  if (toggle) {
+    var bar = toggle.closest(".topbar");
+    var setOpen = function (open) {
+      toggle.setAttribute("aria-expanded", String(open));
+      bar.classList.toggle("menu-open", open);
+    };
+    bar.classList.add("has-menu");
+    toggle.addEventListener("click", function () {
+      setOpen(toggle.getAttribute("aria-expanded") !== "true");
+    });
+    bar.addEventListener("keydown", function (event) {
+      if (event.key === "Escape" && bar.classList.contains("menu-open")) {
+        setOpen(false);
+        toggle.focus();
+      }
+    });
+  }
+
   // A field that selects all of its text when focused (a token's secret, to copy it).
   document.addEventListener("focusin", function (event) {
     if (event.target.matches && event.target.matches("input[data-select-on-focus]")) {
