@@ -31,7 +31,12 @@ from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.core.views import Outcome, call_service, form_action, get_or_404
+from fleetctl.core.views import (
+    Outcome,
+    button_action,
+    form_action,
+    get_or_404,
+)
 from migrations_plan import evidence as ev
 from migrations_plan import permissions, selectors, services
 from migrations_plan.forms import (
@@ -440,13 +445,12 @@ def plan_abandon(request: HttpRequest, name: str) -> HttpResponseBase:
 def plan_rehearse(request: HttpRequest, name: str) -> HttpResponse:
     """Start a drain rehearsal (stage 4) and follow it on its drain page."""
     plan = get_or_404(selectors.plan_get, name=name, what=f"plan named {name!r}")
-    done = call_service(request, lambda: services.rehearsal_start(
-        actor=actor_from_request(request), plan=plan))
-    if done.ok and done.result is not None:
-        messages.success(request, f"Drain rehearsal started for {plan.name}; the split is "
-                                  f"restored once every gateway verified and streams closed.")
-        return redirect("traffic:drain-detail", drain_id=done.result.pk)
-    return redirect(_plan_url(plan, None, "plan-actions"))
+    return button_action(
+        request, lambda: services.rehearsal_start(actor=actor_from_request(request), plan=plan),
+        success=lambda _: f"Drain rehearsal started for {plan.name}; the split is restored "
+                          f"once every gateway verified and streams closed.",
+        then=lambda drain: reverse("traffic:drain-detail", kwargs={"drain_id": drain.pk}),
+        back=_plan_url(plan, None, "plan-actions"))
 
 
 @dashboard_view

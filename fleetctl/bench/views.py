@@ -14,11 +14,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django import forms
-from django.contrib import messages
-from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
-from django.shortcuts import redirect, render
+from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -31,8 +29,8 @@ from fleetctl.bench.models import Level, Run, Trace
 from fleetctl.core.charts import figure_data, pool_colours
 from fleetctl.core.views import (
     Outcome,
-    call_service,
-    filter_form_says_any,
+    button_action,
+    filtered_page,
     form_action,
     get_or_404,
 )
@@ -76,9 +74,7 @@ def _trace_page(trace: Trace) -> str:
 @dashboard_view
 @require_GET
 def bench_home(request: HttpRequest) -> HttpResponse:
-    runs = RunFilter(request.GET or None, queryset=selectors.run_list())
-    filter_form_says_any(runs.form)
-    page = Paginator(runs.qs, RUNS_PAGE_SIZE).get_page(request.GET.get("page"))
+    runs, page = filtered_page(request, RunFilter, selectors.run_list(), RUNS_PAGE_SIZE)
     return render(request, "bench/home.html", {
         "filter": runs, "page": page,
         "traces": selectors.trace_list()[:TRACES_LIMIT],
@@ -216,9 +212,8 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_POST
 def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
     run = _run(run_id)
-    actor = actor_from_request(request)
-    done = call_service(request, lambda: services.run_cancel(actor=actor, run=run))
-    if done.result is not None:
-        messages.success(request, f"Cancelled run {run.pk}; the levels measured so far are "
-                                  "kept.")
-    return redirect("bench:run-detail", run_id=run.pk)
+    page = reverse("bench:run-detail", kwargs={"run_id": run.pk})
+    return button_action(
+        request, lambda: services.run_cancel(actor=actor_from_request(request), run=run),
+        success=lambda _: f"Cancelled run {run.pk}; the levels measured so far are kept.",
+        then=lambda _: page, back=page)

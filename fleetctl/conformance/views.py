@@ -5,11 +5,9 @@ still change."""
 
 from __future__ import annotations
 
-from django.contrib import messages
-from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
-from django.shortcuts import redirect, render
+from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -21,8 +19,8 @@ from fleetctl.conformance.forms import RunForm
 from fleetctl.conformance.models import ConformanceRun
 from fleetctl.core.views import (
     Outcome,
-    call_service,
-    filter_form_says_any,
+    button_action,
+    filtered_page,
     form_action,
     get_or_404,
 )
@@ -40,9 +38,7 @@ def _run(run_id: int) -> ConformanceRun:
 @dashboard_view
 @require_GET
 def run_list(request: HttpRequest) -> HttpResponse:
-    runs = RunFilter(request.GET or None, queryset=selectors.run_list())
-    filter_form_says_any(runs.form)
-    page = Paginator(runs.qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    runs, page = filtered_page(request, RunFilter, selectors.run_list(), PAGE_SIZE)
     return render(request, "conformance/home.html", {
         "filter": runs, "page": page, "suite": selectors.suite_table()})
 
@@ -75,14 +71,12 @@ def plan_run(request: HttpRequest, name: str) -> HttpResponse:
     """The stage-1 gate's button: the plan's candidate against its primary, on the model its
     routes serve."""
     plan = get_or_404(plans.plan_get, name=name, what=f"plan named {name!r}")
-    actor = actor_from_request(request)
-    done = call_service(request, lambda: services.run_create(
-        actor=actor, pool=plan.candidate_pool, plan=plan))
-    if done.result is None:
-        return redirect("plans:detail", plan.name)
-    messages.success(request, f"Started conformance run {done.result.pk} of "
-                              f"{plan.candidate_pool.name} against {plan.primary_pool.name}.")
-    return redirect("conformance:run-detail", run_id=done.result.pk)
+    return button_action(
+        request, lambda: services.run_create(actor=actor_from_request(request),
+                                             pool=plan.candidate_pool, plan=plan),
+        success=lambda run: f"Started conformance run {run.pk} of "
+                            f"{plan.candidate_pool.name} against {plan.primary_pool.name}.",
+        then=_run_page, back=reverse("plans:detail", args=[plan.name]))
 
 
 @dashboard_view
@@ -102,9 +96,9 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_POST
 def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
     run = _run(run_id)
-    actor = actor_from_request(request)
-    done = call_service(request, lambda: services.run_cancel(actor=actor, run=run))
-    if done.result is not None:
-        messages.success(request, f"Cancelled conformance run {run.pk}; the cases judged so "
-                                  "far are kept.")
-    return redirect("conformance:run-detail", run_id=run.pk)
+    page = reverse("conformance:run-detail", kwargs={"run_id": run.pk})
+    return button_action(
+        request, lambda: services.run_cancel(actor=actor_from_request(request), run=run),
+        success=lambda _: f"Cancelled conformance run {run.pk}; the cases judged so far are "
+                          "kept.",
+        then=lambda _: page, back=page)

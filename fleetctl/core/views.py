@@ -7,6 +7,8 @@ selectors and services; this is the glue, written once:
   request, `HX-Redirect`), with the page re-rendered with the form's errors and the refusal's
   status when the form or the service says no.
 - `call_service` / `call_for_form`: one service call, its refusals onto the form or a message.
+- `button_action(...)`: a write behind a button: service → message → redirect.
+- `filtered_page(...)`: a list page's filter and page.
 - `refresh_if_changed(...)`: a polled block whose object changed state asks htmx to reload
   the page once, so the buttons offered match the state.
 
@@ -22,6 +24,7 @@ from typing import Any, Generic, TypeVar
 from django import forms
 from django.contrib import messages as django_messages
 from django.core.exceptions import NON_FIELD_ERRORS, ObjectDoesNotExist, ValidationError
+from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseServerError, JsonResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect
@@ -95,7 +98,7 @@ def get_or_404(select: Callable[..., T | None], /, *args: object, what: str,
     return found
 
 
-def go_to(request: HttpRequest, url: str) -> HttpResponseBase:
+def go_to(request: HttpRequest, url: str) -> HttpResponse:
     """After a write: a redirect, or for an htmx request `HX-Redirect` (htmx would otherwise
     swap the whole next page into the element that posted)."""
     if request.headers.get("HX-Request") == "true" and not request.headers.get("HX-Boosted"):
@@ -126,6 +129,28 @@ def form_action(request: HttpRequest, form: forms.BaseForm,
             django_messages.success(request, success(result))
             return go_to(request, then(result))
     return invalid(done)
+
+
+def button_action(request: HttpRequest, call: Callable[[], T], *,
+                  success: Callable[[T], str], then: Callable[[T], str],
+                  back: str) -> HttpResponse:
+    """A write behind a button (no form to re-render): the service's result gets a message
+    and a redirect to `then(result)`; a refusal is a message and a redirect to `back`, the
+    page the button was on."""
+    done = call_service(request, call)
+    if not done.ok:
+        return go_to(request, back)
+    result: T = done.result  # type: ignore[assignment]
+    django_messages.success(request, success(result))
+    return go_to(request, then(result))
+
+
+def filtered_page(request: HttpRequest, filterset_class: Callable[..., Any], queryset: Any,
+                  size: int) -> tuple[Any, Any]:
+    """A list page's filter (empty choices read "any") and the page of its rows asked for."""
+    found = filterset_class(request.GET or None, queryset=queryset)
+    filter_form_says_any(found.form)
+    return found, Paginator(found.qs, size).get_page(request.GET.get("page"))
 
 
 def refresh_if_changed(request: HttpRequest, response: HttpResponse, state: str) -> HttpResponse:

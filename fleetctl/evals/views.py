@@ -32,7 +32,13 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
-from fleetctl.core.views import Outcome, call_for_form, call_service, form_action, get_or_404
+from fleetctl.core.views import (
+    Outcome,
+    button_action,
+    call_for_form,
+    form_action,
+    get_or_404,
+)
 from fleetctl.evals import charts, selectors, services
 from fleetctl.evals.forms import (
     DEFAULT_SUITE,
@@ -344,9 +350,8 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_POST
 def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
     run = _run(run_id)
-    done = call_service(request, lambda: services.run_cancel(
-        actor=actor_from_request(request), run=run))
-    if done.ok:
-        messages.success(request, f"Cancelled eval run {run.pk}; the items scored so far are "
-                                  "kept.")
-    return redirect("evals:run-detail", run_id=run.pk)
+    page = reverse("evals:run-detail", kwargs={"run_id": run.pk})
+    return button_action(
+        request, lambda: services.run_cancel(actor=actor_from_request(request), run=run),
+        success=lambda _: f"Cancelled eval run {run.pk}; the items scored so far are kept.",
+        then=lambda _: page, back=page)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import render
@@ -32,7 +31,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
-from fleetctl.core.views import Outcome, filter_form_says_any, form_action, get_or_404
+from fleetctl.core.views import (
+    Outcome,
+    filtered_page,
+    form_action,
+    get_or_404,
+)
 from fleetctl.inference.chat import prompt_text
 from fleetctl.inference.compare import TOKEN_RE
 from fleetctl.shadow import charts, live, selectors, services, stats
@@ -176,9 +180,7 @@ def _run_context(request: HttpRequest, run: ShadowRun, **forms: Any) -> dict[str
 @dashboard_view
 @require_GET
 def run_list(request: HttpRequest) -> HttpResponse:
-    runs = RunFilter(request.GET or None, queryset=selectors.run_list())
-    filter_form_says_any(runs.form)
-    page = Paginator(runs.qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    runs, page = filtered_page(request, RunFilter, selectors.run_list(), PAGE_SIZE)
     return render(request, "shadow/home.html", {"filter": runs, "page": page})
 
 

@@ -14,7 +14,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from fleetctl.accounts import roles
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.core.views import Outcome, call_service, form_action, get_or_404
+from fleetctl.core.views import (
+    Outcome,
+    button_action,
+    form_action,
+    get_or_404,
+)
 from fleetctl.webhooks import selectors, services
 from fleetctl.webhooks.forms import WebhookForm
 from fleetctl.webhooks.models import EVENTS, Webhook
@@ -86,23 +91,23 @@ def webhook_delete(request: HttpRequest, name: str) -> HttpResponse:
         messages.error(request, f"Tick the box to confirm deleting webhook {name} and its "
                                 f"delivery records.")
         return redirect("webhooks:detail", name=name)
-    actor = actor_from_request(request)
-    done = call_service(request, lambda: services.webhook_delete(actor=actor, webhook=hook))
-    if done.ok:
-        messages.success(request, f"Deleted webhook {name} and its delivery records.")
-        return redirect("webhooks:list")
-    return redirect("webhooks:detail", name=name)
+    return button_action(
+        request, lambda: services.webhook_delete(actor=actor_from_request(request),
+                                                 webhook=hook),
+        success=lambda _: f"Deleted webhook {name} and its delivery records.",
+        then=lambda _: reverse("webhooks:list"),
+        back=reverse("webhooks:detail", kwargs={"name": name}))
 
 
 @dashboard_view
 @require_POST
 def webhook_test(request: HttpRequest, name: str) -> HttpResponse:
     hook = get_or_404(selectors.webhook_get, name=name, what=f"webhook named {name}")
-    actor = actor_from_request(request)
-    done = call_service(request, lambda: services.webhook_test(actor=actor, webhook=hook))
-    if done.result is not None:
-        messages.success(request, f"Test delivery {done.result.pk} queued.")
-    return redirect("webhooks:detail", name=name)
+    page = reverse("webhooks:detail", kwargs={"name": name})
+    return button_action(
+        request, lambda: services.webhook_test(actor=actor_from_request(request), webhook=hook),
+        success=lambda delivery: f"Test delivery {delivery.pk} queued.",
+        then=lambda _: page, back=page)
 
 
 @dashboard_view
