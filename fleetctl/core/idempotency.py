@@ -34,8 +34,9 @@ from django.db import IntegrityError, transaction
 from django.http.request import RawPostDataException
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions
+from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
@@ -225,3 +226,14 @@ def idempotency_prune(*, now: Any = None) -> int:
     cutoff = (now or timezone.now()) - timedelta(hours=settings.IDEMPOTENCY_TTL_HOURS)
     deleted, _ = IdempotentRequest.objects.filter(created_at__lt=cutoff).delete()
     return deleted
+
+
+def object_action(*, request: Any, response: Any) -> Callable[[Callable[..., Response]], Any]:
+    """A POST action on one object of a viewset (`/<id>/<name>/`) that a client may retry:
+    `Idempotency-Key` honoured and documented, `request` its body's serializer, `response`
+    the object's serializer answered with 200. The one declaration of such an action."""
+    def declare(method: Callable[..., Response]) -> Any:
+        schema = extend_schema(request=request, parameters=[PARAMETER],
+                               responses={200: response})
+        return schema(action(detail=True, methods=["post"])(idempotent(method)))
+    return declare

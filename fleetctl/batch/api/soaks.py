@@ -9,7 +9,6 @@ from typing import Any
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
-from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -185,10 +184,7 @@ class SoakViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
                                **changes)
         return self._detail(soak)
 
-    @extend_schema(request=SoakStopSerializer, parameters=[idempotency.PARAMETER],
-                   responses={200: SoakDetailSerializer})
-    @action(detail=True, methods=["post"])
-    @idempotency.idempotent
+    @idempotency.object_action(request=SoakStopSerializer, response=SoakDetailSerializer)
     def stop(self, request: Request, pk: str) -> Response:
         """Stop a running soak (scope `jobs`; 409 unless running): its active job is
         cancelled and the soak records a failing verdict (a person stopped it)."""

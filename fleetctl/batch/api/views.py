@@ -176,27 +176,18 @@ class BatchJobViewSet(_JsonErrors, mixins.ListModelMixin, mixins.RetrieveModelMi
                       reason=body.validated_data["reason"])
         return self._detail(job)
 
-    @extend_schema(request=s.JobActionSerializer, parameters=[idempotency.PARAMETER],
-                   responses={200: s.BatchJobDetailSerializer})
-    @action(detail=True, methods=["post"])
-    @idempotency.idempotent
+    @idempotency.object_action(request=s.JobActionSerializer, response=s.BatchJobDetailSerializer)
     def pause(self, request: Request, pk: str) -> Response:
         """Pause a queued or running job (409 otherwise): the worker stops dispatching,
         lets the requests in flight finish and releases its chunk."""
         return self._act(request, pk, services.job_pause)
 
-    @extend_schema(request=s.JobActionSerializer, parameters=[idempotency.PARAMETER],
-                   responses={200: s.BatchJobDetailSerializer})
-    @action(detail=True, methods=["post"])
-    @idempotency.idempotent
+    @idempotency.object_action(request=s.JobActionSerializer, response=s.BatchJobDetailSerializer)
     def resume(self, request: Request, pk: str) -> Response:
         """Resume a paused job (409 otherwise, or once its window has ended)."""
         return self._act(request, pk, services.job_resume)
 
-    @extend_schema(request=s.JobActionSerializer, parameters=[idempotency.PARAMETER],
-                   responses={200: s.BatchJobDetailSerializer})
-    @action(detail=True, methods=["post"])
-    @idempotency.idempotent
+    @idempotency.object_action(request=s.JobActionSerializer, response=s.BatchJobDetailSerializer)
     def cancel(self, request: Request, pk: str) -> Response:
         """Cancel an active job (409 otherwise); its results so far stay downloadable."""
         return self._act(request, pk, services.job_cancel)

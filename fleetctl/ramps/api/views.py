@@ -6,7 +6,6 @@ from typing import Any
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
-from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -69,36 +68,24 @@ class RampViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
                        reason=body.validated_data["reason"])
         return self._detail(ramp)
 
-    @extend_schema(request=s.RampActionSerializer, parameters=[idempotency.PARAMETER],
-                   responses={200: s.RampDetailSerializer})
-    @action(detail=True, methods=["post"])
-    @idempotency.idempotent
+    @idempotency.object_action(request=s.RampActionSerializer, response=s.RampDetailSerializer)
     def pause(self, request: Request, pk: str) -> Response:
         """Hold the current step until a person resumes (scope `ramp`; 409 unless running)."""
         return self._act(request, pk, services.ramp_pause)
 
-    @extend_schema(request=s.RampActionSerializer, parameters=[idempotency.PARAMETER],
-                   responses={200: s.RampDetailSerializer})
-    @action(detail=True, methods=["post"])
-    @idempotency.idempotent
+    @idempotency.object_action(request=s.RampActionSerializer, response=s.RampDetailSerializer)
     def resume(self, request: Request, pk: str) -> Response:
         """Carry on from the current step (scope `ramp`; 409 unless paused): adopts the
         route's current revision, sets the step's split again and restarts its hold."""
         return self._act(request, pk, services.ramp_resume)
 
-    @extend_schema(request=s.RampActionSerializer, parameters=[idempotency.PARAMETER],
-                   responses={200: s.RampDetailSerializer})
-    @action(detail=True, methods=["post"])
-    @idempotency.idempotent
+    @idempotency.object_action(request=s.RampActionSerializer, response=s.RampDetailSerializer)
     def skip(self, request: Request, pk: str) -> Response:
         """End the current hold now: the next tick steps up without judging it (scope
         `ramp`; 409 unless running with a step set)."""
         return self._act(request, pk, services.ramp_skip)
 
-    @extend_schema(request=s.RampActionSerializer, parameters=[idempotency.PARAMETER],
-                   responses={200: s.RampDetailSerializer})
-    @action(detail=True, methods=["post"])
-    @idempotency.idempotent
+    @idempotency.object_action(request=s.RampActionSerializer, response=s.RampDetailSerializer)
     def abort(self, request: Request, pk: str) -> Response:
         """Stop the ramp and drain the pool off the route (scope `drain`; 409 unless
         active). The drain is linked as `drain`."""
