@@ -39,6 +39,10 @@ ORM = re.compile(r"\.objects\b|\bselect_related\(|\bprefetch_related\(|\.annotat
 @dataclass
 class Figures:
     duplicate_pairs: int = 0
+    # Of those, the pairs `duplicates` finds only by shape (no run the same to the letter:
+    # choice classes, URL tables, decorator stacks), and those it marks boilerplate.
+    shape_pairs: int = 0
+    boilerplate_pairs: int = 0
     longest_function: tuple[int, str] = (0, "")
     long_modules: list[tuple[int, str]] = field(default_factory=list)
     orm_views: list[str] = field(default_factory=list)
@@ -54,7 +58,7 @@ def product_files(tree: Path) -> Iterator[Path]:
             yield path
 
 
-def duplicate_pairs(tree: Path) -> int:
+def duplicate_pairs(tree: Path) -> tuple[int, int, int]:
     """`duplicates` over a copy of the product's modules (migrations are generated code)."""
     with tempfile.TemporaryDirectory(prefix="house-dup-") as tmp:
         for path in product_files(tree):
@@ -64,7 +68,9 @@ def duplicate_pairs(tree: Path) -> int:
         out = subprocess.run(["duplicates", "--repo", tmp, "--seconds", "300", "--most", "1"],
                              capture_output=True, text=True, check=True).stdout
     match = re.match(r"(\d+) pairs?", out)
-    return int(match.group(1)) if match else 0
+    shape = re.search(r"(\d+) by shape alone(?:, (\d+) of those marked boilerplate)?", out)
+    return (int(match.group(1)) if match else 0, int(shape.group(1)) if shape else 0,
+            int(shape.group(2) or 0) if shape else 0)
 
 
 def static_figures(tree: Path) -> Figures:
@@ -83,7 +89,8 @@ def static_figures(tree: Path) -> Figures:
         if (path.name == "views.py" or "views" in path.parts[:-1]) and ORM.search(source):
             figures.orm_views.append(rel)
     figures.long_modules.sort(reverse=True)
-    figures.duplicate_pairs = duplicate_pairs(tree)
+    (figures.duplicate_pairs, figures.shape_pairs,
+     figures.boilerplate_pairs) = duplicate_pairs(tree)
     return figures
 
 
@@ -134,6 +141,10 @@ def main() -> int:
     print(f"{'':34}{'before (' + args.before + ')':>24}{'after (' + args.after + ')':>24}")
     rows = [
         ("duplicates pairs, product code", before.duplicate_pairs, after.duplicate_pairs),
+        ("  of those by shape alone", before.shape_pairs, after.shape_pairs),
+        ("  of those marked boilerplate", before.boilerplate_pairs, after.boilerplate_pairs),
+        ("  same to the letter", before.duplicate_pairs - before.shape_pairs,
+         after.duplicate_pairs - after.shape_pairs),
         ("longest function, lines", before.longest_function[0], after.longest_function[0]),
         ("modules over 600 lines", len(before.long_modules), len(after.long_modules)),
         ("view modules calling the ORM", len(before.orm_views), len(after.orm_views)),
