@@ -19,6 +19,7 @@ from fleetctl.accounts.services import token_create_personal, token_create_servi
 from fleetctl.fleet import services as fleet_services
 from fleetctl.fleet.models import Pool, Region
 from tests.support.celery_worker import start_celery_worker
+from tests.support.schedule import longest_first
 from tests.support.waiting import wait_until
 from tests.support.workers import log_name
 
@@ -50,6 +51,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.processes)
+    longest_first(items)  # the order xdist's workers take files in (tests/support/schedule.py)
 
 
 @pytest.fixture(autouse=True)

@@ -168,8 +168,11 @@ def gateway_answers(url: str) -> bool:
     return answer.status_code == 200
 
 
-@pytest.fixture
-def demo(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
+Demo = tuple[subprocess.Popen[bytes], Path, str]
+
+
+@contextlib.contextmanager
+def running_demo(tmp_path: Path) -> Iterator[Demo]:
     """`python -m fleetctl.demo.devstack demo` as `make demo` runs it (embedded Redis, SQLite),
     in a data directory and on ports of its own."""
     env = {k: v for k, v in os.environ.items()
@@ -200,6 +203,21 @@ def demo(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    """A demo of the test's own: for a test that kills its children or stops it."""
+    with running_demo(tmp_path) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def shared_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    """One demo for the tests that only look at it (its pages, its rows, its log): starting
+    one costs a dozen processes and the seed. None of them changes what the others read."""
+    with running_demo(tmp_path_factory.mktemp("demo")) as running:
+        yield running
 
 
 @pytest.mark.slow
@@ -247,8 +265,8 @@ def _demo_rows(data_dir: Path, sql: str) -> list[tuple[object, ...]]:
 
 @pytest.mark.slow
 def test_the_demo_seeds_a_guarded_ramp_that_steps_on_live_telemetry_from_envoys_access_log(
-        demo):
-    proc, output, _gateway = demo
+        shared_demo):
+    proc, output, _gateway = shared_demo
     data_dir = output.parent
     banner = output.read_text()
     assert "created" in banner and "ramp of gaudi3-in-west on llama-8b" in banner, banner
@@ -287,8 +305,8 @@ def test_the_demo_turns_debug_off_unless_asked_and_keeps_one_secret_key(tmp_path
 
 
 @pytest.mark.slow
-def test_the_demo_runs_with_debug_off_and_serves_its_own_static_files(demo):
-    _proc, output, _gateway = demo
+def test_the_demo_runs_with_debug_off_and_serves_its_own_static_files(shared_demo):
+    _proc, output, _gateway = shared_demo
     found = re.search(r"dashboard\s+(http://\S+?)/\s", output.read_text())
     assert found, output.read_text()
     web = found.group(1)
@@ -327,10 +345,10 @@ def test_a_demo_password_starting_with_a_dash_reaches_the_seed_whole():
 
 def test_everything_after_test_goes_to_pytest_options_first_included(monkeypatch):
     """`make test PYTEST_ARGS="-m 'not slow'"` (the README's advice) passes a leading option."""
-    from fleetctl.demo import devstack
+    from fleetctl.demo import devstack, testrun
 
     seen: list[list[str]] = []
-    monkeypatch.setattr(devstack, "run_tests", lambda args: seen.append(args) or 0)
+    monkeypatch.setattr(testrun, "run_tests", lambda args: seen.append(args) or 0)
     assert devstack.main(["test", "-m", "not slow", "-q"]) == 0
     assert devstack.main(["test"]) == 0
     assert devstack.main(["test", "tests/api", "-x"]) == 0

@@ -34,3 +34,46 @@ def test_port_ranges_do_not_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTEST_XDIST_WORKER")
     assert workers.port_range() == (workers.PORTS_FROM, workers.PORTS_TO)
     assert workers.log_name("test-worker", ".log") == "test-worker.log"
+
+
+class _Item:
+    """What the scheduler reads of a collected test: its node id."""
+
+    def __init__(self, nodeid: str) -> None:
+        self.nodeid = nodeid
+
+
+def test_workers_take_the_longest_files_first_each_file_kept_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.support import schedule
+
+    longest, second = schedule.LONGEST_FIRST[:2]
+    collected = ["tests/a/test_one.py::test_x", f"{second}::test_y", f"{longest}::test_b",
+                 "tests/a/test_two.py::test_z", f"{longest}::test_a", "tests/a/test_one.py::test_w"]
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    items = [_Item(nodeid) for nodeid in collected]
+    schedule.longest_first(items)  # type: ignore[arg-type]
+    assert [item.nodeid for item in items] == [
+        f"{longest}::test_b", f"{longest}::test_a", f"{second}::test_y",
+        "tests/a/test_one.py::test_x", "tests/a/test_two.py::test_z",
+        "tests/a/test_one.py::test_w"]
+
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    alone = [_Item(nodeid) for nodeid in collected]
+    schedule.longest_first(alone)  # type: ignore[arg-type]
+    assert [item.nodeid for item in alone] == collected  # one process: pytest's own order
+
+
+def test_make_test_runs_workers_that_take_files_in_collection_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fleetctl.demo import testrun
+
+    monkeypatch.delenv("FLEETCTL_TEST_WORKERS", raising=False)
+    assert testrun.pytest_defaults([]) == [
+        "--durations=30", "-n", str(testrun.TEST_WORKERS), "--dist", "loadfile",
+        "--no-loadscope-reorder"]
+    assert testrun.pytest_defaults(["-n", "2"]) == ["--durations=30"]
+    monkeypatch.setenv("FLEETCTL_TEST_WORKERS", "0")
+    assert testrun.pytest_defaults([]) == ["--durations=30"]

