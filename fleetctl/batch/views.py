@@ -294,8 +294,8 @@ def job_action(request: HttpRequest, job_id: int) -> HttpResponseBase:
     job = _job(job_id)
     form = JobActionForm(request.POST)
     return form_action(
-        request, form, lambda data: ACTIONS[form.cleaned_data["action"]](
-            actor=actor_from_request(request), job=job, reason=form.cleaned_data["reason"]),
+        request, form, lambda data: ACTIONS[data["action"]](
+            actor=actor_from_request(request), job=job, reason=data["reason"]),
         success=lambda _: f"{ACTION_DONE[form.cleaned_data['action']]} batch job {job.pk}.",
         then=lambda _: job_url(job), renamed=FORM_FIELDS,
         invalid=lambda done: _render_job(request, _job(job_id), action_form=form,

@@ -318,8 +318,8 @@ def ramp_action(request: HttpRequest, ramp_id: int) -> HttpResponseBase:
     ramp = _ramp(ramp_id)
     form = RampActionForm(request.POST)
     return form_action(
-        request, form, lambda data: ACTIONS[form.cleaned_data["action"]](
-            actor=actor_from_request(request), ramp=ramp, reason=form.cleaned_data["reason"]),
+        request, form, lambda data: ACTIONS[data["action"]](
+            actor=actor_from_request(request), ramp=ramp, reason=data["reason"]),
         success=lambda _: f"{ACTION_DONE[form.cleaned_data['action']]} ramp {ramp.pk}.",
         then=lambda _: detail_url(ramp), renamed=FORM_FIELDS,
         invalid=lambda done: _render_detail(request, _ramp(ramp_id), action_form=form,
