@@ -127,6 +127,26 @@ class TestController:
                                                                   (50, "complete")]
         assert all(s["end"] is not None for s in spans)
 
+    def test_a_drive_that_outlived_its_lease_does_not_judge_the_step_again(self, fleet, oncall):
+        """Two controllers on one step (the first one's lease ran out mid-drive, as on a loaded
+        machine): the late one reads the ramp before the step moved and drives after. It must
+        neither pass the hold a second time nor take the revision the first one set for a
+        person's change and pause the ramp."""
+        from fleetctl.ramps.services.controller import _drive
+
+        ramp = start(fleet, oncall)
+        t0 = boundary(timezone.now())
+        ramps_tick(now=t0)
+        traffic(since=t0, until=t0 + timedelta(seconds=31),
+                per_window={"cand": GOOD, "prim": GOOD})
+        late = Ramp.objects.select_related("route__primary_pool", "pool", "plan").get(pk=ramp.pk)
+        ramps_tick(now=t0 + timedelta(seconds=31))
+        _drive(late, now=t0 + timedelta(seconds=31), owner="late")
+        ramp = fresh(ramp)
+        assert ramp.state == "running" and ramp.step_index == 1, ramp.state_reason
+        assert kinds(ramp, quiet=True) == ["start", "step", "pass", "step"]
+        assert weights(fleet.route) == {"prim": 5000, "cand": 5000}
+
     def test_never_advances_without_data(self, fleet, oncall):
         ramp = start(fleet, oncall)
         t0 = boundary(timezone.now())

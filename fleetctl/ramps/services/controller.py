@@ -258,9 +258,16 @@ def _rollback(ramp: Ramp, judgement: guard.Judgement, message: str) -> None:
 
 
 def _still_running(ramp: Ramp) -> bool:
-    """Lock the ramp's row (inside the caller's transaction) and say whether it still runs."""
-    return Ramp.objects.select_for_update().filter(pk=ramp.pk,
-                                                   state=Ramp.State.RUNNING).exists()
+    """Lock the ramp's row (inside the caller's transaction) and say whether it still runs at
+    the step this driver read. A drive that outlived its lease (a slow database, a stalled
+    worker) may meet a second controller driving the same step; whichever writes second sees
+    the step moved on and does nothing, rather than judging the hold again and pausing the
+    ramp on the revision the first one set."""
+    at_step = Ramp.objects.select_for_update().filter(
+        pk=ramp.pk, state=Ramp.State.RUNNING, step_index=ramp.step_index)
+    if ramp.step_started_at is None:
+        return at_step.filter(step_started_at__isnull=True).exists()
+    return at_step.filter(step_started_at=ramp.step_started_at).exists()
 
 
 def step_data_start(step_started_at: datetime) -> datetime:
