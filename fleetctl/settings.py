@@ -202,9 +202,14 @@ else:
             "OPTIONS": dict(SQLITE_OPTIONS),
         }
     }
+DATABASES["default"]["TEST"] = {}
 if os.environ.get("TEST_DATABASE_NAME"):
     # Lets two test runs share one PostgreSQL server without dropping each other's database.
-    DATABASES["default"]["TEST"] = {"NAME": os.environ["TEST_DATABASE_NAME"]}
+    DATABASES["default"]["TEST"]["NAME"] = os.environ["TEST_DATABASE_NAME"]
+if os.environ.get("TEST_DATABASE_TEMPLATE"):
+    # PostgreSQL: each test worker's database is a copy of this migrated one (`make test`
+    # migrates it once), not migrated again by every worker.
+    DATABASES["default"]["TEST"]["TEMPLATE"] = os.environ["TEST_DATABASE_TEMPLATE"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: Celery broker and the cache ---

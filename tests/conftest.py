@@ -186,6 +186,7 @@ def _worker_quiet(timeout_s: float = 60) -> None:
     waited for."""
     from fleetctl.celery import app
 
+    _cancel_leftover_jobs()
     inspect = app.control.inspect(timeout=1.0, limit=1)
 
     def quiet() -> bool:
@@ -201,11 +202,31 @@ def _worker_quiet(timeout_s: float = 60) -> None:
         wait_until(quiet, timeout_s=timeout_s, every_s=0.1, what="the worker to go quiet")
 
 
+def _cancel_leftover_jobs() -> None:
+    """Cancel the evidence jobs a test left queued or running (an eval run on pools that are
+    gone, a probe of a seeded demo's fleet): their drivers stop at their next heartbeat, as
+    for a person's cancel, instead of running out their timeouts against a database about
+    to be flushed."""
+    from django.apps import apps
+    from django.utils import timezone
+
+    from fleetctl.core.jobs import ACTIVE, Job, JobStatus
+
+    for model in apps.get_models():
+        if issubclass(model, Job):
+            model.objects.filter(status__in=ACTIVE).update(
+                status=JobStatus.CANCELLED, cancelled_by="test teardown",
+                error="cancelled at the end of its test", finished_at=timezone.now())
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Before the test's fixtures are torn down (so before a transactional flush)."""
     if _worker_started and "transactional_db" in getattr(item, "fixturenames", ()):
-        _worker_quiet()
+        from pytest_django.plugin import blocking_manager_key
+
+        with item.config.stash[blocking_manager_key].unblock():
+            _worker_quiet()
     yield
 
 

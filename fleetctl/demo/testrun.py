@@ -35,6 +35,36 @@ def _postgres_url() -> str | None:
     return None
 
 
+def _migrated_template(url: str, env: dict[str, str]) -> str | None:
+    """A migrated database the test workers' databases are copied from (CREATE DATABASE …
+    TEMPLATE): migrations run once here, on an idle machine, instead of once per worker on a
+    busy one (15–22 s each with three workers). Django still runs `migrate` on each copy, so a
+    template left by an older checkout is brought up to date, not trusted. None (each worker
+    migrates its own) when it cannot be made."""
+    import psycopg
+    from psycopg import sql
+
+    name = f"{url.rsplit('/', 1)[1].split('?')[0]}_migrated"
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                                  [name]).fetchone()
+            if not exists:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    except psycopg.Error as exc:
+        log(f"no template database ({exc}); each test worker migrates its own")
+        return None
+    migrated = subprocess.run(
+        [PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT,
+        env={**env, "DATABASE_URL": f"{url.rsplit('/', 1)[0]}/{name}"},
+        capture_output=True, text=True)
+    if migrated.returncode != 0:
+        log(f"migrating the template database {name} failed; each test worker migrates its "
+            f"own:\n{migrated.stderr[-2000:]}")
+        return None
+    return name
+
+
 # On 2 cores, with the files longest first: 3 workers 20:58, 4 workers 20:29 (both ~2,020
 # CPU-seconds, 80 % of the machine: the suite is CPU-bound), so 3, which loads the
 # timing-bound tests less.
@@ -81,6 +111,11 @@ def run_tests(pytest_args: list[str]) -> int:
     else:
         env.setdefault("FLEETCTL_CHROMIUM", chromium)
     local_destinations(env, webhooks=True, own=[])
+    if env["DATABASE_URL"].startswith(("postgres://", "postgresql://")) and \
+            "TEST_DATABASE_TEMPLATE" not in env:
+        template = _migrated_template(env["DATABASE_URL"], env)
+        if template is not None:
+            env["TEST_DATABASE_TEMPLATE"] = template
     log(f"database {env['DATABASE_URL']}  broker {env['REDIS_URL']}")
     try:
         return subprocess.call([PY, "-m", "pytest", *pytest_defaults(pytest_args),
