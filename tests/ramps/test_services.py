@@ -214,6 +214,34 @@ class TestController:
         assert "2 of 2 in a row" in ramp.events.filter(kind="fail").last().message
         assert ramp.drain.requested_by == f"system:ramp-{ramp.pk}"
 
+    def test_a_paused_ramp_is_still_judged_and_rolled_back_when_its_pool_fails(
+            self, fleet, oncall):
+        """A pause keeps the candidate's weight, so the guard keeps judging it: a fault while
+        paused rolls back (the failures counted as while running), a healthy pool leaves the
+        ramp paused with nothing added to its timeline."""
+        ramp = start(fleet, oncall)
+        t0 = boundary(timezone.now())
+        ramps_tick(now=t0)
+        ramp_pause(actor=oncall, ramp=fresh(ramp), reason="looking at a dashboard")
+        traffic(since=t0, until=t0 + timedelta(seconds=20),
+                per_window={"cand": GOOD, "prim": GOOD})
+        ramps_tick(now=t0 + timedelta(seconds=20))
+        ramps_tick(now=t0 + timedelta(seconds=21))
+        assert fresh(ramp).state == "paused"
+        assert kinds(ramp) == ["start", "step", "pause"]
+        assert weights(fleet.route) == {"prim": 9500, "cand": 500}
+
+        traffic(since=t0 + timedelta(seconds=30), until=t0 + timedelta(seconds=40),
+                per_window={"cand": SLOW, "prim": GOOD})
+        ramps_tick(now=t0 + timedelta(seconds=40))
+        assert fresh(ramp).state == "paused" and fresh(ramp).consecutive_failures == 1
+        ramps_tick(now=t0 + timedelta(seconds=41))
+        ramp = fresh(ramp)
+        assert ramp.state == "rolled-back" and ramp.drain is not None
+        assert weights(fleet.route) == {"prim": 10000}
+        assert kinds(ramp) == ["start", "step", "pause", "fail", "fail", "rollback"]
+        assert "failed while paused (2 of 2 in a row)" in ramp.state_reason
+
     def test_a_passing_check_resets_the_failure_count(self, fleet, oncall):
         ramp = start(fleet, oncall, steps=((5, 60),))
         t0 = boundary(timezone.now())
@@ -262,12 +290,17 @@ class TestController:
         assert kinds(ramp, quiet=True) == ["start", "step", "skip", "step"]
         assert "oncall skipped the hold at 5 %" in ramp.events.get(kind="skip").message
 
-    def test_pause_stops_the_ticks(self, fleet, oncall):
+    def test_pause_stops_the_steps_not_the_guard(self, fleet, oncall):
         ramp = start(fleet, oncall)
         t0 = boundary(timezone.now())
         ramps_tick(now=t0)
         ramp_pause(actor=oncall, ramp=ramp, reason="lunch")
-        assert ramps_tick(now=t0 + timedelta(seconds=60)) == 0
+        traffic(since=t0, until=t0 + timedelta(seconds=60),
+                per_window={"cand": GOOD, "prim": GOOD})
+        assert ramps_tick(now=t0 + timedelta(seconds=60)) == 1  # judged, not stepped
+        ramp = fresh(ramp)
+        assert ramp.state == "paused" and ramp.step_index == 0
+        assert weights(fleet.route) == {"prim": 9500, "cand": 500}
         with pytest.raises(ConflictError):
             ramp_pause(actor=oncall, ramp=ramp, reason="again")
         with pytest.raises(ConflictError):

@@ -76,24 +76,29 @@ def ramps_end_for_drain(*, actor: Actor, drain: Drain, removed: dict[int, set[st
 
 def ramps_tick(*, now: datetime | None = None, owner: str | None = None,
                only: int | None = None) -> int:
-    """Drive every due running ramp (or only `only`, due or not) one step; returns how many
-    this call drove. Never raises for one ramp's trouble: it is logged and recorded as an
-    ERROR event, and the next tick tries again."""
+    """Drive every due running ramp (or only `only`, due or not) one step, and judge every
+    due paused one (_guard_paused); returns how many this call took. Never raises for one
+    ramp's trouble: it is logged and recorded as an ERROR event, and the next tick tries
+    again."""
     now = now or timezone.now()
     owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-    due = Ramp.objects.filter(free, state=Ramp.State.RUNNING)
+    due = Ramp.objects.filter(free, state__in=ACTIVE_STATES)
     due = due.filter(pk=only) if only is not None else due.filter(next_check_at__lte=now)
     driven = 0
     for pk in list(due.order_by("next_check_at").values_list("pk", flat=True)):
         lease = now + timedelta(seconds=settings.RAMP_LEASE_S)
-        if not Ramp.objects.filter(free, pk=pk, state=Ramp.State.RUNNING).update(
+        if not Ramp.objects.filter(free, pk=pk, state__in=ACTIVE_STATES).update(
                 lease_owner=owner, lease_until=lease):
             continue  # another controller holds it
         driven += 1
         try:
-            _drive(Ramp.objects.select_related("route__primary_pool", "pool", "plan")
-                   .get(pk=pk), now=now, owner=owner)
+            ramp = (Ramp.objects.select_related("route__primary_pool", "pool", "plan")
+                    .get(pk=pk))
+            if ramp.state == Ramp.State.PAUSED:
+                _guard_paused(ramp, now=now)
+            else:
+                _drive(ramp, now=now, owner=owner)
         except Exception as exc:  # one ramp's trouble must not stop the others
             log.exception("ramp %s: tick failed", pk)
             record_error(pk, exc)
@@ -159,6 +164,32 @@ def _drive(ramp: Ramp, *, now: datetime, owner: str) -> None:
                                             + " ".join(whole.reasons),
                    numbers=whole.numbers, evidence_id=evidence)
         _next(ramp, route, now=now, skipped=False)
+
+
+def _guard_paused(ramp: Ramp, *, now: datetime) -> None:
+    """A paused ramp's pool keeps the weight it had, so the guard keeps judging it (as Argo
+    Rollouts' background analysis runs through a pause): checks that fail `failure_threshold`
+    times in a row roll it back, paused or not. Nothing else is recorded while it waits for a
+    person: no step, no pass, no routine check."""
+    route = Route.objects.select_related("primary_pool").get(pk=ramp.route_id)
+    judgement = _judge(ramp, route, since=now - timedelta(seconds=ramp.window_s), now=now)
+    if judgement.decision != guard.FAIL:
+        if ramp.consecutive_failures and judgement.decision != guard.WAIT:
+            Ramp.objects.filter(pk=ramp.pk, state=Ramp.State.PAUSED).update(
+                consecutive_failures=0)
+        return
+    failures = ramp.consecutive_failures + 1
+    Ramp.objects.filter(pk=ramp.pk, state=Ramp.State.PAUSED).update(
+        consecutive_failures=failures)
+    ramp.consecutive_failures = failures
+    message = (f"Check failed while paused ({failures} of {ramp.failure_threshold} in a "
+               f"row): " + " ".join(judgement.reasons))
+    if failures >= ramp.failure_threshold:
+        _rollback(ramp, judgement, message, state=Ramp.State.PAUSED)
+        return
+    with transaction.atomic():
+        if _still_running(ramp, state=Ramp.State.PAUSED):
+            _event(ramp, Kind.FAIL, message=message, numbers=judgement.numbers)
 
 
 def _next(ramp: Ramp, route: Route, *, now: datetime, skipped: bool) -> None:
@@ -234,12 +265,13 @@ def _manual_change(ramp: Ramp, route: Route) -> None:
                revision_number=route.revision_number)
 
 
-def _rollback(ramp: Ramp, judgement: guard.Judgement, message: str) -> None:
+def _rollback(ramp: Ramp, judgement: guard.Judgement, message: str,
+              state: str = Ramp.State.RUNNING) -> None:
     from fleetctl.traffic import push
 
     system = Actor.for_system(f"ramp-{ramp.pk}")
     with transaction.atomic():
-        if not _still_running(ramp):
+        if not _still_running(ramp, state=state):
             return
         evidence = _evidence(ramp, judgement, decision=guard.FAIL)
         _event(ramp, Kind.FAIL, actor=system, message=message, numbers=judgement.numbers,
@@ -257,14 +289,14 @@ def _rollback(ramp: Ramp, judgement: guard.Judgement, message: str) -> None:
         push.drain_push_now(drain)
 
 
-def _still_running(ramp: Ramp) -> bool:
-    """Lock the ramp's row (inside the caller's transaction) and say whether it still runs at
-    the step this driver read. A drive that outlived its lease (a slow database, a stalled
-    worker) may meet a second controller driving the same step; whichever writes second sees
-    the step moved on and does nothing, rather than judging the hold again and pausing the
-    ramp on the revision the first one set."""
+def _still_running(ramp: Ramp, state: str = Ramp.State.RUNNING) -> bool:
+    """Lock the ramp's row (inside the caller's transaction) and say whether it is still in
+    `state` (running, unless said) at the step this driver read. A drive that outlived its
+    lease (a slow database, a stalled worker) may meet a second controller driving the same
+    step; whichever writes second sees the step moved on and does nothing, rather than
+    judging the hold again and pausing the ramp on the revision the first one set."""
     at_step = Ramp.objects.select_for_update().filter(
-        pk=ramp.pk, state=Ramp.State.RUNNING, step_index=ramp.step_index)
+        pk=ramp.pk, state=state, step_index=ramp.step_index)
     if ramp.step_started_at is None:
         return at_step.filter(step_started_at__isnull=True).exists()
     return at_step.filter(step_started_at=ramp.step_started_at).exists()
