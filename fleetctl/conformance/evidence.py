@@ -24,6 +24,7 @@ DATA_SCHEMA: dict[str, Any] = {
                    "additionalProperties": {"type": "integer", "minimum": 0}},
         "failing": {"type": "array", "items": {"type": "string"}},
         "required_failing": {"type": "array", "items": {"type": "string"}},
+        "required_skipped": {"type": "array", "items": {"type": "string"}},
         "cases": {"type": "object", "additionalProperties": {
             "enum": ["pass", "fail", "skip", "error"]}},
         "primary": {"type": ["string", "null"]},

@@ -9,8 +9,9 @@ A worker that dies leaves the rows it wrote: a redelivered task resumes the run 
 (skipping what is stored) and the reaper (beat, every minute) fails a run whose heartbeat
 stopped, so no run stays "running".
 
-Verdict: fail when a required case fails (or could not be judged) on the pool under test;
-warn when only optional ones do; pass otherwise.
+Verdict: fail when a required case fails (or errs) on the pool under test; warn when only
+optional ones do, or a required one was skipped (parity with no reference pool: a warn is
+approvable only with a written reason); pass otherwise. The summary names the reference.
 """
 
 from __future__ import annotations
@@ -214,16 +215,23 @@ def summarise(run: ConformanceRun) -> tuple[str, str, dict[str, int], dict[str, 
     failing = [i for i in items if i["status"] in (suite.FAIL, suite.ERROR)]
     hard = [i for i in failing if i["required"]]
     soft = [i for i in failing if not i["required"]]
-    verdict = "fail" if hard else "warn" if soft else "pass"
+    # A required case that was not judged (parity with no reference pool to compare with)
+    # proves nothing either way: the probe cannot pass, and a person accepts it or not.
+    unjudged = [i for i in items if i["status"] == suite.SKIP and i["required"]]
+    verdict = "fail" if hard else "warn" if soft or unjudged else "pass"
     parts = [f"{counts[suite.PASS]} of {judged} cases pass"]
     if hard:
         parts.append("required failing: " + ", ".join(_phrase(i) for i in hard))
     if soft:
         parts.append("optional failing: " + ", ".join(_phrase(i) for i in soft))
+    if unjudged:
+        parts.append("required but not judged: " + ", ".join(_phrase(i) for i in unjudged))
     if counts[suite.SKIP]:
         parts.append(f"{counts[suite.SKIP]} skipped")
+    parts.append(f"reference {run.primary.name}" if run.primary else "no reference pool")
     data = {"run": run.pk, "counts": counts, "failing": [i["key"] for i in failing],
             "required_failing": [i["key"] for i in hard],
+            "required_skipped": [i["key"] for i in unjudged],
             "cases": {i["key"]: i["status"] for i in items},
             "primary": run.primary.name if run.primary else None,
             "endpoints": list(run.pool.base_urls), "model": run.model_id}

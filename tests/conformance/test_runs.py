@@ -165,7 +165,13 @@ def test_a_run_whose_worker_died_is_resumed_from_its_rows_or_failed(db, sim_pool
     # The reaper would fail it; a redelivered task takes it over first and resumes it.
     services.run_execute(run_id=run.pk)
     run.refresh_from_db()
-    assert (run.status, run.verdict) == ("complete", "pass"), run.error
+    # Every case passes, but with no reference pool the required parity case was not
+    # judged: a warn (approvable only with a reason), never a pass.
+    assert (run.status, run.verdict) == ("complete", "warn"), run.error
+    assert "required but not judged: prompt-token parity" in run.summary, run.summary
+    assert run.summary.endswith("no reference pool")
+    assert Evidence.objects.get(pk=run.evidence_id).data["required_skipped"] == [
+        "parity.prompt_tokens"]
     kept = ConformanceCase.objects.get(run=run, key="chat.basic")
     assert kept.got == "kept"
     assert ConformanceCase.objects.filter(run=run).count() == len(services.cases_for(run))
