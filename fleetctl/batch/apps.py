@@ -16,15 +16,18 @@ class BatchConfig(AppConfig):
     def ready(self) -> None:
         from fleetctl.batch.evidence import register
         from fleetctl.batch.soak import cost_rejudge
+        from fleetctl.batch.stage_moves import pause_jobs_the_stage_no_longer_allows
         from fleetctl.core.panels import Panel, register_panel
         from migrations_plan.panels import PLAN_PANELS
-        from migrations_plan.services import PREDICTION_HOOKS
+        from migrations_plan.services import PREDICTION_HOOKS, STAGE_MOVE_HOOKS
 
         register()
         register_panel(Panel(PLAN_PANELS, "batch/_plan_panel.html", order=30,
                              when=_plan_in_stage_3_or_later))
         if cost_rejudge not in PREDICTION_HOOKS:
             PREDICTION_HOOKS.append(cost_rejudge)
+        if pause_jobs_the_stage_no_longer_allows not in STAGE_MOVE_HOOKS:
+            STAGE_MOVE_HOOKS.append(pause_jobs_the_stage_no_longer_allows)
 
 
 def _plan_in_stage_3_or_later(context: Any) -> bool:

@@ -324,6 +324,9 @@ def job_resume(*, actor: Actor, job: BatchJob, reason: str) -> BatchJob:
             raise ConflictError(f"Job {locked.pk}'s completion window ended at "
                                 f"{locked.expires_at:%Y-%m-%d %H:%M:%S} UTC; it will expire, "
                                 f"not resume. Submit the file again.")
+        refusal = _target_refusal(locked.pool)  # a plan sent back below stage 3 meanwhile
+        if refusal is not None:
+            raise ConflictError(f"Job {locked.pk} cannot resume: {refusal}")
         target = BatchJob.State.RUNNING if locked.started_at else BatchJob.State.QUEUED
         locked.state, locked.state_reason = target, ""
         locked.save(update_fields=["state", "state_reason"])

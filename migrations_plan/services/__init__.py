@@ -10,7 +10,7 @@ rehearsals) hold what a person does; `worker` what the evidence jobs and beat ta
 
 from __future__ import annotations
 
-from migrations_plan.services._shared import PREDICTION_FIELDS
+from migrations_plan.services._shared import PREDICTION_FIELDS, STAGE_MOVE_HOOKS
 from migrations_plan.services.plans import (
     CHECK_FIELDS,
     EDITABLE_FIELDS,
@@ -45,6 +45,7 @@ __all__ = [
     "PLAN_FIELDS",
     "PREDICTION_FIELDS",
     "PREDICTION_HOOKS",
+    "STAGE_MOVE_HOOKS",
     "abandon",
     "advance",
     "approve",

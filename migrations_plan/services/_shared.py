@@ -5,7 +5,7 @@ pushing the drains a move made, and storing evidence."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -121,6 +121,12 @@ def _void_approval(approval: Approval, *, plan: Plan, at: datetime, why: str,
                          f"{approval.stage} voided: {why}", after={"approval": approval.pk})
 
 
+# Called with (plan, move) in a stage move's transaction, after it is recorded: the batch app
+# pauses the candidate's jobs that the plan's new stage no longer allows (fleetctl/batch/
+# stage_moves.py). Plans cannot import batch (the layers), hence a hook.
+STAGE_MOVE_HOOKS: list[Callable[[Plan, StageMove], object]] = []
+
+
 def _move(*, actor: Actor, plan: Plan, to_state: str, kind: str, reason: str,
           gate: ev.GateEvaluation | None = None, approvals: list[Approval] | None = None,
           drains: list[Drain] | None = None) -> StageMove:
@@ -153,6 +159,8 @@ def _move(*, actor: Actor, plan: Plan, to_state: str, kind: str, reason: str,
                "drains": [d.pk for d in drains or []]})
     if plan.stage == 3 and from_stage != 3:
         _record_prediction(actor=actor, plan=plan)
+    for hook in STAGE_MOVE_HOOKS:
+        hook(plan, move)
     notify("gate.changed", {
         "plan": plan.name, "kind": kind, "from_state": from_state, "to_state": to_state,
         "stage": plan.stage, "by": actor.label, "reason": reason,

@@ -143,6 +143,38 @@ def test_the_stage_rule_refuses_a_candidate_below_stage_3_and_the_job_joins_its_
     assert make_job(system, world.primary, n=3, tmp_path=tmp_path).plan_id == plan.pk
 
 
+def test_a_plan_sent_back_below_stage_3_pauses_its_candidates_jobs_and_says_why(
+        world: World, tmp_path, system):  # noqa: F811
+    from migrations_plan import services as plans
+
+    plan = walk_to(world, world.plan(), 3)
+    queued = make_job(system, world.candidate, n=3, tmp_path=tmp_path)
+    running = make_job(system, world.candidate, n=3, tmp_path=tmp_path)
+    BatchJob.objects.filter(pk=running.pk).update(state="running")
+    baseline = make_job(system, world.primary, n=3, tmp_path=tmp_path)
+    # A pause at stage 3 keeps the candidate's batch work going (it proved stage 2).
+    plan = plans.pause(actor=world.actor("oncall"), plan=plan, reason="look at the p95")
+    plan = plans.resume(actor=world.actor("lead"), plan=plan, reason="p95 fine")
+    assert {j.state for j in BatchJob.objects.filter(pool=world.candidate)} == {
+        "queued", "running"}
+
+    plans.regress(actor=world.actor("lead"), plan=plan, to_stage=2, reason="shadow regressed")
+
+    for job in (queued, running):
+        job.refresh_from_db()
+        assert job.state == "paused"
+        assert "moved from stage-3 to stage-2" in job.state_reason
+        assert "shadow regressed" in job.state_reason and "need stage 3" in job.state_reason
+        event = BatchJobEvent.objects.filter(job=job, kind="paused").get()
+        assert event.actor == f"system:plan-{plan.name}" and not event.manual
+        assert AuditEvent.objects.filter(action="batch.job_pause", object_id=str(job.pk),
+                                         actor=f"system:plan-{plan.name}").exists()
+    baseline.refresh_from_db()
+    assert baseline.state == "queued"  # the primary's job is not the rule's business
+    with pytest.raises(ConflictError, match="need stage 3"):
+        services.job_resume(actor=system, job=queued, reason="try anyway")
+
+
 def test_a_pool_in_no_plan_runs_jobs_without_one(sim_pool, tmp_path, system):
     assert make_job(system, sim_pool, n=2, tmp_path=tmp_path).plan is None
 
