@@ -10,7 +10,7 @@ under a statement timeout, so a scrape fails instead of hanging.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +27,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from fleetctl.core.api.renderers import PassThroughRenderer
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic.gateways.base import TOTAL_WEIGHT
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, Route
@@ -257,16 +258,12 @@ def render_metrics() -> bytes:
 
 # --- the endpoint ---------------------------------------------------------------------------
 
-class PrometheusTextRenderer(renderers.BaseRenderer):
+class PrometheusTextRenderer(PassThroughRenderer):
     """Passes the exposition text through; error bodies are switched to JSON by the view."""
 
     media_type = "text/plain"
     format = "prometheus"
     charset = "utf-8"
-
-    def render(self, data: Any, accepted_media_type: str | None = None,
-               renderer_context: Mapping[str, Any] | None = None) -> Any:
-        return data
 
 
 class OnlyRepresentation(BaseContentNegotiation):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -120,15 +119,13 @@ def print_job(job: dict[str, Any]) -> None:
 def _follow(client: ApiClient, job: dict[str, Any], quiet: bool) -> dict[str, Any]:
     """Poll until the job is no longer queued or running, printing its progress."""
     last = ""
-    while True:
+    for job in client.polled(job, f"{JOBS}{job['id']}/", lambda job: job["state"] in ACTIVE,
+                             FOLLOW_EVERY_S):
         line = progress_line(job)
         if not quiet and line != last:
             print(line, file=sys.stderr, flush=True)
         last = line
-        if job["state"] not in ACTIVE:
-            return job
-        time.sleep(FOLLOW_EVERY_S)
-        job = client.get(f"{JOBS}{job['id']}/")
+    return job
 
 
 def _ended(job: dict[str, Any], as_json: bool) -> int:

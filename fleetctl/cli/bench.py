@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -137,13 +136,12 @@ def follow(client: ApiClient, run: dict[str, Any], quiet: bool, every_s: float =
     """Poll the run, rewriting one progress line on a terminal, until it ends."""
     tty = sys.stderr.isatty()
     last = ""
-    while run["status"] in ACTIVE:
+    for run in client.polled(run, f"/api/v1/bench/runs/{run['id']}/",
+                             lambda run: run["status"] in ACTIVE, every_s):
         line = progress_line(run)
-        if not quiet and (tty or line != last):
+        if not quiet and run["status"] in ACTIVE and (tty or line != last):
             print(line.ljust(78), end="\r" if tty else "\n", file=sys.stderr, flush=True)
             last = line
-        time.sleep(every_s)
-        run = client.get(f"/api/v1/bench/runs/{run['id']}/")
     if not quiet:
         print(progress_line(run).ljust(78), file=sys.stderr)
     return run

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -120,6 +121,17 @@ class ApiClient:
             if not body.get("next") or (limit is not None and len(rows) >= limit):
                 return rows[:limit] if limit is not None else rows
             page += 1
+
+    def polled(self, item: dict[str, Any], path: str, running: Callable[[dict[str, Any]], bool],
+               every_s: float, sleep: Callable[[float], None] | None = None,
+               ) -> Iterator[dict[str, Any]]:
+        """`item` (a run, a job, a ramp), then `item` read again from `path` every `every_s`
+        while `running(item)`: the last one yielded has ended."""
+        yield item
+        while running(item):
+            (sleep or time.sleep)(every_s)
+            item = self.get(path)
+            yield item
 
     def _decode(self, response: httpx.Response) -> Any:
         try:

@@ -11,7 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 from fleetctl.cli.client import ApiClient, CliError
-from fleetctl.cli.output import print_fields, print_json, print_table, row_limit
+from fleetctl.cli.output import (
+    checked_number,
+    print_fields,
+    print_json,
+    print_table,
+    row_limit,
+)
 
 STATUSES = ("queued", "running", "complete", "failed", "cancelled")
 VERDICTS = ("pass", "warn", "fail")
@@ -132,14 +138,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_id(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a run id (a whole number)") from exc
-    if number < 1:
-        raise argparse.ArgumentTypeError("run ids start at 1")
-    return number
+_run_id = checked_number(int, lambda number: number >= 1,
+                         not_a_number="{value!r} is not a run id (a whole number)",
+                         refused="run ids start at 1")
 
 
 def add_commands(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:

@@ -127,17 +127,15 @@ def follow(client: ApiClient, run: dict[str, Any], quiet: bool, every_s: float =
     on a terminal)."""
     tty = sys.stderr.isatty()
     last = ""
-    while True:
+    for run in client.polled(run, f"{RUNS}{run['id']}/", lambda run: run["status"] in ACTIVE,
+                             every_s, sleep):
         line = progress_line(run)
         if not quiet and line != last:
             print(line.ljust(78), end="\r" if tty else "\n", file=sys.stderr, flush=True)
             last = line
-        if run["status"] not in ACTIVE:
-            if not quiet and tty:
-                print(file=sys.stderr)
-            return run
-        sleep(every_s)
-        run = client.get(f"{RUNS}{run['id']}/")
+    if not quiet and tty:
+        print(file=sys.stderr)
+    return run
 
 
 def _summary_fields(run: dict[str, Any]) -> list[tuple[str, Any]]:

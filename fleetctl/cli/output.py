@@ -7,43 +7,39 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
-def row_limit(value: str) -> int:
-    """A `--limit` flag: how many rows to print, 1 to 10000."""
-    try:
-        number = int(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from exc
-    if not 1 <= number <= 10000:
-        raise argparse.ArgumentTypeError("choose between 1 and 10000")
-    return number
-
-
-def non_negative(kind: type) -> Any:
-    """An argparse type: a number of `kind` (int, float), zero or more."""
+def checked_number(kind: Callable[[str], Any], accept: Callable[[Any], bool], *,
+                   not_a_number: str, refused: str) -> Callable[[str], Any]:
+    """An argparse type: `kind(value)` (int, float) that `accept` holds true of. The messages
+    are templates of `value`, the text given (e.g. "{value!r} is not a number")."""
     def parse(value: str) -> Any:
         try:
             number = kind(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-        if number < 0:
-            raise argparse.ArgumentTypeError("must not be negative")
+            raise argparse.ArgumentTypeError(not_a_number.format(value=value)) from None
+        if not accept(number):
+            raise argparse.ArgumentTypeError(refused.format(value=value))
         return number
 
     return parse
+
+
+# A `--limit` flag: how many rows to print, 1 to 10000.
+row_limit: Callable[[str], int] = checked_number(
+    int, lambda number: 1 <= number <= 10000,
+    not_a_number="{value!r} is not a whole number", refused="choose between 1 and 10000")
+
+
+def non_negative(kind: type) -> Any:
+    """An argparse type: a number of `kind` (int, float), zero or more."""
+    return checked_number(kind, lambda number: not number < 0,
+                          not_a_number="{value!r} is not a number", refused="must not be negative")
 
 
 def number_in(low: float, high: float, hint: str) -> Callable[[str], float]:
     """An argparse type: a number from `low` to `high`; `hint` says what to give instead."""
-    def parse(value: str) -> float:
-        try:
-            number = float(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-        if not low <= number <= high:  # NaN fails too
-            raise argparse.ArgumentTypeError(f"{value!r}: {hint}")
-        return number
-
-    return parse
+    hint = hint.replace("{", "{{").replace("}", "}}")
+    return checked_number(float, lambda number: low <= number <= high,  # NaN fails too
+                          not_a_number="{value!r} is not a number", refused="{value!r}: " + hint)
 
 
 def print_json(data: Any) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 from fleetctl.cli import traffic
@@ -122,16 +121,14 @@ def print_ramp(ramp: dict[str, Any]) -> None:
 def _follow(client: ApiClient, ramp: dict[str, Any], quiet: bool) -> dict[str, Any]:
     """Print each new event until the ramp is no longer running."""
     seen = 0
-    while True:
+    for ramp in client.polled(ramp, f"/api/v1/ramps/{ramp['id']}/",
+                              lambda ramp: ramp["state"] == "running", FOLLOW_EVERY_S):
         events = ramp.get("events", [])
         if not quiet:
             for event in events[seen:]:
                 print(_event_line(event), file=sys.stderr, flush=True)
         seen = len(events)
-        if ramp["state"] != "running":
-            return ramp
-        time.sleep(FOLLOW_EVERY_S)
-        ramp = client.get(f"/api/v1/ramps/{ramp['id']}/")
+    return ramp
 
 
 def _ended(ramp: dict[str, Any], as_json: bool) -> int:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fleetctl.cli.client import ApiClient
-from fleetctl.cli.output import print_table, show_answer
+from fleetctl.cli.output import checked_number, print_table, show_answer
 
 # (label, key in a pool's figures, unit)
 FIGURES = (("error rate", "error_rate", "rate"), ("TTFT p50", "ttft_p50", "ms"),
@@ -69,14 +69,9 @@ def cmd_telemetry(args: argparse.Namespace) -> int:
     return 0
 
 
-def _window(value: str) -> int:
-    try:
-        seconds = int(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{value!r} is not whole seconds") from exc
-    if not 10 <= seconds <= 86400:
-        raise argparse.ArgumentTypeError("choose between 10 and 86400 seconds")
-    return seconds
+_window = checked_number(int, lambda seconds: 10 <= seconds <= 86400,
+                         not_a_number="{value!r} is not whole seconds",
+                         refused="choose between 10 and 86400 seconds")
 
 
 def add_commands(sub: Any, common: Any) -> None:

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from fleetctl.cli.client import ApiClient, CliError
-from fleetctl.cli.output import print_fields, print_json, print_table
+from fleetctl.cli.output import checked_number, print_fields, print_json, print_table
 
 TERMINAL = ("complete", "failed")
 
@@ -185,14 +185,9 @@ def cmd_drains(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from exc
-    if not 0 < seconds <= 3600:
-        raise argparse.ArgumentTypeError("choose between 0 and 3600 seconds")
-    return seconds
+_positive_seconds = checked_number(float, lambda seconds: 0 < seconds <= 3600,
+                                  not_a_number="{value!r} is not a number of seconds",
+                                  refused="choose between 0 and 3600 seconds")
 
 
 def split_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:

@@ -263,17 +263,7 @@ def objects(lines: Iterable[bytes | str], errors: LineErrors, *,
     The caller validates each value, adds its own problems to `errors`, and calls
     `errors.finish(count, empty=...)` at the end.
     """
-    loads, limit = fast_loads, MAX_LINE_BYTES
-    reader, finish = line_reader(lines)
-    for lineno, raw in enumerate(reader, 1):
-        if len(raw) > limit:
-            raw = finish(raw)
-        try:
-            value = loads(raw)
-        except (ValueError, TypeError, RecursionError):
-            value = retry(lineno, raw, errors, allow_nan=allow_nan)
-            if value is SKIP:
-                continue
+    for lineno, raw, value in decoded_lines(lines, errors, allow_nan=allow_nan):
         if line_too_deep(raw, value):
             errors.add(lineno, DEPTH_MESSAGE)
             continue
@@ -285,6 +275,26 @@ def objects(lines: Iterable[bytes | str], errors: LineErrors, *,
                                    "write a smaller number, or a string")
             continue
         yield lineno, value
+
+
+def decoded_lines(lines: Iterable[bytes | str], errors: LineErrors, *,
+                  loads: Callable[[Any], Any] | None = None,
+                  allow_nan: bool = True) -> Iterator[tuple[int, bytes | str | Overlong, Any]]:
+    """(line number, raw line, decoded value) for every non-blank line that `loads` (default:
+    fast_loads) or, failing it, `retry` decodes; a line neither does is in `errors`. The
+    streamed reading under objects() and the trace parsers, which check the values."""
+    loads = loads or fast_loads
+    reader, finish = line_reader(lines)
+    for lineno, raw in enumerate(reader, 1):
+        if len(raw) > MAX_LINE_BYTES:
+            raw = finish(raw)
+        try:
+            value = loads(raw)
+        except (ValueError, TypeError, RecursionError):
+            value = retry(lineno, raw, errors, allow_nan=allow_nan)
+            if value is SKIP:
+                continue
+        yield lineno, raw, value
 
 
 def line_too_deep(raw: bytes | str | Overlong, value: Any) -> bool:

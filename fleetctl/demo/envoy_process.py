@@ -9,7 +9,6 @@ the directory holds.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 from pathlib import Path
 from types import TracebackType
@@ -17,6 +16,8 @@ from typing import Any
 
 from fleetctl.core.files import write_atomically
 from fleetctl.core.http import OutboundError, shared_client
+from fleetctl.demo import process
+from fleetctl.demo.process import answers
 from fleetctl.demo.readiness import wait_ready
 from fleetctl.traffic.gateways import registry
 from fleetctl.traffic.gateways.base import GatewaySpec
@@ -120,14 +121,9 @@ class EnvoyProcess:
 
     def _wait_ready(self, timeout_s: float) -> None:
         assert self.proc is not None
-
-        def live() -> bool:
-            try:
-                answer = shared_client().get(f"{self.admin_url}/ready", timeout_s=1.0)
-            except OutboundError:
-                return False
-            return answer.status_code == 200 and answer.text.strip() == "LIVE"
-
+        live = answers(lambda: shared_client().get(f"{self.admin_url}/ready", timeout_s=1.0),
+                       lambda answer: answer.status_code == 200 and answer.text.strip() == "LIVE",
+                       OutboundError)
         try:
             wait_ready(self.proc, live, what="Envoy", timeout_s=timeout_s, log=self.log_tail,
                        pause_s=0.05)
@@ -140,22 +136,11 @@ class EnvoyProcess:
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM (Envoy exits at once, closing its connections), SIGKILL if it lingers."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return process.stop(self.proc, timeout_s)
 
     def kill(self) -> None:
         """A crash: SIGKILL, no clean-up."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        process.kill(self.proc)
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_path.exists():

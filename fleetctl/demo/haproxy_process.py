@@ -12,14 +12,14 @@ telemetry ingester follows it; HAProxy's own messages (stderr) go to haproxy.log
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from fleetctl.core.ports import free_port
+from fleetctl.demo import process
+from fleetctl.demo.process import answers
 from fleetctl.demo.readiness import wait_ready
 from fleetctl.traffic.gateways.base import AdapterError, DesiredState, GatewaySpec
 from fleetctl.traffic.gateways.haproxy.adapter import parse_servers_state, runtime_command
@@ -77,15 +77,10 @@ class HAProxyProcess:
 
     def _wait_for_runtime_api(self, timeout_s: float) -> None:
         assert self.proc is not None
-
-        def answers() -> bool:
-            try:
-                runtime_command(self.gateway.admin_address, "show info", timeout_s=0.5)
-            except AdapterError:
-                return False
-            return True
-
-        wait_ready(self.proc, answers, what="haproxy's runtime API", timeout_s=timeout_s,
+        ready = answers(
+            lambda: runtime_command(self.gateway.admin_address, "show info", timeout_s=0.5),
+            lambda _: True, AdapterError)
+        wait_ready(self.proc, ready, what="haproxy's runtime API", timeout_s=timeout_s,
                    log=self.log)
 
     def reload(self, timeout_s: float = 10.0) -> float:
@@ -132,23 +127,15 @@ class HAProxyProcess:
 
     def kill(self) -> None:
         """A crash: SIGKILL to the master and its workers, nothing saved."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        for stream in (self._log, self._access_log):
-            if stream is not None:
-                stream.close()
-        self._log = self._access_log = None
+        process.kill(self.proc, group=True)
+        self._close_logs()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            # SIGTERM: hard stop of master and workers (a test wants its port back now).
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        # SIGTERM: hard stop of master and workers (a test wants its port back now).
+        process.stop(self.proc, timeout_s)
+        self._close_logs()
+
+    def _close_logs(self) -> None:
         for stream in (self._log, self._access_log):
             if stream is not None:
                 stream.close()

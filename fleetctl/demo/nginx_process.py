@@ -19,6 +19,8 @@ from typing import Any
 
 from fleetctl.core.http import OutboundError, shared_client
 from fleetctl.core.ports import free_port
+from fleetctl.demo import process
+from fleetctl.demo.process import answers
 from fleetctl.demo.readiness import wait_ready
 from fleetctl.traffic.gateways.base import DesiredState, GatewaySpec
 from fleetctl.traffic.gateways.nginx.render import NginxSettings, render_config
@@ -66,14 +68,10 @@ class NginxProcess:
 
     def _wait_until_serving(self, timeout_s: float) -> None:
         assert self.proc is not None
-
-        def serving() -> bool:
-            try:
-                answer = shared_client().get(self.settings.status_url, timeout_s=0.5)
-            except OutboundError:
-                return False
-            return answer.status_code == 200 and self.settings.pid_file.exists()
-
+        serving = answers(
+            lambda: shared_client().get(self.settings.status_url, timeout_s=0.5),
+            lambda answer: answer.status_code == 200 and self.settings.pid_file.exists(),
+            OutboundError)
         wait_ready(self.proc, serving, what="nginx", timeout_s=timeout_s, log=self.log)
 
     @property
@@ -91,11 +89,5 @@ class NginxProcess:
 
     def stop(self, timeout_s: float = 10.0, graceful: bool = False) -> None:
         """SIGTERM (fast shutdown) by default; SIGQUIT lets workers finish in-flight requests."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGQUIT if graceful else signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        process.stop(self.proc, timeout_s, signum=signal.SIGQUIT if graceful else signal.SIGTERM,
+                     group=True)

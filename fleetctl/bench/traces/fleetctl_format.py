@@ -24,7 +24,7 @@ from fleetctl.bench.traces.request import (
     _build_validated,
     request_problem,
 )
-from fleetctl.core.jsonl import MAX_LINE_BYTES, SKIP, line_reader, retry
+from fleetctl.core.jsonl import decoded_lines
 from fleetctl.core.jsonl import show as _show
 
 
@@ -42,20 +42,11 @@ def _fleetctl_requests(lines: Iterable[bytes | str], stream: TraceStream, errors
                        max_requests: int) -> Iterator[TraceRequest]:
     # The hot loop of every upload: locals instead of globals, and the common line (valid
     # counts, few keys) decided with a handful of comparisons before any function call.
-    loads, check, build = reading._fast_loads, request_problem, _build_validated
+    check, build = request_problem, _build_validated
     inf, top, group_chars = math.inf, MAX_TOKENS, MAX_GROUP_ID_CHARS
     keys, classes = REQUEST_KEYS, LATENCY_CLASSES
     count, prev_arrival, prev_line, first = 0, 0.0, 0, True
-    reader, finish = line_reader(lines)
-    for lineno, raw in enumerate(reader, 1):
-        if len(raw) > MAX_LINE_BYTES:
-            raw = finish(raw)
-        try:
-            obj = loads(raw)
-        except (ValueError, TypeError):
-            obj = retry(lineno, raw, errors)
-            if obj is SKIP:
-                continue
+    for lineno, _raw, obj in decoded_lines(lines, errors, loads=reading._fast_loads):
         try:
             pt, ct, at = obj["prompt_tokens"], obj["completion_tokens"], obj["arrival_s"]
         except (KeyError, TypeError, IndexError):

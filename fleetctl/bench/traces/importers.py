@@ -19,7 +19,7 @@ from fleetctl.bench.traces.reading import (
 )
 from fleetctl.bench.traces.request import TraceError, TraceRequest
 from fleetctl.core import jsonl
-from fleetctl.core.jsonl import MAX_LINE_BYTES, SKIP, decoded, line_reader, retry
+from fleetctl.core.jsonl import MAX_LINE_BYTES, decoded, line_reader
 from fleetctl.core.jsonl import show as _show
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -37,26 +37,32 @@ def parse_mooncake(lines: Iterable[bytes | str], *, max_errors: int = 20,
     if type(block_tokens) is not int or block_tokens < 1:
         raise ValueError(f"block_tokens must be a positive integer, got {block_tokens!r}")
     stream = TraceStream("mooncake")
-    stream._requests = _mooncake_requests(lines, _Errors(max_errors), max_requests, block_tokens)
+    errors = _Errors(max_errors)
+    stream._requests = _counted(_mooncake_requests(lines, errors, block_tokens), errors,
+                                max_requests)
     return stream
 
 
-def _mooncake_requests(lines: Iterable[bytes | str], errors: _Errors, max_requests: int,
-                       block_tokens: int) -> Iterator[TraceRequest]:
+def _counted(requests: Iterator[tuple[int, TraceRequest | None]], errors: _Errors,
+             max_requests: int) -> Iterator[TraceRequest]:
+    """The requests (line number, request; None for a bad line) while no line is bad, each
+    counted against `max_requests`; the trace's end checked once they are read."""
+    count = 0
+    for lineno, request in requests:
+        if request is None:
+            continue
+        count = errors.counted(lineno, count, max_requests)
+        if not errors:
+            yield request
+    errors.finish(count)
+
+
+def _mooncake_requests(lines: Iterable[bytes | str], errors: _Errors,
+                       block_tokens: int) -> Iterator[tuple[int, TraceRequest | None]]:
     # first hash id -> the group's first request's hash ids, oldest group first
     groups: OrderedDict[int, list[int]] = OrderedDict()
-    count, first_ms, prev_ms, prev_line = 0, None, 0.0, 0
-    loads = reading._fast_loads
-    reader, finish = line_reader(lines)
-    for lineno, raw in enumerate(reader, 1):
-        if len(raw) > MAX_LINE_BYTES:
-            raw = finish(raw)
-        try:
-            obj = loads(raw)
-        except (ValueError, TypeError):
-            obj = retry(lineno, raw, errors)
-            if obj is SKIP:
-                continue
+    first_ms, prev_ms, prev_line = None, 0.0, 0
+    for lineno, _raw, obj in jsonl.decoded_lines(lines, errors, loads=reading._fast_loads):
         problem, ms = _mooncake_problem(obj)
         if problem:
             errors.add(lineno, problem)
@@ -74,12 +80,7 @@ def _mooncake_requests(lines: Iterable[bytes | str], errors: _Errors, max_reques
                             completion_tokens=obj["output_length"],
                             arrival_s=round((ms - first_ms) / 1000, 6),
                             prefix_group=group, prefix_tokens=prefix)
-        if request is None:
-            continue
-        count = errors.counted(lineno, count, max_requests)
-        if not errors:
-            yield request
-    errors.finish(count)
+        yield lineno, request
 
 
 def _mooncake_problem(obj: object) -> tuple[str | None, float]:
@@ -132,14 +133,15 @@ def parse_azure_csv(lines: Iterable[bytes | str], *, max_errors: int = 20,
     TIMESTAMP,ContextTokens,GeneratedTokens. Arrival is relative to the first row."""
     _check_limits(max_errors, max_requests)
     stream = TraceStream("azure-csv")
-    stream._requests = _azure_requests(lines, _Errors(max_errors), max_requests)
+    errors = _Errors(max_errors)
+    stream._requests = _counted(_azure_requests(lines, errors), errors, max_requests)
     return stream
 
 
-def _azure_requests(lines: Iterable[bytes | str], errors: _Errors,
-                    max_requests: int) -> Iterator[TraceRequest]:
+def _azure_requests(lines: Iterable[bytes | str],
+                    errors: _Errors) -> Iterator[tuple[int, TraceRequest | None]]:
     minutes: _Minutes = {}
-    count, header_seen, origin, prev, prev_line = 0, False, None, 0.0, 0
+    header_seen, origin, prev, prev_line = False, None, 0.0, 0
     reader, finish = line_reader(lines)
     for lineno, raw in enumerate(reader, 1):
         if len(raw) > MAX_LINE_BYTES:
@@ -174,12 +176,7 @@ def _azure_requests(lines: Iterable[bytes | str], errors: _Errors,
         request = _imported(errors, lineno, ("ContextTokens", "GeneratedTokens"),
                             prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                             arrival_s=arrival)
-        if request is None:
-            continue
-        count = errors.counted(lineno, count, max_requests)
-        if not errors:
-            yield request
-    errors.finish(count)
+        yield lineno, request
 
 
 def _azure_row(text: str, minutes: _Minutes) -> tuple[tuple[int, float], int, int]:

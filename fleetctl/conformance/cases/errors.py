@@ -22,6 +22,16 @@ from fleetctl.conformance.cases.registry import _json, _outcome, case
 from fleetctl.core.http import AsyncClient, OutboundError, OutboundResponse
 
 
+def _error_answer_problems(answer: OutboundResponse, status: int, body: Any) -> list[str]:
+    """What keeps `answer` from being an HTTP `status` with an OpenAI error object `body`."""
+    problems = []
+    if answer.status_code != status:
+        problems.append(f"HTTP {answer.status_code}")
+    if problem := _error_object_problem(body):
+        problems.append(problem)
+    return problems
+
+
 def _error_object_problem(body: Any) -> str:
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict):
@@ -42,11 +52,7 @@ def errors_malformed(probe: Probe, expected: str) -> Outcome:
     raw = b'{"model": "' + probe.model.encode() + b'", "messages": ['
     answer = probe.post("/v1/chat/completions", content=raw)
     body = _json(answer)
-    problems = []
-    if answer.status_code != 400:
-        problems.append(f"HTTP {answer.status_code}")
-    if problem := _error_object_problem(body):
-        problems.append(problem)
+    problems = _error_answer_problems(answer, 400, body)
     request = raw.decode()
     if problems:
         return _outcome(FAIL, expected, "; ".join(problems), request=request,
@@ -64,11 +70,7 @@ def errors_unknown_model(probe: Probe, expected: str) -> Outcome:
     request = {"model": UNKNOWN_MODEL, "messages": MESSAGES, "max_tokens": 4}
     answer = probe.post("/v1/chat/completions", request)
     body = _json(answer)
-    problems = []
-    if answer.status_code != 404:
-        problems.append(f"HTTP {answer.status_code}")
-    if problem := _error_object_problem(body):
-        problems.append(problem)
+    problems = _error_answer_problems(answer, 404, body)
     if problems:
         return _outcome(FAIL, expected, "; ".join(problems), request=request,
                         answer=answer)

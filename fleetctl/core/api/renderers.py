@@ -10,7 +10,16 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 
 
-class CSVRenderer(renderers.BaseRenderer):
+class PassThroughRenderer(renderers.BaseRenderer):
+    """A renderer for a body the view makes itself: it only lets the media type through
+    content negotiation and passes the body on as it is."""
+
+    def render(self, data: Any, accepted_media_type: str | None = None,
+               renderer_context: Mapping[str, Any] | None = None) -> Any:
+        return data
+
+
+class CSVRenderer(PassThroughRenderer):
     """Lets a CSV export (`…/export.csv`, `…/export/?format=csv`) through content negotiation;
     the view streams the body itself."""
 
@@ -18,15 +27,11 @@ class CSVRenderer(renderers.BaseRenderer):
     format = "csv"
     charset = "utf-8"
 
-    def render(self, data: Any, accepted_media_type: str | None = None,
-               renderer_context: Mapping[str, Any] | None = None) -> Any:
-        return data
-
 
 NDJSON = "application/x-ndjson"
 
 
-class NDJSONRenderer(renderers.BaseRenderer):
+class NDJSONRenderer(PassThroughRenderer):
     """Lets a JSONL download (an eval suite, a batch job's output and error files) through
     content negotiation for a client that asks for `application/x-ndjson`; the view answers
     the bytes itself."""
@@ -34,10 +39,6 @@ class NDJSONRenderer(renderers.BaseRenderer):
     media_type = NDJSON
     format = "jsonl"
     charset = None
-
-    def render(self, data: Any, accepted_media_type: str | None = None,
-               renderer_context: Mapping[str, Any] | None = None) -> Any:
-        return data
 
 
 class ExportFormatNegotiation:

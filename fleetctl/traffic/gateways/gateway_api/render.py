@@ -47,6 +47,7 @@ from fleetctl.traffic.gateways.gateway_api.options import (
     ServiceRef,
 )
 from fleetctl.traffic.gateways.schema import parse_options
+from fleetctl.traffic.gateways.targets import route_target
 
 GROUP = "gateway.networking.k8s.io"
 API_VERSION = f"{GROUP}/v1"
@@ -224,12 +225,7 @@ def _backend_refs(route: RouteSpec, desired: DesiredState,
                   settings: GatewayApiSettings) -> list[dict[str, Any]]:
     refs = []
     for pool, weight in sorted(route.weights.items()):
-        target = desired.pools.get(pool)
-        if target is None:
-            raise AdapterError(f"route {route.key}: pool {pool} is not declared", permanent=True)
-        if route.residency and target.jurisdiction != route.residency and weight:
-            raise AdapterError(f"route {route.key} is pinned to {route.residency}; pool {pool} "
-                               f"is in {target.jurisdiction}", permanent=True)
+        route_target(route, pool, weight, desired)
         if weight <= 0:
             continue
         service = settings.service(pool)

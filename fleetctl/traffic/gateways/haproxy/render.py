@@ -44,6 +44,7 @@ from fleetctl.traffic.gateways.base import (
 from fleetctl.traffic.gateways.haproxy.accesslog import LOG_FORMAT
 from fleetctl.traffic.gateways.haproxy.options import HAProxyOptions
 from fleetctl.traffic.gateways.schema import parse_options
+from fleetctl.traffic.gateways.targets import route_target
 
 MAX_WEIGHT = 256
 STRUCTURE_ENV = "FLEETCTL_STRUCTURE"
@@ -122,12 +123,7 @@ def _ordered(desired: DesiredState) -> list[RouteSpec]:
 
 def _servers(route: RouteSpec, desired: DesiredState) -> tuple[Server, ...]:
     for pool, weight in route.weights.items():
-        target = desired.pools.get(pool)
-        if target is None:
-            raise AdapterError(f"route {route.key}: pool {pool} is not declared", permanent=True)
-        if weight and route.residency and target.jurisdiction != route.residency:
-            raise AdapterError(f"route {route.key} is pinned to {route.residency}; pool {pool} "
-                               f"is in {target.jurisdiction}", permanent=True)
+        route_target(route, pool, weight, desired)
     eligible = sorted(name for name, pool in desired.pools.items()
                       if not route.residency or pool.jurisdiction == route.residency)
     return tuple(server for pool in eligible

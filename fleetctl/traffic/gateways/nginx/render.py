@@ -60,6 +60,7 @@ from fleetctl.traffic.gateways.base import (
 from fleetctl.traffic.gateways.nginx.accesslog import LOG_FORMAT
 from fleetctl.traffic.gateways.nginx.options import NginxOptions
 from fleetctl.traffic.gateways.schema import collector_url_problem, parse_options
+from fleetctl.traffic.gateways.targets import route_target
 
 CONF_NAME = "nginx.conf"
 REFUSE_UPSTREAM = "fleetctl-refusal"
@@ -164,12 +165,7 @@ def _pool_comments(desired: DesiredState) -> str:
 def _upstream(route: RouteSpec, desired: DesiredState) -> Upstream:
     endpoints = {}
     for pool, weight in sorted(route.weights.items()):
-        target = desired.pools.get(pool)
-        if target is None:
-            raise AdapterError(f"route {route.key}: pool {pool} is not declared", permanent=True)
-        if weight and route.residency and target.jurisdiction != route.residency:
-            raise AdapterError(f"route {route.key} is pinned to {route.residency}; pool {pool} "
-                               f"is in {target.jurisdiction}", permanent=True)
+        target = route_target(route, pool, weight, desired)
         if weight > 0:
             endpoints[pool] = [_address(pool, url) for url in target.base_urls]
     # Scale so every endpoint gets an integer share and the pools' totals stay exact.
