@@ -69,15 +69,27 @@ if TYPE_CHECKING:
     from migrations_plan.models import Evidence, GateCheck, Plan
 
 # The vocabulary and registry live in evidence_registry.py; callers read them from here.
-__all__ = ["ATTESTED", "AWAITING", "BLOCKED_LABEL", "BLOCKING", "EMPTY_DATA_SCHEMA", "EXTERNAL",
-           "FAIL", "FINGERPRINT_LABELS", "GATE_STATUSES", "INSUFFICIENT", "KINDS",
+__all__ = ["ANY_OBJECT", "ATTESTED", "AWAITING", "BLOCKED_LABEL", "BLOCKING", "EMPTY_DATA_SCHEMA",
+           "EXTERNAL", "FAIL", "FINGERPRINT_LABELS", "GATE_STATUSES", "INSUFFICIENT", "KINDS",
            "LEGACY_STATUSES", "MEASURED", "ORIGINS", "PASS", "PENDING", "REPORTED", "RULES",
            "STATUSES", "STATUS_LABELS", "STATUS_MEANINGS", "WARN", "CheckOutcome", "CheckResult",
            "EvidenceKind", "EvidenceRef", "GateEvaluation", "Param", "Rule", "RuleContext",
-           "blocks_advance", "data_problems", "duration_of", "evaluate_check", "evaluate_gate",
-           "evidence_ref", "fingerprint_change", "gate_status", "honest", "normalise_status",
-           "plan_terms", "pool_fingerprint", "register_kind", "register_rule", "reports_about",
-           "snapshot_difference", "snapshot_hash", "source_label", "status_label"]
+           "blocks_advance", "data_problems", "data_schema", "duration_of", "evaluate_check",
+           "evaluate_gate", "evidence_ref", "fingerprint_change", "gate_status", "honest",
+           "normalise_status", "plan_terms", "pool_fingerprint", "register_kind", "register_rule",
+           "reports_about", "snapshot_difference", "snapshot_hash", "source_label", "status_label"]
+
+
+# --- what an evidence row carries in `data` ---------------------------------------------------
+
+# A JSON object of any content (a sub-record of a row's `data`).
+ANY_OBJECT: dict[str, Any] = {"type": "object", "additionalProperties": True}
+
+
+def data_schema(properties: dict[str, Any]) -> dict[str, Any]:
+    """An evidence kind's `data_schema`: an object of these fields and no others. None is
+    required, so rows written before their producer recorded data (with none) still read."""
+    return {"type": "object", "additionalProperties": False, "properties": properties}
 
 
 # --- figures shown against a limit ----------------------------------------------------------

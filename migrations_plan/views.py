@@ -32,9 +32,9 @@ from fleetctl.accounts.actor import Actor
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.views import (
-    Outcome,
     button_action,
     form_action,
+    form_page,
     get_or_404,
 )
 from migrations_plan import evidence as ev
@@ -177,19 +177,12 @@ def plan_board(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def plan_create(request: HttpRequest) -> HttpResponseBase:
     form = PlanForm(request.POST if request.method == "POST" else None)
-
-    def page(done: Outcome[Plan]) -> HttpResponse:
-        return render(request, "migrations_plan/plan_form.html", {"form": form},
-                      status=done.status)
-
-    if request.method != "POST":
-        return page(Outcome())
-    return form_action(
+    return form_page(
         request, form, lambda data: services.plan_create(
             actor=actor_from_request(request), **{**data, "routes": list(data["routes"])}),
         success=lambda plan: f"Opened plan {plan.name} at stage 1 (abstraction) with the "
                              f"default gates.",
-        then=_plan_url, invalid=page, flash_refusals=True)
+        then=_plan_url, template="migrations_plan/plan_form.html", flash_refusals=True)
 
 
 # --- the plan page ---------------------------------------------------------------------------

@@ -9,16 +9,14 @@ partial, every 2 s while the run can still change.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from django import forms
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods
 
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
@@ -28,18 +26,16 @@ from fleetctl.bench.forms import RunForm, TraceGenerateForm, TraceUploadForm
 from fleetctl.bench.models import Level, Run, Trace
 from fleetctl.core.charts import figure_data, pool_colours
 from fleetctl.core.views import (
-    Outcome,
-    button_action,
     filtered_page,
-    form_action,
+    form_page,
     get_or_404,
+    page_or_block,
+    run_cancel_view,
 )
 
 LIVE_ID = "run-live"  # the block htmx re-polls on the run page
 RUNS_PAGE_SIZE = 25
 TRACES_LIMIT = 50
-
-T = TypeVar("T")
 
 
 def _trace(name: str) -> Trace:
@@ -48,21 +44,6 @@ def _trace(name: str) -> Trace:
 
 def _run(run_id: int) -> Run:
     return get_or_404(selectors.run_get, run_id=run_id, what=f"benchmark run with id {run_id}")
-
-
-def _form_page(request: HttpRequest, form: forms.BaseForm, call: Callable[[], T], *,
-               success: Callable[[T], str], then: Callable[[T], str], template: str,
-               context: Callable[[], dict[str, Any]] = dict) -> HttpResponseBase:
-    """A benchmark form's page: on a POST the service, then a message and the result's page;
-    otherwise the form again with the service's field errors (200) or the refusal as a
-    message with its status, as these pages have always answered."""
-    def page(done: Outcome[T]) -> HttpResponse:
-        return render(request, template, {"form": form, **context()}, status=done.status)
-
-    if request.method != "POST":
-        return page(Outcome())
-    return form_action(request, form, lambda _: call(), success=success, then=then,
-                       invalid=page, flash_refusals=True)
 
 
 def _trace_page(trace: Trace) -> str:
@@ -90,22 +71,23 @@ def trace_upload(request: HttpRequest) -> HttpResponseBase:
     posted = request.method == "POST"
     form = TraceUploadForm(request.POST if posted else None, request.FILES if posted else None)
     # The uploaded file object (memory or a temporary file), read line by line.
-    return _form_page(request, form, lambda: services.trace_upload(
-        actor=actor_from_request(request), name=form.cleaned_data["name"],
-        description=form.cleaned_data["description"], source=form.cleaned_data["source"],
-        fileobj=form.cleaned_data["file"]),
+    # A benchmark form's page answers the service's field errors on the form (200) and a
+    # refusal as a message with its status, as these pages have always answered.
+    return form_page(request, form, lambda data: services.trace_upload(
+        actor=actor_from_request(request), name=data["name"], description=data["description"],
+        source=data["source"], fileobj=data["file"]),
         success=lambda trace: f"Stored trace {trace.name}: {trace.requests:,} requests.",
-        then=_trace_page, template="bench/trace_upload.html")
+        then=_trace_page, template="bench/trace_upload.html", flash_refusals=True)
 
 
 @dashboard_view
 @require_http_methods(["GET", "POST"])
 def trace_generate(request: HttpRequest) -> HttpResponseBase:
     form = TraceGenerateForm(request.POST if request.method == "POST" else None)
-    return _form_page(request, form, lambda: services.trace_generate(
+    return form_page(request, form, lambda _: services.trace_generate(
         actor=actor_from_request(request), **form.service_kwargs()),
         success=lambda trace: f"Generated trace {trace.name}: {trace.requests:,} requests.",
-        then=_trace_page, template="bench/trace_generate.html")
+        then=_trace_page, template="bench/trace_generate.html", flash_refusals=True)
 
 
 @dashboard_view
@@ -135,12 +117,13 @@ def _run_initial(request: HttpRequest) -> dict[str, Any]:
 def run_create(request: HttpRequest) -> HttpResponseBase:
     form = RunForm(request.POST if request.method == "POST" else None,
                    initial=_run_initial(request))
-    return _form_page(request, form, lambda: services.run_create(
+    return form_page(request, form, lambda _: services.run_create(
         actor=actor_from_request(request), **form.service_kwargs()),
         success=lambda run: f"Started run {run.pk}; it appears below as its levels are "
                             "measured.",
         then=lambda run: reverse("bench:run-detail", kwargs={"run_id": run.pk}),
-        template="bench/run_form.html", context=lambda: {"has_traces": selectors.trace_exists()})
+        template="bench/run_form.html", context=lambda: {"has_traces": selectors.trace_exists()},
+        flash_refusals=True)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -202,18 +185,11 @@ def _run_context(run: Run) -> dict[str, Any]:
 @dashboard_view
 @require_GET
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
-    context = _run_context(_run(run_id))
-    if request.htmx.target == LIVE_ID:  # type: ignore[attr-defined]
-        return render(request, "bench/_run_live.html", context)
-    return render(request, "bench/run_detail.html", context)
+    return page_or_block(request, "bench/run_detail.html", "bench/_run_live.html",
+                         _run_context(_run(run_id)), block_id=LIVE_ID)
 
 
-@dashboard_view
-@require_POST
-def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run(run_id)
-    page = reverse("bench:run-detail", kwargs={"run_id": run.pk})
-    return button_action(
-        request, lambda: services.run_cancel(actor=actor_from_request(request), run=run),
-        success=lambda _: f"Cancelled run {run.pk}; the levels measured so far are kept.",
-        then=lambda _: page, back=page)
+run_cancel = dashboard_view(run_cancel_view(
+    _run, lambda request, run: services.run_cancel(actor=actor_from_request(request), run=run),
+    detail="bench:run-detail",
+    said=lambda run: f"Cancelled run {run.pk}; the levels measured so far are kept."))

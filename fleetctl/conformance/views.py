@@ -18,11 +18,12 @@ from fleetctl.conformance.filters import RunFilter
 from fleetctl.conformance.forms import RunForm
 from fleetctl.conformance.models import ConformanceRun
 from fleetctl.core.views import (
-    Outcome,
     button_action,
     filtered_page,
-    form_action,
+    form_page,
     get_or_404,
+    page_or_block,
+    run_cancel_view,
 )
 from migrations_plan import selectors as plans
 
@@ -52,17 +53,11 @@ def _run_page(run: ConformanceRun) -> str:
 def run_create(request: HttpRequest) -> HttpResponseBase:
     initial = {k: request.GET[k] for k in ("pool", "plan", "primary", "model") if k in request.GET}
     form = RunForm(request.POST if request.method == "POST" else None, initial=initial)
-
-    def page(done: Outcome[ConformanceRun]) -> HttpResponse:
-        return render(request, "conformance/run_form.html", {"form": form}, status=done.status)
-
-    if request.method != "POST":
-        return page(Outcome())
-    return form_action(
+    return form_page(
         request, form, lambda _: services.run_create(actor=actor_from_request(request),
                                                      **form.service_kwargs()),
         success=lambda run: f"Started conformance run {run.pk} of {run.pool.name}.",
-        then=_run_page, invalid=page, flash_refusals=True)
+        then=_run_page, template="conformance/run_form.html", flash_refusals=True)
 
 
 @dashboard_view
@@ -87,18 +82,11 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
                "progress": selectors.progress(run=run), "live_id": LIVE_ID,
                "polling": run.status in ConformanceRun.ACTIVE,
                "endpoints": list(run.pool.base_urls or [])}
-    if request.htmx.target == LIVE_ID:  # type: ignore[attr-defined]
-        return render(request, "conformance/_run_live.html", context)
-    return render(request, "conformance/run_detail.html", context)
+    return page_or_block(request, "conformance/run_detail.html", "conformance/_run_live.html",
+                         context, block_id=LIVE_ID)
 
 
-@dashboard_view
-@require_POST
-def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run(run_id)
-    page = reverse("conformance:run-detail", kwargs={"run_id": run.pk})
-    return button_action(
-        request, lambda: services.run_cancel(actor=actor_from_request(request), run=run),
-        success=lambda _: f"Cancelled conformance run {run.pk}; the cases judged so far are "
-                          "kept.",
-        then=lambda _: page, back=page)
+run_cancel = dashboard_view(run_cancel_view(
+    _run, lambda request, run: services.run_cancel(actor=actor_from_request(request), run=run),
+    detail="conformance:run-detail",
+    said=lambda run: f"Cancelled conformance run {run.pk}; the cases judged so far are kept."))

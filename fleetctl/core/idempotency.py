@@ -237,3 +237,13 @@ def object_action(*, request: Any, response: Any) -> Callable[[Callable[..., Res
                                responses={200: response})
         return schema(action(detail=True, methods=["post"])(idempotent(method)))
     return declare
+
+
+def action_body(request: Request, serializer_class: Callable[..., Any],
+                **options: Any) -> dict[str, Any]:
+    """The validated body of an API write (an object action, a create, an update):
+    `serializer_class` over the request's data (`options`, e.g. `partial=True`, passed on);
+    a body that does not validate is the API's 400 naming its fields."""
+    body = serializer_class(data=request.data, **options)
+    body.is_valid(raise_exception=True)
+    return body.validated_data  # type: ignore[no-any-return]

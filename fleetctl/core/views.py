@@ -6,8 +6,11 @@ selectors and services; this is the glue, written once:
 - `form_action(...)`: selector → form → service → message → redirect (or, for an htmx
   request, `HX-Redirect`), with the page re-rendered with the form's errors and the refusal's
   status when the form or the service says no.
+- `form_page(...)`: a page with one form: the form on a GET, `form_action` on a POST.
 - `call_service` / `call_for_form`: one service call, its refusals onto the form or a message.
 - `button_action(...)`: a write behind a button: service → message → redirect.
+- `run_cancel_view(...)`: an evidence job's run-cancel view (bench, conformance, evals).
+- `page_or_block(...)`: a page, or for htmx's poll of its live block that block alone.
 - `filtered_page(...)`: a list page's filter and page.
 - `refresh_if_changed(...)`: a polled block whose object changed state asks htmx to reload
   the page once, so the buttons offered match the state.
@@ -27,9 +30,11 @@ from django.core.exceptions import NON_FIELD_ERRORS, ObjectDoesNotExist, Validat
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseServerError, JsonResponse
 from django.http.response import HttpResponseBase
-from django.shortcuts import redirect
+from django.shortcuts import redirect, render
 from django.template import loader
+from django.urls import reverse
 from django.views import defaults
+from django.views.decorators.http import require_POST
 
 from fleetctl.core.api.errors import error_body
 from fleetctl.core.errors import DomainError, NotFoundError
@@ -131,6 +136,25 @@ def form_action(request: HttpRequest, form: forms.BaseForm,
     return invalid(done)
 
 
+def form_page(request: HttpRequest, form: forms.BaseForm, call: Callable[[dict[str, Any]], T],
+              *, template: str, success: Callable[[T], str], then: Callable[[T], str],
+              context: Callable[[], dict[str, Any]] | None = None,
+              renamed: dict[str, str] | None = None,
+              flash_refusals: bool = False) -> HttpResponseBase:
+    """A page with one form: on a GET, `template` with the form (as `form`) and `context()`;
+    on a POST, `form_action` (the service, a message and the result's page), the same page
+    again with the form's errors and the status to answer when the form or the service says
+    no. `context` is read only when the page is shown."""
+    def page(done: Outcome[T]) -> HttpResponse:
+        extra = context() if context is not None else {}
+        return render(request, template, {"form": form, **extra}, status=done.status)
+
+    if request.method != "POST":
+        return page(Outcome())
+    return form_action(request, form, call, success=success, then=then, invalid=page,
+                       renamed=renamed, flash_refusals=flash_refusals)
+
+
 def button_action(request: HttpRequest, call: Callable[[], T], *,
                   success: Callable[[T], str], then: Callable[[T], str],
                   back: str) -> HttpResponse:
@@ -143,6 +167,32 @@ def button_action(request: HttpRequest, call: Callable[[], T], *,
     result: T = done.result  # type: ignore[assignment]
     django_messages.success(request, success(result))
     return go_to(request, then(result))
+
+
+def run_cancel_view(get_run: Callable[[int], T], cancel: Callable[[HttpRequest, T], object], *,
+                    detail: str, said: Callable[[T], str]) -> Callable[..., HttpResponse]:
+    """The `run_cancel` view of an evidence job's run pages (`fleetctl.core.urls.job_run_urls`):
+    a POST cancels run `run_id` (`get_run`, then `cancel(request, run)`), says what was kept
+    (`said(run)`) and goes back to the run's page (URL name `detail`), also on a refusal.
+    The app wraps it in its guard (`dashboard_view`)."""
+
+    @require_POST
+    def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
+        run = get_run(run_id)
+        page = reverse(detail, kwargs={"run_id": run_id})
+        return button_action(request, lambda: cancel(request, run), success=lambda _: said(run),
+                             then=lambda _: page, back=page)
+
+    return run_cancel
+
+
+def page_or_block(request: HttpRequest, page: str, block: str, context: dict[str, Any], *,
+                  block_id: str) -> HttpResponse:
+    """A page whose block `block_id` htmx polls: that block's template alone when the poll
+    asks for it, the whole page otherwise, both from the same context."""
+    if request.htmx.target == block_id:  # type: ignore[attr-defined]
+        return render(request, block, context)
+    return render(request, page, context)
 
 
 def filtered_page(request: HttpRequest, filterset_class: Callable[..., Any], queryset: Any,

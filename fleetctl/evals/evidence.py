@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from migrations_plan.evidence import EvidenceKind, register_kind
+from migrations_plan.evidence import ANY_OBJECT, EvidenceKind, data_schema, register_kind
 
 KIND = "eval"
 LIVE_KIND = "live-quality"
@@ -20,35 +20,29 @@ PRODUCED_BY = ("eval runs (the plan page's \"Run the stage's eval\", fleetctl ev
 LIVE_PRODUCED_BY = ("eval runs created while the plan is in stage 4, and shadow runs judged "
                     "while the plan is in stage 4 (live traffic)")
 
-_OBJECT = {"type": "object", "additionalProperties": True}
-
-# What a run's evidence row carries in `data` (none required, so rows written before eval
-# runs existed, with no data, still read).
-DATA_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "run": {"type": "integer"},
-        "source": {"enum": ["eval", "shadow"]},
-        "stage": {"type": ["integer", "null"]},
-        "suite": {"type": "string"},
-        "suite_version": {"type": "integer"},
-        "suite_sha256": {"type": "string"},
-        "items": {"type": "integer", "minimum": 0},
-        "min_items": {"type": "integer", "minimum": 1},
-        "margin": {"type": "number"},
-        "confidence": {"type": "number"},
-        "candidate": {"type": "string"},
-        "primary": {"type": ["string", "null"]},
-        "model": {"type": "string"},
-        "pools": {"type": "object", "additionalProperties": _OBJECT},
-        "paired": _OBJECT,
-        "tags": {"type": "object", "additionalProperties": _OBJECT},
-        "fingerprints": {"type": "object", "additionalProperties": {"type": "object"}},
-        # A shadow run's live-quality row: its gated metrics' intervals.
-        "metrics": {"type": "object", "additionalProperties": _OBJECT},
-    },
-}
+# What a run's evidence row carries in `data` (rows written before eval runs existed, with
+# no data, still read).
+DATA_SCHEMA: dict[str, Any] = data_schema({
+    "run": {"type": "integer"},
+    "source": {"enum": ["eval", "shadow"]},
+    "stage": {"type": ["integer", "null"]},
+    "suite": {"type": "string"},
+    "suite_version": {"type": "integer"},
+    "suite_sha256": {"type": "string"},
+    "items": {"type": "integer", "minimum": 0},
+    "min_items": {"type": "integer", "minimum": 1},
+    "margin": {"type": "number"},
+    "confidence": {"type": "number"},
+    "candidate": {"type": "string"},
+    "primary": {"type": ["string", "null"]},
+    "model": {"type": "string"},
+    "pools": {"type": "object", "additionalProperties": ANY_OBJECT},
+    "paired": ANY_OBJECT,
+    "tags": {"type": "object", "additionalProperties": ANY_OBJECT},
+    "fingerprints": {"type": "object", "additionalProperties": {"type": "object"}},
+    # A shadow run's live-quality row: its gated metrics' intervals.
+    "metrics": {"type": "object", "additionalProperties": ANY_OBJECT},
+})
 
 
 def register() -> None:

@@ -34,10 +34,11 @@ from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
 from fleetctl.core.views import (
     Outcome,
-    button_action,
     call_for_form,
     form_action,
+    form_page,
     get_or_404,
+    run_cancel_view,
 )
 from fleetctl.evals import charts, selectors, services
 from fleetctl.evals.forms import (
@@ -311,22 +312,15 @@ def _initial(request: HttpRequest) -> dict[str, Any]:
 @dashboard_view
 @require_http_methods(["GET", "POST"])
 def run_create(request: HttpRequest) -> HttpResponseBase:
-    posted = request.method == "POST"
-    form = RunForm(request.POST if posted else None, initial=_initial(request))
-
-    def page(done: Outcome[EvalRun]) -> HttpResponse:
-        return render(request, "evals/run_new.html", {
-            "form": form, "pool_models": selectors.pool_models()}, status=done.status)
-
-    if not posted:
-        return page(Outcome())
-    return form_action(
+    form = RunForm(request.POST if request.method == "POST" else None, initial=_initial(request))
+    return form_page(
         request, form, lambda data: services.run_create(actor=actor_from_request(request),
                                                         **form.service_kwargs()),
         success=lambda run: (f"Started eval run {run.pk}: {run.suite.label} on "
                              f"{', '.join(rp.pool.name for rp in selectors.run_pools(run))}."),
         then=lambda run: reverse("evals:run-detail", kwargs={"run_id": run.pk}),
-        invalid=page, renamed=FORM_FIELDS)
+        template="evals/run_new.html", context=lambda: {"pool_models": selectors.pool_models()},
+        renamed=FORM_FIELDS)
 
 
 @dashboard_view
@@ -346,12 +340,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         **_live(run), **_diff(request, run), "evidence_url": evidence_url(run)})
 
 
-@dashboard_view
-@require_POST
-def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run(run_id)
-    page = reverse("evals:run-detail", kwargs={"run_id": run.pk})
-    return button_action(
-        request, lambda: services.run_cancel(actor=actor_from_request(request), run=run),
-        success=lambda _: f"Cancelled eval run {run.pk}; the items scored so far are kept.",
-        then=lambda _: page, back=page)
+run_cancel = dashboard_view(run_cancel_view(
+    _run, lambda request, run: services.run_cancel(actor=actor_from_request(request), run=run),
+    detail="evals:run-detail",
+    said=lambda run: f"Cancelled eval run {run.pk}; the items scored so far are kept."))

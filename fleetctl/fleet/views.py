@@ -23,16 +23,16 @@ from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
 from fleetctl.core.views import (
-    Outcome,
     call_service,
     filter_form_says_any,
     form_action,
+    form_page,
     get_or_404,
 )
 from fleetctl.fleet import charts, selectors, services
 from fleetctl.fleet.filters import PoolFilter
 from fleetctl.fleet.forms import CurrencyRateForm, PoolForm, PoolModelForm, RegionForm
-from fleetctl.fleet.models import CurrencyRate, Pool, Region
+from fleetctl.fleet.models import CurrencyRate, Pool
 
 # The ids of the overview blocks htmx refreshes; the view picks the partial by HX-Target.
 TILES_ID = "summary-tiles"
@@ -121,18 +121,11 @@ def pool_detail(request: HttpRequest, name: str) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def pool_create(request: HttpRequest) -> HttpResponseBase:
     form = PoolForm(request.POST if request.method == "POST" else None)
-
-    def page(done: Outcome[Pool]) -> HttpResponse:
-        return render(request, "fleet/pool_form.html", {"form": form, "pool": None},
-                      status=done.status)
-
-    if request.method != "POST":
-        return page(Outcome())
-    return form_action(
+    return form_page(
         request, form, lambda data: services.pool_create(actor=actor_from_request(request),
                                                          **data),
-        success=lambda pool: f"Registered pool {pool.name}.", then=_pool_url, invalid=page,
-        flash_refusals=True)
+        success=lambda pool: f"Registered pool {pool.name}.", then=_pool_url,
+        template="fleet/pool_form.html", context=lambda: {"pool": None}, flash_refusals=True)
 
 
 @dashboard_view
@@ -142,10 +135,6 @@ def pool_edit(request: HttpRequest, name: str) -> HttpResponseBase:
     form = PoolForm(request.POST if request.method == "POST" else None, pool=pool)
     stale_before = pool.cost_stale_reason
 
-    def page(done: Outcome[Pool]) -> HttpResponse:
-        return render(request, "fleet/pool_form.html", {"form": form, "pool": pool},
-                      status=done.status)
-
     def then(saved: Pool) -> str:
         # After "Saved pool …": an edit that made its cost stale says so once, here.
         stale = saved.cost_stale_reason
@@ -153,13 +142,11 @@ def pool_edit(request: HttpRequest, name: str) -> HttpResponseBase:
             messages.warning(request, f"Its cost per 1M output tokens is now stale: {stale}.")
         return _pool_url(saved)
 
-    if request.method != "POST":
-        return page(Outcome())
-    return form_action(
+    return form_page(
         request, form, lambda data: services.pool_update(actor=actor_from_request(request),
                                                          pool=pool, **data),
-        success=lambda saved: f"Saved pool {saved.name}.", then=then, invalid=page,
-        flash_refusals=True)
+        success=lambda saved: f"Saved pool {saved.name}.", then=then,
+        template="fleet/pool_form.html", context=lambda: {"pool": pool}, flash_refusals=True)
 
 
 @dashboard_view
@@ -221,17 +208,12 @@ def region_list(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def region_create(request: HttpRequest) -> HttpResponseBase:
     form = RegionForm(request.POST if request.method == "POST" else None)
-
-    def page(done: Outcome[Region]) -> HttpResponse:
-        return render(request, "fleet/region_form.html", {"form": form}, status=done.status)
-
-    if request.method != "POST":
-        return page(Outcome())
-    return form_action(
+    return form_page(
         request, form, lambda data: services.region_create(actor=actor_from_request(request),
                                                            **data),
         success=lambda region: f"Created region {region.code} ({region.jurisdiction}).",
-        then=lambda _region: reverse("fleet:region-list"), invalid=page, flash_refusals=True)
+        then=lambda _region: reverse("fleet:region-list"), template="fleet/region_form.html",
+        flash_refusals=True)
 
 
 # --- currency rates --------------------------------------------------------------------------
@@ -244,22 +226,15 @@ RATES_SHOWN = 200
 def currency_rates(request: HttpRequest) -> HttpResponseBase:
     """Dated exchange rates: the only way costs in two currencies are compared."""
     form = CurrencyRateForm(request.POST if request.method == "POST" else None)
-
-    def page(done: Outcome[CurrencyRate]) -> HttpResponse:
-        return render(request, "fleet/currency_rates.html", {
-            "form": form, "rates": selectors.currency_rate_list()[:RATES_SHOWN],
-            "rate_count": selectors.currency_rate_list().count(),
-            "audit_url": f"{reverse('audit:list')}?"
-                         f"{urlencode({'object_type': CurrencyRate._meta.label_lower})}",
-        }, status=done.status)
-
-    if request.method != "POST":
-        return page(Outcome())
-    return form_action(
+    return form_page(
         request, form, lambda data: services.currency_rate_create(
             actor=actor_from_request(request), **data),
         success=lambda rate: f"Added {rate}.", then=lambda _rate: reverse("fleet:currency-rates"),
-        invalid=page, flash_refusals=True)
+        template="fleet/currency_rates.html", flash_refusals=True, context=lambda: {
+            "rates": selectors.currency_rate_list()[:RATES_SHOWN],
+            "rate_count": selectors.currency_rate_list().count(),
+            "audit_url": f"{reverse('audit:list')}?"
+                         f"{urlencode({'object_type': CurrencyRate._meta.label_lower})}"})
 
 
 @dashboard_view

@@ -16,7 +16,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from fleetctl.core.charts import FONT, POOL_PALETTE
+from fleetctl.core.charts import POOL_PALETTE
+from fleetctl.traffic.charts import layout
 
 CANDIDATE_COLOUR = POOL_PALETTE[0]
 PRIMARY_COLOUR = POOL_PALETTE[7]
@@ -40,16 +41,6 @@ MARKERS: dict[str, tuple[str, str]] = {
 }
 # The kinds that bring the candidate's weight back to 0 %.
 TO_ZERO = ("rollback", "abort")
-
-
-def _layout(fig: go.Figure, *, title: str, height: int, **extra: Any) -> None:
-    fig.update_layout(
-        height=height, margin={"l": 56, "r": 16, "t": 40, "b": 36},
-        title={"text": title, "font": {"size": 14}},
-        plot_bgcolor="#ffffff", paper_bgcolor="#ffffff", font=FONT, **extra,
-    )
-    fig.update_xaxes(gridcolor="#e5e7eb")
-    fig.update_yaxes(gridcolor="#e5e7eb")
 
 
 def weight_points(*, start: datetime, start_percent: float, events: Sequence[Mapping[str, Any]],
@@ -102,7 +93,7 @@ def timeline_figure(*, points: Sequence[tuple[datetime, float]],
     for percent in planned:
         fig.add_hline(y=percent, line={"color": "#d1d5db", "dash": "dot", "width": 1})
     top = max([*planned, *(p[1] for p in points), 1.0])
-    _layout(fig, title=f"{pool}: weight on the route (UTC)", height=300,
+    layout(fig, title=f"{pool}: weight on the route (UTC)", height=300,
             legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.18})
     fig.update_yaxes(range=[0, top * 1.12], ticksuffix=" %", rangemode="tozero")
     return fig
@@ -153,7 +144,7 @@ def pools_figure(*, candidate: str, primary: str,
                           annotation_font={"color": SLO_COLOUR, "size": 10})
     for at, _ in steps_at:
         fig.add_vline(x=at, line={"color": "#e5e7eb", "width": 1})
-    _layout(fig, title="Candidate against primary over the ramp (UTC)", height=620,
+    layout(fig, title="Candidate against primary over the ramp (UTC)", height=620,
             legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.08})
     fig.update_yaxes(rangemode="tozero")
     fig.update_annotations(font={"size": 12})
@@ -177,7 +168,7 @@ def recent_figure(*, pool: str, rows: Sequence[Mapping[str, Any]]) -> go.Figure:
         line={"color": PRIMARY_COLOUR, "width": 1, "dash": "dot"},
         hovertemplate="%{y:.2f} requests/s at %{x|%H:%M:%S}<extra></extra>"),
         secondary_y=True)
-    _layout(fig, title=f"{pool}, last 30 min (UTC)", height=300,
+    layout(fig, title=f"{pool}, last 30 min (UTC)", height=300,
             legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.2})
     fig.update_yaxes(title_text="ms", rangemode="tozero", secondary_y=False)
     fig.update_yaxes(title_text="req/s", rangemode="tozero", secondary_y=True, showgrid=False)

@@ -7,31 +7,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from migrations_plan.evidence import EvidenceKind, register_kind
+from migrations_plan.evidence import ANY_OBJECT, EvidenceKind, data_schema, register_kind
 
 KIND = "ramp-slo"
 PRODUCED_BY = ("guarded ramps (the route page's \"Start a ramp\", fleetctl ramp start, "
                "POST /api/v1/ramps/): one row per judged hold")
 
-_OBJECT = {"type": "object", "additionalProperties": True}
-
-DATA_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "ramp": {"type": "integer"},
-        "route": {"type": "string"},
-        "step": {"type": "integer", "minimum": 0},
-        "percent": {"type": "number"},
-        "steps_total": {"type": "integer"},
-        "decision": {"enum": ["pass", "warn", "fail"]},
-        "window_s": {"type": "number"},
-        "candidate": _OBJECT,
-        "primary": _OBJECT,
-        "thresholds": _OBJECT,
-        "reasons": {"type": "array", "items": {"type": "string"}},
-    },
-}
+DATA_SCHEMA: dict[str, Any] = data_schema({
+    "ramp": {"type": "integer"},
+    "route": {"type": "string"},
+    "step": {"type": "integer", "minimum": 0},
+    "percent": {"type": "number"},
+    "steps_total": {"type": "integer"},
+    "decision": {"enum": ["pass", "warn", "fail"]},
+    "window_s": {"type": "number"},
+    "candidate": ANY_OBJECT,
+    "primary": ANY_OBJECT,
+    "thresholds": ANY_OBJECT,
+    "reasons": {"type": "array", "items": {"type": "string"}},
+})
 
 
 def register() -> None:

@@ -30,7 +30,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data
-from fleetctl.core.views import Outcome, form_action, get_or_404, refresh_if_changed
+from fleetctl.core.views import form_action, form_page, get_or_404, refresh_if_changed
 from fleetctl.fleet import selectors as fleet
 from fleetctl.fleet.models import Pool
 from fleetctl.ramps import charts, selectors, services
@@ -110,23 +110,15 @@ def ramp_start(request: HttpRequest, route: str) -> HttpResponseBase:
     """The form on a page of its own (the route page's panel posts here): a refused start is
     shown with the service's message and what was typed."""
     the_route = _route(route)
-    posted = request.method == "POST"
-    form = start_form(the_route, request.POST if posted else None)
-
-    def page(done: Outcome[Ramp]) -> HttpResponse:
-        return render(request, "ramps/start.html", {
-            "route": the_route, "form": form, "active": selectors.ramp_active_for(the_route),
-        }, status=done.status)
-
-    if not posted:
-        return page(Outcome())
-    return form_action(
+    form = start_form(the_route, request.POST if request.method == "POST" else None)
+    return form_page(
         request, form, lambda data: services.ramp_create(
             actor=actor_from_request(request), route=the_route,
             pool=_pool(form.cleaned_data["pool"]), **form.service_kwargs()),
         success=lambda ramp: (f"Started ramp {ramp.pk}: {ramp.pool.name} on {the_route.name}, "
                               f"{len(ramp.steps)} steps."),
-        then=detail_url, invalid=page, renamed=FORM_FIELDS)
+        then=detail_url, template="ramps/start.html", renamed=FORM_FIELDS,
+        context=lambda: {"route": the_route, "active": selectors.ramp_active_for(the_route)})
 
 
 # ---- list ------------------------------------------------------------------------------------

@@ -7,38 +7,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from migrations_plan.evidence import EvidenceKind, register_kind
+from migrations_plan.evidence import ANY_OBJECT, EvidenceKind, data_schema, register_kind
 
 KIND = "shadow"
 PRODUCED_BY = ("shadow runs (the plan page's Shadow panel, fleetctl shadow start, "
                "POST /api/v1/shadow-runs/)")
 
-_INTERVAL = {"type": "object", "additionalProperties": True}
-
-# What a run's evidence row carries in `data` (none required, so rows written before the
-# shadow job existed, with no data, still read).
-DATA_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "run": {"type": "integer"},
-        "mode": {"enum": ["mirror", "replay"]},
-        "pairs": {"type": "integer", "minimum": 0},
-        "min_pairs": {"type": "integer", "minimum": 1},
-        "margin": {"type": "number"},
-        "confidence": {"type": "number"},
-        "window": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
-        "metrics": {"type": "object", "additionalProperties": _INTERVAL},
-        "gated": {"type": "array", "items": {"type": "string"}},
-        "counters": {"type": "object",
-                     "additionalProperties": {"type": "integer", "minimum": 0}},
-        "primary": {"type": "string"},
-        "candidate": {"type": "string"},
-        "fingerprints": {"type": "object", "additionalProperties": {"type": "object"}},
-        "route": {"type": ["string", "null"]},
-        "model": {"type": "string"},
-    },
-}
+# What a run's evidence row carries in `data` (rows written before the shadow job existed,
+# with no data, still read). `metrics`: each gated metric's interval.
+DATA_SCHEMA: dict[str, Any] = data_schema({
+    "run": {"type": "integer"},
+    "mode": {"enum": ["mirror", "replay"]},
+    "pairs": {"type": "integer", "minimum": 0},
+    "min_pairs": {"type": "integer", "minimum": 1},
+    "margin": {"type": "number"},
+    "confidence": {"type": "number"},
+    "window": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
+    "metrics": {"type": "object", "additionalProperties": ANY_OBJECT},
+    "gated": {"type": "array", "items": {"type": "string"}},
+    "counters": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+    "primary": {"type": "string"},
+    "candidate": {"type": "string"},
+    "fingerprints": {"type": "object", "additionalProperties": {"type": "object"}},
+    "route": {"type": ["string", "null"]},
+    "model": {"type": "string"},
+})
 
 
 def register() -> None:

@@ -15,7 +15,8 @@ from plotly.subplots import make_subplots
 from fleetctl.core.charts import FONT, POOL_PALETTE
 
 
-def _layout(fig: go.Figure, *, title: str, height: int, **extra: Any) -> None:
+def layout(fig: go.Figure, *, title: str, height: int, **extra: Any) -> None:
+    """A traffic chart's frame (the ramp charts share it: one look for a route's weights)."""
     fig.update_layout(
         height=height, margin={"l": 56, "r": 16, "t": 40, "b": 36},
         title={"text": title, "font": {"size": 14}},
@@ -36,7 +37,7 @@ def split_figure(percentages: dict[str, float], *, colours: dict[str, str],
         text=[f"{percentages[p]:g} %" for p in pools], textposition="outside",
         cliponaxis=False, hovertemplate="%{y}: %{x:.2f} %<extra></extra>",
     ))
-    _layout(fig, title=f"Current split (revision {revision})",
+    layout(fig, title=f"Current split (revision {revision})",
             height=90 + 36 * max(len(pools), 1), showlegend=False)
     # Headroom past 100 so the "100 %" label outside the bar is not cut off.
     fig.update_xaxes(range=[0, 112], ticksuffix=" %", tickvals=[0, 25, 50, 75, 100])
@@ -68,7 +69,7 @@ def pool_rates_figure(rates: dict[str, list[dict[str, Any]]], *,
                 hovertemplate=f"{pool}<br>%{{x|%H:%M:%S}} UTC<br>%{{y:.2f}} {title.lower()}"
                               "<extra></extra>",
             ), row=row, col=1)
-    _layout(fig, title="Per pool, last 15 min (UTC)", height=460,
+    layout(fig, title="Per pool, last 15 min (UTC)", height=460,
             legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.1})
     fig.update_yaxes(rangemode="tozero")
     # The panel titles are annotations; keep them small and left-aligned like axis labels.

@@ -15,9 +15,8 @@ from fleetctl.accounts import roles
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.views import (
-    Outcome,
     button_action,
-    form_action,
+    form_page,
     get_or_404,
 )
 from fleetctl.webhooks import selectors, services
@@ -46,16 +45,10 @@ def webhook_create(request: HttpRequest) -> HttpResponseBase:
     actor = actor_from_request(request)
     form = WebhookForm(request.POST if request.method == "POST" else None,
                        can_trust=actor.can(roles.ADMIN_MANAGE))
-
-    def page(done: Outcome[Webhook]) -> HttpResponse:
-        return render(request, "webhooks/form.html", {"form": form}, status=done.status)
-
-    if request.method != "POST":
-        return page(Outcome())
-    return form_action(
+    return form_page(
         request, form, lambda _data: services.webhook_create(actor=actor, **form.changes()),
-        success=lambda hook: f"Created webhook {hook.name}.", then=_detail_url, invalid=page,
-        flash_refusals=True)
+        success=lambda hook: f"Created webhook {hook.name}.", then=_detail_url,
+        template="webhooks/form.html", flash_refusals=True)
 
 
 @dashboard_view
@@ -69,18 +62,11 @@ def webhook_edit(request: HttpRequest, name: str) -> HttpResponseBase:
                "format": hook.format, "active": hook.active, "trusted": hook.trusted}
     form = WebhookForm(request.POST if request.method == "POST" else None, initial=initial,
                        editing=True, can_trust=actor.can(roles.ADMIN_MANAGE))
-
-    def page(done: Outcome[Webhook]) -> HttpResponse:
-        return render(request, "webhooks/form.html", {"form": form, "webhook": hook},
-                      status=done.status)
-
-    if request.method != "POST":
-        return page(Outcome())
-    return form_action(
+    return form_page(
         request, form, lambda _data: services.webhook_update(actor=actor, webhook=hook,
                                                              **form.changes()),
-        success=lambda saved: f"Saved webhook {saved.name}.", then=_detail_url, invalid=page,
-        flash_refusals=True)
+        success=lambda saved: f"Saved webhook {saved.name}.", then=_detail_url,
+        template="webhooks/form.html", context=lambda: {"webhook": hook}, flash_refusals=True)
 
 
 @dashboard_view

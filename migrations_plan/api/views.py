@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.audit.api.serializers import AuditEventSerializer
 from fleetctl.core.errors import DomainError
+from fleetctl.core.idempotency import action_body
 from fleetctl.traffic.api.serializers import DrainSerializer
 from migrations_plan import evidence as ev
 from migrations_plan import filters, selectors, services
@@ -53,9 +54,8 @@ class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     def create(self, request: Request) -> Response:
         """Open a plan at stage 1 with the default gates (scope: a person with
         `fleet.manage`). One open plan per candidate and route (409 otherwise)."""
-        body = s.PlanCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        plan = services.plan_create(actor=actor_from_request(request), **body.validated_data)
+        body = action_body(request, s.PlanCreateSerializer)
+        plan = services.plan_create(actor=actor_from_request(request), **body)
         return self._answer(plan, status.HTTP_201_CREATED)
 
     @extend_schema(request=s.PlanUpdateSerializer, responses={200: s.PlanDetailSerializer})
@@ -63,10 +63,8 @@ class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         """Change the plan's terms (SLO, margins, owner, target date, approvers). Approvals
         given under the old terms stop counting."""
         plan = self._plan(name)
-        body = s.PlanUpdateSerializer(data=request.data, partial=True)
-        body.is_valid(raise_exception=True)
-        plan = services.plan_update(actor=actor_from_request(request), plan=plan,
-                                    **body.validated_data)
+        body = action_body(request, s.PlanUpdateSerializer, partial=True)
+        plan = services.plan_update(actor=actor_from_request(request), plan=plan, **body)
         return self._answer(plan)
 
     @extend_schema(parameters=[STAGE_PARAM], responses={200: s.StageGateSerializer})
@@ -92,10 +90,8 @@ class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         if request.method == "GET":
             page = self.paginate_queryset(selectors.plan_checks(plan=plan))
             return self.get_paginated_response(s.GateCheckSerializer(page, many=True).data)
-        body = s.CheckCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        check = services.check_add(actor=actor_from_request(request), plan=plan,
-                                   **body.validated_data)
+        body = action_body(request, s.CheckCreateSerializer)
+        check = services.check_add(actor=actor_from_request(request), plan=plan, **body)
         return Response(s.GateCheckSerializer(check).data, status=status.HTTP_201_CREATED)
 
     def _check(self, plan: Plan, check_id: str) -> GateCheck:
@@ -107,10 +103,8 @@ class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     def check_update(self, request: Request, name: str, check_id: str) -> Response:
         """Change a check's title or thresholds (stages not yet passed)."""
         check = self._check(self._plan(name), check_id)
-        body = s.CheckUpdateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        row = services.check_update(actor=actor_from_request(request), check=check,
-                                    **body.validated_data)
+        body = action_body(request, s.CheckUpdateSerializer)
+        row = services.check_update(actor=actor_from_request(request), check=check, **body)
         return Response(s.GateCheckSerializer(row).data)
 
     @extend_schema(parameters=[CHECK_PARAM], request=s.ReasonSerializer,
@@ -119,10 +113,9 @@ class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     def check_remove(self, request: Request, name: str, check_id: str) -> Response:
         """Take a check off its gate, with the reason (the row stays for the record)."""
         check = self._check(self._plan(name), check_id)
-        body = s.ReasonSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = action_body(request, s.ReasonSerializer)
         row = services.check_remove(actor=actor_from_request(request), check=check,
-                                    reason=body.validated_data["reason"])
+                                    reason=body["reason"])
         return Response(s.GateCheckSerializer(row).data)
 
     @extend_schema(parameters=[CHECK_PARAM], request=s.NoteSerializer,
@@ -132,10 +125,8 @@ class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         """Confirm an attested check, in words. A person holding the check's role, signed in
         (not with a token)."""
         check = self._check(self._plan(name), check_id)
-        body = s.NoteSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        services.attest(actor=actor_from_request(request), check=check,
-                        note=body.validated_data["note"])
+        body = action_body(request, s.NoteSerializer)
+        services.attest(actor=actor_from_request(request), check=check, note=body["note"])
         return Response(s.GateCheckSerializer(selectors.check_as_listed(check=check)).data,
                         status=status.HTTP_201_CREATED)
 
@@ -156,10 +147,9 @@ class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         lead other than the plan's author or owner, signed in; warn or insufficient data
         needs a justification, a failing gate cannot be approved."""
         plan = self._plan(name)
-        body = s.ApproveSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = action_body(request, s.ApproveSerializer)
         services.approve(actor=actor_from_request(request), plan=plan,
-                         justification=body.validated_data["justification"])
+                         justification=body["justification"])
         return self._answer(plan)
 
     @extend_schema(request=s.ReasonSerializer, responses={200: s.PlanDetailSerializer})
@@ -168,10 +158,8 @@ class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         """Move to the next stage (from stage 4: completed). The gate is evaluated again; the
         required approvals must hold on exactly that evidence (409 otherwise)."""
         plan = self._plan(name)
-        body = s.ReasonSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        plan = services.advance(actor=actor_from_request(request), plan=plan,
-                                reason=body.validated_data["reason"])
+        body = action_body(request, s.ReasonSerializer)
+        plan = services.advance(actor=actor_from_request(request), plan=plan, reason=body["reason"])
         return self._answer(plan)
 
     @extend_schema(request=s.RegressSerializer, responses={200: s.PlanDetailSerializer})
@@ -180,19 +168,15 @@ class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         """Go back to an earlier stage, with the reason. From stage 4 the candidate is
         drained first (see …/moves/ for the drain)."""
         plan = self._plan(name)
-        body = s.RegressSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = action_body(request, s.RegressSerializer)
         plan = services.regress(actor=actor_from_request(request), plan=plan,
-                                to_stage=body.validated_data["stage"],
-                                reason=body.validated_data["reason"])
+                                to_stage=body["stage"], reason=body["reason"])
         return self._answer(plan)
 
     def _leave(self, request: Request, name: str, service: Any) -> Response:
         plan = self._plan(name)
-        body = s.ReasonSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        plan = service(actor=actor_from_request(request), plan=plan,
-                       reason=body.validated_data["reason"])
+        body = action_body(request, s.ReasonSerializer)
+        plan = service(actor=actor_from_request(request), plan=plan, reason=body["reason"])
         return self._answer(plan)
 
     @extend_schema(request=s.ReasonSerializer, responses={200: s.PlanDetailSerializer})
@@ -258,9 +242,8 @@ class EvidenceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         (model revision, runtime, driver, quantisation, weight format): when those change, or
         `ttl_hours` pass, it stops counting. Shown as "reported by <reported_by>"; it never
         satisfies a check over a kind fleetctl measures (400 if you post such a kind)."""
-        body = s.EvidenceCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        row = services.evidence_report(actor=actor_from_request(request), **body.validated_data)
+        body = action_body(request, s.EvidenceCreateSerializer)
+        row = services.evidence_report(actor=actor_from_request(request), **body)
         return Response(s.EvidenceSerializer(row).data, status=status.HTTP_201_CREATED)
 
 

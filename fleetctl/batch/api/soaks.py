@@ -166,9 +166,8 @@ class SoakViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     def create(self, request: Request) -> Response:
         """Start a soak (scope `jobs`); its first job starts at once. 409 when the plan is
         not at stage 3 or already has a running soak."""
-        body = SoakCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        soak = soaks.soak_create(actor=actor_from_request(request), **body.validated_data)
+        body = idempotency.action_body(request, SoakCreateSerializer)
+        soak = soaks.soak_create(actor=actor_from_request(request), **body)
         return self._detail(soak, status.HTTP_201_CREATED)
 
     @extend_schema(request=SoakEditSerializer, responses={200: SoakDetailSerializer})
@@ -176,9 +175,7 @@ class SoakViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         """Change a running soak's schedule or its jobs' options (scope `jobs`; from its next
         job). A manual intervention: the soak fails at the next tick."""
         soak = self._soak(str(kwargs["pk"]))
-        body = SoakEditSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        changes = dict(body.validated_data)
+        changes = dict(idempotency.action_body(request, SoakEditSerializer))
         reason = changes.pop("reason")
         soak = soaks.soak_edit(actor=actor_from_request(request), soak=soak, reason=reason,
                                **changes)
@@ -188,8 +185,7 @@ class SoakViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     def stop(self, request: Request, pk: str) -> Response:
         """Stop a running soak (scope `jobs`; 409 unless running): its active job is
         cancelled and the soak records a failing verdict (a person stopped it)."""
-        body = SoakStopSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = idempotency.action_body(request, SoakStopSerializer)
         soak = soaks.soak_stop(actor=actor_from_request(request), soak=self._soak(pk),
-                               reason=body.validated_data["reason"])
+                               reason=body["reason"])
         return self._detail(soak)

@@ -77,13 +77,12 @@ class BatchFileViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         """Upload an input file. Read line by line as it is stored; a bad line (not JSON, no
         custom_id, method not POST, unknown url, a body over BATCH_MAX_BODY_BYTES, a
         duplicate custom_id, ...) is a 400 naming it ("line N: ..."), and nothing is kept."""
-        body = s.FileUploadSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        upload = body.validated_data["file"]
+        body = idempotency.action_body(request, s.FileUploadSerializer)
+        upload = body["file"]
         _check_size(upload, "file")
         batch_file = services.file_upload(
             actor=actor_from_request(request),
-            name=body.validated_data.get("name") or upload.name or "input.jsonl",
+            name=body.get("name") or upload.name or "input.jsonl",
             stream=upload)
         return Response(s.BatchFileSerializer(batch_file).data, status=status.HTTP_201_CREATED)
 
@@ -145,9 +144,7 @@ class BatchJobViewSet(_JsonErrors, mixins.ListModelMixin, mixins.RetrieveModelMi
         return self._create(request)
 
     def _create(self, request: Request) -> Response:
-        body = s.JobCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        data = dict(body.validated_data)
+        data = dict(idempotency.action_body(request, s.JobCreateSerializer))
         upload, input_file, name = data.pop("file", None), data.pop("input_file", None), \
             data.pop("name", "")
         actor = actor_from_request(request)
@@ -163,17 +160,13 @@ class BatchJobViewSet(_JsonErrors, mixins.ListModelMixin, mixins.RetrieveModelMi
     def partial_update(self, request: Request, pk: str) -> Response:
         """Change an active job's concurrency or rate limit (0: no limit) with a reason: a
         person's action, on the job's timeline (manual). 409 once the job has ended."""
-        body = s.JobEditSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        job = services.job_edit(actor=actor_from_request(request), job=self._job(pk),
-                                **body.validated_data)
+        body = idempotency.action_body(request, s.JobEditSerializer)
+        job = services.job_edit(actor=actor_from_request(request), job=self._job(pk), **body)
         return self._detail(job)
 
     def _act(self, request: Request, pk: str, service: Callable[..., BatchJob]) -> Response:
-        body = s.JobActionSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        job = service(actor=actor_from_request(request), job=self._job(pk),
-                      reason=body.validated_data["reason"])
+        body = idempotency.action_body(request, s.JobActionSerializer)
+        job = service(actor=actor_from_request(request), job=self._job(pk), reason=body["reason"])
         return self._detail(job)
 
     @idempotency.object_action(request=s.JobActionSerializer, response=s.BatchJobDetailSerializer)

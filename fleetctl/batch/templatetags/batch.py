@@ -14,6 +14,7 @@ from fleetctl.batch import cost, selectors
 from fleetctl.batch.forms import SoakStartForm, duration_text
 from fleetctl.batch.models import BatchJob, Soak
 from fleetctl.core.display import or_dash
+from fleetctl.core.templatetags.panels import percent
 from fleetctl.fleet.models import money
 
 register = template.Library()
@@ -88,11 +89,8 @@ def batch_seconds(value: Any) -> str:
     return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
 
 
-@register.filter
-@or_dash
-def batch_pct(value: Any) -> str:
-    """A share (0..1) as a percentage: 0.873 → "87.3 %"; "—" when unknown."""
-    return f"{float(value) * 100:.1f} %"
+# A share (0..1) as a percentage: 0.873 → "87.3 %"; "—" when unknown.
+register.filter("batch_pct", percent)
 
 
 @register.filter

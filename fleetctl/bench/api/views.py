@@ -24,6 +24,7 @@ from fleetctl.bench.filters import RunFilter, TraceFilter
 from fleetctl.bench.models import Run, Trace
 from fleetctl.core.api.renderers import CSVRenderer
 from fleetctl.core.errors import NotFoundError
+from fleetctl.core.idempotency import action_body
 
 
 class TraceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -44,9 +45,7 @@ class TraceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     def create(self, request: Request) -> Response:
         """Upload a trace (multipart: name, description, source, file). It is read line by
         line as it is stored; any bad line is reported with its number and nothing is kept."""
-        body = s.TraceUploadSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        data = body.validated_data
+        data = action_body(request, s.TraceUploadSerializer)
         # The uploaded file object itself (memory or a temporary file on disk), never .read().
         trace = services.trace_upload(actor=actor_from_request(request), name=data["name"],
                                       description=data["description"], source=data["source"],
@@ -57,10 +56,8 @@ class TraceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     @action(detail=False, methods=["post"])
     def generate(self, request: Request) -> Response:
         """A synthetic trace: length distributions, shared prefixes, Poisson/bursty arrivals."""
-        body = s.TraceGenerateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        trace = services.trace_generate(actor=actor_from_request(request),
-                                        **body.validated_data)
+        body = action_body(request, s.TraceGenerateSerializer)
+        trace = services.trace_generate(actor=actor_from_request(request), **body)
         return Response(s.TraceSerializer(trace).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={(200, "application/x-ndjson"): OpenApiTypes.BINARY})
@@ -111,9 +108,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def create(self, request: Request) -> Response:
         """Start a run: pools and trace by name; 400 naming an unknown one, a pool that does
         not serve the model, SLO values out of range or levels that are not whole numbers."""
-        body = s.RunCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        data = dict(body.validated_data)
+        data = dict(action_body(request, s.RunCreateSerializer))
         run = services.run_create(actor=actor_from_request(request),
                                   pools=list(data.pop("pools")), **data)
         return self._detail(run, status.HTTP_202_ACCEPTED)

@@ -1,6 +1,7 @@
 """`{% panels "slot" %}`, `{% provided "name" args as var %}` and `{{ mapping|item:key }}`:
 a page renders what the apps above it registered (fleetctl/core/panels.py) without naming
-them."""
+them. Also the figure filters the apps' libraries register under their own names
+(`percent`, `count`, and `item`), written once here."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from django.template import Context
 from django.utils.safestring import SafeString, mark_safe
 
 from fleetctl.core import panels as registry
+from fleetctl.core.display import or_dash
 
 register = template.Library()
 
@@ -43,3 +45,15 @@ def item(mapping: Any, key: Any) -> Any:
         return mapping[key]
     except (KeyError, TypeError, IndexError):
         return None
+
+
+@or_dash
+def percent(value: Any, places: int = 1) -> str:
+    """A share (0..1) as a percentage: 0.873 -> "87.3 %"; "—" when unknown."""
+    return f"{float(value) * 100:.{places}f} %"
+
+
+@or_dash
+def count(value: Any) -> str:
+    """A count with thousands separators (2000000 -> "2,000,000"); "—" when unknown."""
+    return f"{int(value):,}"

@@ -30,6 +30,7 @@ from fleetctl.core.api.renderers import (
     NDJSONRenderer,
 )
 from fleetctl.core.errors import DomainError
+from fleetctl.core.idempotency import action_body
 from fleetctl.evals import selectors, services
 from fleetctl.evals.api import diff
 from fleetctl.evals.api import serializers as s
@@ -96,9 +97,7 @@ class EvalSuiteViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModel
         """Upload a suite (multipart: name, description, file). It is read line by line as it
         is stored; every bad line is reported with its number (up to 20) and nothing is kept.
         The same content as a stored version of that name answers that version (200)."""
-        body = s.EvalSuiteUploadSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        data = body.validated_data
+        data = action_body(request, s.EvalSuiteUploadSerializer)
         upload = data["file"]
         limit = max_upload_bytes()
         if upload.size is not None and upload.size > limit:
@@ -157,10 +156,9 @@ class EvalSuiteViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModel
     def bundled(self, request: Request) -> Response:
         """Install fleetctl's bundled suites (generated from fixed seeds, nothing downloaded):
         the same bytes every time, so installing again answers the same versions."""
-        body = s.EvalSuiteBundledSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = action_body(request, s.EvalSuiteBundledSerializer)
         suites = services.suite_install_bundled(actor=actor_from_request(request),
-                                                names=body.validated_data["names"] or None)
+                                                names=body["names"] or None)
         return Response(s.EvalSuiteSerializer(suites, many=True).data)
 
 
@@ -210,9 +208,7 @@ class EvalRunViewSet(ExportFormatNegotiation, _FileAnswers, mixins.ListModelMixi
         """Start a run. 400 names the field at fault: an unknown or retired suite, an unknown
         pool or plan, the same pool twice, a pool that does not serve the model, a value out
         of range. The run is queued for a worker of the `evals` queue."""
-        body = s.EvalRunCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        data = dict(body.validated_data)
+        data = dict(action_body(request, s.EvalRunCreateSerializer))
         suite = _suite_ref(data.pop("suite"))
         margin_pct = data.pop("margin_pct")
         if margin_pct is not None:

@@ -12,6 +12,7 @@ from django import template
 from django.urls import reverse
 
 from fleetctl.core.display import or_dash
+from fleetctl.core.templatetags.panels import count, item, percent
 from fleetctl.evals.forms import DEFAULT_SUITE
 from fleetctl.evals.models import EvalRun
 
@@ -64,11 +65,11 @@ def eval_gate(plan: Any, result: Any, check_key: str) -> dict[str, Any]:
             "new_url": new_run_url(plan)}
 
 
-@register.filter
-@or_dash
-def eval_pct(value: Any) -> str:
-    """A score (0..1) as a percentage: 0.873 -> "87.3 %"; "—" when unknown."""
-    return f"{float(value) * 100:.1f} %"
+# A score (0..1) as a percentage: 0.873 -> "87.3 %"; a count with thousands separators;
+# sequence[index], or None.
+register.filter("eval_pct", percent)
+register.filter("eval_count", count)
+register.filter("at", item)
 
 
 @register.filter
@@ -84,18 +85,3 @@ def eval_p(value: Any) -> str:
     """A p-value as a person reads it: "= 0.0312", "< 0.0001"; "—" when unknown."""
     return "< 0.0001" if float(value) < 0.0001 else f"= {float(value):.4f}"
 
-
-@register.filter
-@or_dash
-def eval_count(value: Any) -> str:
-    """A count with thousands separators; "—" when unknown."""
-    return f"{int(value):,}"
-
-
-@register.filter
-def at(sequence: Any, index: int) -> Any:
-    """sequence[index], or None."""
-    try:
-        return sequence[index]
-    except (IndexError, KeyError, TypeError):
-        return None

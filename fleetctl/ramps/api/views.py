@@ -55,17 +55,15 @@ class RampViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         """Start a guarded ramp (scope `ramp`). Thresholds default to the plan's; with no
         plan, give slo_ttft_p95_ms, slo_tpot_p95_ms and slo_error_rate. 409 when the route
         already has an active ramp. The first step is set by the controller's first tick."""
-        body = s.RampCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        ramp = services.ramp_create(actor=actor_from_request(request), **body.validated_data)
+        body = idempotency.action_body(request, s.RampCreateSerializer)
+        ramp = services.ramp_create(actor=actor_from_request(request), **body)
         return self._detail(ramp, status.HTTP_201_CREATED)
 
     def _act(self, request: Request, pk: str,
              service: Callable[..., Ramp]) -> Response:
-        body = s.RampActionSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = idempotency.action_body(request, s.RampActionSerializer)
         ramp = service(actor=actor_from_request(request), ramp=self._ramp(pk),
-                       reason=body.validated_data["reason"])
+                       reason=body["reason"])
         return self._detail(ramp)
 
     @idempotency.object_action(request=s.RampActionSerializer, response=s.RampDetailSerializer)

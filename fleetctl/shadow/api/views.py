@@ -19,6 +19,7 @@ from rest_framework.response import Response
 
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.api.renderers import CSVRenderer, ExportFormatNegotiation
+from fleetctl.core.idempotency import action_body
 from fleetctl.shadow import selectors, services
 from fleetctl.shadow.api import exports
 from fleetctl.shadow.api import serializers as s
@@ -79,9 +80,8 @@ class ShadowRunViewSet(ExportFormatNegotiation, mixins.ListModelMixin, mixins.Re
         route not of the plan, a candidate outside the route's residency pin, a mirror on a
         route only HAProxy carries (replay instead), a replay without a trace with prompt
         texts, a value out of range; 409 while the plan has a running run."""
-        body = s.ShadowRunCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        run = services.run_create(actor=actor_from_request(request), **body.validated_data)
+        body = action_body(request, s.ShadowRunCreateSerializer)
+        run = services.run_create(actor=actor_from_request(request), **body)
         return self._detail(run, status.HTTP_201_CREATED)
 
     @extend_schema(request=s.ShadowRunAdjustSerializer,
@@ -90,10 +90,8 @@ class ShadowRunViewSet(ExportFormatNegotiation, mixins.ListModelMixin, mixins.Re
         """Adjust a running run: sample_percent, max_rps, max_tokens_per_day, content,
         retention_hours, min_pairs (409 once it stopped)."""
         run = self._run(pk)
-        body = s.ShadowRunAdjustSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        run = services.run_adjust(actor=actor_from_request(request), run=run,
-                                  **body.validated_data)
+        body = action_body(request, s.ShadowRunAdjustSerializer)
+        run = services.run_adjust(actor=actor_from_request(request), run=run, **body)
         return self._detail(run)
 
     @extend_schema(request=s.ShadowRunStopSerializer,
@@ -103,10 +101,8 @@ class ShadowRunViewSet(ExportFormatNegotiation, mixins.ListModelMixin, mixins.Re
         """The kill switch: the collector stops sampling the route within a second, the
         gateways stop mirroring it, the run is stopped (409 when it is not running)."""
         run = self._run(pk)
-        body = s.ShadowRunStopSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        run = services.run_stop(actor=actor_from_request(request), run=run,
-                                reason=body.validated_data["reason"])
+        body = action_body(request, s.ShadowRunStopSerializer)
+        run = services.run_stop(actor=actor_from_request(request), run=run, reason=body["reason"])
         return self._detail(run)
 
     @extend_schema(responses={200: s.ShadowPairSerializer(many=True)},

@@ -9,6 +9,7 @@ from typing import Any
 from django import template
 
 from fleetctl.core.display import or_dash
+from fleetctl.core.templatetags.panels import count, percent
 from fleetctl.shadow.forms import StartForm, StopForm
 from fleetctl.shadow.selectors import live_counters, run_for_plan
 
@@ -35,10 +36,9 @@ def get_side(mapping: Any, side: str) -> Any:
 
 
 @register.filter
-@or_dash
 def shadow_pct(rate: Any) -> str:
     """A rate (0..1) as a percentage: 0.0123 -> "1.23 %"."""
-    return f"{float(rate) * 100:.2f} %"
+    return percent(rate, 2)
 
 
 @register.filter
@@ -48,8 +48,5 @@ def shadow_points(value: Any) -> str:
     return f"{float(value) * 100:+.2f}"
 
 
-@register.filter
-@or_dash
-def thousands(value: Any) -> str:
-    """A count with thousands separators (2000000 -> "2,000,000"); "—" when unknown."""
-    return f"{int(value):,}"
+# A count with thousands separators (2000000 -> "2,000,000"); "—" when unknown.
+register.filter("thousands", count)
