@@ -170,8 +170,11 @@ def cost_reported(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
 
 
 def drain_rehearsed(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
-    """For every route of the plan, the latest drain within N days finished, and every gateway
-    verified within the target time (drain call → last gateway's read-back matched)."""
+    """For every route of the plan, the latest drain **of the plan's candidate** within N days
+    finished, and every gateway verified within the target time (drain call → last gateway's
+    read-back matched): a drain that took the candidate's weight off, of the pool or of the
+    whole route. A drain of another pool only (a ramp's rollback, an on-call drain) says
+    nothing about how fast the candidate's weight comes off, so it is not read."""
     from fleetctl.traffic.models import Drain, GatewayPush
 
     days, max_ms = params["within_days"], params["max_ms"]
@@ -180,10 +183,13 @@ def drain_rehearsed(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
     timings: dict[str, float | None] = {}
     missing, slow, failed, lost = [], [], [], []
     for route in ctx.routes:
-        drain = (Drain.objects.filter(action=Drain.Action.DRAIN, requested_at__gte=since,
-                                      revisions__route=route)
-                 .exclude(status__in=[Drain.Status.PUSHING, Drain.Status.VERIFIED])
-                 .order_by("-requested_at", "-id").first())
+        drains = (Drain.objects.filter(action=Drain.Action.DRAIN, requested_at__gte=since,
+                                       revisions__route=route)
+                  .exclude(status__in=[Drain.Status.PUSHING, Drain.Status.VERIFIED])
+                  .order_by("-requested_at", "-id"))
+        # The newest that took the candidate's weight off (a drain of it, or of the route).
+        drain = next((d for d in drains.iterator()
+                      if ctx.candidate.name in (d.drained_pools or [])), None)
         if drain is None:
             missing.append(route.name)
             timings[route.name] = None
@@ -191,7 +197,8 @@ def drain_rehearsed(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
         ms = drain.verified_ms
         timings[route.name] = round(ms, 1) if ms is not None else None
         refs.append(EvidenceRef("drain-rehearsal", f"drain:{drain.pk}",
-                                f"drain #{drain.pk} of {route.name}: {drain.status}"
+                                f"drain #{drain.pk} of {ctx.candidate.name} off "
+                                f"{route.name}: {drain.status}"
                                 + (f", verified in {honest(ms, max_ms, 0)} ms"
                                    if ms is not None else ""),
                                 version=f"{drain.pk}:{drain.status}",
@@ -220,8 +227,9 @@ def drain_rehearsed(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
         return CheckResult(INSUFFICIENT, f"The latest drain did not reach every gateway: "
                                          f"{'; '.join(lost)}. Rehearse it again.", numbers, refs)
     if missing:
-        return CheckResult(INSUFFICIENT, f"No drain of {', '.join(missing)} in the last "
-                                         f"{days:g} days: rehearse one.", numbers, refs)
+        return CheckResult(INSUFFICIENT, f"No drain of {ctx.candidate.name} off "
+                                         f"{', '.join(missing)} in the last {days:g} days: "
+                                         f"rehearse one.", numbers, refs)
     return CheckResult(PASS, "Drained and verified on every gateway within the target: "
                              + ", ".join(f"{r} {honest(ms, max_ms, 0)} ms"
                                          for r, ms in timings.items()
@@ -356,8 +364,9 @@ RULE_DEFINITIONS = [
          cost_reported),
     Rule("drain.rehearsed", "drain-rehearsal",
          "Drain rehearsed within {within_days:g} days, verified under {max_ms:g} ms",
-         "For each route, the latest drain in the window completed and all gateways verified "
-         "it under the target time (drain call → last gateway's read-back).",
+         "For each route, the latest drain of the plan's candidate in the window completed "
+         "and all gateways verified it under the target time (drain call → last gateway's "
+         "read-back). Drains of other pools do not count.",
          {"within_days": Param(float, 7.0, "window, days", 0.01, 365),
           "max_ms": Param(float, 500.0, "target, milliseconds to all gateways verified", 1,
                           600_000)},

@@ -63,3 +63,44 @@ def test_a_rehearsal_restores_once_its_drain_completed(world, tmp_path):
         "h200-us": 8000, "mi300x-us": 2000}
     # A second look (a message delivered twice) restores nothing more.
     assert services.rehearsal_finish(drain_id=drain.pk, timeout_s=900) == (True, None)
+
+
+def test_only_a_drain_that_took_the_candidates_weight_off_is_its_rehearsal(
+        world, make_pool, system):
+    """A drain of another pool on the plan's route (a ramp's rollback, an on-call drain) says
+    nothing of how fast the candidate's weight comes off: drain.rehearsed does not read it.
+    A drain of the candidate, or of the whole route while it carried weight, is read."""
+    from django.utils import timezone
+
+    from fleetctl.fleet.services import pool_health_record, pool_model_create
+    from migrations_plan.evidence import RuleContext
+    from migrations_plan.rules import drain_rehearsed
+
+    plan = walk_to(world, world.plan(), 4)
+    other = make_pool(name="a100-us")
+    pool_model_create(actor=system, pool=other, model_id=world.route.model_id,
+                      revision="abc123", max_context_tokens=8192)
+    pool_health_record(pool_id=other.pk, ok=True, status_code=200, latency_ms=1.0)
+    route = Route.objects.get(pk=world.route.pk)
+    traffic.revision_create(actor=world.actor("oncall"), route=route,
+                            base_revision=route.revision_number,
+                            weights={"h200-us": 80, "a100-us": 20}, reason="another canary")
+
+    def check():
+        ctx = RuleContext(plan=plan, candidate=world.candidate, primary=world.primary,
+                          routes=[Route.objects.get(pk=world.route.pk)], now=timezone.now())
+        return drain_rehearsed(ctx, {"within_days": 7, "max_ms": 600_000})
+
+    other_drain = traffic.drain_request(actor=world.actor("oncall"), pool=other,
+                                        reason="a100 rollback")
+    Drain.objects.filter(pk=other_drain.pk).update(status=Drain.Status.COMPLETE)
+    result = check()
+    assert result.status == "insufficient", result.summary
+    assert "No drain of mi300x-us off llama" in result.summary
+
+    _ramp(world, 20)
+    mine = traffic.drain_request(actor=world.actor("oncall"), pool=world.candidate,
+                                 reason="rehearsal")
+    Drain.objects.filter(pk=mine.pk).update(status=Drain.Status.COMPLETE)
+    result = check()
+    assert [ref.ref for ref in result.evidence] == [f"drain:{mine.pk}"], result.summary

@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 
 from fleetctl.audit.models import AuditEvent
+from fleetctl.fleet.models import Pool
 from fleetctl.traffic import push, services
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, GatewayPushAttempt, Route
 from migrations_plan.evidence import RuleContext
@@ -92,7 +93,9 @@ def test_a_drain_waiting_on_a_deleted_gateway_finishes_for_the_others_and_says_s
     assert "every remaining gateway verified" in html
 
     # Verified on the remaining gateways only: no rehearsal of every gateway for a gate.
-    ctx = RuleContext(plan=None, candidate=None, primary=None,  # type: ignore[arg-type]
+    drain.refresh_from_db()
+    candidate = Pool.objects.get(name=drain.drained_pools[0])  # a pool the drain took off
+    ctx = RuleContext(plan=None, candidate=candidate, primary=None,  # type: ignore[arg-type]
                       routes=[route], now=timezone.now())
     result = drain_rehearsed(ctx, {"within_days": 7, "max_ms": 600_000})
     assert result.status == "insufficient", result.summary
