@@ -18,7 +18,7 @@ compared at all; a cost whose pool's hourly rate or currency changed since is no
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -399,6 +399,65 @@ def latency_vs_primary(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
                              f"{figures['tpot_p95_ms']['text']}.", numbers, refs)
 
 
+# --- the same figures on another day ---------------------------------------------------------
+
+def _comparable(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """Why two benchmark rows of one pool do not measure the same thing, or None."""
+    for key, what in (("timing", "timing"), ("slo", "SLO"), ("window_s", "window"),
+                      ("trace_sha256", "trace")):
+        if a.get(key) != b.get(key):
+            return f"a different {what}"
+    return None
+
+
+def repeated(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
+    """The candidate's newest benchmark and an earlier one at least `min_gap_hours` before it,
+    on the same trace, SLO, timing and window, agree: the same highest SLO-passing level, and
+    output tokens/s there within `tolerance_pct` of each other. One good day is a sample; the
+    same figures on another day are a measurement."""
+    gap_h, tolerance = params["min_gap_hours"], params["tolerance_pct"]
+    valid, _ = ctx.evidence(KIND, pool=ctx.candidate, within_days=params["within_days"])
+    numbers: dict[str, Any] = {"min_gap_hours": gap_h, "tolerance_pct": tolerance}
+    if not valid:
+        _, why = _latest(ctx, ctx.candidate, params["within_days"])
+        return CheckResult(INSUFFICIENT, _sentence(why or ""), numbers)
+    newest = valid[0]
+    earlier = [row for row in valid[1:]
+               if (newest.observed_at - row.observed_at).total_seconds() >= gap_h * 3600
+               and _comparable(newest.data, row.data) is None]
+    if not earlier:
+        due = newest.observed_at + timedelta(hours=gap_h)
+        return CheckResult(INSUFFICIENT, f"One day's benchmark of {ctx.candidate.name} (run "
+                                         f"{newest.data.get('run')}): repeat it on the same "
+                                         f"trace and SLO at least {gap_h:g} h later (from "
+                                         f"{due:%Y-%m-%d %H:%M} UTC).", numbers,
+                           [evidence_ref(newest)])
+    first = earlier[0]
+    refs = [evidence_ref(newest), evidence_ref(first)]
+    a, b = first.data, newest.data
+    hours = (newest.observed_at - first.observed_at).total_seconds() / 3600
+    speeds = [x.get("output_tokens_per_s") for x in (a, b)]
+    numbers.update({"runs": [a.get("run"), b.get("run")], "hours_apart": round(hours, 1),
+                    "best_concurrency": [a.get("best_concurrency"), b.get("best_concurrency")],
+                    "output_tokens_per_s": speeds})
+    where = f"runs {a.get('run')} and {b.get('run')}, {hours:.1f} h apart"
+    if a.get("best_concurrency") != b.get("best_concurrency") or None in speeds:
+        return CheckResult(FAIL, f"The repeat disagrees ({where}): the highest level meeting "
+                                 f"the SLO was {a.get('best_concurrency')} then "
+                                 f"{b.get('best_concurrency')}.", numbers, refs)
+    low, high = sorted(float(x) for x in speeds)  # type: ignore[arg-type]
+    spread = 100.0 * (high - low) / high if high else 0.0
+    numbers["spread_pct"] = round(spread, 2)
+    if spread > tolerance:
+        return CheckResult(FAIL, f"The repeat disagrees ({where}): {low:,.0f} vs {high:,.0f} "
+                                 f"output tokens/s at concurrency {b.get('best_concurrency')}, "
+                                 f"{spread:.1f} % apart (tolerance {tolerance:g} %).",
+                           numbers, refs)
+    return CheckResult(PASS, f"Repeated ({where}): concurrency {b.get('best_concurrency')} "
+                             f"both times, output tokens/s {spread:.1f} % apart (tolerance "
+                             f"{tolerance:g} %).", numbers, refs)
+
+
 def register() -> None:
     register_kind(EvidenceKind(KIND, "benchmark sweep", "benchmark runs (fleetctl bench)",
                                data_schema=DATA_SCHEMA))
@@ -426,3 +485,15 @@ def register() -> None:
         "primary's times (1 + the plan's latency margin).",
         {"within_days": Param(float, 30.0, "oldest acceptable run, days", 0.01, 365)},
         latency_vs_primary))
+    register_rule(Rule(
+        "benchmark.repeated", KIND, "Benchmark repeated ≥ {min_gap_hours:g} h apart, within "
+        "{tolerance_pct:g} %",
+        "The candidate's newest benchmark and an earlier one at least the gap before it, on "
+        "the same trace, SLO, timing and window, found the same highest SLO-passing "
+        "concurrency and output tokens/s there within the tolerance.",
+        {"min_gap_hours": Param(float, 24.0, "least time between the two runs, hours", 0.01,
+                                24 * 365),
+         "tolerance_pct": Param(float, 10.0, "most the two throughputs may differ, %", 0.1,
+                                100),
+         "within_days": Param(float, 30.0, "oldest acceptable run, days", 0.01, 365)},
+        repeated))

@@ -56,3 +56,48 @@ def test_cost_within_the_margin_of_the_primary(world):  # noqa: F811
     status, summary = _status(plan, "cost-vs-primary")
     assert status == ev.FAIL and "over h200-us's 5.00 USD + 10 % (both measured in run #1)" \
         in summary
+
+
+def _at(row, when):
+    from migrations_plan.models import Evidence
+
+    Evidence.objects.filter(pk=row.pk).update(observed_at=when)
+    return row
+
+
+def test_a_benchmark_counts_as_repeated_only_on_another_day_with_the_same_figures(
+        world):  # noqa: F811
+    """benchmark.repeated: the newest run and one ≥ 24 h before it, measured alike, agree on
+    the level and within 10 % on throughput. Times are set on the rows: no waiting a day."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleetctl.bench.evidence import repeated
+
+    plan = world.plan()
+    now = timezone.now()
+    params = {"min_gap_hours": 24.0, "tolerance_pct": 10.0, "within_days": 30.0}
+
+    def judge():
+        ctx = ev.RuleContext(plan=Plan.objects.get(pk=plan.pk), candidate=world.candidate,
+                             primary=world.primary, routes=list(plan.routes.all()), now=now)
+        return repeated(ctx, params)
+
+    assert judge().status == ev.INSUFFICIENT
+    _at(_bench(world.candidate, best=16, cost="5.00"), now - timedelta(hours=30))
+    _at(_bench(world.candidate, best=16, cost="5.00"), now - timedelta(hours=20))
+    result = judge()  # 10 h apart: the same day, as far as the rule goes
+    assert result.status == ev.INSUFFICIENT and "at least 24 h later" in result.summary
+    # 26 h after the first: the same level, the same throughput.
+    _at(_bench(world.candidate, best=16, cost="5.00"), now - timedelta(hours=4))
+    result = judge()
+    assert result.status == ev.PASS, result.summary
+    assert "26.0 h apart" in result.summary and result.numbers["spread_pct"] == 0
+    # A newer run on a looser SLO is not a repeat of the others: nothing to compare it with.
+    _at(_bench(world.candidate, best=16, cost="5.00", ttft=2000), now - timedelta(hours=1))
+    assert judge().status == ev.INSUFFICIENT
+    # The same measurement, a lower level: the repeat disagrees.
+    _at(_bench(world.candidate, best=8, cost="5.00"), now)
+    result = judge()
+    assert result.status == ev.FAIL and "was 16 then 8" in result.summary, result.summary
