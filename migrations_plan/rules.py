@@ -302,9 +302,40 @@ def ramp_each_step(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
     if warned:
         return CheckResult(WARN, f"Ramp {ramp}: {describe(warned[0])} warned — "
                                  f"{newest[warned[0]].summary}", numbers, refs)
+    short = _first_step_short(newest[0].data, params["first_step_min_days"], numbers)
+    if short:
+        return CheckResult(INSUFFICIENT, f"Ramp {ramp}: {describe(0)} {short}", numbers, refs)
     return CheckResult(PASS, f"Ramp {ramp} held the SLO at each of its {total} steps ("
                              + ", ".join(f"{newest[s].data.get('percent', '?'):g} %"
                                          for s in sorted(newest)) + ").", numbers, refs)
+
+
+def _first_step_short(data: dict[str, Any], min_days: float, numbers: dict[str, Any]
+                      ) -> str | None:
+    """Why the first live step did not hold long enough on the clock (`held_s`, as its ramp
+    measured it), or None. A week at the first percentage is what lets slow faults (a leak,
+    a weekly batch peak) show before the candidate takes more."""
+    if min_days <= 0:
+        return None
+    held_s = data.get("held_s")
+    numbers["first_step"] = {"held_days": None if held_s is None else
+                             round(float(held_s) / 86400, 4), "required_days": min_days}
+    if held_s is None:
+        return ("did not record how long it held (a ramp from before holds were timed): "
+                "ramp again.")
+    if float(held_s) >= min_days * 86400:
+        return None
+    return (f"held {_span(float(held_s))} of the {_span(min_days * 86400)} the first live "
+            f"step must hold: a longer first hold, or wait for it.")
+
+
+def _span(seconds: float) -> str:
+    """A span as people say it: days from a day up, else hours, else minutes."""
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min"
 
 
 def _kind_names() -> list[str]:
@@ -379,9 +410,13 @@ RULE_DEFINITIONS = [
          latest_evidence),
     Rule("ramp.each_step", "ramp-slo", "Per-pool percentiles hold at each ramp step",
          "The candidate's newest guarded ramp: every step's hold was judged by the guard "
-         "(TTFT p95, TPOT p95 and error rate against the SLO and the primary) and passed.",
+         "(TTFT p95, TPOT p95 and error rate against the SLO and the primary) and passed, "
+         "and its first live step held at least the minimum on the clock (progress shown "
+         "until then).",
          {"within_days": Param(float, 30.0, "oldest acceptable ramp evidence, days", 0.01,
-                               365)},
+                               365),
+          "first_step_min_days": Param(float, 7.0, "least time the first live step held, "
+                                                   "days (0: any)", 0, 365)},
          ramp_each_step),
     Rule("external.reported", EXTERNAL, "Reported by another system: {about}",
          "An organisation's own check that another system answers (e.g. an SLO bot): the "

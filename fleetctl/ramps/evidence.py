@@ -21,6 +21,7 @@ DATA_SCHEMA: dict[str, Any] = data_schema({
     "steps_total": {"type": "integer"},
     "decision": {"enum": ["pass", "warn", "fail"]},
     "window_s": {"type": "number"},
+    "held_s": {"type": "number", "minimum": 0},
     "candidate": ANY_OBJECT,
     "primary": ANY_OBJECT,
     "thresholds": ANY_OBJECT,

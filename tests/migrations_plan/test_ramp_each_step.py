@@ -14,12 +14,17 @@ pytestmark = pytest.mark.django_db
 RAMP = Actor.for_system("ramp")
 
 
-def hold(world, *, ramp: int, step: int, percent: float, verdict: str, total: int = 3) -> None:
+DAY = 86400.0
+
+
+def hold(world, *, ramp: int, step: int, percent: float, verdict: str, total: int = 3,
+         held_s: float = 8 * DAY) -> None:
     services.evidence_record(
         actor=RAMP, pool=world.candidate, kind="ramp-slo", verdict=verdict,
         summary=f"step {step + 1} at {percent:g} %: {verdict}", route=world.route,
         data={"ramp": ramp, "route": world.route.name, "step": step, "percent": percent,
-              "steps_total": total, "decision": verdict}, source=f"ramp {ramp}")
+              "steps_total": total, "decision": verdict, "held_s": held_s},
+        source=f"ramp {ramp}")
 
 
 def ramp_check(plan):
@@ -55,6 +60,25 @@ def test_every_step_of_the_newest_ramp_decides(world):
     outcome = ramp_check(plan)
     assert outcome.status == ev.FAIL
     assert outcome.result.summary.startswith("Ramp 9: step 2 (5 %) failed")
+
+
+def test_the_first_live_step_must_hold_a_week_on_the_clock(world):
+    """Every step passed, but the first held 3.2 days of the 7 the check asks (its default):
+    insufficient, with the progress; a check set to a shorter span (the demo's) passes."""
+    plan = world.plan()
+    hold(world, ramp=7, step=0, percent=1, verdict="pass", held_s=3.2 * DAY)
+    hold(world, ramp=7, step=1, percent=5, verdict="pass", held_s=600)
+    hold(world, ramp=7, step=2, percent=10, verdict="pass", held_s=600)
+    outcome = ramp_check(plan)
+    assert outcome.status == ev.INSUFFICIENT
+    assert outcome.result.summary == (
+        "Ramp 7: step 1 (1 %) held 3.2 days of the 7.0 days the first live step must hold: "
+        "a longer first hold, or wait for it.")
+    assert outcome.result.numbers["first_step"] == {"held_days": 3.2, "required_days": 7.0}
+    check = plan.checks.get(stage=4, key="ramp-slo")
+    services.check_update(actor=world.actor("lead"), check=check,
+                          params={**check.params, "first_step_min_days": 3})
+    assert ramp_check(plan).status == ev.PASS
 
 
 def test_stage_four_plans_read_it_and_old_checks_are_moved(world):

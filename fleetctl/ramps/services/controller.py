@@ -130,7 +130,7 @@ def _drive(ramp: Ramp, *, now: datetime, owner: str) -> None:
         message = (f"Check failed ({failures} of {ramp.failure_threshold} in a row): "
                    + " ".join(judgement.reasons))
         if failures >= ramp.failure_threshold:
-            _rollback(ramp, judgement, message)
+            _rollback(ramp, judgement, message, now=now)
             return
         _event(ramp, Kind.FAIL, message=message, numbers=judgement.numbers)
         return  # a hold whose latest window fails is not judged whole, let alone passed
@@ -145,12 +145,12 @@ def _drive(ramp: Ramp, *, now: datetime, owner: str) -> None:
     if whole.decision == guard.WAIT:
         _note(ramp, whole)
     elif whole.decision == guard.FAIL:
-        _rollback(ramp, whole, "The hold failed: " + " ".join(whole.reasons))
+        _rollback(ramp, whole, "The hold failed: " + " ".join(whole.reasons), now=now)
     elif whole.decision == guard.WARN:
         with transaction.atomic():
             if not _still_running(ramp):
                 return
-            evidence = _evidence(ramp, whole)
+            evidence = _evidence(ramp, whole, now=now)
             _set_state(ramp, Ramp.State.PAUSED, "warn: " + " ".join(whole.reasons))
             _event(ramp, Kind.WARN, message="The hold warned, so a person decides (resume, "
                                             "skip or abort): " + " ".join(whole.reasons),
@@ -159,7 +159,7 @@ def _drive(ramp: Ramp, *, now: datetime, owner: str) -> None:
         with transaction.atomic():
             if not _still_running(ramp):
                 return
-            evidence = _evidence(ramp, whole)
+            evidence = _evidence(ramp, whole, now=now)
             _event(ramp, Kind.PASS, message=f"Hold at {step['percent']:g} % passed: "
                                             + " ".join(whole.reasons),
                    numbers=whole.numbers, evidence_id=evidence)
@@ -185,7 +185,7 @@ def _guard_paused(ramp: Ramp, *, now: datetime) -> None:
     message = (f"Check failed while paused ({failures} of {ramp.failure_threshold} in a "
                f"row): " + " ".join(judgement.reasons))
     if failures >= ramp.failure_threshold:
-        _rollback(ramp, judgement, message, state=Ramp.State.PAUSED)
+        _rollback(ramp, judgement, message, now=now, state=Ramp.State.PAUSED)
         return
     with transaction.atomic():
         if _still_running(ramp, state=Ramp.State.PAUSED):
@@ -265,7 +265,7 @@ def _manual_change(ramp: Ramp, route: Route) -> None:
                revision_number=route.revision_number)
 
 
-def _rollback(ramp: Ramp, judgement: guard.Judgement, message: str,
+def _rollback(ramp: Ramp, judgement: guard.Judgement, message: str, *, now: datetime,
               state: str = Ramp.State.RUNNING) -> None:
     from fleetctl.traffic import push
 
@@ -273,7 +273,7 @@ def _rollback(ramp: Ramp, judgement: guard.Judgement, message: str,
     with transaction.atomic():
         if not _still_running(ramp, state=state):
             return
-        evidence = _evidence(ramp, judgement, decision=guard.FAIL)
+        evidence = _evidence(ramp, judgement, decision=guard.FAIL, now=now)
         _event(ramp, Kind.FAIL, actor=system, message=message, numbers=judgement.numbers,
                evidence_id=evidence)
         _set_state(ramp, Ramp.State.ROLLED_BACK, message)  # before its drain, as an abort
@@ -347,7 +347,7 @@ def _skipped(ramp: Ramp) -> bool:
                                     id__gt=stepped or 0).exists()
 
 
-def _evidence(ramp: Ramp, judgement: guard.Judgement, *,
+def _evidence(ramp: Ramp, judgement: guard.Judgement, *, now: datetime,
               decision: str | None = None) -> int | None:
     if ramp.plan_id is None:
         return None
@@ -362,7 +362,11 @@ def _evidence(ramp: Ramp, judgement: guard.Judgement, *,
                  f"{step['percent']:g} %: {verdict}: " + " ".join(judgement.reasons))[:300],
         data={"ramp": ramp.pk, "route": ramp.route.name, "step": ramp.step_index,
               "percent": float(step["percent"]), "steps_total": len(ramp.steps),
-              "decision": verdict, "window_s": float(numbers.get("window", {})
+              "decision": verdict,
+              # How long the step held, on the clock (its set → this judgement).
+              "held_s": max(0.0, (now - ramp.step_started_at).total_seconds())
+              if ramp.step_started_at else 0.0,
+              "window_s": float(numbers.get("window", {})
                                                       .get("seconds", ramp.window_s)),
               "candidate": numbers.get("candidate") or {},
               "primary": numbers.get("primary") or {},

@@ -68,6 +68,9 @@ GATEWAY = "envoy-demo"
 # The file Envoy writes in its working directory (demo/envoy_process.py), which the telemetry
 # ingester follows: the gateway's `access_log` option.
 ACCESS_LOG = "access.log"
+# The MI300X plan's stage-4 ramp check asks its first live step to hold this many minutes
+# (production's default: 7 days), and says so in its title.
+DEMO_FIRST_STEP_MIN = 10
 # The guarded ramp: the Gaudi pool (in no plan) stepped up on llama-8b, judged live. The demo
 # traffic sends 4 requests/s, nearly all streamed: at 5 % that is ~0.2 streamed answers a second
 # to the Gaudi pool, ~16 in a 90 s hold, above min_samples. The guard's window is the hold's
@@ -332,6 +335,12 @@ class Command(BaseCommand):
                         params={"hours": 0.1})
         plans.check_add(actor=lead, plan=plan, stage=2, title="",
                         rule="routing.only_through_route")
+        # Spans a demo can show in minutes, said so in the check's title.
+        ramp = plan.checks.get(stage=4, key="ramp-slo")
+        plans.check_update(actor=lead, check=ramp, params={
+            **ramp.params, "first_step_min_days": DEMO_FIRST_STEP_MIN / 1440},
+            title=f"{ramp.title} (demo span: first step ≥ {DEMO_FIRST_STEP_MIN} min; 7 days "
+                  f"in production)")
         return plan
 
     def _plan_a100(self) -> Plan:
