@@ -207,6 +207,18 @@ class Approval(models.Model):
 
         return status_label(self.gate_status)
 
+    @property
+    def evidence_seen(self) -> list[dict[str, Any]]:
+        """The evidence this approval bound to, from its snapshot: per check (title, status
+        then), each piece with its label, link and source — what an auditor asks for."""
+        return [{"check": check.get("key", ""), "check_title": check.get("title", ""),
+                 "check_status": check.get("status", ""), "kind": ref.get("kind", ""),
+                 "ref": ref.get("ref", ""), "label": ref.get("label", ""),
+                 "url": ref.get("url", ""), "source": ref.get("source_label")
+                 or ref.get("source", ""), "observed_at": ref.get("observed_at")}
+                for check in (self.snapshot or {}).get("checks", [])
+                for ref in check.get("evidence", [])]
+
 
 class StageMove(models.Model):
     class Kind(models.TextChoices):

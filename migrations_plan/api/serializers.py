@@ -158,8 +158,22 @@ class GateSerializer(serializers.Serializer):
         return [o.check.title for o in gate.needs_justification]
 
 
+class ApprovalEvidenceSerializer(serializers.Serializer):
+    """One piece of evidence an approval bound to, as its snapshot recorded it."""
+
+    check = serializers.CharField(help_text="The check's key.")
+    check_title = serializers.CharField()
+    check_status = serializers.CharField(help_text="The check's status when approved.")
+    kind = serializers.CharField()
+    ref = serializers.CharField(help_text='e.g. "evidence:40", "drain:12".')
+    label = serializers.CharField()
+    url = serializers.CharField(allow_blank=True, help_text="Its page, when it has one.")
+    source = serializers.CharField(allow_blank=True, help_text="Who or what produced it.")
+    observed_at = serializers.DateTimeField(allow_null=True)
+
+
 class GateApprovalSerializer(serializers.Serializer):
-    """An approval of the gate shown, and whether it still counts."""
+    """An approval of the gate shown, whether it still counts, and the evidence it saw."""
 
     id = serializers.IntegerField(source="approval.pk")
     stage = serializers.IntegerField(source="approval.stage")
@@ -169,6 +183,9 @@ class GateApprovalSerializer(serializers.Serializer):
     gate_status_label = serializers.CharField(source="approval.gate_status_label")
     justification = serializers.CharField(source="approval.justification")
     snapshot_hash = serializers.CharField(source="approval.snapshot_hash")
+    evidence = ApprovalEvidenceSerializer(
+        source="approval.evidence_seen", many=True,
+        help_text="The evidence it bound to: per check, each piece with its link.")
     counts = serializers.BooleanField(help_text="Counts towards advancing on today's evidence.")
     why_not = serializers.SerializerMethodField(help_text="Why it does not count, if it does not.")
 

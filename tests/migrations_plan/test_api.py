@@ -357,6 +357,32 @@ def test_approve_then_advance_moves_the_plan_and_records_who_and_on_what(world):
     assert history[0]["used_at"] is not None and history[0]["snapshot"]["stage"] == 1
 
 
+def test_an_approval_shows_the_evidence_it_bound_to_in_the_api_and_on_the_page(world, system):
+    """An auditor asking "who approved this, on which evidence" gets both: each approval lists
+    the evidence its snapshot bound to, with links, in GET /plans/<name>/ and on the page."""
+    from django.test import Client
+
+    world.plan()
+    services.evidence_record(actor=system, pool=world.candidate, kind="conformance",
+                             verdict="pass", summary="20 of 20 cases pass",
+                             url="/conformance/runs/7/", source="conformance run 7")
+    row = Evidence.objects.get(kind="conformance")
+    bob = signed_in(world.lead)
+    assert bob.post("/api/v1/plans/mi300x-llama/approve/", JUSTIFIED,
+                    format="json").status_code == 200
+    [approval] = bob.get("/api/v1/plans/mi300x-llama/").json()["approvals"]
+    [seen] = [e for e in approval["evidence"] if e["ref"] == f"evidence:{row.pk}"]
+    assert (seen["check"], seen["check_status"], seen["kind"], seen["url"]) == (
+        "conformance", "pass", "conformance", "/conformance/runs/7/")
+    assert "20 of 20 cases pass" in seen["label"] and seen["observed_at"]
+
+    page = Client()
+    page.force_login(world.lead)
+    html = page.get("/plans/mi300x-llama/").content.decode()
+    assert "Evidence it saw" in html
+    assert 'href="/conformance/runs/7/"' in html
+
+
 def test_a_plan_needing_two_approvers_waits_for_the_second(world):
     world.plan(required_approvals=2)
     base = "/api/v1/plans/mi300x-llama"
