@@ -226,6 +226,11 @@ def test_a_blocking_check_disables_approve_and_names_the_check(world, client_as)
     assert ("Cannot approve:</strong> Blocked by: Dashboards and alerts exist for the "
             "candidate (awaiting attestation)") in html
     assert "Cannot advance:</strong> Blocked by: Dashboards and alerts" in html
+    # The reason links to what resolves it: the check's row, where its attest form is.
+    dashboards = plan.checks.get(stage=2, key="dashboards")
+    assert (f'Resolve: <a href="#check-{dashboards.pk}">attest “Dashboards and alerts exist '
+            f'for the candidate”</a>') in html
+    assert f'id="check-{dashboards.pk}"' in html
 
 
 def test_a_lead_approves_the_gate_and_sees_the_approval_and_the_timeline_entry(
