@@ -87,6 +87,10 @@ class Plan(models.Model):
     stage_entered_at = models.DateTimeField(default=timezone.now, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     closed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # At risk: a gate the plan already passed lost what it was approved on (a check that
+    # passed then fails now, or its evidence expired). Set and cleared by the beat's refresh.
+    at_risk_since = models.DateTimeField(null=True, blank=True, editable=False)
+    risk = models.JSONField(default=list, blank=True, editable=False)
 
     class Meta:
         ordering = ["name"]

@@ -19,6 +19,8 @@ EVENTS = {
     "drain.automatic": "a pool was drained (or restored) by the health policy",
     "gateway.failing": "a gateway failed to take a push, or recovered",
     "gate.changed": "a plan's gate changed status, or the plan changed stage",
+    "plan.at_risk": "a gate a plan already passed lost what it was approved on (or got it "
+                    "back)",
     "batch.soak": "a batch soak on a plan's candidate passed, failed or was stopped",
 }
 

@@ -235,6 +235,12 @@ class PlanSerializer(serializers.ModelSerializer):
     stage_name = serializers.CharField(read_only=True)
     gate = serializers.SerializerMethodField(
         help_text="The current stage's gate in brief (null for a closed plan).")
+    at_risk = serializers.SerializerMethodField(
+        help_text="A gate the plan already passed lost what it was approved on (see risk).")
+    risk = serializers.ListField(
+        child=serializers.CharField(), read_only=True,
+        help_text="Why it is at risk: per passed stage, each check that got worse since its "
+                  "approval (empty when not at risk).")
 
     class Meta:
         model = Plan
@@ -244,8 +250,11 @@ class PlanSerializer(serializers.ModelSerializer):
                   "cost_margin_pct", "quality_margin_pct", "owner", "created_by", "target_date",
                   "required_approvals", "notes", "predicted_cost_per_1m",
                   "predicted_cost_currency", "predicted_cost_source", "predicted_cost_at",
-                  "created_at", "closed_at", "gate"]
+                  "created_at", "closed_at", "gate", "at_risk", "at_risk_since", "risk"]
         read_only_fields = fields
+
+    def get_at_risk(self, plan: Plan) -> bool:
+        return plan.at_risk_since is not None
 
     def get_routes(self, plan: Plan) -> list[str]:
         return sorted(r.name for r in plan.routes.all())

@@ -57,9 +57,59 @@ def evidence_record(*, actor: Actor, pool: Pool, kind: str, verdict: str, summar
                            ttl_hours=ttl_hours, source=source or actor.label)
 
 
+# How bad a check's status is, to tell "worse than when its gate was approved".
+_SEVERITY = {ev.PASS: 0, ev.WARN: 1, ev.INSUFFICIENT: 2, ev.AWAITING: 2, ev.FAIL: 3}
+
+
+def passed_gate_risks(plan: Plan) -> list[str]:
+    """What the gates the plan already passed lost since they were approved: for each stage
+    before the current one, the gate as its advance recorded it (the move's snapshot) against
+    the same gate evaluated now; a check whose status got worse (pass → fail, or its evidence
+    expired: → insufficient data) is a risk. Checks added since are not the approval's."""
+    from migrations_plan.models import StageMove
+
+    risks: list[str] = []
+    moves = StageMove.objects.filter(plan=plan, kind=StageMove.Kind.ADVANCE).order_by("-at")
+    seen: set[str] = set()
+    for move in moves:
+        if move.from_state in seen or not move.from_state.startswith("stage-"):
+            continue
+        seen.add(move.from_state)
+        stage = int(move.from_state.removeprefix("stage-"))
+        if stage >= plan.stage:
+            continue  # a stage the plan went back to: its gate is the current one
+        then = {c.get("key"): c.get("status") for c in move.gate_snapshot.get("checks", [])}
+        for outcome in ev.evaluate_gate(plan, stage=stage).outcomes:
+            before = then.get(outcome.check.key)
+            now = outcome.status
+            if before is None or _SEVERITY.get(now, 0) <= _SEVERITY.get(before, 0):
+                continue
+            risks.append(f"stage {stage}: {outcome.check.title} was "
+                         f"{ev.status_label(before)} when approved, now "
+                         f"{ev.status_label(now)}: {outcome.result.summary}"[:600])
+    return risks
+
+
+def _mark_risk(plan: Plan, risks: list[str], system: Actor) -> None:
+    """Set or clear the plan's at-risk mark; each change is audited and notified."""
+    was = plan.at_risk_since is not None
+    if risks == (plan.risk or []) and was == bool(risks):
+        return
+    plan.at_risk_since = (plan.at_risk_since or timezone.now()) if risks else None
+    plan.risk = risks
+    plan.save(update_fields=["at_risk_since", "risk"])
+    text = ("at risk: " + "; ".join(risks)) if risks else "no longer at risk"
+    audit_record(actor=system, action="plan.at_risk", target=plan, message=text[:2000],
+                 before={"at_risk": was}, after={"at_risk": bool(risks), "risk": risks})
+    notify("plan.at_risk", {"plan": plan.name, "stage": plan.stage, "at_risk": bool(risks),
+                            "risk": risks, "url": f"/plans/{plan.name}/"},
+           text=f"fleetctl plan {plan.name} (stage {plan.stage}) {text}")
+
+
 def plan_refresh(*, plan: Plan) -> list[str]:
     """Re-evaluate the current gate: void approvals whose evidence moved, and put every
-    check whose status changed on the plan's timeline. Run by beat for every open plan."""
+    check whose status changed on the plan's timeline; mark the plan at risk when a gate it
+    already passed lost what it was approved on. Run by beat for every open plan."""
     if not plan.in_stage:
         return []
     _void_stale_approvals(plan)
@@ -84,6 +134,7 @@ def plan_refresh(*, plan: Plan) -> list[str]:
                 changes.append(line)
             GateCheck.objects.filter(pk=check.pk).update(last_status=outcome.status,
                                                          last_status_at=gate.at)
+        _mark_risk(locked, passed_gate_risks(locked), system)
         if changes:
             notify("gate.changed", {
                 "plan": locked.name, "kind": "check-status", "stage": locked.stage,

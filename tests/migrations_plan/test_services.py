@@ -270,6 +270,56 @@ def test_the_refresh_task_voids_stale_approvals_and_logs_status_changes(world):
                                      actor="system:plan-gate").exists()
 
 
+def test_a_plan_whose_passed_gate_lost_its_evidence_is_at_risk_until_it_is_back(world):
+    """Stage 1 was approved on a passing conformance probe; a runtime upgrade expires that
+    evidence while the plan is at stage 2. The refresh marks the plan at risk (audited, a
+    `plan.at_risk` webhook, the API, the board and the plan page), and a new passing probe
+    clears it."""
+    from django.test import Client
+
+    from fleetctl.webhooks.models import Delivery
+    from fleetctl.webhooks.services import webhook_create
+
+    hook = webhook_create(actor=Actor.for_system("test"), name="risk", events=["plan.at_risk"],
+                          url="http://127.0.0.1:9/hook")
+    services.evidence_record(actor=PROBE, pool=world.candidate, kind="conformance",
+                             verdict="pass", summary="40/40 cases")
+    plan = walk_to(world, world.plan(), 2)
+    services.plan_refresh(plan=plan)
+    assert Plan.objects.get(pk=plan.pk).risk == [], Plan.objects.get(pk=plan.pk).risk
+
+    pool_update(actor=Actor.for_system("test"), pool=world.candidate,
+                runtime_version="rocm-7.0")
+    services.plan_refresh(plan=Plan.objects.get(pk=plan.pk))
+    plan = Plan.objects.get(pk=plan.pk)
+    assert plan.at_risk_since is not None
+    [risk] = plan.risk
+    assert risk.startswith("stage 1: Passes the OpenAI-contract conformance probe was pass "
+                           "when approved, now insufficient data"), risk
+    assert "runtime version changed" in risk
+    assert AuditEvent.objects.filter(action="plan.at_risk", object_id=str(plan.pk)).exists()
+    [sent] = Delivery.objects.filter(webhook=hook)
+    assert sent.payload["data"]["at_risk"] is True and sent.payload["data"]["risk"] == [risk]
+    since = plan.at_risk_since
+    services.plan_refresh(plan=plan)  # the same risk again: nothing new is sent
+    assert Delivery.objects.filter(webhook=hook).count() == 1
+    assert Plan.objects.get(pk=plan.pk).at_risk_since == since
+
+    viewer = Client()
+    viewer.force_login(world.lead)
+    assert "at risk" in viewer.get("/plans/").content.decode()
+    assert "a gate this plan already passed lost what it was approved on" in \
+        viewer.get(f"/plans/{plan.name}/").content.decode()
+
+    world.candidate.refresh_from_db()
+    services.evidence_record(actor=PROBE, pool=world.candidate, kind="conformance",
+                             verdict="pass", summary="40/40 cases on rocm-7.0")
+    services.plan_refresh(plan=Plan.objects.get(pk=plan.pk))
+    plan = Plan.objects.get(pk=plan.pk)
+    assert plan.at_risk_since is None and plan.risk == [], plan.risk
+    assert Delivery.objects.filter(webhook=hook).count() == 2
+
+
 # --- gate edits -------------------------------------------------------------------------------
 
 def test_gate_edits_are_audited_and_void_approvals(world):
