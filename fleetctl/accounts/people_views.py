@@ -26,7 +26,7 @@ from fleetctl.accounts.forms import PersonInviteForm, PersonRolesForm
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.audit.selectors import object_history
 from fleetctl.core.errors import PermissionDeniedError
-from fleetctl.core.views import Outcome, call_service, form_action, get_or_404
+from fleetctl.core.views import Outcome, call_service, form_page, get_or_404
 
 NOT_ADMIN = "Only admins manage people and roles. Ask an admin to change your roles."
 HISTORY_SHOWN = 20  # a person's latest changes; the audit page has the rest
@@ -82,30 +82,25 @@ def person(request: HttpRequest, username: str) -> HttpResponseBase:
     form = PersonRolesForm(request.POST if request.method == "POST" else None,
                            initial={"roles": held})
 
-    def page(done: Outcome[Any]) -> HttpResponse:
-        return _render_person(request, found, form=form, status=done.status)
-
-    if request.method != "POST":
-        return page(Outcome())
-    return form_action(
+    return form_page(
         request, form, lambda data: services.user_set_roles(
             actor=actor, username=username, role_names=data["roles"]),
+        template="accounts/person.html", context=lambda: _person_context(request, found),
         success=lambda _user: f"Roles of {username}: "
                               f"{', '.join(form.cleaned_data['roles']) or 'none'}.",
-        then=lambda _user: reverse("people:detail", args=[username]), invalid=page,
-        flash_refusals=True)
+        then=lambda _user: reverse("people:detail", args=[username]), flash_refusals=True)
 
 
-def _render_person(request: HttpRequest, found: Any, *, form: PersonRolesForm,
-                   status: int = 200, link: str = "") -> HttpResponse:
+def _person_context(request: HttpRequest, found: Any, *, link: str = "") -> dict[str, Any]:
+    """The person page but its roles form: roles, tokens, history, a set-password link."""
     events = object_history(object_type=found._meta.label_lower, object_id=found.pk,
                             limit=HISTORY_SHOWN)
     history = [(event, _changes(event.before, event.after)) for event in events]
-    return render(request, "accounts/person.html", {
-        "person": found, "roles": selectors.person_roles(found), "form": form,
+    return {
+        "person": found, "roles": selectors.person_roles(found),
         "tokens": selectors.token_list_for_user(user=found), "history": history,
         "is_me": found.pk == request.user.pk, "link": link, "link_days": _link_days(),
-    }, status=status)
+    }
 
 
 @dashboard_view
@@ -137,7 +132,8 @@ def person_link(request: HttpRequest, username: str) -> HttpResponse:
     if done.result is None:
         return redirect("people:detail", username=username)
     form = PersonRolesForm(initial={"roles": selectors.person_roles(found)})
-    return _render_person(request, found, form=form, link=_link(request, done.result))
+    return render(request, "accounts/person.html", {
+        "form": form, **_person_context(request, found, link=_link(request, done.result))})
 
 
 def _shown(value: Any) -> str:

@@ -49,11 +49,20 @@ def _validate_token_input(*, name: str, scopes: list[str], expires_at: datetime 
         raise ValidationError(errors)
 
 
-def _issue(**fields: object) -> IssuedToken:
+def _issue(actor: Actor, action: str, *, name: str, scopes: list[str],
+           expires_at: datetime | None, **fields: object) -> IssuedToken:
+    """A new token (its secret is shown this once), audited as `action`; the name, scopes
+    and expiry are checked first."""
+    _validate_token_input(name=name, scopes=scopes, expires_at=expires_at)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken.objects.create(
-        prefix=secret[: len(TOKEN_PREFIX) + 6], secret_sha256=secret_hash(secret), **fields
-    )
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            prefix=secret[: len(TOKEN_PREFIX) + 6], secret_sha256=secret_hash(secret),
+            name=name.strip(), created_by=actor.user, scopes=sorted(set(scopes)),
+            expires_at=expires_at, **fields,
+        )
+        audit_record(actor=actor, action=action, target=token,
+                     after=snapshot(token, _SNAPSHOT_FIELDS))
     return IssuedToken(token=token, secret=secret)
 
 
@@ -61,34 +70,16 @@ def token_create_personal(
     *, actor: Actor, name: str, scopes: list[str], expires_at: datetime | None = None
 ) -> IssuedToken:
     actor.require(roles.TOKENS_OWN, action="token.create")
-    _validate_token_input(name=name, scopes=scopes, expires_at=expires_at)
-    with transaction.atomic():
-        issued = _issue(
-            kind=ApiToken.Kind.PERSONAL, name=name.strip(), user=actor.user,
-            created_by=actor.user, scopes=sorted(set(scopes)), expires_at=expires_at,
-        )
-        audit_record(
-            actor=actor, action="token.create", target=issued.token,
-            after=snapshot(issued.token, _SNAPSHOT_FIELDS),
-        )
-    return issued
+    return _issue(actor, "token.create", name=name, scopes=scopes, expires_at=expires_at,
+                  kind=ApiToken.Kind.PERSONAL, user=actor.user)
 
 
 def token_create_service(
     *, actor: Actor, name: str, scopes: list[str], expires_at: datetime | None = None
 ) -> IssuedToken:
     actor.require(roles.ADMIN_MANAGE, action="token.create_service")
-    _validate_token_input(name=name, scopes=scopes, expires_at=expires_at)
-    with transaction.atomic():
-        issued = _issue(
-            kind=ApiToken.Kind.SERVICE, name=name.strip(), user=None,
-            created_by=actor.user, scopes=sorted(set(scopes)), expires_at=expires_at,
-        )
-        audit_record(
-            actor=actor, action="token.create_service", target=issued.token,
-            after=snapshot(issued.token, _SNAPSHOT_FIELDS),
-        )
-    return issued
+    return _issue(actor, "token.create_service", name=name, scopes=scopes,
+                  expires_at=expires_at, kind=ApiToken.Kind.SERVICE, user=None)
 
 
 def token_revoke(*, actor: Actor, token_id: int) -> ApiToken:

@@ -269,14 +269,18 @@ def job_event(job: BatchJob, kind: str, actor_label: str, *, manual: bool = Fals
                                         at=at or timezone.now())
 
 
-def _need_reason(reason: str, what: str) -> str:
-    """The reason for a person's action on a job, stripped; a blank one or one over 2,000
-    characters is refused."""
-    reason = required_reason(reason, f"Say why you {what} (it goes in the job's timeline "
-                                     f"and the audit log).")
+def person_reason(reason: str, say: str) -> str:
+    """The reason for a person's action on a job or a soak, stripped; a blank one is refused
+    with `say` (why it is asked for), one over 2,000 characters too."""
+    reason = required_reason(reason, say)
     if len(reason) > 2000:
         raise ValidationError({"reason": ["At most 2,000 characters."]})
     return reason
+
+
+def _need_reason(reason: str, what: str) -> str:
+    return person_reason(reason, f"Say why you {what} (it goes in the job's timeline and the "
+                                 f"audit log).")
 
 
 def _locked(job: BatchJob) -> BatchJob:
@@ -291,6 +295,29 @@ def _release_chunks(job: BatchJob) -> int:
         state=BatchChunk.State.PENDING, lease_owner="", lease_until=None)
 
 
+def changes_said(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """An edit as its timeline says it: "name old → new" for each field that changed (in
+    `before`'s order), or "no change"."""
+    return ", ".join(f"{name} {before[name]} → {after[name]}" for name in before
+                     if before[name] != after[name]) or "no change"
+
+
+def _moved_by(actor: Actor, locked: BatchJob, reason: str, *, to: str, kind: str,
+              action: str, did: str, state_reason: str | None = None,
+              also: tuple[str, ...] = ()) -> None:
+    """A person's move of the (locked) job to state `to`, saved with the fields in `also`:
+    an entry on its timeline (manual) and one in the audit log, both with the reason. The
+    job keeps the reason as its state's reason unless `state_reason` says otherwise."""
+    before = locked.state
+    locked.state = to
+    locked.state_reason = reason if state_reason is None else state_reason
+    locked.save(update_fields=["state", "state_reason", *also])
+    job_event(locked, kind, actor.label, manual=True,
+              message=f"{actor.label} {did} the job: {reason}")
+    audit_record(actor=actor, action=action, target=locked, message=reason,
+                 before={"state": before}, after={"state": to})
+
+
 def job_pause(*, actor: Actor, job: BatchJob, reason: str) -> BatchJob:
     """Stop handing out the job's requests: its holder stops dispatching, waits for the
     requests in flight and releases its chunk. A person's action (manual)."""
@@ -301,13 +328,8 @@ def job_pause(*, actor: Actor, job: BatchJob, reason: str) -> BatchJob:
         if locked.state not in (BatchJob.State.QUEUED, BatchJob.State.RUNNING):
             raise ConflictError(f"Job {locked.pk} is {locked.state}; only a queued or running "
                                 f"job can be paused.")
-        before = locked.state
-        locked.state, locked.state_reason = BatchJob.State.PAUSED, reason
-        locked.save(update_fields=["state", "state_reason"])
-        job_event(locked, Kind.PAUSED, actor.label, manual=True,
-                  message=f"{actor.label} paused the job: {reason}")
-        audit_record(actor=actor, action="batch.job_pause", target=locked, message=reason,
-                     before={"state": before}, after={"state": "paused"})
+        _moved_by(actor, locked, reason, to=BatchJob.State.PAUSED, kind=Kind.PAUSED,
+                  action="batch.job_pause", did="paused")
     return locked
 
 
@@ -328,12 +350,8 @@ def job_resume(*, actor: Actor, job: BatchJob, reason: str) -> BatchJob:
         if refusal is not None:
             raise ConflictError(f"Job {locked.pk} cannot resume: {refusal}")
         target = BatchJob.State.RUNNING if locked.started_at else BatchJob.State.QUEUED
-        locked.state, locked.state_reason = target, ""
-        locked.save(update_fields=["state", "state_reason"])
-        job_event(locked, Kind.RESUMED, actor.label, manual=True,
-                  message=f"{actor.label} resumed the job: {reason}")
-        audit_record(actor=actor, action="batch.job_resume", target=locked, message=reason,
-                     before={"state": "paused"}, after={"state": target})
+        _moved_by(actor, locked, reason, to=target, kind=Kind.RESUMED,
+                  action="batch.job_resume", did="resumed", state_reason="")
     return locked
 
 
@@ -346,15 +364,10 @@ def job_cancel(*, actor: Actor, job: BatchJob, reason: str) -> BatchJob:
         if locked.state not in ACTIVE_STATES:
             raise ConflictError(f"Job {locked.pk} is {locked.state}; only a queued, running "
                                 f"or paused job can be cancelled.")
-        before = locked.state
-        locked.state, locked.state_reason = BatchJob.State.CANCELLED, reason
         locked.finished_at = timezone.now()
-        locked.save(update_fields=["state", "state_reason", "finished_at"])
+        _moved_by(actor, locked, reason, to=BatchJob.State.CANCELLED, kind=Kind.CANCELLED,
+                  action="batch.job_cancel", did="cancelled", also=("finished_at",))
         _release_chunks(locked)
-        job_event(locked, Kind.CANCELLED, actor.label, manual=True,
-                  message=f"{actor.label} cancelled the job: {reason}")
-        audit_record(actor=actor, action="batch.job_cancel", target=locked, message=reason,
-                     before={"state": before}, after={"state": "cancelled"})
     return locked
 
 
@@ -392,10 +405,9 @@ def job_edit(*, actor: Actor, job: BatchJob, reason: str, concurrency: int | Non
             locked.rate_limit_rps = float(rate_limit_rps) or None
         after = {"concurrency": locked.concurrency, "rate_limit_rps": locked.rate_limit_rps}
         locked.save(update_fields=["concurrency", "rate_limit_rps"])
-        changes = ", ".join(f"{key} {before[key]} → {after[key]}" for key in before
-                            if before[key] != after[key]) or "no change"
         job_event(locked, Kind.EDITED, actor.label, manual=True,
-                  message=f"{actor.label} edited the job ({changes}): {reason}",
+                  message=f"{actor.label} edited the job ({changes_said(before, after)}): "
+                          f"{reason}",
                   data={"before": before, "after": after})
         audit_record(actor=actor, action="batch.job_edit", target=locked, message=reason,
                      before=before, after=after)

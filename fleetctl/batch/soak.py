@@ -66,7 +66,7 @@ from fleetctl.batch.soak_verdict import (
     soak_interventions,
     soak_summary,
 )
-from fleetctl.core.errors import ConflictError, DomainError, required_reason
+from fleetctl.core.errors import ConflictError, DomainError
 from fleetctl.webhooks.services import notify
 from migrations_plan.models import STAGE_NAMES, Evidence, Plan
 from migrations_plan.services import evidence_record
@@ -224,11 +224,8 @@ def _start_job(soak: Soak, actor: Actor, *, drill: str = "") -> BatchJob:
 
 
 def _need_reason(reason: str, what: str) -> str:
-    reason = required_reason(reason, f"Say why you {what} (it goes in the soak's timeline, "
-                                     f"and the soak fails on it).")
-    if len(reason) > 2000:
-        raise ValidationError({"reason": ["At most 2,000 characters."]})
-    return reason
+    return services.person_reason(reason, f"Say why you {what} (it goes in the soak's "
+                                          f"timeline, and the soak fails on it).")
 
 
 def _locked(soak: Soak) -> Soak:
@@ -288,10 +285,9 @@ def soak_edit(*, actor: Actor, soak: Soak, reason: str, **changes: Any) -> Soak:
         locked.ends_at = locked.started_at + timedelta(seconds=int(locked.duration_s))
         locked.save(update_fields=[*changes, "ends_at"])
         after = {name: getattr(locked, name) for name in changes}
-        said = ", ".join(f"{name} {before[name]} → {after[name]}" for name in changes
-                         if before[name] != after[name]) or "no change"
         _soak_event(locked, "edited", actor.label, manual=True,
-                    message=f"{actor.label} edited the soak ({said}): {reason}",
+                    message=f"{actor.label} edited the soak "
+                            f"({services.changes_said(before, after)}): {reason}",
                     data={"before": before, "after": after})
         audit_record(actor=actor, action="batch.soak_edit", target=locked, message=reason,
                      before=before, after=after)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from migrations_plan.evidence import EvidenceKind, register_kind
+from migrations_plan.evidence import EvidenceKind, data_schema, register_kind
 
 KIND = "conformance"
 PRODUCED_BY = ("the conformance probe (Conformance → Run, the stage-1 gate's button, "
@@ -15,23 +15,19 @@ PRODUCED_BY = ("the conformance probe (Conformance → Run, the stage-1 gate's b
 
 # What a run's evidence row carries in `data` (a run always writes every field; none is
 # required so that rows recorded before the probe existed, with no data, still read).
-DATA_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "run": {"type": "integer"},
-        "counts": {"type": "object",
-                   "additionalProperties": {"type": "integer", "minimum": 0}},
-        "failing": {"type": "array", "items": {"type": "string"}},
-        "required_failing": {"type": "array", "items": {"type": "string"}},
-        "required_skipped": {"type": "array", "items": {"type": "string"}},
-        "cases": {"type": "object", "additionalProperties": {
-            "enum": ["pass", "fail", "skip", "error"]}},
-        "primary": {"type": ["string", "null"]},
-        "endpoints": {"type": "array", "items": {"type": "string"}},
-        "model": {"type": "string"},
-    },
-}
+DATA_SCHEMA: dict[str, Any] = data_schema({
+    "run": {"type": "integer"},
+    "counts": {"type": "object",
+               "additionalProperties": {"type": "integer", "minimum": 0}},
+    "failing": {"type": "array", "items": {"type": "string"}},
+    "required_failing": {"type": "array", "items": {"type": "string"}},
+    "required_skipped": {"type": "array", "items": {"type": "string"}},
+    "cases": {"type": "object", "additionalProperties": {
+        "enum": ["pass", "fail", "skip", "error"]}},
+    "primary": {"type": ["string", "null"]},
+    "endpoints": {"type": "array", "items": {"type": "string"}},
+    "model": {"type": "string"},
+})
 
 
 def register() -> None:

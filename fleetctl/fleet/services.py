@@ -339,19 +339,23 @@ def pool_set_cost(*, actor: Actor, pool: Pool, cost_per_1m: Any, measured_at: An
 RATE_FIELDS = ["from_currency", "to_currency", "rate", "as_of", "source"]
 
 
+def _other_rate_that_day(rate: CurrencyRate, from_currency: str, to_currency: str
+                         ) -> CurrencyRate | None:
+    """Another stored rate from `from_currency` to `to_currency` as of `rate`'s day."""
+    return (CurrencyRate.objects.filter(from_currency=from_currency, to_currency=to_currency,
+                                        as_of=rate.as_of)
+            .exclude(pk=rate.pk).first())
+
+
 def _refuse_inverse_same_day(rate: CurrencyRate) -> None:
     """EUR→USD and USD→EUR on one day would be two answers to one question."""
-    inverse = (CurrencyRate.objects.filter(from_currency=rate.to_currency,
-                                           to_currency=rate.from_currency, as_of=rate.as_of)
-               .exclude(pk=rate.pk).first())
+    inverse = _other_rate_that_day(rate, rate.to_currency, rate.from_currency)
     if inverse is not None:
         raise ValidationError({"from_currency": [
             f"There is already a {inverse.label} rate as of {inverse.as_of:%Y-%m-%d}; the "
             f"{rate.from_currency}→{rate.to_currency} rate is its inverse. Change that one "
             f"instead."]})
-    same = (CurrencyRate.objects.filter(from_currency=rate.from_currency,
-                                        to_currency=rate.to_currency, as_of=rate.as_of)
-            .exclude(pk=rate.pk).first())
+    same = _other_rate_that_day(rate, rate.from_currency, rate.to_currency)
     if same is not None:
         raise ValidationError({"as_of": [
             f"There is already a {same.label} rate as of {same.as_of:%Y-%m-%d}; change it "

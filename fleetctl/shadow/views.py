@@ -35,6 +35,7 @@ from fleetctl.core.views import (
     Outcome,
     filtered_page,
     form_action,
+    form_page,
     get_or_404,
 )
 from fleetctl.inference.chat import prompt_text
@@ -256,17 +257,11 @@ def plan_start(request: HttpRequest, name: str) -> HttpResponseBase:
     renders this page with the form and what was wrong, nothing stored."""
     plan = get_or_404(plans.plan_get, name=name, what=f"plan named {name!r}")
     form = StartForm(request.POST if request.method == "POST" else None, plan=plan)
-
-    def page(done: Outcome[ShadowRun]) -> HttpResponse:
-        return render(request, "shadow/start.html", {
-            "plan": plan, "form": form, "current": selectors.run_for_plan(plan)},
-            status=done.status)
-
-    if request.method != "POST":
-        return page(Outcome())
-    return form_action(
+    return form_page(
         request, form, lambda data: services.run_create(
             actor=actor_from_request(request), plan=plan, **form.service_kwargs()),
+        template="shadow/start.html",
+        context=lambda: {"plan": plan, "current": selectors.run_for_plan(plan)},
         success=lambda run: (f"Started shadow run {run.pk} for {plan.name}: "
                              f"{run.candidate.name} against {run.primary.name}."),
-        then=_run_page, invalid=page)
+        then=_run_page)

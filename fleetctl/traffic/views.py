@@ -2,7 +2,7 @@
 drains (confirm by typing the name, then live progress) and restores.
 
 Function views that call selectors (reads) and services (writes, through the view kit:
-`form_action`, `call_service`).
+`form_page`, `form_action`, `call_service`).
 htmx asks for a block of the same page by targeting its id; the view then renders only that
 block's partial template.
 """
@@ -24,7 +24,14 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.charts import figure_data, pool_colours
-from fleetctl.core.views import Outcome, call_service, form_action, get_or_404
+from fleetctl.core.views import (
+    Outcome,
+    call_service,
+    form_action,
+    form_page,
+    get_or_404,
+    page_or_block,
+)
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic import charts, selectors, services
 from fleetctl.traffic.forms import DrainForm, HealthPolicyForm, RampForm, RestoreForm
@@ -216,22 +223,19 @@ def _drain_confirm(request: HttpRequest, *, route: Route | None, pool: Pool | No
     form = DrainForm(request.POST if request.method == "POST" else None,
                      expected=target.name, what=what)
 
-    def page(done: Outcome[Drain]) -> HttpResponse:
+    def shown() -> dict[str, Any]:
         preview = selectors.drain_preview(route=route, pool=pool)
-        return render(request, "traffic/drain_confirm.html", {
-            "form": form, "what": what, "target": target, "route": route, "pool": pool,
-            "preview": preview, "ramps_ended": _ramps_a_drain_ends(preview),
-        }, status=done.status)
+        return {"what": what, "target": target, "route": route, "pool": pool,
+                "preview": preview, "ramps_ended": _ramps_a_drain_ends(preview)}
 
-    if request.method != "POST":
-        return page(Outcome())
-    return form_action(
+    return form_page(
         request, form, lambda data: _pushed(services.drain_request(
             actor=actor_from_request(request), reason=data["reason"], route=route, pool=pool)),
+        template="traffic/drain_confirm.html", context=shown,
         # A fact, not a progress report: this message stays on the page while the
         # progress block below follows the drain to its end.
         success=lambda drain: f"Drain {drain.pk} of {what} {target.name} requested.",
-        then=_drain_url, invalid=page, flash_refusals=True)
+        then=_drain_url, flash_refusals=True)
 
 
 def _pushed(drain: Drain) -> Drain:
@@ -351,9 +355,8 @@ def drain_detail(request: HttpRequest, drain_id: int) -> HttpResponse:
         "restorable": (drain.action == Drain.Action.DRAIN
                        and drain.status == Drain.Status.COMPLETE and not restored_by),
     }
-    if request.htmx.target == PROGRESS_ID:  # type: ignore[attr-defined]
-        return render(request, "traffic/_drain_progress.html", context)
-    return render(request, "traffic/drain_detail.html", context)
+    return page_or_block(request, "traffic/drain_detail.html", "traffic/_drain_progress.html",
+                         context, block_id=PROGRESS_ID)
 
 
 @dashboard_view
@@ -362,19 +365,16 @@ def drain_restore(request: HttpRequest, drain_id: int) -> HttpResponseBase:
     drain = get_or_404(selectors.drain_get, drain_id=drain_id,
                        what=f"drain with id {drain_id}")
     form = RestoreForm(request.POST if request.method == "POST" else None)
-    if request.method != "POST":
-        return _render_restore(request, drain, form, Outcome())
-    return form_action(
+    return form_page(
         request, form, lambda data: _pushed(services.drain_restore(
             actor=actor_from_request(request), drain=drain, reason=data["reason"])),
+        template="traffic/drain_restore.html", context=lambda: _restore_context(drain),
         success=lambda restore: f"Restore {restore.pk} of the split from before drain "
                                 f"{drain.pk} requested.",
-        then=_drain_url,
-        invalid=lambda done: _render_restore(request, drain, form, done), flash_refusals=True)
+        then=_drain_url, flash_refusals=True)
 
 
-def _render_restore(request: HttpRequest, drain: Drain, form: RestoreForm,
-                    done: Outcome[Drain]) -> HttpResponse:
+def _restore_context(drain: Drain) -> dict[str, Any]:
     """The restore page: per route, the split it goes back to and what a ramp keeps back."""
     revisions = selectors.drain_revisions(drain=drain)
     holds = holds_on(route_ids=[rev.route_id for rev in revisions], drain=drain)
@@ -386,10 +386,7 @@ def _render_restore(request: HttpRequest, drain: Drain, form: RestoreForm,
         rows.append({"revision": rev, "parent": rev.parent,
                      "withheld": [(hold, before.get(hold.pool, 0) / 100) for hold in withheld],
                      "back_to": as_percentages(weights), "unchanged": weights == rev.weights})
-    return render(request, "traffic/drain_restore.html", {
-        "drain": drain, "form": form, "rows": rows,
-        "already": list(drain.restored_by.all()),
-    }, status=done.status)
+    return {"drain": drain, "rows": rows, "already": list(drain.restored_by.all())}
 
 
 @dashboard_view

@@ -166,9 +166,10 @@ class ApprovalEvidenceSerializer(serializers.Serializer):
     check_status = serializers.CharField(help_text="The check's status when approved.")
     kind = serializers.CharField()
     ref = serializers.CharField(help_text='e.g. "evidence:40", "drain:12".')
-    label = serializers.CharField()
+    label = serializers.CharField()  # type: ignore[assignment]  # the API's key, not Field's
     url = serializers.CharField(allow_blank=True, help_text="Its page, when it has one.")
-    source = serializers.CharField(allow_blank=True, help_text="Who or what produced it.")
+    source = serializers.CharField(  # type: ignore[assignment]
+        allow_blank=True, help_text="Who or what produced it.")
     observed_at = serializers.DateTimeField(allow_null=True)
 
 

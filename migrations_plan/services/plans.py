@@ -275,17 +275,25 @@ def _unique_key(base: str, taken: set[str]) -> str:
     return key
 
 
+def _check_to_change(check: GateCheck, if_removed: str) -> tuple[Plan, GateCheck]:
+    """In a transaction: the check's plan (locked, and open) and the check itself (locked);
+    refused when the check was removed ("Check 'title' `if_removed`") or its stage can no
+    longer change."""
+    locked = _lock(check.plan)
+    _open(locked)
+    row = GateCheck.objects.select_for_update().get(pk=check.pk)
+    if row.removed_at is not None:
+        raise ConflictError(f"Check {row.title!r} {if_removed}")
+    _editable_stage(locked, row.stage)
+    return locked, row
+
+
 def check_update(*, actor: Actor, check: GateCheck, title: str | None = None,
                  params: Any = None) -> GateCheck:
     """Change a check's thresholds (or title). Approvals that saw the old ones are voided."""
     actor.require(roles.APPROVE, action="plan.check.update", target=check.plan)
     with _refusals(actor, "plan.check.update", check.plan), transaction.atomic():
-        locked = _lock(check.plan)
-        _open(locked)
-        row = GateCheck.objects.select_for_update().get(pk=check.pk)
-        if row.removed_at is not None:
-            raise ConflictError(f"Check {row.title!r} was removed; add a new one instead.")
-        _editable_stage(locked, row.stage)
+        locked, row = _check_to_change(check, "was removed; add a new one instead.")
         before = snapshot(row, ["title", "params"])
         if params is not None:
             if row.kind != GateCheck.Kind.EVIDENCE:
@@ -311,12 +319,7 @@ def check_remove(*, actor: Actor, check: GateCheck, reason: str) -> GateCheck:
     with _refusals(actor, "plan.check.remove", check.plan):
         required_reason(reason, "Say why the check no longer applies.")
         with transaction.atomic():
-            locked = _lock(check.plan)
-            _open(locked)
-            row = GateCheck.objects.select_for_update().get(pk=check.pk)
-            if row.removed_at is not None:
-                raise ConflictError(f"Check {row.title!r} was already removed.")
-            _editable_stage(locked, row.stage)
+            locked, row = _check_to_change(check, "was already removed.")
             row.removed_at = timezone.now()
             row.removed_by = actor.label
             row.removed_reason = reason.strip()

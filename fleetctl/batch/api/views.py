@@ -27,23 +27,10 @@ from fleetctl.batch.api import serializers as s
 from fleetctl.batch.filters import FileFilter, JobFilter
 from fleetctl.batch.models import BatchFile, BatchJob
 from fleetctl.core import idempotency
-from fleetctl.core.api.renderers import NDJSON, NDJSONRenderer
+from fleetctl.core.api.renderers import NDJSON, JsonDownloadErrors, NDJSONRenderer
 from fleetctl.core.errors import NotFoundError
 
 ID = OpenApiParameter("id", int, OpenApiParameter.PATH, description="The job's id.")
-
-
-class _JsonErrors:
-    """An error answer to a download is the JSON error body, as everywhere."""
-
-    def finalize_response(self, request: Request, response: Any, *args: Any,
-                          **kwargs: Any) -> Any:
-        if (isinstance(response, Response) and response.status_code >= 400
-                and isinstance(getattr(request, "accepted_renderer", None), NDJSONRenderer)):
-            request.accepted_renderer = renderers.JSONRenderer()
-            request.accepted_media_type = "application/json"
-        return super().finalize_response(request, response, *args,  # type: ignore[misc]
-                                         **kwargs)
 
 
 def _mib(size: int) -> str:
@@ -87,7 +74,7 @@ class BatchFileViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         return Response(s.BatchFileSerializer(batch_file).data, status=status.HTTP_201_CREATED)
 
 
-class BatchJobViewSet(_JsonErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+class BatchJobViewSet(JsonDownloadErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                       viewsets.GenericViewSet):
     """Batch jobs: an input file run on one pool by the batch workers, with a concurrency
     limit, a rate limit and a completion window. Scope `jobs` to create, edit, pause, resume

@@ -3,8 +3,6 @@ cancelling a run need `jobs` (checked by the services, which audit refusals)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db.models import QuerySet
 from django.http import FileResponse, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -22,7 +20,7 @@ from fleetctl.bench.api import exports
 from fleetctl.bench.api import serializers as s
 from fleetctl.bench.filters import RunFilter, TraceFilter
 from fleetctl.bench.models import Run, Trace
-from fleetctl.core.api.renderers import CSVRenderer
+from fleetctl.core.api.renderers import CSVRenderer, JsonDownloadErrors
 from fleetctl.core.errors import NotFoundError
 from fleetctl.core.idempotency import action_body
 
@@ -73,7 +71,8 @@ class TraceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
                             filename=f"{trace.name}.jsonl", content_type="application/x-ndjson")
 
 
-class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class RunViewSet(JsonDownloadErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                 viewsets.GenericViewSet):
     """Benchmark runs: a trace against one or more pools, levels interleaved. POST starts one
     (`jobs`); the answer comes at once, poll the run for progress."""
 
@@ -86,16 +85,6 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     def get_serializer_class(self):  # type: ignore[no-untyped-def]
         return s.RunDetailSerializer if self.action == "retrieve" else s.RunSerializer
-
-    def finalize_response(self, request: Request, response: Any, *args: Any,
-                          **kwargs: Any) -> Any:
-        """An error answer to `…/export.csv` is the JSON error body, as documented: the CSV
-        renderer only lets the streamed rows through, and would answer the word "error"."""
-        if (isinstance(response, Response) and response.status_code >= 400
-                and isinstance(getattr(request, "accepted_renderer", None), CSVRenderer)):
-            request.accepted_renderer = renderers.JSONRenderer()
-            request.accepted_media_type = "application/json"
-        return super().finalize_response(request, response, *args, **kwargs)
 
     def _run(self, pk: str) -> Run:
         return get_object_or_404(selectors.run_list(), pk=pk)

@@ -8,6 +8,7 @@ from typing import Any
 from rest_framework import renderers
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
+from rest_framework.response import Response
 
 
 class PassThroughRenderer(renderers.BaseRenderer):
@@ -39,6 +40,22 @@ class NDJSONRenderer(PassThroughRenderer):
     media_type = NDJSON
     format = "jsonl"
     charset = None
+
+
+class JsonDownloadErrors:
+    """For a viewset with downloads or exports (CSV, JSONL): an error answer to one is the
+    JSON error body, as documented — the pass-through renderers let only the view's own bytes
+    through, and would answer the word "error"."""
+
+    def finalize_response(self, request: Request, response: Any, *args: Any,
+                          **kwargs: Any) -> Any:
+        if (isinstance(response, Response) and response.status_code >= 400
+                and isinstance(getattr(request, "accepted_renderer", None),
+                               CSVRenderer | NDJSONRenderer)):
+            request.accepted_renderer = renderers.JSONRenderer()
+            request.accepted_media_type = "application/json"
+        return super().finalize_response(request, response, *args,  # type: ignore[misc]
+                                         **kwargs)
 
 
 class ExportFormatNegotiation:

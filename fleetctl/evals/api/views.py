@@ -4,8 +4,6 @@ refusals). A suite upload is streamed to the service line by line; its errors na
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -27,6 +25,7 @@ from fleetctl.core.api.renderers import (
     NDJSON,
     CSVRenderer,
     ExportFormatNegotiation,
+    JsonDownloadErrors,
     NDJSONRenderer,
 )
 from fleetctl.core.errors import DomainError
@@ -41,23 +40,6 @@ EXPORT_FORMATS = ("json", "csv")
 DEFAULT_MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 
 
-
-
-class _FileAnswers:
-    """An error answer to a download or an export is the JSON error body, as documented: the
-    pass-through renderers let only the view's own bytes through."""
-
-    def finalize_response(self, request: Request, response: Any, *args: Any,
-                          **kwargs: Any) -> Any:
-        if (isinstance(response, Response) and response.status_code >= 400
-                and isinstance(getattr(request, "accepted_renderer", None),
-                               CSVRenderer | NDJSONRenderer)):
-            request.accepted_renderer = renderers.JSONRenderer()
-            request.accepted_media_type = "application/json"
-        return super().finalize_response(request, response, *args,  # type: ignore[misc]
-                                         **kwargs)
-
-
 def max_upload_bytes() -> int:
     return int(getattr(settings, "EVAL_MAX_UPLOAD_BYTES", DEFAULT_MAX_UPLOAD_BYTES))
 
@@ -66,7 +48,7 @@ def _mib(size: int) -> str:
     return f"{size / 1024 / 1024:.1f} MiB" if size >= 1024 * 1024 else f"{size:,} bytes"
 
 
-class EvalSuiteViewSet(_FileAnswers, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+class EvalSuiteViewSet(JsonDownloadErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                        viewsets.GenericViewSet):
     """Eval suites: versioned, immutable, pinned by the SHA-256 of their canonical JSONL. POST
     a multipart upload (name, description, file) or …/bundled/ to install fleetctl's own;
@@ -176,7 +158,7 @@ def _suite_ref(ref: str) -> EvalSuite:
                        "or name@version; see GET /api/v1/eval-suites/."]}) from exc
 
 
-class EvalRunViewSet(ExportFormatNegotiation, _FileAnswers, mixins.ListModelMixin,
+class EvalRunViewSet(ExportFormatNegotiation, JsonDownloadErrors, mixins.ListModelMixin,
                      mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Eval runs: a suite version sent to each named pool directly (never through a route),
     every answer scored; the candidate judged against the primary item by item. POST starts

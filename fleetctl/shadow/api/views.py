@@ -4,8 +4,6 @@ the collector stops sampling within a second."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from django_filters.rest_framework import DjangoFilterBackend
@@ -18,7 +16,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.core.api.renderers import CSVRenderer, ExportFormatNegotiation
+from fleetctl.core.api.renderers import (
+    CSVRenderer,
+    ExportFormatNegotiation,
+    JsonDownloadErrors,
+)
 from fleetctl.core.idempotency import action_body
 from fleetctl.shadow import selectors, services
 from fleetctl.shadow.api import exports
@@ -29,8 +31,8 @@ from fleetctl.shadow.models import ShadowRun
 EXPORT_FORMATS = ("json", "csv")  # the export's renderers' formats
 
 
-class ShadowRunViewSet(ExportFormatNegotiation, mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                       viewsets.GenericViewSet):
+class ShadowRunViewSet(ExportFormatNegotiation, JsonDownloadErrors, mixins.ListModelMixin,
+                       mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Shadow runs: a plan's candidate judged against its primary on live traffic mirrored at
     the route's gateways (or a replayed trace), primary vs primary again as the noise floor.
     POST starts one (`jobs`), PATCH adjusts its sampling and caps, …/stop/ stops it."""
@@ -54,15 +56,6 @@ class ShadowRunViewSet(ExportFormatNegotiation, mixins.ListModelMixin, mixins.Re
         """The run with its live counters, the latest judgement per metric, its verdict and
         evidence, and whether the route's gateways can mirror."""
         return self._detail(self._run(pk))
-
-    def finalize_response(self, request: Request, response: Any, *args: Any,
-                          **kwargs: Any) -> Any:
-        """An error answer to `…/export/?format=csv` is the JSON error body, as documented."""
-        if (isinstance(response, Response) and response.status_code >= 400
-                and isinstance(getattr(request, "accepted_renderer", None), CSVRenderer)):
-            request.accepted_renderer = renderers.JSONRenderer()
-            request.accepted_media_type = "application/json"
-        return super().finalize_response(request, response, *args, **kwargs)
 
     def _run(self, pk: str) -> ShadowRun:
         return get_object_or_404(selectors.run_list(), pk=pk)
