@@ -119,7 +119,11 @@ def duration_of(have_h: float, need_h: float) -> tuple[str, str]:
 
 FINGERPRINT_LABELS = {"model_revision": "model revision", "runtime_version": "runtime version",
                       "driver": "driver label", "quantisation": "quantisation",
-                      "weight_format": "weight format"}
+                      "weight_format": "weight format",
+                      "server_version": "server version (as the pool reports it)"}
+# Fingerprint fields the pool's servers report of themselves (fleet/probe.py): one recorded
+# before the probe had read it (empty) is unknown, not a change.
+REPORTED_FIELDS = ("server_version",)
 
 
 def pool_fingerprint(pool: Pool, model_ids: list[str]) -> dict[str, str]:
@@ -144,12 +148,15 @@ def pool_fingerprint(pool: Pool, model_ids: list[str]) -> dict[str, str]:
         "driver": str((pool.labels or {}).get("driver", "")),
         "quantisation": each(1),
         "weight_format": each(2),
+        "server_version": str((pool.reported or {}).get("server_version") or ""),
     }
 
 
 def fingerprint_change(then: dict[str, Any], now: dict[str, str]) -> str | None:
     """Why evidence measured at `then` no longer describes the pool, or None."""
     for key, label in FINGERPRINT_LABELS.items():
+        if key in REPORTED_FIELDS and not then.get(key):
+            continue  # measured before the pool reported it: not known to have changed
         if key in then and then.get(key) != now.get(key):
             return f"{label} changed from {then.get(key) or '(none)'} to {now.get(key) or '(none)'}"
     return None

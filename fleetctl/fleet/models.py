@@ -175,6 +175,11 @@ class Pool(models.Model):
     last_probe_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_probe_latency_ms = models.FloatField(null=True, blank=True, editable=False)
     last_probe_error = models.TextField(blank=True, editable=False)
+    # What the pool's servers last reported of themselves (fleet/probe.py: server version,
+    # each model's max_model_len), kept across probes that report nothing; `reported_at`:
+    # when what they report last changed (an upgrade nobody registered shows here first).
+    reported = models.JSONField(default=dict, blank=True, editable=False)
+    reported_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
@@ -325,6 +330,7 @@ class HealthCheck(models.Model):
     latency_ms = models.FloatField(null=True, blank=True)
     error = models.TextField(blank=True)
     models_seen = models.JSONField(default=list, blank=True)
+    reported = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-checked_at", "-id"]

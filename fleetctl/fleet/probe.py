@@ -1,7 +1,10 @@
 """What a health probe asks a pool: `/v1/models` must answer 200 with a model list that
 names every model the pool is configured to serve (its PoolModel rows: a server that came
 back with another model, or none, must not take that model's traffic), and `/health` must
-not fail when the server has one (404 means it has none). Each call is checked by
+not fail when the server has one (404 means it has none). What the server says of itself is
+kept as `reported`: its version from `GET /version` (vLLM's; None when it has none or says
+nothing readable — "not reported", never a change) and each model's `max_model_len` from the
+model list. Each call is checked by
 core.destinations first (a pool's name that now resolves to loopback or metadata is refused
 and the probe fails, saying why) and goes to the address that was checked."""
 
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from fleetctl.core.destinations import POOLS, destination_request
 from fleetctl.core.http import OutboundError, OutboundResponse
@@ -26,11 +30,36 @@ class ProbeResult:
     latency_ms: float | None = None
     error: str = ""
     models_seen: list[str] = field(default_factory=list)
+    # {"server_version": str | None, "max_model_len": {model: int}}: what the server reports
+    # of itself; a field it does not report is None or missing, never a guess.
+    reported: dict[str, Any] = field(default_factory=dict)
 
 
 def _models_from(body: bytes) -> list[str]:
     data = json.loads(body)
     return sorted(str(item["id"]) for item in data.get("data", []) if "id" in item)
+
+
+def _max_lengths(body: bytes) -> dict[str, int]:
+    """Each listed model's `max_model_len` (vLLM's field), where it is a positive integer."""
+    items = json.loads(body).get("data", [])
+    return {str(item["id"]): item["max_model_len"] for item in items
+            if isinstance(item, dict) and "id" in item
+            and isinstance(item.get("max_model_len"), int)
+            and not isinstance(item.get("max_model_len"), bool) and item["max_model_len"] > 0}
+
+
+def _server_version(root: str, timeout_s: float) -> str | None:
+    """`GET /version`'s `version` (vLLM), or None: no such endpoint, an error, or an answer
+    without a short printable version string."""
+    try:
+        answer = http_get(f"{root}/version", timeout_s=timeout_s)
+        version = json.loads(answer.body).get("version") if answer.status_code == 200 else None
+    except (OutboundError, ValueError, AttributeError):
+        return None
+    if isinstance(version, str) and 0 < len(version) <= 64 and version.isprintable():
+        return version
+    return None
 
 
 def probe_endpoint(base_url: str, *, timeout_s: float,
@@ -72,7 +101,10 @@ def probe_endpoint(base_url: str, *, timeout_s: float,
             ok=False, status_code=health.status_code, latency_ms=models.latency_ms,
             error=f"GET {root}/health answered HTTP {health.status_code}", models_seen=seen,
         )
-    return ProbeResult(ok=True, status_code=200, latency_ms=models.latency_ms, models_seen=seen)
+    reported = {"server_version": _server_version(root, timeout_s),
+                "max_model_len": _max_lengths(models.body)}
+    return ProbeResult(ok=True, status_code=200, latency_ms=models.latency_ms, models_seen=seen,
+                       reported=reported)
 
 
 def probe_pool(base_urls: list[str], *, timeout_s: float,
@@ -89,4 +121,19 @@ def probe_pool(base_urls: list[str], *, timeout_s: float,
         return ProbeResult(ok=False, status_code=first.status_code,
                            latency_ms=max(latencies) if latencies else None,
                            error="; ".join(r.error for r in failed), models_seen=seen)
-    return ProbeResult(ok=True, status_code=200, latency_ms=max(latencies), models_seen=seen)
+    return ProbeResult(ok=True, status_code=200, latency_ms=max(latencies), models_seen=seen,
+                       reported=_pool_reported([r.reported for r in results]))
+
+
+def _pool_reported(each: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pool's self-description from its endpoints': a version every endpoint reported
+    (endpoints that disagree, a rolling upgrade half done, report all of theirs, sorted), and
+    the smallest max_model_len each model is listed with."""
+    versions = sorted({str(r["server_version"]) for r in each if r.get("server_version")})
+    version = None if not versions or any(not r.get("server_version") for r in each) else \
+        ",".join(versions)
+    lengths: dict[str, int] = {}
+    for r in each:
+        for model, length in (r.get("max_model_len") or {}).items():
+            lengths[model] = min(length, lengths.get(model, length))
+    return {"server_version": version, "max_model_len": lengths}

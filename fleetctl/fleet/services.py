@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -395,9 +395,32 @@ def currency_rate_delete(*, actor: Actor, currency_rate: CurrencyRate) -> None:
 
 # --- health ----------------------------------------------------------------------------------
 
+def reported_changes(before: dict[str, Any], now: dict[str, Any]) -> tuple[dict[str, Any],
+                                                                           list[str]]:
+    """What the pool reports after a probe that reported `now` (fields it did not report
+    keep their last value: "not reported" is never a change), and the changes, one
+    sentence each. A first report of a field is recorded, not a change."""
+    lengths: dict[str, int] = dict(before.get("max_model_len") or {})
+    merged: dict[str, Any] = {"server_version": before.get("server_version"),
+                              "max_model_len": lengths}
+    changes = []
+    version = now.get("server_version")
+    if version:
+        if merged["server_version"] and merged["server_version"] != version:
+            changes.append(f"server version {merged['server_version']} → {version}")
+        merged["server_version"] = version
+    for model, length in sorted((now.get("max_model_len") or {}).items()):
+        was = lengths.get(model)
+        if was is not None and was != length:
+            changes.append(f"{model} max_model_len {was} → {length}")
+        lengths[model] = length
+    return merged, changes
+
+
 def pool_health_record(
     *, pool_id: int, ok: bool, status_code: int | None, latency_ms: float | None,
     error: str = "", models_seen: list[str] | None = None,
+    reported: dict[str, Any] | None = None,
 ) -> HealthCheck | None:
     """Store one probe result and flip the pool's state after K failures or successes.
 
@@ -413,8 +436,9 @@ def pool_health_record(
             return None
         check = HealthCheck.objects.create(
             pool=pool, checked_at=now, ok=ok, status_code=status_code, latency_ms=latency_ms,
-            error=error[:2000], models_seen=models_seen or [],
+            error=error[:2000], models_seen=models_seen or [], reported=reported or {},
         )
+        changes = _note_reported(pool, reported, now) if ok and reported else []
         if ok:
             pool.consecutive_successes += 1
             pool.consecutive_failures = 0
@@ -435,13 +459,50 @@ def pool_health_record(
         pool.last_probe_latency_ms = latency_ms
         pool.last_probe_error = "" if ok else error[:2000]
         update = ["consecutive_successes", "consecutive_failures", "last_probe_at",
-                  "last_probe_latency_ms", "last_probe_error"]
+                  "last_probe_latency_ms", "last_probe_error", "reported", "reported_at"]
         if target != pool.health_state:
             transition = _health_flip(pool=pool, to_state=target, check=check, now=now)
             update += ["health_state", "health_changed_at"]
             transaction.on_commit(partial(_health_hooks_run, pool.pk, transition.pk))
         pool.save(update_fields=update)
+        if changes:
+            transaction.on_commit(partial(_report_hooks_run, pool.pk, changes))
     return check
+
+
+def _note_reported(pool: Pool, reported: dict[str, Any], now: datetime) -> list[str]:
+    """Fold a probe's report into the pool (its `reported` and `reported_at`, saved by the
+    caller) and audit a change."""
+    pool.reported, changes = reported_changes(pool.reported or {}, reported)
+    if changes or pool.reported_at is None:
+        pool.reported_at = now
+    if changes:
+        audit_record(actor=Actor.for_system("health-probe"), action="pool.reported_change",
+                     target=pool, message=f"{pool.name} reports a change nobody registered: "
+                                          f"{'; '.join(changes)}",
+                     after={"reported": pool.reported, "changes": changes})
+    return changes
+
+
+# Called with (pool_id, changes) once a probe found the pool reporting something new of
+# itself (an upgraded server version, another max_model_len) and it committed. Upper layers
+# register here: conformance re-probes every open plan's candidate, ramps hold.
+ReportHook = Callable[[int, list[str]], object]
+REPORT_HOOKS: list[ReportHook] = []
+
+
+def register_report_hook(hook: ReportHook) -> ReportHook:
+    if hook not in REPORT_HOOKS:
+        REPORT_HOOKS.append(hook)
+    return hook
+
+
+def _report_hooks_run(pool_id: int, changes: list[str]) -> None:
+    for hook in list(REPORT_HOOKS):
+        try:
+            hook(pool_id, changes)
+        except Exception:  # one layer's trouble must not stop the others
+            log.exception("report hook %s failed for pool %s", hook, pool_id)
 
 
 # Called with (pool_id, transition_id) once a flip of a pool's health has committed. Upper

@@ -27,6 +27,7 @@ def pool_probe(pool_id: int) -> bool | None:
     services.pool_health_record(
         pool_id=pool_id, ok=result.ok, status_code=result.status_code,
         latency_ms=result.latency_ms, error=result.error, models_seen=result.models_seen,
+        reported=result.reported,
     )
     return result.ok
 

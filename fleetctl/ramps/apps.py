@@ -26,6 +26,16 @@ class RampsConfig(AppConfig):
         register_provider("fleet.pool_live", live_pools)
         # A drain of a ramp's pool ends the ramp; a restore does not give its share back.
         holder_register("ramps", lock=_lock_for_drain, holds=_holds, drained=_drained)
+        # A pool that reports a change nobody registered (an upgrade): its ramps hold.
+        from fleetctl.fleet.services import register_report_hook
+
+        register_report_hook(_hold_for_reverification)
+
+
+def _hold_for_reverification(pool_id: int, changes: list[str]) -> None:
+    from fleetctl.ramps.services import ramps_hold_for_report
+
+    ramps_hold_for_report(pool_id=pool_id, changes=changes)
 
 
 def _lock_for_drain(**kwargs: Any) -> None:

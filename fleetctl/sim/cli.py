@@ -29,7 +29,7 @@ _POOL_RE = re.compile(
     r"(?::(?P<overrides>[^@]*))?@(?P<port>\d+)$"
 )
 _OVERRIDE_RE = re.compile(r"^(?P<key>[a-z_]+)=(?P<value>[A-Za-z0-9_.+-]+)$")
-_FAULT_FIELDS = ("error_rate", "added_latency_ms", "slowdown", "down")
+_FAULT_FIELDS = ("error_rate", "added_latency_ms", "slowdown", "down", "server_version")
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,13 @@ def _url(text: str) -> str:
     return text.rstrip("/")
 
 
+def _version(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}", text):
+        raise argparse.ArgumentTypeError(f"expected a version such as 0.9.0 (letters, digits "
+                                         f"and . _ + -, at most 64), got {text!r}")
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(sim_error=parser.error, sim_command=None)
     parser.add_argument("--pool", action="append", type=pool_arg, default=[],
@@ -137,6 +144,9 @@ def _add_fault_arguments(fault: argparse.ArgumentParser) -> None:
                         help="hard down: 503 everywhere, in-flight requests aborted")
     updown.add_argument("--up", dest="down", action="store_const", const=False,
                         help="back up")
+    fault.add_argument("--server-version", type=_version, metavar="VERSION",
+                       help="the version GET /version reports from now on (an upgrade "
+                            "nobody registered), e.g. 0.9.0")
     fault.add_argument("--reset", action="store_true",
                        help="clear all faults first (other flags then apply on top)")
     fault.add_argument("--timeout", type=_number(0.1, 600.0, "between 0.1 and 600"),

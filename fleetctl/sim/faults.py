@@ -1,12 +1,18 @@
 """Faults an operator injects into a simulated pool (POST /admin/faults): errors, added
-latency, a slowdown, or the whole pool down."""
+latency, a slowdown, the whole pool down, or an upgrade nobody registered (the server
+version `GET /version` reports, as vLLM's does)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from .apierror import ApiError
+
+# What `GET /version` answers until an operator "upgrades" the pool (`server_version`).
+SERVER_VERSION = "0.8.5+sim"
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 
 
 @dataclass
@@ -15,6 +21,7 @@ class Faults:
     added_latency_ms: float = 0.0
     slowdown: float = 1.0
     down: bool = False
+    server_version: str = SERVER_VERSION
 
     def validated(self, data: Any) -> Faults:
         """A new Faults with `data` applied, or ApiError(400) naming the bad field."""
@@ -34,6 +41,11 @@ class Faults:
 
 
 def _check_fault(key: str, value: Any) -> Any:
+    if key == "server_version":
+        if not isinstance(value, str) or not _VERSION.fullmatch(value):
+            raise ApiError(400, "Invalid 'server_version': expected 1-64 characters of "
+                                "letters, digits and . _ + - (e.g. 0.9.0).", param=key)
+        return value
     if key == "down":
         if not isinstance(value, bool):
             raise ApiError(400, "Invalid 'down': expected true or false.", param=key)

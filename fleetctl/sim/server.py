@@ -1,7 +1,7 @@
 """aiohttp routes for one simulated pool (serving.py serves several in one event loop).
 
 Surface per pool port: OpenAI-compatible `/v1/models`, `/v1/chat/completions`,
-`/v1/completions`; `/health`; `/metrics`; and `/admin/*` (state, faults, reset,
+`/v1/completions`; `/health`; `/version` (vLLM's); `/metrics`; and `/admin/*` (state, faults, reset,
 ground truth). Every error is an OpenAI error object; nothing answers with a traceback.
 """
 
@@ -130,6 +130,7 @@ class SimPool(PoolAdmin):
         app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.prometheus)
+        app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/v1/models/{model}", self.get_model)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
@@ -211,6 +212,13 @@ class SimPool(PoolAdmin):
             "owned_by": "fleetctl-sim",
             "max_model_len": self.profile.max_context,
         }
+
+    async def version(self, request: web.Request) -> web.Response:
+        """vLLM's `GET /version`: the server's version (an operator changes it to play an
+        upgrade nobody registered)."""
+        if self.faults.down:
+            raise down_error()
+        return web.json_response({"version": self.faults.server_version})
 
     async def list_models(self, request: web.Request) -> web.Response:
         if self.faults.down:

@@ -35,7 +35,12 @@ from migrations_plan.services.stages import (
     rehearsal_start,
     resume,
 )
-from migrations_plan.services.worker import evidence_record, plan_refresh, rehearsal_finish
+from migrations_plan.services.worker import (
+    evidence_record,
+    passed_gate_risks,
+    plan_refresh,
+    rehearsal_finish,
+)
 
 __all__ = [
     "CHECK_FIELDS",
@@ -55,6 +60,7 @@ __all__ = [
     "check_update",
     "evidence_record",
     "evidence_report",
+    "passed_gate_risks",
     "pause",
     "plan_create",
     "plan_refresh",

@@ -68,7 +68,7 @@ def passed_gate_risks(plan: Plan) -> list[str]:
     expired: → insufficient data) is a risk. Checks added since are not the approval's."""
     from migrations_plan.models import StageMove
 
-    risks: list[str] = []
+    risks = _reverifying(plan)
     moves = StageMove.objects.filter(plan=plan, kind=StageMove.Kind.ADVANCE).order_by("-at")
     seen: set[str] = set()
     for move in moves:
@@ -82,12 +82,33 @@ def passed_gate_risks(plan: Plan) -> list[str]:
         for outcome in ev.evaluate_gate(plan, stage=stage).outcomes:
             before = then.get(outcome.check.key)
             now = outcome.status
-            if before is None or _SEVERITY.get(now, 0) <= _SEVERITY.get(before, 0):
-                continue
+            if before is None or _SEVERITY.get(now, 0) <= _SEVERITY.get(before, 0) or \
+                    _reported_change(outcome):
+                continue  # (a reported change is listed once, as being re-verified)
             risks.append(f"stage {stage}: {outcome.check.title} was "
                          f"{ev.status_label(before)} when approved, now "
                          f"{ev.status_label(now)}: {outcome.result.summary}"[:600])
     return risks
+
+
+def _reverifying(plan: Plan) -> list[str]:
+    """Checks of the gates up to the current one whose latest evidence stopped counting
+    because the candidate's servers report something new of themselves (an upgrade nobody
+    registered): the plan is at risk while that is re-verified, whatever those checks said
+    when approved."""
+    risks = []
+    for stage in range(1, plan.stage + 1):
+        for outcome in ev.evaluate_gate(plan, stage=stage).outcomes:
+            if _reported_change(outcome):
+                risks.append(f"stage {stage}: {outcome.check.title} is being re-verified: "
+                             f"{outcome.result.numbers['expired_why']}"[:600])
+    return risks
+
+
+def _reported_change(outcome: ev.CheckOutcome) -> bool:
+    """The check's latest evidence stopped counting because of what the pool reports."""
+    why = str(outcome.result.numbers.get("expired_why") or "")
+    return any(why.startswith(ev.FINGERPRINT_LABELS[key]) for key in ev.REPORTED_FIELDS)
 
 
 def _mark_risk(plan: Plan, risks: list[str], system: Actor) -> None:

@@ -12,6 +12,8 @@ class FakeEndpoint:
     def __init__(self) -> None:
         self.status = 200
         self.has_health = True
+        # What GET /version answers: None → 404 (no such endpoint), bytes → sent as they are.
+        self.version: str | bytes | None = None
         self.requests: list[str] = []
         endpoint = self
 
@@ -20,13 +22,19 @@ class FakeEndpoint:
                 endpoint.requests.append(self.path)
                 if self.path == "/health" and not endpoint.has_health:
                     return self._send(404, {"detail": "not found"})
+                if self.path == "/version" and endpoint.version is not None:
+                    if isinstance(endpoint.version, bytes):
+                        return self._raw(200, endpoint.version)
+                    return self._send(200, {"version": endpoint.version})
                 if self.path in ("/v1/models", "/health"):
                     body = {"object": "list", "data": [{"id": "llama-3.1-8b-instruct"}]}
                     return self._send(endpoint.status, body)
                 return self._send(404, {})
 
             def _send(self, status: int, body: dict[str, object]) -> None:
-                raw = json.dumps(body).encode()
+                self._raw(status, json.dumps(body).encode())
+
+            def _raw(self, status: int, raw: bytes) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(raw)))

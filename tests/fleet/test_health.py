@@ -32,17 +32,18 @@ def endpoint() -> Iterator[FakeEndpoint]:
 # The probes below get a 10 s timeout: the fake endpoint answers in ~1 ms, but a loaded
 # machine may be slow to schedule its thread, and a longer limit costs nothing when it answers.
 
-def test_a_probe_reads_the_model_list_and_health(endpoint):
+def test_a_probe_reads_the_model_list_health_and_version(endpoint):
     result = probe_pool([endpoint.url], timeout_s=10)
     assert result.ok and result.models_seen == ["llama-3.1-8b-instruct"]
     assert result.latency_ms is not None and result.latency_ms > 0
-    assert endpoint.requests == ["/v1/models", "/health"]
+    assert endpoint.requests == ["/v1/models", "/health", "/version"]
+    assert result.reported == {"server_version": None, "max_model_len": {}}  # none: 404
 
 
 def test_a_base_url_ending_in_v1_is_probed_at_the_servers_root(endpoint):
     result = probe_pool([f"{endpoint.url}/v1/"], timeout_s=10)
     assert result.ok
-    assert endpoint.requests == ["/v1/models", "/health"]
+    assert endpoint.requests == ["/v1/models", "/health", "/version"]
 
 
 def test_a_server_without_a_health_route_is_still_healthy(endpoint):

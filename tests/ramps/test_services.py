@@ -242,6 +242,21 @@ class TestController:
         assert kinds(ramp) == ["start", "step", "pause", "fail", "fail", "rollback"]
         assert "failed while paused (2 of 2 in a row)" in ramp.state_reason
 
+    def test_a_pool_reporting_an_unregistered_upgrade_holds_its_running_ramps(
+            self, fleet, oncall):
+        from fleetctl.ramps.services import ramps_hold_for_report
+
+        ramp = start(fleet, oncall)
+        ramps_tick(now=boundary(timezone.now()))
+        [held] = ramps_hold_for_report(pool_id=fleet.cand.pk,
+                                       changes=["server version 0.6.3 → 0.7.0"])
+        ramp = fresh(ramp)
+        assert held.pk == ramp.pk and ramp.state == "paused"
+        assert ramp.state_reason == ("the pool reports server version 0.6.3 → 0.7.0 (nobody "
+                                     "registered it): held until it is re-verified")
+        assert ramp.events.filter(kind="pause", actor="system:reverify").exists()
+        assert ramps_hold_for_report(pool_id=fleet.cand.pk, changes=["again"]) == []
+
     def test_a_passing_check_resets_the_failure_count(self, fleet, oncall):
         ramp = start(fleet, oncall, steps=((5, 60),))
         t0 = boundary(timezone.now())

@@ -13,6 +13,8 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from fleetctl.sim.faults import SERVER_VERSION
+
 from .simproc import MODEL, SimProcess, client, run_cli
 
 pytestmark = pytest.mark.slow
@@ -146,6 +148,9 @@ def test_slowdown_stretches_every_decode_step(faulty: str) -> None:
         ({"down": "yes"}, "down"),
         ({"down": 1}, "down"),
         ({"meltdown": True}, "meltdown"),
+        ({"server_version": ""}, "server_version"),
+        ({"server_version": "0.9 beta"}, "server_version"),
+        ({"server_version": 9}, "server_version"),
         ([1], None),
     ],
 )
@@ -160,7 +165,18 @@ def test_invalid_fault_settings_are_refused_with_a_400(
         assert field in error["message"]
     assert httpx.get(f"{faulty}/admin/state").json()["faults"] == {
         "error_rate": 0.0, "added_latency_ms": 0.0, "slowdown": 1.0, "down": False,
+        "server_version": SERVER_VERSION,
     }
+
+
+def test_the_version_a_pool_reports_changes_when_an_operator_upgrades_it(faulty: str) -> None:
+    """vLLM's GET /version; `server_version` plays an upgrade nobody registered."""
+    assert httpx.get(f"{faulty}/version").json() == {"version": SERVER_VERSION}
+    assert set_faults(faulty, server_version="0.9.0")["server_version"] == "0.9.0"
+    assert httpx.get(f"{faulty}/version").json() == {"version": "0.9.0"}
+    done = run_cli("fault", "--url", faulty, "--server-version", "0.9.1")
+    assert done.returncode == 0, done.stderr
+    assert httpx.get(f"{faulty}/version").json() == {"version": "0.9.1"}
 
 
 def test_the_fault_command_sets_and_clears_faults(faulty: str) -> None:
@@ -170,7 +186,7 @@ def test_the_fault_command_sets_and_clears_faults(faulty: str) -> None:
     assert '"error_rate": 0.2' in done.stdout
     faults = httpx.get(f"{faulty}/admin/state").json()["faults"]
     assert faults == {"error_rate": 0.2, "added_latency_ms": 50.0, "slowdown": 2.0,
-                      "down": False}
+                      "down": False, "server_version": SERVER_VERSION}
     assert run_cli("fault", "--url", faulty, "--down").returncode == 0
     assert httpx.get(f"{faulty}/health").status_code == 503
     assert run_cli("fault", "--url", faulty, "--up").returncode == 0
@@ -188,6 +204,8 @@ def test_the_fault_command_sets_and_clears_faults(faulty: str) -> None:
         (["--slowdown", "0.5"], "--slowdown: must be between 1 and 1000"),
         (["--added-latency-ms", "-5"], "--added-latency-ms: must be between 0 and 600000"),
         (["--down", "--up"], "not allowed with argument"),
+        (["--server-version", "0.9 beta"], "--server-version: expected a version such as "
+                                           "0.9.0"),
     ],
 )
 def test_the_fault_command_rejects_bad_flags(args: list[str], complaint: str) -> None:

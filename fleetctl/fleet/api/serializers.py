@@ -38,8 +38,22 @@ class PoolModelNestedSerializer(serializers.ModelSerializer):
                   "max_context_tokens"]
 
 
+class PoolReportedSerializer(serializers.Serializer):
+    """What the pool's servers last reported of themselves (the health probe)."""
+
+    server_version = serializers.CharField(
+        allow_null=True, default=None,
+        help_text="GET /version's version (vLLM); null: never reported.")
+    max_model_len = serializers.DictField(
+        child=serializers.IntegerField(), default=dict,
+        help_text="Model → max_model_len as /v1/models lists it.")
+
+
 class PoolSerializer(serializers.ModelSerializer):
     region = serializers.SlugRelatedField(slug_field="code", queryset=Region.objects.all())
+    reported = PoolReportedSerializer(
+        read_only=True, help_text="What its servers last reported of themselves; a change "
+                                  "nobody registered starts re-verification.")
     jurisdiction = serializers.CharField(source="region.jurisdiction", read_only=True)
     models = PoolModelNestedSerializer(many=True, read_only=True)
     base_urls = serializers.ListField(
@@ -62,13 +76,15 @@ class PoolSerializer(serializers.ModelSerializer):
             "cost_hourly_rate", "cost_currency", "cost_source", "cost_stale",
             "cost_stale_reason", "health_state", "health_changed_at", "consecutive_failures",
             "last_probe_at",
-            "last_probe_latency_ms", "last_probe_error", "created_at", "updated_at",
+            "last_probe_latency_ms", "last_probe_error", "reported", "reported_at",
+            "created_at", "updated_at",
         ]
         read_only_fields = [
             "id", "cost_per_1m_output_tokens", "cost_measured_at", "cost_hourly_rate",
             "cost_currency", "cost_source", "health_state",
             "health_changed_at", "consecutive_failures", "last_probe_at",
-            "last_probe_latency_ms", "last_probe_error", "created_at", "updated_at",
+            "last_probe_latency_ms", "last_probe_error", "reported", "reported_at",
+            "created_at", "updated_at",
         ]
         # Uniqueness is checked by the service (full_clean) so the message is the same
         # everywhere; DRF's own check would be a second, differently worded one.

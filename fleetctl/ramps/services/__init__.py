@@ -36,6 +36,7 @@ from fleetctl.ramps.services.people import (
     ramp_pause,
     ramp_resume,
     ramp_skip,
+    ramps_hold_for_report,
 )
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "ramp_resume",
     "ramp_skip",
     "ramps_end_for_drain",
+    "ramps_hold_for_report",
     "ramps_lock_for_drain",
     "ramps_tick",
     "record_error",

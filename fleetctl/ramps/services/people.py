@@ -153,6 +153,28 @@ def ramp_pause(*, actor: Actor, ramp: Ramp, reason: str) -> Ramp:
     return locked
 
 
+def ramps_hold_for_report(*, pool_id: int, changes: list[str]) -> list[Ramp]:
+    """A pool reports a change nobody registered (fleet's report hooks): its running ramps
+    pause, by `system:reverify`, until a person has seen the re-verification — a ramp must not
+    step an upgraded server up on evidence measured on the old one. The guard keeps judging
+    the paused ramp (a failing pool still rolls back)."""
+    from django.core.exceptions import ValidationError
+
+    from fleetctl.core.errors import DomainError
+
+    actor = Actor.for_system("reverify")
+    held = []
+    for ramp in Ramp.objects.filter(pool_id=pool_id, state=Ramp.State.RUNNING).order_by("pk"):
+        try:
+            held.append(ramp_pause(
+                actor=actor, ramp=ramp,
+                reason=f"the pool reports {'; '.join(changes)} (nobody registered it): held "
+                       f"until it is re-verified"[:2000]))
+        except (ValidationError, DomainError):  # ended or paused meanwhile
+            continue
+    return held
+
+
 def ramp_resume(*, actor: Actor, ramp: Ramp, reason: str) -> Ramp:
     """Resume a paused ramp: it adopts the route's current revision (whatever changed it),
     its next tick sets the current step's split again and restarts that step's hold."""
