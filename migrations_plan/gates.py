@@ -49,8 +49,8 @@ DEFAULT_GATES: dict[int, list[CheckTemplate]] = {
                       attest_role=roles.PLATFORM_LEAD),
     ],
     3: [
-        CheckTemplate("soak", "Batch soak of N days with no manual intervention",
-                      rule="evidence.latest", params={"kind": "soak"}),
+        CheckTemplate("soak", "Batch soak of 7 days with no manual intervention",
+                      rule="soak.sustained", params={"min_days": 7}),
         CheckTemplate("checkpoint-resume", "Checkpoint-and-resume survived a real interruption",
                       rule="evidence.latest", params={"kind": "checkpoint-resume"}),
         CheckTemplate("cost-arbitrage", "Measured cost arbitrage matches the prediction",

@@ -4,7 +4,7 @@ jobs write. Registered when the app loads (apps.py)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from migrations_plan.evidence import (
@@ -169,6 +169,19 @@ def cost_reported(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
                              f"1M output tokens, measured {age_days:.1f} days ago.", numbers, [ref])
 
 
+def _candidate_drain(ctx: RuleContext, route: Any, since: datetime) -> Any:
+    """The newest finished drain since `since` that took the candidate's weight off `route`
+    (a drain of the pool, or of the whole route while it carried weight)."""
+    from fleetctl.traffic.models import Drain
+
+    drains = (Drain.objects.filter(action=Drain.Action.DRAIN, requested_at__gte=since,
+                                   revisions__route=route)
+              .exclude(status__in=[Drain.Status.PUSHING, Drain.Status.VERIFIED])
+              .order_by("-requested_at", "-id"))
+    return next((d for d in drains.iterator()
+                 if ctx.candidate.name in (d.drained_pools or [])), None)
+
+
 def drain_rehearsed(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
     """For every route of the plan, the latest drain **of the plan's candidate** within N days
     finished, and every gateway verified within the target time (drain call → last gateway's
@@ -183,13 +196,7 @@ def drain_rehearsed(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
     timings: dict[str, float | None] = {}
     missing, slow, failed, lost = [], [], [], []
     for route in ctx.routes:
-        drains = (Drain.objects.filter(action=Drain.Action.DRAIN, requested_at__gte=since,
-                                       revisions__route=route)
-                  .exclude(status__in=[Drain.Status.PUSHING, Drain.Status.VERIFIED])
-                  .order_by("-requested_at", "-id"))
-        # The newest that took the candidate's weight off (a drain of it, or of the route).
-        drain = next((d for d in drains.iterator()
-                      if ctx.candidate.name in (d.drained_pools or [])), None)
+        drain = _candidate_drain(ctx, route, since)
         if drain is None:
             missing.append(route.name)
             timings[route.name] = None
@@ -248,7 +255,8 @@ def latest_evidence(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
             row, why = expired[0]
             return CheckResult(INSUFFICIENT,
                                f"The latest {label} evidence no longer counts: {why}.",
-                               {"expired": len(expired)}, [evidence_ref(row)])
+                               {"expired": len(expired), "expired_why": why},
+                               [evidence_ref(row)])
         producer = KINDS[kind].produced_by
         hint = f" It comes from {producer}." if producer else \
             " No job in this version measures it yet."
@@ -325,17 +333,19 @@ def _first_step_short(data: dict[str, Any], min_days: float, numbers: dict[str, 
                 "ramp again.")
     if float(held_s) >= min_days * 86400:
         return None
-    return (f"held {_span(float(held_s))} of the {_span(min_days * 86400)} the first live "
-            f"step must hold: a longer first hold, or wait for it.")
+    return (f"held {span_text(float(held_s))} of the {span_text(min_days * 86400)} the first "
+            f"live step must hold: a longer first hold, or wait for it.")
 
 
-def _span(seconds: float) -> str:
-    """A span as people say it: days from a day up, else hours, else minutes."""
+def span_text(seconds: float) -> str:
+    """A span as people say it: days from a day up, else hours, minutes or seconds."""
     if seconds >= 86400:
         return f"{seconds / 86400:.1f} days"
     if seconds >= 3600:
         return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.1f} min"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s"
 
 
 def _kind_names() -> list[str]:

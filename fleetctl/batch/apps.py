@@ -16,12 +16,14 @@ class BatchConfig(AppConfig):
     def ready(self) -> None:
         from fleetctl.batch.evidence import register
         from fleetctl.batch.soak import cost_rejudge
+        from fleetctl.batch.soak_rule import register as register_soak_rule
         from fleetctl.batch.stage_moves import pause_jobs_the_stage_no_longer_allows
         from fleetctl.core.panels import Panel, register_panel
         from migrations_plan.panels import PLAN_PANELS
         from migrations_plan.services import PREDICTION_HOOKS, STAGE_MOVE_HOOKS
 
         register()
+        register_soak_rule()
         register_panel(Panel(PLAN_PANELS, "batch/_plan_panel.html", order=30,
                              when=_plan_in_stage_3_or_later))
         if cost_rejudge not in PREDICTION_HOOKS:

@@ -372,6 +372,14 @@ class Command(BaseCommand):
             "Demo: batch work is offline; the shadow and benchmark evidence is waived for "
             "the batch stage's soak to show what the candidate does."))
         plan = plans.advance(actor=lead2, plan=plan, reason="into batch: soak the A100s")
+        # The soak's span, measured on the clock as in production, shortened to the demo
+        # soak's length and said so in the check's title.
+        soak = plan.checks.get(stage=3, key="soak")
+        minutes = SOAK["duration_s"] // 60
+        plans.check_update(actor=lead, check=soak,
+                           params={**soak.params, "min_days": minutes / 1440},
+                           title=f"Batch soak of {minutes} min with no manual intervention "
+                                 f"(demo span; 7 days in production)")
         return plans.plan_update(actor=lead, plan=plan, **BATCH_PREDICTION)
 
     def _probe(self) -> None:
