@@ -60,6 +60,8 @@ class PlanForm(forms.Form):
     slo_ttft_p95_ms = _plan_field("slo_ttft_p95_ms", label="SLO: TTFT p95 (ms)")
     slo_tpot_p95_ms = _plan_field("slo_tpot_p95_ms", label="SLO: TPOT p95 (ms)")
     slo_error_rate = _plan_field("slo_error_rate", label="SLO: error rate (0–0.5)")
+    slo_e2e_p95_ms = _plan_field("slo_e2e_p95_ms", label="SLO: whole-answer p95 (ms)",
+                                 required=False)
     latency_margin_pct = _plan_field("latency_margin_pct", label="Latency margin (%)")
     cost_margin_pct = _plan_field("cost_margin_pct", label="Cost margin (%)")
     quality_margin_pct = _plan_field("quality_margin_pct", label="Quality margin (points)")

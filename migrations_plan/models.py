@@ -49,6 +49,10 @@ class Plan(models.Model):
     slo_error_rate = models.FloatField(
         validators=[MinValueValidator(0), MaxValueValidator(0.5)],
         help_text="Errors and timeouts / requests, 0–0.5 (0.01 = 1 %).")
+    slo_e2e_p95_ms = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Whole-answer latency p95 per pool (ms), streamed or not; the guard judges "
+                  "it when set (routes whose callers do not stream have no TTFT).")
     latency_margin_pct = models.FloatField(
         default=10, validators=[MinValueValidator(0), MaxValueValidator(500)],
         help_text="How much slower than the primary the candidate may be, %.")

@@ -155,6 +155,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         "min_samples": args.min_samples, "window_s": args.window_s,
         "failure_threshold": args.failure_threshold, "plan": args.plan,
         "slo_ttft_p95_ms": args.slo_ttft_ms, "slo_tpot_p95_ms": args.slo_tpot_ms,
+        "slo_e2e_p95_ms": args.slo_e2e_ms,
         "slo_error_rate": args.slo_error_rate, "latency_margin_pct": args.latency_margin_pct,
     }
     ramp = client.post("/api/v1/ramps/", {k: v for k, v in body.items() if v is not None},
@@ -237,6 +238,8 @@ def add_commands(sub: Any, common: Any) -> None:
                        help="consecutive failing checks before rollback (default 2)")
     start.add_argument("--slo-ttft-ms", type=non_negative(float), help="TTFT p95 bound (ms)")
     start.add_argument("--slo-tpot-ms", type=non_negative(float), help="TPOT p95 bound (ms)")
+    start.add_argument("--slo-e2e-ms", type=non_negative(float),
+                       help="whole-answer latency p95 bound (ms), streamed or not")
     start.add_argument("--slo-error-rate", type=non_negative(float),
                        help="error rate bound, 0..1 (e.g. 0.01)")
     start.add_argument("--latency-margin-pct", type=non_negative(float),

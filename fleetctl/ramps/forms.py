@@ -74,6 +74,9 @@ class RampStartForm(forms.Form):
                                      required=False)
     latency_margin_pct = forms.FloatField(
         label="Latency margin vs the primary, %", min_value=0, required=False)
+    slo_e2e_p95_ms = forms.FloatField(
+        label="SLO: whole-answer p95, ms", min_value=1, required=False,
+        help_text="Streamed or not; empty: the plan's, else not judged.")
     reason = reason_field(help_text="Goes in the ramp's record, its revisions and the "
                                     "audit log.")
 
@@ -91,6 +94,7 @@ class RampStartForm(forms.Form):
             "slo_error_rate": (None if data.get("slo_error_pct") is None
                                else data["slo_error_pct"] / 100),
             "latency_margin_pct": data.get("latency_margin_pct"),
+            "slo_e2e_p95_ms": data.get("slo_e2e_p95_ms"),
             "reason": data["reason"],
         }
         return kwargs

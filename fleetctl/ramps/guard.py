@@ -62,8 +62,11 @@ class Thresholds:
     slo_tpot_p95_ms: float
     slo_error_rate: float
     latency_margin_pct: float
+    # Whole-answer latency (the gateway's request duration, streamed or not), when the plan
+    # states one: a route whose callers never stream has no first-token latency to judge.
+    slo_e2e_p95_ms: float | None = None
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, float | None]:
         return dataclasses.asdict(self)
 
 
@@ -102,6 +105,11 @@ def judge(*, candidate: PoolStats, primary: PoolStats | None, thresholds: Thresh
     if judge_tpot:
         _against_slo(f"{name} TPOT p95", candidate.tpot_p95, thresholds.slo_tpot_p95_ms,
                      fails, warns)
+    judge_e2e = thresholds.slo_e2e_p95_ms is not None and \
+        candidate.duration_p95.n >= min_samples
+    if judge_e2e:
+        _against_slo(f"{name} whole-answer p95", candidate.duration_p95,
+                     float(thresholds.slo_e2e_p95_ms or 0), fails, warns)
     if primary is not None and primary.requests >= min_samples:
         if judge_ttft and primary.ttft_p95.n >= min_samples:
             _against_primary("TTFT p95", candidate, primary, candidate.ttft_p95,
@@ -118,20 +126,31 @@ def judge(*, candidate: PoolStats, primary: PoolStats | None, thresholds: Thresh
     abandoned = _abandoned_more(candidate, primary, min_samples)
     if abandoned:
         return Judgement(WAIT, abandoned, numbers)
-    held = [f"{name} held its SLO over {candidate.requests} requests: error rate "
-            f"{_rate(candidate.error_rate.value)} (SLO {_rate(thresholds.slo_error_rate)})"
-            + (f", TTFT p95 {_ms(candidate.ttft_p95.value)} (SLO "
-               f"{_ms(thresholds.slo_ttft_p95_ms)})" if judge_ttft else "")
-            + (f", TPOT p95 {_ms(candidate.tpot_p95.value)} (SLO "
-               f"{_ms(thresholds.slo_tpot_p95_ms)})" if judge_tpot else "") + "."]
-    if not judge_ttft:
-        held.append(f"TTFT not judged: {candidate.ttft_p95.n} streamed answers (the gateway "
-                    f"times the first byte of streamed answers only).")
-    if not judge_tpot:
-        held.append(f"TPOT not judged: {candidate.tpot_p95.n} samples from the pool's "
-                    f"/metrics.")
+    held = _held(candidate, thresholds, ttft=judge_ttft, tpot=judge_tpot, e2e=judge_e2e)
     held += _disconnects_note(candidate, primary)
     return Judgement(PASS, held, numbers)
+
+
+def _held(candidate: PoolStats, thresholds: Thresholds, *, ttft: bool, tpot: bool,
+          e2e: bool) -> list[str]:
+    """What a passing check says: each figure judged against its SLO, and what was not
+    judged and why."""
+    held = [f"{candidate.pool} held its SLO over {candidate.requests} requests: error rate "
+            f"{_rate(candidate.error_rate.value)} (SLO {_rate(thresholds.slo_error_rate)})"
+            + (f", TTFT p95 {_ms(candidate.ttft_p95.value)} (SLO "
+               f"{_ms(thresholds.slo_ttft_p95_ms)})" if ttft else "")
+            + (f", TPOT p95 {_ms(candidate.tpot_p95.value)} (SLO "
+               f"{_ms(thresholds.slo_tpot_p95_ms)})" if tpot else "")
+            + (f", whole-answer p95 {_ms(candidate.duration_p95.value)} (SLO "
+               f"{_ms(thresholds.slo_e2e_p95_ms or 0)})" if e2e else "") + "."]
+    if not ttft:
+        held.append(f"TTFT not judged: {candidate.ttft_p95.n} streamed answers (the gateway "
+                    f"times the first byte of streamed answers only)"
+                    + ("; whole answers are judged instead." if e2e else "."))
+    if not tpot:
+        held.append(f"TPOT not judged: {candidate.tpot_p95.n} samples from the pool's "
+                    f"/metrics.")
+    return held
 
 
 def _disconnects_note(candidate: PoolStats, primary: PoolStats | None) -> list[str]:

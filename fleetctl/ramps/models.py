@@ -48,6 +48,8 @@ class Ramp(models.Model):
     slo_tpot_p95_ms = models.FloatField(validators=[MinValueValidator(0)])
     slo_error_rate = models.FloatField(validators=[MinValueValidator(0), MaxValueValidator(1)])
     latency_margin_pct = models.FloatField(validators=[MinValueValidator(0)])
+    # Whole-answer latency p95 (streamed or not); null: not judged (only first-token latency).
+    slo_e2e_p95_ms = models.FloatField(null=True, blank=True, validators=[MinValueValidator(1)])
     # The split when the ramp started: the other pools share the rest in these proportions.
     base_weights = models.JSONField(default=dict)
     state = models.CharField(max_length=12, choices=State.choices, default=State.RUNNING)

@@ -94,7 +94,8 @@ def start_form(route: Route, data: Any = None) -> RampStartForm:
         initial.update(pool=plan.candidate_pool.name, slo_ttft_p95_ms=plan.slo_ttft_p95_ms,
                        slo_tpot_p95_ms=plan.slo_tpot_p95_ms,
                        slo_error_pct=round(plan.slo_error_rate * 100, 4),
-                       latency_margin_pct=plan.latency_margin_pct)
+                       latency_margin_pct=plan.latency_margin_pct,
+                       slo_e2e_p95_ms=plan.slo_e2e_p95_ms)
     elif holding := sorted((p for p in pools if split.get(p)), key=lambda p: -split[p]):
         initial["pool"] = holding[0]
     now = split.get(initial.get("pool", ""), 0.0)

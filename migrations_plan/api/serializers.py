@@ -247,7 +247,8 @@ class PlanSerializer(serializers.ModelSerializer):
         model = Plan
         fields = ["id", "name", "state", "state_label", "stage", "stage_name",
                   "stage_entered_at", "candidate_pool", "primary_pool", "routes",
-                  "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "latency_margin_pct",
+                  "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "slo_e2e_p95_ms",
+                  "latency_margin_pct",
                   "cost_margin_pct", "quality_margin_pct", "owner", "created_by", "target_date",
                   "required_approvals", "notes", "predicted_cost_per_1m",
                   "predicted_cost_currency", "predicted_cost_source", "predicted_cost_at",
@@ -309,8 +310,9 @@ class PlanCreateSerializer(serializers.ModelSerializer):
     class Meta:
         model = Plan
         fields = ["name", "candidate_pool", "primary_pool", "routes", "slo_ttft_p95_ms",
-                  "slo_tpot_p95_ms", "slo_error_rate", "latency_margin_pct", "cost_margin_pct",
-                  "quality_margin_pct", "owner", "target_date", "required_approvals", "notes"]
+                  "slo_tpot_p95_ms", "slo_error_rate", "slo_e2e_p95_ms", "latency_margin_pct",
+                  "cost_margin_pct", "quality_margin_pct", "owner", "target_date",
+                  "required_approvals", "notes"]
         # The service's full_clean checks uniqueness and ranges with the words used everywhere.
         validators: list[Any] = []
 

@@ -25,9 +25,10 @@ from migrations_plan.models import STAGE_NAMES, GateCheck, Plan
 from migrations_plan.services._shared import PREDICTION_FIELDS, _lock, _open, _person, _refusals
 
 PLAN_FIELDS = ["name", "candidate_pool", "primary_pool", "slo_ttft_p95_ms", "slo_tpot_p95_ms",
-               "slo_error_rate", "latency_margin_pct", "cost_margin_pct", "quality_margin_pct",
-               "owner", "target_date", "required_approvals", "notes"]
-EDITABLE_FIELDS = ["slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "latency_margin_pct",
+               "slo_error_rate", "slo_e2e_p95_ms", "latency_margin_pct", "cost_margin_pct",
+               "quality_margin_pct", "owner", "target_date", "required_approvals", "notes"]
+EDITABLE_FIELDS = ["slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "slo_e2e_p95_ms",
+                   "latency_margin_pct",
                    "cost_margin_pct", "quality_margin_pct", "owner", "target_date",
                    "required_approvals", "notes", "predicted_cost_per_1m",
                    "predicted_cost_currency", "predicted_cost_source"]
@@ -46,7 +47,7 @@ def plan_create(*, actor: Actor, name: str, candidate_pool: Pool, primary_pool: 
                 slo_error_rate: float, owner: Any = None, target_date: date | None = None,
                 required_approvals: int = 1, latency_margin_pct: float = 10,
                 cost_margin_pct: float = 0, quality_margin_pct: float = 2,
-                notes: str = "") -> Plan:
+                slo_e2e_p95_ms: float | None = None, notes: str = "") -> Plan:
     """Open a plan at stage 1 with the default gates. One open plan per candidate and route;
     the candidate starts with no live weight on its routes."""
     actor.require(roles.FLEET_MANAGE, action="plan.create", target="migrations_plan.plan")
@@ -57,7 +58,8 @@ def plan_create(*, actor: Actor, name: str, candidate_pool: Pool, primary_pool: 
                     slo_error_rate=slo_error_rate, owner=owner or author, created_by=author,
                     target_date=target_date, required_approvals=required_approvals,
                     latency_margin_pct=latency_margin_pct, cost_margin_pct=cost_margin_pct,
-                    quality_margin_pct=quality_margin_pct, notes=notes)
+                    quality_margin_pct=quality_margin_pct, slo_e2e_p95_ms=slo_e2e_p95_ms,
+                    notes=notes)
         plan.full_clean()
         if name == "new":
             raise ValidationError({"name": ["'new' is reserved (it is the dashboard's "

@@ -60,6 +60,27 @@ def test_no_streaming_judges_the_rest_and_says_ttft_was_not():
     assert any("TTFT not judged" in r for r in result.reasons)
 
 
+def test_a_route_whose_callers_never_stream_is_guarded_on_whole_answers():
+    """No streamed answer, so no TTFT: with the plan's whole-answer SLO the guard judges the
+    gateway's request durations instead (and says so); without one it cannot."""
+    slo = Thresholds(slo_ttft_p95_ms=200, slo_tpot_p95_ms=100, slo_error_rate=0.05,
+                     latency_margin_pct=10, slo_e2e_p95_ms=1500)
+    slow = judge(stats("cand", requests=300, duration=lognormal(2, 300, 2500, 0.1)), None,
+                 thresholds=slo)
+    assert slow.decision == "fail"
+    assert slow.reasons[0].startswith("cand whole-answer p95 is ")
+    assert "even its lower bound is over the SLO 1500 ms" in slow.reasons[0]
+    fine = judge(stats("cand", requests=300, duration=lognormal(3, 300, 900, 0.1)), None,
+                 thresholds=slo)
+    assert fine.decision == "pass"
+    assert "whole-answer p95" in fine.reasons[0] and "(SLO 1500 ms)" in fine.reasons[0]
+    assert any(r.endswith("whole answers are judged instead.") for r in fine.reasons)
+    unguarded = judge(stats("cand", requests=300, duration=lognormal(2, 300, 2500, 0.1)),
+                      None, thresholds=Thresholds(**{**slo.as_dict(), "slo_e2e_p95_ms": None}))
+    assert unguarded.decision == "pass"  # nothing states a whole-answer SLO
+    assert slo.as_dict()["slo_e2e_p95_ms"] == 1500
+
+
 def test_fails_when_the_lower_bound_is_over_the_ttft_slo():
     slo = Thresholds(slo_ttft_p95_ms=200, slo_tpot_p95_ms=100, slo_error_rate=0.05,
                      latency_margin_pct=10)

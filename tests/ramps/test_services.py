@@ -454,12 +454,29 @@ class TestPlans:
             start(fleet, oncall, pool=fleet.other, plan=plan)
         assert "candidate is cand, not other" in refused.value.message_dict["plan"][0]
 
+    def test_a_plans_whole_answer_slo_reaches_its_ramps_guard(self, fleet, oncall, plan):
+        """A route whose callers do not stream is guarded on whole answers when the plan says
+        how long one may take; a ramp may state its own, and a nonsense one is refused."""
+        from fleetctl.ramps.services import thresholds_of
+
+        Plan.objects.filter(pk=plan.pk).update(state=Plan.State.STAGE_4, stage=4,
+                                               slo_e2e_p95_ms=2500)
+        with pytest.raises(ValidationError) as refused:
+            ramp_create(actor=oncall, route=fleet.route, pool=fleet.cand,
+                        steps=[{"percent": 5, "hold_s": 30}], slo_e2e_p95_ms=0)
+        assert "leave it out to judge no whole-answer latency" in \
+            refused.value.message_dict["slo_e2e_p95_ms"][0]
+        ramp = ramp_create(actor=oncall, route=fleet.route, pool=fleet.cand,
+                           steps=[{"percent": 5, "hold_s": 30}])
+        assert ramp.slo_e2e_p95_ms == 2500
+        assert thresholds_of(ramp).slo_e2e_p95_ms == 2500
+
     def test_stage_4_plan_gives_thresholds_and_gets_evidence(self, fleet, oncall, plan):
         Plan.objects.filter(pk=plan.pk).update(state=Plan.State.STAGE_4, stage=4)
         ramp = ramp_create(actor=oncall, route=fleet.route, pool=fleet.cand,
                            steps=[{"percent": 5, "hold_s": 30}])
         assert ramp.plan_id == plan.pk and ramp.slo_ttft_p95_ms == 450
-        assert ramp.latency_margin_pct == 10
+        assert ramp.latency_margin_pct == 10 and ramp.slo_e2e_p95_ms is None  # none stated
         t0 = boundary(timezone.now())
         ramps_tick(now=t0)
         traffic(since=t0, until=t0 + timedelta(seconds=31),

@@ -47,7 +47,8 @@ class RampSerializer(serializers.ModelSerializer):
         model = Ramp
         fields = ["id", "route", "pool", "plan", "steps", "min_samples", "window_s",
                   "failure_threshold", "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate",
-                  "latency_margin_pct", "base_weights", "state", "state_reason", "step_index",
+                  "latency_margin_pct", "slo_e2e_p95_ms", "base_weights", "state",
+                  "state_reason", "step_index",
                   "current_percent", "step_started_at", "revision_number",
                   "consecutive_failures", "drain", "created_by", "created_at", "finished_at",
                   "next_check_at"]
@@ -107,6 +108,10 @@ class RampCreateSerializer(serializers.Serializer):
     slo_error_rate = serializers.FloatField(required=False, allow_null=True, min_value=0,
                                             max_value=1)
     latency_margin_pct = serializers.FloatField(required=False, allow_null=True, min_value=0)
+    slo_e2e_p95_ms = serializers.FloatField(
+        required=False, allow_null=True, min_value=1,
+        help_text="Whole-answer latency p95 bound (ms), streamed or not; default: the plan's, "
+                  "else not judged.")
     reason = serializers.CharField(required=False, allow_blank=True, max_length=2000,
                                    default="")
 

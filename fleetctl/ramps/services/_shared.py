@@ -20,7 +20,9 @@ log = logging.getLogger("fleetctl.ramps")
 
 MAX_STEPS = 20
 THRESHOLD_FIELDS = ("slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate",
-                    "latency_margin_pct")
+                    "latency_margin_pct", "slo_e2e_p95_ms")
+# Thresholds the guard judges only when given (or the plan states them).
+OPTIONAL_THRESHOLDS = ("slo_e2e_p95_ms",)
 # Without a plan, how much slower than the primary the candidate may be: a plan's default.
 DEFAULT_LATENCY_MARGIN_PCT = 10.0
 Kind = RampEvent.Kind
@@ -44,7 +46,8 @@ def thresholds_of(ramp: Ramp) -> guard.Thresholds:
     return guard.Thresholds(slo_ttft_p95_ms=ramp.slo_ttft_p95_ms,
                             slo_tpot_p95_ms=ramp.slo_tpot_p95_ms,
                             slo_error_rate=ramp.slo_error_rate,
-                            latency_margin_pct=ramp.latency_margin_pct)
+                            latency_margin_pct=ramp.latency_margin_pct,
+                            slo_e2e_p95_ms=ramp.slo_e2e_p95_ms)
 
 
 def _bp(percent: float) -> int:

@@ -22,6 +22,7 @@ from fleetctl.ramps.models import ACTIVE_STATES, Ramp
 from fleetctl.ramps.services._shared import (
     DEFAULT_LATENCY_MARGIN_PCT,
     MAX_STEPS,
+    OPTIONAL_THRESHOLDS,
     THRESHOLD_FIELDS,
     Kind,
     _bp,
@@ -43,7 +44,8 @@ def ramp_create(*, actor: Actor, route: Route, pool: Pool, steps: list[dict[str,
                 plan: Plan | None = None, min_samples: int = 50, window_s: int = 30,
                 failure_threshold: int = 2, slo_ttft_p95_ms: float | None = None,
                 slo_tpot_p95_ms: float | None = None, slo_error_rate: float | None = None,
-                latency_margin_pct: float | None = None, reason: str = "") -> Ramp:
+                latency_margin_pct: float | None = None, slo_e2e_p95_ms: float | None = None,
+                reason: str = "") -> Ramp:
     """Start a guarded ramp of `pool` on `route`. Everything is checked before anything is
     stored; the first step is set by the controller's first tick, queued after the commit."""
     actor.require(roles.RAMP, action="ramp.create", target=route)
@@ -52,7 +54,8 @@ def ramp_create(*, actor: Actor, route: Route, pool: Pool, steps: list[dict[str,
                                         failure_threshold=failure_threshold)
     plan = _plan_for(route, pool, plan)
     given = {"slo_ttft_p95_ms": slo_ttft_p95_ms, "slo_tpot_p95_ms": slo_tpot_p95_ms,
-             "slo_error_rate": slo_error_rate, "latency_margin_pct": latency_margin_pct}
+             "slo_error_rate": slo_error_rate, "latency_margin_pct": latency_margin_pct,
+             "slo_e2e_p95_ms": slo_e2e_p95_ms}
     thresholds = _thresholds(given, plan)
     with transaction.atomic():
         locked = Route.objects.select_for_update().get(pk=route.pk)
@@ -345,8 +348,9 @@ def _plan_for(route: Route, pool: Pool, plan: Plan | None) -> Plan | None:
     return plan
 
 
-def _thresholds(given: dict[str, float | None], plan: Plan | None) -> dict[str, float]:
-    values: dict[str, float] = {}
+def _thresholds(given: dict[str, float | None], plan: Plan | None
+                ) -> dict[str, float | None]:
+    values: dict[str, float | None] = {}
     missing: list[str] = []
     problems: dict[str, list[str]] = {}
     for name in THRESHOLD_FIELDS:
@@ -355,14 +359,19 @@ def _thresholds(given: dict[str, float | None], plan: Plan | None) -> dict[str, 
             value = getattr(plan, name)
         if value is None and name == "latency_margin_pct":
             value = DEFAULT_LATENCY_MARGIN_PCT
+        if value is None and name in OPTIONAL_THRESHOLDS:
+            values[name] = None
+            continue
         if value is None:
             missing.append(name)
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or (
-                name == "slo_error_rate" and value > 1):
+                name == "slo_error_rate" and value > 1) or (
+                name in OPTIONAL_THRESHOLDS and value < 1):
             problems[name] = [f"{value!r} is not a valid {name}" + (
                 " (a rate 0–1, 0.01 = 1 %)." if name == "slo_error_rate" else
-                " (a number, 0 or more).")]
+                " (milliseconds, 1 or more; leave it out to judge no whole-answer latency)."
+                if name in OPTIONAL_THRESHOLDS else " (a number, 0 or more).")]
             continue
         values[name] = float(value)
     if missing:
