@@ -192,6 +192,30 @@ def test_a_latency_fault_mid_ramp_is_rolled_back_by_the_guard_and_drained_on_the
     assert fail.numbers, "the decision keeps the numbers it used"
 
 
+def test_a_fault_while_paused_is_still_rolled_back_and_drained_on_the_gateway(world):
+    """A pause stops the steps, not the guard: the candidate keeps its 20 % while people
+    look, so a fault then is rolled back as it would be while running."""
+    from fleetctl.ramps.services import ramp_pause
+
+    ramp = start_ramp(world, "cand", [{"percent": 20, "hold_s": 600}])
+    e2e.wait_for(lambda: (ramp.refresh_from_db() or ramp.step_started_at is not None),
+                 timeout_s=60, what="the first step", explain=lambda: e2e.explain(ramp))
+    ramp_pause(actor=SYSTEM, ramp=ramp, reason="a person looks at the dashboards")
+    ramp.refresh_from_db()
+    assert ramp.state == "paused", e2e.explain(ramp)
+
+    e2e.set_fault(world["sims"].url("cand"), added_latency_ms=300)
+
+    e2e.wait_for(lambda: finished(ramp), timeout_s=90, what="the guard to roll back",
+                 explain=lambda: e2e.explain(ramp))
+    assert ramp.state == "rolled-back", e2e.explain(ramp)
+    assert "failed while paused" in ramp.state_reason, e2e.explain(ramp)
+    e2e.wait_for(lambda: Drain.objects.get(pk=ramp.drain_id).verified_at is not None,
+                 timeout_s=60, what="the drain to be verified on the gateway")
+    held = e2e.envoy_weights(world["envoy"], "llama")
+    assert held.get("cand", 0) == 0 and held["primary"] == 100, held
+
+
 def test_an_aa_ramp_whose_candidate_is_the_primarys_twin_never_rolls_back(world):
     ramp = start_ramp(world, "twin", SHORT)
 
