@@ -19,7 +19,7 @@ from fleetctl.fleet.models import Pool
 from fleetctl.traffic.models import Drain, Route
 from fleetctl.webhooks.services import notify
 from migrations_plan import evidence as ev
-from migrations_plan.models import Evidence, GateCheck, Plan
+from migrations_plan.models import Evidence, GateCheck, Plan, StageMove
 from migrations_plan.services._shared import (
     _evidence_problems,
     _lock,
@@ -57,18 +57,26 @@ def evidence_record(*, actor: Actor, pool: Pool, kind: str, verdict: str, summar
                            ttl_hours=ttl_hours, source=source or actor.label)
 
 
-# How bad a check's status is, to tell "worse than when its gate was approved".
-_SEVERITY = {ev.PASS: 0, ev.WARN: 1, ev.INSUFFICIENT: 2, ev.AWAITING: 2, ev.FAIL: 3}
+def _worse(now: str, before: str) -> bool:
+    """`now` is a worse status than `before` (ev.STATUSES runs worst first; a word it does
+    not know is never worse)."""
+    rank = {status: i for i, status in enumerate(ev.STATUSES)}
+    return rank.get(ev.normalise_status(now), len(rank)) < \
+        rank.get(ev.normalise_status(before), len(rank))
 
 
-def passed_gate_risks(plan: Plan) -> list[str]:
-    """What the gates the plan already passed lost since they were approved: for each stage
-    before the current one, the gate as its advance recorded it (the move's snapshot) against
-    the same gate evaluated now; a check whose status got worse (pass → fail, or its evidence
-    expired: → insufficient data) is a risk. Checks added since are not the approval's."""
-    from migrations_plan.models import StageMove
-
-    risks = _reverifying(plan)
+def passed_gate_risks(plan: Plan, current: ev.GateEvaluation | None = None) -> list[str]:
+    """What the gates up to the current one lost: a check whose evidence stopped counting
+    because the pool reports something new of itself (being re-verified); and, for each
+    stage before the current one, the gate as its advance recorded it (the move's snapshot)
+    against the same gate now — a check whose status got worse (pass → fail, or its evidence
+    expired: → insufficient data). Checks added since are not the approval's. Each gate is
+    evaluated once (`current`: the current stage's, when the caller has it)."""
+    gates = {stage: current if current is not None and stage == plan.stage
+             else ev.evaluate_gate(plan, stage=stage) for stage in range(1, plan.stage + 1)}
+    risks = [f"stage {stage}: {o.check.title} is being re-verified: "
+             f"{o.result.numbers['expired_why']}"[:600]
+             for stage, gate in gates.items() for o in gate.outcomes if _reported_change(o)]
     moves = StageMove.objects.filter(plan=plan, kind=StageMove.Kind.ADVANCE).order_by("-at")
     seen: set[str] = set()
     for move in moves:
@@ -79,29 +87,14 @@ def passed_gate_risks(plan: Plan) -> list[str]:
         if stage >= plan.stage:
             continue  # a stage the plan went back to: its gate is the current one
         then = {c.get("key"): c.get("status") for c in move.gate_snapshot.get("checks", [])}
-        for outcome in ev.evaluate_gate(plan, stage=stage).outcomes:
+        for outcome in gates[stage].outcomes:
             before = then.get(outcome.check.key)
             now = outcome.status
-            if before is None or _SEVERITY.get(now, 0) <= _SEVERITY.get(before, 0) or \
-                    _reported_change(outcome):
+            if before is None or not _worse(now, before) or _reported_change(outcome):
                 continue  # (a reported change is listed once, as being re-verified)
             risks.append(f"stage {stage}: {outcome.check.title} was "
                          f"{ev.status_label(before)} when approved, now "
                          f"{ev.status_label(now)}: {outcome.result.summary}"[:600])
-    return risks
-
-
-def _reverifying(plan: Plan) -> list[str]:
-    """Checks of the gates up to the current one whose latest evidence stopped counting
-    because the candidate's servers report something new of themselves (an upgrade nobody
-    registered): the plan is at risk while that is re-verified, whatever those checks said
-    when approved."""
-    risks = []
-    for stage in range(1, plan.stage + 1):
-        for outcome in ev.evaluate_gate(plan, stage=stage).outcomes:
-            if _reported_change(outcome):
-                risks.append(f"stage {stage}: {outcome.check.title} is being re-verified: "
-                             f"{outcome.result.numbers['expired_why']}"[:600])
     return risks
 
 
@@ -155,7 +148,7 @@ def plan_refresh(*, plan: Plan) -> list[str]:
                 changes.append(line)
             GateCheck.objects.filter(pk=check.pk).update(last_status=outcome.status,
                                                          last_status_at=gate.at)
-        _mark_risk(locked, passed_gate_risks(locked), system)
+        _mark_risk(locked, passed_gate_risks(locked, gate), system)
         if changes:
             notify("gate.changed", {
                 "plan": locked.name, "kind": "check-status", "stage": locked.stage,

@@ -123,20 +123,8 @@ def _drive(ramp: Ramp, *, now: datetime, owner: str) -> None:
     step = ramp.steps[ramp.step_index]
     since = max(ramp.step_started_at, now - timedelta(seconds=ramp.window_s))
     judgement = _judge(ramp, route, since=since, now=now)
-    if judgement.decision == guard.FAIL:
-        failures = ramp.consecutive_failures + 1
-        Ramp.objects.filter(pk=ramp.pk).update(consecutive_failures=failures)
-        ramp.consecutive_failures = failures
-        message = (f"Check failed ({failures} of {ramp.failure_threshold} in a row): "
-                   + " ".join(judgement.reasons))
-        if failures >= ramp.failure_threshold:
-            _rollback(ramp, judgement, message, now=now)
-            return
-        _event(ramp, Kind.FAIL, message=message, numbers=judgement.numbers)
+    if _counted(ramp, judgement, now=now, state=Ramp.State.RUNNING):
         return  # a hold whose latest window fails is not judged whole, let alone passed
-    if ramp.consecutive_failures and judgement.decision != guard.WAIT:  # a wait knows nothing
-        Ramp.objects.filter(pk=ramp.pk).update(consecutive_failures=0)
-        ramp.consecutive_failures = 0
     if now < ramp.step_started_at + timedelta(seconds=float(step["hold_s"])):
         _note(ramp, judgement)
         return
@@ -173,23 +161,31 @@ def _guard_paused(ramp: Ramp, *, now: datetime) -> None:
     person: no step, no pass, no routine check."""
     route = Route.objects.select_related("primary_pool").get(pk=ramp.route_id)
     judgement = _judge(ramp, route, since=now - timedelta(seconds=ramp.window_s), now=now)
+    _counted(ramp, judgement, now=now, state=Ramp.State.PAUSED)
+
+
+def _counted(ramp: Ramp, judgement: guard.Judgement, *, now: datetime, state: str) -> bool:
+    """Count a failing check of a ramp in `state` — rolled back at `failure_threshold` in a
+    row, else on the timeline — and say True; or, on a judgement that knows something (not
+    a wait), reset the count and say False. The one rule for running and paused ramps."""
     if judgement.decision != guard.FAIL:
         if ramp.consecutive_failures and judgement.decision != guard.WAIT:
-            Ramp.objects.filter(pk=ramp.pk, state=Ramp.State.PAUSED).update(
-                consecutive_failures=0)
-        return
+            Ramp.objects.filter(pk=ramp.pk, state=state).update(consecutive_failures=0)
+            ramp.consecutive_failures = 0
+        return False
     failures = ramp.consecutive_failures + 1
-    Ramp.objects.filter(pk=ramp.pk, state=Ramp.State.PAUSED).update(
-        consecutive_failures=failures)
+    Ramp.objects.filter(pk=ramp.pk, state=state).update(consecutive_failures=failures)
     ramp.consecutive_failures = failures
-    message = (f"Check failed while paused ({failures} of {ramp.failure_threshold} in a "
-               f"row): " + " ".join(judgement.reasons))
+    paused = " while paused" if state == Ramp.State.PAUSED else ""
+    message = (f"Check failed{paused} ({failures} of {ramp.failure_threshold} in a row): "
+               + " ".join(judgement.reasons))
     if failures >= ramp.failure_threshold:
-        _rollback(ramp, judgement, message, now=now, state=Ramp.State.PAUSED)
-        return
+        _rollback(ramp, judgement, message, now=now, state=state)
+        return True
     with transaction.atomic():
-        if _still_running(ramp, state=Ramp.State.PAUSED):
+        if _still_running(ramp, state=state):
             _event(ramp, Kind.FAIL, message=message, numbers=judgement.numbers)
+    return True
 
 
 def _next(ramp: Ramp, route: Route, *, now: datetime, skipped: bool) -> None:
