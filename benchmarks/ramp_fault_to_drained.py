@@ -6,7 +6,9 @@ long step). Each round: the ramp has judged a clean window; then the candidate's
 token gets +300 ms (the simulator's /admin/faults) and we wait until the ramp has rolled back
 and its drain is verified on every gateway. Reported: fault → rollback decision (the ROLLBACK
 event) and fault → drained on every gateway (`Drain.verified_at`), median and max over the
-rounds (target ≤ 30 s with 10 s telemetry windows).
+rounds (target ≤ 30 s with 10 s telemetry windows). With `--paused`, a person pauses the
+ramp after its clean window and the fault comes while it is paused: the guard still judges a
+paused ramp (issue 27), so the same figures measure "fault while paused → drained".
 
 Everything on the real path: Envoy writes its JSON access log, the telemetry ingester process
 (`python -m fleetctl.telemetry.ingest`) follows it into 10 s windows, a Celery worker (watch,
@@ -14,7 +16,7 @@ push, default; threads) runs `ramps.tick` — sent every RAMP_TICK_INTERVAL_S by
 beat does — and pushes the drain to both Envoys. PostgreSQL (`DATABASE_URL`, default a local
 `fleetctl_bench_ramp`, recreated empty), Redis (`REDIS_URL`, default db 9).
 
-    .venv/bin/python benchmarks/ramp_fault_to_drained.py [--rounds 5] [--rps 20]
+    .venv/bin/python benchmarks/ramp_fault_to_drained.py [--rounds 5] [--rps 20] [--paused]
 """
 
 from __future__ import annotations
@@ -163,13 +165,15 @@ def main() -> None:
     parser.add_argument("--min-samples", type=int, default=10)
     parser.add_argument("--failure-threshold", type=int, default=2)
     parser.add_argument("--gateways", type=int, default=2)
+    parser.add_argument("--paused", action="store_true",
+                        help="pause the ramp (as a person) before the fault")
     args = parser.parse_args()
     setup_env("fleetctl_bench_ramp")
 
     from django.conf import settings
 
     from fleetctl.ramps.models import Ramp
-    from fleetctl.ramps.services import ramp_create
+    from fleetctl.ramps.services import ramp_create, ramp_pause
     from fleetctl.traffic.models import Drain
     from tests.ramps import e2e
 
@@ -185,7 +189,8 @@ def main() -> None:
         print(f"{args.gateways} Envoy gateways, {args.rps:g} streamed requests/s, candidate at "
               f"{args.percent:g} %, fault +{args.added_latency_ms:g} ms TTFT; window "
               f"{args.window_s} s, min_samples {args.min_samples}, failure_threshold "
-              f"{args.failure_threshold}; {settings_line()}", flush=True)
+              f"{args.failure_threshold}; {settings_line()}"
+              f"{'; the ramp is PAUSED before each fault' if args.paused else ''}", flush=True)
         route, cand = world.routes["llama"], world.pools["cand"]
         early = 0
         for round_no in range(1, args.rounds + 1):
@@ -202,6 +207,9 @@ def main() -> None:
                                reason=f"benchmark round {round_no}", **e2e.THRESHOLDS)
             e2e.wait_for(lambda r=ramp: _watching(r, args.window_s), timeout_s=120,
                          what="the ramp to judge a clean window")
+            if args.paused:
+                ramp_pause(actor=world.actor, ramp=Ramp.objects.get(pk=ramp.pk),
+                           reason="benchmark: a person pauses before the fault")
             fault_at = time.time()
             e2e.set_fault(world.sim.url("cand"), added_latency_ms=args.added_latency_ms)
             e2e.wait_for(lambda r=ramp: not Ramp.objects.get(pk=r.pk).active, timeout_s=180,
