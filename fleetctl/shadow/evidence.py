@@ -35,4 +35,7 @@ DATA_SCHEMA: dict[str, Any] = data_schema({
 
 
 def register() -> None:
-    register_kind(EvidenceKind(KIND, "shadow divergence", PRODUCED_BY, data_schema=DATA_SCHEMA))
+    # refreshed: the judge re-records the run's one judgement as pairs arrive; an approval
+    # binds to the judgement (same run, verdict, fingerprints), not to the newest row.
+    register_kind(EvidenceKind(KIND, "shadow divergence", PRODUCED_BY, data_schema=DATA_SCHEMA,
+                               refreshed=True))

@@ -6,9 +6,21 @@ ones.
 Each pair is two comparisons of the same request (fleetctl.inference.compare): noise = primary
 vs secondary (the primary asked again, on another endpoint when it has one), signal =
 primary vs candidate. Per metric, the candidate sample is the signal's 0/1 flag and the
-reference sample the noise's, on the same requests, so the difference is paired and judged
-with confidence.paired_difference (Newcombe's paired interval, exact McNemar) and
-confidence.judge (lower is better: fail when the whole interval lies above the margin).
+reference sample the noise's, on the same requests, so the difference is paired.
+
+The judge looks at a running run every few seconds as pairs arrive, so the verdict is judged
+with a **confidence sequence** (`sequence_bounds`): bounds on candidate − reference that hold
+at every look at once with probability `confidence`, however often anyone looks (Howard et
+al. 2021; Waudby-Smith et al. 2024, the normal-mixture boundary with the sample's own
+variance). From `min_pairs` on, the bounds are intersected over the looks (the running
+intersection of a confidence sequence is one too), so they only ever narrow: fail when the
+whole sequence lies above the margin, pass when it lies within it, and otherwise the
+judgement stands at warn — a verdict that does not flip back and forth as pairs accumulate
+(docs/shadow.md, "Verdicts that hold"). The old per-look fixed interval
+(confidence.paired_difference, Newcombe's paired interval with exact McNemar, judged by
+confidence.judge) stays as `sequential=False`, for the benchmark
+(benchmarks/verdict_stability.py) and the tests that show why it is not used: judged at every
+look its false-fail rate grows with the number of looks (the peeking problem).
 
 Gated metrics decide the verdict; "diverged_any" is shown, never gated. "divergence" is
 compare's `diverged` flag except a lone near-tie text flip (the two sides' tokens within
@@ -20,9 +32,12 @@ text flip counts, on both sides alike.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from fleetctl.inference import confidence
 
@@ -90,13 +105,165 @@ class RunJudgement:
         return {name: m.as_dict() for name, m in self.metrics.items()}
 
 
+SEQUENCE_METHOD = "confidence-sequence"
+
+
+def mixture_rho2(alpha: float, design_n: int) -> float:
+    """The normal mixture's precision ρ², chosen so the sequence is narrowest near
+    `design_n` samples (Waudby-Smith et al. 2024, eq. (2.4)):
+    ρ² = (−2 log α + log(1 − 2 log α)) / design_n."""
+    spend = -2.0 * math.log(alpha)
+    return (spend + math.log(1.0 + spend)) / max(1, design_n)
+
+
+def sequence_radii(n: np.ndarray, variance: np.ndarray, *, alpha: float,
+                   rho2: float) -> np.ndarray:
+    """The half-width of the two-sided normal-mixture confidence sequence for a mean after n
+    samples of variance `variance` (Howard et al. 2021, eq. (14); Waudby-Smith et al. 2024,
+    Theorem 2.2 with the variance estimated):
+
+        σ · sqrt( 2 (n ρ² + 1) / (n² ρ²) · log( sqrt(n ρ² + 1) / α ) ).
+
+    With probability ≥ 1 − α the true mean lies within ± this of the running mean at every
+    n at once (asymptotically, for the estimated variance)."""
+    scale = n * rho2 + 1.0
+    return np.sqrt(variance) * np.sqrt(
+        2.0 * scale / (n * n * rho2) * np.log(np.sqrt(scale) / alpha))
+
+
+@dataclass(frozen=True)
+class SequenceBounds:
+    """Where the confidence sequence of candidate − reference stands after the last sample.
+
+    `lower`/`upper`: the running intersection of the bounds since `start` + `from_n` (or the
+    last sample's own bounds before that); `n`: samples since `start`; `judged`: at least
+    `from_n` of them, so the bounds may decide; `restarts`: how many times the intersection
+    came out empty and judging started again (at `start`); `p_value`: anytime-valid, for "no
+    difference", over the same looks (the reciprocal of the mixture martingale's running
+    maximum: Ville's inequality)."""
+
+    estimate: float
+    lower: float
+    upper: float
+    n: int
+    start: int
+    judged: bool
+    restarts: int
+    p_value: float
+
+
+@dataclass(frozen=True)
+class SequencePath:
+    """The confidence sequence after every sample: per look (sample i is look i + 1) the
+    estimate, the bounds, whether they may decide (`judged`), and the restarts so far."""
+
+    estimate: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    judged: np.ndarray
+    restarts: np.ndarray
+    start: int  # where the last segment starts
+    p_value: float  # anytime-valid, "no difference", over the last segment's judged looks
+
+
+def sequence_path(differences: Sequence[float] | np.ndarray, *, confidence: float,
+                  design_n: int, from_n: int) -> SequencePath:
+    """The confidence sequence of the mean of `differences` (each in [−1, 1]: a paired 0/1
+    difference) after every sample, in order.
+
+    The variance is each prefix's mean square with one pseudo-observation of 1 added
+    ((Σ d² + 1) / (n + 1)): at least the variance of d and never zero, so a few hundred
+    pairs without a discordant one do not read as certainty. From the `from_n`-th sample of
+    a segment on, the bounds are the running intersection (max of the lower bounds, min of
+    the upper ones). Should the intersection come out empty, the samples since some point
+    disagree with those before it (the candidate changed): a new segment starts there and is
+    judged afresh (each restart spends another α; the judge records it)."""
+    d = np.asarray(differences, dtype=float)
+    size = int(d.size)
+    alpha = 1.0 - float(confidence)
+    rho2 = mixture_rho2(alpha, design_n)
+    from_n = max(1, int(from_n))
+    est, low_out, high_out = np.zeros(size), np.full(size, -1.0), np.ones(size)
+    judged, restarts_out = np.zeros(size, dtype=bool), np.zeros(size, dtype=int)
+    start, restarts, p_value = 0, 0, 1.0
+    while start < size:
+        x = d[start:]
+        n = np.arange(1, x.size + 1, dtype=float)
+        sums = np.cumsum(x)
+        variance = (np.cumsum(x * x) + 1.0) / (n + 1.0)
+        radii = sequence_radii(n, variance, alpha=alpha, rho2=rho2)
+        means = sums / n
+        lower = np.maximum(means - radii, -1.0)
+        upper = np.minimum(means + radii, 1.0)
+        first = from_n - 1
+        if x.size > first:
+            lower[first:] = np.maximum.accumulate(lower[first:])
+            upper[first:] = np.minimum.accumulate(upper[first:])
+        empty = (np.flatnonzero(lower[first:] > upper[first:]) if x.size > first
+                 else np.zeros(0, dtype=int))
+        stop = x.size if not empty.size else first + int(empty[0])
+        est[start:start + stop] = means[:stop]
+        low_out[start:start + stop] = lower[:stop]
+        high_out[start:start + stop] = upper[:stop]
+        judged[start:start + stop] = n[:stop] >= from_n
+        restarts_out[start:start + stop] = restarts
+        if stop > first:
+            # The normal-mixture martingale for mean 0 (its log), at its running maximum.
+            scale = n[first:stop] * rho2 + 1.0
+            log_m = (rho2 * sums[first:stop] ** 2 / (2.0 * variance[first:stop] * scale)
+                     - 0.5 * np.log(scale))
+            p_value = float(min(1.0, math.exp(-min(700.0, float(np.max(log_m))))))
+        else:
+            p_value = 1.0
+        if stop == x.size:
+            break
+        start += stop
+        restarts += 1
+    return SequencePath(est, low_out, high_out, judged, restarts_out, start, p_value)
+
+
+def sequence_bounds(differences: Sequence[float] | np.ndarray, *, confidence: float,
+                    design_n: int, from_n: int) -> SequenceBounds:
+    """Where the confidence sequence (`sequence_path`) stands after the last sample."""
+    path = sequence_path(differences, confidence=confidence, design_n=design_n,
+                         from_n=from_n)
+    if not path.estimate.size:
+        return SequenceBounds(0.0, -1.0, 1.0, 0, 0, False, 0, 1.0)
+    return SequenceBounds(float(path.estimate[-1]), float(path.lower[-1]),
+                          float(path.upper[-1]), int(path.estimate.size - path.start),
+                          path.start, bool(path.judged[-1]), int(path.restarts[-1]),
+                          path.p_value)
+
+
+def sequence_verdict(bounds: SequenceBounds, margin: float) -> str:
+    """Lower is better: fail when the whole sequence lies above the margin, pass when it lies
+    within it, warn in between; insufficient before it may judge."""
+    if not bounds.judged:
+        return "warn" if bounds.restarts else "insufficient"
+    if bounds.lower > margin:
+        return "fail"
+    if bounds.upper <= margin:
+        return "pass"
+    return "warn"
+
+
 def _judge_metric(name: str, signal: list[int], noise: list[int], *, margin: float,
-                  min_pairs: int, level: float) -> MetricJudgement:
+                  min_pairs: int, level: float, sequential: bool = True) -> MetricJudgement:
     gated = name in GATED
     n = len(signal)
     if n == 0:
         return MetricJudgement(0, None, None, None, None, None, None, "", "insufficient",
                                gated)
+    if sequential:
+        bounds = sequence_bounds(np.asarray(signal, dtype=float) - np.asarray(noise, float),
+                                 confidence=level, design_n=min_pairs, from_n=min_pairs)
+        # The rates and estimate describe the samples judged now (since the last restart).
+        tail_signal, tail_noise = signal[bounds.start:], noise[bounds.start:]
+        return MetricJudgement(
+            n=n, noise_rate=sum(tail_noise) / len(tail_noise),
+            signal_rate=sum(tail_signal) / len(tail_signal), estimate=bounds.estimate,
+            lower=bounds.lower, upper=bounds.upper, p_value=bounds.p_value,
+            method=SEQUENCE_METHOD, verdict=sequence_verdict(bounds, margin), gated=gated)
     interval = confidence.paired_difference(signal, noise, confidence=level)
     verdict = confidence.judge(interval, margin, min_n=min_pairs,
                                direction="lower_is_better")
@@ -140,12 +307,16 @@ def _summary(verdict: str, metrics: dict[str, MetricJudgement], margin: float,
 
 
 def judge_pairs(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], *,
-                margin: float, min_pairs: int, confidence: float) -> RunJudgement:
-    """The run's verdict from (noise metrics, signal metrics) per pair.
+                margin: float, min_pairs: int, confidence: float,
+                sequential: bool = True) -> RunJudgement:
+    """The run's verdict from (noise metrics, signal metrics) per pair, the pairs in the
+    order they arrived (the confidence sequence is judged look by look in that order).
 
     Per metric, only the pairs where both comparisons have it count. The run fails when any
     gated metric fails; else it is insufficient while divergence has fewer than min_pairs
-    pairs; else it warns when any gated metric warns; else it passes."""
+    pairs; else it warns when any gated metric warns; else it passes. `sequential=False`
+    judges each call as a fixed sample (Newcombe's interval): valid for one look only, kept
+    for comparison (benchmarks/verdict_stability.py)."""
     signal: dict[str, list[int]] = {name: [] for name in METRICS}
     noise: dict[str, list[int]] = {name: [] for name in METRICS}
     for noise_metrics, signal_metrics in pairs:
@@ -155,7 +326,8 @@ def judge_pairs(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], *,
                 noise[name].append(nv[name])
                 signal[name].append(sv[name])
     judged = {name: _judge_metric(name, signal[name], noise[name], margin=margin,
-                                  min_pairs=min_pairs, level=confidence)
+                                  min_pairs=min_pairs, level=confidence,
+                                  sequential=sequential)
               for name in METRICS}
     gated = [judged[name] for name in GATED]
     if any(m.verdict == "fail" for m in gated):

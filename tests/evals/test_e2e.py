@@ -18,7 +18,9 @@ side with overwhelming probability, so the test is not a coin that happens to la
   2.8 sd from the mean, P ≈ 0.997. (With 300 items the same sd is 0.0126 and P(fail) ≈ 0.73:
   hence the 1,200-item suite.)
 - A/A: two pools of one profile answer every item alike, so d = 0 exactly and the interval
-  sits inside ±margin; a pass, every time.
+  sits inside ±margin; a pass, every time. Both carry replica noise (1.5 %, the built-in
+  MI300X's), which the simulator applies to free text only, never to a scripted task answer
+  or a seeded request: d stays 0 with it.
 """
 
 from __future__ import annotations
@@ -49,7 +51,12 @@ pytestmark = pytest.mark.slow
 
 MODEL = "llama-3.1-8b-instruct"
 ACCURACY = {"prim": 0.92, "twin": 0.92, "low": 0.87}
-SIM_POOLS = {name: f"quick:task_accuracy={accuracy}" for name, accuracy in ACCURACY.items()}
+# Every pool carries the built-in profiles' replica noise (GPU batch nondeterminism), so the
+# A/A twins are twins with noise, as issue 27 asks. The simulator never flips a scripted task
+# answer, nor a request that names a seed (an eval's decoding does): noise cannot reach an
+# eval's scores, and the A/A difference is still exactly 0 — which the A/A test checks.
+SIM_POOLS = {name: f"quick:task_accuracy={accuracy},replica_noise=0.015"
+             for name, accuracy in ACCURACY.items()}
 FAMILIES = set(bundled.FAMILIES)
 
 

@@ -1,8 +1,9 @@
 """The judge on pairs a real worker made from real simulated pools: a candidate answering as
 the primary does passes (A/A), one that diverges fails, too few pairs are insufficient data,
 and each judgement lands as a time-series row and as `shadow` evidence about the candidate
-(the stage-2 check's input), recorded again only when the verdict changes or a minute passed
-with new pairs."""
+(the stage-2 check's input), recorded again only when the verdict changes or
+EVIDENCE_EVERY_S passed with new pairs. The run is judged on the first pair of each distinct
+request, in order: a request asked again adds nothing."""
 
 from __future__ import annotations
 
@@ -49,10 +50,10 @@ def test_a_candidate_answering_as_the_primary_passes_at_min_pairs(
     assert judgement.verdict == "pass", judgement.metrics
     div = judgement.metrics["divergence"]
     assert (div["n"], div["noise_rate"], div["signal_rate"], div["estimate"]) == (200, 0, 0, 0)
-    assert div["upper"] <= 0.02 and div["method"] == "newcombe-paired"
+    assert div["upper"] <= 0.02 and div["method"] == "confidence-sequence"
     run.refresh_from_db()
     assert run.verdict == "pass"
-    assert run.summary == ("divergence +0.0 pts [\u22121.9, +1.9] vs noise floor 0.0 % over "
+    assert run.summary == ("divergence +0.0 pts [\u22121.5, +1.5] vs noise floor 0.0 % over "
                            "200 pairs: pass (margin 2 pts)")
     evidence = Evidence.objects.get(pk=run.evidence_id)
     assert (evidence.kind, evidence.verdict, evidence.pool) == ("shadow", "pass",
@@ -63,6 +64,12 @@ def test_a_candidate_answering_as_the_primary_passes_at_min_pairs(
     assert evidence.data["counters"]["pairs"] == 200
     assert list(ShadowJudgement.objects.filter(run=run).values_list("verdict", flat=True)) == [
         "insufficient", "pass"]
+    # The same requests again add nothing: the run is judged on each distinct request once.
+    send_pairs(run, [chat(i, max_tokens=24) for i in range(30)])
+    wait_until(lambda: ShadowPair.objects.filter(run=run).count() >= 230, timeout_s=120,
+               what="230 pairs")
+    again = services.run_judge(run=run)
+    assert (again.pairs, again.verdict) == (200, "pass")
 
 
 def test_a_diverging_candidate_fails_and_too_few_pairs_are_insufficient(
@@ -86,11 +93,12 @@ def test_a_diverging_candidate_fails_and_too_few_pairs_are_insufficient(
     assert run.evidence_id != first_evidence  # the verdict changed: recorded at once
     assert Evidence.objects.get(pk=run.evidence_id).verdict == "fail"
 
-    # Same verdict, no new pairs: no new evidence; a minute later with new pairs: one more.
+    # Same verdict, no new pairs: no new evidence; EVIDENCE_EVERY_S later with new pairs:
+    # one more (the same judgement with more pairs, to which an approval stays bound).
     services.run_judge(run=run)
     assert ShadowRun.objects.get(pk=run.pk).evidence_id == run.evidence_id
     Evidence.objects.filter(pk=run.evidence_id).update(
-        observed_at=timezone.now() - timedelta(seconds=61))
+        observed_at=timezone.now() - timedelta(seconds=services.EVIDENCE_EVERY_S + 1))
     services.run_judge(run=run)
     assert ShadowRun.objects.get(pk=run.pk).evidence_id == run.evidence_id
     paired(run, 2, offset=40, max_tokens=48)

@@ -3,6 +3,7 @@ metric is judged on, the verdict rules and the one-line summary. Pure: no databa
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -86,7 +87,13 @@ def test_a_candidate_diverging_far_beyond_the_noise_floor_fails():
     assert judged.verdict == "fail" and div.verdict == "fail"
     assert div.noise_rate == pytest.approx(0.02) and div.signal_rate == pytest.approx(0.25)
     assert div.estimate == pytest.approx(0.23) and div.lower > 0.02
-    assert div.method == "newcombe-paired" and div.p_value < 1e-6 and div.gated
+    assert div.method == "confidence-sequence" and div.p_value < 1e-6 and div.gated
+    fixed = stats.judge_pairs(pairs, margin=0.02, min_pairs=200, confidence=0.95,
+                              sequential=False).metrics["divergence"]
+    assert fixed.method == "newcombe-paired" and fixed.verdict == "fail"
+    # Valid at every look, so wider than the one-look interval.
+    assert None not in (div.lower, div.upper, fixed.lower, fixed.upper)
+    assert (div.upper or 0) - (div.lower or 0) > (fixed.upper or 0) - (fixed.lower or 0)
 
 
 def test_an_error_mismatch_alone_fails_the_run():
@@ -155,3 +162,83 @@ def test_the_latency_summary_gives_each_sides_percentiles_over_its_successful_an
     # The candidate's timeout is not a speed: 10 answers, not 11, and no 120 s tail.
     assert summary["candidate"]["latency_ms"] == {"n": 10, "p50": 300.0, "p95": 300.0}
     assert stats.latency_summary([]) == {}
+
+
+# --- the confidence sequence: verdicts that hold under continuous looking -----------------
+
+def _aa_stream(seed: int, n: int, r: float = 0.05) -> list[tuple[dict, dict]]:
+    """A/A pairs under the simulator's replica noise (each of primary, secondary and
+    candidate flips with probability r; no logprobs, so every flip counts on both sides)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    primary, secondary, candidate = (rng.random(n) < r for _ in range(3))
+    return [(FLIP if p or s else SAME, FLIP if p or c else SAME)
+            for p, s, c in zip(primary, secondary, candidate, strict=True)]
+
+
+def _looks(pairs: list, step: int, **kwargs) -> list[str]:
+    """The run's verdict at every `step`-th pair, as a judge looking all the time sees it."""
+    return [stats.judge_pairs(pairs[:k], margin=0.0, min_pairs=100, confidence=0.95,
+                              **kwargs).verdict for k in range(100, len(pairs) + 1, step)]
+
+
+def test_an_aa_stream_judged_at_every_look_fails_within_alpha_and_the_fixed_interval_not():
+    """Margin 0: any difference fails, the case where peeking bites. Over 40 A/A runs of
+    1,000 pairs with replica noise, looked at every 10 pairs, the per-look fixed interval
+    (the judge as it was: each look spends its 2.5 % again) fails more than 5 % of the runs;
+    the confidence sequence stays within its α of 5 %. Seeded: the same runs every time
+    (4 of 40 and 1 of 40)."""
+    fixed_failed = seq_failed = 0
+    for seed in range(40):
+        pairs = _aa_stream(seed, 1000)
+        fixed_failed += "fail" in _looks(pairs, 10, sequential=False)
+        seq_failed += "fail" in _looks(pairs, 10)
+    assert seq_failed / 40 <= 0.05, seq_failed
+    assert fixed_failed / 40 > 0.05 and fixed_failed > seq_failed, fixed_failed
+
+
+def test_the_sequence_s_verdict_changes_at_most_once_after_it_may_judge():
+    """The bounds are intersected over the looks, so they only narrow: warn may become pass
+    or fail, and pass or fail stands."""
+    for seed in range(10):
+        pairs = _aa_stream(100 + seed, 1500)
+        verdicts = [v for v in _looks(pairs, 25) if v != "insufficient"]
+        changes = sum(1 for a, b in itertools.pairwise(verdicts) if a != b)
+        assert changes <= 1, verdicts
+
+
+def test_a_regressed_candidate_still_fails_under_the_sequence():
+    pairs = [(SAME, FLIP if i % 10 == 0 else SAME) for i in range(600)]
+    judged = stats.judge_pairs(pairs, margin=0.02, min_pairs=200, confidence=0.95)
+    assert judged.verdict == "fail", judged.summary
+
+
+def test_a_candidate_that_changes_mid_run_restarts_the_sequence_and_is_judged_again():
+    """Passing for 1,000 pairs, then diverging on one request in five: the intersection of
+    the bounds comes out empty, judging starts again from there, and the run fails."""
+    good = [(SAME, SAME)] * 1000
+    bad = [(SAME, FLIP if i % 5 == 0 else SAME) for i in range(1500)]
+    assert stats.judge_pairs(good, margin=0.02, min_pairs=200,
+                             confidence=0.95).verdict == "pass"
+    path = stats.sequence_path([0.0] * 1000 + [1.0 if i % 5 == 0 else 0.0 for i in range(1500)],
+                               confidence=0.95, design_n=200, from_n=200)
+    assert path.restarts[-1] == 1 and 1000 <= path.start < 1300
+    judged = stats.judge_pairs(good + bad, margin=0.02, min_pairs=200, confidence=0.95)
+    div = judged.metrics["divergence"]
+    assert judged.verdict == "fail" and (div.signal_rate or 0) > 0.15, judged.summary
+
+
+def test_the_sequence_radius_is_the_normal_mixture_boundary():
+    """Howard et al. 2021 eq. (14) with V = n σ² and ρ_H = σ²/ρ²: the same numbers."""
+    import math
+
+    import numpy as np
+
+    alpha, n, var = 0.05, 500.0, 0.04
+    rho2 = stats.mixture_rho2(alpha, 200)
+    ours = float(stats.sequence_radii(np.array([n]), np.array([var]), alpha=alpha,
+                                      rho2=rho2)[0])
+    v, rho_h = n * var, var / rho2
+    howard = math.sqrt((v + rho_h) * math.log((v + rho_h) / (rho_h * alpha ** 2))) / n
+    assert ours == pytest.approx(howard, rel=1e-12)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Min
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -21,8 +22,11 @@ from fleetctl.traffic import mirror_auth
 if TYPE_CHECKING:
     from migrations_plan.models import Evidence
 
-# Evidence is recorded when the verdict changes, else at most this often while pairs arrive.
-EVIDENCE_EVERY_S = 60
+# Evidence is recorded when the verdict changes (the confidence sequence crossed into another
+# decision), else refreshed at most this often while pairs arrive, so the gate shows the
+# grown sample. A refresh is the same judgement of the same run (same verdict, same pool
+# fingerprints) with more pairs: an approval bound to it holds (docs/shadow.md).
+EVIDENCE_EVERY_S = 600
 # The run verdict's evidence verdict: "insufficient" is evidence of nothing yet.
 EVIDENCE_VERDICT = {"pass": "pass", "warn": "warn", "fail": "fail", "insufficient": "info"}
 # Stage 4's "Quality unchanged" kind (registered by fleetctl/evals/evidence.py): a run judged
@@ -86,28 +90,41 @@ def _record_live_quality(run: ShadowRun, judged: stats.RunJudgement,
                     url=f"/shadow/runs/{run.pk}/")
 
 
+def judged_sequence(run: ShadowRun) -> tuple[
+        list[tuple[dict[str, Any], dict[str, Any]]], tuple[datetime | None, datetime | None]]:
+    """The pairs the run is judged on, in the order they were made, and when the first and
+    the last of them were received: the first pair of each distinct request (a prompt asked
+    a hundred times diverges, or not, a hundred times alike, and counted a hundred times it
+    would narrow the interval as if it were a hundred different requests), the first
+    SHADOW_JUDGE_WINDOW_PAIRS distinct requests at most.
+
+    Append-only, so each look extends the sequence the last look judged and the confidence
+    sequence (stats.judge_pairs) sees one growing sample, never a window that slides and
+    draws its noise again — the reason a verdict over "the newest pair of each request"
+    wandered across the margin on every refresh. A request asked again adds nothing; the
+    cost of a look is one grouped index scan plus at most the cap of rows."""
+    firsts = (ShadowPair.objects.filter(run=run).values("request_hash")
+              .annotate(first=Min("id")).order_by("first")
+              .values_list("first", flat=True)[:settings.SHADOW_JUDGE_WINDOW_PAIRS])
+    rows = list(ShadowPair.objects.filter(pk__in=firsts).order_by("id")
+                .values_list("noise", "signal", "received_at"))
+    pairs = [(noise, signal) for noise, signal, _ in rows]
+    received = [at for _, _, at in rows]
+    return pairs, ((min(received), max(received)) if received else (None, None))
+
+
 def run_judge(*, run: ShadowRun) -> ShadowJudgement:
-    """Judge the run's pairs (stats.judge_pairs), store the judgement, fold the Redis
-    counters into the run, and record `shadow` evidence about the candidate when the verdict
-    changed or a minute passed with new pairs."""
+    """Judge the run's pairs (stats.judge_pairs over `judged_sequence`), store the
+    judgement, fold the Redis counters into the run, and record `shadow` evidence about the
+    candidate when the verdict changed, or EVIDENCE_EVERY_S passed with new pairs."""
     from migrations_plan.services import evidence_record
 
     run = ShadowRun.objects.select_related("route", "candidate", "primary", "plan").get(pk=run.pk)
-    # The newest SHADOW_JUDGE_WINDOW_PAIRS pairs: a run that lasts for weeks is judged on
-    # its recent behaviour at a bounded cost per look, not on every pair it ever made. One
-    # pair per distinct request (its newest): a prompt asked a hundred times diverges, or
-    # not, a hundred times alike, and counted a hundred times it would narrow the interval
-    # as if it were a hundred different requests.
-    rows = list(ShadowPair.objects.filter(run=run).order_by("-received_at", "-id")
-                .values_list("noise", "signal", "received_at", "request_hash", "sides")
-                [:settings.SHADOW_JUDGE_WINDOW_PAIRS])
-    seen: set[str] = set()
-    pairs = []
-    for noise, signal, _, digest, _sides in rows:
-        if digest not in seen:
-            seen.add(digest)
-            pairs.append((noise, signal))
-    window = (rows[-1][2], rows[0][2]) if rows else (None, None)
+    pairs, window = judged_sequence(run)
+    # Latency is descriptive, not judged: the newest SHADOW_JUDGE_WINDOW_PAIRS pairs, what
+    # the three sides answer like now.
+    sides = list(ShadowPair.objects.filter(run=run).order_by("-received_at", "-id")
+                 .values_list("sides", flat=True)[:settings.SHADOW_JUDGE_WINDOW_PAIRS])
     judged = stats.judge_pairs(pairs, margin=run.margin, min_pairs=run.min_pairs,
                                confidence=run.confidence)
     counters = selectors.live_counters(run)
@@ -116,7 +133,7 @@ def run_judge(*, run: ShadowRun) -> ShadowJudgement:
         judgement = ShadowJudgement.objects.create(
             run=run, at=now, pairs=judged.pairs, verdict=judged.verdict,
             metrics=judged.metrics_dict(), counters=counters,
-            latency=stats.latency_summary([row[4] for row in rows]))
+            latency=stats.latency_summary(sides))
         evidence_id = run.evidence_id
         if _evidence_due(run, judged):
             evidence = evidence_record(
