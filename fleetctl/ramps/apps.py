@@ -27,15 +27,35 @@ class RampsConfig(AppConfig):
         # A drain of a ramp's pool ends the ramp; a restore does not give its share back.
         holder_register("ramps", lock=_lock_for_drain, holds=_holds, drained=_drained)
         # A pool that reports a change nobody registered (an upgrade): its ramps hold.
-        from fleetctl.fleet.services import register_report_hook
+        from fleetctl.fleet.services import register_change_hook, register_report_hook
 
         register_report_hook(_hold_for_reverification)
+        # A registry edit of the pool's fingerprint (runtime, driver, a model's revision...):
+        # its ramps hold too, until it is re-verified (conformance/reverify.py).
+        register_change_hook(_hold_for_registered_change)
 
 
 def _hold_for_reverification(pool_id: int, changes: list[str]) -> None:
     from fleetctl.ramps.services import ramps_hold_for_report
 
     ramps_hold_for_report(pool_id=pool_id, changes=changes)
+
+
+def _hold_for_registered_change(pool_id: int, changes: list[str]) -> None:
+    from django.core.exceptions import ValidationError
+
+    from fleetctl.accounts.actor import Actor
+    from fleetctl.core.errors import DomainError
+    from fleetctl.ramps.models import Ramp
+    from fleetctl.ramps.services import ramp_pause
+
+    for ramp in Ramp.objects.filter(pool_id=pool_id, state=Ramp.State.RUNNING).order_by("pk"):
+        try:
+            ramp_pause(actor=Actor.for_system("reverify"), ramp=ramp,
+                       reason=f"the pool changed: {'; '.join(changes)}: held until it is "
+                              f"re-verified"[:2000])
+        except (ValidationError, DomainError):  # ended or paused meanwhile
+            continue
 
 
 def _lock_for_drain(**kwargs: Any) -> None:

@@ -1,7 +1,8 @@
 """The `ramp-slo` evidence kind, registered with its producer: every hold of a ramp of a
 plan's candidate that the guard judged (pass, warn or fail) records one row about the
 candidate, with the numbers it used. Stage 4's check "Per-pool percentiles hold at each ramp
-step" reads the newest one."""
+step" reads the newest one; "Per-pool percentiles held for N days" (`watch.held`,
+watch_rule.py) reads the standing watch that follows a completed ramp."""
 
 from __future__ import annotations
 
@@ -32,3 +33,7 @@ DATA_SCHEMA: dict[str, Any] = data_schema({
 def register() -> None:
     register_kind(EvidenceKind(KIND, "per-pool SLO during the ramp", PRODUCED_BY,
                                data_schema=DATA_SCHEMA))
+    # Stage 4's "Per-pool percentiles held for N days": the standing watch's history.
+    from fleetctl.ramps.watch_rule import register as register_watch_rule
+
+    register_watch_rule()

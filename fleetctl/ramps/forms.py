@@ -122,3 +122,20 @@ class RampFilterForm(forms.Form):
                                        *Ramp.State.choices])
     route = forms.CharField(required=False, max_length=63)
     pool = forms.CharField(required=False, max_length=63)
+
+
+class WatchActionForm(forms.Form):
+    """A standing watch: change its policy (`policy`) or end it (`end`), with a reason."""
+
+    ACTIONS = ("policy", "end")
+
+    action = forms.ChoiceField(choices=[(a, a) for a in ACTIONS], widget=forms.HiddenInput)
+    policy = forms.ChoiceField(required=False, choices=[("alert", "alert"), ("drain", "drain")])
+    reason = reason_field(error_messages={"required": "Say why: the reason goes in the audit "
+                                                      "log."})
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("action") == "policy" and not data.get("policy"):
+            self.add_error("policy", "Choose a policy: alert or drain.")
+        return data

@@ -131,6 +131,16 @@ def judge(*, candidate: PoolStats, primary: PoolStats | None, thresholds: Thresh
     return Judgement(PASS, held, numbers)
 
 
+def failures_after(previous: int, decision: str) -> int:
+    """The count of failing checks in a row after one more judgement: a fail adds one, a
+    wait (nothing trustworthy to judge) leaves it, a pass or a warn resets it. The ramp
+    controller and the standing watch act only when it reaches their `failure_threshold`,
+    so a single noisy window never rolls back nor drains."""
+    if decision == FAIL:
+        return previous + 1
+    return previous if decision == WAIT else 0
+
+
 def _held(candidate: PoolStats, thresholds: Thresholds, *, ttft: bool, tpot: bool,
           e2e: bool) -> list[str]:
     """What a passing check says: each figure judged against its SLO, and what was not

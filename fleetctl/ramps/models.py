@@ -133,3 +133,110 @@ class RampEvent(models.Model):
 
     def __str__(self) -> str:
         return f"ramp {self.ramp_id} {self.kind} at {self.at:%H:%M:%S}"
+
+
+class Watch(models.Model):
+    """The standing live watch of one pool on one route, after its ramp completed: the guard
+    keeps judging it on the newest telemetry, against the SLO copied from the ramp (or plan)
+    at hand-over and against the route's primary, and alerts or drains by `policy`. Its
+    verdicts (`WatchVerdict`) are stage 4's evidence that the percentiles held (rule
+    `watch.held`)."""
+
+    class Policy(models.TextChoices):
+        ALERT = "alert", "alert: a webhook and the timeline, the pool keeps its weight"
+        DRAIN = "drain", "drain: the pool comes off the route"
+
+    class State(models.TextChoices):
+        ACTIVE = "active", "active"
+        ENDED = "ended", "ended"
+
+    class Role(models.TextChoices):
+        CANDIDATE = "candidate", "the ramped pool (against its SLO and the primary)"
+        PRIMARY = "primary", "the route's primary (against its SLO)"
+
+    route = models.ForeignKey(Route, on_delete=models.PROTECT, related_name="watches")
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="watches")
+    ramp = models.ForeignKey(Ramp, on_delete=models.SET_NULL, null=True, blank=True,
+                             related_name="watches", help_text="The ramp that handed over.")
+    plan = models.ForeignKey(Plan, on_delete=models.SET_NULL, null=True, blank=True,
+                             related_name="watches")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.CANDIDATE)
+    policy = models.CharField(max_length=5, choices=Policy.choices, default=Policy.DRAIN)
+    state = models.CharField(max_length=6, choices=State.choices, default=State.ACTIVE)
+    ended_reason = models.TextField(blank=True)
+    # What it judges, copied at hand-over (a later plan edit does not move a running watch).
+    slo_ttft_p95_ms = models.FloatField(validators=[MinValueValidator(0)])
+    slo_tpot_p95_ms = models.FloatField(validators=[MinValueValidator(0)])
+    slo_error_rate = models.FloatField(validators=[MinValueValidator(0), MaxValueValidator(1)])
+    latency_margin_pct = models.FloatField(validators=[MinValueValidator(0)])
+    slo_e2e_p95_ms = models.FloatField(null=True, blank=True, validators=[MinValueValidator(1)])
+    min_samples = models.PositiveIntegerField(default=50)
+    window_s = models.PositiveIntegerField(
+        default=30, help_text="Each verdict judges one window this long (whole telemetry "
+                              "windows, back to back).")
+    failure_threshold = models.PositiveSmallIntegerField(default=2,
+                                                         validators=[MinValueValidator(1)])
+    consecutive_failures = models.PositiveSmallIntegerField(default=0)
+    drain = models.ForeignKey(Drain, on_delete=models.PROTECT, null=True, blank=True,
+                              related_name="watches", help_text="The drain the watch made.")
+    created_by = models.CharField(max_length=150)
+    started_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    # The end of the newest window judged: the next tick judges the window after it.
+    judged_until = models.DateTimeField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=100, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["route", "pool"], condition=Q(state="active"),
+                                    name="one_active_watch_per_route_pool"),
+        ]
+        indexes = [models.Index(fields=["state", "judged_until"])]
+
+    def __str__(self) -> str:
+        return f"watch {self.pk} of {self.pool_id} on {self.route_id}"
+
+    @property
+    def active(self) -> bool:
+        return self.state == self.State.ACTIVE
+
+
+class WatchVerdict(models.Model):
+    """One judged window of a watch, with the figures it used (the pool's and the primary's)."""
+
+    class Verdict(models.TextChoices):
+        PASS = "pass", "pass"
+        WARN = "warn", "warn"
+        FAIL = "fail", "fail"
+        INSUFFICIENT = "insufficient", "insufficient data"
+
+    watch = models.ForeignKey(Watch, on_delete=models.CASCADE, related_name="verdicts")
+    window_start = models.DateTimeField()
+    window_end = models.DateTimeField()
+    verdict = models.CharField(max_length=12, choices=Verdict.choices)
+    requests = models.PositiveIntegerField(default=0)
+    ttft_p95_ms = models.FloatField(null=True, blank=True)
+    tpot_p95_ms = models.FloatField(null=True, blank=True)
+    e2e_p95_ms = models.FloatField(null=True, blank=True)
+    error_rate = models.FloatField(null=True, blank=True)
+    primary_requests = models.PositiveIntegerField(null=True, blank=True)
+    primary_ttft_p95_ms = models.FloatField(null=True, blank=True)
+    primary_tpot_p95_ms = models.FloatField(null=True, blank=True)
+    primary_e2e_p95_ms = models.FloatField(null=True, blank=True)
+    primary_error_rate = models.FloatField(null=True, blank=True)
+    summary = models.TextField()
+    # What happened on it: "" (recorded), "alerted", "drained", "counted" (a fail below the
+    # threshold).
+    action = models.CharField(max_length=10, blank=True)
+    numbers = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["watch", "window_start", "id"]
+        constraints = [models.UniqueConstraint(fields=["watch", "window_start"],
+                                               name="one_verdict_per_watch_window")]
+
+    def __str__(self) -> str:
+        return f"watch {self.watch_id} {self.verdict} at {self.window_start:%H:%M:%S}"

@@ -7,11 +7,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import F, Prefetch, Q, QuerySet, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from fleetctl.ramps import guard
-from fleetctl.ramps.models import ACTIVE_STATES, Ramp, RampEvent
+from fleetctl.ramps.models import ACTIVE_STATES, Ramp, RampEvent, Watch, WatchVerdict
 from fleetctl.traffic.holds import Hold
 from fleetctl.traffic.models import Drain, Route
 from migrations_plan.models import Plan
@@ -89,15 +90,28 @@ def ramp_judgement(ramp: Ramp, route: Route, *, since: datetime, now: datetime
     """The guard's judgement of the ramp's pool on `route` against the primary over [since,
     now), never reaching back before the step's own telemetry (services.step_data_start)."""
     from fleetctl.ramps.services import step_data_start, thresholds_of
-    from fleetctl.telemetry.selectors import pool_stats
 
     if ramp.step_started_at is not None:
         since = max(since, step_data_start(ramp.step_started_at))
-    candidate = pool_stats(pool=ramp.pool.name, route=route.name, since=since, until=now)
-    primary = pool_stats(pool=route.primary_pool.name, route=route.name, since=since,
-                         until=now)
-    return guard.judge(candidate=candidate, primary=primary, thresholds=thresholds_of(ramp),
-                       min_samples=ramp.min_samples, now=now,
+    return pool_judgement(pool=ramp.pool.name, route=route.name,
+                          primary=route.primary_pool.name, thresholds=thresholds_of(ramp),
+                          min_samples=ramp.min_samples, since=since, until=now, now=now)
+
+
+def pool_judgement(*, pool: str, route: str, primary: str | None,
+                   thresholds: guard.Thresholds, min_samples: int, since: datetime,
+                   until: datetime, now: datetime) -> guard.Judgement:
+    """The guard's one judgement of `pool` on `route` over [since, until): its telemetry
+    against the thresholds and, when `primary` is given (and is another pool), against the
+    primary's over the same span. The ramp guard and the standing watch both judge through
+    here, so there is one set of statistics (guard.judge)."""
+    from fleetctl.telemetry.selectors import pool_stats
+
+    candidate = pool_stats(pool=pool, route=route, since=since, until=until)
+    other = (pool_stats(pool=primary, route=route, since=since, until=until)
+             if primary and primary != pool else None)
+    return guard.judge(candidate=candidate, primary=other, thresholds=thresholds,
+                       min_samples=min_samples, now=now,
                        stale_after_s=3 * settings.TELEMETRY_WINDOW_S)
 
 
@@ -134,3 +148,36 @@ def _hold_state(ramp: Ramp) -> str:
     if ramp.state == Ramp.State.ROLLED_BACK:
         return f"rolled back by its guard{at} (drain {ramp.drain_id})"
     return f"aborted{at} (drain {ramp.drain_id})"
+
+
+# --- standing watches -------------------------------------------------------------------------
+
+def watch_list() -> QuerySet[Watch]:
+    return Watch.objects.select_related("route", "pool", "plan", "drain", "ramp")
+
+
+def watches_of_route(route: Route) -> list[Watch]:
+    """The route's watches: the active ones first, then the newest ended (at most 10)."""
+    return list(watch_list().filter(route=route)
+                .order_by("state", "-started_at", "-id")[:10])
+
+
+def watches_with_verdicts(route: Route, limit: int = 5) -> list[dict[str, Any]]:
+    """The route's watches, each with its newest `limit` judged windows: two queries, however
+    many watches (the verdicts of all of them in one, ranked per watch by the database)."""
+    watches = watches_of_route(route)
+    if not watches:
+        return []
+    ranked = (WatchVerdict.objects.filter(watch__in=watches)
+              .annotate(rank=Window(RowNumber(), partition_by=[F("watch_id")],
+                                    order_by=[F("window_start").desc(), F("id").desc()]))
+              .filter(rank__lte=limit).order_by("watch_id", "rank"))
+    newest: dict[int, list[WatchVerdict]] = {}
+    for verdict in ranked:
+        newest.setdefault(verdict.watch_id, []).append(verdict)
+    return [{"watch": w, "verdicts": newest.get(w.pk, [])} for w in watches]
+
+
+def watch_verdicts(watch: Watch, limit: int = 20) -> list[WatchVerdict]:
+    """A watch's newest judged windows, newest first."""
+    return list(watch.verdicts.order_by("-window_start", "-id")[:limit])

@@ -32,3 +32,13 @@ def run(ramp_id: int) -> int:
         log.exception("ramps.run(%s) failed", ramp_id)
         services.record_error(ramp_id, exc)
         return 0
+
+
+@app.task(name="ramps.watch_tick", ignore_result=True)
+def watch_tick() -> int:
+    """Beat, every WATCH_TICK_INTERVAL_S: judge each standing watch's newest whole window."""
+    try:
+        return services.watch_tick()
+    except Exception:
+        log.exception("ramps.watch_tick failed")
+        return 0

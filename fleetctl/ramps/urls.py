@@ -8,4 +8,6 @@ urlpatterns = [
     path("<int:ramp_id>/", views.ramp_detail, name="detail"),
     path("<int:ramp_id>/action/", views.ramp_action, name="action"),
     path("start/<slug:route>/", views.ramp_start, name="start"),
+    path("watches/<int:watch_id>/", views.watch_detail, name="watch"),
+    path("watches/<int:watch_id>/action/", views.watch_action, name="watch-action"),
 ]

@@ -34,8 +34,14 @@ from fleetctl.core.views import form_action, form_page, get_or_404, refresh_if_c
 from fleetctl.fleet import selectors as fleet
 from fleetctl.fleet.models import Pool
 from fleetctl.ramps import charts, selectors, services
-from fleetctl.ramps.forms import RampActionForm, RampFilterForm, RampStartForm, steps_text
-from fleetctl.ramps.models import ACTIVE_STATES, Ramp, RampEvent
+from fleetctl.ramps.forms import (
+    RampActionForm,
+    RampFilterForm,
+    RampStartForm,
+    WatchActionForm,
+    steps_text,
+)
+from fleetctl.ramps.models import ACTIVE_STATES, Ramp, RampEvent, Watch
 from fleetctl.telemetry import selectors as telemetry
 from fleetctl.traffic import selectors as traffic
 from fleetctl.traffic.models import Route
@@ -321,3 +327,50 @@ def ramp_action(request: HttpRequest, ramp_id: int) -> HttpResponseBase:
 
 def detail_url(ramp: Ramp) -> str:
     return reverse("ramps:detail", args=[ramp.pk])
+
+
+# ---- standing watches ---------------------------------------------------------------------------
+
+def _watch(watch_id: int) -> Watch:
+    return get_or_404(lambda pk: selectors.watch_list().filter(pk=pk).first(), watch_id,
+                      what=f"watch with id {watch_id}")
+
+
+def _render_watch(request: HttpRequest, watch: Watch, *, form: WatchActionForm | None = None,
+                  status: int = 200) -> HttpResponse:
+    verdicts = selectors.watch_verdicts(watch, limit=200)
+    counts: dict[str, int] = {}
+    for row in watch.verdicts.values_list("verdict", flat=True):
+        counts[row] = counts.get(row, 0) + 1
+    return render(request, "ramps/watch.html", {
+        "watch": watch, "verdicts": verdicts, "counts": counts, "form": form}, status=status)
+
+
+@dashboard_view
+@require_GET
+def watch_detail(request: HttpRequest, watch_id: int) -> HttpResponse:
+    return _render_watch(request, _watch(watch_id))
+
+
+@dashboard_view
+@require_POST
+def watch_action(request: HttpRequest, watch_id: int) -> HttpResponseBase:
+    """Change a watch's policy or end it (the ramp role), with a reason; a refusal is shown
+    on the page with its status, nothing changed."""
+    watch = _watch(watch_id)
+    form = WatchActionForm(request.POST)
+
+    def call(data: dict[str, Any]) -> Watch:
+        actor = actor_from_request(request)
+        if data["action"] == "end":
+            return services.watch_end(actor=actor, watch=watch, reason=data["reason"])
+        return services.watch_set_policy(actor=actor, watch=watch, policy=data["policy"],
+                                         reason=data["reason"])
+
+    return form_action(
+        request, form, call,
+        success=lambda w: (f"Ended watch {w.pk}." if form.cleaned_data["action"] == "end"
+                           else f"Watch {w.pk}: policy {w.policy}."),
+        then=lambda w: reverse("ramps:watch", args=[w.pk]),
+        invalid=lambda done: _render_watch(request, _watch(watch_id), form=form,
+                                           status=done.status))

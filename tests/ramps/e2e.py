@@ -153,10 +153,11 @@ def start_worker(env: dict[str, str], log: Path, *, name: str,
 class TickLoop:
     """What beat does for ramps: send `ramps.tick` every `every_s` (to the watch queue)."""
 
-    def __init__(self, every_s: float | None = None) -> None:
+    def __init__(self, every_s: float | None = None, task: str = "ramps.tick") -> None:
         from django.conf import settings
 
         self.every_s = every_s or float(settings.RAMP_TICK_INTERVAL_S)
+        self.task = task  # or "ramps.watch_tick": the standing watches' beat entry
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -169,7 +170,7 @@ class TickLoop:
 
         while not self._stop.is_set():
             # Expires like beat's entry would be superseded: a backlog of ticks is useless.
-            app.send_task("ramps.tick", expires=self.every_s * 2)
+            app.send_task(self.task, expires=self.every_s * 2)
             self._stop.wait(self.every_s)
 
     def stop(self) -> None:

@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from fleetctl.core.api.schema import NullableObjectField, ObjectField
 from fleetctl.fleet.models import Pool
-from fleetctl.ramps.models import Ramp, RampEvent
+from fleetctl.ramps.models import Ramp, RampEvent, Watch, WatchVerdict
 from fleetctl.traffic.models import Route
 from migrations_plan.models import Plan
 
@@ -122,3 +122,58 @@ class RampCreateSerializer(serializers.Serializer):
 class RampActionSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=2000, help_text="Goes in the ramp's timeline "
                                                               "and the audit log.")
+
+
+class WatchVerdictSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = WatchVerdict
+        fields = ["id", "window_start", "window_end", "verdict", "requests", "ttft_p95_ms",
+                  "tpot_p95_ms", "e2e_p95_ms", "error_rate", "primary_requests",
+                  "primary_ttft_p95_ms", "primary_tpot_p95_ms", "primary_e2e_p95_ms",
+                  "primary_error_rate", "summary", "action", "at"]
+        read_only_fields = fields
+
+
+class WatchSerializer(serializers.ModelSerializer):
+    route = serializers.CharField(source="route.name", read_only=True)
+    pool = serializers.CharField(source="pool.name", read_only=True)
+    plan = serializers.CharField(source="plan.name", read_only=True, allow_null=True)
+    ramp = serializers.IntegerField(source="ramp_id", read_only=True, allow_null=True,
+                                    help_text="The completed ramp that handed over.")
+    drain = serializers.IntegerField(source="drain_id", read_only=True, allow_null=True,
+                                     help_text="The drain the watch made (policy drain).")
+
+    class Meta:
+        model = Watch
+        fields = ["id", "route", "pool", "plan", "ramp", "role", "policy", "state",
+                  "ended_reason", "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate",
+                  "latency_margin_pct", "slo_e2e_p95_ms", "min_samples", "window_s",
+                  "failure_threshold", "consecutive_failures", "drain", "created_by",
+                  "started_at", "ended_at", "judged_until"]
+        read_only_fields = fields
+
+
+class WatchDetailSerializer(WatchSerializer):
+    verdicts = serializers.SerializerMethodField(
+        help_text="The judged windows, newest first (at most 500; `?verdicts=N` for fewer).")
+
+    class Meta(WatchSerializer.Meta):
+        fields = [*WatchSerializer.Meta.fields, "verdicts"]
+        read_only_fields = fields
+
+    @extend_schema_field(WatchVerdictSerializer(many=True))
+    def get_verdicts(self, watch: Watch) -> list[dict[str, Any]]:
+        limit = int(self.context.get("verdicts", 500))
+        rows = watch.verdicts.order_by("-window_start", "-id")[:limit]
+        return list(WatchVerdictSerializer(rows, many=True).data)
+
+
+class WatchPolicySerializer(serializers.Serializer):
+    policy = serializers.ChoiceField(choices=Watch.Policy.choices,
+                                     help_text="What a failure does: alert or drain.")
+    reason = serializers.CharField(max_length=2000, required=False, allow_blank=True,
+                                   default="", help_text="Goes in the audit log.")
+
+
+class WatchEndSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=2000, help_text="Goes in the audit log.")

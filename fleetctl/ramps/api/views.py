@@ -6,6 +6,7 @@ from typing import Any
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -15,7 +16,7 @@ from fleetctl.core.errors import NotFoundError
 from fleetctl.ramps import selectors, services
 from fleetctl.ramps.api import serializers as s
 from fleetctl.ramps.filters import RampFilter
-from fleetctl.ramps.models import Ramp
+from fleetctl.ramps.models import Ramp, Watch
 
 
 class RampViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -88,3 +89,59 @@ class RampViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         """Stop the ramp and drain the pool off the route (scope `drain`; 409 unless
         active). The drain is linked as `drain`."""
         return self._act(request, pk, services.ramp_abort)
+
+
+class WatchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Standing live watches: after a ramp completes, the guard keeps judging every pool
+    carrying weight on the route, window by window, and alerts or drains by policy."""
+
+    serializer_class = s.WatchSerializer
+    http_method_names = ["get", "post", "patch", "head", "options"]
+
+    def get_queryset(self) -> QuerySet[Watch]:
+        watches = selectors.watch_list()
+        params = self.request.query_params
+        for name in ("route", "pool"):
+            if params.get(name):
+                watches = watches.filter(**{f"{name}__name": params[name]})
+        if params.get("state"):
+            watches = watches.filter(state=params["state"])
+        return watches
+
+    def _watch(self, pk: str) -> Watch:
+        watch = selectors.watch_list().filter(pk=int(pk)).first() if pk.isdigit() else None
+        if watch is None:
+            raise NotFoundError(f"No watch {pk}. See /api/v1/watches/ for the watches there "
+                                f"are.")
+        return watch
+
+    def _detail(self, watch: Watch, request: Request) -> Response:
+        raw = request.query_params.get("verdicts", "500")
+        if not raw.isdigit() or not 0 <= int(raw) <= 5000:
+            raise ValidationError({"verdicts": ["A whole number from 0 to 5000."]})
+        watch = self._watch(str(watch.pk))
+        return Response(s.WatchDetailSerializer(watch, context={"verdicts": int(raw)}).data)
+
+    @extend_schema(responses={200: s.WatchDetailSerializer})
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """A watch with its verdict history (newest first)."""
+        return self._detail(self._watch(str(kwargs["pk"])), request)
+
+    @extend_schema(request=s.WatchPolicySerializer, responses={200: s.WatchDetailSerializer})
+    def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Change the policy (`alert` | `drain`) of an active watch (scope `ramp`; 409 once
+        ended)."""
+        watch = self._watch(str(kwargs["pk"]))
+        body = idempotency.action_body(request, s.WatchPolicySerializer)
+        watch = services.watch_set_policy(actor=actor_from_request(request), watch=watch,
+                                          policy=body["policy"], reason=body["reason"])
+        return self._detail(watch, request)
+
+    @idempotency.object_action(request=s.WatchEndSerializer, response=s.WatchDetailSerializer)
+    def end(self, request: Request, pk: str) -> Response:
+        """End an active watch (scope `ramp`; 409 once ended): judging stops, nothing is
+        drained."""
+        body = idempotency.action_body(request, s.WatchEndSerializer)
+        watch = services.watch_end(actor=actor_from_request(request), watch=self._watch(pk),
+                                   reason=body["reason"])
+        return self._detail(watch, request)

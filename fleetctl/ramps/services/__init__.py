@@ -38,6 +38,12 @@ from fleetctl.ramps.services.people import (
     ramp_skip,
     ramps_hold_for_report,
 )
+from fleetctl.ramps.services.watch import (
+    watch_end,
+    watch_set_policy,
+    watch_tick,
+    watches_hand_over,
+)
 
 __all__ = [
     "DEFAULT_LATENCY_MARGIN_PCT",
@@ -58,4 +64,8 @@ __all__ = [
     "split_for",
     "step_data_start",
     "thresholds_of",
+    "watch_end",
+    "watch_set_policy",
+    "watch_tick",
+    "watches_hand_over",
 ]

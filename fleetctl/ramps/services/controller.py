@@ -23,6 +23,7 @@ from fleetctl.ramps import guard
 from fleetctl.ramps.evidence import KIND as EVIDENCE_KIND
 from fleetctl.ramps.models import ACTIVE_STATES, Ramp, RampEvent
 from fleetctl.ramps.services._shared import Kind, _bp, _drain, _event, _finish, _set_state, log
+from fleetctl.ramps.services.watch import watches_hand_over
 from fleetctl.traffic.gateways.base import TOTAL_WEIGHT
 from fleetctl.traffic.models import Drain, Route, SplitRevision
 from fleetctl.traffic.split import as_percentages
@@ -168,12 +169,12 @@ def _counted(ramp: Ramp, judgement: guard.Judgement, *, now: datetime, state: st
     """Count a failing check of a ramp in `state` — rolled back at `failure_threshold` in a
     row, else on the timeline — and say True; or, on a judgement that knows something (not
     a wait), reset the count and say False. The one rule for running and paused ramps."""
+    failures = guard.failures_after(ramp.consecutive_failures, judgement.decision)
     if judgement.decision != guard.FAIL:
-        if ramp.consecutive_failures and judgement.decision != guard.WAIT:
-            Ramp.objects.filter(pk=ramp.pk, state=state).update(consecutive_failures=0)
-            ramp.consecutive_failures = 0
+        if failures != ramp.consecutive_failures:
+            Ramp.objects.filter(pk=ramp.pk, state=state).update(consecutive_failures=failures)
+            ramp.consecutive_failures = failures
         return False
-    failures = ramp.consecutive_failures + 1
     Ramp.objects.filter(pk=ramp.pk, state=state).update(consecutive_failures=failures)
     ramp.consecutive_failures = failures
     paused = " while paused" if state == Ramp.State.PAUSED else ""
@@ -198,6 +199,8 @@ def _next(ramp: Ramp, route: Route, *, now: datetime, skipped: bool) -> None:
                    message=f"Complete: {ramp.pool.name} carries "
                            f"{ramp.steps[-1]['percent']:g} % of {route.name}"
                            + (" (last hold skipped)" if skipped else "") + ".")
+            # The guard never sleeps: a standing watch of every pool carrying weight.
+            watches_hand_over(ramp, route, now=now)
         return
     _step(ramp, route, ramp.step_index + 1, now=now)
 

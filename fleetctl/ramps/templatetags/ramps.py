@@ -199,4 +199,5 @@ def ramp_panel(context: Any, route: Any) -> dict[str, Any]:
         "active": active,
         "form": start_form(route) if active is None and can.get("ramp") else None,
         "recent": list(selectors.ramp_list().filter(route=route).select_related("pool")[:5]),
+        "watches": selectors.watches_with_verdicts(route, limit=5),
     }
