@@ -18,7 +18,8 @@ from fleetctl.fleet.api.views import (
     RegionViewSet,
 )
 from fleetctl.observability import MetricsView
-from fleetctl.ramps.api.views import RampViewSet
+from fleetctl.ramps.api.views import RampViewSet, WatchViewSet
+from fleetctl.schedules.api.views import ScheduleViewSet
 from fleetctl.shadow.api.views import ShadowRunViewSet
 from fleetctl.telemetry.api.views import IngestStatusViewSet, TelemetryPoolViewSet
 from fleetctl.traffic.api.views import DrainViewSet, GatewayViewSet, PushViewSet, RouteViewSet
@@ -43,6 +44,7 @@ router.register("gateways", GatewayViewSet, basename="gateway")
 router.register("pushes", PushViewSet, basename="push")
 router.register("drains", DrainViewSet, basename="drain")
 router.register("ramps", RampViewSet, basename="ramp")
+router.register("watches", WatchViewSet, basename="watch")
 router.register("bench/traces", TraceViewSet, basename="bench-trace")
 router.register("bench/runs", RunViewSet, basename="bench-run")
 router.register("conformance-runs", ConformanceRunViewSet, basename="conformance-run")
@@ -62,6 +64,7 @@ router.register("webhooks", WebhookViewSet, basename="webhook")
 router.register("batch/files", BatchFileViewSet, basename="batch-file")
 router.register("batch/jobs", BatchJobViewSet, basename="batch-job")
 router.register("batch/soaks", SoakViewSet, basename="batch-soak")
+router.register("schedules", ScheduleViewSet, basename="schedule")
 
 urlpatterns = [
     path("me/", me, name="me"),

@@ -61,6 +61,7 @@ ROUTES: dict[str, str] = {
     # pushes inline): beside the drain watchers, never behind a benchmark.
     "ramps.tick": "watch",
     "ramps.run": "watch",
+    "ramps.watch_tick": "watch",
     "traffic.health_policy": "watch",
     "telemetry.downsample": "default",
     "webhooks.deliver": "default",
@@ -70,6 +71,8 @@ ROUTES: dict[str, str] = {
     # drill); the output comparison sends requests to the primary, beside the eval runs.
     "batch.tick": "watch",
     "batch.compare": "evals",
+    # Schedules: claim each due row (a conditional UPDATE) and start its job; short.
+    "schedules.due": "default",
 }
 
 
@@ -125,6 +128,10 @@ def _beat_schedule() -> dict[str, dict[str, object]]:
         # Every active ramp whose next check is due, each claimed by a lease (ramps/).
         "tick-ramps": {"task": "ramps.tick", "schedule": float(settings.RAMP_TICK_INTERVAL_S),
                        "options": {"expires": float(settings.RAMP_TICK_INTERVAL_S)}},
+        # Standing watches of completed ramps: each judges its newest whole window once.
+        "tick-watches": {"task": "ramps.watch_tick",
+                         "schedule": float(settings.RAMP_TICK_INTERVAL_S),
+                         "options": {"expires": float(settings.RAMP_TICK_INTERVAL_S)}},
         "downsample-telemetry": {"task": "telemetry.downsample", "schedule": 60.0,
                                  "options": {"expires": 60.0}},
         "prune-webhook-deliveries": {"task": "webhooks.prune", "schedule": 3600.0},
@@ -132,6 +139,13 @@ def _beat_schedule() -> dict[str, dict[str, object]]:
         # Batch jobs past their window expire, soaks start their next job and end.
         "tick-batch": {"task": "batch.tick", "schedule": float(settings.BATCH_TICK_INTERVAL_S),
                        "options": {"expires": float(settings.BATCH_TICK_INTERVAL_S)}},
+        # The schedules people edit (fleetctl/schedules/): one static entry that fires the
+        # rows whose next occurrence has come, each claimed by a conditional UPDATE.
+        "fire-schedules": {"task": "schedules.due",
+                           "schedule": float(settings.SCHEDULES_TICK_S),
+                           # A tick that waited is harmless (the rows say what is due).
+                           "options": {"expires": max(3 * float(settings.SCHEDULES_TICK_S),
+                                                      30.0)}},
     }
 
 

@@ -130,6 +130,7 @@ INSTALLED_APPS = [
     "fleetctl.telemetry",
     "fleetctl.ramps",
     "fleetctl.batch",
+    "fleetctl.schedules",
     "fleetctl.demo",
     # Sign-in lockout; fleetctl.accounts audits each failure and lockout it sees.
     "axes",
@@ -289,8 +290,10 @@ SHADOW_JUDGE_INTERVAL_S = env_int("SHADOW_JUDGE_INTERVAL_S", 15)
 # One side of a shadow pair (a whole answer, streamed or not) gets this long, then it is an
 # error answer (status 0): never retried, never failed over.
 SHADOW_PAIR_TIMEOUT_S = env_float("SHADOW_PAIR_TIMEOUT_S", 120.0)
-# The judge looks at a running run's newest pairs, at most this many: a bounded cost per look
-# however long the run lasts, and a verdict on what the candidate does now.
+# The judge judges a running run on the first pair of each distinct request, in order, at
+# most this many: a sample that only grows (its confidence sequence is valid at every look) at
+# a bounded cost per look however long the run lasts. The latency figures read the newest
+# this many pairs.
 SHADOW_JUDGE_WINDOW_PAIRS = env_int("SHADOW_JUDGE_WINDOW_PAIRS", 20_000)
 # --- eval runs (fleetctl/evals/) ---
 # A running eval run whose heartbeat (beaten every 2 s by the worker driving it) is older than
@@ -326,6 +329,8 @@ BATCH_MAX_BODY_BYTES = env_int("BATCH_MAX_BODY_BYTES", 256 * 1024)
 BATCH_MAX_UPLOAD_BYTES = env_int("BATCH_MAX_UPLOAD_BYTES", 2 * 1024 * 1024 * 1024)
 # How often beat ticks the batch controller (expiry, soak schedules, drill verdicts).
 BATCH_TICK_INTERVAL_S = env_float("BATCH_TICK_INTERVAL_S", 5.0)
+# Beat fires the schedules people edit (fleetctl/schedules/) this often, in seconds.
+SCHEDULES_TICK_S = env_float("SCHEDULES_TICK_S", 10.0)
 # Idempotency-Key answers are kept this long.
 IDEMPOTENCY_TTL_HOURS = env_int("IDEMPOTENCY_TTL_HOURS", 24)
 
@@ -441,9 +446,13 @@ SPECTACULAR_SETTINGS = {
         "DrainStatusEnum": "fleetctl.traffic.models.Drain.Status",
         "RevisionKindEnum": "fleetctl.traffic.models.SplitRevision.Kind",
         "RampStateEnum": "fleetctl.ramps.models.Ramp.State",
+        "WatchStateEnum": "fleetctl.ramps.models.Watch.State",
+        "WatchRoleEnum": "fleetctl.ramps.models.Watch.Role",
         "BatchJobStateEnum": "fleetctl.batch.models.BatchJob.State",
         "SoakStateEnum": "fleetctl.batch.models.Soak.State",
         "BatchDrillEnum": "fleetctl.batch.models.BatchJob.Drill",
+        "ScheduleKindEnum": "fleetctl.schedules.models.Schedule.Kind",
+        "ScheduleRunOutcomeEnum": "fleetctl.schedules.models.ScheduleRun.Outcome",
     },
 }
 

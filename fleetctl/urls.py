@@ -13,6 +13,7 @@ urlpatterns = [
     path("evals/", include("fleetctl.evals.urls")),
     path("ramps/", include("fleetctl.ramps.urls")),
     path("batch/", include("fleetctl.batch.urls")),
+    path("schedules/", include("fleetctl.schedules.urls")),
     path("audit/", include("fleetctl.audit.urls")),
     path("webhooks/", include("fleetctl.webhooks.urls")),
     path("account/", include("fleetctl.accounts.urls")),

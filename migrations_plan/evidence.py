@@ -120,10 +120,11 @@ def duration_of(have_h: float, need_h: float) -> tuple[str, str]:
 FINGERPRINT_LABELS = {"model_revision": "model revision", "runtime_version": "runtime version",
                       "driver": "driver label", "quantisation": "quantisation",
                       "weight_format": "weight format",
-                      "server_version": "server version (as the pool reports it)"}
+                      "server_version": "server version (as the pool reports it)",
+                      "served_revision": "weights revision (as the pool reports it)"}
 # Fingerprint fields the pool's servers report of themselves (fleet/probe.py): one recorded
 # before the probe had read it (empty) is unknown, not a change.
-REPORTED_FIELDS = ("server_version",)
+REPORTED_FIELDS = ("server_version", "served_revision")
 
 
 def pool_fingerprint(pool: Pool, model_ids: list[str]) -> dict[str, str]:
@@ -149,7 +150,16 @@ def pool_fingerprint(pool: Pool, model_ids: list[str]) -> dict[str, str]:
         "quantisation": each(1),
         "weight_format": each(2),
         "server_version": str((pool.reported or {}).get("server_version") or ""),
+        # The weights revision each model's card reports (fleet/probe.py), "" until it does.
+        "served_revision": _served_revision(pool, models),
     }
+
+
+def _served_revision(pool: Pool, models: list[str]) -> str:
+    served = (pool.reported or {}).get("model_revision") or {}
+    if not isinstance(served, dict) or not any(served.get(m) for m in models):
+        return ""
+    return ",".join(f"{m}@{served.get(m) or ''}" for m in models)
 
 
 def fingerprint_change(then: dict[str, Any], now: dict[str, str]) -> str | None:
@@ -221,7 +231,23 @@ def evidence_ref(row: Evidence) -> EvidenceRef:
                        observed_at=row.observed_at, expires_at=row.expires_at,
                        origin=REPORTED if external else MEASURED,
                        source=row.reported_by if external else row.source,
-                       source_url=row.url or "")
+                       source_url=row.url or "", judgement=judgement_of(row))
+
+
+def judgement_of(row: Evidence) -> str:
+    """What a row of a `refreshed` kind judges, as one string: kind, job (source), route,
+    model, verdict and a digest of the fingerprints it was measured on (the pool's, and the
+    `fingerprints` its data names: a shadow run's primary and candidate). Two rows with the
+    same string are one judgement, the later with more samples. "" for other kinds."""
+    kind = KINDS.get(row.kind)
+    if kind is None or not kind.refreshed or not row.source:
+        return ""
+    prints = {"pool": row.pool_fingerprint or {},
+              "data": (row.data or {}).get("fingerprints") if isinstance(row.data, dict)
+              else None}
+    digest = hashlib.sha256(json.dumps(prints, sort_keys=True, default=str).encode())
+    return (f"{row.kind}|{row.source}|route:{row.route_id or ''}|{row.model_id}|"
+            f"{row.verdict}|{digest.hexdigest()[:16]}")
 
 
 def reports_about(ctx: RuleContext, kind: str, *, pool: Pool | None = None) -> list[Evidence]:
@@ -335,6 +361,14 @@ def plan_terms(plan: Plan) -> dict[str, Any]:
     }
 
 
+def _bound_ref(ref: dict[str, Any]) -> str:
+    """What of one evidence ref an approval binds to: its judgement when it has one (a
+    refreshed kind: a newer row of the same judgement binds alike), else the row and its
+    version."""
+    judgement = ref.get("judgement")
+    return f"judgement:{judgement}" if judgement else f"{ref['ref']}@{ref['version']}"
+
+
 def _bound(snapshot: dict[str, Any]) -> dict[str, Any]:
     return {
         "stage": snapshot["stage"],
@@ -342,7 +376,7 @@ def _bound(snapshot: dict[str, Any]) -> dict[str, Any]:
         "checks": [
             {"key": c["key"], "rule": c["rule"], "params": c["params"],
              "status": normalise_status(c["status"]),
-             "evidence": sorted(f"{e['ref']}@{e['version']}" for e in c["evidence"])}
+             "evidence": sorted(_bound_ref(e) for e in c["evidence"])}
             for c in snapshot["checks"]
         ],
     }
@@ -354,9 +388,19 @@ def snapshot_hash(snapshot: dict[str, Any]) -> str:
 
 
 def snapshot_difference(old: dict[str, Any], new: dict[str, Any], now: datetime) -> str | None:
-    """Why an approval that saw `old` no longer holds when the gate now looks like `new`."""
+    """Why an approval that saw `old` no longer holds when the gate now looks like `new`.
+
+    Evidence of a refreshed kind (a running shadow run's) binds by its judgement: the
+    approval holds while the check's status is the same and its evidence is the same
+    judgement — same job, route, model, verdict and fingerprints — with only more samples,
+    the newer row not expired. It goes stale when the status changes, the evidence expires,
+    or the evidence is another job's or was measured on other fingerprints."""
+    current = {_bound_ref(ref): ref for check in new["checks"] for ref in check["evidence"]
+               if ref.get("judgement")}
     for check in old["checks"]:
         for ref in check["evidence"]:
+            # A judgement still current is judged by its newest row's expiry.
+            ref = current.get(_bound_ref(ref), ref) if ref.get("judgement") else ref
             expires = ref.get("expires_at")
             if expires and datetime.fromisoformat(expires) <= now:
                 return f"evidence {ref['label']!r} of check {check['title']!r} expired at {expires}"
@@ -378,7 +422,10 @@ def snapshot_difference(old: dict[str, Any], new: dict[str, Any], now: datetime)
             return (f"check {titles[key]!r} went from {status_label(was['status'])} to "
                     f"{status_label(now_['status'])}")
         if was["evidence"] != now_["evidence"]:
-            return f"the evidence behind check {titles[key]!r} changed"
+            refreshed = any(e.startswith("judgement:") for e in was["evidence"])
+            return (f"the evidence behind check {titles[key]!r} changed"
+                    + (" (another run or job, or measured on other fingerprints)"
+                       if refreshed else ""))
     if _bound(old) != _bound(new):
         return "the gate changed"
     return None

@@ -79,6 +79,10 @@ class EvidenceRef:
     origin: str = "measured"
     source: str = ""
     source_url: str = ""  # the job's run, the report's URL
+    # The judgement this row is one refresh of (a kind with `refreshed`): the same job, the
+    # same verdict, the same pools' fingerprints. An approval is bound to it, not to the row
+    # (evidence.snapshot_difference). "" for every other kind: bound to the row.
+    judgement: str = ""
 
     @property
     def source_label(self) -> str:
@@ -90,7 +94,8 @@ class EvidenceRef:
                 "observed_at": self.observed_at.isoformat() if self.observed_at else None,
                 "expires_at": self.expires_at.isoformat() if self.expires_at else None,
                 "origin": self.origin, "source": self.source, "source_url": self.source_url,
-                "source_label": self.source_label}
+                "source_label": self.source_label,
+                **({"judgement": self.judgement} if self.judgement else {})}
 
 
 MEASURED = "measured"
@@ -144,6 +149,10 @@ class EvidenceKind:
     produced_by: str  # what produces it; "" when nothing in this version does
     data_schema: dict[str, Any] | None = None
     measured: bool = True
+    # Its producer re-records one running judgement as samples arrive (a shadow run's judge):
+    # a newer row of the same job, verdict and fingerprints is the same judgement with more
+    # samples, and an approval bound to it holds (evidence.snapshot_difference).
+    refreshed: bool = False
 
     @property
     def schema(self) -> dict[str, Any]:

@@ -33,6 +33,8 @@ DEFAULT_GATES: dict[int, list[CheckTemplate]] = {
                       rule="cost.reported"),
         CheckTemplate("healthy", "Candidate healthy for 24 h", rule="pool.healthy_for",
                       params={"hours": 24}),
+        CheckTemplate("same-revision", "Candidate and primary serve the same weights revision",
+                      rule="models.same_revision"),
     ],
     2: [
         CheckTemplate("benchmark-slo", "Benchmark meets the SLO at a useful concurrency",
@@ -61,7 +63,9 @@ DEFAULT_GATES: dict[int, list[CheckTemplate]] = {
     4: [
         CheckTemplate("ramp-slo", "Per-pool percentiles hold at each ramp step",
                       rule="ramp.each_step"),
-        CheckTemplate("quality", "Quality unchanged (eval on live traffic)",
+        CheckTemplate("watch-held", "Per-pool percentiles held for 7 days",
+                      rule="watch.held", params={"min_days": 7}),
+        CheckTemplate("quality", "Quality unchanged on live traffic (shadow of live requests)",
                       rule="evidence.latest", params={"kind": "live-quality"}),
         CheckTemplate("drain-rehearsed", "Drain rehearsed and timed within 7 days",
                       rule="drain.rehearsed", params={"within_days": 7, "max_ms": 500}),

@@ -50,7 +50,7 @@ J = TypeVar("J", bound=Job)
 
 class PlanJob(Job):
     """A job that may record evidence for a plan: the plan, and its stage when the run was
-    created (a run made in stage 4 speaks to the live stage's checks too)."""
+    created."""
 
     plan = models.ForeignKey(Plan, on_delete=models.SET_NULL, null=True, blank=True,
                              related_name="%(app_label)s_runs")

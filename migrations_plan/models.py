@@ -163,6 +163,24 @@ class GateCheck(models.Model):
         return f"{self.plan.name} stage {self.stage}: {self.title}"
 
 
+class CheckStatusChange(models.Model):
+    """One change of one check's status (and its first status), as the refresh saw it: the
+    check's history, green and red over the days. Written by `plan_refresh`; append-only."""
+
+    check_item = models.ForeignKey(GateCheck, on_delete=models.CASCADE,
+                                   related_name="history")
+    status = models.CharField(max_length=20)
+    at = models.DateTimeField(default=timezone.now)
+    summary = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["check_item", "-at"])]
+
+    def __str__(self) -> str:
+        return f"check {self.check_item_id} {self.status} at {self.at:%Y-%m-%d %H:%M}"
+
+
 class Attestation(models.Model):
     """A named person with the check's role confirms an attested check, with a note."""
 

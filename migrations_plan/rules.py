@@ -4,6 +4,7 @@ jobs write. Registered when the app loads (apps.py)."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -97,6 +98,45 @@ def healthy_for(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
         return CheckResult(INSUFFICIENT, f"{pool.name} healthy for {have} of the {need} "
                                          f"required.", numbers, [ref])
     return CheckResult(PASS, f"{pool.name} healthy for {have} (≥ {need}).", numbers, [ref])
+
+
+def _served_revisions(pool: Any) -> dict[str, str]:
+    """What the pool's servers report serving, per model: the weights revision its
+    `/v1/models` lists (fleet/probe.py); a model it does not report is absent."""
+    served = (pool.reported or {}).get("model_revision") or {}
+    return {str(m): str(r) for m, r in served.items() if r} if isinstance(served, dict) else {}
+
+
+def same_revision(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
+    """Candidate and primary serve the same weights revision of every model of the plan's
+    routes, as their servers report it (not as the registry says)."""
+    candidate, primary = _served_revisions(ctx.candidate), _served_revisions(ctx.primary)
+    numbers: dict[str, Any] = {"candidate_reports": {m: candidate.get(m) for m in ctx.model_ids},
+                               "primary_reports": {m: primary.get(m) for m in ctx.model_ids}}
+    refs = [EvidenceRef("health", f"pool-reported:{pool.pk}",
+                        f"{pool.name} reports "
+                        + (", ".join(f"{m}@{r}" for m, r in sorted(rev.items()))
+                           or "no weights revision"),
+                        version=json.dumps(rev, sort_keys=True), url=_pool_url(pool.name),
+                        observed_at=pool.reported_at, source="the health probe")
+            for pool, rev in ((ctx.candidate, candidate), (ctx.primary, primary))]
+    if not ctx.model_ids:
+        return CheckResult(INSUFFICIENT, "The plan names no route, so no model to compare.",
+                           numbers)
+    silent = [f"{pool.name} does not report the revision of {m}"
+              for m in ctx.model_ids for pool, rev in ((ctx.candidate, candidate),
+                                                       (ctx.primary, primary)) if m not in rev]
+    differ = [f"{m}: {ctx.candidate.name} serves {candidate[m]}, {ctx.primary.name} serves "
+              f"{primary[m]}" for m in ctx.model_ids
+              if m in candidate and m in primary and candidate[m] != primary[m]]
+    if differ:
+        return CheckResult(FAIL, "Different weights: " + "; ".join(differ) + ".", numbers, refs)
+    if silent:
+        return CheckResult(INSUFFICIENT, "Not reported: " + "; ".join(silent) + ".",
+                           numbers, refs)
+    return CheckResult(PASS, "Both serve " + ", ".join(f"{m}@{candidate[m]}"
+                                                       for m in ctx.model_ids) + ".",
+                       numbers, refs)
 
 
 def only_through_route(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
@@ -393,6 +433,12 @@ RULE_DEFINITIONS = [
          "The candidate pool's health probe has reported healthy without a break for N hours.",
          {"hours": Param(float, 24.0, "hours healthy without a break", 0.01, 24 * 90)},
          healthy_for),
+    Rule("models.same_revision", "health",
+         "Candidate and primary serve the same weights revision",
+         "Each model of the plan's routes: the weights revision the candidate's servers report "
+         "(`/v1/models`) equals the primary's; different revisions fail, a pool that does not "
+         "report one is insufficient data.",
+         {}, same_revision),
     Rule("routing.only_through_route", "routing",
          "The model reaches the candidate only through a route",
          "Every route of the plan is carried by a gateway and may send to the candidate; the "

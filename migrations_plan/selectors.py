@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from fleetctl.audit.models import AuditEvent
 from fleetctl.audit.selectors import object_history
 from migrations_plan import evidence as ev
 from migrations_plan import permissions
-from migrations_plan.models import STAGE_NAMES, Approval, Evidence, GateCheck, Plan, StageMove
+from migrations_plan.models import (
+    STAGE_NAMES,
+    Approval,
+    CheckStatusChange,
+    Evidence,
+    GateCheck,
+    Plan,
+    StageMove,
+)
 
 if TYPE_CHECKING:
     from fleetctl.fleet.models import Pool
@@ -204,3 +214,80 @@ def check_as_listed(*, check: GateCheck) -> GateCheck:
 
 def removed_checks(*, plan: Plan, stage: int) -> QuerySet[GateCheck]:
     return plan.checks.filter(stage=stage, removed_at__isnull=False).order_by("-removed_at")
+
+
+# --- a check's history ------------------------------------------------------------------------
+
+HISTORY_LIMIT = 50  # rows of one check's history the API gives, newest first
+HISTORY_DAYS = 14  # days the gate page's strip covers
+
+
+def check_history(*, check: GateCheck, limit: int | None = None) -> list[CheckStatusChange]:
+    """One check's status changes, newest first, at most `limit` (default HISTORY_LIMIT)."""
+    return list(CheckStatusChange.objects.filter(check_item=check)
+                .order_by("-at", "-id")[:limit or HISTORY_LIMIT])
+
+
+@dataclass(frozen=True)
+class HistorySegment:
+    """One stretch of a check's history strip: a status from `start` to `end`, as a share
+    of the strip's width."""
+
+    status: str
+    start: datetime
+    end: datetime
+    percent: float
+    summary: str
+
+    @property
+    def label(self) -> str:
+        return ev.status_label(self.status)
+
+    @property
+    def css(self) -> str:
+        return "pending" if self.status == "awaiting-attestation" else self.status
+
+    @property
+    def hover(self) -> str:
+        text = (f"{self.label} from {self.start:%Y-%m-%d %H:%M} to "
+                f"{self.end:%Y-%m-%d %H:%M} UTC")
+        return f"{text}: {self.summary}" if self.summary else text
+
+
+def history_strips(*, checks: list[GateCheck], days: int = HISTORY_DAYS,
+                   now: datetime | None = None) -> dict[int, list[HistorySegment]]:
+    """Per check id, its statuses over the last `days` days as segments, oldest first: the
+    status it had when the window opened (its last change before), then each change. Time
+    before its first known status is a segment of status "unknown". Two queries in all."""
+    now = now or timezone.now()
+    start = now - timedelta(days=days)
+    ids = [check.pk for check in checks]
+    span = (now - start).total_seconds()
+    # Each check's last change before the window: ranked per check by the database (a window
+    # function, on PostgreSQL and SQLite alike; DISTINCT ON is PostgreSQL's only).
+    before = {row.check_item_id: row for row in CheckStatusChange.objects
+              .filter(check_item_id__in=ids, at__lt=start)
+              .annotate(rank=Window(RowNumber(), partition_by=[F("check_item_id")],
+                                    order_by=[F("at").desc(), F("id").desc()]))
+              .filter(rank=1)}
+    inside: dict[int, list[CheckStatusChange]] = {pk: [] for pk in ids}
+    for row in (CheckStatusChange.objects.filter(check_item_id__in=ids, at__gte=start,
+                                                 at__lte=now).order_by("at", "id")):
+        inside[row.check_item_id].append(row)
+    strips: dict[int, list[HistorySegment]] = {}
+    for pk in ids:
+        points: list[tuple[datetime, str, str]] = []
+        first = before.get(pk)
+        points.append((start, first.status, first.summary) if first
+                      else (start, "unknown", "no status recorded yet"))
+        points += [(row.at, row.status, row.summary) for row in inside[pk]]
+        segments = []
+        for i, (at, status, summary) in enumerate(points):
+            end = points[i + 1][0] if i + 1 < len(points) else now
+            if end <= at and i + 1 < len(points):
+                continue  # superseded at the same instant
+            segments.append(HistorySegment(
+                status=status, start=at, end=end, summary=summary,
+                percent=round(max(0.0, (end - at).total_seconds()) / span * 100, 3)))
+        strips[pk] = segments
+    return strips

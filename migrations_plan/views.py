@@ -198,6 +198,7 @@ class CheckRow:
     attest_form: AttestForm
     edit_form: CheckEditForm
     remove_form: ReasonForm
+    history: list[selectors.HistorySegment]
 
     @property
     def check(self) -> GateCheck:
@@ -245,6 +246,7 @@ def _viewed_stage(request: HttpRequest, plan: Plan) -> int:
 def _check_rows(gate: ev.GateEvaluation, decision: permissions.GateDecision,
                 bound: dict[str, forms.Form]) -> list[CheckRow]:
     rows = []
+    strips = selectors.history_strips(checks=[o.check for o in gate.outcomes], now=gate.at)
     for outcome in gate.outcomes:
         check = outcome.check
         pk = check.pk
@@ -260,6 +262,7 @@ def _check_rows(gate: ev.GateEvaluation, decision: permissions.GateDecision,
             attest_form=attest_form,  # type: ignore[arg-type]
             edit_form=edit_form,  # type: ignore[arg-type]
             remove_form=remove_form,  # type: ignore[arg-type]
+            history=strips.get(pk, []),
         ))
     return rows
 
@@ -304,6 +307,7 @@ def _render_plan(request: HttpRequest, plan: Plan, *, stage: int | None = None,
         "min_justification": services.MIN_JUSTIFICATION,
         "polling": plan.is_open,
         "gate_id": GATE_ID,
+        "history_days": selectors.HISTORY_DAYS,
     }
     if context["decision"].needs_justification:
         # Said on the form (and enforced by the browser); the service enforces it again.

@@ -85,11 +85,15 @@ MAY_IMPORT: dict[str, set[str]] = {
     # Batch jobs run on pools (fleet), may carry a plan's batch route (traffic), compare
     # answers (inference), and record plan evidence; drills and soaks notify.
     "batch": BELOW_FLEET | {"fleet", "traffic", "plans", "webhooks", "inference"},
+    # Schedules start the evidence jobs (bench, conformance, evals, a plan's rehearsal) and
+    # notify when a run is missed or fails.
+    "schedules": BELOW_FLEET | {"fleet", "traffic", "plans", "bench", "conformance", "evals",
+                                "webhooks"},
     "sim": set(),
     "cli": {"sim", "fleetctl.bench.traces"},
     "project": {"core", "accounts", "audit", "fleet", "traffic", "plans", "bench", "sim",
                 "cli", "conformance", "shadow", "evals", "webhooks", "telemetry", "ramps",
-                "batch", "inference"},
+                "batch", "inference", "schedules"},
 }
 ALL_UNITS = set(MAY_IMPORT) | {"demo"}
 # What any unit may import: the Celery app and the package itself (its version).

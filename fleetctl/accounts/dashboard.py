@@ -79,6 +79,7 @@ def _nav_items() -> list[NavItem]:
         NavItem("Conformance", reverse("conformance:home"), section="conformance"),
         NavItem("Shadow", reverse("shadow:home"), section="shadow"),
         NavItem("Evals", reverse("evals:home"), section="evals"),
+        NavItem("Schedules", reverse("schedules:list"), section="schedules"),
         NavItem("Audit", reverse("audit:list"), section="audit"),
         NavItem("Webhooks", reverse("webhooks:list"), section="webhooks"),
         NavItem("API docs", reverse("api-docs")),

@@ -10,11 +10,12 @@ class ConformanceConfig(AppConfig):
 
     def ready(self) -> None:
         from fleetctl.conformance.evidence import register
-        from fleetctl.conformance.reverify import reverify_candidate
+        from fleetctl.conformance.reverify import reverify_candidate, reverify_registered
         from fleetctl.core.panels import register_panel
-        from fleetctl.fleet.services import register_report_hook
+        from fleetctl.fleet.services import register_change_hook, register_report_hook
         from migrations_plan.panels import gate_action
 
         register()
-        register_report_hook(reverify_candidate)
+        register_report_hook(reverify_candidate)  # a change the pool's servers report
+        register_change_hook(reverify_registered)  # a registry edit of its fingerprint
         register_panel(gate_action("conformance/_gate_action.html", ("conformance", 1), order=10))

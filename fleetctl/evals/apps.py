@@ -3,7 +3,8 @@ from django.apps import AppConfig
 
 class EvalsConfig(AppConfig):
     """Eval runs: versioned suites pinned by SHA-256, scored on each pool directly (never
-    through a route), paired against the primary; `eval` and `live-quality` evidence."""
+    through a route), paired against the primary; `eval` evidence (and the `live-quality`
+    kind, which only stage-4 shadow runs record)."""
 
     name = "fleetctl.evals"
     label = "evals"
@@ -15,6 +16,10 @@ class EvalsConfig(AppConfig):
         from migrations_plan.panels import PLAN_PANELS, gate_action
 
         register()
-        register_panel(gate_action("evals/_gate_action.html", ("eval", 2), ("quality", 4),
-                                   order=30))
+        register_panel(gate_action("evals/_gate_action.html", ("eval", 2), order=30))
+        # A changed candidate whose conformance re-run passed: the plan's last suite again.
+        from fleetctl.evals.reverify import eval_again
+        from migrations_plan.reverify import register_reverified_hook
+
+        register_reverified_hook("evals", eval_again)
         register_panel(Panel(PLAN_PANELS, "evals/_plan_panel.html", order=20))

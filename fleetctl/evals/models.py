@@ -95,9 +95,9 @@ class EvalItem(models.Model):
 
 class EvalRun(PlanJob):
     """An eval run: the job words for its status (fleetctl/core/jobs.py). `worker` is the
-    token of the worker driving it (every write of the driver is conditional on it);
-    `plan_stage`: a run made in stage 4 also records `live-quality` evidence, one made in
-    any other stage never does."""
+    token of the worker driving it (every write of the driver is conditional on it). An eval
+    run records `eval` evidence only, in any stage: `live-quality` is a stage-4 shadow run's
+    (live traffic); `live_evidence_id` is kept for runs made before that."""
 
     Verdict = JobVerdict
 

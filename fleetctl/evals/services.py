@@ -30,7 +30,7 @@ from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
 from fleetctl.audit.services import audit_record
 from fleetctl.core.errors import ConflictError
-from fleetctl.evals.evidence import KIND, LIVE_KIND
+from fleetctl.evals.evidence import KIND
 from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalRunPool, EvalSuite
 from fleetctl.fleet.models import Pool, slug_validator
 from migrations_plan import jobs
@@ -433,8 +433,9 @@ def run_statistics(run: EvalRun) -> dict[str, Any]:
 
 def run_finish(run: EvalRun) -> EvalRun:
     """Statistics, verdict and summary; `eval` evidence about the candidate when the run has a
-    primary (and `live-quality` too when the plan was in stage 4 at creation). Once: only a
-    running run is finished, in one transaction with its evidence (jobs.finish)."""
+    primary (never `live-quality`: a fixed suite is not live traffic, whatever the plan's
+    stage). Once: only a running run is finished, in one transaction with its evidence
+    (jobs.finish)."""
     figures = run_statistics(run)
     verdict = str(figures.get("verdict") or "insufficient")
     summary = summary_line(run, figures)
@@ -450,8 +451,8 @@ def run_finish(run: EvalRun) -> EvalRun:
 
 def _record_evidence(run: EvalRun, figures: dict[str, Any], verdict: str,
                      summary: str) -> dict[str, int]:
-    """The run's `eval` evidence (and `live-quality`, made in stage 4) about the candidate;
-    none without a primary to compare with."""
+    """The run's `eval` evidence about the candidate; none without a primary to compare
+    with. (`live_evidence_id` stays empty: only a stage-4 shadow run records live-quality.)"""
     from fleetctl.evals import stats as stats_module
     from migrations_plan.services import evidence_record
 
@@ -462,18 +463,14 @@ def _record_evidence(run: EvalRun, figures: dict[str, Any], verdict: str,
     route = (run.plan.routes.filter(model_id=run.model_id).order_by("name").first()
              if run.plan is not None else None)
     data = _evidence_data(run, run_pools, figures)
-    ids: dict[str, int] = {}
-    for kind in [KIND] + ([LIVE_KIND] if run.plan_stage == 4 else []):
-        row = evidence_record(
-            actor=_system(), pool=by_role["candidate"].pool, kind=kind,
-            verdict=stats_module.verdict_for_evidence(verdict), summary=summary[:300],
-            data=data, route=route, model_id=run.model_id,
-            source=f"eval run {run.pk}", url=f"/evals/runs/{run.pk}/")
-        ids[kind] = row.pk
-    run.evidence_id = ids.get(KIND)
-    run.live_evidence_id = ids.get(LIVE_KIND)
-    run.save(update_fields=["evidence_id", "live_evidence_id"])
-    return ids
+    row = evidence_record(
+        actor=_system(), pool=by_role["candidate"].pool, kind=KIND,
+        verdict=stats_module.verdict_for_evidence(verdict), summary=summary[:300],
+        data=data, route=route, model_id=run.model_id,
+        source=f"eval run {run.pk}", url=f"/evals/runs/{run.pk}/")
+    run.evidence_id = row.pk
+    run.save(update_fields=["evidence_id"])
+    return {KIND: row.pk}
 
 
 def _evidence_data(run: EvalRun, run_pools: list[EvalRunPool],

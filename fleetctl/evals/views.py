@@ -190,11 +190,10 @@ def _live(run: EvalRun) -> dict[str, Any]:
 
 
 def evidence_url(run: EvalRun) -> str:
-    """Where the run's evidence is read: the plan's gate of the stage the run was made in
-    (the check that cites it), else the candidate pool's page."""
-    if run.plan is not None:
-        stage = 4 if run.plan_stage == 4 else 2
-        return f"{reverse('plans:detail', args=[run.plan.name])}?stage={stage}#gate"
+    """Where the run's evidence is read: the plan's stage-2 gate (the eval check that cites
+    it), else the candidate pool's page."""
+    if run.plan is not None:  # stage 2's eval check reads it, whatever stage it was made in
+        return f"{reverse('plans:detail', args=[run.plan.name])}?stage=2#gate"
     candidate = selectors.role_pool(run, "candidate")
     return reverse("fleet:pool-detail", args=[candidate.pool.name]) if candidate else ""
 

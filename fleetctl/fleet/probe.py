@@ -3,7 +3,8 @@ names every model the pool is configured to serve (its PoolModel rows: a server 
 back with another model, or none, must not take that model's traffic), and `/health` must
 not fail when the server has one (404 means it has none). What the server says of itself is
 kept as `reported`: its version from `GET /version` (vLLM's; None when it has none or says
-nothing readable — "not reported", never a change) and each model's `max_model_len` from the
+nothing readable — "not reported", never a change), each model's `max_model_len` and the
+weights `revision` its model card reports (vLLM has none; `fleetctl sim` reports one) from the
 model list. Each call is checked by
 core.destinations first (a pool's name that now resolves to loopback or metadata is refused
 and the probe fails, saying why) and goes to the address that was checked."""
@@ -47,6 +48,15 @@ def _max_lengths(body: bytes) -> dict[str, int]:
             if isinstance(item, dict) and "id" in item
             and isinstance(item.get("max_model_len"), int)
             and not isinstance(item.get("max_model_len"), bool) and item["max_model_len"] > 0}
+
+
+def _revisions(body: bytes) -> dict[str, str]:
+    """Each listed model's weights revision (`revision` on its model card, where the server
+    reports one as a short printable string): a model without one is not reported."""
+    items = json.loads(body).get("data", [])
+    return {str(item["id"]): item["revision"] for item in items
+            if isinstance(item, dict) and "id" in item and isinstance(item.get("revision"), str)
+            and 0 < len(item["revision"]) <= 64 and item["revision"].isprintable()}
 
 
 def _server_version(root: str, timeout_s: float) -> str | None:
@@ -102,7 +112,8 @@ def probe_endpoint(base_url: str, *, timeout_s: float,
             error=f"GET {root}/health answered HTTP {health.status_code}", models_seen=seen,
         )
     reported = {"server_version": _server_version(root, timeout_s),
-                "max_model_len": _max_lengths(models.body)}
+                "max_model_len": _max_lengths(models.body),
+                "model_revision": _revisions(models.body)}
     return ProbeResult(ok=True, status_code=200, latency_ms=models.latency_ms, models_seen=seen,
                        reported=reported)
 
@@ -136,4 +147,9 @@ def _pool_reported(each: list[dict[str, Any]]) -> dict[str, Any]:
     for r in each:
         for model, length in (r.get("max_model_len") or {}).items():
             lengths[model] = min(length, lengths.get(model, length))
-    return {"server_version": version, "max_model_len": lengths}
+    # A model's revision when every endpoint reports one (those that disagree: all, sorted).
+    listed = [r.get("model_revision") or {} for r in each]
+    revisions = {model: ",".join(sorted({str(one[model]) for one in listed}))
+                 for model in sorted(set().union(*listed))
+                 if all(one.get(model) for one in listed)}
+    return {"server_version": version, "max_model_len": lengths, "model_revision": revisions}

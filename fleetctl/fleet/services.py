@@ -122,12 +122,14 @@ def pool_update(*, actor: Actor, pool: Pool, **changes: Any) -> Pool:
             _refuse_unreachable_endpoints(urls, pool=locked)
         if {"name", "base_urls"} & set(changes):
             _refuse_unroutable(changes.get("name", locked.name), urls)
+        before = _registered_pool(locked)
         updated = audited_update(
             actor=actor, permission=roles.FLEET_MANAGE, action="pool.update", instance=locked,
             changes=changes, allowed=POOL_FIELDS,
         )
         if {"name", "region", "base_urls"} & set(changes):
             _gateways_follow()
+        _registered_change(updated.pk, before, _registered_pool(updated))
         return updated
 
 
@@ -271,11 +273,13 @@ def pool_model_update(*, actor: Actor, entry: PoolModel, **changes: Any) -> Pool
             transaction.atomic():
         if changes.get("model_id", entry.model_id) != entry.model_id:
             _refuse_model_removal(entry)
+        before = _registered_model(entry)
         updated = audited_update(actor=actor, permission=roles.FLEET_MANAGE,
                                  action="pool_model.update", instance=entry, changes=changes,
                                  allowed=POOL_MODEL_FIELDS)
         if "model_id" in changes:
             _gateways_follow()
+        _registered_change(updated.pool_id, before, _registered_model(updated))
     return updated
 
 
@@ -414,6 +418,13 @@ def reported_changes(before: dict[str, Any], now: dict[str, Any]) -> tuple[dict[
         if was is not None and was != length:
             changes.append(f"{model} max_model_len {was} → {length}")
         lengths[model] = length
+    revisions: dict[str, str] = dict(before.get("model_revision") or {})
+    merged["model_revision"] = revisions
+    for model, revision in sorted((now.get("model_revision") or {}).items()):
+        served = revisions.get(model)
+        if served and served != revision:
+            changes.append(f"{model} weights revision {served} → {revision}")
+        revisions[model] = revision
     return merged, changes
 
 
@@ -503,6 +514,48 @@ def _report_hooks_run(pool_id: int, changes: list[str]) -> None:
             hook(pool_id, changes)
         except Exception:  # one layer's trouble must not stop the others
             log.exception("report hook %s failed for pool %s", hook, pool_id)
+
+
+# Called with (pool_id, changes) once a registry edit that changes what the pool is (the
+# fields of the evidence fingerprint: runtime version, driver label, a model's revision,
+# quantisation or weight format) committed. Upper layers register here: conformance
+# re-verifies the pool (conformance/reverify.py) and its ramps hold, as for a reported change.
+ChangeHook = Callable[[int, list[str]], object]
+CHANGE_HOOKS: list[ChangeHook] = []
+
+
+def register_change_hook(hook: ChangeHook) -> ChangeHook:
+    if hook not in CHANGE_HOOKS:
+        CHANGE_HOOKS.append(hook)
+    return hook
+
+
+def _registered_pool(pool: Pool) -> dict[str, str]:
+    return {"runtime version": pool.runtime_version,
+            "driver label": str((pool.labels or {}).get("driver", ""))}
+
+
+def _registered_model(entry: PoolModel) -> dict[str, str]:
+    return {f"{entry.model_id} {label}": str(getattr(entry, field) or "")
+            for field, label in (("revision", "revision"), ("quantisation", "quantisation"),
+                                 ("weight_format", "weight format"))}
+
+
+def _registered_change(pool_id: int, before: dict[str, str], after: dict[str, str]) -> None:
+    """After commit, the change hooks with what the edit changed of the pool's fingerprint,
+    one sentence each ("registered runtime version rocm-6.4 → rocm-7.0"); none: no call."""
+    changes = [f"registered {label} {before.get(label) or '(none)'} → {value or '(none)'}"
+               for label, value in after.items() if before.get(label, value) != value]
+    if changes:
+        transaction.on_commit(partial(_change_hooks_run, pool_id, changes))
+
+
+def _change_hooks_run(pool_id: int, changes: list[str]) -> None:
+    for hook in list(CHANGE_HOOKS):
+        try:
+            hook(pool_id, changes)
+        except Exception:  # one layer's trouble must not stop the others
+            log.exception("change hook %s failed for pool %s", hook, pool_id)
 
 
 # Called with (pool_id, transition_id) once a flip of a pool's health has committed. Upper

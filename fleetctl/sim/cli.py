@@ -29,7 +29,8 @@ _POOL_RE = re.compile(
     r"(?::(?P<overrides>[^@]*))?@(?P<port>\d+)$"
 )
 _OVERRIDE_RE = re.compile(r"^(?P<key>[a-z_]+)=(?P<value>[A-Za-z0-9_.+-]+)$")
-_FAULT_FIELDS = ("error_rate", "added_latency_ms", "slowdown", "down", "server_version")
+_FAULT_FIELDS = ("error_rate", "added_latency_ms", "slowdown", "down", "server_version",
+                 "model_revision")
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,9 @@ def _add_fault_arguments(fault: argparse.ArgumentParser) -> None:
     fault.add_argument("--server-version", type=_version, metavar="VERSION",
                        help="the version GET /version reports from now on (an upgrade "
                             "nobody registered), e.g. 0.9.0")
+    fault.add_argument("--model-revision", type=_version, metavar="REVISION",
+                       help="the weights revision GET /v1/models reports for each model from "
+                            "now on (weights swapped nobody registered), e.g. 3f1c2ab")
     fault.add_argument("--reset", action="store_true",
                        help="clear all faults first (other flags then apply on top)")
     fault.add_argument("--timeout", type=_number(0.1, 600.0, "between 0.1 and 600"),

@@ -1,6 +1,7 @@
 """Faults an operator injects into a simulated pool (POST /admin/faults): errors, added
 latency, a slowdown, the whole pool down, or an upgrade nobody registered (the server
-version `GET /version` reports, as vLLM's does)."""
+version `GET /version` reports, as vLLM's does, or the weights revision each model's card in
+`GET /v1/models` reports)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from .apierror import ApiError
 # What `GET /version` answers until an operator "upgrades" the pool (`server_version`).
 SERVER_VERSION = "0.8.5+sim"
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+# The weights revision `GET /v1/models` reports for each model (`revision` on the model card)
+# until an operator swaps the weights (`model_revision`).
+MODEL_REVISION = "sim-weights-1"
 
 
 @dataclass
@@ -22,6 +26,7 @@ class Faults:
     slowdown: float = 1.0
     down: bool = False
     server_version: str = SERVER_VERSION
+    model_revision: str = MODEL_REVISION
 
     def validated(self, data: Any) -> Faults:
         """A new Faults with `data` applied, or ApiError(400) naming the bad field."""
@@ -45,6 +50,11 @@ def _check_fault(key: str, value: Any) -> Any:
         if not isinstance(value, str) or not _VERSION.fullmatch(value):
             raise ApiError(400, "Invalid 'server_version': expected 1-64 characters of "
                                 "letters, digits and . _ + - (e.g. 0.9.0).", param=key)
+        return value
+    if key == "model_revision":
+        if not isinstance(value, str) or not _VERSION.fullmatch(value):
+            raise ApiError(400, "Invalid 'model_revision': expected 1-64 characters of "
+                                "letters, digits and . _ + - (e.g. 3f1c2ab).", param=key)
         return value
     if key == "down":
         if not isinstance(value, bool):

@@ -211,6 +211,8 @@ class SimPool(PoolAdmin):
             "created": 0,
             "owned_by": "fleetctl-sim",
             "max_model_len": self.profile.max_context,
+            # The weights revision served (not vLLM's; an operator swaps it as a fault).
+            "revision": self.faults.model_revision,
         }
 
     async def version(self, request: web.Request) -> web.Response:

@@ -126,3 +126,9 @@ class RestoreForm(forms.Form):
 
 class HealthPolicyForm(forms.Form):
     health_policy = forms.ChoiceField(choices=Route.HealthPolicy.choices, label="Health policy")
+
+
+class ReverifyPolicyForm(forms.Form):
+    reverify_policy = forms.ChoiceField(choices=Route.ReverifyPolicy.choices,
+                                        label="Re-verification policy")
+    reverify_benchmark = forms.BooleanField(required=False, label="and re-run the benchmark")

@@ -61,6 +61,24 @@ class Route(models.Model):
         help_text="When a pool with weight on this route turns unhealthy: drain it "
                   "automatically, and restore it when it is healthy again (or by hand).")
 
+    class ReverifyPolicy(models.TextChoices):
+        HOLD = "hold", "hold: pause ramps on the route, drain nothing"
+        DRAIN = "drain", "drain the pool if a required re-verification check fails"
+
+    # What happens meanwhile when a pool with weight here, or a plan's candidate on it, is
+    # re-verified after a change (reported by its servers or registered):
+    # conformance/reverify.py. Ramps hold either way; `drain` also drains the pool off this
+    # route, as system:reverify, when its conformance re-run fails.
+    reverify_policy = models.CharField(
+        max_length=5, choices=ReverifyPolicy.choices, default=ReverifyPolicy.HOLD,
+        help_text="While a changed pool is re-verified: hold (ramps on the route paused, "
+                  "nothing drained) or drain (and drain the pool off the route if its "
+                  "conformance re-run fails).")
+    reverify_benchmark = models.BooleanField(
+        default=False,
+        help_text="After a passing conformance re-run, also re-run the last benchmark of a "
+                  "plan's candidate (plans on this route whose gate has a benchmark check).")
+
     class Meta:
         ordering = ["name"]
         constraints = [

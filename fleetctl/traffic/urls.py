@@ -10,6 +10,8 @@ urlpatterns = [
     path("routes/<slug:name>/drain/", views.route_drain, name="route-drain"),
     path("routes/<slug:name>/health-policy/", views.route_health_policy,
          name="route-health-policy"),
+    path("routes/<slug:name>/reverify-policy/", views.route_reverify_policy,
+         name="route-reverify-policy"),
     path("pools/<slug:name>/drain/", views.pool_drain, name="pool-drain"),
     path("drains/", views.drain_list, name="drains"),
     path("drains/<int:drain_id>/", views.drain_detail, name="drain-detail"),

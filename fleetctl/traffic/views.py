@@ -34,7 +34,13 @@ from fleetctl.core.views import (
 )
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic import charts, selectors, services
-from fleetctl.traffic.forms import DrainForm, HealthPolicyForm, RampForm, RestoreForm
+from fleetctl.traffic.forms import (
+    DrainForm,
+    HealthPolicyForm,
+    RampForm,
+    RestoreForm,
+    ReverifyPolicyForm,
+)
 from fleetctl.traffic.holds import Hold, holds_on
 from fleetctl.traffic.models import Drain, GatewayPush, Route, SplitRevision
 from fleetctl.traffic.push import drain_push_now
@@ -64,6 +70,24 @@ def route_health_policy(request: HttpRequest, name: str) -> HttpResponse:
     if done.result is not None:
         messages.success(request, f"Health policy of {name}: "
                                   f"{done.result.get_health_policy_display()}.")
+    return redirect("traffic:route-detail", name=name)
+
+
+@dashboard_view
+@require_POST
+def route_reverify_policy(request: HttpRequest, name: str) -> HttpResponse:
+    """What happens on this route while a changed pool is re-verified (fleet-manage)."""
+    route = get_or_404(selectors.route_get, name=name, what=f"route named {name!r}")
+    form = ReverifyPolicyForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Re-verification policy: choose hold or drain.")
+        return redirect("traffic:route-detail", name=name)
+    actor = actor_from_request(request)
+    done = call_service(request, lambda: services.route_reverify_policy_set(
+        actor=actor, route=route, **form.cleaned_data))
+    if done.result is not None:
+        messages.success(request, f"Re-verification policy of {name}: "
+                                  f"{done.result.get_reverify_policy_display()}.")
     return redirect("traffic:route-detail", name=name)
 
 

@@ -16,12 +16,17 @@ slug_validator = RegexValidator(
 # What a webhook may subscribe to (services.notify's `event`).
 EVENTS = {
     "ramp.decision": "a ramp's guard advanced, paused or rolled back (and people's actions)",
-    "drain.automatic": "a pool was drained (or restored) by the health policy",
+    "drain.automatic": "a pool was drained (or restored) by the health policy, or drained by "
+                       "a route's re-verification policy",
     "gateway.failing": "a gateway failed to take a push, or recovered",
     "gate.changed": "a plan's gate changed status, or the plan changed stage",
     "plan.at_risk": "a gate a plan already passed lost what it was approved on (or got it "
                     "back)",
     "batch.soak": "a batch soak on a plan's candidate passed, failed or was stopped",
+    "schedule.missed": "a scheduled run's window passed without a start (beat or workers down)",
+    "schedule.failed": "a scheduled run could not be started, or its job failed",
+    "watch.failed": "a standing live watch found a pool failing (drained or alerted by "
+                    "policy)",
 }
 
 

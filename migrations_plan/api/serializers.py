@@ -19,6 +19,7 @@ from migrations_plan.models import (
     STAGE_NAMES,
     Approval,
     Attestation,
+    CheckStatusChange,
     Evidence,
     GateCheck,
     Plan,
@@ -92,6 +93,20 @@ class AttestationSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class CheckStatusChangeSerializer(serializers.ModelSerializer):
+    """One change of a check's status (or its first status), as the plan refresh saw it."""
+
+    status_label = serializers.SerializerMethodField()
+
+    class Meta:
+        model = CheckStatusChange
+        fields = ["status", "status_label", "at", "summary"]
+        read_only_fields = fields
+
+    def get_status_label(self, change: CheckStatusChange) -> str:
+        return ev.status_label(change.status)
+
+
 class CheckOutcomeSerializer(serializers.Serializer):
     """One check of a gate, evaluated now."""
 
@@ -108,9 +123,17 @@ class CheckOutcomeSerializer(serializers.Serializer):
     numbers = ObjectField(source="result.numbers", help_text="The numbers the rule used.")
     evidence = EvidenceRefSerializer(source="result.evidence", many=True)
     attestation = serializers.SerializerMethodField(help_text="The standing attestation, if any.")
+    history = serializers.SerializerMethodField(
+        help_text=f"The check's status changes (and its first status), newest first, at most "
+                  f"{selectors.HISTORY_LIMIT}: each {{status, at, summary}}.")
 
     def get_status_label(self, outcome: ev.CheckOutcome) -> str:
         return ev.status_label(outcome.status)
+
+    @extend_schema_field(CheckStatusChangeSerializer(many=True))
+    def get_history(self, outcome: ev.CheckOutcome) -> Any:
+        return CheckStatusChangeSerializer(selectors.check_history(check=outcome.check),
+                                           many=True).data
 
     @extend_schema_field(AttestationSerializer(allow_null=True))
     def get_attestation(self, outcome: ev.CheckOutcome) -> dict[str, Any] | None:

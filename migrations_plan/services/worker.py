@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -19,7 +19,7 @@ from fleetctl.fleet.models import Pool
 from fleetctl.traffic.models import Drain, Route
 from fleetctl.webhooks.services import notify
 from migrations_plan import evidence as ev
-from migrations_plan.models import Evidence, GateCheck, Plan, StageMove
+from migrations_plan.models import CheckStatusChange, Evidence, GateCheck, Plan, StageMove
 from migrations_plan.services._shared import (
     _evidence_problems,
     _lock,
@@ -120,10 +120,11 @@ def _mark_risk(plan: Plan, risks: list[str], system: Actor) -> None:
            text=f"fleetctl plan {plan.name} (stage {plan.stage}) {text}")
 
 
-def plan_refresh(*, plan: Plan) -> list[str]:
+def plan_refresh(*, plan: Plan, now: datetime | None = None) -> list[str]:
     """Re-evaluate the current gate: void approvals whose evidence moved, and put every
     check whose status changed on the plan's timeline; mark the plan at risk when a gate it
-    already passed lost what it was approved on. Run by beat for every open plan."""
+    already passed lost what it was approved on. Each status change (and a check's first
+    status) is a row of the check's history. Run by beat for every open plan."""
     if not plan.in_stage:
         return []
     _void_stale_approvals(plan)
@@ -133,7 +134,7 @@ def plan_refresh(*, plan: Plan) -> list[str]:
         locked = _lock(plan)
         if not locked.in_stage:
             return []
-        gate = ev.evaluate_gate(locked)
+        gate = ev.evaluate_gate(locked, now=now)
         for outcome in gate.outcomes:
             check = outcome.check
             if ev.normalise_status(check.last_status) == outcome.status:
@@ -148,6 +149,9 @@ def plan_refresh(*, plan: Plan) -> list[str]:
                 changes.append(line)
             GateCheck.objects.filter(pk=check.pk).update(last_status=outcome.status,
                                                          last_status_at=gate.at)
+            CheckStatusChange.objects.create(check_item=check, status=outcome.status,
+                                             at=gate.at,
+                                             summary=outcome.result.summary[:300])
         _mark_risk(locked, passed_gate_risks(locked, gate), system)
         if changes:
             notify("gate.changed", {

@@ -63,7 +63,8 @@ NUMBERED = {"pool-models": "pool_model", "health-checks": "health_check",
             "conformance-runs": "conformance_run", "currency-rates": "currency_rate",
             "shadow-runs": "shadow_run", "eval-suites": "eval_suite",
             "eval-runs": "eval_run", "ramps": "ramp", "jobs": "batch_job",
-            "files": "batch_file", "soaks": "soak"}
+            "files": "batch_file", "soaks": "soak", "schedules": "schedule",
+            "watches": "watch"}
 
 
 def _healthy(pool: Pool) -> Pool:
@@ -106,6 +107,7 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
                        steps=[{"percent": 5, "hold_s": 60}, {"percent": 20, "hold_s": 60}],
                        slo_ttft_p95_ms=800, slo_tpot_p95_ms=60, slo_error_rate=0.01,
                        reason="canary")
+    watch = _watch_row(route, primary)
     hook = webhook_create(actor=system, name="ops-hook", url="http://127.0.0.1:9/hook",
                           events=["ramp.decision"])
     rate = currency_rate_create(actor=system, from_currency="EUR", to_currency="USD",
@@ -126,6 +128,10 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
     admin = make_user("ada", "admin")
     batch_job, soak = _batch_rows(system, primary, gateway, make_pool, make_user, admin,
                                   tmp_path, settings)
+    from fleetctl.schedules.services import schedule_create
+
+    schedule = schedule_create(actor=system, kind="conformance", plan=plan, cron="0 3 * * 6",
+                               window_minutes=60)
     issued = token_create_personal(actor=Actor(user=admin), name="fuzz",
                                    scopes=["read", "jobs", "ramp", "drain", "fleet"])
     bot = token_create_service(actor=system, name="ci-bot", scopes=["read"])
@@ -134,7 +140,7 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
                                        scopes=["read"])
     return {
         "code": primary.region.code, "pool": primary.name, "route": route.name,
-        "spare": spare.name, "ramp": ramp.pk, "webhook": hook.name,
+        "spare": spare.name, "ramp": ramp.pk, "watch": watch.pk, "webhook": hook.name,
         "gateway": gateway.name, "trace": trace.name, "plan": plan.name, "stage": 1,
         "check_id": plan.checks.first().pk,
         "pool_model": primary.models.first().pk,
@@ -146,10 +152,30 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
         "service_token": bot.token.pk, "conformance_run": probe.pk, "currency_rate": rate.pk,
         "shadow_run": shadow.pk, "eval_suite": suite.pk, "eval_run": eval_run.pk,
         "batch_job": batch_job.pk, "batch_file": batch_job.input_file_id, "soak": soak.pk,
+        "schedule": schedule.pk,
         "authorization": f"Bearer {issued.secret}", "username": admin.username,
         "disposable_authorization": f"Bearer {disposable.secret}",
         "admin": admin,
     }
+
+
+def _watch_row(route: Any, pool: Pool) -> Any:
+    """A standing watch of the primary (as a completed ramp hands over) with one verdict."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleetctl.ramps.models import Watch, WatchVerdict
+
+    watch = Watch.objects.create(route=route, pool=pool, role="primary", policy="alert",
+                                 created_by="system:ramp-guard", slo_ttft_p95_ms=800,
+                                 slo_tpot_p95_ms=60, slo_error_rate=0.01,
+                                 latency_margin_pct=10)
+    end = timezone.now()
+    WatchVerdict.objects.create(watch=watch, window_start=end - timedelta(seconds=30),
+                                window_end=end, verdict="pass", requests=120,
+                                ttft_p95_ms=210.0, error_rate=0.0, summary="pass: held")
+    return watch
 
 
 class _People:

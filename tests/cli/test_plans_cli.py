@@ -48,7 +48,7 @@ def test_plans_list_prints_each_plan_with_its_gate_progress(live_server, viewer_
     row = next(line for line in lines if line.startswith("mi300x-llama"))
     assert "stage-1" in row and "mi300x-us" in row and "llama" in row
     # Routing and conformance pass; cost and 24 h of health are still to come.
-    assert "2/4 pass · insufficient data" in row
+    assert "2/5 pass · insufficient data" in row
     assert any(line.startswith("paused-plan") and "paused" in line for line in lines)
 
     paused = run(live_server, "plans", "list", "--state", "paused", "--json", token=viewer_token)
@@ -60,7 +60,7 @@ def test_plans_show_prints_the_checklist_and_the_approvals(live_server, viewer_t
     shown = run(live_server, "plans", "show", "mi300x-llama", token=viewer_token)
     assert shown.returncode == 0, shown.stderr
     out = shown.stdout
-    assert "gate to leave stage 1 (abstraction): insufficient data · 2/4 pass" in out
+    assert "gate to leave stage 1 (abstraction): insufficient data · 2/5 pass" in out
     assert next(line for line in out.splitlines() if line.startswith("approvals")).endswith(
         "0 of 1 required")
     checklist = {line.split("  ")[0]: line for line in out.splitlines()}
@@ -79,7 +79,7 @@ def test_plans_show_prints_the_checklist_and_the_approvals(live_server, viewer_t
 
     as_json = run(live_server, "plans", "show", "mi300x-llama", "--json", token=viewer_token)
     body = json.loads(as_json.stdout)
-    assert body["gate"]["stage"] == 1 and len(body["gate"]["checks"]) == 4
+    assert body["gate"]["stage"] == 1 and len(body["gate"]["checks"]) == 5
     assert body["approvals"][0]["by"] == "bob" and body["approvals"][0]["counts"] is False
 
 

@@ -383,7 +383,10 @@ def test_the_plan_page_offers_the_stages_eval_and_links_the_run_that_fed_the_che
     page = lead.get(f"/plans/{plan.name}/?stage=2").content.decode()
     assert f'class="eval-fed" href="/evals/runs/{run.pk}/"' in page
     assert f'data-run="{run.pk}"' in page  # the panel's list, with its verdict
-    # Stage 4's quality check is not fed by a stage-2 run, and offers no button before stage 4.
+    # Stage 4's quality check reads live traffic (a stage-4 shadow run), never an eval run:
+    # no eval panel and no eval button on it.
     stage4 = lead.get(f"/plans/{plan.name}/?stage=4").content.decode()
-    assert 'class="eval-fed"' not in stage4
-    assert "Only an eval run made while the plan is in stage 4" in stage4
+    quality = stage4[stage4.index('data-check="quality"'):]
+    quality = quality[:quality.index("</tr>")]
+    assert 'class="eval-fed"' not in quality and "eval-run-stage" not in quality
+    assert "Quality unchanged on live traffic (shadow of live requests)" in quality

@@ -21,6 +21,7 @@ from fleetctl.evals import services, suites
 from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalRunPool, EvalSuite
 from fleetctl.fleet.models import Pool
 from fleetctl.fleet.services import pool_model_create
+from migrations_plan import evidence as ev
 from migrations_plan.models import Evidence, Plan
 from tests.migrations_plan.conftest import MODEL, World, world  # noqa: F401 - the fixture
 
@@ -354,7 +355,10 @@ def test_finishing_a_plans_run_records_eval_evidence_about_the_candidate(world, 
     assert Evidence.objects.filter(kind="eval").count() == 1
 
 
-def test_a_run_made_in_stage_4_also_records_live_quality(world, pools):  # noqa: F811
+def test_a_run_made_in_stage_4_records_eval_never_live_quality(world, pools):  # noqa: F811
+    """A fixed suite run while the plan is live is not live traffic: it records `eval` only,
+    and stage 4's "Quality unchanged on live traffic" stays without evidence (only a stage-4
+    shadow run of mirrored live requests feeds it)."""
     plan = world.plan()
     Plan.objects.filter(pk=plan.pk).update(stage=4, state="stage-4")
     plan = Plan.objects.get(pk=plan.pk)
@@ -363,9 +367,11 @@ def test_a_run_made_in_stage_4_also_records_live_quality(world, pools):  # noqa:
     assert run.plan_stage == 4
     done = services.run_finish(answered(run, {}))
     assert done.verdict in ("pass", "warn")  # 20 items: the interval is wide
-    live = Evidence.objects.get(pk=done.live_evidence_id)
-    assert live.kind == "live-quality" and live.data["stage"] == 4
+    assert done.live_evidence_id is None
+    assert not Evidence.objects.filter(kind="live-quality").exists()
     assert Evidence.objects.get(pk=done.evidence_id).kind == "eval"
+    quality = ev.evaluate_gate(plan, stage=4).outcomes
+    assert [o.status for o in quality if o.check.key == "quality"] == [ev.INSUFFICIENT]
 
 
 def test_a_run_without_a_primary_records_no_evidence(world, pools):  # noqa: F811

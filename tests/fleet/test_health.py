@@ -37,7 +37,8 @@ def test_a_probe_reads_the_model_list_health_and_version(endpoint):
     assert result.ok and result.models_seen == ["llama-3.1-8b-instruct"]
     assert result.latency_ms is not None and result.latency_ms > 0
     assert endpoint.requests == ["/v1/models", "/health", "/version"]
-    assert result.reported == {"server_version": None, "max_model_len": {}}  # none: 404
+    assert result.reported == {"server_version": None, "max_model_len": {},
+                               "model_revision": {}}  # none: 404
 
 
 def test_a_base_url_ending_in_v1_is_probed_at_the_servers_root(endpoint):

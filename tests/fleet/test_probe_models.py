@@ -84,7 +84,8 @@ def test_a_pool_reports_its_server_version_and_a_change_nobody_registered_calls_
             assert pool_probe(pool.pk) is True
         return Pool.objects.get(pk=pool.pk)
 
-    assert probe().reported == {"server_version": None, "max_model_len": {}}  # no /version
+    assert probe().reported == {"server_version": None, "max_model_len": {},
+                                "model_revision": {}}  # no /version, no revision
     endpoint.version = "0.6.3"
     first = probe()
     assert first.reported["server_version"] == "0.6.3" and first.reported_at is not None

@@ -81,7 +81,7 @@ def test_a_platform_lead_opens_a_plan_and_gets_it_back_with_its_first_gate(world
         "mi300x-us", "h200-us", ["llama"])
     assert (body["owner"], body["created_by"], body["required_approvals"]) == ("carol", "alice", 2)
     assert list(checks_by_key(body)) == ["conformance", "only-through-route", "cost-reported",
-                                         "healthy"]
+                                         "healthy", "same-revision"]
     assert body["approvals"] == []
     event = AuditEvent.objects.get(action="plan.create")
     assert (event.actor, (event.after or {})["routes"]) == ("alice", ["llama"])
@@ -152,7 +152,7 @@ def test_a_plan_shows_its_current_gate_check_by_check(world):
     gate = body["gate"]
     assert (gate["stage"], gate["stage_name"], gate["status"]) == (1, "abstraction",
                                                                    "insufficient")
-    assert gate["total"] == 4 and len(gate["snapshot_hash"]) == 64
+    assert gate["total"] == 5 and len(gate["snapshot_hash"]) == 64
     checks = checks_by_key(body)
     routing = checks["only-through-route"]
     assert (routing["kind"], routing["rule"], routing["status"]) == (
@@ -206,7 +206,7 @@ def test_the_list_filters_by_state_candidate_and_route(world, system):
     assert names(candidate_pool="h200-us") == []
     listed = viewer.get("/api/v1/plans/").json()
     assert listed["count"] == 2
-    assert listed["results"][0]["gate"]["total"] == 4
+    assert listed["results"][0]["gate"]["total"] == 5
     bad = viewer.get("/api/v1/plans/", {"state": "stage-9"})
     assert bad.status_code == 400 and "state" in bad.json()["error"]["fields"]
 

@@ -120,8 +120,8 @@ def test_a_blocked_gate_and_a_missing_justification(world):
     decision = decide(world, plan, "lead")
     # Insufficient data: the button is live, the form asks for a justification.
     assert decision.approve is None
-    assert [o.check.key for o in decision.needs_justification] == ["conformance",
-                                                                    "cost-reported", "healthy"]
+    assert [o.check.key for o in decision.needs_justification] == [
+        "conformance", "cost-reported", "healthy", "same-revision"]
     gate = ev.evaluate_gate(fresh(plan))
     short = perm.approve_refusal(fresh(plan), gate, world.actor("lead"), [],
                                  justification="ok")

@@ -65,7 +65,7 @@ def test_a_platform_lead_approves_a_gate_and_a_viewer_sees_no_button(
 
     sign_in(page, f"{live_server.url}/plans/", "bob", PASSWORD)
     card = page.locator(f'article[data-plan="{plan_in_stage_1}"]')
-    expect(card).to_contain_text("1 of 4 checks pass")
+    expect(card).to_contain_text("1 of 5 checks pass")
     card.get_by_role("link", name=plan_in_stage_1).click()
     page.wait_for_url(url)
 

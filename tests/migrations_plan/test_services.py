@@ -37,7 +37,8 @@ def test_a_new_plan_starts_at_stage_1_with_the_default_gates(world):
     assert (plan.state, plan.stage) == ("stage-1", 1)
     keys = {stage: list(plan.checks.filter(stage=stage).values_list("key", flat=True))
             for stage in (1, 2, 3, 4)}
-    assert keys[1] == ["conformance", "only-through-route", "cost-reported", "healthy"]
+    assert keys[1] == ["conformance", "only-through-route", "cost-reported", "healthy",
+                       "same-revision"]
     assert "dashboards" in keys[2] and "incident" in keys[3] and "drain-rehearsed" in keys[4]
     assert AuditEvent.objects.filter(action="plan.create", object_id=str(plan.pk)).exists()
 
@@ -161,7 +162,7 @@ def test_three_valued_gates(world):
 
 def test_a_clean_pass_needs_no_justification(world, system):
     plan = world.plan()
-    for key in ("conformance", "cost-reported", "healthy"):
+    for key in ("conformance", "cost-reported", "healthy", "same-revision"):
         services.check_remove(actor=world.actor("lead"),
                               check=plan.checks.get(stage=1, key=key),
                               reason="covered elsewhere for this test")
@@ -353,7 +354,7 @@ def test_bad_thresholds_are_refused(world, params, message):
     with pytest.raises(ValidationError, match=message):
         services.check_add(actor=world.actor("author"), plan=plan, stage=1, title="",
                            rule="pool.healthy_for", params=params)
-    assert plan.checks.filter(stage=1).count() == 4
+    assert plan.checks.filter(stage=1).count() == 5
 
 
 def test_closed_plans_and_passed_stages_cannot_be_edited(world):

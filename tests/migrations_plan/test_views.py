@@ -96,7 +96,7 @@ def test_the_board_shows_every_open_plan_as_a_card_in_its_stages_column(
     assert "old-llama" not in html
     card = board_column(html, "stage-1")
     assert "mi300x-us</strong>" in card and "h200-us" in card and ">llama</span>" in card
-    assert "1 of 4 checks pass" in card  # only the routing check passes on day one
+    assert "1 of 5 checks pass" in card  # only the routing check passes on day one
     assert "approvals 0 of 1" in card
     assert "in this stage for" in card
     stage2 = board_column(html, "stage-2")

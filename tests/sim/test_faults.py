@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from fleetctl.sim.faults import SERVER_VERSION
+from fleetctl.sim.faults import MODEL_REVISION, SERVER_VERSION
 
 from .simproc import MODEL, SimProcess, client, run_cli
 
@@ -165,7 +165,7 @@ def test_invalid_fault_settings_are_refused_with_a_400(
         assert field in error["message"]
     assert httpx.get(f"{faulty}/admin/state").json()["faults"] == {
         "error_rate": 0.0, "added_latency_ms": 0.0, "slowdown": 1.0, "down": False,
-        "server_version": SERVER_VERSION,
+        "server_version": SERVER_VERSION, "model_revision": MODEL_REVISION,
     }
 
 
@@ -186,7 +186,8 @@ def test_the_fault_command_sets_and_clears_faults(faulty: str) -> None:
     assert '"error_rate": 0.2' in done.stdout
     faults = httpx.get(f"{faulty}/admin/state").json()["faults"]
     assert faults == {"error_rate": 0.2, "added_latency_ms": 50.0, "slowdown": 2.0,
-                      "down": False, "server_version": SERVER_VERSION}
+                      "down": False, "server_version": SERVER_VERSION,
+                      "model_revision": MODEL_REVISION}
     assert run_cli("fault", "--url", faulty, "--down").returncode == 0
     assert httpx.get(f"{faulty}/health").status_code == 503
     assert run_cli("fault", "--url", faulty, "--up").returncode == 0

@@ -316,7 +316,8 @@ class EvalRunDetailSerializer(EvalRunSerializer):
     evidence_url = serializers.SerializerMethodField(
         help_text="The `eval` evidence the run recorded (null until it finished).")
     live_evidence_url = serializers.SerializerMethodField(
-        help_text="The `live-quality` evidence (only a run made in stage 4 records one).")
+        help_text="The `live-quality` evidence of runs made before eval runs stopped "
+                  "recording it (now always null: only a stage-4 shadow run records it).")
 
     class Meta(EvalRunSerializer.Meta):
         fields = [*EvalRunSerializer.Meta.fields, "pools", "stats", "evidence_url",

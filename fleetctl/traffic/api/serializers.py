@@ -79,8 +79,9 @@ class RouteSerializer(serializers.ModelSerializer):
     class Meta:
         model = Route
         fields = ["id", "name", "model_id", "latency_class", "residency", "primary_pool",
-                  "health_policy", "revision_number", "current", "gateways", "mirror_percent",
-                  "mirror_owner", "created_at"]
+                  "health_policy", "reverify_policy", "reverify_benchmark", "revision_number",
+                  "current", "gateways",
+                  "mirror_percent", "mirror_owner", "created_at"]
         read_only_fields = ["id", "revision_number", "current", "gateways", "mirror_percent",
                             "mirror_owner", "created_at"]
         extra_kwargs: dict[str, Any] = {"name": {"validators": []}}
@@ -107,6 +108,18 @@ class RouteHealthPolicySerializer(serializers.Serializer):
         choices=Route.HealthPolicy.choices,
         help_text="off: a person drains; drain: the health policy drains a pool with weight "
                   "that turns unhealthy; drain-restore: and restores it when healthy again.")
+
+
+class RouteReverifyPolicySerializer(serializers.Serializer):
+    reverify_policy = serializers.ChoiceField(
+        choices=Route.ReverifyPolicy.choices,
+        help_text="While a changed pool with weight here is re-verified: hold (ramps on the "
+                  "route paused, nothing drained) or drain (and drain the pool off the route, "
+                  "as system:reverify, if its conformance re-run fails).")
+    reverify_benchmark = serializers.BooleanField(
+        required=False,
+        help_text="After a passing conformance re-run, also re-run the plan candidate's last "
+                  "benchmark (plans on this route whose gate has a benchmark check).")
 
 
 class RevisionCreateSerializer(serializers.Serializer):

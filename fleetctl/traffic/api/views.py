@@ -101,6 +101,20 @@ class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Crea
         return Response(s.RouteSerializer(route, context=self.get_serializer_context()).data)
 
 
+    @extend_schema(request=s.RouteReverifyPolicySerializer, responses={200: s.RouteSerializer})
+    @action(detail=True, methods=["post"], url_path="reverify-policy", filter_backends=[])
+    def reverify_policy(self, request: Request, name: str) -> Response:
+        """Set what happens on this route while a changed pool is re-verified (scope
+        `fleet`): hold or drain. Applies from the next re-verification's end."""
+        route = self.get_object()
+        body = s.RouteReverifyPolicySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        route = services.route_reverify_policy_set(actor=actor_from_request(request),
+                                                   route=route, **body.validated_data)
+        self._current = selectors.revisions_current(routes=[route])
+        return Response(s.RouteSerializer(route, context=self.get_serializer_context()).data)
+
+
 class GatewayViewSet(ServiceModelViewSet):
     """Gateways (Envoy, HAProxy, nginx, Gateway API) and the routes each one carries."""
 

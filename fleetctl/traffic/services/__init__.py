@@ -33,6 +33,7 @@ from fleetctl.traffic.services.writes import (
     revision_create,
     route_create,
     route_health_policy_set,
+    route_reverify_policy_set,
 )
 
 __all__ = [
@@ -53,4 +54,5 @@ __all__ = [
     "route_health_policy_set",
     "route_mirror_clear",
     "route_mirror_set",
+    "route_reverify_policy_set",
 ]

@@ -50,11 +50,14 @@ def _check_route_primary(route: Route) -> None:
 def route_create(*, actor: Actor, name: str, model_id: str, primary_pool: Pool,
                  weights: Any = None, latency_class: str = "", residency: str = "",
                  reason: str = "", force: bool = False,
-                 health_policy: str = Route.HealthPolicy.DRAIN) -> Route:
+                 health_policy: str = Route.HealthPolicy.DRAIN,
+                 reverify_policy: str = Route.ReverifyPolicy.HOLD,
+                 reverify_benchmark: bool = False) -> Route:
     """A route and its first revision (default: everything to the primary)."""
     actor.require(roles.FLEET_MANAGE, action="route.create", target="traffic.route")
     route = Route(name=name, model_id=model_id, primary_pool=primary_pool,
-                  latency_class=latency_class, residency=residency, health_policy=health_policy)
+                  latency_class=latency_class, residency=residency, health_policy=health_policy,
+                  reverify_policy=reverify_policy, reverify_benchmark=reverify_benchmark)
     route.full_clean()
     _check_route_primary(route)
     split = parse_percentages(weights) if weights else {primary_pool.name: 10_000}
@@ -63,7 +66,8 @@ def route_create(*, actor: Actor, name: str, model_id: str, primary_pool: Pool,
         route.save()
         audit_record(actor=actor, action="route.create", target=route,
                      after=snapshot(route, ["name", "model_id", "latency_class", "residency",
-                                            "primary_pool", "health_policy"]))
+                                            "primary_pool", "health_policy",
+                                            "reverify_policy", "reverify_benchmark"]))
         _store_revision(actor=actor, route=route, base=0, weights=split,
                         kind=SplitRevision.Kind.CREATE, reason=reason or "route created",
                         forced=force, pool_ids=pool_ids)
@@ -76,6 +80,20 @@ def route_health_policy_set(*, actor: Actor, route: Route, health_policy: str) -
     return audited_update(actor=actor, permission=roles.FLEET_MANAGE,
                           action="route.health_policy", instance=route,
                           changes={"health_policy": health_policy}, allowed=["health_policy"])
+
+
+def route_reverify_policy_set(*, actor: Actor, route: Route, reverify_policy: str,
+                              reverify_benchmark: bool | None = None) -> Route:
+    """What happens on this route while a changed pool is re-verified
+    (conformance/reverify.py): hold, or drain the pool when its conformance re-run fails;
+    and whether a passing re-run also re-runs the benchmark. Applies from the next
+    re-verification; drains already made stay."""
+    changes: dict[str, Any] = {"reverify_policy": reverify_policy}
+    if reverify_benchmark is not None:
+        changes["reverify_benchmark"] = reverify_benchmark
+    return audited_update(actor=actor, permission=roles.FLEET_MANAGE,
+                          action="route.reverify_policy", instance=route, changes=changes,
+                          allowed=["reverify_policy", "reverify_benchmark"])
 
 
 def revision_create(*, actor: Actor, route: Route, weights: Any, base_revision: int,

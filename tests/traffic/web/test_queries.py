@@ -79,7 +79,8 @@ def test_a_route_page_query_count_does_not_grow_with_its_revisions_and_gateways(
     assert route.revision_number == 20
     large = queries_for(oncall, url)
     assert len(large) == len(small), large
-    assert len(small) <= 20, small
+    # 21: the Ramps panel's standing watches are one query (their verdicts one more, when any).
+    assert len(small) <= 21, small
 
 
 def test_the_drain_list_and_a_drain_page_do_not_query_per_row(oncall: Client, pools: object):

@@ -75,9 +75,10 @@ DEMO_FIRST_STEP_MIN = 10
 # traffic sends 4 requests/s, nearly all streamed: at 5 % that is ~0.2 streamed answers a second
 # to the Gaudi pool, ~16 in a 90 s hold, above min_samples. The guard's window is the hold's
 # length: a 60 s one held 9–11 streamed answers at 5 % (measured), too few to judge inside the
-# hold, so a fault waited for the hold's end (74 s); at 50 % it holds ~160. The last hold is
-# long (6 h): the ramp keeps watching at 50 % until someone slows the pool (`fleetctl sim
-# fault … --added-latency-ms 300`) and the guard rolls it back.
+# hold, so a fault waited for the hold's end (74 s); at 50 % it holds ~160. The ramp completes
+# at 50 % after ~6.5 minutes and hands over to a standing live watch of the Gaudi pool (policy
+# drain) and the H200 (alert), judging 90 s windows: someone slowing the pool then (`fleetctl
+# sim fault … --added-latency-ms 300`) has it drained after two failing windows.
 # Thresholds (no plan, so given): the simulated Gaudi answers its first token in ~20–40 ms and
 # a token every ~16 ms; the H200 primary is faster, hence the 100 % margin.
 # Stage 3 (batch) of the A100 plan: a batch-latency route of the model (primary the H200),
@@ -105,7 +106,7 @@ RAMP_ROUTE = "llama-8b"
 RAMP_POOL = "gaudi3-in-west"
 RAMP: dict[str, Any] = {
     "steps": [{"percent": 5, "hold_s": 90}, {"percent": 10, "hold_s": 90},
-              {"percent": 25, "hold_s": 90}, {"percent": 50, "hold_s": 6 * 3600}],
+              {"percent": 25, "hold_s": 90}, {"percent": 50, "hold_s": 120}],
     "min_samples": 10, "window_s": 90, "failure_threshold": 2,
     "slo_ttft_p95_ms": 250.0, "slo_tpot_p95_ms": 60.0, "slo_error_rate": 0.02,
     "latency_margin_pct": 100.0,
@@ -159,6 +160,8 @@ class Command(BaseCommand):
             self._shadow()
             self._ramp()
             self._batch()
+            from fleetctl.schedules.demo import seed_demo_schedules
+            self.created += seed_demo_schedules(note=self._note)
         made = ", ".join(self.created) if self.created else "nothing (all there already)"
         self.stdout.write(f"demo fleet: {Pool.objects.count()} pools in "
                           f"{Region.objects.count()} regions; created {made}")
@@ -462,7 +465,8 @@ class Command(BaseCommand):
         """A guarded ramp of the Gaudi pool on llama-8b, started by `lead`: the controller
         (beat's `ramps.tick` on the watch queue) sets 5 %, waits for the ingester's telemetry
         (it never advances without samples, so it does not matter that Envoy gets the route
-        a few seconds after the seed), holds, judges, steps up and keeps watching at 50 %.
+        a few seconds after the seed), holds, judges, steps up to 50 % and completes; a
+        standing watch of each pool with weight takes over (ramps/services/watch.py).
         Created once, like the shadow run: a route that has had a ramp of this pool (running,
         complete, rolled back or aborted since) gets no new one.
 
