@@ -486,8 +486,9 @@ def _print_banner(host: str, port: int, password: str, sim_base_port: int,
                   ) -> None:
     url = f"http://{host}:{port}"
     gateway = f"http://127.0.0.1:{gateway_port}"
-    gaudi = sim_base_port + next(offset for name, _, offset in DEMO_SIM_POOLS
-                                 if name == "gaudi3-in-west")
+    gaudi, mi300x = (sim_base_port + next(offset for name, _, offset in DEMO_SIM_POOLS
+                                          if name == pool)
+                     for pool in ("gaudi3-in-west", "mi300x-us-east"))
     print(f"""
   fleetctl demo is running — Ctrl-C stops everything.
 
@@ -510,6 +511,13 @@ def _print_banner(host: str, port: int, password: str, sim_base_port: int,
   (a drain, linked on the ramp's page):
     .venv/bin/fleetctl sim fault --url http://127.0.0.1:{gaudi} --added-latency-ms 300
   (undo: .venv/bin/fleetctl sim fault --url http://127.0.0.1:{gaudi} --added-latency-ms 0)
+  The ramp completes ~6.5 minutes in; a standing watch of each pool then keeps judging
+  (route page → Ramps → Standing watch) and drains the slowed pool after two failing windows.
+
+  After the approval: the MI300X plan's schedules fire by themselves ({url}/schedules/:
+  conformance every 5 min, eval every 15, a rehearsal that waits for stage 4). Play an
+  upgrade nobody registered; the plan goes at risk and re-verifies without a click:
+    .venv/bin/fleetctl sim fault --url http://127.0.0.1:{mi300x} --server-version 0.9.0
 
   Batch stage: the A100 plan (a100-llama-8b) is in stage 3 with a soak running — a job of
   200 requests every 60 s for 8 minutes on two batch workers; the first job's drill kills
