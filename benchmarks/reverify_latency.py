@@ -59,12 +59,7 @@ def main() -> None:
     from fleetctl.accounts.actor import Actor
     from fleetctl.conformance.models import ConformanceRun
     from fleetctl.fleet.models import Pool
-    from fleetctl.fleet.services import (
-        pool_create,
-        pool_health_record,
-        pool_model_create,
-        region_create,
-    )
+    from fleetctl.fleet.services import region_create
     from fleetctl.traffic.services import route_create
     from migrations_plan.services import plan_create
     from tests.ramps import e2e
@@ -76,14 +71,7 @@ def main() -> None:
     sim = sim_with_profiles(work / "sim", TEST_PROFILES, {"good": "quick", "twin": "quick-twin"})
     system = Actor.for_system("bench")
     region = region_create(actor=system, code="us-east", name="US East", jurisdiction="US")
-    pools = {}
-    for name in ("good", "twin"):
-        pool = pool_create(actor=system, name=name, runtime="cuda", accelerator="H200",
-                           region=region, base_urls=[sim.url(name)], max_context_tokens=4096,
-                           node_hourly_rate="10.00")
-        pool_model_create(actor=system, pool=pool, model_id=MODEL, max_context_tokens=4096)
-        pool_health_record(pool_id=pool.pk, ok=True, status_code=200, latency_ms=1.0)
-        pools[name] = pool
+    pools = e2e.make_pools(system, sim, ["good", "twin"], region)
     route = route_create(actor=system, name="llama", model_id=MODEL, primary_pool=pools["twin"],
                          reason="benchmark")
     lead = User.objects.create_user(username="bench-lead")

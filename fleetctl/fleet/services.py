@@ -502,18 +502,26 @@ ReportHook = Callable[[int, list[str]], object]
 REPORT_HOOKS: list[ReportHook] = []
 
 
-def register_report_hook(hook: ReportHook) -> ReportHook:
-    if hook not in REPORT_HOOKS:
-        REPORT_HOOKS.append(hook)
+def _hook_added(hooks: list[ReportHook], hook: ReportHook) -> ReportHook:
+    if hook not in hooks:
+        hooks.append(hook)
     return hook
 
 
-def _report_hooks_run(pool_id: int, changes: list[str]) -> None:
-    for hook in list(REPORT_HOOKS):
+def _hooks_run(hooks: list[ReportHook], what: str, pool_id: int, changes: list[str]) -> None:
+    for hook in list(hooks):
         try:
             hook(pool_id, changes)
         except Exception:  # one layer's trouble must not stop the others
-            log.exception("report hook %s failed for pool %s", hook, pool_id)
+            log.exception("%s hook %s failed for pool %s", what, hook, pool_id)
+
+
+def register_report_hook(hook: ReportHook) -> ReportHook:
+    return _hook_added(REPORT_HOOKS, hook)
+
+
+def _report_hooks_run(pool_id: int, changes: list[str]) -> None:
+    _hooks_run(REPORT_HOOKS, "report", pool_id, changes)
 
 
 # Called with (pool_id, changes) once a registry edit that changes what the pool is (the
@@ -525,9 +533,7 @@ CHANGE_HOOKS: list[ChangeHook] = []
 
 
 def register_change_hook(hook: ChangeHook) -> ChangeHook:
-    if hook not in CHANGE_HOOKS:
-        CHANGE_HOOKS.append(hook)
-    return hook
+    return _hook_added(CHANGE_HOOKS, hook)
 
 
 def _registered_pool(pool: Pool) -> dict[str, str]:
@@ -551,11 +557,7 @@ def _registered_change(pool_id: int, before: dict[str, str], after: dict[str, st
 
 
 def _change_hooks_run(pool_id: int, changes: list[str]) -> None:
-    for hook in list(CHANGE_HOOKS):
-        try:
-            hook(pool_id, changes)
-        except Exception:  # one layer's trouble must not stop the others
-            log.exception("change hook %s failed for pool %s", hook, pool_id)
+    _hooks_run(CHANGE_HOOKS, "change", pool_id, changes)
 
 
 # Called with (pool_id, transition_id) once a flip of a pool's health has committed. Upper

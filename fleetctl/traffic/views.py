@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django import forms
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
@@ -55,40 +56,41 @@ DRAINS_PAGE_SIZE = 50
 TERMINAL = (Drain.Status.COMPLETE, Drain.Status.FAILED)
 
 
+def _route_policy_set(request: HttpRequest, name: str, form_class: type[forms.Form], *,
+                      choose: str, setter: Any, said: str, display: str) -> HttpResponse:
+    """A route policy's form post (fleet-manage): validated, set by the service, said."""
+    route = get_or_404(selectors.route_get, name=name, what=f"route named {name!r}")
+    form = form_class(request.POST)
+    if not form.is_valid():
+        messages.error(request, choose)
+        return redirect("traffic:route-detail", name=name)
+    actor = actor_from_request(request)
+    done = call_service(request, lambda: setter(actor=actor, route=route, **form.cleaned_data))
+    if done.result is not None:
+        messages.success(request, f"{said} of {name}: "
+                                  f"{getattr(done.result, display)()}.")
+    return redirect("traffic:route-detail", name=name)
+
+
 @dashboard_view
 @require_POST
 def route_health_policy(request: HttpRequest, name: str) -> HttpResponse:
     """What the health policy does on this route (fleet-manage); applies from the next flip."""
-    route = get_or_404(selectors.route_get, name=name, what=f"route named {name!r}")
-    form = HealthPolicyForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, "Choose off, drain or drain-restore.")
-        return redirect("traffic:route-detail", name=name)
-    actor = actor_from_request(request)
-    done = call_service(request, lambda: services.route_health_policy_set(
-        actor=actor, route=route, **form.cleaned_data))
-    if done.result is not None:
-        messages.success(request, f"Health policy of {name}: "
-                                  f"{done.result.get_health_policy_display()}.")
-    return redirect("traffic:route-detail", name=name)
+    return _route_policy_set(request, name, HealthPolicyForm,
+                             choose="Choose off, drain or drain-restore.",
+                             setter=services.route_health_policy_set, said="Health policy",
+                             display="get_health_policy_display")
 
 
 @dashboard_view
 @require_POST
 def route_reverify_policy(request: HttpRequest, name: str) -> HttpResponse:
     """What happens on this route while a changed pool is re-verified (fleet-manage)."""
-    route = get_or_404(selectors.route_get, name=name, what=f"route named {name!r}")
-    form = ReverifyPolicyForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, "Re-verification policy: choose hold or drain.")
-        return redirect("traffic:route-detail", name=name)
-    actor = actor_from_request(request)
-    done = call_service(request, lambda: services.route_reverify_policy_set(
-        actor=actor, route=route, **form.cleaned_data))
-    if done.result is not None:
-        messages.success(request, f"Re-verification policy of {name}: "
-                                  f"{done.result.get_reverify_policy_display()}.")
-    return redirect("traffic:route-detail", name=name)
+    return _route_policy_set(request, name, ReverifyPolicyForm,
+                             choose="Re-verification policy: choose hold or drain.",
+                             setter=services.route_reverify_policy_set,
+                             said="Re-verification policy",
+                             display="get_reverify_policy_display")
 
 
 # --- routes ----------------------------------------------------------------------------------

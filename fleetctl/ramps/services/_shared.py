@@ -13,7 +13,7 @@ from django.utils import timezone
 from fleetctl.accounts.actor import Actor
 from fleetctl.core.errors import ConflictError
 from fleetctl.ramps import guard
-from fleetctl.ramps.models import Ramp, RampEvent
+from fleetctl.ramps.models import Ramp, RampEvent, Watch
 from fleetctl.traffic.models import Drain
 
 log = logging.getLogger("fleetctl.ramps")
@@ -42,7 +42,8 @@ def _drain(ramp: Ramp, *, actor: Actor, reason: str) -> Drain | None:
         return None
 
 
-def thresholds_of(ramp: Ramp) -> guard.Thresholds:
+def thresholds_of(ramp: Ramp | Watch) -> guard.Thresholds:
+    """A ramp's SLO, or a standing watch's (copied from its ramp at hand-over)."""
     return guard.Thresholds(slo_ttft_p95_ms=ramp.slo_ttft_p95_ms,
                             slo_tpot_p95_ms=ramp.slo_tpot_p95_ms,
                             slo_error_rate=ramp.slo_error_rate,

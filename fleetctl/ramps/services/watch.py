@@ -40,7 +40,7 @@ from fleetctl.audit.services import audit_record
 from fleetctl.core.errors import ConflictError, required_reason
 from fleetctl.ramps import guard
 from fleetctl.ramps.models import Ramp, Watch, WatchVerdict
-from fleetctl.ramps.services._shared import log
+from fleetctl.ramps.services._shared import log, thresholds_of
 from fleetctl.traffic.models import Drain, Route
 
 SYSTEM = "live-watch"
@@ -104,11 +104,7 @@ def watches_hand_over(ramp: Ramp, route: Route, *, now: datetime) -> list[Watch]
 # --- the tick ---------------------------------------------------------------------------------
 
 def _thresholds(watch: Watch) -> guard.Thresholds:
-    return guard.Thresholds(slo_ttft_p95_ms=watch.slo_ttft_p95_ms,
-                            slo_tpot_p95_ms=watch.slo_tpot_p95_ms,
-                            slo_error_rate=watch.slo_error_rate,
-                            latency_margin_pct=watch.latency_margin_pct,
-                            slo_e2e_p95_ms=watch.slo_e2e_p95_ms)
+    return thresholds_of(watch)
 
 
 def watch_span_s(watch: Watch) -> int:
