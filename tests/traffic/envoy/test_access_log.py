@@ -145,9 +145,9 @@ def test_a_failed_connect_is_retried_on_another_endpoint_and_logged_as_two_attem
     assert statuses == [200] * 20
     assert [(r.route, r.pool, r.status) for r in records] == [("retry", "two", 200)] * 20
     # The balancer picks the closed port first for about half of them: each of those took
-    # another attempt. A retry avoids the host it failed on (previous_hosts) for up to 3 host
+    # another attempt. A retry avoids the host it failed on (previous_hosts) for up to 5 host
     # selections, but with two endpoints every selection can land on the closed one again,
-    # so a request may take all 3 attempts (seen: 1 in 20); after 5 failed connects outlier
+    # so a request may take all 3 attempts (rarely); after 5 failed connects outlier
     # detection ejects the closed endpoint. P(no 1, or no 2+, in 20) = 2 x 2^-20.
     attempts = [r.attempts for r in records]
     assert set(attempts) <= {1, 2, 3} and 1 in attempts and max(attempts) >= 2, attempts

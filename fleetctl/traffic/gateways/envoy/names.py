@@ -50,7 +50,10 @@ CIRCUIT_BREAKER_LIMIT = 100_000
 # weighted cluster is chosen once per request), skipping the hosts already tried.
 RETRY_ON = "connect-failure,refused-stream,reset-before-request"
 NUM_RETRIES = 2
-HOST_SELECTION_RETRY_MAX_ATTEMPTS = 3
+# Host selection for a retry is re-drawn this many times to avoid the hosts already tried:
+# with one dead endpoint of two, the chance that every draw lands on it again is 2^-5 per
+# retry (was 2^-3 at 3 draws: a client saw a 503 about once in 128 requests, CI once).
+HOST_SELECTION_RETRY_MAX_ATTEMPTS = 5
 # Outlier detection: an endpoint that fails 5 times in a row (any 5xx, or 502/503/504 and
 # connection failures) is ejected for 30 s (longer each time), checked every 5 s. At most half
 # a pool's endpoints are ejected: a whole pool failing is a pool problem, for the health
