@@ -122,6 +122,8 @@ def pool_update(*, actor: Actor, pool: Pool, **changes: Any) -> Pool:
             _refuse_unreachable_endpoints(urls, pool=locked)
         if {"name", "base_urls"} & set(changes):
             _refuse_unroutable(changes.get("name", locked.name), urls)
+        _refuse_context_lowering(locked, None, locked.max_context_tokens,
+                                 changes.get("max_context_tokens"))
         before = _registered_pool(locked)
         updated = audited_update(
             actor=actor, permission=roles.FLEET_MANAGE, action="pool.update", instance=locked,
@@ -273,6 +275,11 @@ def pool_model_update(*, actor: Actor, entry: PoolModel, **changes: Any) -> Pool
             transaction.atomic():
         if changes.get("model_id", entry.model_id) != entry.model_id:
             _refuse_model_removal(entry)
+        if isinstance(changes.get("max_context_tokens"), int):
+            locked = Pool.objects.select_for_update().filter(pk=entry.pool_id).first()
+            if locked is not None:
+                _refuse_context_lowering(locked, entry.model_id, entry.max_context_tokens,
+                                         changes["max_context_tokens"])
         before = _registered_model(entry)
         updated = audited_update(actor=actor, permission=roles.FLEET_MANAGE,
                                  action="pool_model.update", instance=entry, changes=changes,
@@ -293,6 +300,36 @@ def pool_model_delete(*, actor: Actor, entry: PoolModel) -> None:
         audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="pool_model.delete",
                        instance=entry)
         _gateways_follow()
+
+
+# Asked (pool, model id or None for every model it serves, tokens) before a registry edit
+# lowers the context a pool is registered for; a guard answers why not (e.g. a route's
+# context tier needs more, and the pool carries weight on it), or None. Upper layers register
+# here (traffic's context tiers) so that fleet needs no knowledge of routes.
+ContextGuard = Callable[[Pool, "str | None", int], "str | None"]
+CONTEXT_GUARDS: list[ContextGuard] = []
+
+
+def register_context_guard(guard: ContextGuard) -> ContextGuard:
+    if guard not in CONTEXT_GUARDS:
+        CONTEXT_GUARDS.append(guard)
+    return guard
+
+
+def _refuse_context_lowering(pool: Pool, model_id: str | None, was: int, now: Any) -> None:
+    """409 (drain first) when lowering the registered context from `was` to `now` would
+    leave the pool below a tier whose traffic it carries. The caller holds the pool's row
+    lock, which setting a route's tiers takes too."""
+    if not isinstance(now, int) or isinstance(now, bool) or now >= was:
+        return
+    for guard in CONTEXT_GUARDS:
+        reason = guard(pool, model_id, now)
+        if reason:
+            what = f"its {model_id} context" if model_id else "its max context"
+            raise ConflictError(
+                f"Pool {pool.name} cannot lower {what} to {now:,} tokens: {reason}. It "
+                f"would no longer serve that tier while carrying its traffic; drain it off "
+                f"the route first. Nothing was changed.")
 
 
 def _refuse_model_removal(entry: PoolModel) -> None:

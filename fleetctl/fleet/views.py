@@ -32,7 +32,7 @@ from fleetctl.core.views import (
 from fleetctl.fleet import charts, selectors, services
 from fleetctl.fleet.filters import PoolFilter
 from fleetctl.fleet.forms import CurrencyRateForm, PoolForm, PoolModelForm, RegionForm
-from fleetctl.fleet.models import CurrencyRate, Pool
+from fleetctl.fleet.models import CurrencyRate, Pool, PoolModel
 
 # The ids of the overview blocks htmx refreshes; the view picks the partial by HX-Target.
 TILES_ID = "summary-tiles"
@@ -95,7 +95,7 @@ def _render_pool_detail(
     audit_query = urlencode({"object_type": pool._meta.label_lower, "object_id": pool.pk})
     context = {
         "pool": pool,
-        "served": list(pool.models.all()),
+        "served": _with_reported(pool, list(pool.models.all())),
         "model_form": model_form,
         "figure": figure,
         "probe_count": len(checks),
@@ -106,6 +106,20 @@ def _render_pool_detail(
         "api_checks_url": f"{reverse('api:health-check-list')}?{urlencode({'pool': pool.name})}",
     }
     return render(request, "fleet/pool_detail.html", context, status=status)
+
+
+def _with_reported(pool: Pool, entries: list[PoolModel]) -> list[PoolModel]:
+    """Each entry with `reported_len`: the max_model_len the pool's servers last reported
+    for its model (the health probe), None when they report none; `claims_more` when the
+    registry claims more than that (context tiers place the pool by what it serves)."""
+    lengths = (pool.reported or {}).get("max_model_len") or {}
+    for entry in entries:
+        length = lengths.get(entry.model_id)
+        entry.reported_len = length if isinstance(length, int) else None  # type: ignore[attr-defined]
+        entry.claims_more = (  # type: ignore[attr-defined]
+            isinstance(length, int)
+            and min(entry.max_context_tokens, pool.max_context_tokens) > length)
+    return entries
 
 
 @dashboard_view

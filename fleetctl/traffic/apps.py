@@ -8,9 +8,11 @@ class TrafficConfig(AppConfig):
 
     def ready(self) -> None:
         from fleetctl.core.destinations import own_services_register
-        from fleetctl.fleet.services import register_health_hook
+        from fleetctl.fleet.services import register_context_guard, register_health_hook
+        from fleetctl.traffic.services.tiers import context_lowering_refusal
 
         register_health_hook(_queue_health_policy)
+        register_context_guard(context_lowering_refusal)
         own_services_register("a registered gateway's admin API", _gateway_admin_addresses)
 
 

@@ -90,6 +90,54 @@ class Route(models.Model):
         return self.name
 
 
+class ContextTier(models.Model):
+    """One context tier of a route: the requests whose prompt is at most `max_prompt_tokens`
+    (and above the tier below), and what happens when none of the tier's pools can take one.
+    A route is one model, latency class and residency pin, so a route's tiers are the
+    per-model policy of the issue. Which pools may serve a tier is computed, never stored
+    (traffic/tiers.py): a registry edit changes it at once. Written only by
+    services.route_tiers_set, which replaces all of a route's tiers in one audited call."""
+
+    class Behaviour(models.TextChoices):
+        QUEUE = "queue", "queue (bounded; 429/503 with Retry-After when full)"
+        REJECT = "reject", "reject with 413 (never a silent downgrade)"
+        FAILOVER = "failover", "fail over to another eligible pool, across vendors"
+        FAILOVER_CLASS = "failover-class", "fail over only within the latency class"
+        PINNED = "pinned", "pinned: never fail over"
+
+    route = models.ForeignKey(Route, on_delete=models.CASCADE, related_name="context_tiers")
+    # None: every prompt above the tier below (only the last tier may be open-ended).
+    max_prompt_tokens = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Prompts of at most this many tokens; empty: above the last bound.")
+    behaviour = models.CharField(max_length=14, choices=Behaviour.choices)
+    queue_max = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="queue: requests held at most; beyond it 429 with Retry-After.")
+    retry_after_s = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="queue: the Retry-After a full queue answers with, in seconds.")
+
+    class Meta:
+        ordering = ["route", models.F("max_prompt_tokens").asc(nulls_last=True)]
+        constraints = [
+            models.UniqueConstraint(fields=["route", "max_prompt_tokens"],
+                                    name="one_tier_per_route_bound"),
+            models.UniqueConstraint(fields=["route"],
+                                    condition=models.Q(max_prompt_tokens__isnull=True),
+                                    name="one_open_tier_per_route"),
+        ]
+
+    def __str__(self) -> str:
+        bound = f"≤ {self.max_prompt_tokens}" if self.max_prompt_tokens else "above"
+        return f"{self.route_id} {bound}: {self.behaviour}"
+
+    @property
+    def label(self) -> str:
+        return (f"≤ {self.max_prompt_tokens:,} tokens" if self.max_prompt_tokens is not None
+                else "above the last bound")
+
+
 class SplitRevision(models.Model):
     """One immutable, numbered split of a route across pools."""
 

@@ -4,7 +4,7 @@ import logging
 from dataclasses import replace
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from fleetctl.fleet.models import Pool, PoolModel
 from fleetctl.traffic.gateways.base import (
@@ -12,11 +12,20 @@ from fleetctl.traffic.gateways.base import (
     DesiredState,
     GatewaySpec,
     PoolTarget,
+    PromptCalibration,
     RouteSpec,
 )
 from fleetctl.traffic.holds import Hold
 from fleetctl.traffic.mirror_auth import header_value
-from fleetctl.traffic.models import Drain, Gateway, GatewayPush, Route, SplitRevision
+from fleetctl.traffic.models import (
+    ContextTier,
+    Drain,
+    Gateway,
+    GatewayPush,
+    Route,
+    SplitRevision,
+)
+from fleetctl.traffic.prompt_size import pool_calibrations
 
 log = logging.getLogger("fleetctl.traffic")
 
@@ -84,10 +93,13 @@ def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
                                latency_class=route.latency_class, residency=route.residency,
                                revision=route.revision_number, weights=weights,
                                mirror_bp=mirror_bp))
+    names = {pool for spec in specs for pool in spec.weights} & set(by_name)
+    calibrations = pool_calibrations(names)  # the gateway's prompt-size estimate
     pools = {
         name: PoolTarget(name=name, base_urls=tuple(by_name[name].base_urls),
-                         jurisdiction=by_name[name].region.jurisdiction)
-        for name in sorted({pool for spec in specs for pool in spec.weights}) if name in by_name
+                         jurisdiction=by_name[name].region.jurisdiction,
+                         prompt=calibrations.get(name, PromptCalibration()))
+        for name in sorted(names)
     }
     return desired_for_gateway(DesiredState(
         routes=tuple(specs), pools=pools,
@@ -257,7 +269,10 @@ def pool_rates(*, gateway_ids: list[int] | None = None, minutes: int = 15
 # --- reads for the traffic dashboard ---------------------------------------------------------
 
 def route_get(*, name: str) -> Route | None:
-    return route_list().select_related("primary_pool__region").filter(name=name).first()
+    # `has_context_tiers`: whether to read its tiers at all (traffic/tiers.py), in this query.
+    return (route_list().select_related("primary_pool__region")
+            .annotate(has_context_tiers=Exists(ContextTier.objects.filter(route=OuterRef("pk"))))
+            .filter(name=name).first())
 
 
 def revision_list(*, route: Route) -> QuerySet[SplitRevision]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
@@ -43,9 +44,10 @@ from fleetctl.traffic.forms import (
     ReverifyPolicyForm,
 )
 from fleetctl.traffic.holds import Hold, holds_on
-from fleetctl.traffic.models import Drain, GatewayPush, Route, SplitRevision
+from fleetctl.traffic.models import ContextTier, Drain, GatewayPush, Route, SplitRevision
 from fleetctl.traffic.push import drain_push_now
 from fleetctl.traffic.split import as_percentages
+from fleetctl.traffic.tiers import TierPools, route_tier_pools
 
 # The ids of the blocks htmx refreshes; the view picks the partial by HX-Target.
 GATEWAYS_ID = "gateways"
@@ -91,6 +93,51 @@ def route_reverify_policy(request: HttpRequest, name: str) -> HttpResponse:
                              setter=services.route_reverify_policy_set,
                              said="Re-verification policy",
                              display="get_reverify_policy_display")
+
+
+TIER_ROWS_BLANK = 2  # empty rows the tiers form offers below the route's tiers
+
+
+def _tier_rows(post: Any) -> list[dict[str, Any]]:
+    """The tiers form's rows as the service takes them: numbers where digits were typed
+    (anything else as typed, for the service to name), fully blank rows left out."""
+    columns = ("max_prompt_tokens", "behaviour", "queue_max", "retry_after_s")
+    lists = [post.getlist(column) for column in columns]
+    rows = []
+    for values in zip(*lists, strict=False):
+        cells = [str(value).strip() for value in values]
+        if not any(cells):
+            continue
+        row: dict[str, Any] = {}
+        for column, cell in zip(columns, cells, strict=True):
+            if column == "behaviour":
+                row[column] = cell or None
+            elif cell:
+                row[column] = int(cell) if cell.isdigit() else cell
+        rows.append(row)
+    return rows
+
+
+@dashboard_view
+@require_POST
+def route_tiers(request: HttpRequest, name: str) -> HttpResponse:
+    """Replace the route's context tiers (fleet-manage); a refusal names the tier."""
+    route = get_or_404(selectors.route_get, name=name, what=f"route named {name!r}")
+    actor = actor_from_request(request)
+    rows = _tier_rows(request.POST)
+
+    def tiers_set() -> list[TierPools]:
+        try:
+            return services.route_tiers_set(actor=actor, route=route, tiers=rows)
+        except ValidationError as exc:  # said as a message naming the tier and its field
+            raise ValidationError([f"{field}: {message}" for field, messages_ in
+                                   exc.message_dict.items() for message in messages_]) from exc
+
+    done = call_service(request, tiers_set)
+    if done.result is not None:
+        said = ", ".join(f"{view.tier.label}: {view.tier.behaviour}" for view in done.result)
+        messages.success(request, f"Context tiers of {name}: {said or 'none'}.")
+    return redirect(reverse("traffic:route-detail", args=[name]) + "#tiers")
 
 
 # --- routes ----------------------------------------------------------------------------------
@@ -174,6 +221,7 @@ def _render_route_detail(request: HttpRequest, route: Route, *, now: RouteNow | 
     form = form or _ramp_form(route, now)
     colours = pool_colours([*split, *(pool.name for pool in form.pools)])
     rates = selectors.route_pool_rates(route=route, pools=eligible | set(split))
+    tier_pools = route_tier_pools(route)
     context: dict[str, Any] = {
         "route": route,
         "current": current,
@@ -187,6 +235,9 @@ def _render_route_detail(request: HttpRequest, route: Route, *, now: RouteNow | 
         "form": form,
         "not_eligible": {pool.name for pool in form.pools} - eligible,
         "outside_pin": selectors.pools_outside_pin(route=route),
+        "tiers": tier_pools,
+        "tier_behaviours": ContextTier.Behaviour.choices,
+        "tier_blank_rows": range(TIER_ROWS_BLANK),
         "rates_figure": figure_data(charts.pool_rates_figure(rates, colours=colours))
         if rates else None,
         "rate_rows": sorted(((point["at"], pool, point) for pool, points in rates.items()

@@ -18,8 +18,8 @@ from fleetctl.conformance.cases.registry import _outcome, parity_case
 
 @parity_case("parity.prompt_tokens", "Prompt-token parity with the reference",
              short="prompt-token parity", required=True,
-             sends=f"{len(PARITY_MESSAGES)} message sets (one turn, system + user, multi-turn) to "
-            f"both pools, max_tokens 1",
+             sends=f"{len(PARITY_MESSAGES)} message sets (one turn, system + user, multi-turn, "
+             "a passage of prose) to both pools, max_tokens 1",
              judges="usage.prompt_tokens is the same on both for every set (same tokenizer and "
              "chat template)",
              expected="the same usage.prompt_tokens as the reference")

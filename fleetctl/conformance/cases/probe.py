@@ -25,6 +25,28 @@ PARITY_MESSAGES: list[list[dict[str, Any]]] = [
      {"role": "user", "content": "How long does a container take from Rotterdam to Shanghai?"},
      {"role": "assistant", "content": "About 30 to 35 days by sea, depending on the route."},
      {"role": "user", "content": "And by rail, through Kazakhstan? Give a range in days."}],
+    # A longer passage of ordinary prose: what a short set cannot tell, how many characters
+    # this tokenizer puts in a token of running text (the gateway's prompt-size estimate is
+    # calibrated from it: fleetctl/conformance/calibration.py).
+    [{"role": "user", "content": (
+        "Summarise the following report in three sentences.\n\n"
+        "The regional water authority spent most of last year replacing old pipes in the "
+        "northern districts, where leaks had cost roughly a fifth of the treated supply. "
+        "Crews worked at night to keep streets open during the day, and residents were told "
+        "about each closure a week in advance by letter and text message. The project "
+        "finished two months late, mainly because a supplier of steel fittings went out of "
+        "business in the spring, but it stayed within its budget of 41 million euros. "
+        "Early measurements suggest that losses have fallen to about eight percent, which "
+        "would make the network one of the most efficient in the country. The authority "
+        "now plans to install smart meters in every household by 2028, so that unusual "
+        "consumption can be spotted within hours instead of months. Critics argue that the "
+        "meters raise questions about privacy, and a local council has asked for an "
+        "independent review before any data is shared with third parties. Meanwhile, the "
+        "cost of a cubic metre of water will rise by three percent next January, the first "
+        "increase in five years, to pay for a new treatment plant on the river's southern "
+        "bank. Managers expect the plant to open in late autumn, provided that the weather "
+        "allows the foundations to be poured before the first frost."
+    )}],
 ]
 WEATHER_TOOL = {
     "type": "function",

@@ -10,6 +10,7 @@ from fleetctl.core.api.schema import ObjectField
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic.api.waiting import WaitGatewaySerializer
 from fleetctl.traffic.models import (
+    ContextTier,
     Drain,
     Gateway,
     GatewayPush,
@@ -120,6 +121,63 @@ class RouteReverifyPolicySerializer(serializers.Serializer):
         required=False,
         help_text="After a passing conformance re-run, also re-run the plan candidate's last "
                   "benchmark (plans on this route whose gate has a benchmark check).")
+
+
+class TierSerializer(serializers.Serializer):
+    """One context tier as sent (PUT). Checked by the service, which names the tier at fault
+    (`tiers[1].max_prompt_tokens`); here only documented."""
+
+    max_prompt_tokens = serializers.IntegerField(
+        min_value=1, allow_null=True, required=False,
+        help_text="Prompts of at most this many tokens (above the tier below); leave it out "
+                  "(or null) on the last tier: every prompt above the last bound.")
+    behaviour = serializers.ChoiceField(
+        choices=ContextTier.Behaviour.choices,
+        help_text="When no eligible pool can take a request: queue (bounded, 429/503 with "
+                  "Retry-After), reject (413), failover (across vendors), failover-class "
+                  "(within the latency class), pinned (never fail over).")
+    queue_max = serializers.IntegerField(min_value=1, allow_null=True, required=False,
+                                         help_text="queue only: requests held at most.")
+    retry_after_s = serializers.IntegerField(
+        min_value=1, allow_null=True, required=False,
+        help_text="queue only: the Retry-After of a full queue's answer, in seconds.")
+
+
+class RouteTiersSetSerializer(serializers.Serializer):
+    tiers = TierSerializer(many=True, help_text="Every tier of the route, smallest bound "
+                                                "first; [] removes them.")
+
+
+class IneligiblePoolSerializer(serializers.Serializer):
+    pool = serializers.CharField()
+    reason = serializers.CharField(help_text="Why it may not serve the tier: other "
+                                             "jurisdiction, latency class, stage, context "
+                                             "too small, reports less than registered.")
+
+
+class TierPoolsSerializer(serializers.Serializer):
+    max_prompt_tokens = serializers.IntegerField(source="tier.max_prompt_tokens",
+                                                 allow_null=True)
+    behaviour = serializers.CharField(source="tier.behaviour")
+    queue_max = serializers.IntegerField(source="tier.queue_max", allow_null=True)
+    retry_after_s = serializers.IntegerField(source="tier.retry_after_s", allow_null=True)
+    above_tokens = serializers.IntegerField(source="above",
+                                            help_text="The bound of the tier below (0: none).")
+    needed_tokens = serializers.IntegerField(
+        source="needed", help_text="The context a pool needs to serve this tier.")
+    eligible_pools = serializers.ListField(
+        child=serializers.CharField(), source="eligible_names",
+        help_text="Computed now from the registry and what the pools report; never stored.")
+    not_eligible = serializers.SerializerMethodField()
+
+    @extend_schema_field(IneligiblePoolSerializer(many=True))
+    def get_not_eligible(self, view: Any) -> list[dict[str, str]]:
+        return [{"pool": c.pool.name, "reason": why} for c, why in view.others]
+
+
+class RouteTiersSerializer(serializers.Serializer):
+    route = serializers.CharField()
+    tiers = TierPoolsSerializer(many=True)
 
 
 class RevisionCreateSerializer(serializers.Serializer):

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from django.core.exceptions import ValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -12,7 +13,7 @@ from rest_framework.response import Response
 from fleetctl.accounts.api.viewsets import ServiceModelViewSet
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core import idempotency
-from fleetctl.traffic import push, selectors, services
+from fleetctl.traffic import push, selectors, services, tiers
 from fleetctl.traffic.api import serializers as s
 from fleetctl.traffic.api import waiting
 from fleetctl.traffic.filters import GatewayFilter
@@ -113,6 +114,28 @@ class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Crea
                                                    route=route, **body.validated_data)
         self._current = selectors.revisions_current(routes=[route])
         return Response(s.RouteSerializer(route, context=self.get_serializer_context()).data)
+
+    @extend_schema(methods=["GET"], responses={200: s.RouteTiersSerializer})
+    @extend_schema(methods=["PUT"], request=s.RouteTiersSetSerializer,
+                   responses={200: s.RouteTiersSerializer})
+    @action(detail=True, methods=["get", "put"], filter_backends=[])
+    def tiers(self, request: Request, name: str) -> Response:
+        """GET: the route's context tiers, each with the pools that may serve it now
+        (computed from the registry and what the pools report) and why each other may not.
+        PUT (scope `fleet`): replace them all; 400 naming the tier
+        (`tiers[1].max_prompt_tokens`) when they overlap, repeat a bound, leave an entry
+        empty, name an unknown behaviour, or no pool can serve one."""
+        route = self.get_object()
+        if request.method == "GET":
+            views = tiers.route_tier_pools(route)
+        else:
+            data = request.data if isinstance(request.data, dict) else {}
+            if "tiers" not in data:
+                raise ValidationError({"tiers": ["Required: the list of tiers ([] removes "
+                                                 "them)."]})
+            views = services.route_tiers_set(actor=actor_from_request(request), route=route,
+                                             tiers=data["tiers"])
+        return Response(s.RouteTiersSerializer({"route": route.name, "tiers": views}).data)
 
 
 class GatewayViewSet(ServiceModelViewSet):

@@ -31,6 +31,23 @@ MIRROR_HEADER = "x-fleetctl-shadow-route"
 # overwriting any the client sent; the shadow collector refuses a copy without a valid one.
 MIRROR_AUTH_HEADER = "x-fleetctl-mirror-auth"
 MIRROR_AUTH_RE = re.compile(r"^[0-9]{1,19}\.[0-9a-f]{64}$")
+# The prompt-size header's value when the gateway could not read the body (too large, not
+# JSON, no prompt in it) and the caller stated none: tier routing treats it as the most
+# restrictive tier.
+PROMPT_TOKENS_UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class PromptCalibration:
+    """How a pool's tokenizer counts a prompt, for a gateway's estimate of its size:
+    tokens ~ base + per_message x messages + bytes of text / chars_per_token (the text as
+    the JSON body carries it). fleetctl/conformance/calibration.py fits it from the conformance
+    probe's usage.prompt_tokens; `source` says where the numbers came from."""
+
+    chars_per_token: float = 4.0
+    per_message: float = 5.0
+    base: float = 6.0
+    source: str = "default"
 
 
 @dataclass(frozen=True)
@@ -40,6 +57,7 @@ class PoolTarget:
     name: str  # unique, [a-z0-9-], also the cluster/backend name
     base_urls: tuple[str, ...]  # http(s)://host:port[/prefix]
     jurisdiction: str
+    prompt: PromptCalibration = PromptCalibration()
 
 
 @dataclass(frozen=True)
@@ -80,6 +98,11 @@ class DesiredState:
     model_header: str = "x-fleetctl-model"  # set by the gateway from the body (Envoy) or sent
     residency_header: str = "x-fleetctl-residency"
     latency_class_header: str = "x-fleetctl-latency-class"
+    # Set by the gateway (Envoy) from the body: the prompt's estimated tokens, or
+    # PROMPT_TOKENS_UNKNOWN; a client's value is removed. A caller states its own count in
+    # the stated header; the gateway keeps the larger of the two (docs/traffic.md).
+    prompt_tokens_header: str = "x-fleetctl-prompt-tokens"
+    prompt_tokens_stated_header: str = "x-fleetctl-prompt-tokens-stated"
     # Where mirrored requests go (the shadow collector, http://host:port); "" = no mirroring
     # is rendered at all. Each copy carries MIRROR_HEADER: <route key>.
     mirror_url: str = ""

@@ -11,7 +11,8 @@ that attempt is what the drain's figures time.
 
 The writes are split by who makes them: `writes` (what a person or an API client does to
 routes, revisions and gateways), `drains` (drains and restores), `mirroring` (what shadow
-runs' jobs ask for) and `_shared` (checking and storing a split and its pushes). Import
+runs' jobs ask for), `tiers` (a route's context tiers, and the guard fleet asks before a
+pool's context is lowered) and `_shared` (checking and storing a split and its pushes). Import
 them from here: `from fleetctl.traffic import services; services.revision_create(...)`."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fleetctl.traffic.services._shared import (
 )
 from fleetctl.traffic.services.drains import drain_request, drain_restore
 from fleetctl.traffic.services.mirroring import MIRROR_FIELDS, route_mirror_clear, route_mirror_set
+from fleetctl.traffic.services.tiers import route_tiers_set
 from fleetctl.traffic.services.writes import (
     gateway_create,
     gateway_delete,
@@ -55,4 +57,5 @@ __all__ = [
     "route_mirror_clear",
     "route_mirror_set",
     "route_reverify_policy_set",
+    "route_tiers_set",
 ]

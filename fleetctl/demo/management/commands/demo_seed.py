@@ -45,18 +45,19 @@ REGIONS = [
 ]
 MODEL = "llama-3.1-8b-instruct"
 # name, runtime, runtime version, accelerator, region, port offset, hourly rate, latency class,
-# labels, role in the demo
-POOLS: list[tuple[str, str, str, str, str, int, str, str, dict[str, str]]] = [
+# labels, max context (tokens: what its simulated servers serve, sim/profiles.py — the
+# registry tells the truth, so the context tiers rest on it)
+POOLS: list[tuple[str, str, str, str, str, int, str, str, dict[str, str], int]] = [
     ("h200-us-east", "cuda", "vllm-0.11/cuda-12.8", "H200", "us-east", 1, "39.80",
-     "interactive", {"role": "primary", "driver": "570.86"}),
+     "interactive", {"role": "primary", "driver": "570.86"}, 32768),
     ("mi300x-us-east", "rocm", "vllm-0.11/rocm-6.4", "MI300X", "us-east", 2, "31.20",
-     "interactive", {"role": "candidate", "driver": "rocm-6.4"}),
+     "interactive", {"role": "candidate", "driver": "rocm-6.4"}, 32768),
     ("tpu-v5e-eu-west", "tpu", "jetstream-0.3", "TPU v5e", "eu-west", 3, "9.60",
-     "standard", {"topology": "2x4"}),
+     "standard", {"topology": "2x4"}, 8192),
     ("a100-eu-central", "cuda", "vllm-0.11/cuda-12.4", "A100 80GB", "eu-central", 4, "14.70",
-     "batch", {"generation": "previous"}),
+     "batch", {"generation": "previous"}, 16384),
     ("gaudi3-in-west", "gaudi", "tgi-gaudi-2.3", "Gaudi 3", "in-west", 5, "18.40",
-     "standard", {"driver": "1.20"}),
+     "standard", {"driver": "1.20"}, 32768),
 ]
 # More endpoints of a pool (port offsets, as in devstack.DEMO_SIM_POOLS): the H200 primary has
 # two replicas, so a shadow run's secondary answer comes from another replica (noise floor).
@@ -64,6 +65,15 @@ EXTRA_ENDPOINTS: dict[str, tuple[int, ...]] = {"h200-us-east": (6,)}
 PEOPLE = [("admin", "admin"), ("lead", "platform-lead"), ("lead2", "platform-lead"),
           ("oncall", "on-call"), ("viewer", "viewer")]
 ROUTES = [("llama-8b", "", "h200-us-east"), ("llama-8b-eu", "EU", "tpu-v5e-eu-west")]
+# Context tiers of llama-8b: short prompts fail over across vendors (the TPU and the A100
+# serve them too), long ones queue for the 32k pools rather than spill to a smaller one, and
+# a prompt above 32k is refused with 413 (no demo pool serves it).
+TIERS_ROUTE = "llama-8b"
+TIERS: list[dict[str, Any]] = [
+    {"max_prompt_tokens": 8192, "behaviour": "failover"},
+    {"max_prompt_tokens": 32768, "behaviour": "queue", "queue_max": 64, "retry_after_s": 5},
+    {"behaviour": "reject"},
+]
 GATEWAY = "envoy-demo"
 # The file Envoy writes in its working directory (demo/envoy_process.py), which the telemetry
 # ingester follows: the gateway's `access_log` option.
@@ -182,8 +192,8 @@ class Command(BaseCommand):
         self.stderr.write(f"demo seed: {message}")
 
     def _pool(self, actor: Actor, spec: tuple[str, str, str, str, str, int, str, str,
-                                                dict[str, str]], sim_base_port: int) -> None:
-        name, runtime, version, accel, region, offset, rate, latency, labels = spec
+                                                dict[str, str], int], sim_base_port: int) -> None:
+        name, runtime, version, accel, region, offset, rate, latency, labels, context = spec
         urls = [f"http://127.0.0.1:{sim_base_port + port}"
                 for port in (offset, *EXTRA_ENDPOINTS.get(name, ()))]
         pool = Pool.objects.filter(name=name).first()
@@ -198,13 +208,13 @@ class Command(BaseCommand):
             made = services.pool_create(
                 actor=actor, name=name, runtime=runtime, runtime_version=version,
                 accelerator=accel, region=Region.objects.get(code=region), base_urls=urls,
-                latency_class=latency, max_context_tokens=32768, node_hourly_rate=rate,
+                latency_class=latency, max_context_tokens=context, node_hourly_rate=rate,
                 currency="USD", labels=labels,
             )
             services.pool_model_create(
                 actor=actor, pool=made, model_id=MODEL, revision="0e9e39f",
                 quantisation="fp8" if runtime in ("cuda", "rocm") else "bf16",
-                weight_format="safetensors", max_context_tokens=32768,
+                weight_format="safetensors", max_context_tokens=context,
             )
             return made
 
@@ -221,6 +231,10 @@ class Command(BaseCommand):
         for name, pin, primary in ROUTES:
             if not Route.objects.filter(name=name).exists():
                 self._create(f"route {name}", partial(self._route, actor, name, pin, primary))
+        tiered = Route.objects.filter(name=TIERS_ROUTE).first()
+        if tiered is not None and not tiered.context_tiers.exists():
+            self._create(f"context tiers of {TIERS_ROUTE}", partial(
+                traffic.route_tiers_set, actor=actor, route=tiered, tiers=TIERS))
         if not Route.objects.filter(name=BATCH_ROUTE).exists():
             self._create(f"route {BATCH_ROUTE}", partial(
                 self._route, actor, BATCH_ROUTE, "", "h200-us-east", latency_class="batch"))

@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fleetctl.traffic.gateways.base import DesiredState
 from fleetctl.traffic.gateways.envoy.accesslog import LOG_FORMAT as ACCESS_LOG_FORMAT
-from fleetctl.traffic.gateways.envoy.lua import LUA_DEFAULT
+from fleetctl.traffic.gateways.envoy.lua import default_lua
 from fleetctl.traffic.gateways.envoy.names import (
     CLUSTERS_FILE,
     FILE_LOG_TYPE,
@@ -87,8 +86,7 @@ def listener(address: str, port: int, routes: dict[str, Any],
         "http_filters": [
             {"name": LUA_FILTER, "typed_config": {
                 "@type": LUA_TYPE,
-                "default_source_code": {"inline_string": LUA_DEFAULT.replace(
-                    "@MODEL_HEADER@", DesiredState.model_header).lstrip()},
+                "default_source_code": {"inline_string": default_lua()},
             }},
             {"name": "envoy.filters.http.router", "typed_config": {
                 "@type": ROUTER_TYPE, "suppress_envoy_headers": True,

@@ -1,14 +1,22 @@
-"""The Lua script that copies a request body's `model` into the route header."""
+"""The Lua script that copies a request body's `model` into the route header and estimates
+the prompt's tokens into the prompt header (docs/traffic.md, "Prompt size at the gateway")."""
 
 from __future__ import annotations
 
-from fleetctl.traffic.gateways.base import DesiredState
-from fleetctl.traffic.gateways.envoy.names import LUA_MODEL_CLASS
+from fleetctl.traffic.gateways.base import PROMPT_TOKENS_UNKNOWN, DesiredState, PromptCalibration
+from fleetctl.traffic.gateways.envoy.names import LUA_MODEL_CLASS, PROMPT_SCAN_LIMIT_BYTES
 
 _LUA = r"""
--- fleetctl: copy the top-level "model" of a POST /v1/ JSON body into the route header.
--- Whatever value of that header the client sent is removed first: clients never pick a route.
+-- fleetctl: copy the top-level "model" of a POST /v1/ JSON body into the route header, and
+-- estimate the prompt's tokens into the prompt header. Whatever values of those headers the
+-- client sent are removed first: clients never pick a route.
 local MODEL_HEADER = "@MODEL_HEADER@"
+-- The prompt's estimated tokens (or "@PROMPT_UNKNOWN@"), set here from the body like the model;
+-- the caller's own count arrives in the stated header (docs/traffic.md, "Prompt size").
+local PROMPT_HEADER = "@PROMPT_HEADER@"
+local PROMPT_STATED_HEADER = "@PROMPT_STATED_HEADER@"
+-- A body larger than this gets no estimate (the pass for the model still reads it whole).
+local PROMPT_SCAN_LIMIT = @PROMPT_SCAN_LIMIT@
 -- Envoy matches a repeated header by one of its values; joined into one ("EU,US") it matches
 -- no pinned route, so an ambiguous jurisdiction is refused rather than guessed.
 local JOINED_HEADERS = {"@RESIDENCY_HEADER@", "@LATENCY_HEADER@"}
@@ -27,57 +35,127 @@ local function string_end(body, from)
   end
 end
 
--- The value of the key "model" of the outermost object (the last one, like Python's json),
--- or nil. Strings are skipped whole, so a "model" inside a prompt or a nested object never
--- counts.
-local function top_level_model(body)
+-- One pass over the body: the value of the key "model" of the outermost object (the last
+-- one, like Python's json) and the prompt's text. Strings are skipped whole (plain find), so a
+-- "model" inside a prompt or a nested object never counts. The text is the bytes of
+-- messages[*].content (a string) and of its text parts (messages[*].content[*].text), or of
+-- the top-level "prompt"/"input" (a string or strings in an array), as the JSON carries
+-- them; a prompt of token ids counts one token per id. Returns model, text bytes, token ids,
+-- messages, whether a prompt was found, whether the body read to its end (an unterminated
+-- string does not).
+local function scan(body)
   local depth, i, found = 0, 1, nil
+  local kinds, keys, top = {}, {}, nil
+  local bytes, ids, messages, seen = 0, 0, 0, false
+  local array_start, array_bytes = nil, 0
   while true do
     local j = string.find(body, '[{}%[%]"]', i)
-    if j == nil then return found end
+    if j == nil then return found, bytes, ids, messages, seen, true end
     local c = string.byte(body, j)
     if c == 34 then
       local close = string_end(body, j + 1)
-      if close == nil then return nil end
+      if close == nil then return nil, 0, 0, 0, false, false end
       i = close + 1
-      if depth == 1 and close - j == 6 and string.sub(body, j + 1, close - 1) == "model" then
-        local _, colon = string.find(body, '^%s*:%s*', i)
-        if colon ~= nil then
-          found = nil
-          if string.byte(body, colon + 1) == 34 then
-            local value_end = string_end(body, colon + 2)
-            if value_end == nil then return nil end
-            found = string.sub(body, colon + 2, value_end - 1)
-            i = value_end + 1
+      local _, colon = nil, nil
+      if kinds[depth] == 123 then _, colon = string.find(body, '^%s*:%s*', i) end
+      if colon ~= nil then
+        -- A key: only short ones matter.
+        local name = close - j <= 9 and string.sub(body, j + 1, close - 1) or ""
+        keys[depth] = name
+        if depth == 1 then
+          top = name
+          if name == "messages" or name == "prompt" or name == "input" then seen = true end
+          if name == "model" then
+            found = nil
+            if string.byte(body, colon + 1) == 34 then
+              local value_end = string_end(body, colon + 2)
+              if value_end == nil then return nil, 0, 0, 0, false, false end
+              found = string.sub(body, colon + 2, value_end - 1)
+              i = value_end + 1
+            end
           end
         end
+      elseif top == "messages" then
+        local key = keys[depth]
+        if (depth == 3 and key == "content") or (depth == 5 and key == "text") then
+          bytes = bytes + (close - j - 1)
+        end
+      elseif (top == "prompt" or top == "input") and (depth == 1 or depth == 2) then
+        bytes = bytes + (close - j - 1)
       end
     elseif c == 123 or c == 91 then
       depth = depth + 1
+      kinds[depth] = c
+      keys[depth] = nil
+      if c == 123 and depth == 3 and top == "messages" and kinds[2] == 91 then
+        messages = messages + 1
+      elseif c == 91 and depth == 2 and (top == "prompt" or top == "input") then
+        array_start, array_bytes = j, bytes
+      end
       i = j + 1
     else
+      if depth == 2 and array_start ~= nil and bytes == array_bytes then
+        -- An array of token ids: one token per id (its commas + 1).
+        local span = string.sub(body, array_start + 1, j - 1)
+        if string.find(span, "%d") then
+          ids = ids + select(2, string.gsub(span, ",", ",")) + 1
+        end
+      end
+      if depth == 2 then array_start = nil end
       depth = depth - 1
       i = j + 1
     end
   end
 end
 
+-- Per model: {chars per token, tokens per message, base tokens}, the most conservative
+-- (most tokens) of the pools its routes may send to; DEFAULT_CALIBRATION for any other.
+local CALIBRATION = {@CALIBRATION@}
+local DEFAULT_CALIBRATION = {@DEFAULT_CALIBRATION@}
+
+local function estimate(cal, bytes, ids, messages)
+  return math.ceil(cal[3] + cal[2] * messages + bytes / cal[1]) + ids
+end
+
+-- The caller's own count: digits only, at most 9 of them; else none.
+local function stated(headers)
+  local value = headers:get(PROMPT_STATED_HEADER)
+  if value ~= nil and #value <= 9 and string.find(value, "^%d+$") then
+    return tonumber(value)
+  end
+  return nil
+end
+
 function envoy_on_request(handle)
   local headers = handle:headers()
   headers:remove(MODEL_HEADER)
+  headers:remove(PROMPT_HEADER)
   for _, name in ipairs(JOINED_HEADERS) do
     if headers:getNumValues(name) > 1 then headers:replace(name, headers:get(name)) end
   end
   local path = headers:get(":path") or ""
   if headers:get(":method") == "POST" and string.sub(path, 1, 4) == "/v1/" then
+    local claimed = stated(headers)
     -- body() waits for the whole body; wrappers taken before it are stale afterwards.
     local body = handle:body()
+    local tokens = nil
     if body ~= nil and body:length() > 0 then
-      local model = top_level_model(body:getBytes(0, body:length()))
+      local length = body:length()
+      local model, bytes, ids, messages, seen, whole = scan(body:getBytes(0, length))
       if model ~= nil and #model <= 256 and string.find(model, "^@MODEL_CLASS@+$") then
         handle:headers():replace(MODEL_HEADER, model)
       end
+      if whole and seen and length <= PROMPT_SCAN_LIMIT then
+        tokens = estimate(CALIBRATION[model or ""] or DEFAULT_CALIBRATION, bytes, ids,
+                          messages)
+      end
     end
+    -- The larger of the estimate and the caller's count: a caller can ask for a larger
+    -- device, never talk itself onto a smaller one. Unreadable: the caller's, or unknown.
+    if tokens ~= nil and claimed ~= nil and claimed > tokens then tokens = claimed end
+    if tokens == nil then tokens = claimed end
+    handle:headers():replace(PROMPT_HEADER, tokens ~= nil and string.format("%d", tokens)
+                             or "@PROMPT_UNKNOWN@")
   end
   handle:clearRouteCache()
 end
@@ -87,13 +165,48 @@ end
 LUA_DEFAULT = r"""
 function envoy_on_request(handle)
   handle:headers():remove("@MODEL_HEADER@")
+  handle:headers():remove("@PROMPT_HEADER@")
 end
 """
 
 
+def default_lua() -> str:
+    return (LUA_DEFAULT.replace("@MODEL_HEADER@", DesiredState.model_header)
+            .replace("@PROMPT_HEADER@", DesiredState.prompt_tokens_header).lstrip())
+
+
+def model_calibrations(desired: DesiredState) -> dict[str, PromptCalibration]:
+    """Per model, the most conservative calibration (the most tokens for any prompt) of the
+    pools its routes may send to, weight 0 included: an estimate never undercounts for the
+    smallest device among them."""
+    by_model: dict[str, list[PromptCalibration]] = {}
+    for route in desired.routes:
+        cals = by_model.setdefault(route.model, [])
+        cals += [desired.pools[p].prompt for p in sorted(route.weights) if p in desired.pools]
+    return {model: PromptCalibration(
+        chars_per_token=min(c.chars_per_token for c in cals),
+        per_message=max(c.per_message for c in cals),
+        base=max(c.base for c in cals),
+        source=", ".join(sorted({c.source for c in cals})),
+    ) for model, cals in sorted(by_model.items()) if cals}
+
+
+def _lua_calibration(cal: PromptCalibration) -> str:
+    return f"{cal.chars_per_token!r}, {cal.per_message!r}, {cal.base!r}"
+
+
 def routing_lua(desired: DesiredState) -> str:
-    """The per-request script for these routes (header names are validated tokens)."""
+    """The per-request script for these routes (header names are validated tokens, model
+    names have only MODEL_CHARS: neither needs escaping in a Lua string)."""
+    table = "".join(f'\n  ["{model}"] = {{{_lua_calibration(cal)}}},'
+                    for model, cal in model_calibrations(desired).items())
     return (_LUA.replace("@MODEL_HEADER@", desired.model_header)
             .replace("@RESIDENCY_HEADER@", desired.residency_header)
             .replace("@LATENCY_HEADER@", desired.latency_class_header)
+            .replace("@PROMPT_STATED_HEADER@", desired.prompt_tokens_stated_header)
+            .replace("@PROMPT_HEADER@", desired.prompt_tokens_header)
+            .replace("@PROMPT_UNKNOWN@", PROMPT_TOKENS_UNKNOWN)
+            .replace("@PROMPT_SCAN_LIMIT@", str(PROMPT_SCAN_LIMIT_BYTES))
+            .replace("@CALIBRATION@", table + ("\n" if table else ""))
+            .replace("@DEFAULT_CALIBRATION@", _lua_calibration(PromptCalibration()))
             .replace("@MODEL_CLASS@", LUA_MODEL_CLASS).lstrip())

@@ -40,6 +40,9 @@ UPSTREAM_IDLE_TIMEOUT = "300s"
 CONNECT_TIMEOUT = "2s"
 # The Lua filter buffers the request body to read `model`; long-context prompts are large.
 REQUEST_BUFFER_LIMIT_BYTES = 16 * 1024 * 1024
+# A body larger than this gets no prompt estimate ("unknown": the most restrictive tier): at
+# ~4 bytes a token it is ~1M tokens, beyond any tier, and it bounds the estimator's cost.
+PROMPT_SCAN_LIMIT_BYTES = 4 * 1024 * 1024
 # A pool may hold thousands of open streams; Envoy's default circuit breakers (1024) would
 # answer 503 long before the pool is full.
 CIRCUIT_BREAKER_LIMIT = 100_000

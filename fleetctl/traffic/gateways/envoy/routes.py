@@ -113,8 +113,14 @@ def _spec_route(route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
         "name": route.key,
         "match": match,
         "route": action,
+        # The pool that answered, and the prompt size the gateway routed by (what the Lua
+        # script set: its estimate, the caller's larger count, or "unknown").
         "response_headers_to_add": [{
             "header": {"key": POOL_HEADER, "value": "%UPSTREAM_CLUSTER%"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }, {
+            "header": {"key": desired.prompt_tokens_header,
+                       "value": f"%REQ({desired.prompt_tokens_header}):16%"},
             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
         }],
     }

@@ -28,10 +28,16 @@ from fleetctl.traffic.gateways.schema import collector_url_problem
 def validate(desired: DesiredState) -> None:
     """Everything that would make Envoy reject the files, or make them mean something other
     than `desired`, raised before anything is written."""
-    for name in (desired.model_header, desired.residency_header, desired.latency_class_header):
+    names = (desired.model_header, desired.residency_header, desired.latency_class_header,
+             desired.prompt_tokens_header, desired.prompt_tokens_stated_header)
+    for name in names:
         check(HEADER_NAME_RE.match(name), f"header name {name!r} is not a lowercase token")
-    headers = {desired.model_header, desired.residency_header, desired.latency_class_header}
-    check(len(headers) == 3, "model, residency and latency-class headers must differ")
+    check(len(set(names)) == len(names),
+          "model, residency, latency-class and prompt-size headers must differ")
+    for pool in desired.pools.values():
+        check(0.5 <= pool.prompt.chars_per_token <= 32 and 0 <= pool.prompt.per_message <= 64
+              and 0 <= pool.prompt.base <= 256,
+              f"pool {pool.name}: prompt calibration {pool.prompt} is out of range")
     for key, pool in desired.pools.items():
         _validate_pool(key, pool)
     if desired.mirror_url:
