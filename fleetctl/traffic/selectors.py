@@ -7,6 +7,7 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from fleetctl.fleet.models import Pool, PoolModel
+from fleetctl.traffic import tiers
 from fleetctl.traffic.gateways.base import (
     TOTAL_WEIGHT,
     DesiredState,
@@ -14,6 +15,7 @@ from fleetctl.traffic.gateways.base import (
     PoolTarget,
     PromptCalibration,
     RouteSpec,
+    TierSpec,
 )
 from fleetctl.traffic.holds import Hold
 from fleetctl.traffic.mirror_auth import header_value
@@ -81,6 +83,7 @@ def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
                     .filter(Q(pk__in=ids) | Q(name__in=names)))
     by_id = {pool.pk: pool for pool in registry}
     by_name = {pool.name: pool for pool in registry}
+    tiers_by_route = _tier_specs(routes)
     specs = []
     for route in sorted(routes, key=lambda r: r.name):
         revision = current.get(route.pk)
@@ -92,7 +95,8 @@ def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
         specs.append(RouteSpec(key=route.name, model=route.model_id,
                                latency_class=route.latency_class, residency=route.residency,
                                revision=route.revision_number, weights=weights,
-                               mirror_bp=mirror_bp))
+                               mirror_bp=mirror_bp,
+                               tiers=tiers_by_route.get(route.pk, ()) if weights else ()))
     names = {pool for spec in specs for pool in spec.weights} & set(by_name)
     calibrations = pool_calibrations(names)  # the gateway's prompt-size estimate
     pools = {
@@ -106,6 +110,33 @@ def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
         residency_header=settings.TRAFFIC_RESIDENCY_HEADER,
         latency_class_header=settings.TRAFFIC_LATENCY_CLASS_HEADER,
     ), gateway=gateway)
+
+
+def _tier_specs(routes: list[Route]) -> dict[int, tuple[TierSpec, ...]]:
+    """Route id -> its context tiers as gateways route them, with each tier's eligible pools
+    (traffic/tiers.py): the tiers of every route in one query, the pools of their models in
+    one more. A gateway narrows a tier's pools further to the route's own (`tier_weights`),
+    so a tier never widens the route's residency-checked split."""
+    by_route: dict[int, list[ContextTier]] = {}
+    for tier in ContextTier.objects.filter(route__in=routes):  # ordered by bound, open last
+        by_route.setdefault(tier.route_id, []).append(tier)
+    if not by_route:
+        return {}
+    models = {route.model_id for route in routes if route.pk in by_route}
+    entries: dict[str, list[PoolModel]] = {}
+    for entry in (PoolModel.objects.filter(model_id__in=models)
+                  .select_related("pool__region").order_by("pool__name")):
+        entries.setdefault(entry.model_id, []).append(entry)
+    specs = {}
+    for route in routes:
+        if route.pk not in by_route:
+            continue
+        found = tiers.candidates(route, entries=entries.get(route.model_id, []))
+        specs[route.pk] = tuple(
+            TierSpec(bound=view.tier.max_prompt_tokens, above=view.above,
+                     behaviour=view.tier.behaviour, pools=tuple(view.eligible_names))
+            for view in tiers.tier_pools(route, by_route[route.pk], found=found))
+    return specs
 
 
 def desired_for_gateway(desired: DesiredState, *, gateway: Gateway) -> DesiredState:

@@ -100,12 +100,17 @@ def _route_refusal(route: Route, pool: Pool) -> str | None:
     return None
 
 
-def candidates(route: Route, *, context: dict[int, int] | None = None) -> list[Candidate]:
+def candidates(route: Route, *, context: dict[int, int] | None = None,
+               entries: Sequence[PoolModel] | None = None) -> list[Candidate]:
     """Every pool serving the route's model, by name. `context`: {pool id: tokens} a pool's
-    registered context would be after an edit (the guard that refuses lowering it)."""
+    registered context would be after an edit (the guard that refuses lowering it).
+    `entries`: the model's PoolModel rows (pool and region joined, by pool name), when the
+    caller read them for many routes at once."""
     found = []
-    for entry in (PoolModel.objects.filter(model_id=route.model_id)
-                  .select_related("pool__region").order_by("pool__name")):
+    if entries is None:
+        entries = list(PoolModel.objects.filter(model_id=route.model_id)
+                       .select_related("pool__region").order_by("pool__name"))
+    for entry in entries:
         pool = entry.pool
         registered = min(pool.max_context_tokens, entry.max_context_tokens)
         if context and pool.pk in context:

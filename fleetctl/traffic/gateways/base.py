@@ -61,6 +61,42 @@ class PoolTarget:
 
 
 @dataclass(frozen=True)
+class TierSpec:
+    """One context tier of a route as a gateway routes it: the prompts of more than `above`
+    and at most `bound` tokens (None: every prompt above `above`), the pools that may serve
+    them (computed by fleetctl/traffic/tiers.py, already inside the route's pin), and the
+    tier's behaviour when none can (ContextTier.Behaviour)."""
+
+    bound: int | None
+    above: int
+    behaviour: str
+    pools: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return (f"<= {self.bound} tokens" if self.bound is not None
+                else f"above {self.above} tokens")
+
+
+def tier_weights(route: RouteSpec, tier: TierSpec) -> dict[str, int]:
+    """The route's split restricted to the tier's pools, in basis points summing to
+    TOTAL_WEIGHT: a tier only narrows the route's pools (which are already residency-checked),
+    never widens them, and never gives weight to a pool the split gives none (a drained pool
+    stays drained in every tier). Every pool of the tier the route lists is kept (at 0 when
+    the split gives it none, so a ramp stays a weights-only change). Empty: no pool of the
+    route may serve the tier, or none of those it may has weight — the tier's behaviour
+    answers (413 for reject, 503 otherwise)."""
+    pools = sorted(p for p in tier.pools if p in route.weights)
+    serving = {p: route.weights[p] for p in pools if route.weights[p] > 0}
+    if not serving:
+        return {}
+    total = sum(serving.values())
+    shares = {p: serving.get(p, 0) * TOTAL_WEIGHT // total for p in pools}
+    shares[max(serving, key=lambda p: (shares[p], p))] += TOTAL_WEIGHT - sum(shares.values())
+    return shares
+
+
+@dataclass(frozen=True)
 class RouteSpec:
     """One route at one revision."""
 
@@ -77,6 +113,9 @@ class RouteSpec:
     # gateway); "" = the copies carry none (a client's is removed) and the collector refuses
     # them. A secret: kept out of repr, so no log line or error message prints it.
     mirror_auth: str = field(default="", repr=False)
+    # The route's context tiers, smallest bound first (the open-ended one last); () = none.
+    # Only kinds with `supports_context_tiers` route by them (renderable() says so for others).
+    tiers: tuple[TierSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if self.weights and sum(self.weights.values()) != TOTAL_WEIGHT:
@@ -224,6 +263,9 @@ class Adapter(ABC, Generic[OptionsT]):
     # Can this kind copy a share of a route's requests to the shadow collector (mirror_bp)?
     # A kind that cannot renders no mirror and its apply says so (a shadow run then replays).
     supports_mirror: ClassVar[bool] = True
+    # Can this kind route a route's requests by prompt size (RouteSpec.tiers)? Saving tiers on
+    # a route that a gateway of another kind carries is refused (services.route_tiers_set).
+    supports_context_tiers: ClassVar[bool] = False
 
     def __init__(self, gateway: GatewaySpec) -> None:
         from fleetctl.traffic.gateways import registry
@@ -323,6 +365,13 @@ def renderable(kind: type[Adapter[Any]], desired: DesiredState) -> Renderable:
                      f"are not mirrored here (use a replay shadow run)",)
             fit_desired = replace(fit_desired, routes=tuple(
                 replace(r, mirror_bp=0) if r.mirror_bp else r for r in fit_desired.routes))
+    if not kind.supports_context_tiers:
+        tiered = sorted(r.key for r in fit_desired.routes if r.tiers)
+        if tiered:
+            notes += (f"{_kind_label(kind)} cannot route by context tier; route(s) "
+                      f"{', '.join(tiered)} follow their split whatever the prompt size",)
+            fit_desired = replace(fit_desired, routes=tuple(
+                replace(r, tiers=()) if r.tiers else r for r in fit_desired.routes))
     fit = Renderable(desired=fit_desired, left_out=left_out, notes=notes)
     with _fit_lock:
         _last_fit[kind] = (desired, fit)

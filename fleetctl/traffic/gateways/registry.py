@@ -59,6 +59,11 @@ class GatewayKind:
         API and pages say so ("HAProxy cannot mirror; use replay")."""
         return self.adapter.supports_mirror
 
+    @property
+    def supports_context_tiers(self) -> bool:
+        """Can its gateways route by prompt size (a route's context tiers)?"""
+        return self.adapter.supports_context_tiers
+
     def parse_options(self, raw: Any) -> Any:
         """The options schema's instance for `raw`, or OptionsError naming each problem."""
         return parse_options(self.options, raw, self.label)

@@ -129,6 +129,24 @@ def _unservable(route: Route, view: TierPools) -> str:
             f"the last tier `reject` (413 above the last bound).")
 
 
+def _gateways_refusal(route: Route) -> str | None:
+    """Why the route's gateways cannot hold tiers: a gateway whose kind cannot route by
+    prompt size would send every request by the split (a silent partial), so tiers are
+    refused while one carries the route. None when every gateway can."""
+    from fleetctl.traffic.gateways import registry
+
+    cannot = []
+    for gateway in route.gateways.order_by("name"):
+        kind = registry.find(gateway.kind)
+        if kind is not None and not kind.supports_context_tiers:
+            cannot.append(f"{gateway.name} ({kind.label})")
+    if not cannot:
+        return None
+    return (f"Route {route.name} is carried by gateway(s) that cannot route by prompt size: "
+            f"{', '.join(cannot)}. Only Envoy gateways enforce context tiers; take the route "
+            f"off those gateways first, or keep it without tiers.")
+
+
 def route_tiers_set(*, actor: Actor, route: Route, tiers: Any) -> list[TierPools]:
     """Replace the route's context tiers (fleet-manage), audited with before and after.
     Refused with 400 naming the tier when they overlap, repeat a bound, leave an entry
@@ -147,6 +165,8 @@ def route_tiers_set(*, actor: Actor, route: Route, tiers: Any) -> list[TierPools
         list(Pool.objects.select_for_update().filter(
             pk__in=PoolModel.objects.filter(model_id=locked.model_id).values("pool_id"))
             .order_by("pk"))
+        if parsed and (refusal := _gateways_refusal(locked)):
+            raise ValidationError({"tiers": [refusal]})
         views = tier_pools(locked, parsed)
         errors = {f"tiers[{v.index}]": [_unservable(locked, v)] for v in views
                   if not v.eligible and not v.refuses_all}

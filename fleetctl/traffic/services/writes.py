@@ -152,8 +152,29 @@ def gateway_create(*, actor: Actor, routes: list[Route] | None = None,
     return gateway
 
 
+def _refuse_tiers_on_kind(kind_name: str, routes: list[Route], *, field: str) -> None:
+    """400 naming `field` when a gateway of this kind cannot route by prompt size and one of
+    `routes` has context tiers: it would send them by the split alone (a silent partial)."""
+    from fleetctl.traffic.gateways import registry
+
+    kind = registry.find(kind_name)
+    if kind is None or kind.supports_context_tiers or not routes:
+        return
+    tiered = sorted(Route.objects.filter(pk__in=[r.pk for r in routes],
+                                         context_tiers__isnull=False)
+                    .distinct().values_list("name", flat=True))
+    if tiered:
+        raise ValidationError({field: [
+            f"{kind.label} gateways cannot route by prompt size, and route(s) "
+            f"{', '.join(tiered)} have context tiers: only Envoy gateways enforce them. "
+            f"Remove the tiers first, or carry these routes on an Envoy gateway."]})
+
+
 def gateway_update(*, actor: Actor, gateway: Gateway, routes: list[Route] | None = None,
                    **changes: Any) -> Gateway:
+    if "kind" in changes and changes["kind"] != gateway.kind:
+        _refuse_tiers_on_kind(str(changes["kind"]), list(
+            gateway.routes.all() if routes is None else routes), field="kind")
     gateway = audited_update(actor=actor, permission=roles.FLEET_MANAGE,
                              action="gateway.update", instance=gateway, changes=changes,
                              allowed=GATEWAY_FIELDS)
@@ -238,6 +259,7 @@ def gateway_delete(*, actor: Actor, gateway: Gateway) -> None:
 def gateway_set_routes(*, actor: Actor, gateway: Gateway, routes: list[Route]) -> None:
     """Which routes a gateway carries; it is pushed its new whole state right away."""
     actor.require(roles.FLEET_MANAGE, action="gateway.set_routes", target=gateway)
+    _refuse_tiers_on_kind(gateway.kind, routes, field="routes")
     with transaction.atomic():
         before = sorted(gateway.routes.values_list("name", flat=True))
         gateway.routes.set(routes)

@@ -46,6 +46,7 @@ from fleetctl.traffic.gateways.base import (
 )
 from fleetctl.traffic.gateways.envoy import render as config
 from fleetctl.traffic.gateways.envoy.options import EnvoyOptions
+from fleetctl.traffic.gateways.envoy.routes import is_tier_entry
 from fleetctl.traffic.gateways.envoy.runtime import read_runtime_file, write_runtime_file
 
 _RDS = f"http.{config.STAT_PREFIX}.rds.{config.ROUTE_CONFIG_NAME}"
@@ -200,6 +201,7 @@ _seen = _Seen()
 
 class EnvoyAdapter(Adapter[EnvoyOptions]):
     kind: ClassVar[str] = "envoy"
+    supports_context_tiers: ClassVar[bool] = True
 
     @classmethod
     def check_pool(cls, pool: PoolTarget) -> str | None:
@@ -420,8 +422,8 @@ def held_weights(route_config: dict[str, Any] | None,
     held: dict[str, dict[str, int]] = {}
     for route in _routes(route_config):
         name = route.get("name", "")
-        if not name or ":" in name:
-            continue  # fleetctl's own answers (errors, model lists), not a RouteSpec
+        if not name or ":" in name or is_tier_entry(route):
+            continue  # fleetctl's own answers (errors, model lists), or a tier's entry
         if "direct_response" in route:
             held[name] = {}
             continue
@@ -448,7 +450,7 @@ def held_mirror(route_config: dict[str, Any] | None, runtime: dict[str, str]) ->
             bp = config.runtime_value_bp(key, runtime.get(key)) if key else None
             if bp is None:
                 bp = config.fraction_bp(fraction.get("default_value") or {}) or 0
-            if bp > 0 and name and ":" not in name:
+            if bp > 0 and name and ":" not in name and not is_tier_entry(route):
                 held[name] = bp
     return held
 

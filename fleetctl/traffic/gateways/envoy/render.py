@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from fleetctl.traffic.gateways.base import DesiredState
+from fleetctl.traffic.gateways.base import DesiredState, tier_weights
 from fleetctl.traffic.gateways.envoy.bootstrap import listener, render_bootstrap, socket_address
 from fleetctl.traffic.gateways.envoy.clusters import (
     clusters_version,
@@ -72,6 +72,7 @@ from fleetctl.traffic.gateways.envoy.routes import (
     render_unconfigured_route_config,
     retry_policy,
     runtime_prefix,
+    tier_runtime_prefix,
     without_weights,
 )
 from fleetctl.traffic.gateways.envoy.validate import parse_base_url, pool_problem, validate
@@ -153,6 +154,10 @@ def render(desired: DesiredState) -> RenderedConfig:
         runtime.update({f"{prefix}.{pool}": weight for pool, weight in route.weights.items()})
         if desired.mirror_url and route.weights:
             runtime[f"{prefix}.{MIRROR_KEY}"] = route.mirror_bp
+        for index, tier in enumerate(route.tiers if route.weights else ()):
+            tier_prefix = tier_runtime_prefix(route, tier, index, desired)
+            runtime.update({f"{tier_prefix}.{pool}": weight
+                            for pool, weight in tier_weights(route, tier).items()})
     return RenderedConfig(
         clusters=render_clusters(desired),
         route_config=route_config,

@@ -9,9 +9,12 @@ from typing import Any
 from fleetctl.traffic.gateways.base import (
     MIRROR_AUTH_HEADER,
     MIRROR_HEADER,
+    PROMPT_TOKENS_UNKNOWN,
     DesiredState,
     RouteSpec,
+    TierSpec,
     openai_error,
+    tier_weights,
 )
 from fleetctl.traffic.gateways.envoy.lua import routing_lua
 from fleetctl.traffic.gateways.envoy.names import (
@@ -72,9 +75,11 @@ def _routes(desired: DesiredState) -> list[dict[str, Any]]:
         specs = [route for route in desired.routes if route.model == model]
         pinned = sorted((r for r in specs if r.residency), key=_specificity)
         unpinned = sorted((r for r in specs if not r.residency), key=_specificity)
-        entries += [_spec_route(route, desired) for route in pinned]
+        for route in pinned:
+            entries += [*_tier_routes(route, desired), _spec_route(route, desired)]
         entries.append(_residency_refused(model, desired))
-        entries += [_spec_route(route, desired) for route in unpinned]
+        for route in unpinned:
+            entries += [*_tier_routes(route, desired), _spec_route(route, desired)]
         entries.append(_no_route_for(model, desired))
     entries += _fallback_routes(desired)
     return entries
@@ -84,24 +89,117 @@ def _specificity(route: RouteSpec) -> tuple[bool, str, str]:
     return (not route.latency_class, route.residency, route.key)
 
 
-def _spec_route(route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
+def _route_headers(route: RouteSpec, desired: DesiredState) -> list[dict[str, Any]]:
     headers = [_exact(desired.model_header, route.model)]
     if route.latency_class:
         headers.append(_exact(desired.latency_class_header, route.latency_class))
     headers.append(_exact(desired.residency_header, route.residency) if route.residency
                    else _absent(desired.residency_header))
-    match = {"prefix": "/v1/", "headers": headers}
+    return headers
+
+
+def _spec_route(route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
+    match = {"prefix": "/v1/", "headers": _route_headers(route, desired)}
     if not route.weights:
         where = f"in jurisdiction {route.residency} " if route.residency else ""
         return _error_route(
             route.key, match, 503, "service_unavailable", "no_pool_available",
             f"route {route.key}: no pool {where}may serve model {route.model} now",
         )
+    return _weighted_route(route.key, match, route.weights, runtime_prefix(route, desired),
+                           route, desired)
+
+
+# The largest value Envoy's Int64Range takes: the open end of the last tier's range.
+INT64_MAX = 2**63 - 1
+TIER_METADATA = "fleetctl"  # filter_metadata namespace of a tier entry: {"tier": index}
+
+
+def _tier_routes(route: RouteSpec, desired: DesiredState) -> list[dict[str, Any]]:
+    """One entry per context tier, before the route's own: the route's matchers plus an
+    integer range on the prompt-size header ([above + 1, bound + 1): Envoy's range end is
+    exclusive), then one for `unknown` that goes where the last tier goes (the most
+    restrictive: its pools serve the largest prompts). The last tier's range is open-ended,
+    so a prompt above the last bound goes there too, never back to the whole split. A
+    request whose header matches none of them (no header) follows the route's own entry.
+    Each entry's split is the route's restricted to the tier's pools (`tier_weights`), read
+    from runtime keys beside the route's, so a ramp stays a runtime change. A tier without a
+    pool answers itself: 413 when it rejects, else 503 (its queue and failover are not
+    rendered yet). A route with no weights (fails closed) gets no tier entries."""
+    if not route.tiers or not route.weights:
+        return []
+    entries = []
+    last = len(route.tiers) - 1
+    for index, tier in enumerate(route.tiers):
+        start = 0 if index == 0 else tier.above + 1
+        end = INT64_MAX if index == last or tier.bound is None else tier.bound + 1
+        size = {"name": desired.prompt_tokens_header,
+                "range_match": {"start": start, "end": end}}
+        entries.append(_tier_route(route, desired, index, size, unknown=False))
+    unknown = _exact(desired.prompt_tokens_header, PROMPT_TOKENS_UNKNOWN)
+    entries.append(_tier_route(route, desired, last, unknown, unknown=True))
+    return entries
+
+
+def tier_runtime_prefix(route: RouteSpec, tier: TierSpec, index: int,
+                        desired: DesiredState) -> str:
+    """The tier's weights' runtime keys: beside the route's, with the tier's own shape."""
+    shape = [tier.bound, tier.above, sorted(tier_weights(route, tier))]
+    return f"{runtime_prefix(route, desired)}.tier{index}-{digest(shape)[:8]}"
+
+
+def _tier_route(route: RouteSpec, desired: DesiredState, index: int,
+                size: dict[str, Any], *, unknown: bool) -> dict[str, Any]:
+    tier = route.tiers[index]
+    match = {"prefix": "/v1/", "headers": [*_route_headers(route, desired), size]}
+    weights = tier_weights(route, tier)
+    if not weights:
+        name = f"fleetctl:tier:{route.key}:{'unknown' if unknown else index}"
+        if tier.behaviour == "reject":
+            return _tier_rejected(route, desired, name, match, tier, unknown=unknown)
+        return _error_route(
+            name, match, 503, "service_unavailable", "no_pool_available",
+            f"route {route.key}: no pool may serve prompts of {tier.label} of model "
+            f"{route.model} now")
+    entry = _weighted_route(route.key, match, weights,
+                            tier_runtime_prefix(route, tier, index, desired), route, desired)
+    entry["metadata"] = {"filter_metadata": {TIER_METADATA: {
+        "tier": index, "unknown": unknown}}}
+    return entry
+
+
+def _tier_rejected(route: RouteSpec, desired: DesiredState, name: str,
+                   match: dict[str, Any], tier: TierSpec, *, unknown: bool) -> dict[str, Any]:
+    """413, OpenAI-style: the tier, the prompt size the gateway measured and the limit."""
+    limit = tier.above if tier.bound is None else tier.bound
+    if unknown:
+        message = (f"route {route.key}: the prompt size could not be read from the body, so "
+                   f"it counts as the largest tier ({tier.label}), which is refused: prompts "
+                   f"of model {route.model} may have at most {limit} tokens here. State the "
+                   f"size in {desired.prompt_tokens_stated_header}.")
+        return _error_route(name, match, 413, "invalid_request_error",
+                            "context_length_exceeded", message)
+    tokens = f"%REQ({desired.prompt_tokens_header}):16%"
+    message = (f"route {route.key}: the prompt has about {tokens} tokens; tier "
+               f"{tier.label} refuses it (reject): prompts of model {route.model} may have "
+               f"at most {limit} tokens here")
+    return _error_route(name, match, 413, "invalid_request_error", "context_length_exceeded",
+                        message, dynamic=True)
+
+
+def is_tier_entry(entry: dict[str, Any]) -> bool:
+    """A tier's entry (named like its route, so the access log attributes its requests to
+    the route): read-backs of the route's own weights and mirror skip it."""
+    meta = (entry.get("metadata") or {}).get("filter_metadata") or {}
+    return "tier" in (meta.get(TIER_METADATA) or {})
+
+
+def _weighted_route(name: str, match: dict[str, Any], weights: dict[str, int], prefix: str,
+                    route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
     action: dict[str, Any] = {
         "weighted_clusters": {
-            "runtime_key_prefix": runtime_prefix(route, desired),
-            "clusters": [{"name": pool, "weight": route.weights[pool]}
-                         for pool in sorted(route.weights)],
+            "runtime_key_prefix": prefix,
+            "clusters": [{"name": pool, "weight": weights[pool]} for pool in sorted(weights)],
         },
         "timeout": "0s",
         "auto_host_rewrite": True,
@@ -110,7 +208,7 @@ def _spec_route(route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
     if desired.mirror_url:
         action["request_mirror_policies"] = [mirror_policy(route, desired)]
     return {
-        "name": route.key,
+        "name": name,
         "match": match,
         "route": action,
         # The pool that answered, and the prompt size the gateway routed by (what the Lua

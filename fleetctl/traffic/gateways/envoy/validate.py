@@ -88,6 +88,16 @@ def _validate_route(route: RouteSpec, desired: DesiredState) -> None:
               f"route {route.key}: weight {weight!r} of {pool} is not 0..{TOTAL_WEIGHT}")
         check(weight == 0 or desired.pools[pool].base_urls,
               f"route {route.key}: pool {pool} has weight but no base URL")
+    above = 0
+    for index, tier in enumerate(route.tiers):
+        check(tier.bound is None or (isinstance(tier.bound, int) and tier.bound > above),
+              f"route {route.key}: tiers[{index}]'s bound {tier.bound!r} is not above "
+              f"{above}")
+        check(tier.bound is not None or index == len(route.tiers) - 1,
+              f"route {route.key}: only the last tier may be open-ended")
+        check(tier.above == above, f"route {route.key}: tiers[{index}] starts above "
+              f"{tier.above}, not above the tier below's bound {above}")
+        above = tier.bound or above
     total = sum(route.weights.values())
     check(not route.weights or total == TOTAL_WEIGHT,
           f"route {route.key}: weights sum to {total}, not {TOTAL_WEIGHT}")
