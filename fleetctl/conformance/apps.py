@@ -13,7 +13,7 @@ class ConformanceConfig(AppConfig):
         from fleetctl.conformance.evidence import register
         from fleetctl.conformance.reverify import reverify_candidate, reverify_registered
         from fleetctl.core.panels import register_panel
-        from fleetctl.fleet.services import register_change_hook, register_report_hook
+        from fleetctl.fleet.hooks import register_change_hook, register_report_hook
         from fleetctl.traffic.prompt_size import register_calibration_source
         from migrations_plan.panels import gate_action
 

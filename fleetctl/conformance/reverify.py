@@ -3,10 +3,10 @@ the registry says.
 
 Two triggers, one path. The health probe reads what each server says of itself (fleet/probe.py:
 its version from `GET /version`, each model's max_model_len and weights revision) and, when
-that changes, calls the report hooks (fleet.services.REPORT_HOOKS) once the probe's row
+that changes, calls the report hooks (fleet/hooks.py REPORT_HOOKS) once the probe's row
 committed; a registry edit that changes the pool's fingerprint (runtime version, driver
 label, a model's revision, quantisation or weight format) calls the change hooks
-(fleet.services.CHANGE_HOOKS). Either way the evidence measured on the old pool no longer
+(fleet/hooks.py CHANGE_HOOKS). Either way the evidence measured on the old pool no longer
 counts, so every open plan whose candidate it is goes "at risk" at its next refresh, and:
 
 1. **Conformance.** A probe of the pool, by `system:reverify`, for each open plan it is the

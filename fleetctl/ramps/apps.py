@@ -27,7 +27,7 @@ class RampsConfig(AppConfig):
         # A drain of a ramp's pool ends the ramp; a restore does not give its share back.
         holder_register("ramps", lock=_lock_for_drain, holds=_holds, drained=_drained)
         # A pool that reports a change nobody registered (an upgrade): its ramps hold.
-        from fleetctl.fleet.services import register_change_hook, register_report_hook
+        from fleetctl.fleet.hooks import register_change_hook, register_report_hook
 
         register_report_hook(_hold_for_reverification)
         # A registry edit of the pool's fingerprint (runtime, driver, a model's revision...):

@@ -8,7 +8,8 @@ class TrafficConfig(AppConfig):
 
     def ready(self) -> None:
         from fleetctl.core.destinations import own_services_register
-        from fleetctl.fleet.services import register_context_guard, register_health_hook
+        from fleetctl.fleet.hooks import register_health_hook
+        from fleetctl.fleet.services import register_context_guard
         from fleetctl.traffic.services.tiers import context_lowering_refusal
 
         register_health_hook(_queue_health_policy)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleetctl.fleet import services
+from fleetctl.fleet import hooks
 from fleetctl.fleet.models import HealthTransition, Pool
 from fleetctl.fleet.probe import probe_pool
 from fleetctl.fleet.services import pool_health_record, pool_model_create
@@ -55,8 +55,8 @@ def test_health_hooks_run_after_the_flip_commits(make_pool, django_capture_on_co
                                                  monkeypatch):
     calls: list[tuple[int, int]] = []
     # Only this test's hook: the traffic policy's would queue a task.
-    monkeypatch.setattr(services, "HEALTH_HOOKS", [])
-    services.register_health_hook(lambda pool_id, transition_id: calls.append(
+    monkeypatch.setattr(hooks, "HEALTH_HOOKS", [])
+    hooks.register_health_hook(lambda pool_id, transition_id: calls.append(
         (pool_id, transition_id)))
     pool = make_pool()
     with django_capture_on_commit_callbacks(execute=True):
@@ -75,8 +75,8 @@ def test_a_pool_reports_its_server_version_and_a_change_nobody_registered_calls_
     from fleetctl.audit.models import AuditEvent
 
     calls: list[tuple[int, list[str]]] = []
-    monkeypatch.setattr(services, "REPORT_HOOKS", [])
-    services.register_report_hook(lambda pool_id, changes: calls.append((pool_id, changes)))
+    monkeypatch.setattr(hooks, "REPORT_HOOKS", [])
+    hooks.register_report_hook(lambda pool_id, changes: calls.append((pool_id, changes)))
     pool = make_pool(base_urls=[endpoint.url])
 
     def probe() -> Pool:

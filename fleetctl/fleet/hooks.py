@@ -1,0 +1,76 @@
+"""Where the layers above fleet hear of a pool's changes, without fleet knowing them: each
+list is filled by an app's `ready()` (conformance re-verifies, ramps hold, traffic drains by
+its health policy) and run after the change committed; one hook's trouble never stops the
+others."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+log = logging.getLogger("fleetctl.fleet.services")
+
+# Called with (pool_id, changes) once a probe found the pool reporting something new of
+# itself (an upgraded server version, another max_model_len) and it committed. Upper layers
+# register here: conformance re-probes every open plan's candidate, ramps hold.
+ReportHook = Callable[[int, list[str]], object]
+REPORT_HOOKS: list[ReportHook] = []
+
+
+def _hook_added(hooks: list[ReportHook], hook: ReportHook) -> ReportHook:
+    if hook not in hooks:
+        hooks.append(hook)
+    return hook
+
+
+def _hooks_run(hooks: list[ReportHook], what: str, pool_id: int, changes: list[str]) -> None:
+    for hook in list(hooks):
+        try:
+            hook(pool_id, changes)
+        except Exception:  # one layer's trouble must not stop the others
+            log.exception("%s hook %s failed for pool %s", what, hook, pool_id)
+
+
+def register_report_hook(hook: ReportHook) -> ReportHook:
+    return _hook_added(REPORT_HOOKS, hook)
+
+
+def _report_hooks_run(pool_id: int, changes: list[str]) -> None:
+    _hooks_run(REPORT_HOOKS, "report", pool_id, changes)
+
+
+# Called with (pool_id, changes) once a registry edit that changes what the pool is (the
+# fields of the evidence fingerprint: runtime version, driver label, a model's revision,
+# quantisation or weight format) committed. Upper layers register here: conformance
+# re-verifies the pool (conformance/reverify.py) and its ramps hold, as for a reported change.
+ChangeHook = Callable[[int, list[str]], object]
+CHANGE_HOOKS: list[ChangeHook] = []
+
+
+def register_change_hook(hook: ChangeHook) -> ChangeHook:
+    return _hook_added(CHANGE_HOOKS, hook)
+
+
+# Called with (pool_id, transition_id) once a flip of a pool's health has committed. Upper
+# layers register here (traffic's health policy drains and restores) so that fleet needs no
+# knowledge of routes.
+HealthHook = Callable[[int, int], None]
+HEALTH_HOOKS: list[HealthHook] = []
+
+
+def register_health_hook(hook: HealthHook) -> HealthHook:
+    if hook not in HEALTH_HOOKS:
+        HEALTH_HOOKS.append(hook)
+    return hook
+
+
+def _health_hooks_run(pool_id: int, transition_id: int) -> None:
+    for hook in HEALTH_HOOKS:
+        try:
+            hook(pool_id, transition_id)
+        except Exception:  # the flip is recorded; one hook must not stop others
+            log.exception("health hook %s failed for transition %s", hook, transition_id)
+
+
+def _change_hooks_run(pool_id: int, changes: list[str]) -> None:
+    _hooks_run(CHANGE_HOOKS, "change", pool_id, changes)
