@@ -72,13 +72,21 @@ def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
 
 def _drain_plan(*, route: Route | None, pool: Pool | None, only: list[Route] | None = None
                 ) -> list[tuple[Route, dict[str, int], set[str], SplitRevision | None]]:
-    routes = Route.objects.select_for_update().select_related("primary_pool__region")
+    # One lock order everywhere: every route row first (by id), then their primary pools and
+    # regions (by id). Locking each route with its pool in one join interleaved them and
+    # deadlocked against a split change (route, then its pools) on a later route.
+    routes = Route.objects.select_for_update(of=("self",))
     if route is not None:
         routes = routes.filter(pk=route.pk)
     if only is not None:
         routes = routes.filter(pk__in=[r.pk for r in only])
+    locked_routes = list(routes.order_by("pk"))
+    primaries = {p.pk: p for p in Pool.objects.select_related("region").select_for_update(
+        of=("self", "region")).filter(pk__in={r.primary_pool_id for r in locked_routes})
+        .order_by("pk")}
     plan = []
-    for locked in routes.order_by("pk"):
+    for locked in locked_routes:
+        locked.primary_pool = primaries[locked.primary_pool_id]
         current = selectors.revision_current(route=locked)
         step = selectors.drain_step(route=locked, weights=current.weights if current else {},
                                     pool=pool)

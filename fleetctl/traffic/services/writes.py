@@ -114,6 +114,9 @@ def revision_create(*, actor: Actor, route: Route, weights: Any, base_revision: 
         current.unchanged = True  # type: ignore[attr-defined]
         return current
     with transaction.atomic():
+        # One lock order everywhere: the route row, then its pools (a drain locks all its
+        # routes before any pool); pools first here deadlocked against a drain.
+        Route.objects.select_for_update(of=("self",)).filter(pk=route.pk).first()
         pool_ids = _check_split(route=route, weights=split,
                                 previous=current.weights if current else {}, force=force)
         revision = _store_revision(actor=actor, route=route, base=base_revision, weights=split,
