@@ -66,6 +66,8 @@ DATA_SCHEMA: dict[str, Any] = {
         "trace": {"type": "string"},
         "trace_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
         "pools": {"type": "array", "items": {"type": "string"}},
+        # How many endpoints the pool had when measured (capacity scales by it).
+        "endpoints": {"type": "integer", "minimum": 1},
         "levels": {"type": "array", "items": {
             "type": "object", "required": ["concurrency", "speed", "verdict"],
             "properties": {"concurrency": {"type": ["integer", "null"]},
