@@ -113,6 +113,12 @@ def _spec_route(route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
 # The largest value Envoy's Int64Range takes: the open end of the last tier's range.
 INT64_MAX = 2**63 - 1
 TIER_METADATA = "fleetctl"  # filter_metadata namespace of a tier entry: {"tier": index}
+# The gateway's estimate of a prompt's size errs (benchmarks/tier_mix.py: p95 |error| ~5 % on
+# documents of 8k-32k tokens, mostly under): a prompt estimated within this share of a tier's
+# bound goes to the next tier up, whose pools serve more, so an under-estimate never sends a
+# prompt to a pool too small for it. Not where the next tier has no pool (413 or 503): there
+# the bound is the bound, and a prompt that turns out too long is refused by the pool itself.
+ESTIMATE_MARGIN_PCT = 8
 
 
 def _tier_routes(route: RouteSpec, desired: DesiredState) -> list[dict[str, Any]]:
@@ -125,20 +131,34 @@ def _tier_routes(route: RouteSpec, desired: DesiredState) -> list[dict[str, Any]
     Each entry's split is the route's restricted to the tier's pools (`tier_weights`), read
     from runtime keys beside the route's, so a ramp stays a runtime change. A tier without a
     pool answers itself: 413 when it rejects, else 503 (its queue and failover are not
-    rendered yet). A route with no weights (fails closed) gets no tier entries."""
+    rendered yet). A route with no weights (fails closed) gets no tier entries. Between two
+    tiers that both have pools the cut is ESTIMATE_MARGIN_PCT below the bound."""
     if not route.tiers or not route.weights:
         return []
     entries = []
     last = len(route.tiers) - 1
+    start = 0
     for index, tier in enumerate(route.tiers):
-        start = 0 if index == 0 else tier.above + 1
-        end = INT64_MAX if index == last or tier.bound is None else tier.bound + 1
+        end = (INT64_MAX if index == last or tier.bound is None
+               else tier_cut(route, index) + 1)
         size = {"name": desired.prompt_tokens_header,
                 "range_match": {"start": start, "end": end}}
         entries.append(_tier_route(route, desired, index, size, unknown=False))
+        start = end
     unknown = _exact(desired.prompt_tokens_header, PROMPT_TOKENS_UNKNOWN)
     entries.append(_tier_route(route, desired, last, unknown, unknown=True))
     return entries
+
+
+def tier_cut(route: RouteSpec, index: int) -> int:
+    """The largest estimated prompt the tier takes: its bound, less ESTIMATE_MARGIN_PCT when
+    the next tier has pools to take what lies above the cut."""
+    bound = route.tiers[index].bound
+    assert bound is not None
+    following = route.tiers[index + 1] if index + 1 < len(route.tiers) else None
+    if following is None or not tier_weights(route, following):
+        return bound
+    return max(1, bound * 100 // (100 + ESTIMATE_MARGIN_PCT))
 
 
 def tier_runtime_prefix(route: RouteSpec, tier: TierSpec, index: int,
