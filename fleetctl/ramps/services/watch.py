@@ -96,16 +96,12 @@ def watches_hand_over(ramp: Ramp, route: Route, *, now: datetime) -> list[Watch]
         audit_record(actor=actor, action="watch.start", target=watch,
                      message=f"ramp {ramp.pk} complete: {name} on {route.name} is watched "
                              f"({watch.get_role_display()}), policy {policy}",
-                     after={"policy": policy, "role": role, **_thresholds(watch).as_dict()})
+                     after={"policy": policy, "role": role, **thresholds_of(watch).as_dict()})
         made.append(watch)
     return made
 
 
 # --- the tick ---------------------------------------------------------------------------------
-
-def _thresholds(watch: Watch) -> guard.Thresholds:
-    return thresholds_of(watch)
-
 
 def watch_span_s(watch: Watch) -> int:
     """A verdict's window: `window_s` rounded up to whole telemetry windows."""
@@ -164,7 +160,7 @@ def _judge_newest(watch: Watch, *, now: datetime) -> int:
     primary = watch.route.primary_pool.name
     judgement = pool_judgement(pool=watch.pool.name, route=watch.route.name,
                                primary=None if primary == watch.pool.name else primary,
-                               thresholds=_thresholds(watch), min_samples=watch.min_samples,
+                               thresholds=thresholds_of(watch), min_samples=watch.min_samples,
                                since=start, until=end, now=end)
     return _record(watch, judgement, start=start, end=end, now=now)
 
