@@ -17,6 +17,9 @@ local PROMPT_HEADER = "@PROMPT_HEADER@"
 local PROMPT_STATED_HEADER = "@PROMPT_STATED_HEADER@"
 -- A body larger than this gets no estimate (the pass for the model still reads it whole).
 local PROMPT_SCAN_LIMIT = @PROMPT_SCAN_LIMIT@
+-- false only in benchmarks/prompt_estimator.py's baseline: the model header alone, no prompt
+-- text counted and no prompt header set.
+local ESTIMATE = @ESTIMATE@
 -- Envoy matches a repeated header by one of its values; joined into one ("EU,US") it matches
 -- no pinned route, so an ambiguous jurisdiction is refused rather than guessed.
 local JOINED_HEADERS = {"@RESIDENCY_HEADER@", "@LATENCY_HEADER@"}
@@ -57,7 +60,9 @@ local function scan(body)
       if close == nil then return nil, 0, 0, 0, false, false end
       i = close + 1
       local _, colon = nil, nil
-      if kinds[depth] == 123 then _, colon = string.find(body, '^%s*:%s*', i) end
+      if kinds[depth] == 123 and (ESTIMATE or depth == 1) then
+        _, colon = string.find(body, '^%s*:%s*', i)
+      end
       if colon ~= nil then
         -- A key: only short ones matter.
         local name = close - j <= 9 and string.sub(body, j + 1, close - 1) or ""
@@ -75,6 +80,8 @@ local function scan(body)
             end
           end
         end
+      elseif not ESTIMATE then
+        -- A string value: nothing to count.
       elseif top == "messages" then
         local key = keys[depth]
         if (depth == 3 and key == "content") or (depth == 5 and key == "text") then
@@ -87,14 +94,16 @@ local function scan(body)
       depth = depth + 1
       kinds[depth] = c
       keys[depth] = nil
-      if c == 123 and depth == 3 and top == "messages" and kinds[2] == 91 then
+      if not ESTIMATE then
+        -- Only the depth matters.
+      elseif c == 123 and depth == 3 and top == "messages" and kinds[2] == 91 then
         messages = messages + 1
       elseif c == 91 and depth == 2 and (top == "prompt" or top == "input") then
         array_start, array_bytes = j, bytes
       end
       i = j + 1
     else
-      if depth == 2 and array_start ~= nil and bytes == array_bytes then
+      if ESTIMATE and depth == 2 and array_start ~= nil and bytes == array_bytes then
         -- An array of token ids: one token per id (its commas + 1).
         local span = string.sub(body, array_start + 1, j - 1)
         if string.find(span, "%d") then
@@ -135,7 +144,7 @@ function envoy_on_request(handle)
   end
   local path = headers:get(":path") or ""
   if headers:get(":method") == "POST" and string.sub(path, 1, 4) == "/v1/" then
-    local claimed = stated(headers)
+    local claimed = ESTIMATE and stated(headers) or nil
     -- body() waits for the whole body; wrappers taken before it are stale afterwards.
     local body = handle:body()
     local tokens = nil
@@ -145,7 +154,7 @@ function envoy_on_request(handle)
       if model ~= nil and #model <= 256 and string.find(model, "^@MODEL_CLASS@+$") then
         handle:headers():replace(MODEL_HEADER, model)
       end
-      if whole and seen and length <= PROMPT_SCAN_LIMIT then
+      if ESTIMATE and whole and seen and length <= PROMPT_SCAN_LIMIT then
         tokens = estimate(CALIBRATION[model or ""] or DEFAULT_CALIBRATION, bytes, ids,
                           messages)
       end
@@ -154,8 +163,10 @@ function envoy_on_request(handle)
     -- device, never talk itself onto a smaller one. Unreadable: the caller's, or unknown.
     if tokens ~= nil and claimed ~= nil and claimed > tokens then tokens = claimed end
     if tokens == nil then tokens = claimed end
-    handle:headers():replace(PROMPT_HEADER, tokens ~= nil and string.format("%d", tokens)
-                             or "@PROMPT_UNKNOWN@")
+    if ESTIMATE then
+      handle:headers():replace(PROMPT_HEADER, tokens ~= nil and string.format("%d", tokens)
+                               or "@PROMPT_UNKNOWN@")
+    end
   end
   handle:clearRouteCache()
 end
@@ -195,9 +206,11 @@ def _lua_calibration(cal: PromptCalibration) -> str:
     return f"{cal.chars_per_token!r}, {cal.per_message!r}, {cal.base!r}"
 
 
-def routing_lua(desired: DesiredState) -> str:
+def routing_lua(desired: DesiredState, *, estimate: bool = True) -> str:
     """The per-request script for these routes (header names are validated tokens, model
-    names have only MODEL_CHARS: neither needs escaping in a Lua string)."""
+    names have only MODEL_CHARS: neither needs escaping in a Lua string). `estimate=False`
+    renders it without the prompt estimator (the model header alone): only the benchmark's
+    baseline uses it, so the baseline is this script and cannot drift from it."""
     table = "".join(f'\n  ["{model}"] = {{{_lua_calibration(cal)}}},'
                     for model, cal in model_calibrations(desired).items())
     return (_LUA.replace("@MODEL_HEADER@", desired.model_header)
@@ -207,6 +220,7 @@ def routing_lua(desired: DesiredState) -> str:
             .replace("@PROMPT_HEADER@", desired.prompt_tokens_header)
             .replace("@PROMPT_UNKNOWN@", PROMPT_TOKENS_UNKNOWN)
             .replace("@PROMPT_SCAN_LIMIT@", str(PROMPT_SCAN_LIMIT_BYTES))
+            .replace("@ESTIMATE@", "true" if estimate else "false")
             .replace("@CALIBRATION@", table + ("\n" if table else ""))
             .replace("@DEFAULT_CALIBRATION@", _lua_calibration(PromptCalibration()))
             .replace("@MODEL_CLASS@", LUA_MODEL_CLASS).lstrip())
