@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 import re
-from datetime import timedelta
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 
 import pytest
 from django.apps import apps as django_apps
@@ -19,7 +20,7 @@ from rest_framework.test import APIClient
 
 from fleetctl.accounts.actor import Actor
 from migrations_plan import selectors, services
-from migrations_plan.models import CheckStatusChange, GateCheck
+from migrations_plan.models import CheckStatusChange, GateCheck, Plan
 
 pytestmark = pytest.mark.django_db
 
@@ -31,15 +32,34 @@ def conformance(world, verdict: str, summary: str) -> None:
                              verdict=verdict, summary=summary)
 
 
+PASS_THEN_FAIL = ((1, "pass", "40/40 cases"), (2, "fail", "tool calls broken"))
+
+
+@pytest.fixture
+def refreshed(world) -> tuple[Plan, datetime]:
+    """A plan refreshed once at t0 (each live check of its gate has its first status), and t0."""
+    plan = world.plan()
+    t0 = timezone.now()
+    services.plan_refresh(plan=plan, now=t0)
+    return plan, t0
+
+
+def conformance_changes(world, plan: Plan, t0: datetime,
+                        changes: Iterable[tuple[int, str, str]]) -> None:
+    """Per (days, verdict, summary): the probe records the verdict, then the plan refreshes at
+    t0 + days."""
+    for days, verdict, summary in changes:
+        conformance(world, verdict, summary)
+        services.plan_refresh(plan=plan, now=t0 + timedelta(days=days))
+
+
 def history(check: GateCheck) -> list[tuple[str, str]]:
     return [(row.status, row.summary) for row in
             CheckStatusChange.objects.filter(check_item=check).order_by("at", "id")]
 
 
-def test_the_refresh_writes_the_first_status_and_each_change_only(world):
-    plan = world.plan()
-    t0 = timezone.now()
-    services.plan_refresh(plan=plan, now=t0)
+def test_the_refresh_writes_the_first_status_and_each_change_only(world, refreshed):
+    plan, t0 = refreshed
     check = plan.checks.get(stage=1, key="conformance")
     assert [status for status, _ in history(check)] == ["insufficient"]
     # Every live check of the current gate has its first status.
@@ -47,24 +67,17 @@ def test_the_refresh_writes_the_first_status_and_each_change_only(world):
         plan.checks.filter(stage=1, removed_at__isnull=True).count()
     services.plan_refresh(plan=plan, now=t0 + timedelta(hours=1))  # nothing changed
     assert len(history(check)) == 1
-    conformance(world, "pass", "40/40 cases")
-    services.plan_refresh(plan=plan, now=t0 + timedelta(days=1))
-    conformance(world, "fail", "tool calls broken")
-    services.plan_refresh(plan=plan, now=t0 + timedelta(days=2))
+    conformance_changes(world, plan, t0, PASS_THEN_FAIL)
     assert history(check)[1:] == [("pass", "40/40 cases"), ("fail", "tool calls broken")]
     ats = list(CheckStatusChange.objects.filter(check_item=check).order_by("at")
                .values_list("at", flat=True))
     assert ats == [t0, t0 + timedelta(days=1), t0 + timedelta(days=2)]
 
 
-def test_the_strip_covers_the_last_days_in_segments_with_hover_text(world):
-    plan = world.plan()
-    t0 = timezone.now()
-    services.plan_refresh(plan=plan, now=t0)
-    conformance(world, "pass", "40/40 cases")
-    services.plan_refresh(plan=plan, now=t0 + timedelta(days=3))
-    conformance(world, "fail", "tool calls broken")
-    services.plan_refresh(plan=plan, now=t0 + timedelta(days=10))
+def test_the_strip_covers_the_last_days_in_segments_with_hover_text(world, refreshed):
+    plan, t0 = refreshed
+    conformance_changes(world, plan, t0, ((3, "pass", "40/40 cases"),
+                                          (10, "fail", "tool calls broken")))
     check = plan.checks.get(stage=1, key="conformance")
     now = t0 + timedelta(days=14)
     strip = selectors.history_strips(checks=[check], days=14, now=now)[check.pk]
@@ -100,12 +113,10 @@ def test_the_gate_page_shows_each_checks_strip(world):
     assert "Status over the last 14 days" in row
 
 
-def test_the_api_gives_each_checks_history_newest_first_and_bounded(world, monkeypatch):
-    plan = world.plan()
-    t0 = timezone.now()
-    services.plan_refresh(plan=plan, now=t0)
-    conformance(world, "pass", "40/40 cases")
-    services.plan_refresh(plan=plan, now=t0 + timedelta(days=1))
+def test_the_api_gives_each_checks_history_newest_first_and_bounded(world, refreshed,
+                                                                     monkeypatch):
+    plan, t0 = refreshed
+    conformance_changes(world, plan, t0, PASS_THEN_FAIL[:1])
     client = APIClient()
     client.force_login(world.viewer)
     body = client.get(f"/api/v1/plans/{plan.name}/").json()
@@ -123,14 +134,9 @@ def test_the_api_gives_each_checks_history_newest_first_and_bounded(world, monke
 MIGRATION = importlib.import_module("migrations_plan.migrations.0010_check_history")
 
 
-def test_migration_0010_backfills_history_from_the_audit_log(world):
-    plan = world.plan()
-    t0 = timezone.now()
-    services.plan_refresh(plan=plan, now=t0)
-    conformance(world, "pass", "40/40 cases")
-    services.plan_refresh(plan=plan, now=t0 + timedelta(days=1))
-    conformance(world, "fail", "tool calls broken")
-    services.plan_refresh(plan=plan, now=t0 + timedelta(days=2))
+def test_migration_0010_backfills_history_from_the_audit_log(world, refreshed):
+    plan, t0 = refreshed
+    conformance_changes(world, plan, t0, PASS_THEN_FAIL)
     check = plan.checks.get(stage=1, key="conformance")
     CheckStatusChange.objects.all().delete()  # as before 0010
     MIGRATION.backfill(django_apps, None)
