@@ -4,12 +4,13 @@ its retention (beat `shadow.purge`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Min
+from django.db.models import Min, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 # Evidence is recorded when the verdict changes (the confidence sequence crossed into another
 # decision), else refreshed at most this often while pairs arrive, so the gate shows the
 # grown sample. A refresh is the same judgement of the same run (same verdict, same pool
-# fingerprints) with more pairs: an approval bound to it holds (docs/shadow.md).
+# fingerprints) with more pairs: an approval bound to it holds (docs/shadow.md). A pool that
+# changed (an upgrade: fleet's report and change hooks, `pool_changed`) is recorded at once.
 EVIDENCE_EVERY_S = 600
 # The run verdict's evidence verdict: "insufficient" is evidence of nothing yet.
 EVIDENCE_VERDICT = {"pass": "pass", "warn": "warn", "fail": "fail", "insufficient": "info"}
@@ -46,14 +48,26 @@ def _evidence_due(run: ShadowRun, judged: stats.RunJudgement) -> bool:
     last = Evidence.objects.filter(pk=run.evidence_id).values("observed_at", "data").first()
     if last is None:
         return True
+    data = last["data"] or {}
+    grown = judged.pairs > int(data.get("pairs", 0))
+    # Either pool's fingerprint changed since (an upgrade): the last row no longer describes
+    # the candidate (the gate reads it as expired), so record one on the new fingerprints now
+    # rather than up to EVIDENCE_EVERY_S later — with new pairs only, as any refresh.
+    if grown and "fingerprints" in data and data["fingerprints"] != _fingerprints(run):
+        return True
     stale = last["observed_at"] <= timezone.now() - timedelta(seconds=EVIDENCE_EVERY_S)
-    return stale and judged.pairs > int((last["data"] or {}).get("pairs", 0))
+    return stale and grown
+
+
+def _fingerprints(run: ShadowRun) -> dict[str, dict[str, str]]:
+    from migrations_plan.evidence import pool_fingerprint
+
+    return {"primary": pool_fingerprint(run.primary, [run.model_id]),
+            "candidate": pool_fingerprint(run.candidate, [run.model_id])}
 
 
 def _evidence_data(run: ShadowRun, judged: stats.RunJudgement, counters: dict[str, int],
                    window: tuple[datetime | None, datetime | None]) -> dict[str, Any]:
-    from migrations_plan.evidence import pool_fingerprint
-
     first, last = window
     return {
         "run": run.pk, "mode": run.mode, "pairs": judged.pairs, "min_pairs": run.min_pairs,
@@ -63,8 +77,7 @@ def _evidence_data(run: ShadowRun, judged: stats.RunJudgement, counters: dict[st
         "metrics": judged.metrics_dict(), "gated": list(stats.GATED),
         "counters": {k: v for k, v in counters.items() if v >= 0},
         "primary": run.primary.name, "candidate": run.candidate.name,
-        "fingerprints": {"primary": pool_fingerprint(run.primary, [run.model_id]),
-                         "candidate": pool_fingerprint(run.candidate, [run.model_id])},
+        "fingerprints": _fingerprints(run),
         "route": run.route.name if run.route else None, "model": run.model_id,
     }
 
@@ -189,8 +202,21 @@ def runs_judge() -> int:
         publications_reconcile()
     except Exception:
         log.exception("shadow runs could not be checked against what the collectors read")
+    return _judge_each(ShadowRun.objects.filter(status=ShadowRun.Status.RUNNING))
+
+
+def pool_changed(pool_id: int, changes: list[str]) -> int:
+    """Fleet's report and change hooks (the pool reports an upgrade, or a registry edit
+    changed its fingerprint): judge at once each running run the pool is the candidate or
+    the primary of, so its `shadow` evidence is recorded on the new fingerprints now
+    (`_evidence_due`), not at the next refresh up to EVIDENCE_EVERY_S later."""
+    return _judge_each(ShadowRun.objects.filter(status=ShadowRun.Status.RUNNING).filter(
+        Q(candidate_id=pool_id) | Q(primary_id=pool_id)).order_by("pk"))
+
+
+def _judge_each(runs: Iterable[ShadowRun]) -> int:
     judged = 0
-    for run in ShadowRun.objects.filter(status=ShadowRun.Status.RUNNING):
+    for run in runs:
         try:
             run_judge(run=run)
             judged += 1
