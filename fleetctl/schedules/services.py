@@ -45,6 +45,7 @@ from croniter import (  # type: ignore[import-untyped]
 )
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from fleetctl.accounts import roles
@@ -352,18 +353,28 @@ def _record_missed(schedule: Schedule, due: _Due, now: datetime) -> ScheduleRun:
 
 def schedules_due(now: datetime | None = None) -> list[ScheduleRun]:
     """Fire every enabled schedule whose next occurrence has come (beat's `schedules.due`),
-    then follow the runs whose jobs were still going. `now`: tests move time."""
+    then follow the runs whose jobs were still going. `now`: tests move time. One query says
+    what there is to do: the schedules due and those with a run still open (a job to follow,
+    a rehearsal `starting`); a tick with neither (most ticks) costs that query alone."""
     now = now or _now()
     done: list[ScheduleRun] = []
-    _recover_starting(now)
-    due_ids = list(Schedule.objects.filter(enabled=True, next_run_at__lte=now)
-                   .order_by("next_run_at", "pk").values_list("pk", flat=True))
+    open_runs = Exists(ScheduleRun.objects.filter(schedule=OuterRef("pk"),
+                                                  outcome__in=ScheduleRun.OPEN))
+    rows = list(Schedule.objects.annotate(following=open_runs)
+                .filter(Q(enabled=True, next_run_at__lte=now) | Q(following=True))
+                .order_by("next_run_at", "pk").values_list("pk", "enabled", "next_run_at",
+                                                           "following"))
+    following = any(row[3] for row in rows)
+    if following:
+        _recover_starting(now)
+    due_ids = [pk for pk, enabled, at, _ in rows if enabled and at is not None and at <= now]
     for schedule_id in due_ids:
         try:
             done += _fire(schedule_id, now)
         except Exception:  # one schedule's bug must not stop the others; retried next tick
             log.exception("schedule %s could not be fired", schedule_id)
-    schedule_runs_follow(now)
+    if following or due_ids:
+        schedule_runs_follow(now)
     return done
 
 
@@ -515,10 +526,23 @@ ENDED = {"complete": ScheduleRun.Outcome.COMPLETE, "partial": ScheduleRun.Outcom
          "failed": ScheduleRun.Outcome.FAILED, "cancelled": ScheduleRun.Outcome.CANCELLED}
 
 
-def job_ended(run: ScheduleRun) -> tuple[str, str] | None:
-    """(outcome, what the job row says) once the run's job ended; None while it runs."""
-    model = job_model(run.job_kind)
-    job: Any = model._default_manager.filter(pk=run.job_id).first() if model else None
+def _jobs(runs: list[ScheduleRun]) -> dict[tuple[str, int | None], Any]:
+    """The job rows of these runs, one query per kind of job."""
+    ids: dict[str, set[int | None]] = {}
+    for run in runs:
+        ids.setdefault(run.job_kind, set()).add(run.job_id)
+    found: dict[tuple[str, int | None], Any] = {}
+    for job_kind, pks in ids.items():
+        model = job_model(job_kind)
+        if model is not None:
+            found.update({(job_kind, job.pk): job
+                          for job in model._default_manager.filter(pk__in=pks)})
+    return found
+
+
+def job_ended(run: ScheduleRun, job: Any) -> tuple[str, str] | None:
+    """(outcome, what the job row says: `job`, None when it is gone) once the run's job
+    ended; None while it runs."""
     if job is None:
         return ScheduleRun.Outcome.FAILED, f"{run.job_kind} {run.job_id} is gone."
     status = str(job.status)
@@ -543,9 +567,11 @@ def schedule_runs_follow(now: datetime | None = None) -> int:
     is audited and notified once (the row moves on by a conditional UPDATE)."""
     now = now or _now()
     moved = 0
-    for run in ScheduleRun.objects.filter(outcome=ScheduleRun.Outcome.STARTED).select_related(
-            "schedule__plan__candidate_pool", "schedule__pool"):
-        ended = job_ended(run)
+    runs = list(ScheduleRun.objects.filter(outcome=ScheduleRun.Outcome.STARTED).select_related(
+        "schedule__plan__candidate_pool", "schedule__pool"))
+    jobs = _jobs(runs)
+    for run in runs:
+        ended = job_ended(run, jobs.get((run.job_kind, run.job_id)))
         if ended is None:
             continue
         outcome, said = ended

@@ -212,3 +212,31 @@ def test_a_disabled_spell_is_not_reported_missed(world: World, hook):
                                     now=T0 + timedelta(days=2))
     assert back.next_run_at == T0 + timedelta(days=2, minutes=5)
     assert not ScheduleRun.objects.exists() and not Delivery.objects.exists()
+
+
+def test_a_tick_with_nothing_due_costs_one_query_and_follows_jobs_by_kind_not_by_run(
+        world: World, django_assert_num_queries, django_assert_max_num_queries):
+    plan = world.plan()
+    schedule = _schedule(world, plan)
+    quiet = next_run(schedule) - timedelta(seconds=1)
+    with django_assert_num_queries(1):  # nothing due, no run open: the one query
+        assert services.schedules_due(quiet) == []
+    [run] = services.schedules_due(next_run(schedule))
+    # Seven more runs whose jobs still run (copies of the started one's job).
+    job = ConformanceRun.objects.get(pk=run.job_id)
+    for _ in range(7):
+        job.pk = None
+        job.save()
+        ScheduleRun.objects.create(schedule=schedule, due_at=run.due_at, outcome="started",
+                                   job_kind=run.job_kind, job_id=job.pk)
+    quiet = next_run(Schedule.objects.get(pk=schedule.pk)) - timedelta(seconds=1)
+    # The query, the rehearsals left starting, the started runs, their jobs (one kind).
+    with django_assert_max_num_queries(4):
+        assert services.schedules_due(quiet) == []
+    assert ScheduleRun.objects.filter(outcome="started").count() == 8
+    # A tick with nothing due still follows a job that ended.
+    ConformanceRun.objects.filter(pk=job.pk).update(status="failed", error="probe fell over")
+    services.schedules_due(quiet)
+    ended = ScheduleRun.objects.get(job_id=job.pk)
+    assert ended.outcome == "failed" and "probe fell over" in ended.detail
+    assert ScheduleRun.objects.filter(outcome="started").count() == 7
