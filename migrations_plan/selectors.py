@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -30,29 +31,41 @@ if TYPE_CHECKING:
 
 
 def live_weight_guard(pool: Pool, route: Route) -> str | None:
-    """The traffic app's hook, per pool: a pool that is the candidate of an open plan below
+    """The traffic app's hook, per pool (`live_weight_batch_guard` for one pool)."""
+    return live_weight_batch_guard([pool], route).get(pool.pk)
+
+
+def live_weight_batch_guard(pools: Sequence[Pool], route: Route) -> dict[int, str]:
+    """The traffic app's hook, {pool id: reason} for the pools refused, in three reads
+    whatever their number: a pool that is the candidate of an open plan below
     stage 4 carries no interactive weight on any route (its plan's or another; a route with no
     latency class counts as interactive). At stage 3 it may carry its plan's batch-class
     routes (batch jobs, backfills, eval sweeps), and nothing else. Paused at any stage: no
     weight. Every open plan of the pool must allow it (stage 4, or completed, lifts the rule).
     A plan abandoned on this route still refuses it there until a new plan takes the route.
     Guards apply to increases only (policy.py): a drain is never blocked."""
-    plans = [p for p in Plan.objects.filter(candidate_pool=pool)
-             .exclude(state__in=Plan.CLOSED_STATES).exclude(state=Plan.State.STAGE_4)
-             .prefetch_related("routes").order_by("-created_at", "-id")]
+    ids = [pool.pk for pool in pools]
+    refused: dict[int, str] = {}
     batch = route.latency_class == BATCH_CLASS
-    for plan in plans:
-        refusal = _stage_refusal(plan, route, batch=batch)
-        if refusal:
-            return refusal
+    for plan in (Plan.objects.filter(candidate_pool_id__in=ids)
+                 .exclude(state__in=Plan.CLOSED_STATES).exclude(state=Plan.State.STAGE_4)
+                 .prefetch_related("routes").order_by("-created_at", "-id")):
+        if plan.candidate_pool_id not in refused:
+            refusal = _stage_refusal(plan, route, batch=batch)
+            if refusal:
+                refused[plan.candidate_pool_id] = refusal
     if route.pk is None:
-        return None  # a route being created is in no plan yet
-    newest = (Plan.objects.filter(candidate_pool=pool, routes=route)
-              .order_by("-created_at", "-id").first())
-    if newest is not None and newest.state == Plan.State.ABANDONED:
-        return (f"its migration plan {newest.name} was abandoned; open a new plan to give it "
-                f"live traffic")
-    return None
+        return refused  # a route being created is in no plan yet
+    newest: dict[int, Plan] = {}
+    for plan in (Plan.objects.filter(candidate_pool_id__in=ids, routes=route)
+                 .exclude(candidate_pool_id__in=list(refused))
+                 .order_by("-created_at", "-id")):
+        newest.setdefault(plan.candidate_pool_id, plan)
+    for pool_id, plan in newest.items():
+        if plan.state == Plan.State.ABANDONED:
+            refused[pool_id] = (f"its migration plan {plan.name} was abandoned; open a new "
+                                f"plan to give it live traffic")
+    return refused
 
 
 BATCH_CLASS = "batch"

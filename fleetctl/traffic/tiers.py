@@ -8,7 +8,7 @@ the one shown; residency first, and it fails closed):
 2. its latency class is the route's or a faster one (interactive < standard < batch: a
    batch route may use an interactive pool, never the other way round; a route of any
    class takes every class);
-3. the stage rules allow it live weight on the route (`policy.live_weight_refusal`: a
+3. the stage rules allow it live weight on the route (`policy.live_weight_refusals`: a
    migration plan's candidate below stage 4 carries none);
 4. it serves the tier's largest prompt: the context it is registered for — the smaller of
    the pool's and its model entry's `max_context_tokens` — is at least the tier's bound,
@@ -86,7 +86,7 @@ class TierPools:
         return [c.pool.name for c in self.eligible]
 
 
-def _route_refusal(route: Route, pool: Pool) -> str | None:
+def _route_refusal(route: Route, pool: Pool, stage: str | None) -> str | None:
     if route.residency and pool.region.jurisdiction != route.residency:
         return (f"other jurisdiction: {pool.region.jurisdiction}, the route is pinned to "
                 f"{route.residency}")
@@ -94,9 +94,8 @@ def _route_refusal(route: Route, pool: Pool) -> str | None:
                                 > LATENCY_RANK.get(route.latency_class, 99)):
         return (f"latency class {pool.latency_class}, slower than the route's "
                 f"{route.latency_class}")
-    refusal = policy.live_weight_refusal(pool, route)
-    if refusal:
-        return f"stage: {refusal}"
+    if stage:
+        return f"stage: {stage}"
     return None
 
 
@@ -110,6 +109,8 @@ def candidates(route: Route, *, context: dict[int, int] | None = None,
     if entries is None:
         entries = list(PoolModel.objects.filter(model_id=route.model_id)
                        .select_related("pool__region").order_by("pool__name"))
+    # The stage rules for every pool at once (policy.live_weight_refusals), not a read a pool.
+    stages = policy.live_weight_refusals([entry.pool for entry in entries], route)
     for entry in entries:
         pool = entry.pool
         registered = min(pool.max_context_tokens, entry.max_context_tokens)
@@ -119,7 +120,7 @@ def candidates(route: Route, *, context: dict[int, int] | None = None,
         reported = lengths.get(route.model_id)
         found.append(Candidate(pool=pool, registered=registered,
                                reported=reported if isinstance(reported, int) else None,
-                               refusal=_route_refusal(route, pool)))
+                               refusal=_route_refusal(route, pool, stages.get(pool.pk))))
     return found
 
 

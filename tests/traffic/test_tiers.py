@@ -353,7 +353,7 @@ class TestPages:
 def test_the_route_page_with_tiers_does_not_query_per_revision_or_tier(
         world: SimpleNamespace, make_user: Any) -> None:
     """The tiers cost one query for the tiers, one for the pools serving the model, and the
-    stage rule's per pool (what `revision_create` asks too): never one per tier or revision."""
+    stage rules' three for all the pools: never one per tier, revision or pool."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -377,7 +377,35 @@ def test_the_route_page_with_tiers_does_not_query_per_revision_or_tier(
                                  base_revision=route.revision_number, reason="step")
     assert count() == one
     print(f"route page queries: {untiered} without tiers, {one} with tiers (6 pools)")
-    assert one - untiered <= 2 + 2 * 6
+    assert one - untiered <= 2 + 3
+
+
+def test_the_stage_rules_of_a_route_with_8_pools_cost_three_queries_whatever_their_number(
+        world: SimpleNamespace, make_pool: Any, django_assert_max_num_queries: Any) -> None:
+    """tiers.candidates asks the stage rules for every pool at once (the migration plans'
+    batch guard): the same reasons as pool by pool, without a read per pool."""
+    from fleetctl.traffic import policy
+    from migrations_plan.services import abandon
+
+    dropped = serving(make_pool(name="dropped", runtime="rocm"), 32768)
+    plan = plan_create(actor=world.lead, name="dropped-plan", candidate_pool=dropped,
+                       primary_pool=world.big, routes=[world.route], slo_ttft_p95_ms=450,
+                       slo_tpot_p95_ms=80, slo_error_rate=0.02)
+    abandon(actor=world.lead, plan=plan, reason="the pool is retired")
+    serving(make_pool(name="spare"), 32768)
+    route = Route.objects.get(pk=world.route.pk)
+    # The pools serving the model; the open plans of them, with their routes; the newest plan
+    # of each on the route.
+    with django_assert_max_num_queries(4):
+        found = tiers.candidates(route)
+    assert len(found) == 8
+    stages = {c.pool.name: c.refusal for c in found if (c.refusal or "").startswith("stage")}
+    assert sorted(stages) == ["cand", "dropped"]
+    assert "cand-plan, which is at stage 1" in stages["cand"]
+    assert "dropped-plan was abandoned" in stages["dropped"]
+    one_by_one = {c.pool.pk: policy.live_weight_refusal(c.pool, route) for c in found}
+    assert policy.live_weight_refusals([c.pool for c in found], route) == {
+        pk: reason for pk, reason in one_by_one.items() if reason}
 
 
 def test_the_demo_registry_matches_its_servers_and_llama_8b_has_its_tiers() -> None:
