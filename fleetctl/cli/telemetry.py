@@ -42,7 +42,8 @@ def print_stats(stats: list[dict[str, Any]]) -> None:
         scope = f" on route {pool['route']}" if pool.get("route") else ""
         print(f"{pool['pool']}{scope}: {pool['requests']} requests, {pool['errors']} errors, "
               f"{pool.get('client_disconnects', 0)} client disconnects (not counted), "
-              f"{pool['retries']} retries, {pool['streamed']} streamed, "
+              f"{pool['retries']} retries, {pool.get('fallbacks', 0)} fallbacks answered, "
+              f"{pool.get('fell_over', 0)} fell over, {pool['streamed']} streamed, "
               f"{pool['rps']:.2f} req/s; last data {pool.get('last_data_at') or 'never'}")
         print_table(["figure", "value", "source"],
                     [[label, figure_text(pool.get(key), unit),

@@ -28,6 +28,8 @@ class _Aggregate:
         "client_errors",
         "duration",
         "errors",
+        "fallbacks",
+        "fell_over",
         "flags",
         "requests",
         "retries",
@@ -38,6 +40,7 @@ class _Aggregate:
     def __init__(self) -> None:
         self.requests = self.errors = self.client_errors = self.client_disconnects = 0
         self.retries = self.streamed = self.bytes_out = 0
+        self.fallbacks = self.fell_over = 0
         self.ttft: dict[int, int] = {}
         self.duration: dict[int, int] = {}
         self.flags: dict[str, int] = {}
@@ -50,15 +53,24 @@ class Aggregator:
         self.window_s = window_s
         self.open: dict[tuple[str, str, str, int], _Aggregate] = {}
 
-    def add(self, gateway: str, record: LogRecord) -> None:
-        start = int(record.start) - int(record.start) % self.window_s
-        key = (gateway, record.route, record.pool, start)
+    def _window(self, gateway: str, route: str, pool: str, start: int) -> _Aggregate:
+        key = (gateway, route, pool, start)
         agg = self.open.get(key)
         if agg is None:
             agg = self.open[key] = _Aggregate()
+        return agg
+
+    def add(self, gateway: str, record: LogRecord) -> None:
+        start = int(record.start) - int(record.start) % self.window_s
+        agg = self._window(gateway, record.route, record.pool, start)
         status = record.status
         if record.attempts > 1:
             agg.retries += record.attempts - 1
+        if record.fallback_from:
+            # The answering pool's window counts a fallback; the chosen pool's, that one
+            # of its requests fell over (its connect failed: nothing else of it is logged).
+            agg.fallbacks += 1
+            self._window(gateway, record.route, record.fallback_from, start).fell_over += 1
         agg.bytes_out += record.bytes_out
         if record.ended_by == ENDED_BY_CLIENT:
             agg.client_disconnects += 1
@@ -105,7 +117,8 @@ class Aggregator:
                 counts={"requests": agg.requests, "errors": agg.errors,
                         "client_errors": agg.client_errors,
                         "client_disconnects": agg.client_disconnects,
-                        "retries": agg.retries, "streamed": agg.streamed,
+                        "retries": agg.retries, "fallbacks": agg.fallbacks,
+                        "fell_over": agg.fell_over, "streamed": agg.streamed,
                         "bytes_out": agg.bytes_out},
                 histograms={"ttft": {str(i): n for i, n in agg.ttft.items()},
                             "duration": {str(i): n for i, n in agg.duration.items()},

@@ -42,6 +42,12 @@ class Window(models.Model):
     client_disconnects = models.BigIntegerField(default=0)
     # Upstream attempts beyond the first (Envoy's retries before the first byte).
     retries = models.BigIntegerField(default=0)
+    # A context tier's per-request fallback (docs/envoy.md): requests this pool answered
+    # that the split had sent to another pool of the tier, which failed before any byte
+    # reached it (`fallbacks`); and requests the split sent to this pool that another one
+    # answered so (`fell_over`: a connect to this pool failed).
+    fallbacks = models.BigIntegerField(default=0)
+    fell_over = models.BigIntegerField(default=0)
     # Answers streamed (text/event-stream): the ones whose first body byte is a TTFT (client
     # disconnects apart, though one that had its first byte adds its TTFT: ingest.py).
     streamed = models.BigIntegerField(default=0)

@@ -26,8 +26,8 @@ from fleetctl.telemetry.models import Cursor, Window
 
 LONGEST_WINDOW = timedelta(seconds=600)
 _FIELDS = ("source", "source_name", "route", "pool", "resolution_s", "start", "requests",
-           "errors", "client_disconnects", "retries", "streamed", "ttft", "duration", "tpot",
-           "updated_at")
+           "errors", "client_disconnects", "retries", "fallbacks", "fell_over", "streamed",
+           "ttft", "duration", "tpot", "updated_at")
 TPOT_SOURCE = "pool /metrics (vllm:time_per_output_token_seconds)"
 
 
@@ -66,6 +66,9 @@ class PoolStats:
     # logged (disconnects / (requests + disconnects), Wilson interval).
     client_disconnects: int = 0
     disconnect_rate: Figure = field(default_factory=lambda: Figure(None, None, None, 0, ""))
+    # A context tier's per-request fallback (Window.fallbacks, Window.fell_over).
+    fallbacks: int = 0
+    fell_over: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,6 +170,8 @@ def _stats(*, pool: str, route: str | None, since: datetime, until: datetime,
         sources=[*gateways, *(["pool /metrics"] if pool_rows else [])],
         last_data_at=max(updated) if updated else None,
         client_disconnects=disconnects, disconnect_rate=disconnect_rate,
+        fallbacks=sum(row["fallbacks"] for row in gateway_rows),
+        fell_over=sum(row["fell_over"] for row in gateway_rows),
     )
 
 

@@ -21,7 +21,7 @@ from fleetctl.telemetry import histogram
 from fleetctl.telemetry.models import Window
 
 COUNT_FIELDS = ("requests", "errors", "client_errors", "client_disconnects", "retries",
-                "streamed", "bytes_out")
+                "fallbacks", "fell_over", "streamed", "bytes_out")
 HISTOGRAM_FIELDS = ("ttft", "duration", "tpot", "flags")
 _WRITTEN = (*COUNT_FIELDS, *HISTOGRAM_FIELDS, "updated_at")
 _KEY_FIELDS = ("source", "source_name", "route", "pool", "resolution_s", "start")

@@ -66,6 +66,12 @@ class PoolStatsSerializer(serializers.Serializer[Any]):
         help_text="Requests the client abandoned (Envoy's DC flag, HAProxy's C/c termination "
                   "states, nginx's 499): shown apart, never counted against the pool.")
     retries = serializers.IntegerField()
+    fallbacks = serializers.IntegerField(
+        help_text="Requests this pool answered for another pool of a context tier whose "
+                  "connect failed before any byte reached it (per-request fallback).")
+    fell_over = serializers.IntegerField(
+        help_text="Requests the split sent to this pool that another pool of the tier "
+                  "answered (this pool's connect failed).")
     streamed = serializers.IntegerField()
     rps = serializers.FloatField(help_text="requests per second (client disconnects apart).")
     error_rate = FigureSerializer(help_text="errors / requests, Wilson interval.")

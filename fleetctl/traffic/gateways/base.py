@@ -58,6 +58,12 @@ class PoolTarget:
     base_urls: tuple[str, ...]  # http(s)://host:port[/prefix]
     jurisdiction: str
     prompt: PromptCalibration = PromptCalibration()
+    # The pool's latency class ("" unknown): a `failover-class` tier falls over only between
+    # pools of the same one.
+    latency_class: str = ""
+    # Requests one endpoint serves at once, for a `queue` tier's slots; None: the gateway
+    # kind's default (Envoy: names.QUEUE_SLOTS_PER_ENDPOINT). No registry field holds it yet.
+    slots: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,10 @@ class TierSpec:
     above: int
     behaviour: str
     pools: tuple[str, ...]
+    # `queue` only: requests held waiting for a slot, and the Retry-After (seconds) of the
+    # 429 a full queue answers with (ContextTier.queue_max, retry_after_s).
+    queue_max: int | None = None
+    retry_after_s: int | None = None
 
     @property
     def label(self) -> str:
@@ -200,6 +210,9 @@ class LogRecord:
     # against the pool), ENDED_BY_POOL when the pool failed after it had begun answering
     # (the pool's error whatever the status says); "" when the status tells it all.
     ended_by: str = ""
+    # The pool the route's split chose when another pool answered (a tier's per-request
+    # fallback: the chosen one failed before any byte reached it); "" otherwise.
+    fallback_from: str = ""
 
 
 @dataclass
