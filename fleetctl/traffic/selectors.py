@@ -102,6 +102,7 @@ def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
     pools = {
         name: PoolTarget(name=name, base_urls=tuple(by_name[name].base_urls),
                          jurisdiction=by_name[name].region.jurisdiction,
+                         latency_class=by_name[name].latency_class,
                          prompt=calibrations.get(name, PromptCalibration()))
         for name in sorted(names)
     }
@@ -134,7 +135,8 @@ def _tier_specs(routes: list[Route]) -> dict[int, tuple[TierSpec, ...]]:
         found = tiers.candidates(route, entries=entries.get(route.model_id, []))
         specs[route.pk] = tuple(
             TierSpec(bound=view.tier.max_prompt_tokens, above=view.above,
-                     behaviour=view.tier.behaviour, pools=tuple(view.eligible_names))
+                     behaviour=view.tier.behaviour, pools=tuple(view.eligible_names),
+                     queue_max=view.tier.queue_max, retry_after_s=view.tier.retry_after_s)
             for view in tiers.tier_pools(route, by_route[route.pk], found=found))
     return specs
 

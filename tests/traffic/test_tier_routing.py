@@ -44,9 +44,16 @@ def test_the_desired_state_carries_each_tier_with_its_pools_inside_the_pin(
                 if r.key == "llama")
     assert spec.tiers == (
         TierSpec(bound=8192, above=0, behaviour="failover", pools=("big", "liar", "small")),
-        TierSpec(bound=32768, above=8192, behaviour="queue", pools=("big",)),
+        TierSpec(bound=32768, above=8192, behaviour="queue", pools=("big",), queue_max=64,
+                 retry_after_s=5),
         TierSpec(bound=None, above=32768, behaviour="reject", pools=()),
     )
+    # Each pool's latency class goes with it (a failover-class tier falls over within it).
+    desired = selectors.gateway_desired_state(gateway=gateway)
+    assert {name: p.latency_class for name, p in desired.pools.items()} == {
+        pool.name: pool.latency_class for pool in (world.big, world.small, world.liar,
+                                                   world.slow, world.cand)
+        if pool.name in desired.pools}
     # The EU pool serves the model but never appears: residency first.
     assert "eu" not in {p for t in spec.tiers for p in t.pools} | set(spec.weights)
 

@@ -26,6 +26,7 @@ from fleetctl.traffic.gateways.base import (
 )
 from fleetctl.traffic.gateways.envoy import render as envoy_config
 from fleetctl.traffic.gateways.envoy.adapter import held_weights
+from fleetctl.traffic.gateways.envoy.fallback import pool_of
 from fleetctl.traffic.gateways.envoy.names import PROMPT_SCAN_LIMIT_BYTES
 from fleetctl.traffic.gateways.envoy.routes import INT64_MAX, is_tier_entry
 
@@ -56,7 +57,8 @@ def size_matcher(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def clusters(entry: dict[str, Any]) -> dict[str, int]:
-    return {c["name"]: c["weight"]
+    """The entry's split by pool (a queue or fallback cluster counts as its pool's)."""
+    return {pool_of(c["name"]): c["weight"]
             for c in entry["route"]["weighted_clusters"]["clusters"]}
 
 

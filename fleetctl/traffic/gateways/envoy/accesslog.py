@@ -22,7 +22,12 @@ Who ended a request (`ended_by`), from %RESPONSE_FLAGS% (Envoy's access log docs
   one of them is the pool's too: a hang-up alone never adds one (measured), so no client
   can produce it by hanging up, while calling it a disconnect would let a client hide a
   failing pool by hanging up on it. Any other flag next to DC (unknown to us) leaves the
-  status to decide, as before: nothing is set apart on a guess.
+  status to decide, as before: nothing is set apart on a guess;
+- UO alone on a 429 is a `queue` tier's full queue (the gateway's limit, not the pool's).
+
+`pool` is the pool whose endpoint answered (each endpoint's metadata names it), and
+`fallback_from` the pool the split chose when that was another one (a context tier's
+per-request fallback, fallback.py).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from fleetctl.traffic.gateways.base import ENDED_BY_CLIENT, ENDED_BY_POOL, LogRecord
+from fleetctl.traffic.gateways.envoy.fallback import pool_of
+from fleetctl.traffic.gateways.envoy.names import ANSWERED_BY
 
 # Internal routes (error answers, /v1/models) are named `fleetctl:<what>`: no fleetctl route.
 INTERNAL_ROUTE_PREFIX = "fleetctl:"
@@ -41,6 +48,9 @@ CLIENT_GONE_FLAG = "DC"  # downstream connection termination
 # (UF), circuit breaker open (UO), retries exhausted (URX), timed out (UT), reset by the pool
 # (UR), its connection closed (UC), a broken answer (UPE), its max stream duration (UMSDR),
 # the stream idle past its timeout (SI: nothing came from the pool).
+# A `queue` tier's full queue: its circuit breaker refused (UO) and the Lua script answered
+# 429 (fallback.py); the tier's limit, not the pool failing: a client error, like any 429.
+QUEUE_FULL_FLAG, QUEUE_FULL_STATUS = "UO", 429
 POOL_FAILURE_FLAGS = frozenset({"UH", "UF", "UO", "URX", "UT", "UR", "UC", "UPE", "UMSDR",
                                 "SI"})
 
@@ -48,6 +58,7 @@ LOG_FORMAT: dict[str, str] = {
     "start": "%START_TIME(%s.%3f)%",
     "route": "%ROUTE_NAME%",
     "pool": "%UPSTREAM_CLUSTER%",
+    "answered": ANSWERED_BY,
     "status": "%RESPONSE_CODE%",
     "duration_ms": "%DURATION%",
     "ttft_ms": "%COMMON_DURATION(DS_RX_BEG:US_RX_BODY_BEG:ms)%",
@@ -62,19 +73,26 @@ _loads = json.loads
 
 def parse_line(line: bytes, endpoints: Mapping[str, str]) -> LogRecord | None:
     """One line of the log as a LogRecord; None for a blank line; ValueError for a line that
-    is not one of ours. `endpoints` is not needed: Envoy names the cluster, which is the pool."""
+    is not one of ours. `endpoints` is not needed: each endpoint's metadata names its pool
+    (`answered`), and the cluster names the pool the split chose (`pool`; a line written
+    before `answered` was logged has only that). They differ when a tier's fallback
+    (fallback.py) took the request to another pool: `fallback_from` names the chosen one."""
     if not line.strip():
         return None
     try:
         entry = _loads(line)
         route = _text(entry["route"])
+        # The cluster the split chose names its pool (a tier's fallback or queue cluster
+        # too: fallback.pool_of); the endpoint that answered names the pool that did.
+        chosen = pool_of(_text(entry["pool"]))
+        answered = _text(entry.get("answered"))
         ctype = _text(entry.get("ctype"))
         status = _number(entry["status"])
         flags = _text(entry.get("flags"))
         return LogRecord(
             start=float(entry["start"]),
             route="" if route.startswith(INTERNAL_ROUTE_PREFIX) else route,
-            pool=_text(entry["pool"]),
+            pool=answered or chosen,
             status=status,
             duration_ms=float(_number(entry["duration_ms"])),
             ttft_ms=_optional_ms(entry.get("ttft_ms")),
@@ -83,6 +101,7 @@ def parse_line(line: bytes, endpoints: Mapping[str, str]) -> LogRecord | None:
             streamed=ctype.startswith(STREAM_TYPE),
             flags=flags,
             ended_by=ended_by(status, flags),
+            fallback_from=chosen if answered and chosen and answered != chosen else "",
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not an Envoy access log line of fleetctl's format: {exc!r}") from exc
@@ -91,6 +110,8 @@ def parse_line(line: bytes, endpoints: Mapping[str, str]) -> LogRecord | None:
 def ended_by(status: int, flags: str) -> str:
     """Who cut the request short, from its status and %RESPONSE_FLAGS% (the module's rule)."""
     names = {flag for flag in flags.split(",") if flag and flag != "-"}
+    if status == QUEUE_FULL_STATUS and names == {QUEUE_FULL_FLAG}:
+        return ""  # a queue tier's full queue (fallback.py): the gateway's limit, no failure
     if names & POOL_FAILURE_FLAGS:
         return ENDED_BY_POOL
     if names == {CLIENT_GONE_FLAG} and status < 500:

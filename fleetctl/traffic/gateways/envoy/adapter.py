@@ -45,6 +45,7 @@ from fleetctl.traffic.gateways.base import (
     PoolTarget,
 )
 from fleetctl.traffic.gateways.envoy import render as config
+from fleetctl.traffic.gateways.envoy.fallback import pool_of
 from fleetctl.traffic.gateways.envoy.options import EnvoyOptions
 from fleetctl.traffic.gateways.envoy.routes import is_tier_entry
 from fleetctl.traffic.gateways.envoy.runtime import read_runtime_file, write_runtime_file
@@ -400,19 +401,29 @@ class EnvoyAdapter(Adapter[EnvoyOptions]):
         return False
 
     def in_flight(self, pool: str) -> int:
-        name = f"cluster.{pool}.upstream_rq_active"
-        return int(self.admin.stats(f"^{re.escape(name)}$").get(name) or 0)
+        """In flight on the pool through any of its clusters (its own, a queue tier's)."""
+        stats = self.admin.stats(
+            rf"^cluster\.{re.escape(pool)}(_q_[0-9a-f]{{8}})?\.upstream_rq_active$")
+        return sum(int(value or 0) for value in stats.values())
 
     def pool_counters(self) -> dict[str, PoolCounters]:
+        """Per pool, summed over its clusters: its own and a queue tier's copies of it
+        (fallback.py; an aggregate cluster sends through those and counts nothing itself)."""
         stats = self.admin.stats(
             r"^cluster\.[^.]+\.(upstream_rq_total|upstream_rq_5xx|upstream_rq_active)$")
-        pools = {name.split(".")[1] for name in stats} - {config.COLLECTOR_CLUSTER}
+        sums: dict[str, dict[str, int]] = {}
+        for name, value in stats.items():
+            _, cluster, counter = name.split(".")
+            if cluster == config.COLLECTOR_CLUSTER or "_fb_" in cluster:
+                continue
+            into = sums.setdefault(pool_of(cluster), {})
+            into[counter] = into.get(counter, 0) + int(value or 0)
         return {pool: PoolCounters(
-            requests_total=int(stats.get(f"cluster.{pool}.upstream_rq_total") or 0),
+            requests_total=found.get("upstream_rq_total", 0),
             # Envoy counts its own 503s for failed connections here too.
-            errors_total=int(stats.get(f"cluster.{pool}.upstream_rq_5xx") or 0),
-            active=int(stats.get(f"cluster.{pool}.upstream_rq_active") or 0),
-        ) for pool in sorted(pools)}
+            errors_total=found.get("upstream_rq_5xx", 0),
+            active=found.get("upstream_rq_active", 0),
+        ) for pool, found in sorted(sums.items())}
 
 
 def held_weights(route_config: dict[str, Any] | None,

@@ -12,6 +12,7 @@ from fleetctl.traffic.gateways.envoy.names import (
     CLUSTER_TYPE,
     COLLECTOR_CLUSTER,
     CONNECT_TIMEOUT,
+    ENDPOINT_METADATA,
     HTTP_OPTIONS_NAME,
     HTTP_OPTIONS_TYPE,
     OUTLIER_DETECTION,
@@ -56,7 +57,7 @@ def render_cluster(pool: PoolTarget) -> dict[str, Any]:
             "explicit_http_config": {"http_protocol_options": {}},
         }},
         "load_assignment": {"cluster_name": pool.name, "endpoints": [{"lb_endpoints": [
-            _endpoint(host, port) for _, host, port in endpoints
+            _endpoint(host, port, pool.name) for _, host, port in endpoints
         ]}]},
     }
     if cluster["type"] == "STRICT_DNS":
@@ -68,12 +69,17 @@ def render_cluster(pool: PoolTarget) -> dict[str, Any]:
     return cluster
 
 
-def _endpoint(host: str, port: int) -> dict[str, Any]:
-    # `hostname` lets the route's auto_host_rewrite send each pool its own Host header.
-    return {"endpoint": {
-        "address": {"socket_address": {"address": host, "port_value": port}},
-        "hostname": f"{host}:{port}",
-    }}
+def _endpoint(host: str, port: int, pool: str) -> dict[str, Any]:
+    # `hostname` lets the route's auto_host_rewrite send each pool its own Host header. The
+    # metadata names the pool whatever cluster the endpoint is reached through (a tier's
+    # aggregate or queue cluster: fallback.py): the access log and POOL_HEADER read it.
+    return {
+        "endpoint": {
+            "address": {"socket_address": {"address": host, "port_value": port}},
+            "hostname": f"{host}:{port}",
+        },
+        "metadata": {"filter_metadata": {ENDPOINT_METADATA: {"pool": pool}}},
+    }
 
 
 def _tls_socket(sni: str) -> dict[str, Any]:

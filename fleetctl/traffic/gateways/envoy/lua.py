@@ -4,7 +4,11 @@ the prompt's tokens into the prompt header (docs/traffic.md, "Prompt size at the
 from __future__ import annotations
 
 from fleetctl.traffic.gateways.base import PROMPT_TOKENS_UNKNOWN, DesiredState, PromptCalibration
-from fleetctl.traffic.gateways.envoy.names import LUA_MODEL_CLASS, PROMPT_SCAN_LIMIT_BYTES
+from fleetctl.traffic.gateways.envoy.names import (
+    LUA_MODEL_CLASS,
+    POOL_HEADER,
+    PROMPT_SCAN_LIMIT_BYTES,
+)
 
 _LUA = r"""
 -- fleetctl: copy the top-level "model" of a POST /v1/ JSON body into the route header, and
@@ -170,6 +174,28 @@ function envoy_on_request(handle)
   end
   handle:clearRouteCache()
 end
+
+-- A `queue` tier whose queue is full: Envoy refused the request itself, a 503 naming no
+-- pool (no endpoint was picked) whose text says "overflow" (the tier's circuit breaker,
+-- measured with Envoy 1.40: fallback.py). The tier's entry carries the answer to give instead
+-- (429, Retry-After, an OpenAI-style error: routes.queue_full_answer). Any other passes.
+function envoy_on_response(handle)
+  local metadata = handle:metadata()
+  local answer = metadata:get("queue_full_body")
+  if answer == nil then return end
+  local retry_after = metadata:get("retry_after")
+  local headers = handle:headers()
+  if headers:get(":status") ~= "503" or headers:get("@POOL_HEADER@") ~= nil then return end
+  -- body() waits for the whole (short) answer; wrappers taken before it are stale after.
+  local body = handle:body()
+  if body == nil then return end
+  if not string.find(body:getBytes(0, body:length()), "overflow", 1, true) then return end
+  body:setBytes(answer)
+  headers = handle:headers()
+  headers:replace(":status", "429")
+  headers:replace("retry-after", retry_after)
+  headers:replace("content-type", "application/json")
+end
 """
 
 # Before the first routes file arrives: still never let a client-sent header through.
@@ -223,4 +249,5 @@ def routing_lua(desired: DesiredState, *, estimate: bool = True) -> str:
             .replace("@ESTIMATE@", "true" if estimate else "false")
             .replace("@CALIBRATION@", table + ("\n" if table else ""))
             .replace("@DEFAULT_CALIBRATION@", _lua_calibration(PromptCalibration()))
-            .replace("@MODEL_CLASS@", LUA_MODEL_CLASS).lstrip())
+            .replace("@MODEL_CLASS@", LUA_MODEL_CLASS)
+            .replace("@POOL_HEADER@", POOL_HEADER).lstrip())

@@ -26,6 +26,9 @@ STAT_PREFIX = "ingress"
 RUNTIME_ROOT = "fleetctl"
 LUA_FILTER = "envoy.filters.http.lua"
 POOL_HEADER = "x-fleetctl-pool"  # response header naming the pool that answered
+# Each endpoint's metadata namespace: {"pool": <its pool>}; ANSWERED_BY formats it.
+ENDPOINT_METADATA = "fleetctl"
+ANSWERED_BY = f"%UPSTREAM_METADATA({ENDPOINT_METADATA}:pool)%"
 # The shadow collector's cluster: `_` is no pool name's character, so it never clashes.
 COLLECTOR_CLUSTER = "fleetctl_shadow_collector"
 # The runtime key of a route's mirror fraction: `<prefix>._mirror`, next to its weights'
@@ -57,6 +60,10 @@ NUM_RETRIES = 2
 # with one dead endpoint of two, the chance that every draw lands on it again is 2^-5 per
 # retry (was 2^-3 at 3 draws: a client saw a 503 about once in 128 requests, CI once).
 HOST_SELECTION_RETRY_MAX_ATTEMPTS = 5
+# A `queue` tier's slots: requests one endpoint of a pool serves at once (vLLM's default
+# max_num_seqs), unless the pool's PoolTarget says otherwise; beyond them requests wait in the
+# tier's bounded queue (fallback.py).
+QUEUE_SLOTS_PER_ENDPOINT = 256
 # Outlier detection: an endpoint that fails 5 times in a row (any 5xx, or 502/503/504 and
 # connection failures) is ejected for 30 s (longer each time), checked every 5 s. At most half
 # a pool's endpoints are ejected: a whole pool failing is a pool problem, for the health
@@ -85,6 +92,9 @@ HTTP_OPTIONS_NAME = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 TLS_TYPE = f"{_T}.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 REQUEST_ID_TYPE = f"{_T}.extensions.request_id.uuid.v3.UuidRequestIdConfig"
 PREVIOUS_HOSTS_TYPE = f"{_T}.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+PREVIOUS_PRIORITIES_TYPE = (
+    f"{_T}.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig")
+AGGREGATE_CLUSTER_TYPE = f"{_T}.extensions.clusters.aggregate.v3.ClusterConfig"
 FILE_LOG_TYPE = f"{_T}.extensions.access_loggers.file.v3.FileAccessLog"
 MAX_CX_TYPE = (
     f"{_T}.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"

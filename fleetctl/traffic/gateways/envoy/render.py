@@ -30,13 +30,14 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from fleetctl.traffic.gateways.base import DesiredState, tier_weights
+from fleetctl.traffic.gateways.base import DesiredState
 from fleetctl.traffic.gateways.envoy.bootstrap import listener, render_bootstrap, socket_address
 from fleetctl.traffic.gateways.envoy.clusters import (
     clusters_version,
     render_cluster,
     render_clusters,
 )
+from fleetctl.traffic.gateways.envoy.fallback import render_tier_clusters
 from fleetctl.traffic.gateways.envoy.files import (
     UNCONFIGURED_ROUTES_VERSION,
     clusters_file,
@@ -72,7 +73,7 @@ from fleetctl.traffic.gateways.envoy.routes import (
     render_unconfigured_route_config,
     retry_policy,
     runtime_prefix,
-    tier_runtime_prefix,
+    tier_runtime,
     without_weights,
 )
 from fleetctl.traffic.gateways.envoy.validate import parse_base_url, pool_problem, validate
@@ -155,11 +156,9 @@ def render(desired: DesiredState) -> RenderedConfig:
         if desired.mirror_url and route.weights:
             runtime[f"{prefix}.{MIRROR_KEY}"] = route.mirror_bp
         for index, tier in enumerate(route.tiers if route.weights else ()):
-            tier_prefix = tier_runtime_prefix(route, tier, index, desired)
-            runtime.update({f"{tier_prefix}.{pool}": weight
-                            for pool, weight in tier_weights(route, tier).items()})
+            runtime.update(tier_runtime(route, tier, index, desired))
     return RenderedConfig(
-        clusters=render_clusters(desired),
+        clusters=render_clusters(desired) | render_tier_clusters(desired),
         route_config=route_config,
         routes_version="r-" + digest(without_weights(route_config)),
         runtime=runtime,

@@ -14,10 +14,11 @@ from fleetctl.traffic.gateways.base import (
     RouteSpec,
     TierSpec,
     openai_error,
-    tier_weights,
 )
+from fleetctl.traffic.gateways.envoy.fallback import tier_entries
 from fleetctl.traffic.gateways.envoy.lua import routing_lua
 from fleetctl.traffic.gateways.envoy.names import (
+    ANSWERED_BY,
     COLLECTOR_CLUSTER,
     HOST_SELECTION_RETRY_MAX_ATTEMPTS,
     LUA_FILTER,
@@ -27,6 +28,7 @@ from fleetctl.traffic.gateways.envoy.names import (
     NUM_RETRIES,
     POOL_HEADER,
     PREVIOUS_HOSTS_TYPE,
+    PREVIOUS_PRIORITIES_TYPE,
     RETRY_ON,
     ROUTE_CONFIG_NAME,
     ROUTE_CONFIG_TYPE,
@@ -130,9 +132,10 @@ def _tier_routes(route: RouteSpec, desired: DesiredState) -> list[dict[str, Any]
     request whose header matches none of them (no header) follows the route's own entry.
     Each entry's split is the route's restricted to the tier's pools (`tier_weights`), read
     from runtime keys beside the route's, so a ramp stays a runtime change. A tier without a
-    pool answers itself: 413 when it rejects, else 503 (its queue and failover are not
-    rendered yet). A route with no weights (fails closed) gets no tier entries. Between two
-    tiers that both have pools the cut is ESTIMATE_MARGIN_PCT below the bound."""
+    pool answers itself: 413 when it rejects, else 503. Each pool of a split may name a
+    fallback or queue cluster (fallback.py). A route with no weights (fails closed) gets no
+    tier entries. Between two tiers that both have pools the cut is ESTIMATE_MARGIN_PCT
+    below the bound."""
     if not route.tiers or not route.weights:
         return []
     entries = []
@@ -163,17 +166,27 @@ def tier_cut(route: RouteSpec, index: int) -> int:
 
 def tier_runtime_prefix(route: RouteSpec, tier: TierSpec, index: int,
                         desired: DesiredState) -> str:
-    """The tier's weights' runtime keys: beside the route's, with the tier's own shape."""
-    shape = [tier.bound, tier.above, sorted(tier_weights(route, tier))]
+    """The tier's weights' runtime keys: beside the route's, with the tier's own shape (its
+    clusters name its fallbacks and queue, so a new list of them is a new shape)."""
+    shape = [tier.bound, tier.above,
+             sorted(entry.cluster for entry in tier_entries(route, tier, index, desired))]
     return f"{runtime_prefix(route, desired)}.tier{index}-{digest(shape)[:8]}"
+
+
+def tier_runtime(route: RouteSpec, tier: TierSpec, index: int,
+                 desired: DesiredState) -> dict[str, int]:
+    """The tier's runtime keys and weights (`<tier prefix>.<cluster>`)."""
+    prefix = tier_runtime_prefix(route, tier, index, desired)
+    return {f"{prefix}.{entry.cluster}": entry.weight
+            for entry in tier_entries(route, tier, index, desired)}
 
 
 def _tier_route(route: RouteSpec, desired: DesiredState, index: int,
                 size: dict[str, Any], *, unknown: bool) -> dict[str, Any]:
     tier = route.tiers[index]
     match = {"prefix": "/v1/", "headers": [*_route_headers(route, desired), size]}
-    weights = tier_weights(route, tier)
-    if not weights:
+    found = tier_entries(route, tier, index, desired)
+    if not found:
         name = f"fleetctl:tier:{route.key}:{'unknown' if unknown else index}"
         if tier.behaviour == "reject":
             return _tier_rejected(route, desired, name, match, tier, unknown=unknown)
@@ -181,11 +194,26 @@ def _tier_route(route: RouteSpec, desired: DesiredState, index: int,
             name, match, 503, "service_unavailable", "no_pool_available",
             f"route {route.key}: no pool may serve prompts of {tier.label} of model "
             f"{route.model} now")
-    entry = _weighted_route(route.key, match, weights,
-                            tier_runtime_prefix(route, tier, index, desired), route, desired)
-    entry["metadata"] = {"filter_metadata": {TIER_METADATA: {
-        "tier": index, "unknown": unknown}}}
+    entry = _weighted_route(route.key, match, {e.cluster: e.weight for e in found},
+                            tier_runtime_prefix(route, tier, index, desired), route, desired,
+                            fallback=any(len(e.tries) > 1 for e in found))
+    metadata: dict[str, Any] = {TIER_METADATA: {"tier": index, "unknown": unknown}}
+    if tier.behaviour == "queue":
+        metadata[LUA_FILTER] = queue_full_answer(route, tier)
+    entry["metadata"] = {"filter_metadata": metadata}
     return entry
+
+
+def queue_full_answer(route: RouteSpec, tier: TierSpec) -> dict[str, str]:
+    """What the Lua script answers instead of Envoy's 503 when the tier's queue is full:
+    429, Retry-After, and an OpenAI-style error saying so (route metadata it reads)."""
+    retry_after = tier.retry_after_s or 1
+    message = (f"route {route.key}: the queue of tier {tier.label} of model {route.model} is "
+               f"full ({tier.queue_max} waiting per pool, every slot busy); retry after "
+               f"{retry_after} s")
+    body = openai_error(message, "rate_limit_error", "tier_queue_full")
+    return {"queue_full_body": json.dumps(body, separators=(",", ":")),
+            "retry_after": str(retry_after)}
 
 
 def _tier_rejected(route: RouteSpec, desired: DesiredState, name: str,
@@ -215,7 +243,9 @@ def is_tier_entry(entry: dict[str, Any]) -> bool:
 
 
 def _weighted_route(name: str, match: dict[str, Any], weights: dict[str, int], prefix: str,
-                    route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
+                    route: RouteSpec, desired: DesiredState, *,
+                    fallback: bool = False) -> dict[str, Any]:
+    """`weights`: cluster name -> weight (a pool's own cluster, or a tier's: fallback.py)."""
     action: dict[str, Any] = {
         "weighted_clusters": {
             "runtime_key_prefix": prefix,
@@ -223,7 +253,7 @@ def _weighted_route(name: str, match: dict[str, Any], weights: dict[str, int], p
         },
         "timeout": "0s",
         "auto_host_rewrite": True,
-        "retry_policy": retry_policy(),
+        "retry_policy": retry_policy(fallback=fallback),
     }
     if desired.mirror_url:
         action["request_mirror_policies"] = [mirror_policy(route, desired)]
@@ -234,7 +264,7 @@ def _weighted_route(name: str, match: dict[str, Any], weights: dict[str, int], p
         # The pool that answered, and the prompt size the gateway routed by (what the Lua
         # script set: its estimate, the caller's larger count, or "unknown").
         "response_headers_to_add": [{
-            "header": {"key": POOL_HEADER, "value": "%UPSTREAM_CLUSTER%"},
+            "header": {"key": POOL_HEADER, "value": ANSWERED_BY},
             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
         }, {
             "header": {"key": desired.prompt_tokens_header,
@@ -244,10 +274,13 @@ def _weighted_route(name: str, match: dict[str, Any], weights: dict[str, int], p
     }
 
 
-def retry_policy() -> dict[str, Any]:
+def retry_policy(*, fallback: bool = False) -> dict[str, Any]:
     """Retry a request that failed before any byte of it reached a server (RETRY_ON) on
-    another endpoint of the same pool; the access log counts the attempts."""
-    return {
+    another endpoint of the same pool; the access log counts the attempts. With `fallback`
+    (a tier entry naming aggregate clusters, fallback.py), each retry goes to the next pool
+    of the aggregate not tried yet: each pool is a priority of the aggregate, and
+    previous_priorities excludes those tried."""
+    policy: dict[str, Any] = {
         "retry_on": RETRY_ON,
         "num_retries": NUM_RETRIES,
         "retry_host_predicate": [{
@@ -256,6 +289,12 @@ def retry_policy() -> dict[str, Any]:
         }],
         "host_selection_retry_max_attempts": HOST_SELECTION_RETRY_MAX_ATTEMPTS,
     }
+    if fallback:
+        policy["retry_priority"] = {
+            "name": "envoy.retry_priorities.previous_priorities",
+            "typed_config": {"@type": PREVIOUS_PRIORITIES_TYPE, "update_frequency": 1},
+        }
+    return policy
 
 
 def mirror_policy(route: RouteSpec, desired: DesiredState) -> dict[str, Any]:
