@@ -108,12 +108,13 @@ def test_failover_tries_the_tiers_other_pools_of_the_jurisdiction_never_a_draine
     policy = tier_entry(rendered)["route"]["retry_policy"]
     assert policy["retry_priority"]["name"] == "envoy.retry_priorities.previous_priorities"
     assert policy["retry_on"] == "connect-failure,refused-stream,reset-before-request"
+    assert policy["retry_back_off"]["base_interval"] == "0.001s"  # it goes to another pool
     aggregate = rendered.clusters[next(n for n in rendered.clusters if n.startswith("victim_"))]
     assert aggregate["lb_policy"] == "CLUSTER_PROVIDED"
     # The route's own entry (no size header) keeps same-pool retries.
     own = next(e for e in rendered.route_config["virtual_hosts"][0]["routes"]
                if e["name"] == "chat" and "metadata" not in e)
-    assert "retry_priority" not in own["route"]["retry_policy"]
+    assert not {"retry_priority", "retry_back_off"} & set(own["route"]["retry_policy"])
     assert held_weights(rendered.route_config, rendered.runtime_values) == {
         "chat": {p: w for p, w in SPLIT.items() if w}}
 
@@ -145,6 +146,14 @@ def test_a_queue_tier_has_its_own_bounded_clusters_and_falls_over_within_the_cla
     assert answer["retry_after"] == "9"
     error = json.loads(answer["queue_full_body"])["error"]
     assert error["code"] == "tier_queue_full" and "queue" in error["message"]
+    # Only a gateway with a queue tier runs Lua on its answers.
+    assert "envoy_on_response" in lua_source(rendered)
+    assert "envoy_on_response" not in lua_source(render("failover"))
+
+
+def lua_source(rendered: envoy_config.RenderedConfig) -> str:
+    per_filter = rendered.route_config["virtual_hosts"][0]["typed_per_filter_config"]
+    return str(per_filter["envoy.filters.http.lua"]["source_code"]["inline_string"])
 
 
 def test_a_ramp_stays_a_runtime_change_and_a_drain_changes_the_fallback_lists() -> None:
@@ -319,6 +328,9 @@ def test_a_pool_killed_mid_traffic_falls_over_within_tier_class_and_jurisdiction
     # After the kill the victim's share went to `peer` alone: the pools' own ground truth.
     served = rig.served({a.request.headers["x-request-id"] for a in late})
     assert set(served.values()) <= {"peer", "batchy", "us"}
+    # The response header names the pool that answered, not the cluster the split chose.
+    assert {a.request.headers["x-request-id"]: a.headers["x-fleetctl-pool"]
+            for a in late} == served
     fell = [r for r in records if r.fallback_from]
     assert fell and {(r.fallback_from, r.pool) for r in fell} == {("victim", "peer")}
     assert all(r.attempts >= 2 for r in fell)
@@ -397,6 +409,10 @@ def test_a_full_queue_answers_429_with_retry_after_and_loses_nothing(rig: Rig) -
     ids = {a.request.headers["x-request-id"] for a in held}
     assert set(rig.served(ids)) == ids
     assert all(a.json()["choices"] for a in held)
+    # The adapter's counters count the queue cluster's requests as the pool's.
+    counters = rig.adapter.pool_counters()
+    assert not [name for name in counters if "_" in name]
+    assert counters["peer"].requests_total >= 2
     refused_ids = {a.request.headers["x-request-id"] for a in refused}
     truth = httpx.get(f"{urls['peer']}/admin/ground-truth",
                       params={"kind": "requests", "limit": "100000"}, timeout=5).json()

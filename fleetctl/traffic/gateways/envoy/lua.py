@@ -174,7 +174,11 @@ function envoy_on_request(handle)
   end
   handle:clearRouteCache()
 end
+"""
 
+# Only in the script of a gateway that has a `queue` tier: every other gateway's answers go
+# by without a Lua call.
+_LUA_QUEUE_FULL = r"""
 -- A `queue` tier whose queue is full: Envoy refused the request itself, a 503 naming no
 -- pool (no endpoint was picked) whose text says "overflow" (the tier's circuit breaker,
 -- measured with Envoy 1.40: fallback.py). The tier's entry carries the answer to give instead
@@ -237,9 +241,12 @@ def routing_lua(desired: DesiredState, *, estimate: bool = True) -> str:
     names have only MODEL_CHARS: neither needs escaping in a Lua string). `estimate=False`
     renders it without the prompt estimator (the model header alone): only the benchmark's
     baseline uses it, so the baseline is this script and cannot drift from it."""
+    queues = any(tier.behaviour == "queue" and tier.pools
+                 for route in desired.routes if route.weights for tier in route.tiers)
     table = "".join(f'\n  ["{model}"] = {{{_lua_calibration(cal)}}},'
                     for model, cal in model_calibrations(desired).items())
-    return (_LUA.replace("@MODEL_HEADER@", desired.model_header)
+    script = _LUA + (_LUA_QUEUE_FULL if queues else "")
+    return (script.replace("@MODEL_HEADER@", desired.model_header)
             .replace("@RESIDENCY_HEADER@", desired.residency_header)
             .replace("@LATENCY_HEADER@", desired.latency_class_header)
             .replace("@PROMPT_STATED_HEADER@", desired.prompt_tokens_stated_header)

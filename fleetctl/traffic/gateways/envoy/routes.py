@@ -20,6 +20,7 @@ from fleetctl.traffic.gateways.envoy.lua import routing_lua
 from fleetctl.traffic.gateways.envoy.names import (
     ANSWERED_BY,
     COLLECTOR_CLUSTER,
+    FALLBACK_BACK_OFF,
     HOST_SELECTION_RETRY_MAX_ATTEMPTS,
     LUA_FILTER,
     LUA_PER_ROUTE_TYPE,
@@ -279,7 +280,8 @@ def retry_policy(*, fallback: bool = False) -> dict[str, Any]:
     another endpoint of the same pool; the access log counts the attempts. With `fallback`
     (a tier entry naming aggregate clusters, fallback.py), each retry goes to the next pool
     of the aggregate not tried yet: each pool is a priority of the aggregate, and
-    previous_priorities excludes those tried."""
+    previous_priorities excludes those tried; with a back-off of a millisecond or so, since
+    the retry goes to another pool (FALLBACK_BACK_OFF)."""
     policy: dict[str, Any] = {
         "retry_on": RETRY_ON,
         "num_retries": NUM_RETRIES,
@@ -294,6 +296,7 @@ def retry_policy(*, fallback: bool = False) -> dict[str, Any]:
             "name": "envoy.retry_priorities.previous_priorities",
             "typed_config": {"@type": PREVIOUS_PRIORITIES_TYPE, "update_frequency": 1},
         }
+        policy["retry_back_off"] = dict(FALLBACK_BACK_OFF)
     return policy
 
 
