@@ -137,7 +137,8 @@ class TierSerializer(serializers.Serializer):
                   "Retry-After), reject (413), failover (across vendors), failover-class "
                   "(within the latency class), pinned (never fail over).")
     queue_max = serializers.IntegerField(min_value=1, allow_null=True, required=False,
-                                         help_text="queue only: requests held at most.")
+                                         help_text="queue only: requests held waiting at "
+                                                   "most, per pool of the tier (Envoy).")
     retry_after_s = serializers.IntegerField(
         min_value=1, allow_null=True, required=False,
         help_text="queue only: the Retry-After of a full queue's answer, in seconds.")
