@@ -16,7 +16,7 @@ A tier entry's split names, for each pool P with weight:
   endpoints) whose circuit breakers hold the tier's requests: at most `slots x endpoints`
   at once (HTTP/1.1: one request a connection, so `max_connections`), `queue_max` more
   waiting for one (`max_pending_requests`), and beyond that Envoy refuses the request
-  (503 UO, x-envoy-overloaded), which the Lua script answers as 429 with Retry-After. A
+  (503, flag UO, never retried), which the Lua script answers as 429 with Retry-After. A
   tier's own clusters keep one tier's queue from filling with another tier's requests.
   The aggregate of a queue tier lists the queue clusters of its pools.
 
