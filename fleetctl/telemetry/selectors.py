@@ -142,15 +142,21 @@ def _stats(*, pool: str, route: str | None, since: datetime, until: datetime,
            confidence: float, kinds: dict[str, str]) -> PoolStats:
     requests = sum(row["requests"] for row in gateway_rows)
     errors = sum(row["errors"] for row in gateway_rows)
+    # Requests the split gave this pool that it failed before their first byte, answered by
+    # another pool of the tier (a context tier's fallback): the client got its answer, but the
+    # pool failed them, so its error rate counts them (a guard must not see a dead pool as
+    # one with no traffic).
+    fell_over = sum(row["fell_over"] for row in gateway_rows)
     disconnects = sum(row["client_disconnects"] for row in gateway_rows)
     gateways = sorted({row["source_name"] for row in gateway_rows})
     label = _label(gateways)
     ttft = histogram.merge_all(row["ttft"] for row in gateway_rows)
     duration = histogram.merge_all(row["duration"] for row in gateway_rows)
     tpot = histogram.merge_all(row["tpot"] for row in pool_rows)
-    error_rate = _rate(errors, requests, confidence,
-                       f"{label} (5xx, no answer or cut off by the pool; client "
-                       f"disconnects apart)")
+    error_rate = _rate(errors + fell_over, requests + fell_over, confidence,
+                       f"{label} (5xx, no answer or cut off by the pool, or failed before "
+                       f"the first byte and answered by another pool; client disconnects "
+                       f"apart)")
     disconnect_rate = _rate(disconnects, requests + disconnects, confidence,
                             f"{label} (requests the client abandoned)")
     ttft_source = _ttft_source(label, gateways, kinds)
@@ -171,7 +177,7 @@ def _stats(*, pool: str, route: str | None, since: datetime, until: datetime,
         last_data_at=max(updated) if updated else None,
         client_disconnects=disconnects, disconnect_rate=disconnect_rate,
         fallbacks=sum(row["fallbacks"] for row in gateway_rows),
-        fell_over=sum(row["fell_over"] for row in gateway_rows),
+        fell_over=fell_over,
     )
 
 

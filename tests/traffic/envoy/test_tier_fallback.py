@@ -344,8 +344,13 @@ def test_a_pool_killed_mid_traffic_falls_over_within_tier_class_and_jurisdiction
         pool="peer", route="chat", since=started).fallbacks >= len(fell),
         timeout_s=30, what="the ingester to count the fallbacks")
     assert telemetry.pool_stats(pool="peer", route="chat", since=started).fallbacks == len(fell)
-    assert telemetry.pool_stats(pool="victim", route="chat",
-                                since=started).fell_over == len(fell)
+    victim_stats = telemetry.pool_stats(pool="victim", route="chat", since=started)
+    assert victim_stats.fell_over == len(fell)
+    # The client got its answer, but the victim failed those requests: its error rate
+    # (what a ramp guard judges) counts them, in numerator and denominator.
+    assert victim_stats.error_rate.n == victim_stats.requests + len(fell)
+    assert victim_stats.error_rate.value is not None and victim_stats.error_rate.value >= (
+        len(fell) / (victim_stats.requests + len(fell)))
     assert telemetry.pool_stats(pool="us", route="chat", since=started).fallbacks == 0
 
 

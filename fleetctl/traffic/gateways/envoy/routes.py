@@ -14,6 +14,7 @@ from fleetctl.traffic.gateways.base import (
     RouteSpec,
     TierSpec,
     openai_error,
+    tier_weights,
 )
 from fleetctl.traffic.gateways.envoy.fallback import tier_entries
 from fleetctl.traffic.gateways.envoy.lua import routing_lua
