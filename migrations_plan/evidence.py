@@ -75,7 +75,8 @@ __all__ = ["ANY_OBJECT", "ATTESTED", "AWAITING", "BLOCKED_LABEL", "BLOCKING", "E
            "STATUSES", "STATUS_LABELS", "STATUS_MEANINGS", "WARN", "CheckOutcome", "CheckResult",
            "EvidenceKind", "EvidenceRef", "GateEvaluation", "Param", "Rule", "RuleContext",
            "blocks_advance", "data_problems", "data_schema", "duration_of", "evaluate_check",
-           "evaluate_gate", "evidence_ref", "fingerprint_change", "gate_status", "honest",
+           "evaluate_gate", "evidence_ref", "fingerprint_change",
+           "fingerprint_changes", "gate_status", "honest",
            "normalise_status", "plan_terms", "pool_fingerprint", "register_kind", "register_rule",
            "reports_about", "snapshot_difference", "snapshot_hash", "source_label", "status_label"]
 
@@ -162,13 +163,21 @@ def _served_revision(pool: Pool, models: list[str]) -> str:
     return ",".join(f"{m}@{served.get(m) or ''}" for m in models)
 
 
-def fingerprint_change(then: dict[str, Any], now: dict[str, str]) -> str | None:
-    """Why evidence measured at `then` no longer describes the pool, or None."""
+def fingerprint_changes(then: dict[str, Any], now: dict[str, str]) -> list[tuple[str, str, str]]:
+    """What of a pool measured at `then` differs `now`: (label, was, is) per field."""
+    changes = []
     for key, label in FINGERPRINT_LABELS.items():
         if key in REPORTED_FIELDS and not then.get(key):
             continue  # measured before the pool reported it: not known to have changed
         if key in then and then.get(key) != now.get(key):
-            return f"{label} changed from {then.get(key) or '(none)'} to {now.get(key) or '(none)'}"
+            changes.append((label, str(then.get(key) or ""), str(now.get(key) or "")))
+    return changes
+
+
+def fingerprint_change(then: dict[str, Any], now: dict[str, str]) -> str | None:
+    """Why evidence measured at `then` no longer describes the pool, or None."""
+    for label, was, is_ in fingerprint_changes(then, now)[:1]:
+        return f"{label} changed from {was or '(none)'} to {is_ or '(none)'}"
     return None
 
 
