@@ -23,6 +23,9 @@ DATA_SCHEMA: dict[str, Any] = data_schema({
     "margin": {"type": "number"},
     "confidence": {"type": "number"},
     "window": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
+    # When the judgement restarted (a pool changed: only pairs received after count) and why.
+    "since": {"type": ["string", "null"]},
+    "since_why": {"type": "string"},
     "metrics": {"type": "object", "additionalProperties": ANY_OBJECT},
     "gated": {"type": "array", "items": {"type": "string"}},
     "counters": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},

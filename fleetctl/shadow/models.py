@@ -95,6 +95,14 @@ class ShadowRun(PlanJob):
     summary = models.CharField(max_length=600, blank=True)
     evidence_id = models.PositiveIntegerField(null=True, blank=True)
     judged_at = models.DateTimeField(null=True, blank=True)
+    # What the judgement is about: the primary's and the candidate's evidence fingerprints
+    # ({"primary": …, "candidate": …}, migrations_plan.evidence.pool_fingerprint) it applies
+    # to. When either changes (an upgrade), the judgement restarts: only pairs received after
+    # `judged_since` count, `judged_since_why` says which pool changed to what. Pairs from
+    # before stay stored and exportable (history), not judged. None: every pair counts.
+    judged_fingerprints = models.JSONField(default=dict, blank=True)
+    judged_since = models.DateTimeField(null=True, blank=True)
+    judged_since_why = models.CharField(max_length=300, blank=True)
 
     class Meta(PlanJob.Meta):
         indexes = [models.Index(fields=["plan", "-created_at"])]

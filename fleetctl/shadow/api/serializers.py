@@ -252,6 +252,12 @@ class ShadowRunSerializer(serializers.ModelSerializer):
         child=serializers.CharField(), read_only=True,
         help_text="Gateways of the route that cannot mirror (HAProxy), named at the start.")
     url = serializers.SerializerMethodField(help_text="The run's dashboard page.")
+    judged_since = serializers.DateTimeField(
+        read_only=True, allow_null=True,
+        help_text="The judgement counts only pairs received after this (a pool of the run "
+                  "changed then); null: every pair counts. Earlier pairs stay exportable.")
+    judged_since_why = serializers.CharField(
+        read_only=True, help_text="Which pool changed to what, when judged_since is set.")
     # The job columns (migrations_plan/jobs.py) under the names this API has always used.
     stopped_by = serializers.CharField(source="cancelled_by", read_only=True)
     stopped_at = serializers.DateTimeField(source="finished_at", read_only=True,
@@ -263,8 +269,8 @@ class ShadowRunSerializer(serializers.ModelSerializer):
                   "sample_percent", "max_rps", "max_tokens_per_day", "content",
                   "retention_hours", "min_pairs", "confidence", "margin", "status",
                   "stop_reason", "verdict", "summary", "gateways_without_mirror",
-                  "evidence_id", "judged_at", "created_by", "created_at", "stopped_by",
-                  "stopped_at", "url"]
+                  "evidence_id", "judged_at", "judged_since", "judged_since_why",
+                  "created_by", "created_at", "stopped_by", "stopped_at", "url"]
         read_only_fields = fields
 
     def get_url(self, run: ShadowRun) -> str:

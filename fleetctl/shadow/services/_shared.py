@@ -1,6 +1,6 @@
 """What a person's actions and the workers share: who a run is (its owner, its system
-actor), publishing it to the collectors, and ending it (the mirror cleared, the end
-recorded and audited)."""
+actor, what its pools are), publishing it to the collectors, and ending it (the mirror
+cleared, the end recorded and audited)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,14 @@ def _owner(run: ShadowRun) -> str:
 
 def _system() -> Actor:
     return Actor.for_system(PRODUCER)
+
+
+def _fingerprints(run: ShadowRun) -> dict[str, dict[str, str]]:
+    """What the run's primary and candidate are now, as evidence is bound to it."""
+    from migrations_plan.evidence import pool_fingerprint
+
+    return {"primary": pool_fingerprint(run.primary, [run.model_id]),
+            "candidate": pool_fingerprint(run.candidate, [run.model_id])}
 
 
 def _publish(run: ShadowRun) -> None:

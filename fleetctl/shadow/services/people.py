@@ -17,7 +17,7 @@ from fleetctl.core.errors import ConflictError, required_reason
 from fleetctl.fleet.models import Pool
 from fleetctl.shadow import live
 from fleetctl.shadow.models import ShadowRun
-from fleetctl.shadow.services._shared import _end, _owner, _publish
+from fleetctl.shadow.services._shared import _end, _fingerprints, _owner, _publish
 from migrations_plan import jobs
 
 if TYPE_CHECKING:
@@ -123,6 +123,8 @@ def run_create(*, actor: Actor, plan: Plan, mode: str = "mirror", route: Route |
                     confidence=confidence, margin=plan.quality_margin_pct / 100,
                     gateways_without_mirror=without, created_by=actor.label,
                     started_at=now, heartbeat_at=now)
+    # What its judgement is about: a pool that changes from this restarts it (judging.py).
+    run.judged_fingerprints = _fingerprints(run)
     run.full_clean(validate_constraints=False)  # one running run per plan: checked below
     try:
         with transaction.atomic():
