@@ -79,6 +79,22 @@ class Route(models.Model):
         help_text="After a passing conformance re-run, also re-run the last benchmark of a "
                   "plan's candidate (plans on this route whose gate has a benchmark check).")
 
+    class PrefixAffinity(models.TextChoices):
+        OFF = "off", "off: the pool's endpoints share requests by load"
+        HEADER = "header", "the caller's prefix key (x-fleetctl-prefix-key) only"
+        PROMPT = "prompt", "the caller's prefix key, else the prompt's leading bytes"
+
+    # Prefix affinity (issue 28): requests with the same key return to the same endpoint of
+    # a pool (consistent hashing with bounded load on Envoy), where their prompt's prefix is
+    # already cached. Written only by services.route_affinity_set.
+    prefix_affinity = models.CharField(
+        max_length=6, choices=PrefixAffinity.choices, default=PrefixAffinity.OFF,
+        editable=False,
+        help_text="Send requests that share a prompt prefix to the same endpoint of a pool.")
+    prefix_affinity_bytes = models.PositiveIntegerField(
+        default=4096, editable=False,
+        help_text="prompt: how many leading bytes of the prompt's text make its key.")
+
     class Meta:
         ordering = ["name"]
         constraints = [

@@ -13,6 +13,7 @@ from fleetctl.traffic.gateways.base import (
     DesiredState,
     GatewaySpec,
     PoolTarget,
+    PrefixAffinity,
     PromptCalibration,
     RouteSpec,
     TierSpec,
@@ -96,7 +97,8 @@ def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
                                latency_class=route.latency_class, residency=route.residency,
                                revision=route.revision_number, weights=weights,
                                mirror_bp=mirror_bp,
-                               tiers=tiers_by_route.get(route.pk, ()) if weights else ()))
+                               tiers=tiers_by_route.get(route.pk, ()) if weights else (),
+                               affinity=route_affinity(route)))
     names = {pool for spec in specs for pool in spec.weights} & set(by_name)
     calibrations = pool_calibrations(names)  # the gateway's prompt-size estimate
     pools = {
@@ -111,6 +113,15 @@ def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
         residency_header=settings.TRAFFIC_RESIDENCY_HEADER,
         latency_class_header=settings.TRAFFIC_LATENCY_CLASS_HEADER,
     ), gateway=gateway)
+
+
+def route_affinity(route: Route) -> PrefixAffinity | None:
+    """The route's prefix affinity as gateways enforce it; None when off."""
+    if route.prefix_affinity == Route.PrefixAffinity.PROMPT:
+        return PrefixAffinity("prompt", route.prefix_affinity_bytes)
+    if route.prefix_affinity == Route.PrefixAffinity.HEADER:
+        return PrefixAffinity("header", 0)
+    return None
 
 
 def _tier_specs(routes: list[Route]) -> dict[int, tuple[TierSpec, ...]]:

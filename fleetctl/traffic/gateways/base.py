@@ -88,6 +88,23 @@ class TierSpec:
                 else f"above {self.above} tokens")
 
 
+@dataclass(frozen=True)
+class PrefixAffinity:
+    """A route's prefix affinity as a gateway enforces it: requests with the same key go to
+    the same endpoint of the pool their split picked (consistent hashing, bounded load). The
+    key is the caller's DesiredState.prefix_key_header when it sends one; else, for
+    `prompt`, a hash of the leading `prefix_bytes` of the prompt's text (`header`: none, and
+    the request is balanced like any other)."""
+
+    source: str  # "header" | "prompt"
+    prefix_bytes: int  # prompt: bytes of text hashed; 0 for header
+
+    @property
+    def header(self) -> str:
+        """The internal header the gateway writes the key into, one per kind of key."""
+        return f"x-fleetctl-affinity-{'p' + str(self.prefix_bytes) if self.prefix_bytes else 'k'}"
+
+
 def tier_weights(route: RouteSpec, tier: TierSpec) -> dict[str, int]:
     """The route's split restricted to the tier's pools, in basis points summing to
     TOTAL_WEIGHT: a tier only narrows the route's pools (which are already residency-checked),
@@ -126,6 +143,8 @@ class RouteSpec:
     # The route's context tiers, smallest bound first (the open-ended one last); () = none.
     # Only kinds with `supports_context_tiers` route by them (renderable() says so for others).
     tiers: tuple[TierSpec, ...] = ()
+    # Prefix affinity; None = off. Only kinds with `supports_prefix_affinity` hold it.
+    affinity: PrefixAffinity | None = None
 
     def __post_init__(self) -> None:
         if self.weights and sum(self.weights.values()) != TOTAL_WEIGHT:
@@ -152,6 +171,8 @@ class DesiredState:
     # the stated header; the gateway keeps the larger of the two (docs/traffic.md).
     prompt_tokens_header: str = "x-fleetctl-prompt-tokens"
     prompt_tokens_stated_header: str = "x-fleetctl-prompt-tokens-stated"
+    # The caller's prefix key for prefix affinity (docs/traffic.md, "Prefix affinity").
+    prefix_key_header: str = "x-fleetctl-prefix-key"
     # Where mirrored requests go (the shadow collector, http://host:port); "" = no mirroring
     # is rendered at all. Each copy carries MIRROR_HEADER: <route key>.
     mirror_url: str = ""
@@ -279,6 +300,9 @@ class Adapter(ABC, Generic[OptionsT]):
     # Can this kind route a route's requests by prompt size (RouteSpec.tiers)? Saving tiers on
     # a route that a gateway of another kind carries is refused (services.route_tiers_set).
     supports_context_tiers: ClassVar[bool] = False
+    # Can this kind send requests sharing a prefix key to one endpoint of a pool
+    # (RouteSpec.affinity)? Refused like tiers on a route another kind carries.
+    supports_prefix_affinity: ClassVar[bool] = False
 
     def __init__(self, gateway: GatewaySpec) -> None:
         from fleetctl.traffic.gateways import registry
@@ -385,6 +409,13 @@ def renderable(kind: type[Adapter[Any]], desired: DesiredState) -> Renderable:
                       f"{', '.join(tiered)} follow their split whatever the prompt size",)
             fit_desired = replace(fit_desired, routes=tuple(
                 replace(r, tiers=()) if r.tiers else r for r in fit_desired.routes))
+    if not kind.supports_prefix_affinity:
+        hashed = sorted(r.key for r in fit_desired.routes if r.affinity)
+        if hashed:
+            notes += (f"{_kind_label(kind)} cannot keep prefix affinity; route(s) "
+                      f"{', '.join(hashed)} are balanced by load here",)
+            fit_desired = replace(fit_desired, routes=tuple(
+                replace(r, affinity=None) if r.affinity else r for r in fit_desired.routes))
     fit = Renderable(desired=fit_desired, left_out=left_out, notes=notes)
     with _fit_lock:
         _last_fit[kind] = (desired, fit)

@@ -64,6 +64,11 @@ class GatewayKind:
         """Can its gateways route by prompt size (a route's context tiers)?"""
         return self.adapter.supports_context_tiers
 
+    @property
+    def supports_prefix_affinity(self) -> bool:
+        """Can its gateways send requests sharing a prefix key to one endpoint of a pool?"""
+        return self.adapter.supports_prefix_affinity
+
     def parse_options(self, raw: Any) -> Any:
         """The options schema's instance for `raw`, or OptionsError naming each problem."""
         return parse_options(self.options, raw, self.label)

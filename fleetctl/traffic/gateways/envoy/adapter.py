@@ -203,6 +203,7 @@ _seen = _Seen()
 class EnvoyAdapter(Adapter[EnvoyOptions]):
     kind: ClassVar[str] = "envoy"
     supports_context_tiers: ClassVar[bool] = True
+    supports_prefix_affinity: ClassVar[bool] = True
 
     @classmethod
     def check_pool(cls, pool: PoolTarget) -> str | None:

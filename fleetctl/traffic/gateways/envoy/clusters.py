@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from fleetctl.traffic.gateways.base import DesiredState, PoolTarget
+from fleetctl.traffic.gateways.envoy.affinity import affinity_pools, consistent_hash_lb
 from fleetctl.traffic.gateways.envoy.names import (
     CA_BUNDLE,
     CIRCUIT_BREAKER_LIMIT,
@@ -25,6 +26,8 @@ from fleetctl.traffic.gateways.envoy.validate import parse_base_url
 
 def render_clusters(desired: DesiredState) -> dict[str, dict[str, Any]]:
     clusters = {name: render_cluster(desired.pools[name]) for name in sorted(desired.pools)}
+    for name in affinity_pools(desired) & set(clusters):  # prefix affinity: affinity.py
+        clusters[name].update(consistent_hash_lb())
     if desired.mirror_url:
         # Always there while mirroring is rendered (every route has a policy, at 0 % when it
         # does not mirror): starting or stopping a shadow run is a runtime change.

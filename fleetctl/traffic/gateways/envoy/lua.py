@@ -4,6 +4,7 @@ the prompt's tokens into the prompt header (docs/traffic.md, "Prompt size at the
 from __future__ import annotations
 
 from fleetctl.traffic.gateways.base import PROMPT_TOKENS_UNKNOWN, DesiredState, PromptCalibration
+from fleetctl.traffic.gateways.envoy.affinity import CALLER_KEY_MAX_BYTES, lua_affinity
 from fleetctl.traffic.gateways.envoy.names import (
     LUA_MODEL_CLASS,
     POOL_HEADER,
@@ -27,6 +28,13 @@ local ESTIMATE = @ESTIMATE@
 -- Envoy matches a repeated header by one of its values; joined into one ("EU,US") it matches
 -- no pinned route, so an ambiguous jurisdiction is refused rather than guessed.
 local JOINED_HEADERS = {"@RESIDENCY_HEADER@", "@LATENCY_HEADER@"}
+-- Prefix affinity (affinity.py): per model, the keys its affinity routes hash on, each
+-- {header, leading prompt bytes (0: the caller's key only)}; the most bytes any reads; every
+-- such header (a client's are removed); the caller's own key.
+local AFFINITY = {@AFFINITY@}
+local AFFINITY_SCAN = @AFFINITY_SCAN@
+local AFFINITY_HEADERS = {@AFFINITY_HEADERS@}
+local PREFIX_KEY_HEADER = "@PREFIX_KEY_HEADER@"
 
 -- From just after an opening quote: the index of the closing quote. A quote preceded by an
 -- odd number of backslashes is escaped. Plain find (memchr) keeps long prompts cheap.
@@ -49,15 +57,26 @@ end
 -- the top-level "prompt"/"input" (a string or strings in an array), as the JSON carries
 -- them; a prompt of token ids counts one token per id. Returns model, text bytes, token ids,
 -- messages, whether a prompt was found, whether the body read to its end (an unterminated
--- string does not).
+-- string does not), and the first AFFINITY_SCAN bytes of the text (its strings joined by
+-- newlines, as the JSON carries them).
 local function scan(body)
   local depth, i, found = 0, 1, nil
   local kinds, keys, top = {}, {}, nil
   local bytes, ids, messages, seen = 0, 0, 0, false
   local array_start, array_bytes = nil, 0
+  local parts, taken = {}, 0
+  local function take(from, to)
+    if taken < AFFINITY_SCAN then
+      local piece = string.sub(body, from, math.min(to, from + AFFINITY_SCAN - taken - 1))
+      parts[#parts + 1] = piece
+      taken = taken + #piece + 1
+    end
+  end
   while true do
     local j = string.find(body, '[{}%[%]"]', i)
-    if j == nil then return found, bytes, ids, messages, seen, true end
+    if j == nil then
+      return found, bytes, ids, messages, seen, true, table.concat(parts, "\n")
+    end
     local c = string.byte(body, j)
     if c == 34 then
       local close = string_end(body, j + 1)
@@ -90,9 +109,11 @@ local function scan(body)
         local key = keys[depth]
         if (depth == 3 and key == "content") or (depth == 5 and key == "text") then
           bytes = bytes + (close - j - 1)
+          take(j + 1, close - 1)
         end
       elseif (top == "prompt" or top == "input") and (depth == 1 or depth == 2) then
         bytes = bytes + (close - j - 1)
+        take(j + 1, close - 1)
       end
     elseif c == 123 or c == 91 then
       depth = depth + 1
@@ -130,6 +151,29 @@ local function estimate(cal, bytes, ids, messages)
   return math.ceil(cal[3] + cal[2] * messages + bytes / cal[1]) + ids
 end
 
+-- Two polynomial hashes (each exact in a double) of the text: 64 bits, as hex.
+local function prefix_hash(text)
+  local h1, h2 = 0, 0
+  for k = 1, #text do
+    local b = string.byte(text, k)
+    h1 = (h1 * 257 + b) % 4294967291
+    h2 = (h2 * 263 + b) % 4294967279
+  end
+  return string.format("%08x%08x", h1, h2)
+end
+
+-- Each affinity key of the model's routes: the caller's key when it sent one, else the hash
+-- of the prompt's leading bytes (for a `prompt` key, when the body had a prompt).
+local function set_affinity(headers, model, caller, prefix)
+  for _, key in ipairs(AFFINITY[model or ""] or {}) do
+    if caller ~= nil and #caller > 0 then
+      headers:replace(key[1], "k:" .. string.sub(caller, 1, @CALLER_KEY_MAX@))
+    elseif key[2] > 0 and prefix ~= nil and #prefix > 0 then
+      headers:replace(key[1], "p:" .. prefix_hash(string.sub(prefix, 1, key[2])))
+    end
+  end
+end
+
 -- The caller's own count: digits only, at most 9 of them; else none.
 local function stated(headers)
   local value = headers:get(PROMPT_STATED_HEADER)
@@ -143,20 +187,23 @@ function envoy_on_request(handle)
   local headers = handle:headers()
   headers:remove(MODEL_HEADER)
   headers:remove(PROMPT_HEADER)
+  for _, name in ipairs(AFFINITY_HEADERS) do headers:remove(name) end
   for _, name in ipairs(JOINED_HEADERS) do
     if headers:getNumValues(name) > 1 then headers:replace(name, headers:get(name)) end
   end
   local path = headers:get(":path") or ""
   if headers:get(":method") == "POST" and string.sub(path, 1, 4) == "/v1/" then
     local claimed = ESTIMATE and stated(headers) or nil
+    local caller = headers:get(PREFIX_KEY_HEADER)
     -- body() waits for the whole body; wrappers taken before it are stale afterwards.
     local body = handle:body()
     local tokens = nil
     if body ~= nil and body:length() > 0 then
       local length = body:length()
-      local model, bytes, ids, messages, seen, whole = scan(body:getBytes(0, length))
+      local model, bytes, ids, messages, seen, whole, prefix = scan(body:getBytes(0, length))
       if model ~= nil and #model <= 256 and string.find(model, "^@MODEL_CLASS@+$") then
         handle:headers():replace(MODEL_HEADER, model)
+        set_affinity(handle:headers(), model, caller, prefix)
       end
       if ESTIMATE and whole and seen and length <= PROMPT_SCAN_LIMIT then
         tokens = estimate(CALIBRATION[model or ""] or DEFAULT_CALIBRATION, bytes, ids,
@@ -246,7 +293,13 @@ def routing_lua(desired: DesiredState, *, estimate: bool = True) -> str:
     table = "".join(f'\n  ["{model}"] = {{{_lua_calibration(cal)}}},'
                     for model, cal in model_calibrations(desired).items())
     script = _LUA + (_LUA_QUEUE_FULL if queues else "")
-    return (script.replace("@MODEL_HEADER@", desired.model_header)
+    affinity, affinity_scan, affinity_headers = lua_affinity(desired)
+    return (script.replace("@AFFINITY@", affinity)
+            .replace("@AFFINITY_SCAN@", str(affinity_scan))
+            .replace("@AFFINITY_HEADERS@", ", ".join(f'"{h}"' for h in affinity_headers))
+            .replace("@PREFIX_KEY_HEADER@", desired.prefix_key_header)
+            .replace("@CALLER_KEY_MAX@", str(CALLER_KEY_MAX_BYTES))
+            .replace("@MODEL_HEADER@", desired.model_header)
             .replace("@RESIDENCY_HEADER@", desired.residency_header)
             .replace("@LATENCY_HEADER@", desired.latency_class_header)
             .replace("@PROMPT_STATED_HEADER@", desired.prompt_tokens_stated_header)

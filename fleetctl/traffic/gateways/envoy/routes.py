@@ -16,6 +16,7 @@ from fleetctl.traffic.gateways.base import (
     openai_error,
     tier_weights,
 )
+from fleetctl.traffic.gateways.envoy.affinity import hash_policy
 from fleetctl.traffic.gateways.envoy.fallback import tier_entries
 from fleetctl.traffic.gateways.envoy.lua import routing_lua
 from fleetctl.traffic.gateways.envoy.names import (
@@ -259,6 +260,8 @@ def _weighted_route(name: str, match: dict[str, Any], weights: dict[str, int], p
     }
     if desired.mirror_url:
         action["request_mirror_policies"] = [mirror_policy(route, desired)]
+    if route.affinity:
+        action["hash_policy"] = hash_policy(route)
     return {
         "name": name,
         "match": match,
