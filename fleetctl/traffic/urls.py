@@ -13,6 +13,7 @@ urlpatterns = [
     path("routes/<slug:name>/reverify-policy/", views.route_reverify_policy,
          name="route-reverify-policy"),
     path("routes/<slug:name>/tiers/", views.route_tiers, name="route-tiers"),
+    path("routes/<slug:name>/affinity/", views.route_affinity, name="route-affinity"),
     path("pools/<slug:name>/drain/", views.pool_drain, name="pool-drain"),
     path("drains/", views.drain_list, name="drains"),
     path("drains/<int:drain_id>/", views.drain_detail, name="drain-detail"),

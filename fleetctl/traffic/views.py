@@ -95,6 +95,31 @@ def route_reverify_policy(request: HttpRequest, name: str) -> HttpResponse:
                              display="get_reverify_policy_display")
 
 
+@dashboard_view
+@require_POST
+def route_affinity(request: HttpRequest, name: str) -> HttpResponse:
+    """Set the route's prefix affinity (fleet-manage); a refusal names the field."""
+    route = get_or_404(selectors.route_get, name=name, what=f"route named {name!r}")
+    actor = actor_from_request(request)
+    data: dict[str, Any] = {"source": request.POST.get("source") or None}
+    size = str(request.POST.get("prefix_bytes", "")).strip()
+    if size and data["source"] == Route.PrefixAffinity.PROMPT:
+        data["prefix_bytes"] = int(size) if size.isdigit() else size
+
+    def affinity_set() -> Route:
+        try:
+            return services.route_affinity_set(actor=actor, route=route, data=data)
+        except ValidationError as exc:  # said as a message naming the field
+            raise ValidationError([f"{field}: {message}" for field, messages_ in
+                                   exc.message_dict.items() for message in messages_]) from exc
+
+    done = call_service(request, affinity_set)
+    if done.result is not None:
+        messages.success(request, f"Prefix affinity of {name}: "
+                                  f"{done.result.get_prefix_affinity_display()}.")
+    return redirect("traffic:route-detail", name=name)
+
+
 TIER_ROWS_BLANK = 2  # empty rows the tiers form offers below the route's tiers
 
 

@@ -71,20 +71,37 @@ class RevisionAnswerSerializer(RevisionSerializer):
         return bool(getattr(revision, "unchanged", False))
 
 
+class RouteAffinitySerializer(serializers.Serializer):
+    """A route's prefix affinity (PUT /routes/{name}/affinity/). Checked by the service,
+    which names the field at fault; here only documented."""
+
+    source = serializers.ChoiceField(  # type: ignore[assignment]
+        choices=Route.PrefixAffinity.choices,
+        help_text="off; header: the caller's x-fleetctl-prefix-key only; prompt: that key, "
+                  "else a hash of the prompt text's leading prefix_bytes. Requests with "
+                  "the same key go to the same endpoint of a pool (Envoy gateways only).")
+    prefix_bytes = serializers.IntegerField(
+        required=False, allow_null=True, min_value=64, max_value=65_536,
+        help_text="prompt only: the leading bytes of the prompt's text that make its key "
+                  "(default 4096; left out keeps the route's).")
+
+
 class RouteSerializer(serializers.ModelSerializer):
     primary_pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all())
     gateways: Any = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
     current = serializers.SerializerMethodField(
         help_text="The revision in force (null before the first).")
+    prefix_affinity = serializers.SerializerMethodField(
+        help_text="Prefix affinity: {source, prefix_bytes}; set it with PUT affinity/.")
 
     class Meta:
         model = Route
         fields = ["id", "name", "model_id", "latency_class", "residency", "primary_pool",
                   "health_policy", "reverify_policy", "reverify_benchmark", "revision_number",
-                  "current", "gateways",
+                  "current", "gateways", "prefix_affinity",
                   "mirror_percent", "mirror_owner", "created_at"]
         read_only_fields = ["id", "revision_number", "current", "gateways", "mirror_percent",
-                            "mirror_owner", "created_at"]
+                            "mirror_owner", "created_at", "prefix_affinity"]
         extra_kwargs: dict[str, Any] = {"name": {"validators": []}}
         validators: list[Any] = []
 
@@ -92,6 +109,12 @@ class RouteSerializer(serializers.ModelSerializer):
     def get_current(self, route: Route) -> dict[str, Any] | None:
         current = self.context.get("current_revisions", {}).get(route.pk)
         return RevisionSerializer(current).data if current else None
+
+    @extend_schema_field(RouteAffinitySerializer)
+    def get_prefix_affinity(self, route: Route) -> dict[str, Any]:
+        from fleetctl.traffic.services.affinity import affinity_dict
+
+        return affinity_dict(route)
 
 
 class RouteCreateSerializer(RouteSerializer):

@@ -18,6 +18,7 @@ from fleetctl.traffic.api import serializers as s
 from fleetctl.traffic.api import waiting
 from fleetctl.traffic.filters import GatewayFilter
 from fleetctl.traffic.models import Drain, Route
+from fleetctl.traffic.services.affinity import affinity_dict
 
 
 class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
@@ -114,6 +115,21 @@ class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Crea
                                                    route=route, **body.validated_data)
         self._current = selectors.revisions_current(routes=[route])
         return Response(s.RouteSerializer(route, context=self.get_serializer_context()).data)
+
+    @extend_schema(methods=["GET"], responses={200: s.RouteAffinitySerializer})
+    @extend_schema(methods=["PUT"], request=s.RouteAffinitySerializer,
+                   responses={200: s.RouteAffinitySerializer})
+    @action(detail=True, methods=["get", "put"], filter_backends=[])
+    def affinity(self, request: Request, name: str) -> Response:
+        """GET: the route's prefix affinity. PUT (scope `fleet`): set it; its gateways are
+        pushed again. 400 naming the field on a bad value (prefix_bytes 64..65,536, only for
+        a prompt key), or on `source` while a gateway that cannot keep it (HAProxy, nginx,
+        Gateway API) carries the route."""
+        route = self.get_object()
+        if request.method == "PUT":
+            route = services.route_affinity_set(actor=actor_from_request(request),
+                                                route=route, data=request.data)
+        return Response(affinity_dict(route))
 
     @extend_schema(methods=["GET"], responses={200: s.RouteTiersSerializer})
     @extend_schema(methods=["PUT"], request=s.RouteTiersSetSerializer,

@@ -11,9 +11,10 @@ that attempt is what the drain's figures time.
 
 The writes are split by who makes them: `writes` (what a person or an API client does to
 routes, revisions and gateways), `drains` (drains and restores), `mirroring` (what shadow
-runs' jobs ask for), `tiers` (a route's context tiers, and the guard fleet asks before a
-pool's context is lowered) and `_shared` (checking and storing a split and its pushes). Import
-them from here: `from fleetctl.traffic import services; services.revision_create(...)`."""
+runs' jobs ask for), `affinity` (a route's prefix affinity), `tiers` (a route's context
+tiers, and the guard fleet asks before a pool's context is lowered) and `_shared` (checking
+and storing a split and its pushes). Import them from here: `from fleetctl.traffic import
+services; services.revision_create(...)`."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from fleetctl.traffic.services._shared import (
     PUSH_OPEN,
     gateways_refresh,
 )
+from fleetctl.traffic.services.affinity import route_affinity_set
 from fleetctl.traffic.services.drains import drain_request, drain_restore
 from fleetctl.traffic.services.mirroring import MIRROR_FIELDS, route_mirror_clear, route_mirror_set
 from fleetctl.traffic.services.tiers import route_tiers_set
@@ -52,6 +54,7 @@ __all__ = [
     "gateway_update",
     "gateways_refresh",
     "revision_create",
+    "route_affinity_set",
     "route_create",
     "route_health_policy_set",
     "route_mirror_clear",

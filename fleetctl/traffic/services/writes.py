@@ -173,11 +173,30 @@ def _refuse_tiers_on_kind(kind_name: str, routes: list[Route], *, field: str) ->
             f"Remove the tiers first, or carry these routes on an Envoy gateway."]})
 
 
+def _refuse_affinity_on_kind(kind_name: str, routes: list[Route], *, field: str) -> None:
+    """400 naming `field` when a gateway of this kind cannot keep prefix affinity and one of
+    `routes` has it on: it would balance them by load alone (a silent partial)."""
+    from fleetctl.traffic.gateways import registry
+
+    kind = registry.find(kind_name)
+    if kind is None or kind.supports_prefix_affinity or not routes:
+        return
+    hashed = sorted(Route.objects.filter(pk__in=[r.pk for r in routes])
+                    .exclude(prefix_affinity=Route.PrefixAffinity.OFF)
+                    .values_list("name", flat=True))
+    if hashed:
+        raise ValidationError({field: [
+            f"{kind.label} gateways cannot keep prefix affinity, and route(s) "
+            f"{', '.join(hashed)} have it on: only Envoy gateways enforce it. Turn it off "
+            f"first, or carry these routes on an Envoy gateway."]})
+
+
 def gateway_update(*, actor: Actor, gateway: Gateway, routes: list[Route] | None = None,
                    **changes: Any) -> Gateway:
     if "kind" in changes and changes["kind"] != gateway.kind:
-        _refuse_tiers_on_kind(str(changes["kind"]), list(
-            gateway.routes.all() if routes is None else routes), field="kind")
+        carried = list(gateway.routes.all() if routes is None else routes)
+        _refuse_tiers_on_kind(str(changes["kind"]), carried, field="kind")
+        _refuse_affinity_on_kind(str(changes["kind"]), carried, field="kind")
     gateway = audited_update(actor=actor, permission=roles.FLEET_MANAGE,
                              action="gateway.update", instance=gateway, changes=changes,
                              allowed=GATEWAY_FIELDS)
@@ -263,6 +282,7 @@ def gateway_set_routes(*, actor: Actor, gateway: Gateway, routes: list[Route]) -
     """Which routes a gateway carries; it is pushed its new whole state right away."""
     actor.require(roles.FLEET_MANAGE, action="gateway.set_routes", target=gateway)
     _refuse_tiers_on_kind(gateway.kind, routes, field="routes")
+    _refuse_affinity_on_kind(gateway.kind, routes, field="routes")
     with transaction.atomic():
         before = sorted(gateway.routes.values_list("name", flat=True))
         gateway.routes.set(routes)
