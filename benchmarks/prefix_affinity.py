@@ -22,8 +22,15 @@ Per arm: the prefix-cache hit rate (hits / queries of the endpoints' /metrics co
 the arm), TTFT p50 and p95, output tokens/s and requests/s in the window. Printed per round,
 then the medians over rounds and the ratios to least-request.
 
+`--only cost`: what the key costs a request at the gateway. One Envoy, two one-endpoint
+pools of a simulator whose prefill is near free; the same ~7.2k-token chat (max_tokens 1,
+always a cache hit) alternates, one by one, between a route with affinity (the Lua script
+hashes `--prefix-bytes`, ring hash picks) and one without (least-request): client-side p50
+and p99 per round, and what affinity adds.
+
     .venv/bin/python benchmarks/prefix_affinity.py [--endpoints 4] [--groups 32]
         [--concurrency 16] [--rounds 3] [--output 256] [--warmup 10] [--window 30]
+        [--only arms|cost] [--requests 1000]
 """
 
 from __future__ import annotations
@@ -57,14 +64,25 @@ divergence_rate = 0.0
 replica_noise = 0.0
 """
 ARMS = ("least-request", "affinity", "hashed-no-key")
+# For --only cost: prefill near free, so a request's time is the gateway's and the client's.
+COST_PROFILES = """
+[profiles.free]
+base = "h200"
+decode_base_ms = 0.5
+decode_per_seq_ms = 0.0
+network_latency_ms = 0.0
+replica_noise = 0.0
+prefill_tokens_per_s = 10000000.0
+"""
 
 
-def start_simulator(folder: Path, endpoints: int) -> tuple[subprocess.Popen[str], list[str]]:
-    (folder / "profiles.toml").write_text(PROFILES)
+def start_simulator(folder: Path, endpoints: int, *, profiles: str = PROFILES,
+                    profile: str = "bench") -> tuple[subprocess.Popen[str], list[str]]:
+    (folder / "profiles.toml").write_text(profiles)
     argv = [sys.executable, "-m", "fleetctl.sim", "--profiles", str(folder / "profiles.toml"),
             "--log-level", "ERROR", "--model", MODEL, "--model", OTHER]
     for i in range(endpoints):
-        argv += ["--pool", f"e{i}=bench@0"]
+        argv += ["--pool", f"e{i}={profile}@0"]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     urls = []
@@ -148,6 +166,71 @@ def show(label: str, row: dict[str, float]) -> None:
           f" of {row['measured']:.0f}", flush=True)
 
 
+def measure_cost(args: argparse.Namespace) -> None:
+    import http.client
+    import json
+    import random
+    import time
+
+    from fleetctl.bench.client import WORDS
+    from fleetctl.bench.stats import percentile
+    from fleetctl.core.ports import free_port
+    from fleetctl.demo.envoy_process import EnvoyProcess
+    from fleetctl.traffic.gateways.base import DesiredState, PoolTarget, PrefixAffinity, RouteSpec
+    from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-prefix-affinity-cost-"))
+    sim, urls = start_simulator(folder, 2, profiles=COST_PROFILES, profile="free")
+    envoy = EnvoyProcess(folder / "envoy", free_port(), free_port(), access_log=False)
+    words = random.Random(args.seed).choices(WORDS, k=args.shared + args.unique)
+    bodies = {arm: json.dumps({"model": model, "max_tokens": 1, "messages": [
+        {"role": "user", "content": " ".join(words)}]}).encode()
+        for arm, model in (("affinity", MODEL), ("least-request", OTHER))}
+    print(f"gateway cost: {len(bodies['affinity']):,}-byte chat, prefix_bytes "
+          f"{args.prefix_bytes}, {args.requests} requests per arm and round, alternating")
+    try:
+        envoy.start(timeout_s=60)
+        route = RouteSpec(key="hashed", model=MODEL, latency_class="", residency="",
+                          revision=1, weights={"pa": 10_000},
+                          affinity=PrefixAffinity("prompt", args.prefix_bytes))
+        plain = RouteSpec(key="plain", model=OTHER, latency_class="", residency="",
+                          revision=1, weights={"pb": 10_000})
+        result = EnvoyAdapter(envoy.gateway("bench", load_timeout_s=30)).apply(DesiredState(
+            routes=(route, plain), pools={"pa": PoolTarget("pa", (urls[0],), "US"),
+                                          "pb": PoolTarget("pb", (urls[1],), "US")}))
+        if not result.applied:
+            raise SystemExit(f"not applied: {result.detail}")
+        conn = http.client.HTTPConnection("127.0.0.1", envoy.listen_port, timeout=30)
+        added_p50, added_p99 = [], []
+        for round_no in range(args.rounds):
+            times: dict[str, list[float]] = {"affinity": [], "least-request": []}
+            for i in range(args.requests * 2 + 20):
+                arm = ("affinity", "least-request")[(i + round_no) % 2]
+                started = time.perf_counter()
+                conn.request("POST", "/v1/chat/completions", body=bodies[arm],
+                             headers={"content-type": "application/json"})
+                answer = conn.getresponse()
+                answer.read()
+                if answer.status != 200:
+                    raise SystemExit(f"{arm}: HTTP {answer.status}")
+                if i >= 20:  # the first few warm the connections and the caches
+                    times[arm].append((time.perf_counter() - started) * 1000)
+            on = (percentile(times["affinity"], 50) or 0, percentile(times["affinity"], 99) or 0)
+            off = (percentile(times["least-request"], 50) or 0,
+                   percentile(times["least-request"], 99) or 0)
+            added_p50.append(on[0] - off[0])
+            added_p99.append(on[1] - off[1])
+            print(f"round {round_no + 1}: affinity p50 {on[0]:.3f} p99 {on[1]:.3f} ms; "
+                  f"least-request p50 {off[0]:.3f} p99 {off[1]:.3f} ms; added p50 "
+                  f"{added_p50[-1]:+.3f} p99 {added_p99[-1]:+.3f} ms", flush=True)
+        print(f"median added: p50 {statistics.median(added_p50):+.3f} ms, p99 "
+              f"{statistics.median(added_p99):+.3f} ms")
+    finally:
+        envoy.stop()
+        sim.terminate()
+        sim.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--endpoints", type=int, default=4)
@@ -161,11 +244,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--window", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=28)
+    parser.add_argument("--only", choices=("arms", "cost"), default="arms")
+    parser.add_argument("--requests", type=int, default=1000, help="cost: per arm and round")
     args = parser.parse_args()
 
     import django
 
     django.setup()
+    if args.only == "cost":
+        measure_cost(args)
+        return
     from fleetctl.bench.traces.synthetic import Arrival, Dist, generate
     from fleetctl.core.ports import free_port
     from fleetctl.demo.envoy_process import EnvoyProcess
