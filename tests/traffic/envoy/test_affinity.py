@@ -69,6 +69,23 @@ def test_an_affinity_route_hashes_on_its_header_and_its_pools_ring_hash() -> Non
     assert "local AFFINITY_SCAN = 512" in script
 
 
+def test_a_queue_tiers_own_clusters_hash_like_their_pool(tmp_path: Path) -> None:
+    """A queue tier sends each pool's share to a copy of its cluster (fallback.py): on an
+    affinity route the copy must hash too, or the tier's requests would lose their warm
+    endpoint; fallback's aggregate clusters delegate to those, and the config stays valid."""
+    queue = TierSpec(None, 100, "queue", ("pa", "pb"), queue_max=8, retry_after_s=5)
+    tiers = (TierSpec(100, 0, "failover", ("pa", "pb")), queue)
+    desired = state(pools_ab(), replace(route("chat", {"pa": 5000, "pb": 5000}),
+                                        affinity=PROMPT, tiers=tiers))
+    rendered = envoy_config.render(desired)
+    copies = {name: c for name, c in rendered.clusters.items()
+              if "_q_" in name}
+    assert len(copies) == 2
+    assert {c["lb_policy"] for c in copies.values()} == {"RING_HASH"}
+    ok, output = validate_config(envoy_config.render_validation_bootstrap(desired), tmp_path)
+    assert ok, output
+
+
 def test_affinity_passes_envoy_validate(tmp_path: Path) -> None:
     desired = state(pools_ab(), replace(route("chat", {"pa": 5000, "pb": 5000}),
                                         affinity=PROMPT),

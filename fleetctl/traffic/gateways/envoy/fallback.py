@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetctl.traffic.gateways.base import DesiredState, RouteSpec, TierSpec, tier_weights
+from fleetctl.traffic.gateways.envoy.affinity import affinity_pools, consistent_hash_lb
 from fleetctl.traffic.gateways.envoy.clusters import render_cluster
 from fleetctl.traffic.gateways.envoy.names import (
     AGGREGATE_CLUSTER_TYPE,
@@ -101,6 +102,7 @@ def _may_take(desired: DesiredState, pool: str, other: str, *, same_class: bool)
 def render_tier_clusters(desired: DesiredState) -> dict[str, dict[str, Any]]:
     """The queue and aggregate clusters every tier entry names, by name."""
     clusters: dict[str, dict[str, Any]] = {}
+    hashed = affinity_pools(desired)
     for route in desired.routes:
         for index, tier in enumerate(route.tiers if route.weights else ()):
             entries = tier_entries(route, tier, index, desired)
@@ -108,6 +110,8 @@ def render_tier_clusters(desired: DesiredState) -> dict[str, dict[str, Any]]:
                 for entry in entries:
                     name = entry.tries[0]
                     clusters[name] = _queue_cluster(desired, entry.pool, name, tier)
+                    if entry.pool in hashed:  # a queue's copy balances like its pool
+                        clusters[name].update(consistent_hash_lb())
             for entry in entries:
                 if len(entry.tries) > 1:
                     clusters[entry.cluster] = _aggregate_cluster(entry.cluster, entry.tries)
