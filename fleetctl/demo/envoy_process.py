@@ -68,7 +68,8 @@ class EnvoyProcess:
         and `options`, read by the Envoy options schema (a wrong one fails here, naming it)."""
         logged = {"access_log": str(self.access_log_path)} if self.access_log_path else {}
         spec = GatewaySpec(name=name, kind="envoy", admin_address=self.admin_url,
-                           options={"config_dir": str(self.workdir), **logged, **options})
+                           options={"config_dir": str(self.workdir), **logged,
+                                    "listen_url": self.listen_url, **options})
         registry.get("envoy").parse_options(spec.options)
         return spec
 

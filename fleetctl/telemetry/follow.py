@@ -34,6 +34,7 @@ class _Aggregate:
         "requests",
         "retries",
         "streamed",
+        "tiers",
         "ttft",
     )
 
@@ -44,6 +45,7 @@ class _Aggregate:
         self.ttft: dict[int, int] = {}
         self.duration: dict[int, int] = {}
         self.flags: dict[str, int] = {}
+        self.tiers: dict[str, int] = {}  # context tier routed by ("0", "unknown") -> count
 
 
 class Aggregator:
@@ -97,6 +99,8 @@ class Aggregator:
                 if record.ttft_ms is not None:
                     i = bucket_of(record.ttft_ms)
                     agg.ttft[i] = agg.ttft.get(i, 0) + 1
+        if record.tier:
+            agg.tiers[record.tier] = agg.tiers.get(record.tier, 0) + 1
         status_class = f"{status // 100}xx" if status else "no-answer"
         agg.flags[status_class] = agg.flags.get(status_class, 0) + 1
         flags = record.flags
@@ -122,7 +126,7 @@ class Aggregator:
                         "bytes_out": agg.bytes_out},
                 histograms={"ttft": {str(i): n for i, n in agg.ttft.items()},
                             "duration": {str(i): n for i, n in agg.duration.items()},
-                            "flags": dict(agg.flags)}))
+                            "flags": dict(agg.flags), "tiers": dict(agg.tiers)}))
         self.open = {}
         return deltas
 
@@ -137,8 +141,10 @@ class Aggregator:
                 into = getattr(agg, name)
                 for i, n in delta.histograms[name].items():
                     into[int(i)] = into.get(int(i), 0) + n
-            for flag, n in delta.histograms["flags"].items():
-                agg.flags[flag] = agg.flags.get(flag, 0) + n
+            for name in ("flags", "tiers"):
+                into = getattr(agg, name)
+                for key, n in delta.histograms.get(name, {}).items():
+                    into[key] = into.get(key, 0) + n
             self.open[key] = agg
 
 

@@ -61,6 +61,9 @@ class Window(models.Model):
     tpot = models.JSONField(default=dict)
     # Envoy response flags (UF, UO, URX, ...) and status classes -> count.
     flags = models.JSONField(default=dict)
+    # Requests per context tier whose gateway entry routed them ("0", "1", ... or "unknown":
+    # the prompt could not be sized) -> count; a route without tiers leaves it empty.
+    tiers = models.JSONField(default=dict)
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -304,3 +304,34 @@ def ingest_status(now: datetime | None = None) -> list[dict[str, Any]]:
             "last_error": cursor.last_error,
         })
     return out
+
+
+TIER_LIVE_MINUTES = 15
+_TIER_FIELDS = ("start", "resolution_s", "pool", "tiers")
+
+
+def route_tier_live(route: str, *, minutes: float = TIER_LIVE_MINUTES,
+                    now: datetime | None = None) -> dict[str, Any]:
+    """What the gateways' logs say each context tier of `route` carried lately: per tier
+    ("0", "1", ... and "unknown": the prompts the gateway could not size), the requests its
+    entry routed and each pool's share of them (0..1), over the windows overlapping the last
+    `minutes` (every gateway summed). Tiers that routed nothing are absent; a route without
+    tiers, or a gateway kind that does not log them, gives {"tiers": {}}. Client disconnects
+    count too: the question is where the gateway sent requests, not how they ended."""
+    until = now or timezone.now()
+    since = until - timedelta(minutes=minutes)
+    rows = Window.objects.filter(source=Window.Source.GATEWAY, route=route,
+                                 start__lt=until, start__gt=since - LONGEST_WINDOW)
+    counts: dict[str, dict[str, int]] = {}
+    for row in _overlapping(rows.order_by().values(*_TIER_FIELDS), since, until):
+        for tier, n in (row["tiers"] or {}).items():
+            pools = counts.setdefault(str(tier), {})
+            pools[row["pool"]] = pools.get(row["pool"], 0) + int(n)
+    tiers: dict[str, Any] = {}
+    for tier in sorted(counts, key=lambda t: (not t.isdigit(), int(t) if t.isdigit() else 0)):
+        total = sum(counts[tier].values())
+        tiers[tier] = {"requests": total, "pools": [
+            {"pool": pool, "requests": n, "share": n / total if total else 0.0,
+             "percent": round(100 * n / total, 1) if total else 0.0}
+            for pool, n in sorted(counts[tier].items(), key=lambda kv: (-kv[1], kv[0]))]}
+    return {"since": since, "until": until, "minutes": minutes, "tiers": tiers}

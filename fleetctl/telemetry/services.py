@@ -22,7 +22,7 @@ from fleetctl.telemetry.models import Window
 
 COUNT_FIELDS = ("requests", "errors", "client_errors", "client_disconnects", "retries",
                 "fallbacks", "fell_over", "streamed", "bytes_out")
-HISTOGRAM_FIELDS = ("ttft", "duration", "tpot", "flags")
+HISTOGRAM_FIELDS = ("ttft", "duration", "tpot", "flags", "tiers")
 _WRITTEN = (*COUNT_FIELDS, *HISTOGRAM_FIELDS, "updated_at")
 _KEY_FIELDS = ("source", "source_name", "route", "pool", "resolution_s", "start")
 _EMPTY = dict.fromkeys(COUNT_FIELDS, 0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fleetctl.fleet.models import Pool, PoolModel
 from fleetctl.traffic import policy
@@ -66,6 +67,9 @@ class TierPools:
     above: int  # the bound of the tier below (0 for the first): this tier's prompts are larger
     eligible: list[Candidate] = field(default_factory=list)
     others: list[tuple[Candidate, str]] = field(default_factory=list)
+    # What the gateways' logs say this tier's entry carried lately (`route_tier_live`):
+    # {"requests": n, "pools": [{"pool", "requests", "share"}]}; None when nothing was read.
+    live: dict[str, Any] | None = None
 
     @property
     def needed(self) -> int:
@@ -154,3 +158,18 @@ def route_tier_pools(route: Route) -> list[TierPools]:
         return []
     tiers = route_tiers(route)
     return tier_pools(route, tiers) if tiers else []
+
+
+def route_tier_live(route: Route, views: Sequence[TierPools]) -> dict[str, Any]:
+    """Each tier's live share per pool over the last 15 minutes, from telemetry (which sits
+    above traffic and provides it: core/panels.py), set on `views` (`live`) and returned:
+    {"minutes", "since", "until", "tiers": {"0": {...}, "unknown": {...}}}. {"tiers": {}}
+    when no telemetry is installed or nothing was logged."""
+    from fleetctl.core.panels import provided
+
+    live = provided("traffic.tier_live", route.name) if views else {}
+    live = dict(live or {})
+    live.setdefault("tiers", {})
+    for view in views:
+        view.live = live["tiers"].get(str(view.index))
+    return live

@@ -43,11 +43,12 @@ from fleetctl.traffic.forms import (
     RestoreForm,
     ReverifyPolicyForm,
 )
+from fleetctl.traffic.gateways.base import PROMPT_TOKENS_UNKNOWN
 from fleetctl.traffic.holds import Hold, holds_on
 from fleetctl.traffic.models import ContextTier, Drain, GatewayPush, Route, SplitRevision
 from fleetctl.traffic.push import drain_push_now
 from fleetctl.traffic.split import as_percentages
-from fleetctl.traffic.tiers import TierPools, route_tier_pools
+from fleetctl.traffic.tiers import TierPools, route_tier_live, route_tier_pools
 
 # The ids of the blocks htmx refreshes; the view picks the partial by HX-Target.
 GATEWAYS_ID = "gateways"
@@ -247,6 +248,7 @@ def _render_route_detail(request: HttpRequest, route: Route, *, now: RouteNow | 
     colours = pool_colours([*split, *(pool.name for pool in form.pools)])
     rates = selectors.route_pool_rates(route=route, pools=eligible | set(split))
     tier_pools = route_tier_pools(route)
+    tier_live = route_tier_live(route, tier_pools)
     context: dict[str, Any] = {
         "route": route,
         "current": current,
@@ -261,6 +263,8 @@ def _render_route_detail(request: HttpRequest, route: Route, *, now: RouteNow | 
         "not_eligible": {pool.name for pool in form.pools} - eligible,
         "outside_pin": selectors.pools_outside_pin(route=route),
         "tiers": tier_pools,
+        "tier_live": tier_live,
+        "tier_unknown": tier_live["tiers"].get(PROMPT_TOKENS_UNKNOWN),
         "tier_behaviours": ContextTier.Behaviour.choices,
         "tier_blank_rows": range(TIER_ROWS_BLANK),
         "rates_figure": figure_data(charts.pool_rates_figure(rates, colours=colours))

@@ -263,7 +263,53 @@ class TestApi:
         assert {"pool": "liar", "reason": "reports less than registered: its servers "
                 "report max_model_len 16,384 (registered 32,768)"} \
             in body["tiers"][1]["not_eligible"]
-        assert client.get(url).json() == body
+        again = client.get(url).json()
+        assert again.pop("live")["tiers"] == body.pop("live")["tiers"] == {}
+        assert again == body
+
+    def test_the_live_share_of_each_tier_comes_from_the_last_15_minutes_of_telemetry(
+            self, world: SimpleNamespace, token_client: Any, make_user: Any) -> None:
+        """Windows as the ingester writes them (per gateway, route, pool: `tiers` counts);
+        the real Envoy's side is tests/traffic/envoy/test_tiers.py."""
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        from fleetctl.telemetry.services import window_add, window_start
+
+        services.route_tiers_set(actor=world.lead, route=world.route, tiers=TIERS)
+        now = timezone.now()
+        start = window_start(now.timestamp(), 10)
+        for gateway, pool, tiers_seen in (("gw1", "big", {"0": 3, "1": 4, "unknown": 1}),
+                                          ("gw2", "big", {"0": 1}),
+                                          ("gw1", "small", {"0": 4})):
+            window_add(source="gateway", source_name=gateway, route="llama", pool=pool,
+                       resolution_s=10, start=start, counts={"requests": 9},
+                       histograms={"tiers": tiers_seen})
+        # Older than 15 minutes (and another route): not counted.
+        window_add(source="gateway", source_name="gw1", route="llama", pool="small",
+                   resolution_s=10, start=start - timedelta(minutes=30),
+                   histograms={"tiers": {"1": 50}})
+        window_add(source="gateway", source_name="gw1", route="other", pool="small",
+                   resolution_s=10, start=start, histograms={"tiers": {"1": 50}})
+        live = token_client(["read"], "viewer").get("/api/v1/routes/llama/tiers/").json()["live"]
+        assert live["minutes"] == 15
+        assert live["tiers"] == {
+            "0": {"requests": 8, "pools": [
+                {"pool": "big", "requests": 4, "share": 0.5, "percent": 50.0},
+                {"pool": "small", "requests": 4, "share": 0.5, "percent": 50.0}]},
+            "1": {"requests": 4, "pools": [
+                {"pool": "big", "requests": 4, "share": 1.0, "percent": 100.0}]},
+            "unknown": {"requests": 1, "pools": [
+                {"pool": "big", "requests": 1, "share": 1.0, "percent": 100.0}]}}
+        client = Client()
+        client.force_login(make_user("vee", "viewer"))
+        html = client.get(reverse("traffic:route-detail", args=["llama"])).content.decode()
+        assert "Live, last 15 min" in html
+        row = html[html.index('id="tier-1"'):html.index('id="tier-2"')]
+        assert "4 requests" in row and "big</span> 100.0 %" in row
+        assert "no requests logged" in html[html.index('id="tier-2"'):]
+        assert "could not size" in html and 'id="tier-unknown"' in html
 
     def test_bad_tiers_are_a_400_naming_the_tier_and_change_nothing(
             self, world: SimpleNamespace, token_client: Any) -> None:
@@ -291,7 +337,7 @@ class TestApi:
             self, world: SimpleNamespace, token_client: Any) -> None:
         url = "/api/v1/routes/llama/tiers/"
         reader = token_client(["read"], "platform-lead")
-        assert reader.get(url).json() == {"route": "llama", "tiers": []}
+        assert reader.get(url).json() == {"route": "llama", "tiers": [], "live": {"tiers": {}}}
         assert reader.put(url, {"tiers": TIERS}, format="json").status_code == 403
         ramper = token_client(["ramp"], "on-call")
         assert ramper.put(url, {"tiers": TIERS}, format="json").status_code == 403

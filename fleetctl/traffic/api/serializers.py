@@ -199,9 +199,34 @@ class TierPoolsSerializer(serializers.Serializer):
         return [{"pool": c.pool.name, "reason": why} for c, why in view.others]
 
 
+class TierLivePoolSerializer(serializers.Serializer):
+    pool = serializers.CharField()
+    requests = serializers.IntegerField()
+    share = serializers.FloatField(help_text="Of the tier's requests, 0..1.")
+    percent = serializers.FloatField(help_text="The share in %, one decimal.")
+
+
+class TierLiveEntrySerializer(serializers.Serializer):
+    requests = serializers.IntegerField(help_text="Requests the tier's gateway entry routed.")
+    pools = TierLivePoolSerializer(many=True)
+
+
+class TierLiveSerializer(serializers.Serializer):
+    minutes = serializers.FloatField(required=False)
+    since = serializers.DateTimeField(required=False)
+    until = serializers.DateTimeField(required=False)
+    tiers = serializers.DictField(
+        child=TierLiveEntrySerializer(),
+        help_text="By tier index (\"0\", \"1\", ...) and \"unknown\" (prompts the gateway "
+                  "could not size, sent where the last tier goes): what the gateways' access "
+                  "logs say each tier carried in the last 15 minutes. Tiers that carried "
+                  "nothing are absent.")
+
+
 class RouteTiersSerializer(serializers.Serializer):
     route = serializers.CharField()
     tiers = TierPoolsSerializer(many=True)
+    live = TierLiveSerializer(help_text="The live share of each tier per pool (telemetry).")
 
 
 class RevisionCreateSerializer(serializers.Serializer):

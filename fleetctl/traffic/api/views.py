@@ -151,7 +151,9 @@ class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Crea
                                                  "them)."]})
             views = services.route_tiers_set(actor=actor_from_request(request), route=route,
                                              tiers=data["tiers"])
-        return Response(s.RouteTiersSerializer({"route": route.name, "tiers": views}).data)
+        live = tiers.route_tier_live(route, views)
+        return Response(s.RouteTiersSerializer({"route": route.name, "tiers": views,
+                                                "live": live}).data)
 
 
 class GatewayViewSet(ServiceModelViewSet):

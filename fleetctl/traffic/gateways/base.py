@@ -234,6 +234,9 @@ class LogRecord:
     # The pool the route's split chose when another pool answered (a tier's per-request
     # fallback: the chosen one failed before any byte reached it); "" otherwise.
     fallback_from: str = ""
+    # The context tier whose entry routed it: "0", "1", ... or PROMPT_TOKENS_UNKNOWN; "" when
+    # none did (a route without tiers, a kind that does not route by prompt size).
+    tier: str = ""
 
 
 @dataclass

@@ -239,3 +239,47 @@ def test_a_pinned_route_with_tiers_never_leaves_its_jurisdiction(gateway: Gatewa
     assert {served(gateway, send(gateway, chat(10), **eu)) for _ in range(6)} == {"pb"}
     assert {served(gateway, send(gateway, chat(1000), **eu)) for _ in range(6)} == {"pc"}
     assert answered_by(send(gateway, {"model": MODEL, "max_tokens": 1}, **eu)) == "pc"
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_the_access_log_names_each_requests_tier_and_telemetry_sums_the_live_share(
+        gateway: Gateway) -> None:
+    """%METADATA(ROUTE:fleetctl:tier)% as a real Envoy writes it: the index of the tier entry
+    that routed the request, `unknown` for a prompt it could not size, nothing for a request
+    the route's own entry took; followed into windows and summed per tier and pool."""
+    from fleetctl.telemetry.follow import Aggregator, Follower
+    from fleetctl.telemetry.selectors import route_tier_live
+    from fleetctl.telemetry.services import windows_add
+    from fleetctl.traffic.gateways.envoy.accesslog import parse_line
+    from tests.traffic.accesslog import log_offset, read_records
+
+    path = gateway.process.access_log_path
+    assert path is not None
+    tiers = (TierSpec(100, 0, "failover", ("pa", "pb")), TierSpec(None, 100, "queue", ("pc",)))
+    gateway.adapter.apply(state(gateway.pools("pa", "pb", "pc"),
+                                tiered({"pa": 4000, "pb": 4000, "pc": 2000}, *tiers)))
+    since = log_offset(path)
+    short = [served(gateway, send(gateway, chat(10))) for _ in range(6)]
+    long = [served(gateway, send(gateway, chat(1000))) for _ in range(3)]
+    assert set(long) == {"pc"} and set(short) <= {"pa", "pb"}
+    assert answered_by(send(gateway, {"model": MODEL, "max_tokens": 1})) == "pc"  # unknown
+    records = read_records(path, since, 10, parse_line)
+    assert [r.tier for r in records] == ["0"] * 6 + ["1"] * 3 + ["unknown"]
+    assert [r.pool for r in records] == [*short, *long, "pc"]
+    assert {r.route for r in records} == {"chat"}
+
+    aggregator = Aggregator(10)
+    follower = Follower(gateway="test-gw", path=str(path), parse=parse_line, offset=since)
+    wait_read = follower.poll(aggregator)
+    assert wait_read >= 10
+    windows_add(aggregator.take())
+    live = route_tier_live("chat")["tiers"]
+    assert set(live) == {"0", "1", "unknown"}
+    assert live["0"]["requests"] == 6
+    assert {p["pool"]: p["requests"] for p in live["0"]["pools"]} == {
+        pool: short.count(pool) for pool in set(short)}
+    assert sum(p["share"] for p in live["0"]["pools"]) == pytest.approx(1.0)
+    assert live["1"] == {"requests": 3, "pools": [
+        {"pool": "pc", "requests": 3, "share": 1.0, "percent": 100.0}]}
+    assert live["unknown"]["pools"][0]["pool"] == "pc"

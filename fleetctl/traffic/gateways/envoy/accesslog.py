@@ -36,7 +36,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from fleetctl.traffic.gateways.base import ENDED_BY_CLIENT, ENDED_BY_POOL, LogRecord
+from fleetctl.traffic.gateways.base import (
+    ENDED_BY_CLIENT,
+    ENDED_BY_POOL,
+    PROMPT_TOKENS_UNKNOWN,
+    LogRecord,
+)
 from fleetctl.traffic.gateways.envoy.fallback import pool_of
 from fleetctl.traffic.gateways.envoy.names import ANSWERED_BY
 
@@ -66,6 +71,12 @@ LOG_FORMAT: dict[str, str] = {
     "attempts": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%",
     "ctype": "%RESP(CONTENT-TYPE)%",
     "flags": "%RESPONSE_FLAGS%",
+    # The context tier whose entry routed the request (routes.py: the entry's metadata
+    # {"fleetctl": {"tier": index, "unknown": bool}}); null for a route without tiers, an
+    # error answer, or a request without the prompt-size header (the route's own entry).
+    # json_format keeps the metadata's types: the index a number, `unknown` a boolean.
+    "tier": "%METADATA(ROUTE:fleetctl:tier)%",
+    "tier_unknown": "%METADATA(ROUTE:fleetctl:unknown)%",
 }
 
 _loads = json.loads
@@ -102,6 +113,7 @@ def parse_line(line: bytes, endpoints: Mapping[str, str]) -> LogRecord | None:
             flags=flags,
             ended_by=ended_by(status, flags),
             fallback_from=chosen if answered and chosen and answered != chosen else "",
+            tier=tier_of(entry.get("tier"), entry.get("tier_unknown")),
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not an Envoy access log line of fleetctl's format: {exc!r}") from exc
@@ -117,6 +129,21 @@ def ended_by(status: int, flags: str) -> str:
     if names == {CLIENT_GONE_FLAG} and status < 500:
         return ENDED_BY_CLIENT
     return ""
+
+
+def tier_of(tier: Any, unknown: Any) -> str:
+    """The tier a request was routed by, as telemetry counts it: its index ("0", "1", ...),
+    "unknown" when the gateway could not size the prompt (it went where the last tier goes),
+    "" when no tier entry routed it. A value that is not what routes.py writes reads as ""."""
+    if unknown is True or unknown == "true":
+        return PROMPT_TOKENS_UNKNOWN
+    if isinstance(tier, bool) or tier is None or tier == "-":
+        return ""
+    try:
+        index = int(float(tier))
+    except (TypeError, ValueError):
+        return ""
+    return str(index) if 0 <= index < 64 else ""
 
 
 def _text(value: Any) -> str:

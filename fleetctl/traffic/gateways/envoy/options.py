@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fleetctl.traffic.gateways.schema import (
     access_log_option,
+    collector_url_problem,
     option,
     shadow_collector_option,
 )
@@ -23,3 +24,9 @@ class EnvoyOptions:
     # Envoy writes it as the bootstrap says (render_bootstrap(access_log_path=...)): the
     # option tells the ingester where, and must name the same file.
     access_log: str | None = access_log_option()
+    # Where callers reach this gateway (its listener), for the routing probe
+    # (conformance/routing.py), which sends through it and reads which pool answered.
+    listen_url: str | None = option(None, check=collector_url_problem,
+                                    help="the URL callers reach this gateway at, "
+                                         "http://host:port; the routing probe sends through "
+                                         "it (none: the gateway cannot be probed)")
