@@ -7,7 +7,7 @@ from fleetctl.audit.api.views import AuditEventViewSet
 from fleetctl.batch.api.soaks import SoakViewSet
 from fleetctl.batch.api.views import BatchFileViewSet, BatchJobViewSet
 from fleetctl.bench.api.views import RunViewSet, TraceViewSet
-from fleetctl.conformance.api.views import ConformanceRunViewSet
+from fleetctl.conformance.api.views import ConformanceRunViewSet, RoutingProbeViewSet
 from fleetctl.evals.api.views import EvalRunViewSet, EvalSuiteViewSet
 from fleetctl.fleet.api.views import (
     CurrencyRateViewSet,
@@ -48,6 +48,7 @@ router.register("watches", WatchViewSet, basename="watch")
 router.register("bench/traces", TraceViewSet, basename="bench-trace")
 router.register("bench/runs", RunViewSet, basename="bench-run")
 router.register("conformance-runs", ConformanceRunViewSet, basename="conformance-run")
+router.register("routing-probes", RoutingProbeViewSet, basename="routing-probe")
 router.register("shadow-runs", ShadowRunViewSet, basename="shadow-run")
 router.register("eval-suites", EvalSuiteViewSet, basename="eval-suite")
 router.register("eval-runs", EvalRunViewSet, basename="eval-run")

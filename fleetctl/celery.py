@@ -44,6 +44,7 @@ ROUTES: dict[str, str] = {
     "fleet.pool_probe": "probe",
     "traffic.sample": "probe",
     "conformance.run": "probe",
+    "conformance.routing_probe": "probe",
     "bench.run": "bench",
     "bench.shard": "bench",
     "shadow.pair": "shadow",
@@ -55,6 +56,7 @@ ROUTES: dict[str, str] = {
     "plans.refresh": "default",
     "bench.reap": "default",
     "conformance.reap": "default",
+    "conformance.routing_reap": "default",
     "traffic.samples_prune": "default",
     "fleet.health_history_prune": "default",
     # A ramp's tick is short (read telemetry, maybe store a revision; a rollback's drain
@@ -106,6 +108,8 @@ def _beat_schedule() -> dict[str, dict[str, object]]:
                                 "options": {"expires": 60.0}},
         "reap-conformance-runs": {"task": "conformance.reap", "schedule": 60.0,
                                   "options": {"expires": 60.0}},
+        "reap-routing-probes": {"task": "conformance.routing_reap", "schedule": 60.0,
+                                "options": {"expires": 60.0}},
         "refresh-plan-gates": {
             "task": "plans.refresh",
             "schedule": float(settings.PLAN_REFRESH_INTERVAL_S),

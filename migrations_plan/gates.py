@@ -65,6 +65,12 @@ DEFAULT_GATES: dict[int, list[CheckTemplate]] = {
                       rule="ramp.each_step"),
         CheckTemplate("watch-held", "Per-pool percentiles held for 7 days",
                       rule="watch.held", params={"min_days": 7}),
+        # Live: the candidate carries tier traffic only from stage 4 (the stage rules give it
+        # no live weight before), so this is where its routing can be probed.
+        CheckTemplate("routing-policy", "Routing policy holds through the gateway (each "
+                                        "tier's prompts on its pools, pinned requests in "
+                                        "their jurisdiction)",
+                      rule="routing.policy_holds", params={"within_days": 7}),
         CheckTemplate("quality", "Quality unchanged on live traffic (shadow of live requests)",
                       rule="evidence.latest", params={"kind": "live-quality"}),
         CheckTemplate("drain-rehearsed", "Drain rehearsed and timed within 7 days",

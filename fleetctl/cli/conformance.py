@@ -1,6 +1,7 @@
 """`fleetctl conformance run | show | list`: probe a pool against the OpenAI contract (every
-endpoint of it, side by side with a reference pool) and read the verdict. It talks to the
-REST API only; the run itself happens on the server's workers."""
+endpoint of it, side by side with a reference pool) and read the verdict;
+`fleetctl conformance routing-probe ROUTE`: probe a route's routing policy through its
+gateways. It talks to the REST API only; the run itself happens on the server's workers."""
 
 from __future__ import annotations
 
@@ -138,6 +139,39 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_routing_probe(args: argparse.Namespace) -> int:
+    """Probe a route's routing policy through its gateways; --wait follows it."""
+    client = _client(args)
+    probe = client.post("/api/v1/routing-probes/", {"route": args.route, "plan": args.plan,
+                                                     "gateway": args.gateway})
+    if not args.json:
+        print(f"started routing probe {probe['id']}: {client.base_url}{probe['url']}",
+              file=sys.stderr)
+    while args.wait and probe["status"] in ACTIVE:
+        time.sleep(1.0)
+        probe = client.get(f"/api/v1/routing-probes/{probe['id']}/")
+    if args.json:
+        print_json(probe)
+    else:
+        print_fields([("probe", probe["id"]), ("route", probe["route"]),
+                      ("plan", probe["plan"]), ("status", probe["status"]),
+                      ("verdict", probe["verdict"]), ("summary", probe["summary"]),
+                      ("error", probe["error"]), ("evidence", probe["evidence_id"])])
+        if probe["results"]:
+            print()
+            print_table(["request", "gateway", "allowed", "status", "pool", "result"],
+                        [[r["label"], r["gateway"],
+                          f"the gateway's {r['refusal']}" if r["refusal"]
+                          else ", ".join(r["allowed"]) or "no pool",
+                          r["status"] if r["status"] is not None else "—", r["pool"] or "—",
+                          f"{r['result']}: {r['detail']}"[:90]] for r in probe["results"]])
+    if not args.wait:
+        return 0
+    if probe["status"] != "complete":
+        return 1
+    return EXIT.get(probe["verdict"], 1)
+
+
 _run_id = checked_number(int, lambda number: number >= 1,
                          not_a_number="{value!r} is not a run id (a whole number)",
                          refused="run ids start at 1")
@@ -175,6 +209,19 @@ def add_commands(sub: Any, common: Callable[[argparse.ArgumentParser], None]) ->
     listing.add_argument("--limit", type=row_limit, default=50, help="rows (default 50)")
     common(listing)
     listing.set_defaults(func=cmd_list)
+    probe = actions.add_parser(
+        "routing-probe", help="probe a route's routing policy through its gateways",
+        description="One request at each end of every context tier, one of unknown size, "
+                    "the route's jurisdiction on a pinned route; each judged by the pool "
+                    "that answered. Exit status with --wait: 0 pass or warn, 3 fail, 1 the "
+                    "probe did not finish.")
+    probe.add_argument("route", help="the route to probe")
+    probe.add_argument("--plan", help="a plan the route belongs to (records evidence)")
+    probe.add_argument("--gateway", help="only this gateway (default: every one carrying "
+                                         "the route that has a listen_url)")
+    probe.add_argument("--wait", action="store_true", help="follow the probe to its verdict")
+    common(probe)
+    probe.set_defaults(func=cmd_routing_probe)
 
 
 __all__ = ["CliError", "add_commands"]

@@ -22,3 +22,5 @@ class ConformanceConfig(AppConfig):
         register_change_hook(reverify_registered)  # a registry edit of its fingerprint
         register_calibration_source(pool_calibrations)  # the gateway's prompt estimate
         register_panel(gate_action("conformance/_gate_action.html", ("conformance", 1), order=10))
+        register_panel(gate_action("conformance/_routing_gate_action.html",
+                                   ("routing-policy", 4), order=10))

@@ -7,7 +7,9 @@ from django.db import models
 from django.utils import timezone
 
 from fleetctl.fleet.models import Pool, model_id_validator
+from fleetctl.traffic.models import Route
 from migrations_plan.jobs import PlanJob
+from migrations_plan.models import Plan
 
 
 class ConformanceRun(PlanJob):
@@ -79,3 +81,33 @@ class ConformanceCase(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}/{self.key}@{self.endpoint}: {self.status}"
+
+
+class RoutingProbe(PlanJob):
+    """One probe of a route's routing policy through its gateways (routing.py): a few
+    requests sized to each context tier's bounds, each judged by the pool that answered (the
+    gateway's pool header) against the tier's eligible pools and the route's jurisdiction.
+    With a plan, a finished probe records `routing-policy` evidence about its candidate."""
+
+    class Verdict(models.TextChoices):
+        PASS = "pass", "pass (no violation)"
+        WARN = "warn", "warn (no violation; some requests could not be judged)"
+        FAIL = "fail", "fail (a request broke the policy)"
+
+    plan = models.ForeignKey(Plan, on_delete=models.SET_NULL, null=True, blank=True,
+                             related_name="routing_probes")
+    route = models.ForeignKey(Route, on_delete=models.CASCADE, related_name="routing_probes")
+    gateways = models.JSONField(default=list, blank=True,
+                                help_text="The gateways probed: [{name, listen_url}].")
+    verdict = models.CharField(max_length=4, choices=Verdict.choices, blank=True)
+    summary = models.CharField(max_length=600, blank=True)
+    results = models.JSONField(default=list, blank=True,
+                               help_text="One entry per request sent: what was expected, "
+                                         "what answered, and the violation if any.")
+    evidence_id = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta(PlanJob.Meta):
+        indexes = [models.Index(fields=["route", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"routing probe {self.pk}"

@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 
 from fleetctl.conformance import cases as suite
 from fleetctl.conformance import services
-from fleetctl.conformance.models import ConformanceCase, ConformanceRun
+from fleetctl.conformance.models import ConformanceCase, ConformanceRun, RoutingProbe
 
 
 def run_list() -> QuerySet[ConformanceRun]:
@@ -80,3 +80,7 @@ def progress(*, run: ConformanceRun) -> dict[str, Any]:
 
 def suite_table() -> list[suite.Case]:
     return list(suite.CASES)
+
+
+def routing_probe_get(*, probe_id: int) -> RoutingProbe | None:
+    return RoutingProbe.objects.select_related("route", "plan").filter(pk=probe_id).first()

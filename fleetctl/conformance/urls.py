@@ -8,4 +8,8 @@ urlpatterns = [
     path("", views.run_list, name="home"),
     *job_run_urls(views),
     path("plans/<slug:name>/run/", views.plan_run, name="plan-run"),
+    path("plans/<slug:name>/routing-probe/", views.plan_routing_probe,
+         name="plan-routing-probe"),
+    path("routing-probes/<int:probe_id>/", views.routing_probe_detail,
+         name="routing-probe-detail"),
 ]

@@ -13,7 +13,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from fleetctl.accounts.dashboard import dashboard_view
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.conformance import selectors, services
+from fleetctl.conformance import routing_services, selectors, services
 from fleetctl.conformance.filters import RunFilter
 from fleetctl.conformance.forms import RunForm
 from fleetctl.conformance.models import ConformanceRun
@@ -84,6 +84,29 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
                "endpoints": list(run.pool.base_urls or [])}
     return page_or_block(request, "conformance/run_detail.html", "conformance/_run_live.html",
                          context, block_id=LIVE_ID)
+
+
+@dashboard_view
+@require_POST
+def plan_routing_probe(request: HttpRequest, name: str) -> HttpResponse:
+    """The stage-4 gate's button: a routing probe of each of the plan's routes."""
+    plan = get_or_404(plans.plan_get, name=name, what=f"plan named {name!r}")
+    back = reverse("plans:detail", args=[plan.name])
+    return button_action(
+        request, lambda: routing_services.plan_probes_create(actor=actor_from_request(request),
+                                                             plan=plan),
+        success=lambda probes: "Started routing probe " + ", ".join(
+            f"{p.pk} of {p.route.name}" for p in probes) + ".",
+        then=lambda probes: (reverse("conformance:routing-probe-detail", args=[probes[0].pk])
+                             if len(probes) == 1 else back), back=back)
+
+
+@dashboard_view
+@require_GET
+def routing_probe_detail(request: HttpRequest, probe_id: int) -> HttpResponse:
+    probe = get_or_404(selectors.routing_probe_get, probe_id=probe_id,
+                       what=f"routing probe with id {probe_id}")
+    return render(request, "conformance/routing_probe.html", {"probe": probe})
 
 
 run_cancel = dashboard_view(run_cancel_view(

@@ -9,10 +9,11 @@ from typing import Any
 from rest_framework import serializers
 
 from fleetctl.conformance import cases as suite
-from fleetctl.conformance.models import ConformanceCase, ConformanceRun
-from fleetctl.core.api.fields import StrictBooleanField, StrictCharField
+from fleetctl.conformance.models import ConformanceCase, ConformanceRun, RoutingProbe
+from fleetctl.core.api.fields import StrictBooleanField, StrictCharField, by_name
 from fleetctl.core.api.schema import ObjectField
 from fleetctl.fleet.api.serializers import pool_by_name
+from fleetctl.traffic.models import Gateway, Route
 from migrations_plan.api.serializers import plan_by_name
 
 
@@ -96,3 +97,42 @@ class ConformanceSuiteCaseSerializer(serializers.Serializer):
 def suite_data() -> list[dict[str, Any]]:
     return [{"key": c.key, "title": c.title, "required": c.required, "opt_in": c.opt_in,
              "parity": c.parity, "sends": c.sends, "judges": c.judges} for c in suite.CASES]
+
+
+# --- routing probes ---------------------------------------------------------------------------
+
+class RoutingProbeCreateSerializer(serializers.Serializer):
+    route = by_name(Route.objects.all(), "No route named {value}; see GET /api/v1/routes/.",
+                    help_text="The route to probe, through the gateways that carry it.")
+    plan = plan_by_name(required=False, allow_null=True, default=None,
+                        help_text="A plan the route belongs to: the finished probe records "
+                                  "routing-policy evidence about its candidate.")
+    gateway = by_name(Gateway.objects.all(),
+                      "No gateway named {value}; see GET /api/v1/gateways/.",
+                      required=False, allow_null=True, default=None,
+                      help_text="Probe through this gateway only (default: every gateway "
+                                "carrying the route that has a listen_url).")
+
+
+class RoutingProbeSerializer(serializers.ModelSerializer):
+    route = serializers.CharField(source="route.name", read_only=True)
+    plan = serializers.CharField(source="plan.name", read_only=True, allow_null=True,
+                                 default=None)
+    gateways = ObjectField(read_only=True, help_text="[{name, listen_url}] probed.")
+    verdict = serializers.ChoiceField(choices=RoutingProbe.Verdict.choices, allow_blank=True,
+                                      read_only=True)
+    results = ObjectField(read_only=True, help_text=(
+        "One per request: label, tier, gateway, stated (tokens), allowed (pools), refusal "
+        "(413/503 due, or null), status, pool (the answer's x-fleetctl-pool), "
+        "routed_tokens, result (ok, violation, unjudged) and detail."))
+    url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = RoutingProbe
+        fields = ["id", "route", "plan", "gateways", "status", "verdict", "summary", "results",
+                  "error", "evidence_id", "created_by", "created_at", "started_at",
+                  "finished_at", "url"]
+        read_only_fields = fields
+
+    def get_url(self, probe: RoutingProbe) -> str:
+        return f"/conformance/routing-probes/{probe.pk}/"

@@ -12,10 +12,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from fleetctl.accounts.permissions import actor_from_request
-from fleetctl.conformance import selectors, services
+from fleetctl.conformance import routing_services, selectors, services
 from fleetctl.conformance.api import serializers as s
 from fleetctl.conformance.filters import RunFilter
-from fleetctl.conformance.models import ConformanceRun
+from fleetctl.conformance.models import ConformanceRun, RoutingProbe
 
 
 class ConformanceRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -74,4 +74,43 @@ class ConformanceRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         return Response(s.suite_data())
 
 
-__all__ = ["ConformanceRunViewSet"]
+class RoutingProbeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                         viewsets.GenericViewSet):
+    """Routing probes: a route's routing policy checked through its gateways, each request
+    judged by the pool that answered it. POST starts one (`jobs`); the answer comes at once
+    with the probe queued, poll it for its results and verdict."""
+
+    serializer_class = s.RoutingProbeSerializer
+    ordering_fields = ["created_at", "id", "status"]
+
+    def get_queryset(self) -> QuerySet[RoutingProbe]:
+        return RoutingProbe.objects.select_related("route", "plan").order_by("-created_at",
+                                                                             "-id")
+
+    @extend_schema(request=s.RoutingProbeCreateSerializer,
+                   responses={202: s.RoutingProbeSerializer})
+    def create(self, request: Request) -> Response:
+        """Start a probe. 400 names an unknown route, plan or gateway, a route that is not
+        the plan's, a gateway that does not carry it, or a route no gateway with a
+        `listen_url` carries; 409 when a probe of the route is still queued or running, or
+        the plan is closed."""
+        body = s.RoutingProbeCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        probe = routing_services.probe_create(actor=actor_from_request(request),
+                                              route=data["route"], plan=data["plan"],
+                                              gateway=data["gateway"])
+        fresh = self.get_queryset().get(pk=probe.pk)
+        return Response(s.RoutingProbeSerializer(fresh).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={200: s.RoutingProbeSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        """Stop a queued or running probe (409 otherwise)."""
+        probe = routing_services.probe_cancel(
+            actor=actor_from_request(request),
+            probe=get_object_or_404(self.get_queryset(), pk=pk))
+        return Response(s.RoutingProbeSerializer(probe).data)
+
+
+__all__ = ["ConformanceRunViewSet", "RoutingProbeViewSet"]

@@ -18,3 +18,15 @@ def conformance_gate(plan: Any) -> dict[str, Any]:
               .order_by("-created_at", "-id").first())
     return {"latest": latest,
             "active": latest is not None and latest.status in ConformanceRun.ACTIVE}
+
+
+@register.simple_tag
+def routing_gate(plan: Any) -> dict[str, Any]:
+    """The newest routing probe of each of the plan's routes, and whether one is running."""
+    from fleetctl.conformance.models import RoutingProbe
+
+    latest = [probe for route in plan.routes.order_by("name")
+              if (probe := RoutingProbe.objects.filter(route=route)
+                  .order_by("-created_at", "-id").first()) is not None]
+    return {"latest": latest,
+            "active": any(probe.status in RoutingProbe.ACTIVE for probe in latest)}
