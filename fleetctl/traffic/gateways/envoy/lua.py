@@ -205,9 +205,14 @@ function envoy_on_request(handle)
         handle:headers():replace(MODEL_HEADER, model)
         set_affinity(handle:headers(), model, caller, prefix)
       end
+      local cal = CALIBRATION[model or ""] or DEFAULT_CALIBRATION
       if ESTIMATE and whole and seen and length <= PROMPT_SCAN_LIMIT then
-        tokens = estimate(CALIBRATION[model or ""] or DEFAULT_CALIBRATION, bytes, ids,
-                          messages)
+        tokens = estimate(cal, bytes, ids, messages)
+      elseif claimed ~= nil and claimed < length / cal[1] then
+        -- Nothing to check the caller's count against (too large to scan, no prompt found,
+        -- not JSON): it stands only when the body's bytes could not hold more tokens, so a
+        -- huge body stated as small is "unknown" (the last tier), never a small pool's.
+        claimed = nil
       end
     end
     -- The larger of the estimate and the caller's count: a caller can ask for a larger
