@@ -341,6 +341,9 @@ def test_a_demo_password_starting_with_a_dash_reaches_the_seed_whole():
     [name, *args] = devstack.seed_args("-72n78pkJgSdOpZh", 8100, 9901)
     assert name == "demo_seed"
     assert parser.parse_args(args).password == "-72n78pkJgSdOpZh"
+    # The Envoy's listener becomes the gateway's listen_url (the routing probe's way in).
+    [_, *args] = devstack.seed_args("pw", 8100, 9901, 8000)
+    assert parser.parse_args(args).gateway_listen == "http://127.0.0.1:8000"
 
 
 def test_everything_after_test_goes_to_pytest_options_first_included(monkeypatch):

@@ -387,12 +387,15 @@ def _start_collector(stack: Stack, env: dict[str, str]) -> str:
     return env["SHADOW_COLLECTOR_URL"]
 
 
-def seed_args(password: str, sim_base_port: int, gateway_admin_port: int) -> list[str]:
+def seed_args(password: str, sim_base_port: int, gateway_admin_port: int,
+              gateway_port: int | None = None) -> list[str]:
     """`manage.py demo_seed`'s arguments. The password is glued to its option: a random one
-    may start with "-", which would otherwise read as an option of its own."""
+    may start with "-", which would otherwise read as an option of its own. `gateway_port`:
+    where callers reach the Envoy (the routing probe sends through it)."""
+    listen = ["--gateway-listen", f"http://127.0.0.1:{gateway_port}"] if gateway_port else []
     return ["demo_seed", f"--password={password}", "--sim-base-port", str(sim_base_port),
             "--gateway-admin", f"http://127.0.0.1:{gateway_admin_port}",
-            "--gateway-config-dir", str(VAR / "envoy"), "--conformance", "--evals"]
+            "--gateway-config-dir", str(VAR / "envoy"), *listen, "--conformance", "--evals"]
 
 
 # One worker per queue, as in docker-compose.yml (docs/queues.md): name, queue, threads.
@@ -453,7 +456,8 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
         stack.start("sim", [PY, "-m", "fleetctl.sim", *pool_flags], env)
         for _, _, offset in DEMO_SIM_POOLS:
             wait_for_port("127.0.0.1", sim_base_port + offset, what="the simulated fleet")
-        subprocess.run([PY, "manage.py", *seed_args(password, sim_base_port, gateway_admin_port)],
+        subprocess.run([PY, "manage.py", *seed_args(password, sim_base_port, gateway_admin_port,
+                                                       gateway_port)],
                        cwd=ROOT, env=env, check=True)
         _start_envoy(stack, gateway_port, gateway_admin_port)
         _start_telemetry(stack, env)

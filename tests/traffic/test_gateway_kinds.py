@@ -39,7 +39,7 @@ def test_the_required_options_alone_give_every_default(name: str) -> None:
     ("envoy", {}, ["options.config_dir is required: the directory Envoy's bootstrap watches"]),
     ("envoy", {"config_dir": "/x", "load_timeout_s": "5", "typo": 1},
      ["options.typo is not an option of Envoy gateways; theirs are access_log, "
-      "admin_timeout_s, config_dir, load_timeout_s",
+      "admin_timeout_s, config_dir, listen_url, load_timeout_s",
       'options.load_timeout_s must be a number, not "5"']),
     ("haproxy", {**REQUIRED["haproxy"], "health_checks": 1},
      ["options.health_checks must be true or false, not 1"]),

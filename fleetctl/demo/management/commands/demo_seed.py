@@ -139,6 +139,9 @@ class Command(BaseCommand):
         parser.add_argument("--gateway-admin", default="",
                             help="Envoy admin URL; with it, routes and a gateway are seeded")
         parser.add_argument("--gateway-config-dir", default="")
+        parser.add_argument("--gateway-listen", default="",
+                            help="where callers reach the Envoy, http://host:port (the "
+                                 "gateway's listen_url: the routing probe sends through it)")
         parser.add_argument("--conformance", action="store_true",
                             help="queue a conformance probe of each demo plan's candidate "
                                  "(a worker on the probe queue runs it once the pools answer)")
@@ -161,7 +164,8 @@ class Command(BaseCommand):
         self._trace(actor)
         self._prompt_trace(actor)
         if options["gateway_admin"]:
-            self._traffic(actor, options["gateway_admin"], options["gateway_config_dir"])
+            self._traffic(actor, options["gateway_admin"], options["gateway_config_dir"],
+                          options["gateway_listen"])
             self._plans()
             if options["conformance"]:
                 self._probe()
@@ -220,7 +224,8 @@ class Command(BaseCommand):
 
         self._create(f"pool {name}", create)
 
-    def _traffic(self, actor: Actor, admin_url: str, config_dir: str) -> None:
+    def _traffic(self, actor: Actor, admin_url: str, config_dir: str,
+                 listen_url: str = "") -> None:
         """Two routes through one Envoy: the model, all on the H200 primary with the MI300X
         candidate ready at 0 %, and the same model pinned to the EU. An existing gateway
         keeps its routes: after a restart Envoy starts from its configuration on disk and
@@ -242,6 +247,8 @@ class Command(BaseCommand):
         options = {"config_dir": config_dir}
         if config_dir:
             options["access_log"] = str(Path(config_dir) / ACCESS_LOG)
+        if listen_url:
+            options["listen_url"] = listen_url
         if gateway is None:
             routes = list(Route.objects.filter(
                 name__in=[*[name for name, _, _ in ROUTES], BATCH_ROUTE]))
