@@ -140,8 +140,7 @@ class Command(BaseCommand):
                             help="Envoy admin URL; with it, routes and a gateway are seeded")
         parser.add_argument("--gateway-config-dir", default="")
         parser.add_argument("--gateway-listen", default="",
-                            help="where callers reach the Envoy, http://host:port (the "
-                                 "gateway's listen_url: the routing probe sends through it)")
+                            help="the Envoy's listen_url (the routing probe sends there)")
         parser.add_argument("--conformance", action="store_true",
                             help="queue a conformance probe of each demo plan's candidate "
                                  "(a worker on the probe queue runs it once the pools answer)")
@@ -224,8 +223,7 @@ class Command(BaseCommand):
 
         self._create(f"pool {name}", create)
 
-    def _traffic(self, actor: Actor, admin_url: str, config_dir: str,
-                 listen_url: str = "") -> None:
+    def _traffic(self, actor: Actor, admin_url: str, config_dir: str, listen_url: str) -> None:
         """Two routes through one Envoy: the model, all on the H200 primary with the MI300X
         candidate ready at 0 %, and the same model pinned to the EU. An existing gateway
         keeps its routes: after a restart Envoy starts from its configuration on disk and
@@ -244,11 +242,9 @@ class Command(BaseCommand):
             self._create(f"route {BATCH_ROUTE}", partial(
                 self._route, actor, BATCH_ROUTE, "", "h200-us-east", latency_class="batch"))
         gateway = Gateway.objects.filter(name=GATEWAY).first()
-        options = {"config_dir": config_dir}
+        options = {"config_dir": config_dir, **({"listen_url": listen_url} if listen_url else {})}
         if config_dir:
             options["access_log"] = str(Path(config_dir) / ACCESS_LOG)
-        if listen_url:
-            options["listen_url"] = listen_url
         if gateway is None:
             routes = list(Route.objects.filter(
                 name__in=[*[name for name, _, _ in ROUTES], BATCH_ROUTE]))
