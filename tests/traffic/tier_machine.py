@@ -42,7 +42,8 @@ from fleetctl.traffic import selectors
 from fleetctl.traffic import services as traffic
 from fleetctl.traffic.gateways.base import PROMPT_TOKENS_UNKNOWN
 from fleetctl.traffic.gateways.envoy import render as envoy_config
-from fleetctl.traffic.gateways.envoy.routes import INT64_MAX, TIER_METADATA
+from fleetctl.traffic.gateways.envoy.fallback import pool_of
+from fleetctl.traffic.gateways.envoy.routes import ESTIMATE_MARGIN_PCT, INT64_MAX, TIER_METADATA
 from fleetctl.traffic.models import ContextTier, Gateway, Route
 from tests.conftest import SYSTEM
 
@@ -205,10 +206,34 @@ def _range(entry: dict[str, Any]) -> tuple[int, int] | str | None:
     return None
 
 
+def _tries(name: str, clusters: dict[str, dict[str, Any]]) -> list[str]:
+    """The pools a weighted cluster sends to, in order: a pool's own cluster or a queue tier's
+    copy of it is one pool; a fallback (aggregate) cluster lists the pools it tries."""
+    cluster = clusters[name]
+    kind = (cluster.get("cluster_type") or {})
+    if kind.get("name") == "envoy.clusters.aggregate":
+        return [pool_of(c) for c in kind["typed_config"]["clusters"]]
+    return [pool_of(name)]
+
+
+def _cut(bound: int, following_has_pools: bool) -> int:
+    """The largest estimate a bounded tier takes (routes.tier_cut, restated from its doc)."""
+    return bound * 100 // (100 + ESTIMATE_MARGIN_PCT) if following_has_pools else bound
+
+
+def _serving(route: Route, split: dict[str, int], pools: dict[str, Pool], tier: ContextTier,
+             low: int) -> list[str]:
+    """The pools with weight that may serve the tier (its context, the route's pin)."""
+    needed = tier.max_prompt_tokens or low + 1
+    return [p for p, w in split.items() if w > 0 and _serves(pools[p], needed)
+            and (not route.residency or pools[p].region.jurisdiction == route.residency)]
+
+
 def rendered_problems(gateway: Gateway) -> list[str]:
     """What is wrong with the gateway's rendered route entries, judged from the rows."""
     desired = selectors.gateway_desired_state(gateway=gateway)
-    entries = envoy_config.render(desired).route_config["virtual_hosts"][0]["routes"]
+    rendered = envoy_config.render(desired)
+    entries = rendered.route_config["virtual_hosts"][0]["routes"]
     pools = {p.name: p for p in Pool.objects.select_related("region")}
     problems: list[str] = []
     for route in Route.objects.filter(gateways=gateway):
@@ -219,11 +244,12 @@ def rendered_problems(gateway: Gateway) -> list[str]:
         mine = [e for e in entries if _range(e) is not None and (
             e["name"] == route.name or e["name"].startswith(f"fleetctl:tier:{route.name}:"))]
         for entry in [*own, *mine]:
-            for name in _clusters(entry):
-                where = pools[name].region.jurisdiction
-                if route.residency and where != route.residency:
-                    problems.append(f"{route.name} (pinned {route.residency}): entry names "
-                                    f"{name} in {where}")
+            for cluster in _clusters(entry):
+                for name in _tries(cluster, rendered.clusters):
+                    where = pools[name].region.jurisdiction
+                    if route.residency and where != route.residency:
+                        problems.append(f"{route.name} (pinned {route.residency}): entry "
+                                        f"names {name} in {where}")
         if not tiers or not split:
             if mine:
                 problems.append(f"{route.name}: tier entries without tiers or weights")
@@ -236,6 +262,10 @@ def rendered_problems(gateway: Gateway) -> list[str]:
         if len(mine) != len(tiers) + 1:
             problems.append(f"{route.name}: {len(mine)} tier entries for {len(tiers)} tiers")
             continue
+        cuts = [(_cut(tier.max_prompt_tokens,
+                      bool(_serving(route, split, pools, *bounds[i + 1])))
+                 if tier.max_prompt_tokens is not None and i + 1 < len(tiers) else None)
+                for i, (tier, _) in enumerate(bounds)]
         for index, entry in enumerate(mine):
             tier, low = bounds[min(index, len(tiers) - 1)]
             label = PROMPT_TOKENS_UNKNOWN if index == len(tiers) else str(index)
@@ -245,10 +275,11 @@ def rendered_problems(gateway: Gateway) -> list[str]:
                 and (not route.residency or pools[p].region.jurisdiction == route.residency)]
             clusters = _clusters(entry)
             last = index >= len(tiers) - 1
+            below = cuts[index - 1] if 0 < index < len(tiers) else None
             want: tuple[int, int] | str = (
                 PROMPT_TOKENS_UNKNOWN if index == len(tiers) else
-                (0 if index == 0 else low + 1,
-                 INT64_MAX if last else (tier.max_prompt_tokens or 0) + 1))
+                (0 if index == 0 else (below if below is not None else low) + 1,
+                 INT64_MAX if last else (cuts[index] or 0) + 1))
             if _range(entry) != want:
                 problems.append(f"{route.name} tier {label}: matches {_range(entry)}, not "
                                 f"{want}")
@@ -264,13 +295,29 @@ def rendered_problems(gateway: Gateway) -> list[str]:
             if not eligible_with_weight:
                 problems.append(f"{route.name} tier {label}: routed to {clusters} though no "
                                 f"pool with weight may serve it (due: its own answer)")
-            for name in clusters:
-                if not _serves(pools[name], needed):
-                    problems.append(f"{route.name} tier {label}: {name} ({_context_of(pools[name])}"
-                                    f") is below the tier's {needed} tokens")
-                if name not in own_pools:
-                    problems.append(f"{route.name} tier {label}: {name} is not in the route's "
-                                    f"own split {sorted(own_pools)}")
+            for cluster in clusters:
+                tries = _tries(cluster, rendered.clusters)
+                chosen = tries[0]
+                if len(tries) > 1 and tier.behaviour in (ContextTier.Behaviour.PINNED,
+                                                         ContextTier.Behaviour.REJECT):
+                    problems.append(f"{route.name} tier {label} ({tier.behaviour}): falls "
+                                    f"over from {chosen} to {tries[1:]}")
+                for name in tries:
+                    if not _serves(pools[name], needed):
+                        problems.append(f"{route.name} tier {label}: {name} "
+                                        f"({_context_of(pools[name])}) is below the tier's "
+                                        f"{needed} tokens")
+                    if name not in own_pools:
+                        problems.append(f"{route.name} tier {label}: {name} is not in the "
+                                        f"route's own split {sorted(own_pools)}")
+                for name in tries[1:]:
+                    if split.get(name, 0) <= 0:
+                        problems.append(f"{route.name} tier {label}: falls over to {name}, "
+                                        f"which the split drained")
+                    if (pools[name].region.jurisdiction
+                            != pools[chosen].region.jurisdiction):
+                        problems.append(f"{route.name} tier {label}: falls over from "
+                                        f"{chosen} across a border to {name}")
             meta = ((entry.get("metadata") or {}).get("filter_metadata") or {}).get(
                 TIER_METADATA) or {}
             if meta.get("tier") != min(index, len(tiers) - 1) or meta.get("unknown") != (
