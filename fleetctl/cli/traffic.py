@@ -141,6 +141,9 @@ def _report(drain: dict[str, Any], as_json: bool) -> int:
                     [[g["gateway"] + (" (deleted)" if g.get("gateway_deleted") else ""),
                       g["route"], g["revision"], g["status"], g["applied_at"],
                       g["verified_at"], g["last_error"]] for g in drain["gateways"]])
+        capacity = drain.get("capacity") or {}
+        if capacity.get("decision"):
+            print(f"capacity: {capacity['decision']}: {capacity['why']}")
         total = f"{drain['duration_ms']:.0f} ms" if drain["duration_ms"] is not None else "—"
         print(f"outcome: {drain['status']}; in-flight zero at "
               f"{drain['in_flight_zero_at'] or '—'}; total {total}")
@@ -151,6 +154,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
     client = _client(args)
     body = {"reason": args.reason} | ({"route": args.route} if args.route else
                                       {"pool": args.pool})
+    if args.force:
+        body["force"] = True
     wait = _wait_params(args)
     drain = client.post("/api/v1/drains/", body, wait, idempotent=True,
                         timeout_s=_http_timeout(wait))
@@ -239,6 +244,9 @@ def add_commands(sub: Any, common: Any) -> None:
     target.add_argument("--route", help="drain this route to its primary")
     target.add_argument("--pool", help="drain this pool off every route")
     drain.add_argument("--reason", required=True, help="goes in the record")
+    drain.add_argument("--force", action="store_true",
+                       help="on-call: everything to the primary at once, whatever its "
+                            "capacity (default: capacity-checked, spread or stepped)")
     drain.add_argument("--no-wait", action="store_true", help="return once requested")
     drain.add_argument("--timeout", type=_positive_seconds, default=120.0,
                        help="seconds to follow progress (default 120)")

@@ -102,6 +102,11 @@ class DrainForm(forms.Form):
         max_length=2000, widget=forms.Textarea(attrs={"rows": 3}),
         help_text="Why you drain: it goes in the drain record and the audit log.",
     )
+    force = forms.BooleanField(
+        required=False, label="Force: move everything to the primary now, whatever its capacity",
+        help_text="On-call only. Without it the drain is capacity-checked: a share the "
+                  "primary cannot carry spreads over the route's in-jurisdiction pools that "
+                  "carry weight, or moves in steps. The record says forced.")
 
     def __init__(self, *args: Any, expected: str, what: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

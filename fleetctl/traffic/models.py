@@ -437,6 +437,12 @@ class Drain(models.Model):
     health_transition = models.ForeignKey(
         "fleet.HealthTransition", on_delete=models.SET_NULL, null=True, blank=True,
         related_name="drains")
+    # The capacity check (traffic/drain_capacity.py): per route, the load the drained pools
+    # carried, each pool's SLO capacity and live streams, and the decision (instant, spread,
+    # stepped or forced) with why; a stepped drain's steps too.
+    capacity = models.JSONField(default=dict, blank=True)
+    # A stepped drain's next step (the converge task takes it); None once the last is stored.
+    next_step_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
     # Not a column: the pushes drain_request / drain_restore just stored, for the caller to
     # attempt after its commit (push.drain_push_now); None on a record read from the database.

@@ -45,7 +45,8 @@ def drain_progress(*, drain_id: int, look_in_flight: bool = True) -> bool:
     done = [p for p in pushes if p.status in (GatewayPush.Status.VERIFIED,
                                               GatewayPush.Status.SUPERSEDED,
                                               GatewayPush.Status.ABANDONED)]
-    if len(done) < len(pushes):
+    # A stepped drain is not done before its last step is stored (services/drain_steps.py).
+    if len(done) < len(pushes) or drain.next_step_at is not None:
         return _not_verified_yet(drain, pushes, failing, now)
     if drain.verified_at is None:
         # The last gateway's read-back — or the moment a gateway it waited on was deleted:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Exists, OuterRef, Q, QuerySet
@@ -253,9 +254,21 @@ def drain_progress_reread(*, drain: Drain) -> None:
 
 
 def drain_revisions(*, drain: Drain) -> list[SplitRevision]:
-    """The revisions a drain made, each with its route's primary and its parent (what a
-    restore goes back to)."""
-    return list(drain.revisions.select_related("route__primary_pool", "parent"))
+    """The revisions a drain made, one per route, each with its route's primary and its
+    parent (what a restore goes back to). A stepped drain stores several per route: its
+    last stands for the route, with `parent` set (in memory, never saved) to the split from
+    before its first, which is what a restore of the drain goes back to."""
+    rows = sorted(drain.revisions.select_related("route__primary_pool", "parent"),
+                  key=lambda rev: (rev.route_id, rev.number))
+    first: dict[int, SplitRevision] = {}
+    last: dict[int, SplitRevision] = {}
+    for rev in rows:
+        first.setdefault(rev.route_id, rev)
+        last[rev.route_id] = rev
+    for route_id, rev in last.items():
+        if first[route_id] is not rev:
+            rev.parent = first[route_id].parent
+    return list(last.values())
 
 
 def drain_route_ids(*, drain: Drain) -> list[int]:
@@ -373,11 +386,12 @@ class DrainPreview:
     """What a drain would do to one route; shown on the confirm page before anything moves."""
 
     def __init__(self, *, route: Route, before: dict[str, float], after: dict[str, float],
-                 removed: list[str]) -> None:
+                 removed: list[str], capacity: dict[str, Any] | None = None) -> None:
         self.route = route
         self.before = before
         self.after = after
         self.removed = removed
+        self.capacity = capacity or {}  # the capacity check's note (drain_capacity.check)
 
 
 def drain_step(*, route: Route, weights: dict[str, int], pool: Pool | None
@@ -401,20 +415,28 @@ def drain_step(*, route: Route, weights: dict[str, int], pool: Pool | None
 
 def drain_preview(*, route: Route | None = None, pool: Pool | None = None
                   ) -> list[DrainPreview]:
-    """The drain as it would happen now, read only: the service recomputes it under a row
-    lock and stays the authority."""
+    """The drain as it would happen now (a person's: capacity-checked, may step), read
+    only: the service recomputes it under a row lock and stays the authority."""
+    from fleetctl.traffic import drain_capacity
     from fleetctl.traffic.split import as_percentages
 
     routes = [route] if route is not None else list(route_list())
     current = revisions_current(routes=routes)
+    weights = {each.pk: current[each.pk].weights if each.pk in current else {}
+               for each in routes}
+    steps = {each.pk: drain_step(route=each, weights=weights[each.pk], pool=pool)
+             for each in routes}
+    moving = [each for each in routes if steps[each.pk] is not None]
+    found = drain_capacity.readings(moving, {each.pk: weights[each.pk] for each in moving})
     previews = []
-    for each in routes:
-        weights = current[each.pk].weights if each.pk in current else {}
-        step = drain_step(route=each, weights=weights, pool=pool)
-        if step is not None:
-            after, removed = step
-            previews.append(DrainPreview(route=each, before=as_percentages(weights),
-                                         after=as_percentages(after), removed=sorted(removed)))
+    for each in moving:
+        _, removed = steps[each.pk]  # type: ignore[misc]
+        after, note = drain_capacity.check(
+            route=each, weights=weights[each.pk], remove=removed,
+            eligible=pools_eligible(route=each), found=found, force=False, stepping=True)
+        previews.append(DrainPreview(route=each, before=as_percentages(weights[each.pk]),
+                                     after=as_percentages(after), removed=sorted(removed),
+                                     capacity=note))
     return previews
 
 

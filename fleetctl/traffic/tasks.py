@@ -53,9 +53,13 @@ def drain_watch(drain_id: int, pause_s: float = 0.0, until: float | None = None)
 def converge() -> int:
     """Beat, every TRAFFIC_CONVERGE_INTERVAL_S: from the rows alone, drive again every
     gateway's newest push whose attempt is overdue (lost with a process or a worker), and
-    advance every open drain — whatever died since they were made. Returns how many pushes
+    take every stepped drain's step that is due, and advance every open drain — whatever
+    died since they were made. Returns how many pushes
     it drove."""
+    from fleetctl.traffic.services import drain_steps_due
+
     driven = push.pushes_converge()
+    drain_steps_due()  # a stepped drain's next step, when due
     push.drains_advance()
     return driven
 

@@ -336,7 +336,8 @@ def _drain_confirm(request: HttpRequest, *, route: Route | None, pool: Pool | No
 
     return form_page(
         request, form, lambda data: _pushed(services.drain_request(
-            actor=actor_from_request(request), reason=data["reason"], route=route, pool=pool)),
+            actor=actor_from_request(request), reason=data["reason"], route=route, pool=pool,
+            force=bool(data.get("force")), stepping=True)),
         template="traffic/drain_confirm.html", context=shown,
         # A fact, not a progress report: this message stays on the page while the
         # progress block below follows the drain to its end.

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ValidationError
 
-from fleetctl.traffic.split import drained, parse_percentages
+from fleetctl.traffic.split import apportion, drained, drained_within, parse_percentages
 
 
 def test_percentages_become_basis_points_and_zeros_drop_out():
@@ -58,3 +58,41 @@ def test_uneven_shares_still_sum_to_exactly_100_percent():
     result = drained({"a": 3333, "b": 3333, "c": 3334}, remove={"c"}, primary="c",
                      eligible={"a", "b", "c"})
     assert sum(result.values()) == 10000
+
+
+# --- a drain within the pools' capacity (drain_capacity.py decides the room) ---
+
+SPLIT = {"p": 4000, "s": 2000, "d": 3000, "x": 1000}
+ALL = {"p", "s", "d", "x"}
+
+
+def test_within_room_the_primary_takes_what_fits_and_the_rest_spreads_by_room():
+    # 30 % carries 6 streams (5 % each): p has room for 2, s for 8.
+    after, given = drained_within(SPLIT, remove={"d"}, primary="p", eligible=ALL, load=6,
+                                  room={"p": 2, "s": 8}, capacity={"p": 10, "s": 10},
+                                  at_least=3000)
+    assert after == {"p": 5000, "s": 4000, "x": 1000}
+    assert given == {"p": 1000, "s": 2000}
+
+
+def test_what_does_not_fit_stays_on_the_drained_pool_beyond_the_least_that_moves():
+    after, given = drained_within(SPLIT, remove={"d"}, primary="p", eligible=ALL, load=6,
+                                  room={"p": 1, "s": 0}, capacity={"p": 8, "s": 2},
+                                  at_least=750)
+    # 1 stream fits (5 %); 7.5 % must move: the extra 2.5 % by capacity, 8:2.
+    assert after == {"p": 4500 + 200, "s": 2050, "d": 2250, "x": 1000}
+    assert sum(after.values()) == 10_000
+    assert given == {"p": 700, "s": 50}
+
+
+def test_asked_for_everything_the_drained_pool_keeps_nothing():
+    after, _ = drained_within(SPLIT, remove={"d"}, primary="p", eligible=ALL, load=60,
+                              room={"p": 1, "s": 1}, capacity={"p": 3, "s": 1},
+                              at_least=3000)
+    assert "d" not in after and sum(after.values()) == 10_000
+    assert after["x"] == 1000
+
+
+def test_apportion_sums_exactly():
+    assert apportion({"a": 1.0, "b": 1.0, "c": 1.0}, 100) == {"a": 33, "b": 33, "c": 34}
+    assert apportion({"a": 0.0}, 100) == {}

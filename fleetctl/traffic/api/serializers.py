@@ -5,7 +5,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from fleetctl.core.api.fields import MillisecondsField, StrictCharField
+from fleetctl.core.api.fields import MillisecondsField, StrictBooleanField, StrictCharField
 from fleetctl.core.api.schema import ObjectField
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic.api.waiting import WaitGatewaySerializer
@@ -346,6 +346,15 @@ class DrainSerializer(serializers.ModelSerializer):
     duration_ms = MillisecondsField(allow_null=True)
     gateways = serializers.SerializerMethodField(
         help_text="Per gateway and route: the drain revision's push, applied and verified.")
+    capacity = ObjectField(
+        read_only=True,
+        help_text="The capacity check: `decision` (instant, spread, stepped or forced), `why`, "
+                  "and per route the load moved (`load_streams`) and each pool's "
+                  "`capacity_streams`, `live_streams`, `room_streams`, `source` and "
+                  "`given_bp`; a stepped drain's `steps`. {} for a restore.")
+    next_step_at = serializers.DateTimeField(
+        read_only=True, allow_null=True,
+        help_text="A stepped drain's next step; null once its last step is stored.")
 
     class Meta:
         model = Drain
@@ -353,7 +362,7 @@ class DrainSerializer(serializers.ModelSerializer):
                   "route_revisions",
                   "requested_by", "reason", "requested_at", "status", "verified_at",
                   "in_flight_zero_at", "completed_at", "verified_ms", "duration_ms",
-                  "last_error", "failure_reason", "gateways"]
+                  "last_error", "failure_reason", "gateways", "capacity", "next_step_at"]
         read_only_fields = fields
 
     def _revisions(self, drain: Drain) -> list[SplitRevision]:
@@ -404,6 +413,11 @@ class DrainCreateSerializer(serializers.Serializer):
     pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all(),
                                         required=False)
     reason = serializers.CharField(max_length=2000)
+    force = StrictBooleanField(
+        required=False, default=False,
+        help_text="On-call: move everything to the primary at once, whatever its capacity "
+                  "(the record says forced). Without it the drain is capacity-checked: "
+                  "spread over in-jurisdiction pools carrying weight, or stepped.")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("route" in attrs) == ("pool" in attrs):

@@ -200,6 +200,9 @@ class DrainViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     @idempotency.idempotent
     def create(self, request: Request) -> Response:
         """Drain a route (to its primary) or a pool (off every route). Scope `drain`.
+        Capacity-checked: a share the primary cannot carry spreads over the route's
+        in-jurisdiction pools that carry weight, or moves in steps; `force: true` moves it
+        all to the primary at once (`capacity` in the answer says which, with the figures).
         Answers once every gateway had its first push attempt (at most
         TRAFFIC_INLINE_PUSH_BUDGET_S), with the record as it then stands; poll it until
         in-flight streams have closed. ?wait=verified: once every gateway verified it (or
@@ -207,7 +210,9 @@ class DrainViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         timeout_s = waiting.wait_timeout(request)
         body = s.DrainCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        drain = services.drain_request(actor=actor_from_request(request), **body.validated_data)
+        # A person's drain: capacity-checked, and stepped when nothing can carry it.
+        drain = services.drain_request(actor=actor_from_request(request), stepping=True,
+                                       **body.validated_data)
         # Committed: the first attempt at every gateway, here. The answer is the drain as
         # those attempts left it, from what this process holds (no second read).
         drain = push.drain_push_now(drain)

@@ -25,6 +25,7 @@ from fleetctl.traffic.services._shared import (
     gateways_refresh,
 )
 from fleetctl.traffic.services.affinity import route_affinity_set
+from fleetctl.traffic.services.drain_steps import drain_step_take, drain_steps_due
 from fleetctl.traffic.services.drains import drain_request, drain_restore
 from fleetctl.traffic.services.mirroring import MIRROR_FIELDS, route_mirror_clear, route_mirror_set
 from fleetctl.traffic.services.tiers import route_tiers_set
@@ -47,6 +48,8 @@ __all__ = [
     "PUSH_OPEN",
     "drain_request",
     "drain_restore",
+    "drain_step_take",
+    "drain_steps_due",
     "gateway_create",
     "gateway_delete",
     "gateway_mirror_secret_rotate",

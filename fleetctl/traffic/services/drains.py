@@ -3,6 +3,10 @@ each; the caller makes the first push attempt after its commit (`push.drain_push
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -12,26 +16,39 @@ from fleetctl.accounts.actor import Actor
 from fleetctl.audit.services import audit_record
 from fleetctl.core.errors import ConflictError, required_reason
 from fleetctl.fleet.models import Pool
-from fleetctl.traffic import selectors
+from fleetctl.traffic import drain_capacity, selectors
 from fleetctl.traffic.holds import Hold, holders_drained, holders_lock, holds_on
 from fleetctl.traffic.models import Drain, Route, SplitRevision
 from fleetctl.traffic.services._shared import _check_split, _store_revision
 
+# One route of a drain: the route (locked), its split after, the pools taken out, the revision
+# it had.
+Plan = list[tuple[Route, dict[str, int], set[str], SplitRevision | None]]
+
 # --- drains ----------------------------------------------------------------------------------
 
 def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
-                  pool: Pool | None = None, routes: list[Route] | None = None) -> Drain:
+                  pool: Pool | None = None, routes: list[Route] | None = None,
+                  force: bool = False, stepping: bool = False) -> Drain:
     """Move a route (all of it to its primary), or every route using a pool (that pool's
     share), back — never across a border. `routes` limits a pool drain to some routes (a
     migration plan leaving stage 4). One transaction; no gateway is contacted. Returns the
     record with `push_ids` set: once the caller's transaction has committed, it makes the
     first attempt with `push.drain_push_now(drain)` (should it never, the converge task
-    attempts them within seconds and follows the drain)."""
+    attempts them within seconds and follows the drain).
+
+    Capacity-checked (traffic/drain_capacity.py): a share the primary cannot carry is spread
+    over the route's in-jurisdiction pools that carry weight; `stepping` (a person's drain:
+    the API, dashboard and CLI) lets a drain nothing can carry move in steps
+    (services/drain_steps.py); `force` (on-call) moves everything to the primary at once
+    whatever the capacity. `record.capacity` holds the figures and the decision."""
     target: object = route or pool
     actor.require(roles.DRAIN, action="drain.request", target=target)
     required_reason(reason, "Say why you drain (it goes in the record).")
     if (route is None) == (pool is None):
         raise ValidationError({"non_field_errors": ["Drain either a route or a pool."]})
+    if not isinstance(force, bool) or not isinstance(stepping, bool):
+        raise ValidationError({"force": ["Give force as true or false."]})
     requested_at = timezone.now()
     push_ids: list[int] = []
     with transaction.atomic():
@@ -45,10 +62,12 @@ def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
                 f"primary {route.primary_pool.name}." if route is not None else
                 f"Nothing to drain: pool {pool.name} has no weight on any route."  # type: ignore[union-attr]
             )
+        plan, capacity = _capacity_checked(plan, force=force, stepping=stepping)
         record = Drain.objects.create(
             action=Drain.Action.DRAIN, route=route, pool=pool, requested_by=actor.label,
             reason=reason, requested_at=requested_at,
             drained_pools=sorted({p for _, _, removed, _ in plan for p in removed}),
+            capacity=capacity, next_step_at=_next_step_at(capacity, requested_at),
         )
         revisions = [
             _store_revision(
@@ -62,7 +81,9 @@ def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
         record.revisions.add(*revisions)
         audit_record(actor=actor, action="drain.request", target=record, message=reason,
                      after={"drained_pools": record.drained_pools,
-                            "routes": [r.name for r, _, _, _ in plan]})
+                            "routes": [r.name for r, _, _, _ in plan],
+                            "capacity": {"decision": capacity["decision"],
+                                         "why": capacity["why"]}})
         # A ramp of a pool this drain took off its route ends here ("aborted by drain N").
         holders_drained(actor=actor, drain=record,
                         removed={locked.pk: removed for locked, _, removed, _ in plan})
@@ -71,7 +92,7 @@ def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
 
 
 def _drain_plan(*, route: Route | None, pool: Pool | None, only: list[Route] | None = None
-                ) -> list[tuple[Route, dict[str, int], set[str], SplitRevision | None]]:
+                ) -> Plan:
     # One lock order everywhere: every route row first (by id), then their primary pools and
     # regions (by id). Locking each route with its pool in one join interleaved them and
     # deadlocked against a split change (route, then its pools) on a later route.
@@ -95,6 +116,38 @@ def _drain_plan(*, route: Route | None, pool: Pool | None, only: list[Route] | N
     return plan
 
 
+def _capacity_checked(plan: Plan, *, force: bool, stepping: bool, step: int = 1,
+                      first: dict[str, int] | None = None) -> tuple[Plan, dict[str, Any]]:
+    """The plan with each route's split capacity-checked, and the record of the check.
+    `step`, `first` (route name -> the share its first step freed): a stepped drain's
+    later step."""
+    weights = {locked.pk: (current.weights if current else {})
+               for locked, _, _, current in plan}
+    found = drain_capacity.readings([locked for locked, _, _, _ in plan], weights)
+    checked, notes = [], []
+    for locked, _, removed, current in plan:
+        after, note = drain_capacity.check(
+            route=locked, weights=weights[locked.pk], remove=removed,
+            eligible=selectors.pools_eligible(route=locked), found=found, force=force,
+            stepping=stepping, step=step, first_freed=(first or {}).get(locked.name))
+        checked.append((locked, after, removed, current))
+        notes.append(note)
+    capacity = drain_capacity.summary(notes, force=force, stepping=stepping)
+    left = {n["route"]: n.get("left_bp", 0) for n in notes}
+    if capacity["decision"] == drain_capacity.STEPPED:
+        capacity["steps"] = {"done": step, "max": settings.DRAIN_STEPS_MAX,
+                             "interval_s": settings.DRAIN_STEP_INTERVAL_S,
+                             "left_bp": left, "log": []}
+    return checked, capacity
+
+
+def _next_step_at(capacity: dict[str, Any], now: datetime) -> datetime | None:
+    steps = capacity.get("steps") or {}
+    if not any(steps.get("left_bp", {}).values()) or steps.get("done", 0) >= steps["max"]:
+        return None
+    return now + timedelta(seconds=steps["interval_s"])
+
+
 def drain_restore(*, actor: Actor, drain: Drain, reason: str) -> Drain:
     """Put each drained route back to the split it had before the drain, if nobody changed
     it since (otherwise 409: restoring would overwrite a newer decision). Like drain_request,
@@ -111,7 +164,7 @@ def drain_restore(*, actor: Actor, drain: Drain, reason: str) -> Drain:
     push_ids: list[int] = []
     restored_revisions = []
     with transaction.atomic():
-        revisions = list(drain.revisions.select_related("route", "parent"))
+        revisions = selectors.drain_revisions(drain=drain)
         routes = {r.pk: r for r in Route.objects.select_for_update().filter(
             pk__in=[rev.route_id for rev in revisions])}
         _refuse_restore(drain=drain, revisions=revisions, routes=routes)
