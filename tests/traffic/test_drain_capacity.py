@@ -235,3 +235,18 @@ def test_the_dashboard_force_checkbox(scene, client_for):
     assert answer.status_code == 302
     assert Drain.objects.get().capacity["decision"] == "forced"
     assert Gateway.objects.count() == 1
+
+
+def test_a_restore_stops_a_stepped_drain(scene, django_capture_on_commit_callbacks):
+    scene.capacity(primary=8, spread=2)
+    scene.live()
+    drain = _drain(scene, stepping=True)
+    assert drain.capacity["decision"] == "stepped" and drain.next_step_at is not None
+    push.drain_push_now(services.drain_restore(actor=SYSTEM, drain=drain, reason="back"))
+    assert scene.split() == {"primary": 4000, "spread": 2000, "cand": 3000, "abroad": 1000}
+    with django_capture_on_commit_callbacks():
+        services.drain_steps_due(now=drain.next_step_at)
+    drain.refresh_from_db()
+    assert drain.next_step_at is None
+    assert drain.capacity["steps"]["stopped"].startswith("restored by restore ")
+    assert scene.split()["cand"] == 3000  # the step did not drain it again

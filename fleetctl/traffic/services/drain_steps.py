@@ -50,13 +50,15 @@ def drain_step_take(*, drain_id: int, now: datetime | None = None) -> Drain | No
             return None
         steps = dict(drain.capacity.get("steps") or {})
         step = int(steps.get("done", 1)) + 1
+        routes = list(Route.objects.filter(revisions__drains=drain).distinct())
+        plan = _drain_plan(route=drain.route, pool=None if drain.route else drain.pool,
+                           only=routes)
+        # Looked at under the routes' locks, which a restore takes too: one that committed
+        # while this step waited for them is seen here.
         restored = selectors.drain_restored_by(drain=drain)
         if restored is not None:
             steps["stopped"] = f"restored by restore {restored.pk} before step {step}"
             return _save(drain, steps, None)
-        routes = list(Route.objects.filter(revisions__drains=drain).distinct())
-        plan = _drain_plan(route=drain.route, pool=None if drain.route else drain.pool,
-                           only=routes)
         first = {note["route"]: note["freed_bp"] for note in drain.capacity.get("routes", [])}
         checked, capacity = (_capacity_checked(plan, force=False, stepping=True, step=step,
                                                first=first) if plan else ({}, {}))
