@@ -183,3 +183,15 @@ def test_drain_wait_verified_and_telemetry_without_data(live_server, fleet, toke
     assert routed.returncode == 0, routed.stderr
     assert [(s["pool"], s["route"], s["requests"]) for s in json.loads(routed.stdout)] == [
         ("h200", "llama", 0)]  # the drained split names the primary only
+
+
+@pytest.mark.slow
+def test_drain_force_from_the_cli_is_recorded_forced(live_server, fleet, token):
+    assert run(live_server, token, "split", "--route", "llama", "--weights",
+               "h200=90,mi300x=10", "--reason", "canary").returncode == 0
+    drained = run(live_server, token, "drain", "--route", "llama", "--reason", "on fire",
+                  "--force", "--no-wait")
+    assert drained.returncode == 0, drained.stderr
+    # No benchmark here: the figures are unknown, and the record says it was forced anyway.
+    assert "capacity: forced: llama: forced: moved at once to the primary" in drained.stdout
+    assert "capacity unknown" in drained.stdout
