@@ -127,6 +127,29 @@ class Load:
         self.drain_queue()
 
 
+def check_cost(route: Any, pool: str, repeats: int = 50) -> str:
+    """What the capacity check adds to a drain's transaction: the check of one route as the
+    drain service makes it (reads and decision, no write), timed in this process."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from fleetctl.traffic import drain_capacity, selectors
+
+    weights = selectors.revision_current(route=route).weights
+    times, queries, decision = [], 0, ""
+    for _ in range(repeats):
+        began = time.perf_counter()
+        with CaptureQueriesContext(connection) as captured:
+            found = drain_capacity.readings([route], {route.pk: weights})
+            _, note = drain_capacity.check(
+                route=route, weights=weights, remove={pool}, found=found, force=False,
+                eligible=selectors.pools_eligible(route=route), stepping=True)
+        times.append((time.perf_counter() - began) * 1000)
+        queries, decision = len(captured.captured_queries), note["decision"]
+    return (f"capacity check of one route ({decision}): median {statistics.median(times):.1f} "
+            f"ms, max {max(times):.1f} ms over {repeats}, {queries} queries")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -186,6 +209,9 @@ def main() -> None:
               f"evidence {SLOTS} streams), split {SPLIT}, {streams} closed-loop streams "
               f"({args.load:g} x the primary's capacity); window {args.window_s:g} s, "
               f"{args.rounds} round(s)", flush=True)
+        time.sleep(args.warm_s)
+        sampling.traffic_sample(gateway=gateway)
+        print(check_cost(route, "drained"), flush=True)
         for round_no in range(1, args.rounds + 1):
             modes = ["checked", "forced"] if round_no % 2 else ["forced", "checked"]
             for mode in modes:

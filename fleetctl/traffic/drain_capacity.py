@@ -69,30 +69,42 @@ class Readings:
 
 
 def readings(routes: list[Route], weights: dict[int, dict[str, int]]) -> Readings:
-    """The figures for these routes (their current split in `weights`, by route id). A
-    source that fails leaves `failed` set instead of failing the drain."""
+    """The figures every route of a drain needs (their current split in `weights`, by route
+    id): live streams, weights over every route, the pools. Capacities are read later, and
+    only those a route's check needs (`capacity`). A read that fails leaves `failed` set
+    instead of failing the drain."""
     found = Readings()
     try:
         with transaction.atomic():  # a failing read must not spoil the drain's transaction
+            names = {p for split in weights.values() for p in split}
+            names |= {route.primary_pool.name for route in routes}
+            found.live = live_streams(names)
             for revision in selectors.revisions_current(routes=list(Route.objects.all())
                                                         ).values():
                 for pool, bp in revision.weights.items():
                     found.carried[pool] = found.carried.get(pool, 0) + bp
-            names = {p for split in weights.values() for p in split}
-            names |= {route.primary_pool.name for route in routes}
             found.pools = {p.name: p for p in Pool.objects.select_related("region")
                            .filter(name__in=names)}
-            found.live = live_streams(names)
-            for model in {route.model_id for route in routes}:
-                on_model = {p for route in routes if route.model_id == model
-                            for p in [*weights.get(route.pk, {}), route.primary_pool.name]}
-                chosen = [found.pools[p] for p in sorted(on_model) if p in found.pools]
-                for name, cap in pool_capacities(model, chosen).items():
-                    found.capacities[(model, name)] = cap
     except Exception as exc:  # never block a drain on a figure
         log.exception("drain capacity check: could not read the figures")
         found.failed = f"the figures could not be read ({type(exc).__name__}: {exc})"
     return found
+
+
+def capacity(found: Readings, model: str, name: str) -> PoolCapacity | None:
+    """A pool's capacity for a model, read once per drain; None for a pool not found. A
+    source that fails gives a capacity that says why (never an exception)."""
+    key = (model, name)
+    pool = found.pools.get(name)
+    if key not in found.capacities and pool is not None:
+        try:
+            with transaction.atomic():
+                found.capacities[key] = pool_capacities(model, [pool])[name]
+        except Exception as exc:  # never block a drain on a figure
+            log.exception("drain capacity check: could not read %s's capacity", name)
+            found.capacities[key] = PoolCapacity(pool=name, why_none=(
+                f"its capacity could not be read ({type(exc).__name__}: {exc})"))
+    return found.capacities.get(key)
 
 
 def check(*, route: Route, weights: dict[str, int], remove: set[str], eligible: set[str],
@@ -107,31 +119,28 @@ def check(*, route: Route, weights: dict[str, int], remove: set[str], eligible: 
     freed = TOTAL_WEIGHT - kept
     note: dict[str, Any] = {"route": route.name, "step": step, "freed_bp": freed, "pools": {}}
     load, unknown = _load(route, weights, remove, found, note)
-    targets: dict[str, float] = {}
-    if not unknown:
-        targets, unknown = _targets(route, weights, remove, eligible, found, note)
-    if force:
+    if force:  # on-call's instant drain: no capacity is read, the load is recorded
         return instant, {**note, "decision": FORCED, "weights": instant,
-                         "why": "forced: moved at once to the primary whatever the capacity"
-                                + (f" (capacity unknown: {unknown})" if unknown else "")}
+                         "why": "forced: moved at once to the primary whatever the capacity "
+                                "(not checked)" + (f"; load unknown: {unknown}" if unknown
+                                                   else "")}
+    if not unknown and load <= 0:
+        return instant, {**note, "decision": INSTANT, "weights": instant,
+                         "why": "the drained pools carry no streams now"}
+    room: dict[str, float] = {}
+    if not unknown:
+        room, unknown = _targets(route, weights, remove, eligible, found, note, load)
     if unknown:
         return instant, {**note, "decision": INSTANT, "weights": instant,
                          "why": f"capacity unknown: {unknown}; moved at once to the primary, "
                                 f"as without a check"}
-    room = targets
-    fits_primary = primary in room and load <= room[primary]
     total_room = sum(max(r, 0.0) for r in room.values())
-    capacity = {p: float(found.capacities[(route.model_id, p)].streams or 0) for p in room}
-    if fits_primary or load <= 0:
-        after, given = instant, {primary: freed} if primary in room else {}
-        decision = INSTANT
+    streams = {p: float(getattr(capacity(found, route.model_id, p), "streams", 0) or 0)
+               for p in room}
+    if primary in room and load <= room[primary]:
+        after, given, decision = instant, {primary: freed}, INSTANT
         why = (f"the primary {primary} has room: {load:g} stream(s) moved, "
-               f"{max(room.get(primary, 0.0), 0.0):g} free of its capacity") if load > 0 \
-            else "the drained pools carry no streams now"
-        if primary not in room:
-            after, given = drained_within(weights, remove=remove, primary=primary,
-                                          eligible=eligible, load=load, room=room,
-                                          capacity=capacity, at_least=freed)
+               f"{room[primary]:g} free of its capacity")
     else:
         # All of it moves (it fits by spreading, or an automatic drain), except a stepped
         # drain's: what fits and at least its step's part of the first freed share.
@@ -143,7 +152,7 @@ def check(*, route: Route, weights: dict[str, int], remove: set[str], eligible: 
             at_least = max(0, freed - may_stay)
         after, given = drained_within(weights, remove=remove, primary=primary,
                                       eligible=eligible, load=load, room=room,
-                                      capacity=capacity, at_least=at_least)
+                                      capacity=streams, at_least=at_least)
         decision, why = _decided(load, total_room, room, primary, stepping, step, after,
                                  remove, given)
     for pool, bp in given.items():
@@ -200,9 +209,11 @@ def _load(route: Route, weights: dict[str, int], remove: set[str], found: Readin
 
 
 def _targets(route: Route, weights: dict[str, int], remove: set[str], eligible: set[str],
-             found: Readings, note: dict[str, Any]) -> tuple[dict[str, float], str]:
-    """Pool -> streams of room, for the primary and the pools the share may spread to; or
-    why the check cannot be made (the primary's figures missing)."""
+             found: Readings, note: dict[str, Any], load: float
+             ) -> tuple[dict[str, float], str]:
+    """Pool -> streams of room: the primary's, and when it cannot take `load`, the pools
+    the share may spread to (their figures are read only then); or why the check cannot be
+    made (the primary's figures missing)."""
     primary = route.primary_pool.name
     home = route.residency or route.primary_pool.region.jurisdiction
     room: dict[str, float] = {}
@@ -210,13 +221,16 @@ def _targets(route: Route, weights: dict[str, int], remove: set[str], eligible: 
     candidates += sorted(p for p, w in weights.items() if w > 0 and p not in remove
                          and p != primary)
     for pool in candidates:
+        if pool != primary and primary in room and load <= room[primary]:
+            break  # the primary carries it: the others are not needed
         row = found.pools.get(pool)
-        cap = found.capacities.get((route.model_id, pool))
         entry = note["pools"].setdefault(pool, {})
         entry["role"] = "primary" if pool == primary else "spread"
-        skip = _not_a_target(pool, row, cap, found, eligible, home)
+        skip = _not_a_target(pool, row, eligible, home)
+        cap = None if skip else capacity(found, route.model_id, pool)
         if cap is not None:
             entry.update({"capacity_streams": cap.streams, "source": cap.source})
+            skip = _unmeasured(pool, cap, found)
         if pool in found.live:
             entry["live_streams"] = found.live[pool]
         if skip:
@@ -232,16 +246,19 @@ def _targets(route: Route, weights: dict[str, int], remove: set[str], eligible: 
     return room, ""
 
 
-def _not_a_target(pool: str, row: Pool | None, cap: PoolCapacity | None, found: Readings,
-                  eligible: set[str], home: str) -> str:
+def _not_a_target(pool: str, row: Pool | None, eligible: set[str], home: str) -> str:
     if row is None or pool not in eligible:
         return "may not serve this route"
     if row.region.jurisdiction != home:
         return f"in jurisdiction {row.region.jurisdiction}, not {home}"
     if row.health_state == Pool.Health.UNHEALTHY:
         return "unhealthy"
-    if cap is None or not cap.known or cap.streams is None:
-        return cap.source if cap is not None else "no capacity figure"
+    return ""
+
+
+def _unmeasured(pool: str, cap: PoolCapacity, found: Readings) -> str:
+    if not cap.known or cap.streams is None:
+        return cap.source
     if pool not in found.live:
         return f"no gateway sampled its streams in the last {LIVE_SAMPLE_MAX_AGE_S} s"
     return ""

@@ -192,6 +192,6 @@ def test_drain_force_from_the_cli_is_recorded_forced(live_server, fleet, token):
     drained = run(live_server, token, "drain", "--route", "llama", "--reason", "on fire",
                   "--force", "--no-wait")
     assert drained.returncode == 0, drained.stderr
-    # No benchmark here: the figures are unknown, and the record says it was forced anyway.
+    # No gateway sample here: the load is unknown, and the record says it was forced anyway.
     assert "capacity: forced: llama: forced: moved at once to the primary" in drained.stdout
-    assert "capacity unknown" in drained.stdout
+    assert "load unknown: no gateway sampled mi300x" in drained.stdout
