@@ -157,7 +157,7 @@ def check(*, route: Route, weights: dict[str, int], remove: set[str], eligible: 
                                  remove, given)
     for pool, bp in given.items():
         found.taken[pool] = found.taken.get(pool, 0.0) + (load * bp / freed if freed else 0)
-        note["pools"].setdefault(pool, {})["given_bp"] = bp
+        note["pools"].setdefault(pool, {}).update({"given_bp": bp, "given_percent": bp / 100})
     note["left_bp"] = sum(bp for p, bp in after.items() if p in remove)
     return after, {**note, "decision": decision, "why": why, "weights": after}
 

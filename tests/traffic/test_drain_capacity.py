@@ -127,6 +127,7 @@ def test_a_short_primary_spreads_over_in_jurisdiction_pools_carrying_weight(scen
     page = oncall.get(f"/traffic/drains/{body['id']}/").content.decode()
     assert "Capacity check: <span class=\"chip capacity-spread\">spread</span>" in page
     assert "in jurisdiction DE, not US" in page
+    assert "+10 %" in page and "+20 %" in page  # what primary and spread were given
 
 
 def test_what_nothing_can_carry_moves_in_steps_and_finishes(scene, settings,
