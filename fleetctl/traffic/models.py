@@ -162,6 +162,8 @@ class SplitRevision(models.Model):
         CHANGE = "change", "change"
         DRAIN = "drain", "drain"
         RESTORE = "restore", "restore"
+        # The split in proportion to each pool's SLO-qualified capacity (capacity_split.py).
+        CAPACITY = "capacity", "capacity"
 
     route = models.ForeignKey(Route, on_delete=models.CASCADE, related_name="revisions")
     number = models.PositiveIntegerField()

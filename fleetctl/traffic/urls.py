@@ -14,6 +14,8 @@ urlpatterns = [
          name="route-reverify-policy"),
     path("routes/<slug:name>/tiers/", views.route_tiers, name="route-tiers"),
     path("routes/<slug:name>/affinity/", views.route_affinity, name="route-affinity"),
+    path("routes/<slug:name>/capacity/apply/", views.route_capacity_apply,
+         name="route-capacity-apply"),
     path("pools/<slug:name>/drain/", views.pool_drain, name="pool-drain"),
     path("drains/", views.drain_list, name="drains"),
     path("drains/<int:drain_id>/", views.drain_detail, name="drain-detail"),

@@ -36,6 +36,7 @@ from fleetctl.core.views import (
 )
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic import charts, selectors, services
+from fleetctl.traffic.capacity_split import route_capacity_split
 from fleetctl.traffic.forms import (
     DrainForm,
     HealthPolicyForm,
@@ -166,6 +167,28 @@ def route_tiers(request: HttpRequest, name: str) -> HttpResponse:
     return redirect(reverse("traffic:route-detail", args=[name]) + "#tiers")
 
 
+@dashboard_view
+@require_POST
+def route_capacity_apply(request: HttpRequest, name: str) -> HttpResponse:
+    """Store the route's capacity split (ramp permission), based on the revision the page
+    showed: a stale one is refused (409) and the page shows the split now."""
+    route = get_or_404(selectors.route_get, name=name, what=f"route named {name!r}")
+    raw = str(request.POST.get("base_revision", "")).strip()
+    base = int(raw) if raw.isdigit() else raw
+    actor = actor_from_request(request)
+    done = call_service(request, lambda: services.route_capacity_split_apply(
+        actor=actor, route=route, base_revision=base,  # type: ignore[arg-type]
+        note=str(request.POST.get("note", ""))))
+    revision = done.result
+    if revision is not None and getattr(revision, "unchanged", False):
+        messages.info(request, f"The capacity split of {name} is in force already "
+                               f"(revision {revision.number}); nothing changed.")
+    elif revision is not None:
+        messages.success(request, f"Route {name} is now at revision {revision.number}, its "
+                                  f"capacity split; pushing to its gateways.")
+    return redirect(reverse("traffic:route-detail", args=[name]) + "#capacity")
+
+
 # --- routes ----------------------------------------------------------------------------------
 
 @dashboard_view
@@ -265,6 +288,7 @@ def _render_route_detail(request: HttpRequest, route: Route, *, now: RouteNow | 
         "tiers": tier_pools,
         "tier_live": tier_live,
         "tier_unknown": tier_live["tiers"].get(PROMPT_TOKENS_UNKNOWN),
+        "capacity": route_capacity_split(route=route),
         "tier_behaviours": ContextTier.Behaviour.choices,
         "tier_blank_rows": range(TIER_ROWS_BLANK),
         "rates_figure": figure_data(charts.pool_rates_figure(rates, colours=colours))

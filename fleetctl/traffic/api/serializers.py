@@ -239,6 +239,54 @@ class RevisionCreateSerializer(serializers.Serializer):
                                  "overrides residency.")
 
 
+class PoolCapacitySerializer(serializers.Serializer):
+    pool = serializers.CharField()
+    tokens_per_s = serializers.FloatField(
+        source="capacity.tokens_per_s", allow_null=True,
+        help_text="SLO-qualified output tokens/s at today's endpoints (null: no figure).")
+    streams = serializers.FloatField(
+        source="capacity.streams", allow_null=True,
+        help_text="Concurrent streams at which the benchmark's SLO held, at today's "
+                  "endpoints.")
+    run = serializers.IntegerField(source="capacity.run", allow_null=True,
+                                   help_text="The benchmark run the figure comes from.")
+    measured_on = serializers.CharField(source="capacity.measured_on")
+    basis = serializers.CharField(source="capacity.source",
+                                  help_text="Where the figure comes from, or why none.")
+    live_streams = serializers.IntegerField(
+        allow_null=True, help_text="Streams in flight at the gateways now (null: no recent "
+                                   "sample, unknown).")
+    current_percent = serializers.FloatField()
+    suggested_percent = serializers.FloatField()
+    left_out = serializers.CharField(help_text="Why the pool gets no share (empty when it "
+                                               "does).")
+
+
+class RouteCapacitySerializer(serializers.Serializer):
+    route = serializers.CharField()
+    model_id = serializers.CharField()
+    revision = serializers.IntegerField(help_text="The route's revision this was read at: "
+                                                  "send it as base_revision to apply.")
+    weights = serializers.SerializerMethodField(help_text="The suggested split, pool → "
+                                                          "percent ({} when refused).")
+    reason = serializers.CharField(help_text="The reason the applied revision will carry.")
+    refusal = serializers.CharField(help_text="Why no split is offered (empty when one is).")
+    unchanged = serializers.BooleanField(help_text="The suggested split is in force already.")
+    pools = PoolCapacitySerializer(many=True, source="rows")
+
+    @extend_schema_field(WEIGHTS_SCHEMA)
+    def get_weights(self, split: Any) -> dict[str, float]:
+        return as_percentages(split.weights)
+
+
+class CapacityApplySerializer(serializers.Serializer):
+    base_revision = serializers.IntegerField(
+        min_value=1, help_text="The route's revision you read the capacity split at (409 if "
+                               "it moved on).")
+    note = serializers.CharField(max_length=2000, required=False, allow_blank=True,
+                                 default="", help_text="Your words, added to the reason.")
+
+
 class GatewaySerializer(serializers.ModelSerializer):
     routes = serializers.SlugRelatedField(slug_field="name", many=True,
                                           queryset=Route.objects.all(), required=False)

@@ -16,8 +16,9 @@ from fleetctl.core import idempotency
 from fleetctl.traffic import push, selectors, services, tiers
 from fleetctl.traffic.api import serializers as s
 from fleetctl.traffic.api import waiting
+from fleetctl.traffic.capacity_split import route_capacity_split
 from fleetctl.traffic.filters import GatewayFilter
-from fleetctl.traffic.models import Drain, Route
+from fleetctl.traffic.models import Drain, Route, SplitRevision
 from fleetctl.traffic.services.affinity import affinity_dict
 
 
@@ -80,6 +81,10 @@ class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Crea
         revision = services.revision_create(
             actor=actor_from_request(request), route=route, **body.validated_data
         )
+        return self._revision_answer(revision, timeout_s)
+
+    @staticmethod
+    def _revision_answer(revision: SplitRevision, timeout_s: float | None) -> Response:
         unchanged = getattr(revision, "unchanged", False)
         if timeout_s is not None:
             pushes = waiting.wait_for_pushes(
@@ -130,6 +135,35 @@ class RouteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Crea
             route = services.route_affinity_set(actor=actor_from_request(request),
                                                 route=route, data=request.data)
         return Response(affinity_dict(route))
+
+    @extend_schema(responses={200: s.RouteCapacitySerializer})
+    @action(detail=True, methods=["get"], filter_backends=[])
+    def capacity(self, request: Request, name: str) -> Response:
+        """Per pool that may carry the route: its SLO-qualified capacity (from its newest
+        benchmark that still counts), the streams it carries now, its weight now and its
+        share of the capacity split; the reason the split would be stored with, or why none
+        is offered."""
+        split = route_capacity_split(route=self.get_object())
+        return Response(s.RouteCapacitySerializer(split).data)
+
+    @extend_schema(request=s.CapacityApplySerializer,
+                   parameters=[idempotency.PARAMETER, *waiting.PARAMETERS],
+                   responses={201: s.RevisionAnswerSerializer,
+                              200: s.RevisionAnswerSerializer})
+    @action(detail=True, methods=["post"], url_path="capacity/apply", filter_backends=[])
+    @idempotency.idempotent
+    def capacity_apply(self, request: Request, name: str) -> Response:
+        """Store the capacity split as a revision of kind `capacity` (scope `ramp`), its
+        reason naming each pool's run: 201; 200 with `unchanged` when it is in force
+        already; 409 when `base_revision` is stale; 400 when no split can be offered (the
+        primary has no capacity figure). ?wait=verified as for a split change."""
+        route = self.get_object()
+        timeout_s = waiting.wait_timeout(request)
+        body = s.CapacityApplySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        revision = services.route_capacity_split_apply(
+            actor=actor_from_request(request), route=route, **body.validated_data)
+        return self._revision_answer(revision, timeout_s)
 
     @extend_schema(methods=["GET"], responses={200: s.RouteTiersSerializer})
     @extend_schema(methods=["PUT"], request=s.RouteTiersSetSerializer,

@@ -10,11 +10,11 @@ itself once its transaction has committed, by name — `push.drain_push_now(drai
 that attempt is what the drain's figures time.
 
 The writes are split by who makes them: `writes` (what a person or an API client does to
-routes, revisions and gateways), `drains` (drains and restores), `mirroring` (what shadow
-runs' jobs ask for), `affinity` (a route's prefix affinity), `tiers` (a route's context
-tiers, and the guard fleet asks before a pool's context is lowered) and `_shared` (checking
-and storing a split and its pushes). Import them from here: `from fleetctl.traffic import
-services; services.revision_create(...)`."""
+routes, revisions and gateways), `capacity` (applying a route's capacity split), `drains`
+(drains and restores), `mirroring` (what shadow runs' jobs ask for), `affinity` (a route's
+prefix affinity), `tiers` (a route's context tiers, and the guard fleet asks before a pool's
+context is lowered) and `_shared` (checking and storing a split and its pushes). Import them
+from here: `from fleetctl.traffic import services; services.revision_create(...)`."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from fleetctl.traffic.services._shared import (
     gateways_refresh,
 )
 from fleetctl.traffic.services.affinity import route_affinity_set
+from fleetctl.traffic.services.capacity import route_capacity_split_apply
 from fleetctl.traffic.services.drain_steps import drain_step_take, drain_steps_due
 from fleetctl.traffic.services.drains import drain_request, drain_restore
 from fleetctl.traffic.services.mirroring import MIRROR_FIELDS, route_mirror_clear, route_mirror_set
@@ -58,6 +59,7 @@ __all__ = [
     "gateways_refresh",
     "revision_create",
     "route_affinity_set",
+    "route_capacity_split_apply",
     "route_create",
     "route_health_policy_set",
     "route_mirror_clear",

@@ -102,7 +102,17 @@ def revision_create(*, actor: Actor, route: Route, weights: Any, base_revision: 
     change landed since, this one is refused with 409 (and nothing stored or pushed)."""
     actor.require(roles.RAMP, action="revision.create", target=route)
     required_reason(reason, "Say why the split changes (it goes in the record).")
-    split = parse_percentages(weights)
+    return revision_store(actor=actor, route=route, split=parse_percentages(weights),
+                          base_revision=base_revision, reason=reason, force=force,
+                          kind=SplitRevision.Kind.CHANGE)
+
+
+def revision_store(*, actor: Actor, route: Route, split: dict[str, int], base_revision: int,
+                   reason: str, kind: str, force: bool = False) -> SplitRevision:
+    """What every person's split change shares once the caller checked its permission and
+    reason: the base revision (400 when it never existed, 409 when stale), nothing stored for
+    the split in force already (`unchanged`), else the split checked under the route's lock
+    and stored as a revision of `kind`."""
     if base_revision > route.revision_number:
         _refuse_future_base(route, base_revision)
     current = selectors.revision_current(route=route)
@@ -120,7 +130,7 @@ def revision_create(*, actor: Actor, route: Route, weights: Any, base_revision: 
         pool_ids = _check_split(route=route, weights=split,
                                 previous=current.weights if current else {}, force=force)
         revision = _store_revision(actor=actor, route=route, base=base_revision, weights=split,
-                                   kind=SplitRevision.Kind.CHANGE, reason=reason, forced=force,
+                                   kind=kind, reason=reason, forced=force,
                                    parent=current, pool_ids=pool_ids)
     return revision
 

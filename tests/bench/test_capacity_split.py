@@ -1,0 +1,154 @@
+"""A route's capacity split (fleetctl/traffic/capacity_split.py) and applying it
+(services.route_capacity_split_apply): in proportion to each pool's SLO-qualified tokens/s
+from benchmark evidence, the reason naming the runs and what was left out; refusals change
+nothing. Through the service, the REST API and the route page."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.test import Client
+from django.urls import reverse
+
+from fleetctl.audit.models import AuditEvent
+from fleetctl.core.errors import ConflictError, PermissionDeniedError
+from fleetctl.fleet.services import pool_health_record, pool_model_create, pool_update
+from fleetctl.traffic import services
+from fleetctl.traffic.capacity_split import route_capacity_split
+from fleetctl.traffic.models import Route, SplitRevision
+from tests.bench.test_capacity import BOT, _bench
+from tests.migrations_plan.conftest import MODEL, world  # noqa: F401
+
+
+@pytest.fixture
+def benched(world, make_pool, system):  # noqa: F811
+    """The world's H200 primary measured at 3,000 tok/s and its MI300X at 1,000 (one
+    endpoint each), and a third pool serving the model that was never benchmarked."""
+    third = make_pool(name="gaudi3-us", runtime="gaudi")
+    pool_model_create(actor=system, pool=third, model_id=MODEL, max_context_tokens=8192)
+    for _ in range(2):
+        pool_health_record(pool_id=third.pk, ok=True, status_code=200, latency_ms=1.0)
+    _bench(world.primary, run=11, best=24, tokens=3000.0, endpoints=1)
+    _bench(world.candidate, run=12, best=8, tokens=1000.0, endpoints=1)
+    return world
+
+
+def _route() -> Route:
+    return Route.objects.select_related("primary_pool").get(name="llama")
+
+
+def test_the_split_follows_capacity_and_its_reason_names_the_runs(benched):
+    split = route_capacity_split(route=_route())
+    assert split.refusal == "" and split.weights == {"h200-us": 7500, "mi300x-us": 2500}
+    rows = {row.pool: row for row in split.rows}
+    assert (rows["h200-us"].current_bp, rows["h200-us"].suggested_bp) == (10_000, 7500)
+    assert rows["gaudi3-us"].suggested_bp == 0
+    assert "no benchmark of it for llama-3.1-8b-instruct yet" in rows["gaudi3-us"].left_out
+
+    lead = benched.actor("lead")
+    revision = services.route_capacity_split_apply(actor=lead, route=_route(),
+                                                   base_revision=1, note="more headroom")
+    assert (revision.kind, revision.number, revision.weights) == (
+        SplitRevision.Kind.CAPACITY, 2, {"h200-us": 7500, "mi300x-us": 2500})
+    assert "h200-us 3,000 tok/s (benchmark run 11 on 2026-12-01) → 75 %" in revision.reason
+    assert "mi300x-us 1,000 tok/s (benchmark run 12 on 2026-12-01) → 25 %" in revision.reason
+    assert "Left at 0 %: gaudi3-us (no benchmark of it" in revision.reason
+    assert revision.reason.endswith("Note: more headroom")
+    event = AuditEvent.objects.get(action="revision.capacity")
+    assert event.actor == "bob" and event.after["weights"] == {"h200-us": 75.0,
+                                                                "mi300x-us": 25.0}
+
+    # Applying it again changes nothing: no revision, no audit event.
+    again = services.route_capacity_split_apply(actor=lead, route=_route(), base_revision=2)
+    assert getattr(again, "unchanged", False) and _route().revision_number == 2
+    assert route_capacity_split(route=_route()).unchanged
+
+
+def test_refusals_name_the_problem_and_change_nothing(benched):
+    lead, route = benched.actor("lead"), _route()
+    with pytest.raises(ValidationError) as bad:
+        services.route_capacity_split_apply(actor=lead, route=route, base_revision=0)
+    assert "base_revision" in bad.value.message_dict
+    with pytest.raises(ValidationError) as future:
+        services.route_capacity_split_apply(actor=lead, route=route, base_revision=7)
+    assert "revision 7 does not exist" in str(future.value)
+    with pytest.raises(PermissionDeniedError):
+        services.route_capacity_split_apply(actor=benched.actor("viewer"), route=route,
+                                            base_revision=1)
+    # Someone changed the split since the page was read: 409, the capacity split not stored.
+    services.revision_create(actor=lead, route=route, weights={"h200-us": 90,
+                                                               "mi300x-us": 10},
+                             base_revision=1, reason="by hand")
+    with pytest.raises(ConflictError, match="is at revision 2, not 1"):
+        services.route_capacity_split_apply(actor=lead, route=route, base_revision=1)
+    assert _route().revision_number == 2
+
+    # A primary with no figure: no split is offered, so nothing moves off it.
+    pool_update(actor=BOT, pool=benched.primary, runtime_version="vllm-9.9")  # run 11 stale
+    split = route_capacity_split(route=_route())
+    assert split.weights == {} and "its primary h200-us has no capacity figure" in split.refusal
+    assert "runtime version changed" in split.refusal
+    with pytest.raises(ValidationError) as refused:
+        services.route_capacity_split_apply(actor=lead, route=_route(), base_revision=2)
+    assert "its primary h200-us has no capacity figure" in refused.value.message_dict[
+        "capacity"][0]
+    assert _route().revision_number == 2
+
+
+def test_a_pool_its_stage_keeps_off_live_traffic_is_left_at_zero(benched):
+    benched.plan()  # the MI300X is the candidate of a plan in stage 1: no live weight
+    split = route_capacity_split(route=_route())
+    assert split.weights == {"h200-us": 10_000}
+    left = {row.pool: row.left_out for row in split.rows}
+    assert "stage" in left["mi300x-us"], left
+    assert "Left at 0 %: " in split.reason and "mi300x-us (" in split.reason
+
+
+def test_rest_reads_and_applies_the_capacity_split(benched, client_for):
+    oncall = client_for("on-call", username="otto")
+    body = oncall.get("/api/v1/routes/llama/capacity/").json()
+    assert (body["revision"], body["weights"], body["refusal"]) == (
+        1, {"h200-us": 75.0, "mi300x-us": 25.0}, "")
+    pools = {row["pool"]: row for row in body["pools"]}
+    assert pools["h200-us"]["tokens_per_s"] == 3000.0 and pools["h200-us"]["run"] == 11
+    assert pools["h200-us"]["current_percent"] == 100.0
+    assert pools["mi300x-us"]["suggested_percent"] == 25.0
+    assert pools["gaudi3-us"]["tokens_per_s"] is None and pools["gaudi3-us"]["left_out"]
+
+    missing = oncall.post("/api/v1/routes/llama/capacity/apply/", {}, format="json")
+    assert missing.status_code == 400 and "base_revision" in missing.json()["error"]["message"]
+    applied = oncall.post("/api/v1/routes/llama/capacity/apply/", {"base_revision": 1},
+                        format="json")
+    assert applied.status_code == 201, applied.json()
+    assert applied.json()["kind"] == "capacity" and applied.json()["weights"] == {
+        "h200-us": 75.0, "mi300x-us": 25.0}
+    again = oncall.post("/api/v1/routes/llama/capacity/apply/", {"base_revision": 1},
+                        format="json")
+    assert again.status_code == 409 and again.json()["current_revision"] == 2
+    viewer = client_for("viewer", username="vic2")
+    assert viewer.post("/api/v1/routes/llama/capacity/apply/", {"base_revision": 2},
+                       format="json").status_code == 403
+
+
+def test_the_route_page_shows_the_card_and_one_click_applies_it(benched, make_user):
+    page = Client()
+    page.force_login(make_user("olga2", "on-call"))
+    url = reverse("traffic:route-detail", args=["llama"])
+    html = page.get(url).content.decode()
+    assert 'id="capacity"' in html and "Apply capacity split" in html
+    assert "benchmark run 11 on 2026-12-01" in html and "75 %" in html
+    response = page.post(reverse("traffic:route-capacity-apply", args=["llama"]),
+                         {"base_revision": "1"})
+    assert response.status_code == 302
+    route = _route()
+    current = route.revisions.get(number=route.revision_number)
+    assert (current.kind, current.weights) == ("capacity", {"h200-us": 7500,
+                                                            "mi300x-us": 2500})
+    html = page.get(url).content.decode()
+    assert "The capacity split is the split in force." in html
+    assert "Apply capacity split" not in html
+
+    viewer = Client()
+    viewer.force_login(make_user("vera2", "viewer"))
+    assert "Apply capacity split" not in viewer.get(url).content.decode()
+
