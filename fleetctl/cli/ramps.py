@@ -29,14 +29,21 @@ def _client(args: argparse.Namespace) -> ApiClient:
     return ApiClient.from_env(args.url, args.token)
 
 
-def parse_steps(text: str) -> list[dict[str, float]]:
-    """"1:60,5:60,10:120" → [{"percent": 1, "hold_s": 60}, …] (percent:hold seconds)."""
-    steps = []
-    for part in text.split(","):
+def parse_steps(text: str) -> list[dict[str, Any]]:
+    """"1:60,5:60,10:120" → [{"percent": 1, "hold_s": 60}, …] (percent:hold seconds). The
+    last percent may be "capacity": the server resolves it to the pool's capacity share."""
+    steps: list[dict[str, Any]] = []
+    parts = text.split(",")
+    for i, part in enumerate(parts, start=1):
         percent, sep, hold = part.strip().partition(":")
         try:
             if not sep:
                 raise ValueError
+            if percent.strip().lower() == "capacity" and i == len(parts):
+                steps.append({"percent": "capacity", "hold_s": float(hold)})
+                if steps[-1]["hold_s"] <= 0:
+                    raise ValueError
+                continue
             steps.append({"percent": float(percent), "hold_s": float(hold)})
         except ValueError:
             raise argparse.ArgumentTypeError(
@@ -47,7 +54,8 @@ def parse_steps(text: str) -> list[dict[str, float]]:
             raise argparse.ArgumentTypeError(
                 f"{part.strip()!r}: a percent above 0 and at most 100, held a positive number "
                 f"of seconds")
-    if [s["percent"] for s in steps] != sorted({s["percent"] for s in steps}):
+    numbers = [s["percent"] for s in steps if s["percent"] != "capacity"]
+    if numbers != sorted(set(numbers)):
         raise argparse.ArgumentTypeError(
             f"{text!r}: the percents must strictly increase (each step raises the weight)")
     return steps
@@ -227,7 +235,8 @@ def add_commands(sub: Any, common: Any) -> None:
     start.add_argument("--route", required=True)
     start.add_argument("--pool", required=True, help="the candidate pool to ramp onto it")
     start.add_argument("--steps", required=True, type=parse_steps,
-                       help="percent:hold_seconds,…, e.g. 1:60,5:60,10:120")
+                       help="percent:hold_seconds,…, e.g. 1:60,5:60,10:120; the last may "
+                            "be capacity:120 (the pool's capacity share)")
     start.add_argument("--plan", help="the plan whose candidate the pool is (default: its "
                                       "stage-4 plan listing the route, if any)")
     start.add_argument("--min-samples", type=non_negative(int),

@@ -18,9 +18,10 @@ from fleetctl.core.forms import reason_field
 from fleetctl.ramps.models import Ramp
 
 
-def parse_steps(text: str) -> list[dict[str, float]]:
+def parse_steps(text: str) -> list[dict[str, Any]]:
     """"1:60, 5:60, 10:120" → [{"percent": 1, "hold_s": 60}, ...]: percent, then how many
-    seconds to hold it. Commas, semicolons or new lines between steps."""
+    seconds to hold it. Commas, semicolons or new lines between steps. The last percent may
+    be "capacity" (the pool's share of the route's capacity split, resolved at the start)."""
     steps = []
     for raw in text.replace(";", ",").replace("\n", ",").split(","):
         item = raw.strip()
@@ -30,8 +31,9 @@ def parse_steps(text: str) -> list[dict[str, float]]:
         try:
             if not sep:
                 raise ValueError
-            steps.append({"percent": float(percent.strip().rstrip("%").strip()),
-                          "hold_s": float(hold.strip().rstrip("s").strip())})
+            share = percent.strip().rstrip("%").strip()
+            steps.append({"percent": share.lower() if share.lower() == "capacity"
+                          else float(share), "hold_s": float(hold.strip().rstrip("s").strip())})
         except ValueError:
             raise ValidationError(
                 f"{item!r} is not a step: write percent:seconds, e.g. 5:60 "
@@ -61,7 +63,8 @@ class RampStartForm(forms.Form):
     steps = StepsField(
         label="Steps", max_length=400,
         widget=forms.TextInput(attrs={"placeholder": "1:60, 5:60, 10:120", "size": 30}),
-        help_text="percent:seconds held, strictly increasing: 1:60, 5:60, 10:120.")
+        help_text="percent:seconds held, strictly increasing: 1:60, 5:60, 10:120; the last "
+                  "may be capacity:120 (the pool's share of the route's capacity split).")
     min_samples = forms.IntegerField(
         label="Minimum samples", min_value=1, initial=50,
         help_text="Requests the pool must answer in a hold before the guard judges it.")

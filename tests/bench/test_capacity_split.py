@@ -152,3 +152,61 @@ def test_the_route_page_shows_the_card_and_one_click_applies_it(benched, make_us
     viewer.force_login(make_user("vera2", "viewer"))
     assert "Apply capacity split" not in viewer.get(url).content.decode()
 
+
+RAMP_SLO = {"slo_ttft_p95_ms": 500.0, "slo_tpot_p95_ms": 100.0, "slo_error_rate": 0.05}
+
+
+def test_a_ramp_to_capacity_resolves_its_last_step_when_it_starts(benched, client_for):
+    from fleetctl.ramps.models import RampEvent
+    from fleetctl.ramps.services import ramp_create
+
+    lead, route = benched.actor("lead"), _route()
+
+    def start(*steps):
+        return ramp_create(actor=lead, route=route, pool=benched.candidate, **RAMP_SLO,
+                           steps=[{"percent": p, "hold_s": 30} for p in steps])
+
+    for steps, says in (((5, "capacity", 30), 'Step 2: only the last step may be "capacity"'),
+                        ((30, "capacity"), "capacity split, 25 %, not above step 1 (30 %)")):
+        with pytest.raises(ValidationError, match=says.replace("(", r"\(").replace(")", r"\)")):
+            start(*steps)
+    ramp = start(5, "capacity")
+    assert [step["percent"] for step in ramp.steps] == [5.0, 25.0]
+    event = RampEvent.objects.get(ramp=ramp, kind="start")
+    assert event.numbers["capacity"]["runs"] == {"h200-us": 11, "mi300x-us": 12}
+    assert event.numbers["capacity"]["percent"] == 25.0
+    assert "its last step is mi300x-us's share of the capacity split at revision 1" \
+        in event.message and "benchmark run 12 on 2026-12-01" in event.message
+    assert AuditEvent.objects.get(action="ramp.create").after["capacity"]["step"] == 2
+
+
+def test_a_ramp_to_capacity_of_a_pool_with_no_figure_is_refused_through_the_api(
+        benched, client_for):
+    from fleetctl.ramps.models import Ramp
+
+    lead = client_for("platform-lead", username="pete")
+    body = {"route": "llama", "pool": "gaudi3-us", **RAMP_SLO,
+            "steps": [{"percent": 5, "hold_s": 30}, {"percent": "capacity", "hold_s": 30}]}
+    response = lead.post("/api/v1/ramps/", body, format="json")
+    assert response.status_code == 400, response.json()
+    assert ("gaudi3-us has no share of llama's capacity split (no benchmark of it"
+            in response.json()["error"]["message"])
+    assert not Ramp.objects.exists()
+    body["pool"] = "mi300x-us"
+    response = lead.post("/api/v1/ramps/", body, format="json")
+    assert response.status_code == 201, response.json()
+    assert [step["percent"] for step in response.json()["steps"]] == [5.0, 25.0]
+
+
+def test_the_dashboard_and_cli_step_parsers_take_capacity_last():
+    from fleetctl.cli.ramps import parse_steps as cli_steps
+    from fleetctl.ramps.forms import parse_steps as form_steps
+
+    assert form_steps("5:60, capacity:120") == [{"percent": 5.0, "hold_s": 60},
+                                                {"percent": "capacity", "hold_s": 120}]
+    assert cli_steps("5:60,capacity:120") == [{"percent": 5.0, "hold_s": 60.0},
+                                              {"percent": "capacity", "hold_s": 120.0}]
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        cli_steps("capacity:60,50:60")

@@ -20,6 +20,37 @@ class StepSerializer(serializers.Serializer):
                                               "window and one telemetry window).")
 
 
+@extend_schema_field({"oneOf": [{"type": "number"},
+                                  {"type": "string", "enum": ["capacity"]}]})
+class StepPercentField(serializers.Field):
+    """A step's percent as asked for: a number, or "capacity" on the last step (the pool's
+    share of the route's capacity split, resolved when the ramp starts). The service judges
+    both; here only the type."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if data == "capacity":
+            return data
+        if isinstance(data, bool) or not isinstance(data, int | float | str):
+            raise serializers.ValidationError('A number, or "capacity" on the last step.')
+        try:
+            return float(data)
+        except ValueError:
+            raise serializers.ValidationError(
+                f'{data!r} is not a number, nor "capacity".') from None
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class StepCreateSerializer(serializers.Serializer):
+    percent = StepPercentField(help_text=(
+        'The candidate\'s share of the route at this step (above 0, at most 100, 0.01 '
+        'steps), or "capacity" on the last step: its share of the route\'s capacity split '
+        '(GET /api/v1/routes/{name}/capacity/), resolved when the ramp starts.'))
+    hold_s = serializers.FloatField(help_text="Seconds to hold it before the guard's verdict "
+                                              "on the whole hold.")
+
+
 class RampEventSerializer(serializers.ModelSerializer):
     numbers = ObjectField(read_only=True, help_text=(
         "What the decision used: per pool the samples, error rate and TTFT/TPOT p95 with "
@@ -93,8 +124,8 @@ class RampCreateSerializer(serializers.Serializer):
     route = serializers.SlugRelatedField(slug_field="name", queryset=Route.objects.all())
     pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all(),
                                         help_text="The candidate pool to ramp onto the route.")
-    steps = StepSerializer(many=True, help_text="Strictly increasing percents, each held; at "
-                                                "most 20.")
+    steps = StepCreateSerializer(many=True, help_text="Strictly increasing percents, each "
+                                                      "held; at most 20.")
     plan = serializers.SlugRelatedField(
         slug_field="name", queryset=Plan.objects.all(), required=False, allow_null=True,
         help_text="The plan whose candidate the pool is (default: its stage-4 plan listing the "

@@ -34,9 +34,13 @@ from fleetctl.ramps.services._shared import (
 )
 from fleetctl.traffic import policy
 from fleetctl.traffic import selectors as traffic_selectors
+from fleetctl.traffic.capacity_split import route_capacity_split
 from fleetctl.traffic.models import Route
 from fleetctl.traffic.split import as_percentages
 from migrations_plan.models import Plan
+
+# A last step's percent that is resolved when the ramp starts: the pool's capacity share.
+CAPACITY = "capacity"
 
 # --- a person's actions ------------------------------------------------------------------------
 
@@ -49,6 +53,7 @@ def ramp_create(*, actor: Actor, route: Route, pool: Pool, steps: list[dict[str,
     """Start a guarded ramp of `pool` on `route`. Everything is checked before anything is
     stored; the first step is set by the controller's first tick, queued after the commit."""
     actor.require(roles.RAMP, action="ramp.create", target=route)
+    steps, capacity = _capacity_step(route, pool, steps)
     clean_steps, route, pool = _checked(route=route, pool=pool, steps=steps,
                                         min_samples=min_samples, window_s=window_s,
                                         failure_threshold=failure_threshold)
@@ -73,17 +78,61 @@ def ramp_create(*, actor: Actor, route: Route, pool: Pool, steps: list[dict[str,
         _event(ramp, Kind.START, actor=actor,
                message=f"{actor.label} started a ramp of {pool.name} on {locked.name}: "
                        f"{_steps_text(clean_steps)}" + (f" ({reason})" if reason else "")
-                       + (f"; plan {plan.name}" if plan else ""),
+                       + (f"; plan {plan.name}" if plan else "")
+                       + (f"; its last step is {pool.name}'s share of the capacity split "
+                          f"at revision {capacity['revision']}: {capacity['reason']}"
+                          if capacity else ""),
                numbers={"steps": clean_steps, "thresholds": thresholds,
-                        "base_weights": as_percentages(base)},
+                        "base_weights": as_percentages(base),
+                        **({"capacity": capacity} if capacity else {})},
                revision_number=locked.revision_number)
         audit_record(actor=actor, action="ramp.create", target=ramp, message=reason,
                      after={"route": locked.name, "pool": pool.name, "steps": clean_steps,
                             "plan": plan.name if plan else None, **thresholds,
                             "min_samples": min_samples, "window_s": window_s,
-                            "failure_threshold": failure_threshold})
+                            "failure_threshold": failure_threshold,
+                            **({"capacity": capacity} if capacity else {})})
         _queue_run(ramp.pk)
     return ramp
+
+
+def _capacity_step(route: Route, pool: Pool, steps: Any
+                   ) -> tuple[Any, dict[str, Any] | None]:
+    """A last step of percent "capacity" is the pool's share of the route's capacity split
+    (traffic/capacity_split.py), resolved now, when the ramp starts: the steps with that
+    share in its place, and what it came from (the split's revision, reason and runs), which
+    the ramp's start event and audit record keep. Only the last step may say "capacity"."""
+    if not isinstance(steps, list) or not any(
+            isinstance(step, dict) and step.get("percent") == CAPACITY for step in steps):
+        return steps, None
+    last = len(steps)
+    early = [i for i, step in enumerate(steps[:-1], start=1)
+             if isinstance(step, dict) and step.get("percent") == CAPACITY]
+    if early:
+        raise ValidationError({"steps": [
+            f"Step {early[0]}: only the last step may be \"capacity\" (the pool's share of "
+            f"the route's capacity split); give the steps before it as numbers."]})
+    split = route_capacity_split(route=route)
+    share = split.weights.get(pool.name, 0)
+    why = next((row.left_out for row in split.rows if row.pool == pool.name), "")
+    if split.refusal or not share:
+        raise ValidationError({"steps": [
+            f"Step {last}: \"capacity\" cannot be resolved: " + (
+                split.refusal or f"{pool.name} has no share of {route.name}'s capacity "
+                                 f"split ({why or 'it does not serve the route'}).")]})
+    percent = share / 100
+    numbers = [step.get("percent") for step in steps[:-1] if isinstance(step, dict)]
+    before = numbers[-1] if numbers else None
+    if isinstance(before, int | float) and not isinstance(before, bool) and percent <= before:
+        raise ValidationError({"steps": [
+            f"Step {last}: \"capacity\" is {pool.name}'s share of the capacity split, "
+            f"{percent:g} %, not above step {last - 1} ({before:g} %). Lower the steps "
+            f"before it, or end at a number."]})
+    runs = {row.pool: row.capacity.run for row in split.rows if row.suggested_bp}
+    resolved = [*steps[:-1], {**steps[-1], "percent": percent}]
+    return resolved, {"step": last, "percent": percent, "revision": split.revision,
+                      "weights": as_percentages(split.weights), "runs": runs,
+                      "reason": split.reason}
 
 
 def _checked(*, route: Route, pool: Pool, steps: list[dict[str, Any]], min_samples: int,
