@@ -67,11 +67,11 @@ def _left_out(pool: Pool, route: Route, capacity: PoolCapacity, eligible: set[st
     if pool.name not in eligible:
         where = f" inside the {route.residency} pin" if route.residency else ""
         return f"it does not serve {route.model_id}{where} any more"
-    if pool.health_state != Pool.Health.HEALTHY:
-        return f"it is {pool.health_state}"
     refusal = policy.live_weight_refusal(pool, route)
     if refusal:
         return refusal
+    if pool.health_state != Pool.Health.HEALTHY:
+        return f"it is {pool.health_state}"
     if not capacity.known:
         return capacity.source
     return ""
@@ -95,10 +95,12 @@ def route_capacity_split(*, route: Route) -> CapacitySplit:
     primary = route.primary_pool.name
     refusal = ""
     if primary not in usable:
-        refusal = (f"No capacity split for {route.name}: its primary {primary} has no "
-                   f"capacity figure to split by ({why.get(primary) or 'not eligible'}). "
-                   f"Benchmark it (Benchmarks → New run, a concurrency sweep of "
-                   f"{route.model_id}) first.")
+        known = primary in capacities and capacities[primary].known
+        problem = why.get(primary) or "it does not serve the route"
+        refusal = f"No capacity split for {route.name}: its primary {primary} " + (
+            f"may not carry weight now ({problem})." if known else
+            f"has no capacity figure to split by ({problem}). Benchmark it (Benchmarks → "
+            f"New run, a concurrency sweep of {route.model_id}) first.")
     suggested = {} if refusal else proportional_weights(usable)
     rows = [CapacityRow(pool=pool.name, capacity=capacities[pool.name],
                         live_streams=streams.get(pool.name),

@@ -55,6 +55,7 @@ from fleetctl.traffic.tiers import TierPools, route_tier_live, route_tier_pools
 GATEWAYS_ID = "gateways"
 RECENT_DRAINS_ID = "recent-drains"
 PROGRESS_ID = "drain-progress"
+CAPACITY_ID = "capacity"  # the route page's Capacity card, loaded after the page
 HISTORY_LIMIT = 50
 DRAINS_PAGE_SIZE = 50
 TERMINAL = (Drain.Status.COMPLETE, Drain.Status.FAILED)
@@ -186,7 +187,7 @@ def route_capacity_apply(request: HttpRequest, name: str) -> HttpResponse:
     elif revision is not None:
         messages.success(request, f"Route {name} is now at revision {revision.number}, its "
                                   f"capacity split; pushing to its gateways.")
-    return redirect(reverse("traffic:route-detail", args=[name]) + "#capacity")
+    return redirect(reverse("traffic:route-detail", args=[name]) + f"?capacity#{CAPACITY_ID}")
 
 
 # --- routes ----------------------------------------------------------------------------------
@@ -264,7 +265,8 @@ def _ramp_form(route: Route, now: RouteNow, data: Any = None, *,
 
 
 def _render_route_detail(request: HttpRequest, route: Route, *, now: RouteNow | None = None,
-                         form: RampForm | None = None, status: int = 200) -> HttpResponse:
+                         form: RampForm | None = None, status: int = 200,
+                         capacity: bool = False) -> HttpResponse:
     now = now or RouteNow.read(route)
     current, split, eligible = now.current, now.split, now.eligible
     form = form or _ramp_form(route, now)
@@ -288,7 +290,8 @@ def _render_route_detail(request: HttpRequest, route: Route, *, now: RouteNow | 
         "tiers": tier_pools,
         "tier_live": tier_live,
         "tier_unknown": tier_live["tiers"].get(PROMPT_TOKENS_UNKNOWN),
-        "capacity": route_capacity_split(route=route),
+        # Read per pool (evidence, stage): loaded after the page (htmx), or with ?capacity.
+        "capacity": route_capacity_split(route=route) if capacity else None,
         "tier_behaviours": ContextTier.Behaviour.choices,
         "tier_blank_rows": range(TIER_ROWS_BLANK),
         "rates_figure": figure_data(charts.pool_rates_figure(rates, colours=colours))
@@ -304,7 +307,10 @@ def _render_route_detail(request: HttpRequest, route: Route, *, now: RouteNow | 
 @require_GET
 def route_detail(request: HttpRequest, name: str) -> HttpResponse:
     route = get_or_404(selectors.route_get, name=name, what=f"route named {name!r}")
-    return _render_route_detail(request, route)
+    if request.htmx.target == CAPACITY_ID:  # type: ignore[attr-defined]
+        return render(request, "traffic/_capacity.html",
+                      {"route": route, "capacity": route_capacity_split(route=route)})
+    return _render_route_detail(request, route, capacity="capacity" in request.GET)
 
 
 @dashboard_view

@@ -134,23 +134,30 @@ def test_the_route_page_shows_the_card_and_one_click_applies_it(benched, make_us
     page = Client()
     page.force_login(make_user("olga2", "on-call"))
     url = reverse("traffic:route-detail", args=["llama"])
+    # The page loads the card after itself (htmx asks for the block): the page stays cheap.
     html = page.get(url).content.decode()
-    assert 'id="capacity"' in html and "Apply capacity split" in html
+    assert 'id="capacity"' in html and 'hx-trigger="load"' in html
+    assert "Apply capacity split" not in html
+    block = page.get(url, headers={"HX-Request": "true", "HX-Target": "capacity"})
+    html = block.content.decode()
+    assert "<html" not in html and 'hx-trigger="load"' not in html  # the card alone
+    assert "Apply capacity split" in html and 'name="base_revision" value="1"' in html
     assert "benchmark run 11 on 2026-12-01" in html and "75 %" in html
+    assert "Apply capacity split" in page.get(url + "?capacity").content.decode()  # no JS
     response = page.post(reverse("traffic:route-capacity-apply", args=["llama"]),
                          {"base_revision": "1"})
-    assert response.status_code == 302
+    assert response.status_code == 302 and response["Location"].endswith("?capacity#capacity")
     route = _route()
     current = route.revisions.get(number=route.revision_number)
     assert (current.kind, current.weights) == ("capacity", {"h200-us": 7500,
                                                             "mi300x-us": 2500})
-    html = page.get(url).content.decode()
+    html = page.get(url + "?capacity").content.decode()
     assert "The capacity split is the split in force." in html
     assert "Apply capacity split" not in html
 
     viewer = Client()
     viewer.force_login(make_user("vera2", "viewer"))
-    assert "Apply capacity split" not in viewer.get(url).content.decode()
+    assert "Apply capacity split" not in viewer.get(url + "?capacity").content.decode()
 
 
 RAMP_SLO = {"slo_ttft_p95_ms": 500.0, "slo_tpot_p95_ms": 100.0, "slo_error_rate": 0.05}
