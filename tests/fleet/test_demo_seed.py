@@ -140,3 +140,55 @@ def test_with_the_simulated_fleet_up_the_seed_starts_one_guarded_ramp_of_the_gau
         RAMP["min_samples"], RAMP["window_s"], RAMP["slo_ttft_p95_ms"])
     assert ramp.plan is None
     assert "ramp of gaudi3-in-west" not in again.getvalue()  # once: the re-run leaves it
+
+
+
+@pytest.mark.slow
+def test_the_seeds_benchmark_gives_llama_8b_a_capacity_split_one_click_applies(
+        celery_worker, tmp_path):
+    """`make demo`'s Capacity card: the seed queues one short benchmark of the pools carrying
+    llama-8b, a real worker runs it against the demo's simulated pools, its evidence gives
+    the route a capacity split, and the route page's button stores it."""
+    from django.test import Client
+    from django.urls import reverse
+
+    from fleetctl.bench.models import Run
+    from fleetctl.demo import capacity_run
+    from fleetctl.fleet.tasks import pool_probe
+    from fleetctl.traffic.capacity_split import route_capacity_split
+    from tests.sim import simproc
+    from tests.support.waiting import wait_until
+
+    args = [a if a != "8100" else "{base}" for a in SEED]
+    with simproc.demo_fleet(tmp_path / "sim.log") as base:
+        for _ in range(2):  # the re-run leaves the run alone
+            call_command(*[a.format(base=base) for a in args], stdout=io.StringIO(),
+                         stderr=io.StringIO())
+        [run] = Run.objects.filter(name=capacity_run.NAME)
+        assert sorted(run.pools.values_list("name", flat=True)) == sorted(capacity_run.POOLS)
+        wait_until(lambda: Run.objects.get(pk=run.pk).status not in Run.ACTIVE, timeout_s=300,
+                   what="the seed's capacity benchmark to finish")
+        for pool in Pool.objects.all():
+            pool_probe(pool.pk)  # the demo's prober does this every 10 s
+
+    run.refresh_from_db()
+    assert run.status == "complete", (run.status, run.error, run.progress)
+    route = Route.objects.select_related("primary_pool").get(name="llama-8b")
+    split = route_capacity_split(route=route)
+    assert split.refusal == "", split.refusal
+    assert set(split.weights) == {"h200-us-east", "gaudi3-in-west"}
+    left = {row.pool: row.left_out for row in split.rows}
+    assert "stage" in left["mi300x-us-east"] and "no benchmark" in left["tpu-v5e-eu-west"]
+    assert f"(benchmark run {run.pk} on " in split.reason
+
+    page = Client()
+    page.force_login(User.objects.get(username="oncall"))
+    detail = page.get(reverse("traffic:route-detail", args=["llama-8b"]),
+                      headers={"HX-Request": "true", "HX-Target": "capacity"}).content.decode()
+    assert "Apply capacity split" in detail
+    page.post(reverse("traffic:route-capacity-apply", args=["llama-8b"]),
+              {"base_revision": str(split.revision)})
+    route.refresh_from_db()
+    current = route.revisions.get(number=route.revision_number)
+    assert current.kind == "capacity" and current.weights == split.weights
+    assert f"benchmark run {run.pk}" in current.reason and current.created_by == "oncall"

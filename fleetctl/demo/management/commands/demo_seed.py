@@ -175,6 +175,8 @@ class Command(BaseCommand):
             self._batch()
             from fleetctl.schedules.demo import seed_demo_schedules
             self.created += seed_demo_schedules(note=self._note)
+            from fleetctl.demo.capacity_run import seed_capacity_run
+            self.created += seed_capacity_run(note=self._note)
         made = ", ".join(self.created) if self.created else "nothing (all there already)"
         self.stdout.write(f"demo fleet: {Pool.objects.count()} pools in "
                           f"{Region.objects.count()} regions; created {made}")

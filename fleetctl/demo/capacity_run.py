@@ -1,0 +1,58 @@
+"""The demo's capacity evidence (called by `demo_seed` after the batch step): one short,
+real benchmark run of the pools that carry llama-8b (the H200 primary and the Gaudi 3 the
+seeded ramp steps up), queued at seed time and run by the demo's bench worker within its
+first minute or so. Its evidence is each pool's SLO-qualified capacity, so the route page's
+Capacity card shows measured figures and **Apply capacity split** works
+(docs/traffic.md, "Capacity splits"). Nothing here is a number of its own: the worker
+measures the simulated pools.
+
+A short run on purpose, and it says so in its name: three fixed levels (4, 8 and 16 streams),
+a 5 s warm-up and a 10 s window, judged against the SLO the seeded ramp uses. A pool that
+passes all three is credited with what it gave at 16 streams — a lower bound of what it
+could carry, which is what a short demo run can honestly say. Run a full search
+(Benchmarks → New run) for the real figure.
+
+Created once: a run of this name, whatever became of it, is kept."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.core.exceptions import ObjectDoesNotExist, ValidationError
+
+from fleetctl.accounts.actor import Actor
+from fleetctl.core.errors import DomainError
+from fleetctl.fleet.models import Pool
+
+NAME = "demo capacity (short: levels 4, 8, 16)"
+TRACE = "demo-chat"
+POOLS = ("h200-us-east", "gaudi3-in-west")
+MODEL = "llama-3.1-8b-instruct"
+LEVELS = [4, 8, 16]
+# The seeded ramp's SLO (demo_seed.RAMP): the bar the route's traffic is judged by.
+SLO_TTFT_P95_MS, SLO_TPOT_P95_MS, SLO_ERROR_RATE = 250.0, 60.0, 0.02
+
+
+def seed_capacity_run(note: Callable[[str], None] = print) -> list[str]:
+    """Queue the demo's capacity benchmark unless one of its name exists: what was made (a
+    refusal is passed to `note`)."""
+    from django.db import transaction
+
+    from fleetctl.bench import services as bench
+    from fleetctl.bench.models import Run, Trace
+
+    if Run.objects.filter(name=NAME).exists():
+        return []
+    try:
+        with transaction.atomic():
+            bench.run_create(
+                actor=Actor.for_system("demo-seed"), name=NAME,
+                trace=Trace.objects.get(name=TRACE),
+                pools=[Pool.objects.get(name=name) for name in POOLS], model_id=MODEL,
+                mode=Run.Mode.LEVELS, levels=LEVELS, max_concurrency=max(LEVELS),
+                warmup_s=5.0, window_s=10.0, min_samples=20, slo_ttft_p95_ms=SLO_TTFT_P95_MS,
+                slo_tpot_p95_ms=SLO_TPOT_P95_MS, slo_error_rate=SLO_ERROR_RATE)
+    except (ValidationError, DomainError, ObjectDoesNotExist) as exc:
+        note(f"capacity benchmark not queued: {exc}")
+        return []
+    return [f"benchmark run {NAME!r}"]
