@@ -188,3 +188,45 @@ def test_an_on_call_engineer_drains_a_route_behind_a_real_envoy_in_the_browser(
     shoot(page, "drain.png")
 
     assert problems.items == []
+
+
+# --- the capacity split, one click -----------------------------------------------------------
+
+@pytest.fixture
+def benchmarked(traffic: None) -> None:
+    """`traffic`, and benchmark evidence of the two US pools (as a benchmark run records
+    it): h200-us 3,000 tok/s at 24 streams, mi300x-us 1,000 at 8. Before the browser starts."""
+    from fleetctl.accounts.actor import Actor
+    from fleetctl.fleet.models import Pool
+    from migrations_plan.services import evidence_record
+
+    for name, run, streams, tokens in (("h200-us", 41, 24, 3000.0), ("mi300x-us", 42, 8,
+                                                                     1000.0)):
+        evidence_record(actor=Actor.for_system("benchmark"), pool=Pool.objects.get(name=name),
+                        kind="benchmark", verdict="pass", summary=f"run {run}", model_id=MODEL,
+                        source=f"benchmark run {run}",
+                        data={"run": run, "timing": "concurrency", "best_concurrency": streams,
+                              "output_tokens_per_s": tokens, "cost_per_1m": None,
+                              "measured_on": "2026-12-01", "endpoints": 1,
+                              "slo": {"ttft_p95_ms": 800, "tpot_p95_ms": 60,
+                                      "error_rate": 0.01}})
+
+
+def test_an_on_call_engineer_applies_the_capacity_split_with_one_click(
+    live_server: Any, benchmarked: None, browser: Browser
+):
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    problems = Problems(page)
+    sign_in(page, f"{live_server.url}/traffic/routes/llama/", "olga", PASSWORD)
+    card = page.locator("#capacity")
+    # Loaded after the page by htmx: the figures, their runs and the suggested split.
+    expect(card.get_by_role("cell", name="benchmark run 41 on 2026-12-01")).to_be_visible()
+    expect(card.get_by_role("button", name="Apply capacity split")).to_be_visible()
+    card.get_by_role("button", name="Apply capacity split").click()
+    page.wait_for_url("**/traffic/routes/llama/?capacity#capacity")
+    expect(page.get_by_text("The capacity split is the split in force.")).to_be_visible()
+    expect(page.locator("#revision-3 .kind-capacity")).to_be_visible()
+    route = Route.objects.get(name="llama")
+    current = route.revisions.get(number=route.revision_number)
+    assert current.weights == {"h200-us": 7500, "mi300x-us": 2500}
+    assert problems.items == []
