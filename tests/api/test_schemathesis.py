@@ -33,6 +33,7 @@ from fleetctl.accounts.actor import Actor
 from fleetctl.accounts.services import token_create_personal, token_create_service
 from fleetctl.audit.models import AuditEvent
 from fleetctl.bench import services as bench
+from fleetctl.conformance import routing_services
 from fleetctl.conformance import services as conformance
 from fleetctl.evals import services as evals
 from fleetctl.evals.models import EvalRun
@@ -64,7 +65,7 @@ NUMBERED = {"pool-models": "pool_model", "health-checks": "health_check",
             "shadow-runs": "shadow_run", "eval-suites": "eval_suite",
             "eval-runs": "eval_run", "ramps": "ramp", "jobs": "batch_job",
             "files": "batch_file", "soaks": "soak", "schedules": "schedule",
-            "watches": "watch"}
+            "watches": "watch", "routing-probes": "routing_probe"}
 
 
 def _healthy(pool: Pool) -> Pool:
@@ -91,7 +92,9 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
                                  primary_pool=primary)
     gateway = traffic.gateway_create(actor=system, name="envoy-a", kind="envoy",
                                      admin_address="http://127.0.0.1:1",
-                                     options={"config_dir": str(tmp_path)}, routes=[route])
+                                     options={"config_dir": str(tmp_path),
+                                              "listen_url": "http://127.0.0.1:2"},
+                                     routes=[route])
     traffic.revision_create(actor=system, route=route, weights={"h200": 90, "a100": 10},
                             base_revision=route.revision_number, reason="canary")
     drain = traffic.drain_request(actor=system, route=Route.objects.get(pk=route.pk),
@@ -113,6 +116,7 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
     rate = currency_rate_create(actor=system, from_currency="EUR", to_currency="USD",
                                 rate=Decimal("1.08"), as_of=date(2026, 11, 30), source="ECB")
     probe = conformance.run_create(actor=system, pool=candidate, plan=plan)
+    routing_probe = routing_services.probe_create(actor=system, route=route, plan=plan)
     shadow = shadow_services.run_create(actor=system, plan=plan, min_pairs=10)
     _shadow_pair(shadow, 1, content={"prompt": "hi", "primary": "hello"})  # no pools run here
     shadow_services.run_judge(run=shadow)
@@ -152,7 +156,7 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
         "service_token": bot.token.pk, "conformance_run": probe.pk, "currency_rate": rate.pk,
         "shadow_run": shadow.pk, "eval_suite": suite.pk, "eval_run": eval_run.pk,
         "batch_job": batch_job.pk, "batch_file": batch_job.input_file_id, "soak": soak.pk,
-        "schedule": schedule.pk,
+        "schedule": schedule.pk, "routing_probe": routing_probe.pk,
         "authorization": f"Bearer {issued.secret}", "username": admin.username,
         "disposable_authorization": f"Bearer {disposable.secret}",
         "admin": admin,

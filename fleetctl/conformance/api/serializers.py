@@ -118,10 +118,11 @@ class RoutingProbeSerializer(serializers.ModelSerializer):
     route = serializers.CharField(source="route.name", read_only=True)
     plan = serializers.CharField(source="plan.name", read_only=True, allow_null=True,
                                  default=None)
-    gateways = ObjectField(read_only=True, help_text="[{name, listen_url}] probed.")
+    gateways = serializers.ListField(child=ObjectField(), read_only=True,
+                                     help_text="[{name, listen_url}] probed.")
     verdict = serializers.ChoiceField(choices=RoutingProbe.Verdict.choices, allow_blank=True,
                                       read_only=True)
-    results = ObjectField(read_only=True, help_text=(
+    results = serializers.ListField(child=ObjectField(), read_only=True, help_text=(
         "One per request: label, tier, gateway, stated (tokens), allowed (pools), refusal "
         "(413/503 due, or null), status, pool (the answer's x-fleetctl-pool), "
         "routed_tokens, result (ok, violation, unjudged) and detail."))
