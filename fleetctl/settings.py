@@ -263,7 +263,7 @@ TRAFFIC_RECONCILE_INTERVAL_S = env_int("TRAFFIC_RECONCILE_INTERVAL_S", 30)
 TRAFFIC_CONVERGE_INTERVAL_S = env_float("TRAFFIC_CONVERGE_INTERVAL_S", 2.0)
 # How long a drain rehearsal (migration plans) waits for its drain to complete.
 DRAIN_WATCH_TIMEOUT_S = env_int("DRAIN_WATCH_TIMEOUT_S", 900)
-# A person's drain the primary cannot carry, and no in-jurisdiction pool can take the rest,
+# A person's drain the primary cannot carry, and no pool carrying the route can take the rest,
 # moves in steps this far apart, and finishes by its last step whatever the capacity
 # (docs/traffic.md, "Capacity-checked drains"). Steps x interval stays far below the timeout.
 DRAIN_STEP_INTERVAL_S = env_int("DRAIN_STEP_INTERVAL_S", 30)

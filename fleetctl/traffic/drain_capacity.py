@@ -11,8 +11,10 @@ drain already sent it.
 
 - The primary has room for it all: `instant`, as a drain always was.
 - Otherwise `spread`: the primary takes what fits, the rest goes to the route's other pools
-  that already carry weight on it, may serve it, sit in the primary's jurisdiction (the
-  route's pin when it has one) and are not unhealthy, in proportion to their room.
+  that already carry weight on it, may serve it, are not unhealthy and have figures, in
+  proportion to their room. Jurisdiction only restricts a pinned route (its pools are all in
+  its pin, and one found outside it is skipped); an unpinned route sends to its pools
+  wherever they are already, so the share may go to any of them.
 - Still too much: a person's drain is `stepped`: what fits moves now, at least 1/N of the
   share, and the rest stays on the drained pools for the next step, DRAIN_STEP_INTERVAL_S
   later, which reads the capacity again (services/drain_steps.py); by step N
@@ -215,7 +217,6 @@ def _targets(route: Route, weights: dict[str, int], remove: set[str], eligible: 
     the share may spread to (their figures are read only then); or why the check cannot be
     made (the primary's figures missing)."""
     primary = route.primary_pool.name
-    home = route.residency or route.primary_pool.region.jurisdiction
     room: dict[str, float] = {}
     candidates = [primary] if primary in eligible and primary not in remove else []
     candidates += sorted(p for p, w in weights.items() if w > 0 and p not in remove
@@ -226,7 +227,7 @@ def _targets(route: Route, weights: dict[str, int], remove: set[str], eligible: 
         row = found.pools.get(pool)
         entry = note["pools"].setdefault(pool, {})
         entry["role"] = "primary" if pool == primary else "spread"
-        skip = _not_a_target(pool, row, eligible, home)
+        skip = _not_a_target(pool, row, eligible, route.residency)
         cap = None if skip else capacity(found, route.model_id, pool)
         if cap is not None:
             entry.update({"capacity_streams": cap.streams, "source": cap.source})
@@ -246,11 +247,13 @@ def _targets(route: Route, weights: dict[str, int], remove: set[str], eligible: 
     return room, ""
 
 
-def _not_a_target(pool: str, row: Pool | None, eligible: set[str], home: str) -> str:
+def _not_a_target(pool: str, row: Pool | None, eligible: set[str], pin: str) -> str:
+    """Why `pool` takes no share, or "". `pin`: the route's residency ("" unpinned: the route
+    already sends to its pools wherever they are, so their jurisdiction is no reason)."""
     if row is None or pool not in eligible:
         return "may not serve this route"
-    if row.region.jurisdiction != home:
-        return f"in jurisdiction {row.region.jurisdiction}, not {home}"
+    if pin and row.region.jurisdiction != pin:
+        return f"in jurisdiction {row.region.jurisdiction}, outside the route's pin {pin}"
     if row.health_state == Pool.Health.UNHEALTHY:
         return "unhealthy"
     return ""

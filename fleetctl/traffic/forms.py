@@ -105,8 +105,8 @@ class DrainForm(forms.Form):
     force = forms.BooleanField(
         required=False, label="Force: move everything to the primary now, whatever its capacity",
         help_text="On-call only. Without it the drain is capacity-checked: a share the "
-                  "primary cannot carry spreads over the route's in-jurisdiction pools that "
-                  "carry weight, or moves in steps. The record says forced.")
+                  "primary cannot carry spreads over the route's pools that carry weight "
+                  "(in its pin, if pinned), or moves in steps. The record says forced.")
 
     def __init__(self, *args: Any, expected: str, what: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,6 +1,7 @@
 """Capacity-checked drains (traffic/drain_capacity.py): a drain compares the load the
 drained pool carries now with what the primary can still carry within its SLO; short, it
-spreads over the route's in-jurisdiction pools that carry weight, or steps; `force` moves it
+spreads over the route's pools that carry weight (never outside a pinned route's pin), or
+steps; `force` moves it
 all at once; a missing figure never holds a drain up. Real parts: PostgreSQL, the benchmark
 evidence rows capacity is read from, the gateways' traffic samples, the file gateway kind."""
 
@@ -14,6 +15,7 @@ from django.utils import timezone
 from fleetctl.accounts.actor import Actor
 from fleetctl.audit.models import AuditEvent
 from fleetctl.fleet import services as fleet_services
+from fleetctl.fleet.models import Pool
 from fleetctl.fleet.services import pool_health_record, pool_model_create
 from fleetctl.traffic import push, selectors, services
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, PoolTrafficSample, Route
@@ -100,25 +102,26 @@ def test_a_primary_with_room_takes_it_all_at_once(scene):
     assert drain.next_step_at is None
 
 
-def test_a_short_primary_spreads_over_in_jurisdiction_pools_carrying_weight(scene,
-                                                                          client_for):
-    # The primary has room for 2 of the 6 streams, `spread` for 8; `abroad` (room 9) is in
-    # another jurisdiction and `idle` carries no weight: neither gets any.
-    scene.capacity(primary=10, spread=10, abroad=10, idle=50)
+def test_a_short_primary_spreads_over_the_pools_carrying_an_unpinned_route(scene,
+                                                                           client_for):
+    # The primary has room for 2 of the 6 streams, `spread` and `abroad` for 8 each: the route
+    # is not pinned and already sends to `abroad`, so its jurisdiction is no reason to skip
+    # it. `idle` carries no weight: it gets none.
+    scene.capacity(primary=10, spread=10, abroad=9, idle=50)
     scene.live()
     oncall = client_for("on-call")
     answer = oncall.post("/api/v1/drains/", {"pool": "cand", "reason": "incident"},
                          format="json")
     assert answer.status_code == 202, answer.json()
-    # 30 % carries 6 streams: 5 % a stream. The primary takes 2 (10 %), spread 4 (20 %).
-    assert scene.split() == {"primary": 5000, "spread": 4000, "abroad": 1000}
+    # 30 % carries 6 streams: 5 % a stream. The primary takes 2 (10 %), the rest goes to
+    # spread and abroad in proportion to their room (10 % each).
+    assert scene.split() == {"primary": 5000, "spread": 3000, "abroad": 2000}
     body = answer.json()
     assert body["capacity"]["decision"] == "spread"
     pools = body["capacity"]["routes"][0]["pools"]
     assert (pools["primary"]["room_streams"], pools["primary"]["given_bp"]) == (2.0, 1000)
-    assert (pools["spread"]["room_streams"], pools["spread"]["given_bp"]) == (8.0, 2000)
-    assert pools["abroad"]["role"] == "skipped"
-    assert pools["abroad"]["why"] == "in jurisdiction DE, not US"
+    assert (pools["spread"]["room_streams"], pools["spread"]["given_bp"]) == (8.0, 1000)
+    assert (pools["abroad"]["role"], pools["abroad"]["given_bp"]) == ("spread", 1000)
     assert "idle" not in pools
     assert "benchmark run" in pools["primary"]["source"]
     assert oncall.get(f"/api/v1/drains/{body['id']}/").json()["capacity"] == body["capacity"]
@@ -126,15 +129,37 @@ def test_a_short_primary_spreads_over_in_jurisdiction_pools_carrying_weight(scen
     assert event.after["capacity"]["decision"] == "spread"
     page = oncall.get(f"/traffic/drains/{body['id']}/").content.decode()
     assert "Capacity check: <span class=\"chip capacity-spread\">spread</span>" in page
-    assert "in jurisdiction DE, not US" in page
-    assert "+10 %" in page and "+20 %" in page  # what primary and spread were given
+    assert "+10 %" in page  # what each target was given
 
+
+def test_a_pinned_route_never_spreads_outside_its_pin(scene):
+    """A pinned route's pools are all in its pin (the services refuse any other); should one
+    be found outside it (its region row edited under the registry), a drain gives it nothing."""
+    pinned = services.route_create(
+        actor=SYSTEM, name="llama-us", model_id=MODEL, residency="US",
+        primary_pool=scene.pools["primary"], weights={"primary": 40, "spread": 30, "cand": 30})
+    services.gateway_set_routes(actor=SYSTEM, gateway=scene.gateway,
+                                routes=[scene.route, pinned])
+    Pool.objects.filter(pk=scene.pools["spread"].pk).update(
+        region=scene.pools["abroad"].region)
+    scene.capacity(primary=8, spread=50)  # full primary; `spread` has room, but abroad
+    scene.live()
+    drain = push.drain_push_now(services.drain_request(
+        actor=SYSTEM, pool=scene.pools["cand"], routes=[pinned], reason="incident"))
+    note = drain.capacity["routes"][0]
+    assert note["pools"]["spread"]["role"] == "skipped"
+    assert note["pools"]["spread"]["why"] in (
+        "in jurisdiction DE, outside the route's pin US", "may not serve this route")
+    # Nothing crosses the border: a pool outside the pin keeps no weight on the route at all
+    # (any new split of a pinned route drops it), and the share goes to the primary.
+    current = selectors.revision_current(route=Route.objects.get(pk=pinned.pk))
+    assert current is not None and current.weights == {"primary": 10000}
 
 def test_what_nothing_can_carry_moves_in_steps_and_finishes(scene, settings,
                                                             django_capture_on_commit_callbacks):
     settings.DRAIN_STEPS_MAX = 4
-    # No room anywhere: the primary and spread are full.
-    scene.capacity(primary=8, spread=2, abroad=10)
+    # No room anywhere: the primary and spread are full, abroad has no figure.
+    scene.capacity(primary=8, spread=2)
     scene.live()
     drain = _drain(scene, stepping=True)
     assert drain.capacity["decision"] == "stepped"
@@ -156,7 +181,7 @@ def test_what_nothing_can_carry_moves_in_steps_and_finishes(scene, settings,
         assert taken <= 4
     assert scene.split().get("cand", 0) == 0
     assert sum(scene.split().values()) == 10_000
-    assert scene.split()["abroad"] == 1000  # never more across the border
+    assert scene.split()["abroad"] == 1000  # no figure: never given more
     steps = drain.capacity["steps"]
     assert (steps["done"], len(steps["log"])) == (4, 3)
     assert steps["left_bp"] == {"llama": 0}
@@ -172,7 +197,7 @@ def test_what_nothing_can_carry_moves_in_steps_and_finishes(scene, settings,
 
 
 def test_an_automatic_drain_never_steps(scene):
-    scene.capacity(primary=8, spread=2, abroad=10)
+    scene.capacity(primary=8, spread=2)
     scene.live()
     drain = _drain(scene)  # as the health policy, a ramp or a plan calls it
     assert scene.split().get("cand", 0) == 0

@@ -465,7 +465,8 @@ class DrainCreateSerializer(serializers.Serializer):
         required=False, default=False,
         help_text="On-call: move everything to the primary at once, whatever its capacity "
                   "(the record says forced). Without it the drain is capacity-checked: "
-                  "spread over in-jurisdiction pools carrying weight, or stepped.")
+                  "spread over the pools carrying the route (in its pin, if pinned), or "
+                  "stepped.")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("route" in attrs) == ("pool" in attrs):

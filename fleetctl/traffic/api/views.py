@@ -235,7 +235,7 @@ class DrainViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     def create(self, request: Request) -> Response:
         """Drain a route (to its primary) or a pool (off every route). Scope `drain`.
         Capacity-checked: a share the primary cannot carry spreads over the route's
-        in-jurisdiction pools that carry weight, or moves in steps; `force: true` moves it
+        pools that carry weight (in its pin, if pinned), or moves in steps; `force: true` moves it
         all to the primary at once (`capacity` in the answer says which, with the figures).
         Answers once every gateway had its first push attempt (at most
         TRAFFIC_INLINE_PUSH_BUDGET_S), with the record as it then stands; poll it until

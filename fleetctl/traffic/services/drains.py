@@ -38,7 +38,7 @@ def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
     attempts them within seconds and follows the drain).
 
     Capacity-checked (traffic/drain_capacity.py): a share the primary cannot carry is spread
-    over the route's in-jurisdiction pools that carry weight; `stepping` (a person's drain:
+    over the route's pools that carry weight (in its pin, if pinned); `stepping` (a person's drain:
     the API, dashboard and CLI) lets a drain nothing can carry move in steps
     (services/drain_steps.py); `force` (on-call) moves everything to the primary at once
     whatever the capacity. `record.capacity` holds the figures and the decision."""
