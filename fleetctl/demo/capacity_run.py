@@ -1,10 +1,10 @@
 """The demo's capacity evidence (called by `demo_seed` after the batch step): one short,
-real benchmark run of the pools that carry llama-8b (the H200 primary and the Gaudi 3 the
-seeded ramp steps up), queued at seed time and run by the demo's bench worker within its
-first minute or so. Its evidence is each pool's SLO-qualified capacity, so the route page's
-Capacity card shows measured figures and **Apply capacity split** works
-(docs/traffic.md, "Capacity splits"). Nothing here is a number of its own: the worker
-measures the simulated pools.
+real benchmark run of the pools that carry llama-8b (the H200 primary, the Gaudi 3 the
+seeded ramp steps up and the TPU v5e that takes short prompts), queued at seed time and run
+by the demo's bench worker within its first minute or two. Its evidence is each pool's
+SLO-qualified capacity, so the route page's Capacity card shows measured figures and
+**Apply capacity split** works (docs/traffic.md, "Capacity splits"). Nothing here is a
+number of its own: the worker measures the simulated pools.
 
 A short run on purpose, and it says so in its name: three fixed levels (4, 8 and 16 streams),
 a 5 s warm-up and a 10 s window, judged against the SLO the seeded ramp uses. A pool that
@@ -26,7 +26,7 @@ from fleetctl.fleet.models import Pool
 
 NAME = "demo capacity (short: levels 4, 8, 16)"
 TRACE = "demo-chat"
-POOLS = ("h200-us-east", "gaudi3-in-west")
+POOLS = ("h200-us-east", "gaudi3-in-west", "tpu-v5e-eu-west")
 MODEL = "llama-3.1-8b-instruct"
 LEVELS = [4, 8, 16]
 # The seeded ramp's SLO (demo_seed.RAMP): the bar the route's traffic is judged by.

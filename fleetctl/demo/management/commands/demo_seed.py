@@ -4,10 +4,10 @@ primary and one candidate for the same model), and one person per role.
 Safe to re-run, and a re-run never undoes what people did since: the rule is **never modify
 an existing object**. Each demo object (region, pool with its model entry, person, trace,
 route, gateway with its routes, plan, the MI300X plan's shadow run, a plan's eval run, the
-guarded ramp of the Gaudi pool on llama-8b, the A100 plan's batch input file, weight on its
-batch route and soak) is
-created only when nothing of that name exists; one that exists is left exactly as it is,
-whatever changed in it. Creating goes through the same services as the API, so a refusal
+TPU's share of llama-8b (demo/tier_share.py), the guarded ramp of the Gaudi pool on
+llama-8b, the A100 plan's batch input file, weight on its batch route and soak) is created
+only when nothing of that name exists; one that exists is left exactly as it is, whatever
+changed in it. Creating goes through the same services as the API, so a refusal
 there (the fleet changed so that a demo object no longer fits) is reported and that object
 skipped; the seed never crashes on data the API allowed."""
 
@@ -160,8 +160,8 @@ class Command(BaseCommand):
         for spec in POOLS:
             self._pool(actor, spec, options["sim_base_port"])
         self._people(actor, options["password"])
-        self._trace(actor)
-        self._prompt_trace(actor)
+        from fleetctl.demo.traces import seed_traces
+        seed_traces(actor, self._create)
         if options["gateway_admin"]:
             self._traffic(actor, options["gateway_admin"], options["gateway_config_dir"],
                           options["gateway_listen"])
@@ -171,6 +171,8 @@ class Command(BaseCommand):
             if options["evals"]:
                 self._evals()
             self._shadow()
+            from fleetctl.demo.tier_share import seed_tier_share
+            self.created += seed_tier_share(note=self._note)  # before the ramp takes its base
             self._ramp()
             self._batch()
             from fleetctl.schedules.demo import seed_demo_schedules
@@ -275,48 +277,6 @@ class Command(BaseCommand):
                                     latency_class=latency_class,
                                     primary_pool=Pool.objects.get(name=primary), force=True,
                                     reason="demo seed (pools not probed yet)")
-
-    def _trace(self, actor: Actor) -> None:
-        """A synthetic chat trace to benchmark the demo pools with (Benchmarks → New run)."""
-        from fleetctl.bench import services as bench
-        from fleetctl.bench.models import Trace
-
-        if Trace.objects.filter(name="demo-chat").exists():
-            return
-        self._create("trace demo-chat", lambda: bench.trace_generate(
-            actor=actor, name="demo-chat", n=2000, seed=1,
-            description="Synthetic chat: lognormal lengths, 4 shared system prompts, "
-                        "Poisson arrivals at 8/s.",
-            prompt_tokens={"kind": "lognormal", "median": 400, "sigma": 0.6, "lo": 32,
-                           "hi": 4000},
-            completion_tokens={"kind": "lognormal", "median": 120, "sigma": 0.5, "lo": 8,
-                               "hi": 512},
-            arrival={"kind": "poisson", "rate": 8.0}, shared_prefix_groups=4,
-            shared_prefix_tokens=200))
-
-    def _prompt_trace(self, actor: Actor) -> None:
-        """A trace with prompt texts (the demo traffic's 288 prompts, one a second), for a
-        replay shadow run: `fleetctl shadow start --plan a100-llama-8b --mode replay --trace
-        demo-prompts`. Uploaded through the same validated path as any trace."""
-        import io
-        import json
-
-        from fleetctl.bench import services as bench
-        from fleetctl.bench.models import Trace
-        from fleetctl.demo.traffic import PROMPTS
-
-        if Trace.objects.filter(name="demo-prompts").exists():
-            return
-        lines = [json.dumps({"fleetctl_trace": 1, "name": "demo-prompts"})]
-        lines += [json.dumps({"arrival_s": float(i), "prompt_tokens": 16,
-                              "completion_tokens": 96,
-                              "messages": [{"role": "user", "content": prompt}]})
-                  for i, prompt in enumerate(PROMPTS)]
-        body = io.BytesIO("\n".join(lines).encode())
-        self._create("trace demo-prompts", lambda: bench.trace_upload(
-            actor=actor, name="demo-prompts", fileobj=body,
-            description="The demo traffic's 288 chat prompts, one a second: replay them "
-                        "in a shadow run."))
 
     def _plans(self) -> None:
         """Two plans, both opened by `lead` so that `lead2` is the second platform lead:
