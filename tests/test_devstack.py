@@ -123,6 +123,21 @@ def test_a_child_that_stayed_up_a_while_is_restarted_after_the_shortest_delay_ag
         == ["0.1", "0.1"]
 
 
+def test_a_one_shot_child_that_finishes_is_left_alone_and_one_that_fails_is_restarted(
+        supervised):
+    # The capacity drill is such a child: exit 0 is done, any other exit a crash.
+    supervised.stack.start("demo-drill", [sys.executable, "-c", "pass"], dict(os.environ),
+                           once=True)
+    supervised.stack.start("one-shot", [sys.executable, "-c", "raise SystemExit(2)"],
+                           dict(os.environ), once=True)
+    supervised.run()
+
+    wait_until(lambda: "[fleetctl] demo-drill finished" in supervised.log()
+               and "(restart 2)" in supervised.log(), what="the finish and two restarts")
+    assert "demo-drill exited" not in supervised.log()
+    assert "one-shot exited with 2; restarting in 0.1 s (restart 1)" in supervised.log()
+    assert [c.name for c in supervised.stack.children if c.done] == ["demo-drill"]
+
 def test_a_child_that_cannot_start_the_first_time_stops_with_a_clear_message(supervised):
     with pytest.raises(SystemExit, match=r"\[fleetctl\] envoy could not start: .*No such file"):
         supervised.stack.start("envoy", ["/nonexistent/envoy"], dict(os.environ))

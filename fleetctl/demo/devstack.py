@@ -85,6 +85,8 @@ class Child:
     restarts: int = 0
     quick_exits: int = 0  # exits in a row, each before it had stayed up STABLE_AFTER_S
     restart_at: float | None = None
+    once: bool = False  # a one-shot child: exiting 0 is finishing, not a crash
+    done: bool = False
 
 
 class Stack:
@@ -103,7 +105,7 @@ class Stack:
         self.stable_after_s = stable_after_s
 
     def start(self, name: str, argv: list[str], env: dict[str, str], *,
-              to_log: bool = True) -> subprocess.Popen[bytes]:
+              to_log: bool = True, once: bool = False) -> subprocess.Popen[bytes]:
         def spawn() -> subprocess.Popen[bytes]:
             out = open(VAR / f"{name}.log", "ab") if to_log else None  # noqa: SIM115
             try:
@@ -114,12 +116,13 @@ class Stack:
                 if out is not None:
                     out.close()  # the child holds its own copy
 
-        return self.add(name, spawn, own_group=True)
+        return self.add(name, spawn, own_group=True, once=once)
 
     def add(self, name: str, spawn: Callable[[], subprocess.Popen[bytes]], *,
-            own_group: bool) -> subprocess.Popen[bytes]:
-        """Start a child for the first time; `spawn` is also how it is restarted."""
-        child = Child(name, spawn, own_group)
+            own_group: bool, once: bool = False) -> subprocess.Popen[bytes]:
+        """Start a child for the first time; `spawn` is also how it is restarted. `once`: a
+        child that exits 0 has finished and is left alone (any other exit is restarted)."""
+        child = Child(name, spawn, own_group, once=once)
         try:
             child.proc = spawn()
         except (OSError, RuntimeError) as exc:
@@ -130,7 +133,8 @@ class Stack:
 
     def check_alive(self) -> str | None:
         for child in self.children:
-            if child.proc is not None and (code := child.proc.poll()) is not None:
+            if child.proc is not None and (code := child.proc.poll()) is not None \
+                    and not (child.once and code == 0):
                 return f"{child.name} {exit_description(code)}"
         return None
 
@@ -144,9 +148,16 @@ class Stack:
     def tend(self) -> None:
         """One look at every child: note the ones that exited, restart the ones due."""
         for child in self.children:
+            if child.done:
+                continue
             if child.restart_at is None:
                 assert child.proc is not None
-                if (code := child.proc.poll()) is not None:
+                if (code := child.proc.poll()) is None:
+                    continue
+                if child.once and code == 0:
+                    child.done = True
+                    log(f"{child.name} finished")
+                else:
                     self._schedule_restart(child, f"{child.name} {exit_description(code)}")
             elif time.monotonic() >= child.restart_at:
                 self._restart(child)
@@ -350,6 +361,18 @@ def _start_traffic(stack: Stack, env: dict[str, str], gateway_port: int) -> None
                                  "--abandon-every", DEMO_TRAFFIC_ABANDON_EVERY], env)
 
 
+def _start_drill(stack: Stack, env: dict[str, str], gateway_port: int) -> None:
+    """The capacity drill (fleetctl/demo/capacity_drill.py), a one-shot child: once the seeded
+    ramp has ended it fills the H200 past its measured capacity, drains the TPU off llama-8b
+    (the record says spread) and restores it a minute later; once per database.
+    FLEETCTL_DEMO_DRILL=0 switches it off."""
+    if env.get("FLEETCTL_DEMO_DRILL", "1") == "0":
+        log("capacity drill off (FLEETCTL_DEMO_DRILL=0)")
+        return
+    stack.start("demo-drill", [PY, "-m", "fleetctl.demo.capacity_drill", "--gateway",
+                               f"http://127.0.0.1:{gateway_port}"], env, once=True)
+
+
 def _start_telemetry(stack: Stack, env: dict[str, str]) -> None:
     """The telemetry ingester (fleetctl/telemetry/ingest.py): it follows the access log of
     every gateway that has one (the seed gives envoy-demo its working directory's access.log)
@@ -463,6 +486,7 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
         _start_telemetry(stack, env)
         _start_batch_workers(stack, env)
         _start_traffic(stack, env, gateway_port)
+        _start_drill(stack, env, gateway_port)
         for name, argv in worker_commands().items():
             stack.start(name, argv, env)
         stack.start("beat", [PY, "-m", "celery", "-A", "fleetctl", "beat", "-l", "INFO",
