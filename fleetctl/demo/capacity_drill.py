@@ -88,6 +88,9 @@ def not_ready() -> str:
     current = selectors.revision_current(route=route)
     if current is None or current.weights.get(POOL, 0) <= 0:
         return f"{POOL} carries no weight on {ROUTE}"
+    if not any(w > 0 for p, w in current.weights.items()
+               if p not in (POOL, route.primary_pool.name)):
+        return f"no pool but the primary carries {ROUTE} (the share would have nowhere to spread)"
     capacity = pool_capacities(MODEL, [route.primary_pool])[route.primary_pool.name]
     if capacity.streams is None:
         return f"the primary {route.primary_pool.name} has no capacity figure: {capacity.source}"

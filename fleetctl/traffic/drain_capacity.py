@@ -167,8 +167,9 @@ def check(*, route: Route, weights: dict[str, int], remove: set[str], eligible: 
 def _decided(load: float, total_room: float, room: dict[str, float], primary: str,
              stepping: bool, step: int, after: dict[str, int], remove: set[str],
              given: dict[str, int]) -> tuple[str, str]:
-    where = f"{load:g} stream(s) to move, {total_room:g} free on " + (
-        ", ".join(f"{p} {max(r, 0.0):g}" for p, r in room.items()))
+    # Two decimals: an attributed load is a fraction (2 streams x 5 % of the weight = 0.1).
+    where = f"{round(load, 2):g} stream(s) to move, {round(total_room, 2):g} free on " + (
+        ", ".join(f"{p} {round(max(r, 0.0), 2):g}" for p, r in room.items()))
     if load <= total_room:
         who = (f"the primary {primary} alone cannot carry it" if primary in room
                else f"the primary {primary} is itself drained")
