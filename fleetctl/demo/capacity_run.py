@@ -34,6 +34,7 @@ TRACE = "demo-chat"
 POOLS = ("h200-us-east", "gaudi3-in-west", "tpu-v5e-eu-west")
 MODEL = "llama-3.1-8b-instruct"
 LEVELS = [2, 4, 8]
+WARMUP_S, WINDOW_S, MIN_SAMPLES = 5.0, 10.0, 20
 # The seeded ramp's SLO (demo_seed.RAMP): the bar the route's traffic is judged by.
 SLO_TTFT_P95_MS, SLO_TPOT_P95_MS, SLO_ERROR_RATE = 250.0, 60.0, 0.02
 
@@ -55,7 +56,8 @@ def seed_capacity_run(note: Callable[[str], None] = print) -> list[str]:
                 trace=Trace.objects.get(name=TRACE),
                 pools=[Pool.objects.get(name=name) for name in POOLS], model_id=MODEL,
                 mode=Run.Mode.LEVELS, levels=LEVELS, max_concurrency=max(LEVELS),
-                warmup_s=5.0, window_s=10.0, min_samples=20, slo_ttft_p95_ms=SLO_TTFT_P95_MS,
+                warmup_s=WARMUP_S, window_s=WINDOW_S, min_samples=MIN_SAMPLES,
+                slo_ttft_p95_ms=SLO_TTFT_P95_MS,
                 slo_tpot_p95_ms=SLO_TPOT_P95_MS, slo_error_rate=SLO_ERROR_RATE)
     except (ValidationError, DomainError, ObjectDoesNotExist) as exc:
         note(f"capacity benchmark not queued: {exc}")

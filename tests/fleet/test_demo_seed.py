@@ -149,7 +149,7 @@ def test_with_the_simulated_fleet_up_the_seed_starts_one_guarded_ramp_of_the_gau
 
 @pytest.mark.slow
 def test_the_seeds_benchmark_gives_llama_8b_a_capacity_split_one_click_applies(
-        celery_worker, tmp_path):
+        celery_worker, tmp_path, monkeypatch):
     """`make demo`'s Capacity card: the seed queues one short benchmark of the pools carrying
     llama-8b, a real worker runs it against the demo's simulated pools, its evidence gives
     the route a capacity split, and the route page's button stores it."""
@@ -163,6 +163,12 @@ def test_the_seeds_benchmark_gives_llama_8b_a_capacity_split_one_click_applies(
     from tests.sim import simproc
     from tests.support.waiting import wait_until
 
+    # The demo's run, shortened: one level of a 3 s window (the demo's three levels of 10 s
+    # took two minutes here); the same code queues it and the same worker runs it.
+    monkeypatch.setattr(capacity_run, "LEVELS", [2])
+    monkeypatch.setattr(capacity_run, "WARMUP_S", 1.0)
+    monkeypatch.setattr(capacity_run, "WINDOW_S", 3.0)
+    monkeypatch.setattr(capacity_run, "MIN_SAMPLES", 3)
     args = [a if a != "8100" else "{base}" for a in SEED]
     with simproc.demo_fleet(tmp_path / "sim.log") as base:
         for _ in range(2):  # the re-run leaves the run alone
