@@ -59,6 +59,15 @@ class Window(models.Model):
     ttft = models.JSONField(default=dict)
     duration = models.JSONField(default=dict)
     tpot = models.JSONField(default=dict)
+    # Live cost (pool windows only; scrape.py): output tokens the pool counted
+    # (vllm:generation_tokens_total) in the `metered_ms` milliseconds its counter covered, and
+    # its running requests (vllm:num_requests_running, every endpoint summed) sampled once a
+    # scrape round: `running_sum` over `running_samples` rounds. A gateway cannot see tokens
+    # (Envoy does not parse a streamed body), so these stay 0 on gateway windows.
+    output_tokens = models.BigIntegerField(default=0)
+    metered_ms = models.BigIntegerField(default=0)
+    running_sum = models.BigIntegerField(default=0)
+    running_samples = models.BigIntegerField(default=0)
     # Envoy response flags (UF, UO, URX, ...) and status classes -> count.
     flags = models.JSONField(default=dict)
     # Requests per context tier whose gateway entry routed them ("0", "1", ... or "unknown":

@@ -21,7 +21,8 @@ from fleetctl.telemetry import histogram
 from fleetctl.telemetry.models import Window
 
 COUNT_FIELDS = ("requests", "errors", "client_errors", "client_disconnects", "retries",
-                "fallbacks", "fell_over", "streamed", "bytes_out")
+                "fallbacks", "fell_over", "streamed", "bytes_out", "output_tokens", "metered_ms",
+                "running_sum", "running_samples")
 HISTOGRAM_FIELDS = ("ttft", "duration", "tpot", "flags", "tiers")
 _WRITTEN = (*COUNT_FIELDS, *HISTOGRAM_FIELDS, "updated_at")
 _KEY_FIELDS = ("source", "source_name", "route", "pool", "resolution_s", "start")
