@@ -118,3 +118,79 @@ class IngestStatusSerializer(serializers.Serializer[Any]):
     lag_s = serializers.FloatField(allow_null=True,
                                    help_text="Seconds since the ingester last read it.")
     last_error = serializers.CharField(allow_blank=True)
+
+
+class CostQuery(serializers.Serializer[Any]):
+    since = serializers.DateTimeField(
+        required=False, help_text="ISO 8601; default 24 hours before `until` (7 days with "
+                                  "period=day, 30 with period=month).")
+    until = serializers.DateTimeField(required=False, help_text="ISO 8601; default now.")
+    period = serializers.ChoiceField(
+        choices=["day", "month"], required=False,
+        help_text="Also give the cost per UTC day or calendar month (windows are kept 30 "
+                  "days).")
+    route = serializers.CharField(required=False,
+                                  help_text="Only this route's share of the pool (its share "
+                                            "of the gateways' requests to the pool).")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        until = attrs.get("until") or timezone.now()
+        back = {"day": timedelta(days=7), "month": timedelta(days=MAX_SPAN_DAYS)}.get(
+            attrs.get("period") or "", timedelta(hours=24))
+        since = attrs.get("since") or until - back
+        if since >= until:
+            raise serializers.ValidationError({"since": "since must be before until."})
+        if until - since > timedelta(days=MAX_SPAN_DAYS):
+            raise serializers.ValidationError(
+                {"since": f"At most {MAX_SPAN_DAYS} days at once (windows are kept that long)."})
+        attrs["since"], attrs["until"] = since, until
+        return attrs
+
+
+class RouteShareSerializer(serializers.Serializer[Any]):
+    route = serializers.CharField()
+    share = serializers.FloatField(allow_null=True)
+    output_tokens = serializers.IntegerField(allow_null=True)
+    cost = serializers.CharField(allow_null=True)
+    not_measured = serializers.CharField(allow_blank=True)
+
+
+class LiveCostSerializer(serializers.Serializer[Any]):
+    pool = serializers.CharField()
+    route = serializers.CharField(allow_null=True)
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    currency = serializers.CharField(help_text="The pool's currency: cost and cost per 1M.")
+    hourly_rate = serializers.CharField(help_text="The pool's node_hourly_rate now.")
+    output_tokens = serializers.IntegerField(
+        allow_null=True, help_text="Output tokens served (the pool's "
+                                   "vllm:generation_tokens_total); null when not measured.")
+    hours = serializers.FloatField(allow_null=True,
+                                   help_text="Hours the token counter covered (scrape to "
+                                             "scrape), the same interval as the tokens.")
+    cost = serializers.CharField(allow_null=True, help_text="hourly rate × hours.")
+    cost_per_1m = serializers.CharField(
+        allow_null=True, help_text="Per 1M output tokens, the benchmark's formula "
+                                   "(rate ÷ tokens/s × 1e6 ÷ 3600); null with `not_measured`.")
+    output_tokens_per_s = serializers.FloatField(allow_null=True)
+    utilisation = serializers.FloatField(
+        allow_null=True, help_text="Mean running requests ÷ the pool's SLO capacity in "
+                                   "streams (0..1, above 1 beyond it).")
+    mean_running = serializers.FloatField(allow_null=True)
+    capacity_streams = serializers.FloatField(allow_null=True)
+    capacity_tokens_per_s = serializers.FloatField(allow_null=True)
+    utilisation_source = serializers.CharField()
+    tokens_source = serializers.CharField()
+    not_measured = serializers.CharField(
+        allow_blank=True, help_text='"not measured: <reason>" when cost_per_1m is null.')
+    route_share = serializers.FloatField(allow_null=True)
+    benchmark_cost_per_1m = serializers.CharField(allow_null=True)
+    benchmark_source = serializers.CharField(allow_blank=True)
+    gap = serializers.CharField(allow_blank=True,
+                                help_text="Live against the benchmark, in words.")
+    routes = RouteShareSerializer(many=True)
+
+
+class PoolCostSerializer(serializers.Serializer[Any]):
+    total = LiveCostSerializer()
+    periods = LiveCostSerializer(many=True)

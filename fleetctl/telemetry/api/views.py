@@ -7,6 +7,7 @@ from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import viewsets
+from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -54,6 +55,30 @@ class TelemetryPoolViewSet(viewsets.ViewSet):
             **args, resolution_s=query.validated_data.get("resolution_s"))
         return Response(s.PoolDetailSerializer({"stats": stats.as_dict(),
                                                 "series": series}).data)
+
+
+    @extend_schema(parameters=[s.CostQuery], responses=s.PoolCostSerializer)
+    @action(detail=True, methods=["get"])
+    def cost(self, request: Request, name: str) -> Response:
+        """Live cost of one pool in [since, until) (default the last 24 hours), or of one
+        route's share of it: output tokens served, hours, cost and cost per 1M output
+        tokens, utilisation, beside the benchmark's cost with the gap explained; with
+        `period`, per UTC day or calendar month too. Never a 0 for what was not measured:
+        `not_measured` says why."""
+        from fleetctl.telemetry.cost import live_cost, live_cost_rollup
+
+        query = s.CostQuery(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        if not fleet_selectors.pool_exists(name=name):
+            raise NotFoundError(f"No pool named {name!r}.")
+        data = query.validated_data
+        args: dict[str, Any] = {"pool": name, "since": data["since"], "until": data["until"],
+                                "route": data.get("route")}
+        total = live_cost(**args)
+        periods = (live_cost_rollup(**args, period=data["period"]) if data.get("period")
+                   else [])
+        return Response(s.PoolCostSerializer({
+            "total": total.as_dict(), "periods": [p.as_dict() for p in periods]}).data)
 
 
 class IngestStatusViewSet(viewsets.ViewSet):

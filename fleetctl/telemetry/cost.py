@@ -1,0 +1,310 @@
+"""Live cost per pool (and a route's share of it): what the pool's hours cost against the
+output tokens it actually served, beside the benchmark's figure, with the gap explained.
+
+- **Tokens**: the pool's own `vllm:generation_tokens_total`, delta per scrape (scrape.py;
+  Window.output_tokens). The gateways cannot count them: Envoy does not parse a streamed
+  body, and an answer's `usage` is only in its last SSE chunk, so access logs carry none.
+- **Hours**: the time that counter covered (Window.metered_ms: from each scrape to the
+  next), so tokens and hours are the same interval; a pool the ingester did not scrape for
+  a while has neither for that while.
+- **Cost** = node_hourly_rate × hours, in the pool's currency; **cost per 1M output tokens**
+  = fleet.costs.cost_per_1m(rate, tokens ÷ seconds): the benchmark's formula, so the two
+  compare like with like.
+- **Utilisation** = mean running requests (`vllm:num_requests_running`, every endpoint
+  summed, one sample per scrape round) ÷ the pool's SLO capacity in streams (the most
+  concurrent streams at which its latest valid benchmark held the SLO:
+  traffic.capacity.pool_capacities). The benchmark ran at that concurrency, so a pool below
+  it pays for idle hours and costs more per token.
+- **A route's share**: the gateways' requests of that route to the pool over all the
+  gateways' requests to it, in the same period; the pool's tokens and cost are split by it
+  (a request share, not a token share: gateways cannot see tokens).
+
+A missing rate, no token counter or no tokens give "not measured: <reason>", never 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from fleetctl.telemetry.models import Window
+
+TOKENS_SOURCE = "pool /metrics (vllm:generation_tokens_total, delta per scrape)"
+GATEWAY_CANNOT = ("the gateways' access logs carry no token counts (a streamed answer's "
+                  "usage is in its body, which Envoy does not parse)")
+PERIODS = ("day", "month")
+_FIELDS = ("pool", "route", "source", "start", "resolution_s", "requests", "output_tokens",
+           "metered_ms", "running_sum", "running_samples")
+
+
+@dataclass
+class LiveCost:
+    pool: str
+    since: datetime
+    until: datetime
+    currency: str
+    hourly_rate: str
+    output_tokens: int | None = None
+    hours: float | None = None  # metered: the time the token counter covered
+    cost: str | None = None
+    cost_per_1m: str | None = None
+    output_tokens_per_s: float | None = None
+    utilisation: float | None = None
+    mean_running: float | None = None
+    capacity_streams: float | None = None
+    capacity_tokens_per_s: float | None = None
+    utilisation_source: str = ""
+    tokens_source: str = TOKENS_SOURCE
+    not_measured: str = ""  # why cost_per_1m is None ("" when it is measured)
+    route: str | None = None
+    route_share: float | None = None  # the route's share of the pool's gateway requests
+    benchmark_cost_per_1m: str | None = None
+    benchmark_source: str = ""
+    gap: str = ""  # live against the benchmark, in words
+    routes: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rows(pools: list[str], since: datetime, until: datetime,
+          route: str | None = None) -> list[dict[str, Any]]:
+    from fleetctl.telemetry.selectors import LONGEST_WINDOW, _overlapping
+
+    rows = (Window.objects.filter(pool__in=pools, start__lt=until,
+                                  start__gt=since - LONGEST_WINDOW)
+            .order_by().values(*_FIELDS))
+    return [row for row in _overlapping(rows, since, until)
+            if row["source"] == Window.Source.POOL or route is None or row["route"] == route]
+
+
+def _capacity(pool: Any) -> Any:
+    """The pool's SLO capacity: of the models it serves, the first one with a benchmark
+    (preferring the run its benchmark cost comes from)."""
+    from fleetctl.traffic.capacity import PoolCapacity, pool_capacities
+
+    found, why = None, "the pool serves no model yet"
+    for model_id in sorted({entry.model_id for entry in pool.models.all()}):
+        capacity = pool_capacities(model_id, [pool])[pool.name]
+        if not capacity.known:
+            why = capacity.why_none or why
+            continue
+        if capacity.run is not None and pool.cost_source == f"run #{capacity.run}":
+            return capacity
+        found = found or capacity
+    return found or PoolCapacity(pool=pool.name, why_none=why)
+
+
+def _money(value: Decimal) -> str:
+    return str(value.quantize(Decimal("0.0001")))
+
+
+def _measure(pool: Any, rows: list[dict[str, Any]], since: datetime, until: datetime,
+             capacity: Any, route: str | None = None) -> LiveCost:
+    from fleetctl.fleet.costs import cost_per_1m
+    from fleetctl.fleet.models import money
+
+    rate = Decimal(str(pool.node_hourly_rate or 0))
+    live = LiveCost(pool=pool.name, since=since, until=until, currency=pool.currency,
+                    hourly_rate=money(rate), route=route)
+    own = [row for row in rows if row["source"] == Window.Source.POOL]
+    metered_ms = sum(row["metered_ms"] for row in own)
+    tokens = sum(row["output_tokens"] for row in own)
+    samples = sum(row["running_samples"] for row in own)
+    if samples:
+        live.mean_running = sum(row["running_sum"] for row in own) / samples
+    if capacity.known and capacity.streams:
+        live.capacity_streams, live.capacity_tokens_per_s = (capacity.streams,
+                                                             capacity.tokens_per_s)
+    if live.mean_running is not None and live.capacity_streams:
+        live.utilisation = live.mean_running / live.capacity_streams
+        live.utilisation_source = (
+            f"mean running requests (vllm:num_requests_running, {samples} scrape rounds) "
+            f"÷ {live.capacity_streams:g} SLO streams ({capacity.source})")
+    else:
+        live.utilisation_source = (
+            "not measured: " + ("no vllm:num_requests_running seen from every endpoint"
+                                if live.mean_running is None else
+                                f"no SLO capacity: {capacity.why_none or capacity.source}"))
+    if route is not None:
+        gateway = [row for row in rows if row["source"] == Window.Source.GATEWAY]
+        total = sum(row["requests"] for row in gateway)
+        mine = sum(row["requests"] for row in gateway if row["route"] == route)
+        live.route_share = mine / total if total else None
+    if not own:
+        live.not_measured = (f"not measured: no token counter seen in this period (the "
+                             f"pool's /metrics was not scraped — is the ingester running? — "
+                             f"or has no vllm:generation_tokens_total); {GATEWAY_CANNOT}")
+        return live
+    if not metered_ms:
+        live.not_measured = (f"not measured: the pool's /metrics has no "
+                             f"vllm:generation_tokens_total (or only one scrape of it so "
+                             f"far); {GATEWAY_CANNOT}")
+        return live
+    share = 1.0 if route is None else live.route_share
+    if share is None:
+        live.not_measured = (f"not measured: the gateways logged no request to this pool "
+                             f"in this period, so route {route} has no share of it")
+        return live
+    seconds = metered_ms / 1000
+    live.hours = seconds / 3600 * share
+    live.output_tokens = round(tokens * share)
+    if rate <= 0:
+        live.not_measured = ("not measured: the pool's hourly rate is 0 — set its "
+                             "node_hourly_rate (Fleet → the pool → Edit) to price it")
+        return live
+    live.cost = _money(rate * Decimal(str(seconds)) / Decimal(3600) * Decimal(str(share)))
+    if not tokens:
+        live.not_measured = (f"not measured: no output tokens served in this period; the "
+                             f"pool still cost {live.cost} {pool.currency} (idle)")
+        return live
+    live.output_tokens_per_s = tokens / seconds
+    live.cost_per_1m = _money(cost_per_1m(rate, live.output_tokens_per_s))
+    _explain(pool, live, capacity)
+    return live
+
+
+def _explain(pool: Any, live: LiveCost, capacity: Any) -> None:
+    """Live against the pool's benchmark cost per 1M, with what makes the gap."""
+    bench = pool.cost_per_1m_output_tokens
+    if bench is None:
+        live.gap = "no benchmark cost yet: run a benchmark of the pool to compare"
+        return
+    live.benchmark_cost_per_1m = _money(Decimal(bench))
+    live.benchmark_source = pool.cost_source or "the pool's latest passing benchmark"
+    bench_currency = pool.cost_currency or pool.currency
+    if pool.cost_stale_reason or bench_currency != live.currency:
+        live.gap = (f"not compared: the benchmark cost is stale "
+                    f"({pool.cost_stale_reason or 'other currency'})")
+        return
+    ratio = float(Decimal(live.cost_per_1m or 0) / Decimal(bench))
+    head = (f"live {Decimal(live.cost_per_1m or 0):.2f} vs benchmark {Decimal(bench):.2f} "
+            f"{live.currency} per 1M ({live.benchmark_source}), {ratio:.2f}×")
+    why = []
+    if live.utilisation is not None:
+        why.append(f"utilisation {100 * live.utilisation:.0f} % (mean "
+                   f"{live.mean_running:.1f} of {live.capacity_streams:g} SLO streams "
+                   f"running; the benchmark ran at its SLO concurrency)")
+    if capacity.known and live.output_tokens_per_s is not None:
+        why.append(f"the pool served {live.output_tokens_per_s:,.0f} output tokens/s, "
+                   f"{100 * live.output_tokens_per_s / capacity.tokens_per_s:.0f} % of the "
+                   f"{capacity.tokens_per_s:,.0f} its benchmark gave at the SLO")
+    if not why:
+        why.append("no SLO capacity to explain it: " + (capacity.why_none or "no benchmark"))
+    live.gap = f"{head}: {'; '.join(why)}"
+
+
+def live_cost(*, pool: str, since: datetime, until: datetime,
+              route: str | None = None) -> LiveCost:
+    """Live cost of `pool` in [since, until) (windows overlapping it read whole), or of
+    `route`'s share of it, with a per-route breakdown when no route is asked."""
+    from fleetctl.fleet.models import Pool
+
+    row = Pool.objects.prefetch_related("models").get(name=pool)
+    capacity = _capacity(row)
+    rows = _rows([pool], since, until)
+    live = _measure(row, rows, since, until, capacity, route=route)
+    if route is None:
+        live.routes = _route_shares(row, rows, since, until, capacity)
+    return live
+
+
+def _route_shares(pool: Any, rows: list[dict[str, Any]], since: datetime, until: datetime,
+                  capacity: Any) -> list[dict[str, Any]]:
+    routes = sorted({row["route"] for row in rows if row["source"] == Window.Source.GATEWAY})
+    out = []
+    for route in routes:
+        part = _measure(pool, rows, since, until, capacity, route=route)
+        out.append({"route": route, "share": part.route_share,
+                    "output_tokens": part.output_tokens, "cost": part.cost,
+                    "not_measured": part.not_measured})
+    return out
+
+
+def _buckets(since: datetime, until: datetime, period: str) -> list[tuple[datetime, datetime]]:
+    """UTC days or calendar months covering [since, until), each clipped to it."""
+    at = since.astimezone(UTC)
+    start = at.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "month":
+        start = start.replace(day=1)
+    out = []
+    while start < until:
+        if period == "day":
+            end = start + timedelta(days=1)
+        else:
+            end = (start.replace(day=28) + timedelta(days=4)).replace(day=1)
+        out.append((max(start, since), min(end, until)))
+        start = end
+    return out
+
+
+def live_cost_rollup(*, pool: str, since: datetime, until: datetime, period: str,
+                     route: str | None = None) -> list[LiveCost]:
+    """Live cost per UTC day or calendar month in [since, until) (windows are kept 30 days:
+    a month's rollup covers what is left of it). A window belongs to the bucket it starts in."""
+    from fleetctl.fleet.models import Pool
+
+    if period not in PERIODS:
+        raise ValueError(f"period must be one of {', '.join(PERIODS)}")
+    row = Pool.objects.prefetch_related("models").get(name=pool)
+    capacity = _capacity(row)
+    rows = _rows([pool], since, until)
+    out = []
+    for start, end in _buckets(since, until, period):
+        mine = [r for r in rows if start <= max(r["start"], since) < end]
+        out.append(_measure(row, mine, start, end, capacity, route=route))
+    return out
+
+
+OVERVIEW_WINDOW_S = 3600
+
+
+def live_costs(pools: list[Any], *, window_s: int,
+               capacities: bool = True) -> dict[str, LiveCost]:
+    """Every pool given (Pool rows) over the last `window_s` seconds, in one windows query;
+    with `capacities`, each scraped pool's SLO capacity is looked up too (queries per pool:
+    the fleet overview goes without, and shows mean running requests instead)."""
+    from django.utils import timezone
+
+    from fleetctl.traffic.capacity import PoolCapacity
+
+    if not pools:
+        return {}
+    until = timezone.now()
+    since = until - timedelta(seconds=window_s)
+    rows = _rows([pool.name for pool in pools], since, until)
+    by_pool: dict[str, list[dict[str, Any]]] = {pool.name: [] for pool in pools}
+    for row in rows:
+        by_pool[row["pool"]].append(row)
+    out = {}
+    for pool in pools:
+        mine = by_pool[pool.name]
+        scraped = any(row["source"] == Window.Source.POOL for row in mine)
+        capacity = (_capacity(pool) if scraped and capacities else PoolCapacity(
+            pool=pool.name, why_none="not looked up on the overview: see the pool's page"))
+        out[pool.name] = _measure(pool, mine, since, until, capacity)
+    return out
+
+
+def overview_costs(pools: Any) -> dict[str, dict[str, str]]:
+    """The fleet overview's live cost column ("fleet.pool_cost"): per pool, the text of the
+    cell, the gap beside the benchmark in a few words, and the whole story as a title. One
+    query however many pools (no capacity lookup: the pool page has utilisation)."""
+    out = {}
+    for name, live in live_costs(list(pools), window_s=OVERVIEW_WINDOW_S,
+                                 capacities=False).items():
+        running = (f"{live.mean_running:.1f} running" if live.mean_running is not None
+                   else "")
+        if live.cost_per_1m is None:
+            out[name] = {"text": "", "note": running, "title": live.not_measured}
+            continue
+        note = running
+        if live.benchmark_cost_per_1m is not None and not live.gap.startswith("not"):
+            ratio = Decimal(live.cost_per_1m) / Decimal(live.benchmark_cost_per_1m)
+            note = f"{ratio:.2f}× benchmark" + (f" · {running}" if running else "")
+        out[name] = {"text": f"{Decimal(live.cost_per_1m):.2f} {live.currency}", "note": note,
+                     "title": f"last hour: {live.output_tokens:,} output tokens in "
+                              f"{live.hours or 0:.2f} h ({live.tokens_source}). {live.gap}."}
+    return out

@@ -1,0 +1,211 @@
+"""Live cost per pool and per route (fleetctl/telemetry/cost.py): a real simulated pool at a
+fixed load through a real Envoy, its access log ingested and its /metrics scraped; and what
+is never a zero (no rate, no token counter, no tokens), a counter reset, the API's checks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from fleetctl.core.ports import free_port
+from fleetctl.demo.envoy_process import EnvoyProcess
+from fleetctl.fleet.models import Pool
+from fleetctl.telemetry.cost import live_cost, live_cost_rollup
+from fleetctl.telemetry.ingest import Ingester
+from fleetctl.telemetry.models import Cursor, Window
+from fleetctl.telemetry.scrape import Scraper
+from fleetctl.telemetry.services import window_add
+from fleetctl.traffic.gateways.base import DesiredState, PoolTarget, RouteSpec
+from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
+from fleetctl.traffic.models import Gateway
+from tests.sim.simproc import MODEL, SimProcess, sim_with_profiles
+from tests.support.profiles import TEST_PROFILES
+from tests.support.waiting import wait_until
+
+STREAMS, ROUNDS = 4, 5
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
+    process = sim_with_profiles(tmp_path_factory.mktemp("cost-sim"), TEST_PROFILES,
+                                {"sc": "quick"}, models=[MODEL])
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def envoy(sim: SimProcess, tmp_path: Path) -> Iterator[EnvoyProcess]:
+    process = EnvoyProcess(tmp_path / "envoy", free_port(), free_port()).start(timeout_s=60)
+    adapter = EnvoyAdapter(process.gateway("gw-cost", load_timeout_s=30))
+    adapter.apply(DesiredState(
+        routes=(RouteSpec(key="chat", model=MODEL, latency_class="", residency="", revision=1,
+                          weights={"sc": 10_000}),),
+        pools={"sc": PoolTarget("sc", (sim.url("sc"),), "US")}))
+    yield process
+    process.stop()
+
+
+def _completion_tokens(url: str) -> int:
+    """One non-streamed chat completion; the output tokens its usage reports."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "cost me"}],
+            "max_tokens": 24}
+    answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+    assert answer.status_code == 200
+    return int(answer.json()["usage"]["completion_tokens"])
+
+
+def test_live_cost_from_a_real_envoy_log_and_the_pools_counter_at_a_fixed_load(
+        sim: SimProcess, envoy: EnvoyProcess, make_pool: Any, client_for: Any) -> None:
+    pool = make_pool("sc", base_urls=[sim.url("sc") + "/v1"], node_hourly_rate="36.00")
+    assert envoy.access_log_path is not None
+    Gateway.objects.create(name="gw-cost", kind="envoy", admin_address=envoy.admin_url,
+                           options={"access_log": str(envoy.access_log_path)})
+    scraper = Scraper(timeout_s=5)
+    t0 = timezone.now() - timedelta(seconds=90)
+    assert scraper.scrape_all(now=t0) == 1  # the first look: where the counter stands
+    # A fixed load: STREAMS concurrent streams, ROUNDS requests each, through Envoy.
+    with ThreadPoolExecutor(STREAMS) as streams:
+        served = sum(streams.map(lambda _: sum(_completion_tokens(envoy.listen_url)
+                                               for _ in range(ROUNDS)), range(STREAMS)))
+    assert served > 0
+    t1 = t0 + timedelta(seconds=90)  # the scrape's clock, given: 90 s metered exactly
+    assert scraper.scrape_all(now=t1) == 1
+    ingester = Ingester()  # the real Envoy parser
+    wait_until(lambda: ingester.once() >= 0 and sum(
+        Window.objects.filter(source_name="gw-cost").values_list("requests", flat=True))
+        >= STREAMS * ROUNDS, timeout_s=30, what="the ingester to read Envoy's log")
+
+    live = live_cost(pool="sc", since=t0 - timedelta(minutes=5), until=t1 + timedelta(minutes=5))
+    # Tokens: exactly what the pool's answers reported; hours: the scrapes' interval.
+    assert live.output_tokens == served and live.hours == pytest.approx(90 / 3600)
+    assert live.cost == "0.9000"  # 36.00 per hour × 90 s
+    expected = (Decimal("36.00") * Decimal(1_000_000) / (Decimal(served) / Decimal(90) *
+                Decimal(3600))).quantize(Decimal("0.0001"), rounding=ROUND_HALF_UP)
+    assert Decimal(live.cost_per_1m or "0") == expected and not live.not_measured
+    assert live.tokens_source.startswith("pool /metrics")
+    assert live.currency == pool.currency
+    # The only route through Envoy carried every request to the pool: all of it is its share.
+    assert [(r["route"], r["share"], r["output_tokens"], r["cost"]) for r in live.routes] == [
+        ("chat", 1.0, served, "0.9000")]
+    # No benchmark yet: said, not a made-up comparison.
+    assert live.benchmark_cost_per_1m is None and "no benchmark" in live.gap
+    # The running-requests gauge was read each round (idle at the second scrape, here).
+    assert live.mean_running is not None
+    assert live.utilisation is None and live.utilisation_source.startswith("not measured")
+
+    # The fleet overview's column and the pool page show it, beside the benchmark's.
+    Pool.objects.filter(name="sc").update(cost_per_1m_output_tokens=Decimal(expected) / 2,
+                                          cost_hourly_rate=Decimal("36.00"),
+                                          cost_currency="USD", cost_source="run #7")
+    viewer = client_for("viewer")
+    overview = viewer.get(reverse("fleet:overview")).content.decode()
+    assert f"{expected:.2f} USD" in overview and "2.00× benchmark" in overview
+    page = viewer.get(reverse("fleet:pool-detail", args=["sc"])).content.decode()
+    assert "Live cost" in page and f"{expected} USD" in page
+    assert "2.00×" in page and "run #7" in page
+
+
+def test_a_missing_rate_or_token_counter_is_not_measured_never_zero(
+        make_pool: Any, db: None) -> None:
+    make_pool("free", base_urls=["http://127.0.0.1:9"], node_hourly_rate="0")
+    make_pool("old", base_urls=["http://127.0.0.1:10"])
+    scraper = Scraper(timeout_s=1)
+    answers = {"http://127.0.0.1:9/metrics": {"output_tokens": 100.0, "running": 2.0},
+               "http://127.0.0.1:10/metrics": {"duration": [[1.0, 1], ["+Inf", 1]]}}
+    scraper._fetch = lambda url: (dict(answers[url]), "")  # type: ignore[method-assign]
+    t0 = timezone.now()
+    scraper.scrape_all(now=t0)
+    answers["http://127.0.0.1:9/metrics"]["output_tokens"] = 1100.0
+    answers["http://127.0.0.1:10/metrics"]["duration"] = [[1.0, 5], ["+Inf", 5]]
+    scraper.scrape_all(now=t0 + timedelta(seconds=10))
+    since, until = t0 - timedelta(minutes=1), t0 + timedelta(minutes=1)
+    free = live_cost(pool="free", since=since, until=until)
+    assert free.output_tokens == 1000 and free.cost is None and free.cost_per_1m is None
+    assert free.not_measured.startswith("not measured: the pool's hourly rate is 0")
+    old = live_cost(pool="old", since=since, until=until)
+    assert old.cost_per_1m is None and old.output_tokens is None
+    assert "no vllm:generation_tokens_total" in old.not_measured
+    assert "access logs carry no token counts" in old.not_measured
+    # Never scraped in the period: said so.
+    later = live_cost(pool="old", since=until + timedelta(hours=1),
+                      until=until + timedelta(hours=2))
+    assert later.not_measured.startswith("not measured: no token counter seen in this period")
+
+
+def test_an_idle_pool_costs_money_and_a_counter_reset_takes_the_new_count(
+        make_pool: Any, db: None) -> None:
+    make_pool("idle", base_urls=["http://127.0.0.1:9"], node_hourly_rate="7.20")
+    url = "http://127.0.0.1:9/metrics"
+    t0 = timezone.now()
+    Cursor.objects.create(source_name="idle", path=url, last_counters={
+        "output_tokens": 5000.0, "at": t0.timestamp()})
+    scraper = Scraper(timeout_s=1)
+    counters = {"output_tokens": 5000.0, "running": 0.0}
+    scraper._fetch = lambda _url: (dict(counters), "")  # type: ignore[method-assign]
+    scraper.scrape_all(now=t0 + timedelta(seconds=50))  # idle: no tokens, 50 s paid
+    window = Window.objects.get(source="pool", pool="idle")
+    assert (window.output_tokens, window.metered_ms, window.running_samples) == (0, 50_000, 1)
+    since, until = t0 - timedelta(minutes=1), t0 + timedelta(minutes=5)
+    idle = live_cost(pool="idle", since=since, until=until)
+    assert idle.cost == "0.1000" and idle.cost_per_1m is None
+    assert idle.not_measured == ("not measured: no output tokens served in this period; the "
+                                 "pool still cost 0.1000 USD (idle)")
+    counters["output_tokens"] = 300.0  # the server restarted: its count began again
+    scraper.scrape_all(now=t0 + timedelta(seconds=100))
+    after = live_cost(pool="idle", since=since, until=until)
+    assert after.output_tokens == 300 and after.hours == pytest.approx(100 / 3600)
+    assert after.cost_per_1m == "666.6667"  # 7.20 / (300 / 100 s) × 1e6 / 3600
+
+
+def test_a_routes_share_and_daily_rollups(make_pool: Any, db: None) -> None:
+    make_pool("shared", base_urls=["http://127.0.0.1:9"], node_hourly_rate="10.00")
+    day = timezone.now().replace(hour=12, minute=0, second=0, microsecond=0) - timedelta(days=2)
+    for start, tokens in ((day, 40_000), (day + timedelta(days=1), 20_000)):
+        window_add(source="pool", source_name="shared", route="", pool="shared",
+                   resolution_s=600, start=start,
+                   counts={"output_tokens": tokens, "metered_ms": 600_000})
+        for route, requests in (("chat", 30), ("batch", 10)):
+            window_add(source="gateway", source_name="gw", route=route, pool="shared",
+                       resolution_s=600, start=start, counts={"requests": requests})
+    since, until = day - timedelta(hours=12), day + timedelta(days=1, hours=12)
+    chat = live_cost(pool="shared", since=since, until=until, route="chat")
+    assert chat.route_share == 0.75 and chat.output_tokens == 45_000
+    assert chat.cost == "2.5000"  # 10.00 × 20 min × 0.75
+    days = live_cost_rollup(pool="shared", since=since, until=until, period="day")
+    assert [(d.since.date(), d.output_tokens, d.cost) for d in days] == [
+        (day.date(), 40_000, "1.6667"), ((day + timedelta(days=1)).date(), 20_000, "1.6667")]
+    months = live_cost_rollup(pool="shared", since=since, until=until, period="month")
+    assert sum(m.output_tokens or 0 for m in months) == 60_000
+
+
+def test_the_cost_api(make_pool: Any, client_for: Any) -> None:
+    make_pool("api-pool")
+    client = client_for("viewer")
+    url = "/api/v1/telemetry/pools/api-pool/cost/"
+
+    def refused(params: dict[str, str]) -> dict[str, Any]:
+        answer = client.get(url, params)
+        assert answer.status_code == 400
+        return answer.json()["error"]["fields"]
+
+    assert "period" in refused({"period": "week"})
+    assert refused({"since": "2026-12-05T00:00:00Z", "until": "2026-12-04T00:00:00Z"}) == {
+        "since": ["since must be before until."]}
+    assert "since" in refused({"since": "not a date"})
+    assert "since" in refused({"since": "2026-01-01T00:00:00Z", "until": "2026-03-01T00:00:00Z"})
+    assert client.get("/api/v1/telemetry/pools/nope/cost/").status_code == 404
+    answer = client.get(url, {"period": "day"})
+    assert answer.status_code == 200, answer.content
+    body = answer.json()
+    assert body["total"]["cost_per_1m"] is None
+    assert body["total"]["not_measured"].startswith("not measured: ")
+    assert len(body["periods"]) in (7, 8)  # 7 days back from now: 8 UTC days unless at 0:00
