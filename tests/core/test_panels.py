@@ -91,6 +91,7 @@ def test_the_apps_register_the_panels_the_pages_showed_before_slots():
     assert templates(GATE_ACTION) == ["conformance/_gate_action.html",
                                       "conformance/_routing_gate_action.html",
                                       "shadow/_gate_action.html", "evals/_gate_action.html"]
-    assert templates("pool.panels") == ["ramps/_pool_live.html"]
+    assert templates("pool.panels") == ["ramps/_pool_live.html", "telemetry/_pool_cost.html"]
     assert templates("route.panels") == ["ramps/_route_panels.html"]
     assert "fleet.pool_live" in registry.PROVIDERS
+    assert "fleet.pool_cost" in registry.PROVIDERS
