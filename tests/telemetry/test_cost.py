@@ -209,3 +209,38 @@ def test_the_cost_api(make_pool: Any, client_for: Any) -> None:
     assert body["total"]["cost_per_1m"] is None
     assert body["total"]["not_measured"].startswith("not measured: ")
     assert len(body["periods"]) in (7, 8)  # 7 days back from now: 8 UTC days unless at 0:00
+
+
+def test_utilisation_against_the_benchmarks_slo_capacity_explains_the_gap(
+        make_pool: Any, db: None) -> None:
+    from fleetctl.accounts.actor import Actor
+    from fleetctl.fleet.services import pool_model_create
+    from migrations_plan import services as plans
+    from tests.conftest import SYSTEM
+
+    pool = make_pool("util", node_hourly_rate="36.00")
+    pool_model_create(actor=SYSTEM, pool=pool, model_id=MODEL, max_context_tokens=4096)
+    # Its benchmark: the SLO held up to 8 streams, which gave 800 output tokens/s: 12.50 per 1M.
+    plans.evidence_record(
+        actor=Actor.for_system("benchmark"), pool=pool, kind="benchmark", verdict="pass",
+        summary="run 3", model_id=MODEL, source="benchmark run 3",
+        data={"run": 3, "timing": "concurrency", "best_concurrency": 8,
+              "output_tokens_per_s": 800.0, "cost_per_1m": "12.5000",
+              "measured_on": "2026-12-01", "endpoints": 1,
+              "slo": {"ttft_p95_ms": 800, "tpot_p95_ms": 60, "error_rate": 0.01}})
+    Pool.objects.filter(pk=pool.pk).update(
+        cost_per_1m_output_tokens=Decimal("12.5000"), cost_hourly_rate=Decimal("36.00"),
+        cost_currency="USD", cost_source="run #3")
+    # Live: 10 minutes at a mean of 4 running requests and 400 tokens/s.
+    start = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=30)
+    window_add(source="pool", source_name="util", route="", pool="util", resolution_s=600,
+               start=start, counts={"output_tokens": 240_000, "metered_ms": 600_000,
+                                    "running_sum": 240, "running_samples": 60})
+    live = live_cost(pool="util", since=start, until=start + timedelta(minutes=10))
+    assert live.cost_per_1m == "25.0000" and live.benchmark_cost_per_1m == "12.5000"
+    assert live.utilisation == 0.5 and live.capacity_streams == 8
+    assert "benchmark run 3" in live.utilisation_source
+    assert live.gap == (
+        "live 25.00 vs benchmark 12.50 USD per 1M (run #3), 2.00×: utilisation 50 % (mean 4.0 "
+        "of 8 SLO streams running; the benchmark ran at its SLO concurrency); the pool served "
+        "400 output tokens/s, 50 % of the 800 its benchmark gave at the SLO")
