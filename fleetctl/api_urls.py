@@ -8,6 +8,7 @@ from fleetctl.batch.api.soaks import SoakViewSet
 from fleetctl.batch.api.views import BatchFileViewSet, BatchJobViewSet
 from fleetctl.bench.api.views import RunViewSet, TraceViewSet
 from fleetctl.conformance.api.views import ConformanceRunViewSet, RoutingProbeViewSet
+from fleetctl.economics.api.views import BusinessCaseView
 from fleetctl.evals.api.views import EvalRunViewSet, EvalSuiteViewSet
 from fleetctl.fleet.api.views import (
     CurrencyRateViewSet,
@@ -71,5 +72,7 @@ urlpatterns = [
     path("me/", me, name="me"),
     path("tokens/current/", token_current, name="token-current"),
     path("metrics", MetricsView.as_view(), name="metrics"),
+    path("plans/<slug:name>/business-case/", BusinessCaseView.as_view(),
+         name="plan-business-case"),
     path("", include(router.urls)),
 ]

@@ -131,6 +131,7 @@ INSTALLED_APPS = [
     "fleetctl.ramps",
     "fleetctl.batch",
     "fleetctl.schedules",
+    "fleetctl.economics",
     "fleetctl.demo",
     # Sign-in lockout; fleetctl.accounts audits each failure and lockout it sees.
     "axes",

@@ -14,6 +14,7 @@ urlpatterns = [
     path("ramps/", include("fleetctl.ramps.urls")),
     path("batch/", include("fleetctl.batch.urls")),
     path("schedules/", include("fleetctl.schedules.urls")),
+    path("plans/", include("fleetctl.economics.urls")),
     path("audit/", include("fleetctl.audit.urls")),
     path("webhooks/", include("fleetctl.webhooks.urls")),
     path("account/", include("fleetctl.accounts.urls")),

@@ -88,6 +88,8 @@ ACTION_WORDS = {
     "plan.resume": "resumed",
     "plan.rehearse": "started a drain rehearsal",
     "plan.abandon": "abandoned",
+    "plan.business_case.update": "changed the business case",
+    "plan.business_case.judged": "business case judged again",
 }
 
 

@@ -89,11 +89,14 @@ MAY_IMPORT: dict[str, set[str]] = {
     # notify when a run is missed or fails.
     "schedules": BELOW_FLEET | {"fleet", "traffic", "plans", "bench", "conformance", "evals",
                                 "webhooks"},
+    # A plan's business case compares its benchmark evidence (bench), converts through the
+    # fleet's rates, and forecasts capacity from telemetry against traffic's capacities.
+    "economics": BELOW_FLEET | {"fleet", "traffic", "telemetry", "plans", "bench"},
     "sim": set(),
     "cli": {"sim", "fleetctl.bench.traces"},
     "project": {"core", "accounts", "audit", "fleet", "traffic", "plans", "bench", "sim",
                 "cli", "conformance", "shadow", "evals", "webhooks", "telemetry", "ramps",
-                "batch", "inference", "schedules"},
+                "batch", "inference", "schedules", "economics"},
 }
 ALL_UNITS = set(MAY_IMPORT) | {"demo"}
 # What any unit may import: the Celery app and the package itself (its version).

@@ -74,3 +74,24 @@ def _health_hooks_run(pool_id: int, transition_id: int) -> None:
 
 def _change_hooks_run(pool_id: int, changes: list[str]) -> None:
     _hooks_run(CHANGE_HOOKS, "change", pool_id, changes)
+
+
+# Called with a sentence saying what changed ("EUR→USD 1.08 as of 2026-12-01 added") once a
+# currency-rate edit committed. Upper layers that convert with the rates register here: the
+# business case re-judges the plans that have one (fleetctl/economics/).
+RateHook = Callable[[str], object]
+RATE_HOOKS: list[RateHook] = []
+
+
+def register_rate_hook(hook: RateHook) -> RateHook:
+    if hook not in RATE_HOOKS:
+        RATE_HOOKS.append(hook)
+    return hook
+
+
+def _rate_hooks_run(what: str) -> None:
+    for hook in list(RATE_HOOKS):
+        try:
+            hook(what)
+        except Exception:  # the rate is stored; one hook must not stop others
+            log.exception("rate hook %s failed for %s", hook, what)

@@ -17,7 +17,12 @@ from fleetctl.audit.crud import audited_create, audited_delete, audited_update, 
 from fleetctl.audit.services import audit_record, refusals_audited
 from fleetctl.core.destinations import DestinationRefused
 from fleetctl.core.errors import ConflictError, NotFoundError
-from fleetctl.fleet.hooks import _change_hooks_run, _health_hooks_run, _report_hooks_run
+from fleetctl.fleet.hooks import (
+    _change_hooks_run,
+    _health_hooks_run,
+    _rate_hooks_run,
+    _report_hooks_run,
+)
 from fleetctl.fleet.models import (
     CurrencyRate,
     HealthCheck,
@@ -414,8 +419,10 @@ def currency_rate_create(*, actor: Actor, **fields: Any) -> CurrencyRate:
     actor.require(roles.FLEET_MANAGE, action="currency_rate.create", target="fleet.currencyrate")
     with transaction.atomic():
         _refuse_inverse_same_day(rate)
-        return audited_create(actor=actor, permission=roles.FLEET_MANAGE,
+        made = audited_create(actor=actor, permission=roles.FLEET_MANAGE,
                               action="currency_rate.create", instance=rate)
+        _rates_changed(f"{made} added by {actor.label}")
+        return made
 
 
 def currency_rate_update(*, actor: Actor, currency_rate: CurrencyRate,
@@ -425,14 +432,24 @@ def currency_rate_update(*, actor: Actor, currency_rate: CurrencyRate,
         preview = CurrencyRate(pk=currency_rate.pk, **{
             name: changes.get(name, getattr(currency_rate, name)) for name in RATE_FIELDS})
         _refuse_inverse_same_day(preview)
-        return audited_update(actor=actor, permission=roles.FLEET_MANAGE,
-                              action="currency_rate.update", instance=currency_rate,
-                              changes=changes, allowed=RATE_FIELDS)
+        saved = audited_update(actor=actor, permission=roles.FLEET_MANAGE,
+                               action="currency_rate.update", instance=currency_rate,
+                               changes=changes, allowed=RATE_FIELDS)
+        _rates_changed(f"{saved} changed by {actor.label}")
+        return saved
 
 
 def currency_rate_delete(*, actor: Actor, currency_rate: CurrencyRate) -> None:
-    audited_delete(actor=actor, permission=roles.FLEET_MANAGE, action="currency_rate.delete",
-                   instance=currency_rate)
+    what = f"{currency_rate} deleted by {actor.label}"
+    with transaction.atomic():
+        audited_delete(actor=actor, permission=roles.FLEET_MANAGE,
+                       action="currency_rate.delete", instance=currency_rate)
+        _rates_changed(what)
+
+
+def _rates_changed(what: str) -> None:
+    """After the commit, what converts with the rates judges again (fleet.hooks.RATE_HOOKS)."""
+    transaction.on_commit(partial(_rate_hooks_run, what))
 
 
 # --- health ----------------------------------------------------------------------------------

@@ -1,0 +1,8 @@
+from django.urls import path
+
+from fleetctl.economics import views
+
+app_name = "economics"
+urlpatterns = [
+    path("<slug:name>/business-case/", views.business_case_page, name="business-case"),
+]
