@@ -4,7 +4,8 @@ the expected volume, the override) and recording the verdict when it changes.
 Edits need `fleet.manage` (platform leads, admins). Every value is checked with a message
 that names the field; a refused edit changes nothing. An edit is audited on the plan (its
 timeline shows it, before and after), and the case is judged again at once; a currency-rate
-edit re-judges every stored case (apps.py registers `rates_changed` with fleet's rate hook).
+edit re-judges every stored case, and new benchmark evidence the cases of the plans on its
+pool (apps.py registers `rates_changed` and `evidence_recorded` as hooks).
 A verdict or headline that changed is recorded on the plan's timeline, with what caused it."""
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from fleetctl.accounts import roles
 from fleetctl.accounts.actor import Actor
 from fleetctl.audit.services import audit_record, snapshot
+from fleetctl.bench.evidence import KIND as BENCHMARK
 from fleetctl.economics.case import Case, judge
 from fleetctl.economics.models import (
     BURDEN_FIELDS,
@@ -32,7 +35,7 @@ from fleetctl.economics.models import (
     BusinessCase,
 )
 from fleetctl.fleet.models import CURRENCIES
-from migrations_plan.models import Plan
+from migrations_plan.models import Evidence, Plan
 
 log = logging.getLogger("fleetctl.economics")
 
@@ -165,10 +168,24 @@ def business_case_judge(*, plan: Plan, row: BusinessCase | None = None, cause: s
     return case
 
 
+def evidence_recorded(row: Evidence) -> None:
+    """New benchmark evidence of a pool: judge the stored cases of the plans on it again
+    (migrations_plan.services.EVIDENCE_HOOKS)."""
+    if row.kind != BENCHMARK:
+        return
+    rows = BusinessCase.objects.filter(
+        Q(plan__candidate_pool=row.pool_id) | Q(plan__primary_pool=row.pool_id))
+    _judge_all(rows, f"benchmark evidence of {row.pool.name} recorded ({row.source})")
+
+
 def rates_changed(what: str) -> None:
     """A currency rate changed: judge every stored case again (fleet.hooks.RATE_HOOKS)."""
-    for row in BusinessCase.objects.select_related("plan").order_by("id"):
+    _judge_all(BusinessCase.objects.all(), f"currency rate {what}")
+
+
+def _judge_all(rows: QuerySet[BusinessCase], cause: str) -> None:
+    for row in rows.select_related("plan").order_by("id"):
         try:
-            business_case_judge(plan=row.plan, cause=f"currency rate {what}")
+            business_case_judge(plan=row.plan, cause=cause)
         except Exception:  # one plan's trouble must not stop the others
             log.exception("business case of %s not judged again", row.plan.name)

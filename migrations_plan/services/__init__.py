@@ -10,7 +10,11 @@ rehearsals) hold what a person does; `worker` what the evidence jobs and beat ta
 
 from __future__ import annotations
 
-from migrations_plan.services._shared import PREDICTION_FIELDS, STAGE_MOVE_HOOKS
+from migrations_plan.services._shared import (
+    EVIDENCE_HOOKS,
+    PREDICTION_FIELDS,
+    STAGE_MOVE_HOOKS,
+)
 from migrations_plan.services.plans import (
     CHECK_FIELDS,
     EDITABLE_FIELDS,
@@ -45,6 +49,7 @@ from migrations_plan.services.worker import (
 __all__ = [
     "CHECK_FIELDS",
     "EDITABLE_FIELDS",
+    "EVIDENCE_HOOKS",
     "MIN_JUSTIFICATION",
     "PAST",
     "PLAN_FIELDS",

@@ -126,6 +126,22 @@ def _void_approval(approval: Approval, *, plan: Plan, at: datetime, why: str,
 # stage_moves.py). Plans cannot import batch (the layers), hence a hook.
 STAGE_MOVE_HOOKS: list[Callable[[Plan, StageMove], object]] = []
 
+# Called with the row once a piece of evidence committed: the economics app judges the
+# business case of the plans on that pool again (fleetctl/economics/). One hook's trouble is
+# logged and never stops the others, nor the evidence.
+EVIDENCE_HOOKS: list[Callable[[Evidence], object]] = []
+
+
+def _evidence_hooks_run(row: Evidence) -> None:
+    import logging
+
+    for hook in list(EVIDENCE_HOOKS):
+        try:
+            hook(row)
+        except Exception:  # the evidence is stored; one hook must not stop others
+            logging.getLogger("fleetctl.plans").exception(
+                "evidence hook %s failed for evidence %s", hook, row.pk)
+
 
 def _move(*, actor: Actor, plan: Plan, to_state: str, kind: str, reason: str,
           gate: ev.GateEvaluation | None = None, approvals: list[Approval] | None = None,
@@ -225,4 +241,5 @@ def _store_evidence(*, actor: Actor, pool: Pool, kind: str, verdict: str, summar
                      after={"evidence": row.pk, "kind": kind, "verdict": verdict,
                             **({"reported_by": reported_by, "about": about}
                                if reported_by else {})})
+        transaction.on_commit(lambda: _evidence_hooks_run(row))
     return row

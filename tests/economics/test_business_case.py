@@ -142,6 +142,22 @@ def test_a_rate_change_judges_again_and_is_recorded(eur_world,
     assert edits.get().after["engineer_cost_currency"] == "GBP"
 
 
+def test_new_benchmark_evidence_judges_again_and_is_recorded(
+        world, django_capture_on_commit_callbacks):  # noqa: F811
+    w = world
+    plan = w.plan()
+    assert _edit(w, plan, expected_mtokens_per_month="100000").verdict == cases.NOT_MEASURED
+    with django_capture_on_commit_callbacks(execute=True):
+        bench(w.candidate, run=9, cost="4.00")
+        bench(w.primary, run=9, cost="5.00")
+    row = BusinessCase.objects.get(plan=plan)
+    # 1.00 × 100 000 × 12 = 1 200 000 USD against 27 × 150 000 ÷ 46 = 88 043.48: pays.
+    assert row.verdict == cases.PAYS and "88043.48" in row.verdict_text, row.verdict_text
+    judged = AuditEvent.objects.filter(action="plan.business_case.judged",
+                                       object_id=str(plan.pk)).order_by("-id").first()
+    assert judged is not None and "benchmark evidence of " in judged.message
+
+
 def test_what_is_missing_is_not_measured_with_its_reason_never_zero(world):  # noqa: F811
     w = world
     plan = w.plan()

@@ -179,6 +179,8 @@ class Command(BaseCommand):
             self.created += seed_demo_schedules(note=self._note)
             from fleetctl.demo.capacity_run import seed_capacity_run
             self.created += seed_capacity_run(note=self._note)
+            from fleetctl.demo.business_case import seed_business_case
+            self.created += seed_business_case(note=self._note)
         made = ", ".join(self.created) if self.created else "nothing (all there already)"
         self.stdout.write(f"demo fleet: {Pool.objects.count()} pools in "
                           f"{Region.objects.count()} regions; created {made}")
