@@ -168,9 +168,8 @@ def judge(plan: Plan, case: BusinessCase, *, now: Any = None) -> Case:
         out.numbers["break_even_mtokens_per_month"] = str(_q(break_even, "0.001"))
         out.changes.append(f"The arbitrage covers the burden above {_q(break_even, '0.1')} M "
                            f"output tokens a month at today's measured costs.")
-        weeks_covered = annual * WORKING_WEEKS / (burden / case.burden_weeks) if \
-            case.burden_weeks else None
-        if weeks_covered is not None:
+        if case.burden_weeks and burden:
+            weeks_covered = annual / (burden / case.burden_weeks)  # ÷ one week's cost
             out.changes.append(f"At this volume it covers up to {_q(weeks_covered, '0.1')} "
                                f"engineer-weeks a year.")
     else:

@@ -64,6 +64,10 @@ def test_the_arithmetic_matches_hand_computed_rows_in_two_currencies(eur_world):
     assert case.verdict == cases.DOES_NOT and case.currency == "USD"
     assert "1369.57 USD a year short" in case.headline, case.headline
     assert any("above 10190.2 M output tokens a month" in c for c in case.changes)
+    # One engineer-week costs 125 000 ÷ 46 = 2 717.39; 72 000 ÷ 2 717.39 = 26.5 weeks.
+    assert any("covers up to 26.5 engineer-weeks a year" in c for c in case.changes)
+    # The candidate may cost at most 5.00 − 73 369.57 ÷ 120 000 = 4.3886 USD per 1M.
+    assert any("at most 4.3886 USD per 1M" in c for c in case.changes)
     # At 12 000 M: 0.60 × 12 000 × 12 = 86 400 ≥ 73 369.57: pays, 13 030.43 to spare.
     case = _edit(w, plan, expected_mtokens_per_month="12000")
     assert case.verdict == cases.PAYS and case.numbers["net_per_year"] == "13030.43"
