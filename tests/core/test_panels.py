@@ -87,7 +87,8 @@ def test_the_apps_register_the_panels_the_pages_showed_before_slots():
         return [panel.template for panel in registry.panels_of(slot)]
 
     assert templates(PLAN_PANELS) == ["shadow/_plan_panel.html", "evals/_plan_panel.html",
-                                      "batch/_plan_panel.html", "schedules/_plan_panel.html"]
+                                      "batch/_plan_panel.html", "schedules/_plan_panel.html",
+                                      "economics/_plan_panel.html"]
     assert templates(GATE_ACTION) == ["conformance/_gate_action.html",
                                       "conformance/_routing_gate_action.html",
                                       "shadow/_gate_action.html", "evals/_gate_action.html"]
