@@ -33,16 +33,22 @@ def benchmark_capacity(model_id: str, pools: list[Any]) -> dict[str, PoolCapacit
 
 
 def _capacity(pool: Any, model_id: str, now: Any) -> PoolCapacity:
-    rows = (Evidence.objects.filter(kind=KIND, pool=pool, model_id=model_id)
-            .order_by("-observed_at", "-id")[:ROWS_PER_POOL])
-    current = pool_fingerprint(pool, [model_id])
+    """`model_id` "": the newest benchmark of any model the pool was measured on."""
+    rows = Evidence.objects.filter(kind=KIND, pool=pool)
+    if model_id:
+        rows = rows.filter(model_id=model_id)
+    rows = rows.order_by("-observed_at", "-id")[:ROWS_PER_POOL]
+    fingerprints: dict[str, dict[str, str]] = {}
     skipped = ""
     endpoints_now = len(pool.base_urls or [])
     for row in rows:
         if row.expires_at is not None and row.expires_at <= now:
             skipped = skipped or f"its newest benchmark expired at {row.expires_at:%Y-%m-%d}"
             continue
-        change = fingerprint_change(row.pool_fingerprint, current)
+        measured_model = model_id or row.model_id
+        if measured_model not in fingerprints:
+            fingerprints[measured_model] = pool_fingerprint(pool, [measured_model])
+        change = fingerprint_change(row.pool_fingerprint, fingerprints[measured_model])
         if change:
             skipped = skipped or f"its newest benchmark no longer counts: {change}"
             continue
@@ -64,4 +70,5 @@ def _capacity(pool: Any, model_id: str, now: Any) -> PoolCapacity:
                                                              row.observed_at.date()),
                             endpoints_measured=measured, endpoints_now=endpoints_now)
     return PoolCapacity(pool=pool.name, why_none=skipped or (
-        f"no benchmark of it for {model_id} yet: run one (Benchmarks → New run)"))
+        f"no benchmark of it for {model_id or 'any model'} yet: run one (Benchmarks → New "
+        f"run)"))

@@ -201,7 +201,10 @@ def _wait_reasons(candidate: PoolStats, primary: PoolStats | None, min_samples: 
         since = f"{newest:%Y-%m-%d %H:%M:%S} UTC" if newest else "the window started"
         return [f"No telemetry from the gateways since {since} (nothing updated in the last "
                 f"{stale_after_s:g} s); is the ingester running?"]
-    if candidate.requests < min_samples:
+    # A request the pool failed before its first byte and another pool of the tier answered
+    # (fell_over) was the pool's to answer: it counts toward judging it (as a failure, in
+    # its error rate), so a pool whose every request falls over is judged, not waited on.
+    if candidate.requests + candidate.fell_over < min_samples:
         abandoned = (f" ({candidate.client_disconnects} more were abandoned by their clients "
                      f"and do not count)" if candidate.client_disconnects else "")
         return [f"{candidate.pool} answered {candidate.requests} of the {min_samples} requests "

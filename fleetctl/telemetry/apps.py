@@ -39,5 +39,6 @@ def _pool_cost(context: Any) -> dict[str, Any]:
     days = live_cost_rollup(pool=pool.name, since=now - timedelta(days=7), until=now,
                             period="day")
     return {"pool_cost": {
-        "hour": live_cost(pool=pool.name, since=now - timedelta(hours=1), until=now),
+        "hour": live_cost(pool=pool.name, since=now - timedelta(hours=1), until=now,
+                          breakdown=False),
         "days": list(reversed(days))}}

@@ -81,20 +81,11 @@ def _rows(pools: list[str], since: datetime, until: datetime,
 
 
 def _capacity(pool: Any) -> Any:
-    """The pool's SLO capacity: of the models it serves, the first one with a benchmark
-    (preferring the run its benchmark cost comes from)."""
-    from fleetctl.traffic.capacity import PoolCapacity, pool_capacities
+    """The pool's SLO capacity from its newest benchmark of any model it was measured on
+    (one read however many models it serves)."""
+    from fleetctl.traffic.capacity import pool_capacities
 
-    found, why = None, "the pool serves no model yet"
-    for model_id in sorted({entry.model_id for entry in pool.models.all()}):
-        capacity = pool_capacities(model_id, [pool])[pool.name]
-        if not capacity.known:
-            why = capacity.why_none or why
-            continue
-        if capacity.run is not None and pool.cost_source == f"run #{capacity.run}":
-            return capacity
-        found = found or capacity
-    return found or PoolCapacity(pool=pool.name, why_none=why)
+    return pool_capacities("", [pool])[pool.name]
 
 
 def _money(value: Decimal) -> str:
@@ -197,16 +188,17 @@ def _explain(pool: Any, live: LiveCost, capacity: Any) -> None:
 
 
 def live_cost(*, pool: str, since: datetime, until: datetime,
-              route: str | None = None) -> LiveCost:
+              route: str | None = None, breakdown: bool = True) -> LiveCost:
     """Live cost of `pool` in [since, until) (windows overlapping it read whole), or of
-    `route`'s share of it, with a per-route breakdown when no route is asked."""
+    `route`'s share of it, with a per-route breakdown when no route is asked (and
+    `breakdown`: the pool page leaves it to the API, as it costs queries per route)."""
     from fleetctl.fleet.models import Pool
 
     row = Pool.objects.prefetch_related("models").get(name=pool)
     capacity = _capacity(row)
     rows = _rows([pool], since, until)
     live = _measure(row, rows, since, until, capacity, route=route)
-    if route is None:
+    if route is None and breakdown:
         live.routes = _route_shares(row, rows, since, until, capacity)
     return live
 

@@ -75,7 +75,8 @@ def register_capacity_source(source: CapacitySource) -> CapacitySource:
 
 def pool_capacities(model_id: str, pools: Iterable[Any]) -> dict[str, PoolCapacity]:
     """Pool name -> its capacity for `model_id` (Pool rows in), from the first source that
-    knows it; a pool none knows gets a PoolCapacity saying so."""
+    knows it; a pool none knows gets a PoolCapacity saying so. `model_id` "": from the
+    newest benchmark of any model (a pool page's one figure, read in constant queries)."""
     wanted = {pool.name: pool for pool in pools}
     found: dict[str, PoolCapacity] = {}
     for source in SOURCES:

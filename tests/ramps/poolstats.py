@@ -37,7 +37,8 @@ def rate(errors: int, requests: int) -> Figure:
 def stats(pool: str, *, ttft: Sequence[float] = (), tpot: Sequence[float] = (),
           requests: int | None = None, errors: int = 0, window_s: float = 30.0,
           last_data_at: datetime | None = NOW, route: str = "llama",
-          disconnects: int = 0, duration: Sequence[float] | None = None) -> PoolStats:
+          disconnects: int = 0, duration: Sequence[float] | None = None,
+          fell_over: int = 0) -> PoolStats:
     """A pool's figures over the `window_s` seconds before NOW; every request streamed unless
     `requests` says there were more. `disconnects`: requests the clients abandoned besides
     (in no other figure, as telemetry counts them). `duration`: whole-request latencies
@@ -46,10 +47,11 @@ def stats(pool: str, *, ttft: Sequence[float] = (), tpot: Sequence[float] = (),
     return PoolStats(
         pool=pool, route=route, since=NOW - timedelta(seconds=window_s), until=NOW,
         requests=requests, errors=errors, retries=0, streamed=len(ttft),
-        rps=requests / window_s, error_rate=rate(errors, requests),
+        rps=requests / window_s, error_rate=rate(errors + fell_over, requests + fell_over),
         ttft_p50=figure(ttft, 0.5), ttft_p95=figure(ttft, 0.95), ttft_p99=figure(ttft, 0.99),
         tpot_p95=figure(tpot, 0.95),
         duration_p95=figure(ttft if duration is None else duration, 0.95),
-        sources=["test"], last_data_at=last_data_at if requests or disconnects else None,
+        sources=["test"],
+        last_data_at=last_data_at if requests or disconnects or fell_over else None,
         client_disconnects=disconnects,
-        disconnect_rate=rate(disconnects, requests + disconnects))
+        disconnect_rate=rate(disconnects, requests + disconnects), fell_over=fell_over)

@@ -32,6 +32,18 @@ def test_waits_on_too_few_requests_and_says_how_many():
     assert "answered 49 of the 50 requests" in result.reasons[0]
 
 
+def test_a_pool_whose_every_request_fell_over_is_judged_failing_not_waited_on():
+    """A context tier's fallback answers the clients from another pool; the chosen pool
+    failed every one of them before its first byte (telemetry's fell_over), so it has no
+    answers of its own. The guard judges it on those failures rather than waiting for
+    answers that will never come."""
+    judged = judge(stats("cand", requests=0, fell_over=60), stats("prim", ttft=[20.0] * 60))
+    assert judged.decision == "fail", judged.reasons
+    assert "error rate" in " ".join(judged.reasons)
+    # Without the fallen-over requests it would only wait (it answered none).
+    assert judge(stats("cand", requests=0), stats("prim", ttft=[20.0] * 60)).decision == "wait"
+
+
 def test_waits_on_stale_telemetry_even_with_samples():
     old = NOW - timedelta(seconds=31)
     result = judge(stats("cand", ttft=[100.0] * 200, last_data_at=old),
