@@ -82,5 +82,9 @@ def suite_table() -> list[suite.Case]:
     return list(suite.CASES)
 
 
+def routing_probe_list() -> QuerySet[RoutingProbe]:
+    return RoutingProbe.objects.select_related("route", "plan").order_by("-created_at", "-id")
+
+
 def routing_probe_get(*, probe_id: int) -> RoutingProbe | None:
     return RoutingProbe.objects.select_related("route", "plan").filter(pk=probe_id).first()

@@ -84,8 +84,7 @@ class RoutingProbeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
     ordering_fields = ["created_at", "id", "status"]
 
     def get_queryset(self) -> QuerySet[RoutingProbe]:
-        return RoutingProbe.objects.select_related("route", "plan").order_by("-created_at",
-                                                                             "-id")
+        return selectors.routing_probe_list()
 
     @extend_schema(request=s.RoutingProbeCreateSerializer,
                    responses={202: s.RoutingProbeSerializer})
