@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
+from benchmarks._sim import start_simulator as start  # noqa: E402
 
 MODEL = "llama-3.1-8b-instruct"
 PROFILES = """
@@ -50,17 +51,7 @@ CHAT = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"
 
 def start_simulator(folder: Path) -> tuple[subprocess.Popen[str], str]:
     (folder / "profiles.toml").write_text(PROFILES)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fleetctl.sim", "--profiles", str(folder / "profiles.toml"),
-         "--pool", "tiny=tiny@0", "--model", MODEL, "--log-level", "ERROR"],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if "http://" not in line:
-        proc.kill()
-        raise SystemExit(f"simulator did not start: {line!r}")
-    return proc, line.split(" on ")[1].split()[0]
+    return start(folder / "profiles.toml", "--pool", "tiny=tiny@0", "--model", MODEL)
 
 
 def percentile(values: list[float], q: float) -> float:

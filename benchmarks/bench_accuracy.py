@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,7 +47,9 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks._sim import start_simulator as start  # noqa: E402
 from fleetctl.bench.runner import Endpoint, LevelPlan, LevelResult, run_level  # noqa: E402
+from fleetctl.core.ports import free_port  # noqa: E402
 
 MODEL = "llama-3.1-8b-instruct"
 STEP_MS = 20.0
@@ -92,23 +93,8 @@ def start_simulator(profiles: str, pool: str, *extra: str) -> tuple[subprocess.P
     """`python -m fleetctl.sim` with one pool `pool` from `profiles` (TOML text) on a free port."""
     folder = Path(tempfile.mkdtemp(prefix="bench-sim-"))
     (folder / "profiles.toml").write_text(profiles)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fleetctl.sim", "--profiles", str(folder / "profiles.toml"),
-         "--pool", f"{pool}={pool}@0", "--log-level", "WARNING", *extra],
-        cwd=REPO, stdout=subprocess.PIPE, text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if "http://" not in line:
-        proc.kill()
-        raise SystemExit(f"simulator did not start: {line!r}")
-    return proc, line.split(" on ")[1].split()[0]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return start(folder / "profiles.toml", "--pool", f"{pool}={pool}@0", *extra,
+                 log_level="WARNING")
 
 
 def start_guidellm_mock(guidellm: str, ttft_ms: float, itl_ms: float

@@ -47,6 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
+from benchmarks._sim import start_simulator  # noqa: E402
 
 MODEL = "llama-3.1-8b-instruct"
 ROUTE = "pooled"
@@ -99,15 +100,8 @@ class Found:
 
 def start_pool(folder: Path, name: str) -> tuple[subprocess.Popen[str], str]:
     """One simulator process serving pool `name` (profile `name`) on a free port."""
-    argv = [sys.executable, "-m", "fleetctl.sim", "--profiles", str(folder / "profiles.toml"),
-            "--pool", f"{name}={name}@0", "--model", MODEL, "--log-level", "ERROR"]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if "http://" not in line:
-        proc.kill()
-        raise SystemExit(f"simulator {name} did not start: {line!r}")
-    return proc, line.split(" on ")[1].split()[0]
+    return start_simulator(folder / "profiles.toml", "--pool", f"{name}={name}@0",
+                           "--model", MODEL)
 
 
 def plan() -> Any:
