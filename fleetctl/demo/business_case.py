@@ -23,11 +23,8 @@ from fleetctl.core.errors import DomainError
 
 NAME = "demo business case (short: H200 and MI300X, levels 2, 4, 8)"
 PLAN = "mi300x-llama-8b"
-TRACE = "demo-chat"
-# Light, like the capacity run's: the demo's ramp is judged on the pools' own metrics while
-# this runs (fleetctl/demo/capacity_run.py).
-LEVELS = [2, 4, 8]
-WARMUP_S, WINDOW_S, MIN_SAMPLES = 5.0, 10.0, 20
+# Light, like the capacity run's (its LEVELS and windows): the demo's ramp is judged on the
+# pools' own metrics while this runs (fleetctl/demo/capacity_run.py).
 EXPECTED_MTOKENS_PER_MONTH = "3000"
 
 
@@ -35,10 +32,8 @@ def seed_business_case(note: Callable[[str], None] = print) -> list[str]:
     """Queue the benchmark and set the plan's expected volume unless done before: what was
     made (a refusal is passed to `note`)."""
     from django.contrib.auth.models import User
-    from django.db import transaction
 
-    from fleetctl.bench import services as bench
-    from fleetctl.bench.models import Run, Trace
+    from fleetctl.demo.capacity_run import queue_short_run
     from fleetctl.economics.models import BusinessCase
     from fleetctl.economics.services import business_case_update
     from migrations_plan.models import Plan
@@ -49,21 +44,11 @@ def seed_business_case(note: Callable[[str], None] = print) -> list[str]:
     if plan is None or route is None:
         note(f"business case not seeded: no plan {PLAN} with a route")
         return made
-    if not Run.objects.filter(name=NAME).exists():
-        try:
-            with transaction.atomic():
-                bench.run_create(
-                    actor=Actor.for_system("demo-seed"), name=NAME,
-                    trace=Trace.objects.get(name=TRACE),
-                    pools=[plan.primary_pool, plan.candidate_pool],
-                    model_id=route.model_id,
-                    mode=Run.Mode.LEVELS, levels=LEVELS, max_concurrency=max(LEVELS),
-                    warmup_s=WARMUP_S, window_s=WINDOW_S, min_samples=MIN_SAMPLES,
-                    slo_ttft_p95_ms=plan.slo_ttft_p95_ms, slo_tpot_p95_ms=plan.slo_tpot_p95_ms,
-                    slo_error_rate=plan.slo_error_rate)
-            made.append(f"benchmark run {NAME!r}")
-        except (ValidationError, DomainError, ObjectDoesNotExist) as exc:
-            note(f"business-case benchmark not queued: {exc}")
+    made += queue_short_run(name=NAME, pools=[plan.primary_pool, plan.candidate_pool],
+                            model_id=route.model_id,
+                            slo=(plan.slo_ttft_p95_ms, plan.slo_tpot_p95_ms,
+                                 plan.slo_error_rate),
+                            what="business-case benchmark", note=note)
     if not BusinessCase.objects.filter(plan=plan).exists():
         try:
             business_case_update(actor=Actor(user=User.objects.get(username="lead")),

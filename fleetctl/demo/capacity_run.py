@@ -39,27 +39,43 @@ WARMUP_S, WINDOW_S, MIN_SAMPLES = 5.0, 10.0, 20
 SLO_TTFT_P95_MS, SLO_TPOT_P95_MS, SLO_ERROR_RATE = 250.0, 60.0, 0.02
 
 
-def seed_capacity_run(note: Callable[[str], None] = print) -> list[str]:
-    """Queue the demo's capacity benchmark unless one of its name exists: what was made (a
-    refusal is passed to `note`)."""
+def queue_short_run(*, name: str, pools: list[Pool], model_id: str,
+                    slo: tuple[float, float, float], what: str,
+                    note: Callable[[str], None]) -> list[str]:
+    """Queue one of the demo's short benchmark runs (LEVELS, WARMUP_S, WINDOW_S, MIN_SAMPLES;
+    `slo` = TTFT p95 ms, TPOT p95 ms, error rate) on the demo trace unless a run of `name`
+    exists: what was made (a refusal is passed to `note`, naming `what`). The one way the
+    seed queues a benchmark, so a test shortens them all in one place."""
     from django.db import transaction
 
     from fleetctl.bench import services as bench
     from fleetctl.bench.models import Run, Trace
 
-    if Run.objects.filter(name=NAME).exists():
+    if Run.objects.filter(name=name).exists():
         return []
+    ttft, tpot, error_rate = slo
     try:
         with transaction.atomic():
             bench.run_create(
-                actor=Actor.for_system("demo-seed"), name=NAME,
-                trace=Trace.objects.get(name=TRACE),
-                pools=[Pool.objects.get(name=name) for name in POOLS], model_id=MODEL,
+                actor=Actor.for_system("demo-seed"), name=name,
+                trace=Trace.objects.get(name=TRACE), pools=pools, model_id=model_id,
                 mode=Run.Mode.LEVELS, levels=LEVELS, max_concurrency=max(LEVELS),
                 warmup_s=WARMUP_S, window_s=WINDOW_S, min_samples=MIN_SAMPLES,
-                slo_ttft_p95_ms=SLO_TTFT_P95_MS,
-                slo_tpot_p95_ms=SLO_TPOT_P95_MS, slo_error_rate=SLO_ERROR_RATE)
+                slo_ttft_p95_ms=ttft, slo_tpot_p95_ms=tpot, slo_error_rate=error_rate)
     except (ValidationError, DomainError, ObjectDoesNotExist) as exc:
+        note(f"{what} not queued: {exc}")
+        return []
+    return [f"benchmark run {name!r}"]
+
+
+def seed_capacity_run(note: Callable[[str], None] = print) -> list[str]:
+    """Queue the demo's capacity benchmark unless one of its name exists: what was made (a
+    refusal is passed to `note`)."""
+    try:
+        pools = [Pool.objects.get(name=name) for name in POOLS]
+    except Pool.DoesNotExist as exc:
         note(f"capacity benchmark not queued: {exc}")
         return []
-    return [f"benchmark run {NAME!r}"]
+    return queue_short_run(name=NAME, pools=pools, model_id=MODEL,
+                           slo=(SLO_TTFT_P95_MS, SLO_TPOT_P95_MS, SLO_ERROR_RATE),
+                           what="capacity benchmark", note=note)

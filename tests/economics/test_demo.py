@@ -26,11 +26,10 @@ def test_the_demo_mi300x_plan_has_a_measured_business_case(celery_worker, tmp_pa
 
     # The demo's benchmark runs, shortened (one level of a 3 s window): the same code
     # queues them and the same worker runs them.
-    for module in (capacity_run, business_case):
-        monkeypatch.setattr(module, "LEVELS", [2])
-        monkeypatch.setattr(module, "WARMUP_S", 1.0)
-        monkeypatch.setattr(module, "WINDOW_S", 3.0)
-        monkeypatch.setattr(module, "MIN_SAMPLES", 3)
+    monkeypatch.setattr(capacity_run, "LEVELS", [2])
+    monkeypatch.setattr(capacity_run, "WARMUP_S", 1.0)
+    monkeypatch.setattr(capacity_run, "WINDOW_S", 3.0)
+    monkeypatch.setattr(capacity_run, "MIN_SAMPLES", 3)
     args = [a if a != "8100" else "{base}" for a in SEED]
     with simproc.demo_fleet(tmp_path / "sim.log") as base:
         for _ in range(2):  # the re-run keeps the run and the stored case

@@ -157,7 +157,7 @@ def test_the_seeds_benchmark_gives_llama_8b_a_capacity_split_one_click_applies(
     from django.urls import reverse
 
     from fleetctl.bench.models import Run
-    from fleetctl.demo import business_case, capacity_run
+    from fleetctl.demo import capacity_run
     from fleetctl.fleet.tasks import pool_probe
     from fleetctl.traffic.capacity_split import route_capacity_split
     from tests.sim import simproc
@@ -166,11 +166,10 @@ def test_the_seeds_benchmark_gives_llama_8b_a_capacity_split_one_click_applies(
     # The demo's benchmark runs, shortened (one level of a 3 s window; the demo's three
     # levels of 10 s took two minutes here): the same code queues them and the same worker
     # runs them.
-    for module in (capacity_run, business_case):
-        monkeypatch.setattr(module, "LEVELS", [2])
-        monkeypatch.setattr(module, "WARMUP_S", 1.0)
-        monkeypatch.setattr(module, "WINDOW_S", 3.0)
-        monkeypatch.setattr(module, "MIN_SAMPLES", 3)
+    monkeypatch.setattr(capacity_run, "LEVELS", [2])
+    monkeypatch.setattr(capacity_run, "WARMUP_S", 1.0)
+    monkeypatch.setattr(capacity_run, "WINDOW_S", 3.0)
+    monkeypatch.setattr(capacity_run, "MIN_SAMPLES", 3)
     args = [a if a != "8100" else "{base}" for a in SEED]
     with simproc.demo_fleet(tmp_path / "sim.log") as base:
         for _ in range(2):  # the re-run leaves the run alone
