@@ -16,7 +16,7 @@ measured in, so the two compare without a model of request length.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -58,9 +58,6 @@ class PoolCapacity:
             scaled = (f", scaled from {self.endpoints_measured} endpoint(s) then to "
                       f"{self.endpoints_now} now")
         return f"benchmark run {self.run} on {self.measured_on}{scaled}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "source": self.source}
 
 
 CapacitySource = Callable[[str, list[Any]], dict[str, PoolCapacity]]
