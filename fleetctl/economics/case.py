@@ -109,6 +109,58 @@ def _burden(case: BusinessCase, currency: str, on: date
                     "working_weeks": str(WORKING_WEEKS), "burden_per_year": str(_q(burden))}, ""
 
 
+def _overrides(case: BusinessCase, forecast: Forecast) -> list[str]:
+    """What justifies a second vendor whatever the arbitrage: a recorded reason, or the
+    primary short of its SLO capacity at the forecast's peak."""
+    overrides = []
+    if case.override:
+        overrides.append(f"the plan records a {case.override} reason: "
+                         f"{case.override_reason}")
+    if forecast.primary_short:
+        primary = next(p for p in forecast.pools if p.role == "primary")
+        overrides.append(f"at the peak of the last {forecast.days} days "
+                         f"({forecast.peak.streams:.1f} streams) the primary "
+                         f"{primary.capacity.pool} is short: its SLO capacity is "
+                         f"{primary.capacity.streams:g} streams")
+    return overrides
+
+
+def _what_changes_it(out: Case, *, saving: Decimal, burden: Decimal, volume: Decimal,
+                     annual: Decimal, weeks: Decimal, primary_cost: Decimal) -> None:
+    """The break-even volume, the burden the arbitrage covers and the candidate cost it needs:
+    into out.numbers and out.changes."""
+    cur = out.currency
+    if saving > 0:
+        break_even = burden / (saving * 12)
+        out.numbers["break_even_mtokens_per_month"] = str(_q(break_even, "0.001"))
+        out.changes.append(f"The arbitrage covers the burden above {_q(break_even, '0.1')} M "
+                           f"output tokens a month at today's measured costs.")
+        if weeks and burden:
+            weeks_covered = annual / (burden / weeks)  # ÷ one week's cost
+            out.changes.append(f"At this volume it covers up to {_q(weeks_covered, '0.1')} "
+                               f"engineer-weeks a year.")
+    else:
+        out.numbers["break_even_mtokens_per_month"] = None
+        out.changes.append(f"The candidate costs {money(_q(-saving, '0.0001'))} {cur} more per "
+                           f"1M output tokens than the primary: no volume makes it pay; a "
+                           f"cheaper candidate rate or a faster benchmark would.")
+    needed = burden / (volume * 12)
+    out.changes.append(f"At this volume the candidate must cost at most "
+                       f"{money(_q(primary_cost - needed, '0.0001'))} {cur} per 1M output "
+                       f"tokens (primary {money(primary_cost)} {cur}).")
+
+
+def _unmeasured(out: Case, missing: list[str], overrides: list[str]) -> Case:
+    out.reasons = missing + overrides
+    if overrides:
+        out.verdict = JUSTIFIED
+        out.headline = (f"Justified only by capacity or residency ({'; '.join(overrides)})"
+                        f"; the economics are not measured.")
+    else:
+        out.headline = "Not measured: " + "; ".join(missing) + "."
+    return out
+
+
 def judge(plan: Plan, case: BusinessCase, *, now: Any = None) -> Case:
     now = now or timezone.now()
     cur = plan.primary_pool.currency
@@ -124,16 +176,7 @@ def judge(plan: Plan, case: BusinessCase, *, now: Any = None) -> Case:
     out.numbers.update(burden_numbers)
     volume = case.expected_mtokens_per_month
     out.numbers["expected_mtokens_per_month"] = None if volume is None else str(volume)
-    overrides = []
-    if case.override:
-        overrides.append(f"the plan records a {case.override} reason: "
-                         f"{case.override_reason}")
-    if forecast.primary_short:
-        primary = next(p for p in forecast.pools if p.role == "primary")
-        overrides.append(f"at the peak of the last {forecast.days} days "
-                         f"({forecast.peak.streams:.1f} streams) the primary "
-                         f"{primary.capacity.pool} is short: its SLO capacity is "
-                         f"{primary.capacity.streams:g} streams")
+    overrides = _overrides(case, forecast)
     missing = []
     if saving is None:
         why = why_no_saving.rstrip(".")
@@ -146,14 +189,7 @@ def judge(plan: Plan, case: BusinessCase, *, now: Any = None) -> Case:
     if saving is not None:
         out.numbers["arbitrage_per_1m"] = str(_q(saving, "0.0001"))
     if missing:
-        out.reasons = missing + overrides
-        if overrides:
-            out.verdict = JUSTIFIED
-            out.headline = (f"Justified only by capacity or residency ({'; '.join(overrides)})"
-                            f"; the economics are not measured.")
-        else:
-            out.headline = "Not measured: " + "; ".join(missing) + "."
-        return out
+        return _unmeasured(out, missing, overrides)
     assert saving is not None and burden is not None and volume is not None
     annual = saving * volume * 12
     out.numbers["arbitrage_per_year"] = str(_q(annual))
@@ -163,25 +199,9 @@ def judge(plan: Plan, case: BusinessCase, *, now: Any = None) -> Case:
             f"tokens × {volume.normalize():f} M tokens/month × 12 = {money(_q(annual))} {cur} "
             f"a year, against an ops burden of {case.burden_weeks.normalize():f} "
             f"engineer-weeks = {money(_q(burden))} {cur} a year")
-    if saving > 0:
-        break_even = burden / (saving * 12)
-        out.numbers["break_even_mtokens_per_month"] = str(_q(break_even, "0.001"))
-        out.changes.append(f"The arbitrage covers the burden above {_q(break_even, '0.1')} M "
-                           f"output tokens a month at today's measured costs.")
-        if case.burden_weeks and burden:
-            weeks_covered = annual / (burden / case.burden_weeks)  # ÷ one week's cost
-            out.changes.append(f"At this volume it covers up to {_q(weeks_covered, '0.1')} "
-                               f"engineer-weeks a year.")
-    else:
-        out.numbers["break_even_mtokens_per_month"] = None
-        out.changes.append(f"The candidate costs {money(_q(-saving, '0.0001'))} {cur} more per "
-                           f"1M output tokens than the primary: no volume makes it pay; a "
-                           f"cheaper candidate rate or a faster benchmark would.")
-    needed = burden / (volume * 12)
-    primary_cost = Decimal(str(compared["primary_cost_per_1m"]))
-    out.changes.append(f"At this volume the candidate must cost at most "
-                       f"{money(_q(primary_cost - needed, '0.0001'))} {cur} per 1M output "
-                       f"tokens (primary {money(compared['primary_cost_per_1m'])} {cur}).")
+    _what_changes_it(out, saving=saving, burden=burden, volume=volume, annual=annual,
+                     weeks=case.burden_weeks,
+                     primary_cost=Decimal(str(compared["primary_cost_per_1m"])))
     if annual >= burden:
         out.verdict = PAYS
         out.headline = f"Pays for itself: {said}; {money(_q(net))} {cur} a year to spare."
