@@ -4,6 +4,7 @@ jobs write. Registered when the app loads (apps.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime, timedelta
 from typing import Any
@@ -205,8 +206,21 @@ def cost_reported(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
                                          f"{honest(age_days, max_age, 0)} days ago (older than "
                                          f"{max_age:g}); re-run its benchmark.",
                            numbers, [ref])
-    return CheckResult(PASS, f"{pool.name}: {pool.cost_per_1m_output_tokens} {pool.currency} per "
-                             f"1M output tokens, measured {age_days:.1f} days ago.", numbers, [ref])
+    # The interruption tax of an interruptible pool is in its cost (fleet/interruption.py).
+    from fleetctl.fleet.interruption import effective_rate
+
+    tax = effective_rate(pool, on=ctx.now)
+    numbers["interruption"] = tax.as_json()
+    if tax.not_measured:
+        return CheckResult(INSUFFICIENT, f"The cost of {pool.name} is {tax.not_measured}.",
+                           numbers, [ref])
+    cost = tax.apply(pool.cost_per_1m_output_tokens)
+    numbers["candidate_cost_per_1m"] = str(cost)
+    if tax.interruptible:  # a changed tax is another cost: approvals bound to it void
+        ref = dataclasses.replace(ref, version=f"{ref.version}×{tax.factor}")
+    taxed = f" ({tax.text})" if tax.text else ""
+    return CheckResult(PASS, f"{pool.name}: {cost} {pool.currency} per 1M output tokens"
+                             f"{taxed}, measured {age_days:.1f} days ago.", numbers, [ref])
 
 
 def _candidate_drain(ctx: RuleContext, route: Any, since: datetime) -> Any:

@@ -14,16 +14,21 @@ class BatchConfig(AppConfig):
     verbose_name = "Batch"
 
     def ready(self) -> None:
+        from fleetctl.batch.drill import drill_measures
         from fleetctl.batch.evidence import register
-        from fleetctl.batch.soak import cost_rejudge
+        from fleetctl.batch.soak import cost_rejudge, cost_rejudge_for_pool
         from fleetctl.batch.soak_rule import register as register_soak_rule
         from fleetctl.batch.stage_moves import pause_jobs_the_stage_no_longer_allows
         from fleetctl.core.panels import Panel, register_panel
+        from fleetctl.fleet.hooks import register_tax_hook
+        from fleetctl.fleet.interruption import register_drill_source
         from migrations_plan.panels import PLAN_PANELS
         from migrations_plan.services import PREDICTION_HOOKS, STAGE_MOVE_HOOKS
 
         register()
         register_soak_rule()
+        register_drill_source(drill_measures)
+        register_tax_hook(cost_rejudge_for_pool)
         register_panel(Panel(PLAN_PANELS, "batch/_plan_panel.html", order=30,
                              when=_plan_in_stage_3_or_later))
         if cost_rejudge not in PREDICTION_HOOKS:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from fleetctl.fleet.costs import cost_per_1m
+from fleetctl.fleet.interruption import effective_rate
 from fleetctl.fleet.models import money
 from fleetctl.fleet.selectors import NoRate, convert, rate_on
 
@@ -64,6 +65,9 @@ class Arbitrage:
     jobs: list[int] = field(default_factory=list)
     left_out: list[int] = field(default_factory=list)  # drill jobs not measured
     soak_id: int | None = None
+    # An interruptible pool's tax, in `hourly_rate` (fleet/interruption.py); "" otherwise.
+    interruption: str = ""
+    interruption_data: dict[str, Any] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -90,6 +94,7 @@ class Arbitrage:
             "hourly_rate": text(self.hourly_rate), "busy_seconds": round(self.busy_seconds, 3),
             "output_tokens": self.output_tokens, "jobs": self.jobs,
             "drill_jobs_left_out": self.left_out,
+            "interruption": self.interruption_data or None,
         }
 
 
@@ -129,11 +134,17 @@ def plan_arbitrage(plan: Plan, soak: Soak | None = None) -> Arbitrage:
                        predicted_at=plan.predicted_cost_at)
     soak = soak or _latest_soak(plan)
     pool = soak.pool if soak is not None else plan.candidate_pool
-    answer.hourly_rate = hourly_rate = Decimal(str(pool.node_hourly_rate))
+    tax = effective_rate(pool)  # the pool's rate with its interruption tax, if any
+    answer.hourly_rate = hourly_rate = tax.effective_rate or tax.hourly_rate
     answer.measured_currency = pool.currency
+    answer.interruption = tax.text
+    answer.interruption_data = tax.as_json() if tax.interruptible else {}
     if soak is not None:
         _measure(answer, soak, hourly_rate)
     missing = _missing_figure(answer, plan, soak, pool.name)
+    if not missing and tax.not_measured:
+        answer.measured = answer.output_tokens_per_s = None
+        missing = f"The measured cost of soak {soak.pk if soak else '-'} is {tax.not_measured}."
     if missing:
         answer.message = missing
         return answer
@@ -232,7 +243,8 @@ def _judge(answer: Arbitrage, soak: Soak, converted: str) -> None:
     limit = (answer.predicted * (1 + Decimal(str(margin)) / 100)).quantize(
         PLACES, rounding=ROUND_HALF_UP)
     answer.limit = limit
-    how = (f"{money(answer.hourly_rate)} {answer.measured_currency}/h ÷ "
+    how = (f"{money(answer.hourly_rate)} {answer.measured_currency}/h"
+           + (f" {answer.interruption}" if answer.interruption else "") + " ÷ "
            f"{answer.output_tokens_per_s:,.1f} output tok/s over "
            f"{answer.busy_seconds:,.0f} s of soak {soak.pk}'s jobs")
     margin_text = f" + {margin:g} %" if margin else ""

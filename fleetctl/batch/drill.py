@@ -209,6 +209,43 @@ def drill_record(job: BatchJob) -> Evidence | None:
         job_event(locked, BatchJobEvent.Kind.DRILL_VERDICT, "system:batch",
                   message=verdict.summary, data={"verdict": verdict.verdict,
                                                  "reasons": verdict.reasons})
+        if verdict.passed:  # a newer drill prices the pool's interruption tax
+            from functools import partial
+
+            from fleetctl.fleet.hooks import tax_hooks_run
+            transaction.on_commit(partial(
+                tax_hooks_run, locked.pool_id,
+                f"a drill of batch job {locked.pk} on {locked.pool.name} passed"))
     log.info("job %s drill %s: %s", job.pk, verdict.verdict, verdict.summary)
     job.refresh_from_db()
     return evidence
+
+
+def drill_measures(pools: list[Any], since: Any, until: Any) -> dict[int, Any]:
+    """Each pool's newest passed drill observed in [since, until] and not expired, as the
+    interruption tax prices a reclaim with it (fleet.interruption.DRILL_SOURCES): re-warm =
+    its resume_s, lost work = its resends × the drill job's mean measured request latency.
+    Two reads however many pools."""
+    from django.db.models import Avg, Q
+
+    from fleetctl.fleet.interruption import DrillMeasure
+
+    rows = (Evidence.objects.filter(kind=DRILL_KIND, verdict=Evidence.Verdict.PASS,
+                                    pool__in=[pool.pk for pool in pools],
+                                    observed_at__gte=since, observed_at__lte=until)
+            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=until))
+            .exclude(data__resume_s=None)
+            .order_by("pool_id", "-observed_at", "-id").distinct("pool_id"))
+    newest = {row.pool_id: row for row in rows}
+    jobs = [row.data.get("job") for row in newest.values()]
+    latency = dict(BatchResult.objects.filter(job_id__in=[j for j in jobs if j])
+                   .exclude(latency_ms=None).order_by().values("job_id")
+                   .annotate(mean=Avg("latency_ms")).values_list("job_id", "mean"))
+    out = {}
+    for pool_id, row in newest.items():
+        mean_ms = latency.get(row.data.get("job"))
+        out[pool_id] = DrillMeasure(
+            evidence_id=row.pk, observed_at=row.observed_at, source=row.source, url=row.url,
+            rewarm_s=float(row.data["resume_s"]), redone=int(row.data.get("resends") or 0),
+            mean_request_s=None if mean_ms is None else mean_ms / 1000)
+    return out

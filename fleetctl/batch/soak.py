@@ -397,6 +397,18 @@ def _finish(soak: Soak, state: str, *, actor: Actor, why: str) -> Soak | None:
     return locked
 
 
+def cost_rejudge_for_pool(pool_id: int, what: str) -> None:
+    """The candidate's interruption tax changed (fleet.hooks.TAX_HOOKS): judge the cost
+    arbitrage of each open plan on it again, as for a changed prediction."""
+    from migrations_plan.models import Plan
+
+    plans = Plan.objects.filter(candidate_pool_id=pool_id, closed_at__isnull=True)
+    for plan in plans.order_by("id"):
+        if plan.soaks.exists():
+            log.info("cost arbitrage of %s judged again: %s", plan.name, what)
+            cost_rejudge(plan)
+
+
 def cost_rejudge(plan: Plan) -> Evidence | None:
     """The plan's predicted cost changed: judge the last finished soak's measured cost against
     the prediction now in force and record it as a new `cost-arbitrage` row (the stage-3

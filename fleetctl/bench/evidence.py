@@ -287,6 +287,10 @@ def cost_vs_primary(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
         numbers["stale"] = stale
         return CheckResult(INSUFFICIENT, _sentence("the cost no longer holds: "
                                                    + "; ".join(stale)), numbers, refs)
+    taxes = _taxes(ctx, numbers, c_cost, p_cost)
+    if isinstance(taxes, CheckResult):
+        return CheckResult(taxes.status, taxes.summary, numbers, refs)
+    c_cost, p_cost, taxed = taxes
     c_cur = cand.data.get("currency") or cand_pool.currency
     p_cur = prim.data.get("currency") or prim_pool.currency
     numbers.update({"candidate_cost_per_1m": c_cost, "candidate_currency": c_cur,
@@ -314,10 +318,31 @@ def cost_vs_primary(ctx: RuleContext, params: dict[str, Any]) -> CheckResult:
     if compared > limit:
         return CheckResult(FAIL, f"{cand_pool.name} costs {c_cost} {c_cur}{converted} per 1M "
                                  f"output tokens, over {prim_pool.name}'s {p_cost} {p_cur} + "
-                                 f"{margin:g} % ({where}).", numbers, refs)
+                                 f"{margin:g} % ({where}{taxed}).", numbers, refs)
     return CheckResult(PASS, f"{cand_pool.name} {c_cost} {c_cur}{converted} vs "
                              f"{prim_pool.name} {p_cost} {p_cur} per 1M output tokens (limit "
-                             f"{numbers['limit']} {p_cur}; {where}).", numbers, refs)
+                             f"{numbers['limit']} {p_cur}; {where}{taxed}).", numbers, refs)
+
+
+def _taxes(ctx: RuleContext, numbers: dict[str, Any], c_cost: Any, p_cost: Any
+           ) -> tuple[str, str, str] | CheckResult:
+    """Both pools' benchmark costs with their interruption tax (fleet/interruption.py: applied
+    when read, at the tax in force now), the bare costs and the taxes in `numbers`, and what to
+    say of it; insufficient when an interruptible pool's tax is not measured."""
+    from fleetctl.fleet.interruption import effective_rates
+
+    taxes = effective_rates([ctx.candidate, ctx.primary], on=ctx.now)
+    cand, prim = taxes[ctx.candidate.name], taxes[ctx.primary.name]
+    if not (cand.interruptible or prim.interruptible):
+        return c_cost, p_cost, ""
+    numbers["interruption"] = {"candidate": cand.as_json(), "primary": prim.as_json()}
+    numbers["bare_cost_per_1m"] = {"candidate": c_cost, "primary": p_cost}
+    missing = [f"{tax.pool}: {tax.not_measured}" for tax in (cand, prim) if tax.not_measured]
+    if missing:
+        return CheckResult(INSUFFICIENT, _sentence("the cost is " + "; ".join(missing)), {})
+    said = "; ".join(f"{tax.pool} {tax.text}" for tax in (cand, prim) if tax.text)
+    return _q(cand.apply(c_cost) or Decimal(0)), _q(prim.apply(p_cost) or Decimal(0)), \
+        f"; {said}"
 
 
 def _shown(value: float, limit: float) -> str:

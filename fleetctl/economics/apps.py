@@ -14,14 +14,15 @@ class EconomicsConfig(AppConfig):
 
     def ready(self) -> None:
         from fleetctl.core.panels import Panel, register_panel
-        from fleetctl.economics.services import evidence_recorded, rates_changed
-        from fleetctl.fleet.hooks import register_rate_hook
+        from fleetctl.economics.services import evidence_recorded, rates_changed, tax_changed
+        from fleetctl.fleet.hooks import register_rate_hook, register_tax_hook
         from migrations_plan.panels import PLAN_PANELS
         from migrations_plan.services import EVIDENCE_HOOKS
 
         register_panel(Panel(PLAN_PANELS, "economics/_plan_panel.html", order=50,
                              context=_plan_case))
         register_rate_hook(rates_changed)
+        register_tax_hook(tax_changed)
         if evidence_recorded not in EVIDENCE_HOOKS:
             EVIDENCE_HOOKS.append(evidence_recorded)
 

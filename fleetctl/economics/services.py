@@ -183,6 +183,14 @@ def rates_changed(what: str) -> None:
     _judge_all(BusinessCase.objects.all(), f"currency rate {what}")
 
 
+def tax_changed(pool_id: int, what: str) -> None:
+    """A pool's interruption tax changed: judge the stored cases of the plans on it again
+    (fleet.hooks.TAX_HOOKS)."""
+    rows = BusinessCase.objects.filter(
+        Q(plan__candidate_pool=pool_id) | Q(plan__primary_pool=pool_id))
+    _judge_all(rows, what)
+
+
 def _judge_all(rows: QuerySet[BusinessCase], cause: str) -> None:
     for row in rows.select_related("plan").order_by("id"):
         try:

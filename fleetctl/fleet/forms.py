@@ -103,6 +103,17 @@ class PoolForm(forms.Form):
         required=False, widget=forms.Textarea(attrs={"rows": 3}),
         help_text="Optional, one key=value per line, e.g. driver=550.54",
     )
+    interruptible = forms.BooleanField(
+        required=False, label="Interruptible (spot, preemptible)",
+        help_text="The provider may reclaim its nodes; every cost of the pool then includes "
+                  "the interruption tax, priced by its own drills.")
+    reclaims_per_month = forms.DecimalField(
+        required=False, max_digits=6, decimal_places=2, label="Reclaims a month",
+        help_text="Interruptible only: expected reclaims a month, above 0, at most 720.")
+    standby_pct = forms.DecimalField(
+        required=False, max_digits=5, decimal_places=2, label="Standby (%)",
+        help_text="Interruptible only: idle capacity kept to absorb a reclaim, 0-100 % of "
+                  "the serving capacity.")
 
     def __init__(self, *args: Any, pool: Pool | None = None, **kwargs: Any) -> None:
         if pool is not None:
@@ -126,6 +137,8 @@ class PoolForm(forms.Form):
             "latency_class": pool.latency_class, "max_context_tokens": pool.max_context_tokens,
             "node_hourly_rate": pool.node_hourly_rate, "currency": pool.currency,
             "labels": "\n".join(f"{k}={v}" for k, v in (pool.labels or {}).items()),
+            "interruptible": pool.interruptible, "reclaims_per_month": pool.reclaims_per_month,
+            "standby_pct": pool.standby_pct,
         }
 
     def clean_base_urls(self) -> list[str]:

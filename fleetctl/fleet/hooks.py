@@ -95,3 +95,26 @@ def _rate_hooks_run(what: str) -> None:
             hook(what)
         except Exception:  # the rate is stored; one hook must not stop others
             log.exception("rate hook %s failed for %s", hook, what)
+
+
+# Called with (pool_id, what) once something that prices the pool's hours otherwise than its
+# rate committed: its reclaim model or standby (an edit), or a newer drill that measures its
+# interruption tax (fleet/interruption.py). Figures apply the tax when read; upper layers
+# that store a judgement of the cost register here (the business case, the soak's cost
+# arbitrage) and judge it again.
+TaxHook = Callable[[int, str], object]
+TAX_HOOKS: list[TaxHook] = []
+
+
+def register_tax_hook(hook: TaxHook) -> TaxHook:
+    if hook not in TAX_HOOKS:
+        TAX_HOOKS.append(hook)
+    return hook
+
+
+def tax_hooks_run(pool_id: int, what: str) -> None:
+    for hook in list(TAX_HOOKS):
+        try:
+            hook(pool_id, what)
+        except Exception:  # the change is stored; one hook must not stop others
+            log.exception("tax hook %s failed for pool %s", hook, pool_id)

@@ -99,6 +99,9 @@ def validate_pool_name(value: str) -> None:
         raise ValidationError(f"{value!r} is reserved; pick another pool name.")
 
 
+RECLAIMS_MAX = 720  # reclaims a month: one an hour is the most a reclaim model may expect
+
+
 class Region(models.Model):
     code = models.CharField(max_length=63, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=100)
@@ -150,6 +153,19 @@ class Pool(models.Model):
     )
     currency = models.CharField(max_length=3, choices=[(c, c) for c in CURRENCIES], default="USD")
     labels = models.JSONField(default=dict, blank=True, validators=[validate_labels])
+    # Interruptible capacity (spot, preemptible): the provider may reclaim a node. Its tax
+    # (fleet/interruption.py) prices each reclaim with the pool's own measured drill and the
+    # standby kept, and goes into every cost figure of the pool. Blank when not interruptible.
+    interruptible = models.BooleanField(
+        default=False, help_text="The provider may reclaim its nodes (spot, preemptible).")
+    reclaims_per_month = models.DecimalField(
+        max_digits=6, decimal_places=2, null=True, blank=True,
+        help_text="Expected reclaims a month (above 0, at most 720: one an hour); "
+                  "interruptible pools only.")
+    standby_pct = models.DecimalField(
+        max_digits=5, decimal_places=2, null=True, blank=True,
+        help_text="Idle capacity kept beside the serving capacity to absorb a reclaim, in % "
+                  "of it (0-100; 25 = one spare node per four); interruptible pools only.")
 
     # Derived from the latest passing benchmark; never typed in (bench services set it).
     cost_per_1m_output_tokens = models.DecimalField(
@@ -190,10 +206,41 @@ class Pool(models.Model):
             models.CheckConstraint(
                 condition=models.Q(node_hourly_rate__gte=0), name="pool_rate_not_negative"
             ),
+            models.CheckConstraint(
+                condition=models.Q(interruptible=False, reclaims_per_month__isnull=True,
+                                   standby_pct__isnull=True)
+                | models.Q(interruptible=True, reclaims_per_month__gt=0,
+                           reclaims_per_month__lte=RECLAIMS_MAX, standby_pct__gte=0,
+                           standby_pct__lte=100),
+                name="pool_reclaim_model_valid"),
         ]
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """An interruptible pool needs its reclaim model; another pool has none (cleared)."""
+        if not self.interruptible:
+            self.reclaims_per_month = self.standby_pct = None
+            return
+        errors = {}
+        if self.reclaims_per_month is None:
+            errors["reclaims_per_month"] = (
+                "An interruptible pool needs its expected reclaims a month (above 0, at most "
+                "720), e.g. 4 for about one a week.")
+        elif not 0 < Decimal(str(self.reclaims_per_month)) <= RECLAIMS_MAX:
+            errors["reclaims_per_month"] = (
+                f"Reclaims a month must be above 0 and at most {RECLAIMS_MAX} (one an hour); "
+                f"got {self.reclaims_per_month}.")
+        if self.standby_pct is None:
+            errors["standby_pct"] = (
+                "An interruptible pool needs the standby it keeps to absorb a reclaim, in % "
+                "of its capacity (0-100; 0 for none).")
+        elif not 0 <= Decimal(str(self.standby_pct)) <= 100:
+            errors["standby_pct"] = (f"Standby must be between 0 and 100 %; got "
+                                     f"{self.standby_pct}.")
+        if errors:
+            raise ValidationError(errors)
 
     @property
     def jurisdiction(self) -> str:

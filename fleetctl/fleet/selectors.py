@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.utils import timezone
 
+from fleetctl.fleet.interruption import InterruptionTax, effective_rate, effective_rates
 from fleetctl.fleet.models import (
     CurrencyRate,
     HealthCheck,
@@ -49,6 +50,22 @@ def pool_configured_models(*, pool_id: int) -> list[str]:
 
 def pool_get(*, name: str) -> Pool | None:
     return pool_list().filter(name=name).first()
+
+
+def pool_interruption(*, pool: Pool) -> InterruptionTax:
+    """The pool's hourly rate and interruption tax, itemised (fleet/interruption.py)."""
+    return effective_rate(pool)
+
+
+def pools_with_interruption(pools: list[Pool]) -> list[Pool]:
+    """Each pool with `tax` (its interruption tax) and `cost_incl_tax` (its benchmark cost
+    with it): one drill read for the interruptible ones, none when no pool is."""
+    taxes = effective_rates(pools)
+    for pool in pools:
+        tax = taxes[pool.name]
+        pool.tax = tax  # type: ignore[attr-defined]
+        pool.cost_incl_tax = tax.apply(pool.cost_per_1m_output_tokens)  # type: ignore[attr-defined]
+    return pools
 
 
 def pool_exists(*, name: str) -> bool:

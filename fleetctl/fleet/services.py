@@ -22,6 +22,7 @@ from fleetctl.fleet.hooks import (
     _health_hooks_run,
     _rate_hooks_run,
     _report_hooks_run,
+    tax_hooks_run,
 )
 from fleetctl.fleet.models import (
     CurrencyRate,
@@ -30,6 +31,7 @@ from fleetctl.fleet.models import (
     Pool,
     PoolModel,
     Region,
+    money,
 )
 
 log = logging.getLogger(__name__)
@@ -131,6 +133,7 @@ def pool_update(*, actor: Actor, pool: Pool, **changes: Any) -> Pool:
         _refuse_context_lowering(locked, None, locked.max_context_tokens,
                                  changes.get("max_context_tokens"))
         before = _registered_pool(locked)
+        tax_before = _tax_model(locked)
         updated = audited_update(
             actor=actor, permission=roles.FLEET_MANAGE, action="pool.update", instance=locked,
             changes=changes, allowed=POOL_FIELDS,
@@ -138,7 +141,19 @@ def pool_update(*, actor: Actor, pool: Pool, **changes: Any) -> Pool:
         if {"name", "region", "base_urls"} & set(changes):
             _gateways_follow()
         _registered_change(updated.pk, before, _registered_pool(updated))
+        if (tax_now := _tax_model(updated)) != tax_before:
+            what = (f"pool {updated.name}'s interruption model changed by {actor.label} "
+                    f"({tax_before} → {tax_now})")
+            transaction.on_commit(partial(tax_hooks_run, updated.pk, what))
         return updated
+
+
+def _tax_model(pool: Pool) -> str:
+    """What the pool's interruption tax is priced with besides its drills, in words."""
+    if not pool.interruptible:
+        return "not interruptible"
+    return (f"{money(pool.reclaims_per_month)} reclaims a month, standby "
+            f"{money(pool.standby_pct)} %")
 
 
 def pool_delete(*, actor: Actor, pool: Pool) -> None:

@@ -61,7 +61,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     page = Paginator(selectors.pools_for_overview(pool_filter.qs), OVERVIEW_PAGE_SIZE).get_page(
         request.GET.get("page")
     )
-    groups = selectors.pools_grouped(page.object_list)
+    groups = selectors.pools_grouped(selectors.pools_with_interruption(list(page.object_list)))
     context: dict[str, Any] = {
         "summary": summary,
         "groups": groups,
@@ -95,6 +95,8 @@ def _render_pool_detail(
     audit_query = urlencode({"object_type": pool._meta.label_lower, "object_id": pool.pk})
     context = {
         "pool": pool,
+        "tax": (tax := selectors.pool_interruption(pool=pool)),
+        "cost_incl_tax": tax.apply(pool.cost_per_1m_output_tokens),
         "served": _with_reported(pool, list(pool.models.all())),
         "model_form": model_form,
         "figure": figure,

@@ -64,6 +64,10 @@ class LiveCost:
     benchmark_source: str = ""
     gap: str = ""  # live against the benchmark, in words
     routes: list[dict[str, Any]] = field(default_factory=list)
+    # An interruptible pool's tax, in the cost (fleet/interruption.py): "incl. interruption
+    # tax +6.2 % (…)"; the rate the cost used (= hourly_rate when not interruptible).
+    interruption: str = ""
+    effective_hourly_rate: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,11 +99,14 @@ def _money(value: Decimal) -> str:
 def _measure(pool: Any, rows: list[dict[str, Any]], since: datetime, until: datetime,
              capacity: Any, route: str | None = None) -> LiveCost:
     from fleetctl.fleet.costs import cost_per_1m
+    from fleetctl.fleet.interruption import effective_rate
     from fleetctl.fleet.models import money
 
-    rate = Decimal(str(pool.node_hourly_rate or 0))
+    tax = effective_rate(pool)  # no query for a pool that is not interruptible
     live = LiveCost(pool=pool.name, since=since, until=until, currency=pool.currency,
-                    hourly_rate=money(rate), route=route)
+                    hourly_rate=money(tax.hourly_rate), route=route, interruption=tax.text)
+    rate = tax.effective_rate if tax.effective_rate is not None else tax.hourly_rate
+    live.effective_hourly_rate = money(rate) if tax.effective_rate is not None else None
     own = [row for row in rows if row["source"] == Window.Source.POOL]
     metered_ms = sum(row["metered_ms"] for row in own)
     tokens = sum(row["output_tokens"] for row in own)
@@ -146,6 +153,9 @@ def _measure(pool: Any, rows: list[dict[str, Any]], since: datetime, until: date
         live.not_measured = ("not measured: the pool's hourly rate is 0 — set its "
                              "node_hourly_rate (Fleet → the pool → Edit) to price it")
         return live
+    if tax.not_measured:
+        live.not_measured = tax.not_measured
+        return live
     live.cost = _money(rate * Decimal(str(seconds)) / Decimal(3600) * Decimal(str(share)))
     if not tokens:
         live.not_measured = (f"not measured: no output tokens served in this period; the "
@@ -153,13 +163,13 @@ def _measure(pool: Any, rows: list[dict[str, Any]], since: datetime, until: date
         return live
     live.output_tokens_per_s = tokens / seconds
     live.cost_per_1m = _money(cost_per_1m(rate, live.output_tokens_per_s))
-    _explain(pool, live, capacity)
+    _explain(pool, live, capacity, tax.apply(pool.cost_per_1m_output_tokens))
     return live
 
 
-def _explain(pool: Any, live: LiveCost, capacity: Any) -> None:
-    """Live against the pool's benchmark cost per 1M, with what makes the gap."""
-    bench = pool.cost_per_1m_output_tokens
+def _explain(pool: Any, live: LiveCost, capacity: Any, bench: Decimal | None) -> None:
+    """Live against the pool's benchmark cost per 1M (with the same interruption tax), with
+    what makes the gap."""
     if bench is None:
         live.gap = "no benchmark cost yet: run a benchmark of the pool to compare"
         return
@@ -296,7 +306,10 @@ def overview_costs(pools: Any) -> dict[str, dict[str, str]]:
         if live.benchmark_cost_per_1m is not None and not live.gap.startswith("not"):
             ratio = Decimal(live.cost_per_1m) / Decimal(live.benchmark_cost_per_1m)
             note = f"{ratio:.2f}× benchmark" + (f" · {running}" if running else "")
+        if live.interruption:
+            note = "incl. interruption tax" + (f" · {note}" if note else "")
         out[name] = {"text": f"{Decimal(live.cost_per_1m):.2f} {live.currency}", "note": note,
                      "title": f"last hour: {live.output_tokens:,} output tokens in "
-                              f"{live.hours or 0:.2f} h ({live.tokens_source}). {live.gap}."}
+                              f"{live.hours or 0:.2f} h ({live.tokens_source}). {live.gap}."
+                              + (f" Cost {live.interruption}." if live.interruption else "")}
     return out

@@ -64,22 +64,27 @@ def _record_prediction(*, actor: Actor, plan: Plan) -> None:
     so, for a lead to set one."""
     if plan.predicted_cost_per_1m is not None:
         return
+    from fleetctl.fleet.interruption import effective_rate
+
     pool = plan.candidate_pool
     cost, stale = pool.cost_per_1m_output_tokens, pool.cost_stale_reason
-    if cost is None or stale:
+    tax = effective_rate(pool)  # the soak's measured cost includes it: so does the prediction
+    if cost is None or stale or tax.not_measured:
         why = (f"its cost is stale: {stale}" if stale else
-               "no benchmark has measured its cost per 1M output tokens")
+               "no benchmark has measured its cost per 1M output tokens" if cost is None
+               else f"cost is {tax.not_measured}")
         audit_record(actor=actor, action="plan.update", target=plan,
                      message=f"no predicted cost recorded on entering stage 3: "
                              f"{pool.name}'s {why}; a platform lead can set one "
                              f"(predicted_cost_per_1m and predicted_cost_currency)")
         return
     before = snapshot(plan, PREDICTION_FIELDS)
-    plan.predicted_cost_per_1m = cost
+    plan.predicted_cost_per_1m = cost = tax.apply(cost)
     plan.predicted_cost_currency = pool.cost_currency or pool.currency
+    taxed = f", incl. interruption tax +{tax.uplift_pct:.1f} %" if tax.interruptible else ""
     plan.predicted_cost_source = (
         f"the candidate's benchmark cost when the plan entered stage 3 "
-        f"({pool.cost_source or pool.name})")[:200]
+        f"({pool.cost_source or pool.name}{taxed})")[:200]
     plan.predicted_cost_at = timezone.now()
     plan.save(update_fields=[*PREDICTION_FIELDS, "predicted_cost_at"])
     audit_record(actor=actor, action="plan.update", target=plan,

@@ -66,13 +66,28 @@ class PoolSerializer(serializers.ModelSerializer):
                   "cost comes from: the cost no longer holds until a benchmark re-measures it.")
     cost_stale_reason = serializers.SerializerMethodField(
         help_text="Why the cost is stale (null when it is not).")
+    reclaims_per_month = serializers.DecimalField(
+        max_digits=6, decimal_places=2, required=False, allow_null=True,
+        help_text="Expected reclaims a month, above 0 and at most 720 (interruptible only).")
+    standby_pct = serializers.DecimalField(
+        max_digits=5, decimal_places=2, required=False, allow_null=True,
+        help_text="Idle capacity kept to absorb a reclaim, 0-100 % (interruptible only).")
+    interruption_tax = serializers.SerializerMethodField(
+        help_text="An interruptible pool's tax, itemised (fleet/interruption.py): reclaim "
+                  "and standby cost per hour, effective rate, uplift %, the drill it was "
+                  "measured by, or not_measured with the reason; null when not interruptible.")
+    cost_per_1m_incl_tax = serializers.SerializerMethodField(
+        help_text="cost_per_1m_output_tokens with the interruption tax (equal to it when the "
+                  "pool is not interruptible; null when the tax is not measured).")
 
     class Meta:
         model = Pool
         fields = [
             "id", "name", "runtime", "runtime_version", "accelerator", "region", "jurisdiction",
             "base_urls", "latency_class", "max_context_tokens", "node_hourly_rate", "currency",
-            "labels", "models", "cost_per_1m_output_tokens", "cost_measured_at",
+            "labels", "interruptible", "reclaims_per_month", "standby_pct",
+            "interruption_tax", "cost_per_1m_incl_tax", "models", "cost_per_1m_output_tokens",
+            "cost_measured_at",
             "cost_hourly_rate", "cost_currency", "cost_source", "cost_stale",
             "cost_stale_reason", "health_state", "health_changed_at", "consecutive_failures",
             "last_probe_at",
@@ -95,6 +110,21 @@ class PoolSerializer(serializers.ModelSerializer):
 
     def get_cost_stale_reason(self, pool: Pool) -> str | None:
         return pool.cost_stale_reason
+
+    def _tax(self, pool: Pool) -> Any:
+        from fleetctl.fleet.interruption import effective_rate
+
+        cache = self._taxes = getattr(self, "_taxes", {})
+        if pool.pk not in cache:
+            cache[pool.pk] = effective_rate(pool)  # no query when not interruptible
+        return cache[pool.pk]
+
+    def get_interruption_tax(self, pool: Pool) -> dict[str, Any] | None:
+        return self._tax(pool).as_json() if pool.interruptible else None
+
+    def get_cost_per_1m_incl_tax(self, pool: Pool) -> str | None:
+        cost = self._tax(pool).apply(pool.cost_per_1m_output_tokens)
+        return None if cost is None else str(cost)
 
 
 class PoolModelSerializer(serializers.ModelSerializer):
