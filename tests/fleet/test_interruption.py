@@ -38,7 +38,7 @@ from migrations_plan import services as plans
 from migrations_plan.evidence import RuleContext
 from migrations_plan.rules import cost_reported
 from tests.batch.test_cost import soaked  # noqa: F401  (a plan with a finished soak)
-from tests.bench.test_cost_rules import BOT, bench
+from tests.bench.test_cost_rules import bench
 from tests.conftest import SYSTEM
 from tests.migrations_plan.conftest import world  # noqa: F401
 
