@@ -401,6 +401,8 @@ def test_the_demo_seeds_the_a100_plan_into_stage_3_with_a_soak_running(settings,
     weights = traffic_selectors.revision_current(route=route).weights
     assert weights == {"h200-us-east": 8000, "a100-eu-central": 2000}
     assert CurrencyRate.objects.get().label == "1.08 USD/EUR"
+    # The soak's pool is interruptible: its drill prices the tax of every cost of it.
+    assert soak_pool_tax() == (True, "8.00", "10.00")
 
     soak = Soak.objects.get()
     assert (soak.plan, soak.pool.name, soak.state, soak.created_by) == (
@@ -416,6 +418,13 @@ def test_the_demo_seeds_the_a100_plan_into_stage_3_with_a_soak_running(settings,
     call_command(*args, stdout=io.StringIO(), stderr=again)
     assert Soak.objects.count() == 1 and BatchFile.objects.count() == 1
     assert route.revisions.count() == 2 and CurrencyRate.objects.count() == 1
+
+
+def soak_pool_tax() -> tuple[bool, str, str]:
+    from fleetctl.fleet.models import Pool
+
+    pool = Pool.objects.get(name="a100-eu-central")
+    return pool.interruptible, str(pool.reclaims_per_month), str(pool.standby_pct)
 
 
 BATCH_WORDS = "llama-8b-batch"

@@ -59,6 +59,15 @@ POOLS: list[tuple[str, str, str, str, str, int, str, str, dict[str, str], int]] 
     ("gaudi3-in-west", "gaudi", "tgi-gaudi-2.3", "Gaudi 3", "in-west", 5, "18.40",
      "standard", {"driver": "1.20"}, 32768),
 ]
+# Interruptible pools and their reclaim model (fleet/interruption.py): the A100s are spot
+# capacity for batch work, expected to be reclaimed about twice a week, with 10 % standby kept
+# to absorb a reclaim. The seed's soak on them opens with a kill-worker drill: once it passes,
+# its re-warm and resent requests price the tax, and every cost of the A100 includes it (its
+# soak's cost arbitrage: ~12.7 USD ≈ 11.8 EUR per 1M bare, ~+10 % with the tax, still within
+# the plan's 15.00 EUR); until then its costs read "not measured: run a drill".
+INTERRUPTIBLE: dict[str, dict[str, str]] = {
+    "a100-eu-central": {"reclaims_per_month": "8", "standby_pct": "10"},
+}
 # More endpoints of a pool (port offsets, as in devstack.DEMO_SIM_POOLS): the H200 primary has
 # two replicas, so a shadow run's secondary answer comes from another replica (noise floor).
 EXTRA_ENDPOINTS: dict[str, tuple[int, ...]] = {"h200-us-east": (6,)}
@@ -219,6 +228,8 @@ class Command(BaseCommand):
                 accelerator=accel, region=Region.objects.get(code=region), base_urls=urls,
                 latency_class=latency, max_context_tokens=context, node_hourly_rate=rate,
                 currency="USD", labels=labels,
+                **({"interruptible": True, **INTERRUPTIBLE[name]} if name in INTERRUPTIBLE
+                   else {}),
             )
             services.pool_model_create(
                 actor=actor, pool=made, model_id=MODEL, revision="0e9e39f",
