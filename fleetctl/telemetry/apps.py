@@ -36,9 +36,10 @@ def _pool_cost(context: Any) -> dict[str, Any]:
 
     pool = context["pool"]
     now = timezone.now()
+    tax = context.get("tax")  # the pool page's interruption tax, read once
     days = live_cost_rollup(pool=pool.name, since=now - timedelta(days=7), until=now,
-                            period="day")
+                            period="day", tax=tax)
     return {"pool_cost": {
         "hour": live_cost(pool=pool.name, since=now - timedelta(hours=1), until=now,
-                          breakdown=False),
+                          breakdown=False, tax=tax),
         "days": list(reversed(days))}}

@@ -97,12 +97,12 @@ def _money(value: Decimal) -> str:
 
 
 def _measure(pool: Any, rows: list[dict[str, Any]], since: datetime, until: datetime,
-             capacity: Any, route: str | None = None) -> LiveCost:
+             capacity: Any, route: str | None = None, tax: Any = None) -> LiveCost:
     from fleetctl.fleet.costs import cost_per_1m
     from fleetctl.fleet.interruption import effective_rate
     from fleetctl.fleet.models import money
 
-    tax = effective_rate(pool)  # no query for a pool that is not interruptible
+    tax = tax or effective_rate(pool)  # no query for a pool that is not interruptible
     live = LiveCost(pool=pool.name, since=since, until=until, currency=pool.currency,
                     hourly_rate=money(tax.hourly_rate), route=route, interruption=tax.text)
     rate = tax.effective_rate if tax.effective_rate is not None else tax.hourly_rate
@@ -198,7 +198,7 @@ def _explain(pool: Any, live: LiveCost, capacity: Any, bench: Decimal | None) ->
 
 
 def live_cost(*, pool: str, since: datetime, until: datetime,
-              route: str | None = None, breakdown: bool = True) -> LiveCost:
+              route: str | None = None, breakdown: bool = True, tax: Any = None) -> LiveCost:
     """Live cost of `pool` in [since, until) (windows overlapping it read whole), or of
     `route`'s share of it, with a per-route breakdown when no route is asked (and
     `breakdown`: the pool page leaves it to the API, as it costs queries per route)."""
@@ -207,18 +207,26 @@ def live_cost(*, pool: str, since: datetime, until: datetime,
     row = Pool.objects.prefetch_related("models").get(name=pool)
     capacity = _capacity(row)
     rows = _rows([pool], since, until)
-    live = _measure(row, rows, since, until, capacity, route=route)
+    tax = tax or _tax(row)  # the page that has it already passes it
+    live = _measure(row, rows, since, until, capacity, route=route, tax=tax)
     if route is None and breakdown:
-        live.routes = _route_shares(row, rows, since, until, capacity)
+        live.routes = _route_shares(row, rows, since, until, capacity, tax)
     return live
 
 
+def _tax(pool: Any) -> Any:
+    """The pool's interruption tax, read once for all its figures (fleet/interruption.py)."""
+    from fleetctl.fleet.interruption import effective_rate
+
+    return effective_rate(pool)
+
+
 def _route_shares(pool: Any, rows: list[dict[str, Any]], since: datetime, until: datetime,
-                  capacity: Any) -> list[dict[str, Any]]:
+                  capacity: Any, tax: Any = None) -> list[dict[str, Any]]:
     routes = sorted({row["route"] for row in rows if row["source"] == Window.Source.GATEWAY})
     out = []
     for route in routes:
-        part = _measure(pool, rows, since, until, capacity, route=route)
+        part = _measure(pool, rows, since, until, capacity, route=route, tax=tax)
         out.append({"route": route, "share": part.route_share,
                     "output_tokens": part.output_tokens, "cost": part.cost,
                     "not_measured": part.not_measured})
@@ -243,7 +251,7 @@ def _buckets(since: datetime, until: datetime, period: str) -> list[tuple[dateti
 
 
 def live_cost_rollup(*, pool: str, since: datetime, until: datetime, period: str,
-                     route: str | None = None) -> list[LiveCost]:
+                     route: str | None = None, tax: Any = None) -> list[LiveCost]:
     """Live cost per UTC day or calendar month in [since, until) (windows are kept 30 days:
     a month's rollup covers what is left of it). A window belongs to the bucket it starts in."""
     from fleetctl.fleet.models import Pool
@@ -253,10 +261,11 @@ def live_cost_rollup(*, pool: str, since: datetime, until: datetime, period: str
     row = Pool.objects.prefetch_related("models").get(name=pool)
     capacity = _capacity(row)
     rows = _rows([pool], since, until)
+    tax = tax or _tax(row)  # the page that has it already passes it
     out = []
     for start, end in _buckets(since, until, period):
         mine = [r for r in rows if start <= max(r["start"], since) < end]
-        out.append(_measure(row, mine, start, end, capacity, route=route))
+        out.append(_measure(row, mine, start, end, capacity, route=route, tax=tax))
     return out
 
 
@@ -270,6 +279,7 @@ def live_costs(pools: list[Any], *, window_s: int,
     the fleet overview goes without, and shows mean running requests instead)."""
     from django.utils import timezone
 
+    from fleetctl.fleet.interruption import effective_rates
     from fleetctl.traffic.capacity import PoolCapacity
 
     if not pools:
@@ -280,13 +290,14 @@ def live_costs(pools: list[Any], *, window_s: int,
     by_pool: dict[str, list[dict[str, Any]]] = {pool.name: [] for pool in pools}
     for row in rows:
         by_pool[row["pool"]].append(row)
+    taxes = effective_rates(pools)  # one drill read for every interruptible pool
     out = {}
     for pool in pools:
         mine = by_pool[pool.name]
         scraped = any(row["source"] == Window.Source.POOL for row in mine)
         capacity = (_capacity(pool) if scraped and capacities else PoolCapacity(
             pool=pool.name, why_none="not looked up on the overview: see the pool's page"))
-        out[pool.name] = _measure(pool, mine, since, until, capacity)
+        out[pool.name] = _measure(pool, mine, since, until, capacity, tax=taxes[pool.name])
     return out
 
 

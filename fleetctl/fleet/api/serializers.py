@@ -49,6 +49,18 @@ class PoolReportedSerializer(serializers.Serializer):
         help_text="Model → max_model_len as /v1/models lists it.")
 
 
+class PoolListSerializer(serializers.ListSerializer):
+    """A page of pools: the interruption taxes of all of them in one drill read."""
+
+    def to_representation(self, data: Any) -> Any:
+        from fleetctl.fleet.interruption import effective_rates
+
+        pools = list(data.all() if hasattr(data, "all") else data)
+        taxes = effective_rates(pools)
+        self.child._taxes = {pool.pk: taxes[pool.name] for pool in pools}  # type: ignore[union-attr]
+        return super().to_representation(pools)
+
+
 class PoolSerializer(serializers.ModelSerializer):
     region = serializers.SlugRelatedField(slug_field="code", queryset=Region.objects.all())
     reported = PoolReportedSerializer(
@@ -104,6 +116,7 @@ class PoolSerializer(serializers.ModelSerializer):
         # Uniqueness is checked by the service (full_clean) so the message is the same
         # everywhere; DRF's own check would be a second, differently worded one.
         extra_kwargs: dict[str, Any] = {"name": {"validators": []}}
+        list_serializer_class = PoolListSerializer
 
     def get_cost_stale(self, pool: Pool) -> bool:
         return pool.cost_stale_reason is not None
