@@ -209,6 +209,10 @@ def idempotent(view: Callable[..., Response]) -> Callable[..., Response]:
         except BaseException:
             IdempotentRequest.objects.filter(pk=claim.pk).delete()
             raise
+        if transaction.get_connection().in_atomic_block and transaction.get_rollback():
+            # The answer rolled the request's transaction back (a value the database refused,
+            # e.g. a NUL character): the claim goes with it, and nothing can be stored.
+            return response
         if response.status_code >= 500:
             IdempotentRequest.objects.filter(pk=claim.pk).delete()
             return response

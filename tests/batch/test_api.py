@@ -116,6 +116,29 @@ def test_create_with_an_idempotency_key_runs_once(writer, sim_pool, tmp_path, sy
     assert IdempotentRequest.objects.count() == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_nul_byte_looked_up_is_a_400_kept_for_its_idempotency_key(writer, sim_pool):
+    # PostgreSQL stores no U+0000 and refuses it in a lookup: a 400 naming it, kept and
+    # replayed like any refusal (storing it inside a rolled-back transaction was a 500, found
+    # by tests/api/test_schemathesis.py).
+    payload = {"input_file": 1, "pool": "no\x00such"}
+    first = writer.post(JOBS, payload, format="json", HTTP_IDEMPOTENCY_KEY="nul-1")
+    again = writer.post(JOBS, payload, format="json", HTTP_IDEMPOTENCY_KEY="nul-1")
+    assert first.status_code == again.status_code == 400, first.content
+    assert "NUL" in first.json()["error"]["message"]
+    assert again["Idempotent-Replayed"] == "true"
+    assert BatchJob.objects.count() == 0
+
+
+def test_a_nul_byte_inside_an_enclosing_transaction_is_a_400_not_stored(writer, sim_pool):
+    # Here the request runs inside the test's transaction, as under ATOMIC_REQUESTS: the
+    # refusal rolls it back, so the key's claim goes with it and nothing is stored.
+    answer = writer.post(JOBS, {"input_file": 1, "pool": "no\x00such"}, format="json",
+                         HTTP_IDEMPOTENCY_KEY="nul-2")
+    assert answer.status_code == 400, answer.content
+    assert "NUL" in answer.json()["error"]["message"]
+
+
 # --- one step: multipart file + fields ------------------------------------------------------------
 
 def test_upload_and_create_in_one_step(writer, sim_pool, batch_files_dir, tmp_path):
