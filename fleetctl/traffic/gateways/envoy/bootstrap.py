@@ -12,6 +12,8 @@ from fleetctl.traffic.gateways.envoy.names import (
     CLUSTERS_FILE,
     FILE_LOG_TYPE,
     HCM_TYPE,
+    HTTP_OPTIONS_NAME,
+    HTTP_OPTIONS_TYPE,
     LUA_FILTER,
     LUA_TYPE,
     MAX_CX_TYPE,
@@ -58,11 +60,75 @@ def render_bootstrap(*, config_dir: Path, listen_port: int, admin_port: int,
                      "config_source": _file_source(config_dir, ROUTES_FILE)}},
             access_log_path,
         )]},
-        "overload_manager": {"resource_monitors": [{
-            "name": "envoy.resource_monitors.global_downstream_max_connections",
-            "typed_config": {"@type": MAX_CX_TYPE, "max_active_downstream_connections": 50_000},
-        }]},
+        "overload_manager": _overload_manager(),
     }
+
+
+# The static cluster an xDS bootstrap reaches fleetctl's ADS server through (`_`: never a
+# pool's name).
+XDS_CLUSTER = "xds_cluster"
+ADS_SOURCE = {"ads": {}, "resource_api_version": "V3"}
+
+
+def render_xds_bootstrap(*, xds_host: str, xds_port: int, gateway: str, node_id: str,
+                         listen_port: int, admin_port: int, listen_address: str = "127.0.0.1",
+                         access_log_path: Path | None = None) -> dict[str, Any]:
+    """The bootstrap of an Envoy fed by fleetctl's xDS server (fleetctl/xds/): the same
+    listener, Lua filter and access log as render_bootstrap, but clusters, routes and the
+    weights layer come over one ADS stream. `gateway` is the node cluster (the fleetctl
+    gateway whose resources it gets), `node_id` this Envoy's own name within it."""
+    return {
+        "node": {"id": node_id, "cluster": gateway},
+        "admin": {"address": socket_address(listen="127.0.0.1", port=admin_port)},
+        # Weights arrive as an RTDS layer over ADS; the admin layer above it stays for an
+        # operator's manual override, as in file mode (fleetctl does not write it here).
+        "layered_runtime": {"layers": [
+            {"name": RUNTIME_LAYER, "rtds_layer": {"name": RUNTIME_LAYER,
+                                                   "rtds_config": ADS_SOURCE}},
+            {"name": "admin", "admin_layer": {}},
+        ]},
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "GRPC", "transport_api_version": "V3",
+                "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
+                # One request per type at a time, answered in order: Envoy's default.
+                "set_node_on_first_message_only": True,
+            },
+            "cds_config": ADS_SOURCE,
+        },
+        "static_resources": {
+            "listeners": [listener(
+                listen_address, listen_port,
+                {"rds": {"route_config_name": ROUTE_CONFIG_NAME, "config_source": ADS_SOURCE}},
+                access_log_path,
+            )],
+            "clusters": [{
+                "name": XDS_CLUSTER,
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "load_assignment": {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints": [
+                    {"endpoint": {"address": socket_address(listen=xds_host, port=xds_port)}},
+                ]}]},
+                "typed_extension_protocol_options": {HTTP_OPTIONS_NAME: {
+                    "@type": HTTP_OPTIONS_TYPE,
+                    "explicit_http_config": {"http2_protocol_options": {
+                        # Envoy pings the stream: a control plane that vanished without a
+                        # FIN is noticed and Envoy reconnects.
+                        "connection_keepalive": {"interval": "15s", "timeout": "5s"},
+                    }},
+                }},
+            }],
+        },
+        "overload_manager": _overload_manager(),
+    }
+
+
+def _overload_manager() -> dict[str, Any]:
+    return {"resource_monitors": [{
+        "name": "envoy.resource_monitors.global_downstream_max_connections",
+        "typed_config": {"@type": MAX_CX_TYPE, "max_active_downstream_connections": 50_000},
+    }]}
+
 
 def listener(address: str, port: int, routes: dict[str, Any],
              access_log_path: Path | None) -> dict[str, Any]:

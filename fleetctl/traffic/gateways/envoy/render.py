@@ -31,7 +31,13 @@ from functools import cached_property
 from typing import Any
 
 from fleetctl.traffic.gateways.base import DesiredState
-from fleetctl.traffic.gateways.envoy.bootstrap import listener, render_bootstrap, socket_address
+from fleetctl.traffic.gateways.envoy.bootstrap import (
+    XDS_CLUSTER,
+    listener,
+    render_bootstrap,
+    render_xds_bootstrap,
+    socket_address,
+)
 from fleetctl.traffic.gateways.envoy.clusters import (
     clusters_version,
     render_cluster,
@@ -93,6 +99,7 @@ __all__ = [
     "RUNTIME_UNWATCHED",
     "STAT_PREFIX",
     "UNCONFIGURED_ROUTES_VERSION",
+    "XDS_CLUSTER",
     "ConfigError",
     "RenderedConfig",
     "clusters_file",
@@ -109,6 +116,7 @@ __all__ = [
     "render_route_config",
     "render_unconfigured_route_config",
     "render_validation_bootstrap",
+    "render_xds_bootstrap",
     "retry_policy",
     "routes_file",
     "routing_lua",

@@ -1,0 +1,195 @@
+"""Envoy over xDS: an apply sets the gateway's snapshot in the xDS store and waits for the
+ACKs of every Envoy connected as that gateway (node.cluster).
+
+The resources are the Envoy kind's rendering (envoy/render.py, as files.py writes it),
+converted to protos (fleetctl/xds/resources.py). An apply that adds pools serves the old and
+the new clusters together until every Envoy ACKed the new routes, then the exact clusters
+(as the file mode swaps its files). A NACK fails the push with Envoy's message, and the
+previous snapshot is served again, so an Envoy that connects next gets the config the others
+kept. Read-back is what the Envoys ACKed: the weights of the newest snapshot every connected
+Envoy holds. In-flight requests and counters still come from the admin API at
+admin_address (one Envoy's; summing over a gateway's Envoys is a later slice).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from fleetctl.traffic.gateways.base import (
+    Adapter,
+    AdapterError,
+    ApplyResult,
+    DesiredState,
+    GatewaySpec,
+    PoolCounters,
+    PoolTarget,
+)
+from fleetctl.traffic.gateways.envoy import render as config
+from fleetctl.traffic.gateways.envoy.adapter import (
+    EnvoyAdmin,
+    in_flight,
+    pool_counters,
+    render_once,
+)
+from fleetctl.traffic.gateways.envoy_xds.options import EnvoyXdsOptions
+from fleetctl.xds.protos import SERVED_TYPES, SHORT
+from fleetctl.xds.resources import rendered_resources
+from fleetctl.xds.store import AckResult, Snapshot, SnapshotStore, default_store
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a snapshot means, kept beside it: read back once the Envoys ACK it."""
+
+    clusters: dict[str, dict[str, Any]]  # the rendered clusters it serves (JSON)
+    weights: dict[str, dict[str, int]]
+    mirror: dict[str, int]
+    clusters_version: str
+    routes_version: str
+
+
+_locks: dict[str, threading.Lock] = {}
+_locks_lock = threading.Lock()
+
+
+def _gateway_lock(name: str) -> threading.Lock:
+    with _locks_lock:
+        return _locks.setdefault(name, threading.Lock())
+
+
+class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
+    kind: ClassVar[str] = "envoy-xds"
+    supports_context_tiers: ClassVar[bool] = True
+    supports_prefix_affinity: ClassVar[bool] = True
+
+    @classmethod
+    def check_pool(cls, pool: PoolTarget) -> str | None:
+        return config.pool_problem(pool)
+
+    def __init__(self, gateway: GatewaySpec, store: SnapshotStore | None = None) -> None:
+        super().__init__(gateway)
+        self.store: SnapshotStore = store if store is not None else default_store()
+        self.admin = EnvoyAdmin(gateway.admin_address, gateway=gateway.name,
+                                timeout_s=self.options.admin_timeout_s)
+        self._held: Held | None = None
+
+    # --- apply -------------------------------------------------------------------------------
+
+    def apply_checked(self, desired: DesiredState) -> ApplyResult:
+        started = time.monotonic()
+        try:
+            rendered = render_once(desired)
+        except config.ConfigError as exc:
+            raise AdapterError(f"gateway {self.gateway.name}: {exc}", permanent=True) from exc
+        name = self.gateway.name
+        with _gateway_lock(name):
+            if not any(e.connected for e in self.store.envoys(name)):
+                # Set anyway: an Envoy that connects gets it at once.
+                self._set(rendered, desired, rendered.clusters)
+                raise AdapterError(f"gateway {name}: no Envoy is connected to fleetctl's xDS "
+                                   "server as this gateway (node.cluster); the configuration "
+                                   "is served to the first that connects")
+            current = self.store.snapshot(name)
+            old = current.meta.clusters if isinstance(current.meta, Held) else {}
+            # Old clusters stay until every Envoy has the routes that no longer use them.
+            staged = {**{n: c for n, c in old.items() if n not in rendered.clusters},
+                      **rendered.clusters}
+            snapshot = self._set(rendered, desired, staged, previous=current)
+            result = self._verify(snapshot, current)
+            steps = 1
+            if staged != rendered.clusters:
+                pruned = self._set(rendered, desired, rendered.clusters, previous=snapshot)
+                result = self._verify(pruned, snapshot)
+                steps += 1
+        changed = [SHORT[t] for t in SERVED_TYPES
+                   if current.types[t].version != snapshot.types[t].version]
+        elapsed_ms = (time.monotonic() - started) * 1000
+        return ApplyResult(
+            applied=True, method="xds",
+            detail=(f"snapshot {result.number} ({', '.join(changed) or 'unchanged'}) ACKed by "
+                    f"{len(result.envoys)} Envoy(s)"
+                    f"{' in 2 steps (clusters pruned)' if steps == 2 else ''}; "
+                    f"{elapsed_ms:.0f} ms"))
+
+    def _set(self, rendered: config.RenderedConfig, desired: DesiredState,
+             clusters: dict[str, dict[str, Any]], *,
+             previous: Snapshot | None = None) -> Snapshot:
+        held = Held(clusters=clusters, weights=desired.held_weights(),
+                    mirror=desired.held_mirror(),
+                    clusters_version=config.clusters_version(clusters),
+                    routes_version=rendered.routes_version)
+        try:
+            types = rendered_resources(rendered, clusters=clusters,
+                                       previous=previous.types if previous else None)
+        except ValueError as exc:  # a rendering no proto holds: a bug, never a retry
+            raise AdapterError(f"gateway {self.gateway.name}: {exc}", permanent=True) from exc
+        return self.store.set_snapshot(self.gateway.name, types, held)
+
+    def _verify(self, snapshot: Snapshot, previous: Snapshot) -> AckResult:
+        result = self.store.wait_acked(self.gateway.name, snapshot.number,
+                                       timeout_s=self.options.ack_timeout_s)
+        if result.ok:
+            return result
+        name = self.gateway.name
+        if result.nacked:
+            # Envoy keeps its last good config; serve that again, so the next Envoy to
+            # connect gets what the others hold.
+            self.store.set_snapshot(name, previous.types, previous.meta)
+            refusals = "; ".join(f"{e.node_id}: {e.error}" for e in result.nacked)
+            raise AdapterError(f"gateway {name}: Envoy refused snapshot {snapshot.number} "
+                               f"({refusals}); the previous configuration is served again",
+                               permanent=True)
+        pending = [e.node_id for e in result.envoys if e.state == "pending"]
+        if not result.envoys:
+            raise AdapterError(f"gateway {name}: every Envoy disconnected before ACKing "
+                               f"snapshot {snapshot.number}")
+        raise AdapterError(f"gateway {name}: Envoy(s) {', '.join(pending)} did not ACK "
+                           f"snapshot {snapshot.number} within "
+                           f"{self.options.ack_timeout_s:g} s")
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def read_back(self) -> dict[str, dict[str, int]]:
+        """The weights of the newest snapshot every connected Envoy ACKed."""
+        held = self.store.held_meta(self.gateway.name)
+        if held is None or not isinstance(held[1], Held):
+            self._held = None
+            envoys = [e for e in self.store.envoys(self.gateway.name) if e.connected]
+            raise AdapterError(
+                f"gateway {self.gateway.name}: " + (
+                    "no Envoy is connected to fleetctl's xDS server as this gateway"
+                    if not envoys else "its Envoys have not all ACKed one snapshot of "
+                    "fleetctl's: " + ", ".join(str(e.summary()) for e in envoys)))
+        self._held = held[1]
+        return dict(self._held.weights)
+
+    def read_back_mirror(self) -> dict[str, int] | None:
+        if self._held is None:
+            self.read_back()
+        assert self._held is not None
+        held, self._held = self._held, None
+        return dict(held.mirror)
+
+    def matches(self, desired: DesiredState, held: dict[str, dict[str, int]]) -> bool:
+        """Weights equal, and the ACKed snapshot serves the wanted clusters and routes."""
+        fit = self.renderable(desired).desired
+        if held != fit.held_weights():
+            return False
+        acked = self.store.held_meta(self.gateway.name)
+        if acked is None or not isinstance(acked[1], Held):
+            return False
+        try:
+            rendered = render_once(fit)
+        except config.ConfigError:
+            return False  # not renderable: never held (and apply says why)
+        return (acked[1].clusters_version == rendered.clusters_version
+                and acked[1].routes_version == rendered.routes_version)
+
+    def in_flight(self, pool: str) -> int:
+        return in_flight(self.admin, pool)
+
+    def pool_counters(self) -> dict[str, PoolCounters]:
+        return pool_counters(self.admin)

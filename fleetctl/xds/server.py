@@ -1,0 +1,228 @@
+"""The ADS server: one gRPC bidirectional stream per Envoy, state of the world.
+
+Each Envoy opens StreamAggregatedResources and asks for CDS, RDS and RTDS on it. The first
+request's `node.cluster` names the gateway the stream serves, for its whole life: the
+stream reads that gateway's snapshots and no other, whatever a request asks for. A type is
+sent when the Envoy first asks for it, when the resource names it asks for change, and when
+a new snapshot changes the type's version; every response carries a fresh nonce, and the
+Envoy's next request for the type answers it: an ACK (no error_detail) or a NACK (Envoy
+keeps its previous config and says why). Types go out in SERVED_TYPES order, clusters first.
+
+State of the world, not delta: fleetctl's resources are few per gateway (a cluster per pool
+and tier, one route configuration, one runtime layer), a weights change touches only the
+runtime layer, which is one small resource either way, and SotW needs no per-resource
+bookkeeping on either side. docs/xds.md has the figures.
+
+The server runs on grpc.aio in an event loop of its own: in a thread of this process
+(`XdsServer(...).start()`, what tests and the adapter in the same process use) or as the
+process itself (`manage.py xds_serve`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from fleetctl.xds.protos import (
+    SERVED_TYPES,
+    AdsServicer,
+    DiscoveryResponse,
+    add_ads_servicer,
+)
+from fleetctl.xds.store import SnapshotStore, default_store
+
+log = logging.getLogger(__name__)
+
+_CHANGED = object()  # a new snapshot of the stream's gateway
+_ENDED = object()  # the Envoy closed its side
+
+
+class AdsService(AdsServicer):  # type: ignore[misc]
+    def __init__(self, store: SnapshotStore) -> None:
+        self.store = store
+        self._nonces = itertools.count(1)
+
+    async def StreamAggregatedResources(
+            self, request_iterator: AsyncIterator[Any],
+            context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    inbox.put_nowait(request)
+            except (grpc.aio.AioRpcError, asyncio.CancelledError):
+                pass
+            finally:
+                inbox.put_nowait(_ENDED)
+
+        reader = asyncio.create_task(read())
+        first = await inbox.get()
+        if first is _ENDED:
+            return
+        gateway, node_id = first.node.cluster, first.node.id
+        if not gateway or not node_id:
+            reader.cancel()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "the first request must carry node.id (this Envoy) and "
+                                "node.cluster (its fleetctl gateway)")
+        stream = Stream(self, gateway, node_id)
+        unsubscribe = self.store.subscribe(
+            gateway, lambda: loop.call_soon_threadsafe(inbox.put_nowait, _CHANGED))
+        stream.number = self.store.stream_opened(gateway, node_id)
+        log.info("xds: Envoy %s of gateway %s connected", node_id, gateway)
+        try:
+            item = first
+            while item is not _ENDED:
+                responses = stream.changed() if item is _CHANGED else stream.request(item)
+                for response in responses:
+                    yield response
+                item = await inbox.get()
+        finally:
+            unsubscribe()
+            reader.cancel()
+            self.store.stream_closed(gateway, node_id, stream.number)
+            log.info("xds: Envoy %s of gateway %s disconnected", node_id, gateway)
+
+    def nonce(self) -> str:
+        return str(next(self._nonces))
+
+
+class Stream:
+    """One Envoy's ADS stream: what it asked for and what it was sent, per type."""
+
+    def __init__(self, service: AdsService, gateway: str, node_id: str) -> None:
+        self.service = service
+        self.store = service.store
+        self.gateway = gateway
+        self.node_id = node_id
+        self.number = 0
+        self.names: dict[str, tuple[str, ...]] = {}  # type -> resource names asked for
+        self.sent: dict[str, tuple[str, tuple[str, ...], str]] = {}  # version, names, nonce
+
+    def request(self, request: Any) -> list[Any]:
+        type_url = request.type_url
+        if type_url not in SERVED_TYPES:
+            return []  # fleetctl serves no such type; Envoy's own timeout says so
+        if request.response_nonce:
+            last = self.sent.get(type_url)
+            if last is None or request.response_nonce != last[2]:
+                # An answer to an older response: a newer one is on its way to Envoy.
+                self.store.answered(self.gateway, self.node_id, type_url,
+                                    request.response_nonce, _error(request))
+                return []
+            self.store.answered(self.gateway, self.node_id, type_url, request.response_nonce,
+                                _error(request))
+        self.names[type_url] = tuple(request.resource_names)
+        response = self._response(type_url)
+        return [response] if response is not None else []
+
+    def changed(self) -> list[Any]:
+        return [response for type_url in SERVED_TYPES if type_url in self.names
+                for response in [self._response(type_url)] if response is not None]
+
+    def _response(self, type_url: str) -> Any | None:
+        snapshot = self.store.snapshot(self.gateway)
+        served = snapshot.types[type_url]
+        names = self.names[type_url]
+        last = self.sent.get(type_url)
+        if last is not None and last[0] == served.version and last[1] == names:
+            return None  # Envoy has it (or refused it: resending the same would not help)
+        nonce = self.service.nonce()
+        self.sent[type_url] = (served.version, names, nonce)
+        self.store.sent(self.gateway, self.node_id, type_url, nonce, served.version,
+                        snapshot.number)
+        return DiscoveryResponse(version_info=served.version, type_url=type_url, nonce=nonce,
+                                 resources=served.named(names))
+
+
+def _error(request: Any) -> str | None:
+    if not request.HasField("error_detail"):
+        return None
+    return request.error_detail.message or f"code {request.error_detail.code}"
+
+
+class XdsServer:
+    """The ADS server on its own event loop thread: `XdsServer(port=0).start()` ... `.stop()`;
+    `port` is the bound port once started."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0,
+                 store: SnapshotStore | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.store = store if store is not None else default_store()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: grpc.aio.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped: asyncio.Event | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> XdsServer:
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                asyncio.run(self._serve(started))
+            except BaseException as exc:  # reported to start()
+                failure.append(exc)
+                started.set()
+
+        self._thread = threading.Thread(target=run, name="xds-server", daemon=True)
+        self._thread.start()
+        if not started.wait(timeout_s):
+            raise RuntimeError(f"the xDS server did not start within {timeout_s:g} s")
+        if failure:
+            raise RuntimeError(f"the xDS server could not start on {self.address}: "
+                               f"{failure[0]}") from failure[0]
+        return self
+
+    async def _serve(self, started: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        self._server = await start_server(self.store, self.host, self.port)
+        self.port = self._server.bound_port  # type: ignore[attr-defined]
+        started.set()
+        await self._stopped.wait()
+        await self._server.stop(grace=0.5)
+
+    def stop(self) -> None:
+        if self._loop is None or self._stopped is None:
+            return
+        self._loop.call_soon_threadsafe(self._stopped.set)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> XdsServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+async def start_server(store: SnapshotStore, host: str, port: int) -> grpc.aio.Server:
+    """An aio gRPC server with the ADS service on host:port (0: any free port), started.
+    Its bound port is `server.bound_port`."""
+    server = grpc.aio.server(options=[
+        # Envoy keeps its stream open for as long as it runs; keepalive pings find dead ones.
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ])
+    add_ads_servicer(AdsService(store), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    server.bound_port = bound  # type: ignore[attr-defined]
+    await server.start()
+    return server
