@@ -74,8 +74,10 @@ class AdsService(AdsServicer):  # type: ignore[misc]
                                 "the first request must carry node.id (this Envoy) and "
                                 "node.cluster (its fleetctl gateway)")
         stream = Stream(self, gateway, node_id)
-        unsubscribe = self.store.subscribe(
-            gateway, lambda: loop.call_soon_threadsafe(inbox.put_nowait, _CHANGED))
+        def wake() -> None:  # from whichever thread set the snapshot
+            loop.call_soon_threadsafe(inbox.put_nowait, _CHANGED)
+
+        unsubscribe = self.store.subscribe(gateway, wake)
         stream.number = self.store.stream_opened(gateway, node_id)
         log.info("xds: Envoy %s of gateway %s connected", node_id, gateway)
         try:
@@ -190,8 +192,7 @@ class XdsServer:
     async def _serve(self, started: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
-        self._server = await start_server(self.store, self.host, self.port)
-        self.port = self._server.bound_port  # type: ignore[attr-defined]
+        self._server, self.port = await start_server(self.store, self.host, self.port)
         started.set()
         await self._stopped.wait()
         await self._server.stop(grace=0.5)
@@ -210,9 +211,10 @@ class XdsServer:
         self.stop()
 
 
-async def start_server(store: SnapshotStore, host: str, port: int) -> grpc.aio.Server:
-    """An aio gRPC server with the ADS service on host:port (0: any free port), started.
-    Its bound port is `server.bound_port`."""
+async def start_server(store: SnapshotStore, host: str,
+                       port: int) -> tuple[grpc.aio.Server, int]:
+    """An aio gRPC server with the ADS service on host:port (0: any free port), started,
+    and the port it is bound to."""
     server = grpc.aio.server(options=[
         # Envoy keeps its stream open for as long as it runs; keepalive pings find dead ones.
         ("grpc.keepalive_time_ms", 30_000),
@@ -223,6 +225,5 @@ async def start_server(store: SnapshotStore, host: str, port: int) -> grpc.aio.S
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
-    server.bound_port = bound  # type: ignore[attr-defined]
     await server.start()
-    return server
+    return server, bound

@@ -135,6 +135,8 @@ class SnapshotStore(Protocol):
 
     def held_meta(self, gateway: str) -> tuple[int, Any] | None: ...
 
+    def forget(self, gateway: str) -> None: ...
+
 
 class MemoryStore:
     """A SnapshotStore in this process's memory, safe across threads (the gRPC server's
@@ -290,6 +292,19 @@ class MemoryStore:
                 if all(e.holds(snapshot, t) for e in live for t in SERVED_TYPES):
                     return snapshot.number, snapshot.meta
             return None
+
+    def forget(self, gateway: str) -> None:
+        """Drop the gateway's snapshots (its Envoys are served the unconfigured resources
+        again) and the Envoys no longer connected; numbering goes on."""
+        with self._changed:
+            self._snapshots.pop(gateway, None)
+            envoys = self._envoys.get(gateway, {})
+            for node_id in [n for n, e in envoys.items() if not e.connected]:
+                del envoys[node_id]
+            wakes = list(self._subscribers.get(gateway, ()))
+            self._changed.notify_all()
+        for wake in wakes:
+            wake()
 
     def _find(self, gateway: str, number: int) -> Snapshot | None:
         for snapshot in self._snapshots.get(gateway, []):

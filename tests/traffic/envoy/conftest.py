@@ -60,30 +60,35 @@ class Gateway:
         return {n: PoolTarget(n, (self.sims.url(n),), JURISDICTION[n]) for n in names}
 
     def served_by(self, *expected: str, timeout_s: float = 30.0) -> dict[str, str]:
-        """Response id and request id -> the pool whose ground truth records it. A pool
-        records a request just after answering it, so wait for the `expected` ids (as long
-        as a loaded machine may need: waiting costs nothing once they are there)."""
-        served: dict[str, str] = {}
+        return served_by(self.sims, *expected, timeout_s=timeout_s)
 
-        def recorded() -> bool:
-            served.clear()
-            served.update(self._ground_truth())
-            return all(i in served for i in expected)
 
-        wait_until(recorded, timeout_s=timeout_s, every_s=0.02,
-                   what=f"the pools to record {', '.join(expected)}",
-                   explain=lambda: f"missing: {[i for i in expected if i not in served]}")
-        return served
+def served_by(sims: SimProcess, *expected: str, timeout_s: float = 30.0) -> dict[str, str]:
+    """Response id and request id -> the pool whose ground truth records it. A pool
+    records a request just after answering it, so wait for the `expected` ids (as long
+    as a loaded machine may need: waiting costs nothing once they are there)."""
+    served: dict[str, str] = {}
 
-    def _ground_truth(self) -> dict[str, str]:
-        served: dict[str, str] = {}
-        for pool in POOLS:
-            answer = httpx.get(f"{self.sims.url(pool)}/admin/ground-truth",
-                               params={"kind": "requests", "limit": "100000"}, timeout=5)
-            for record in answer.json()["requests"]:
-                served[record["response_id"]] = pool
-                served[record["request_id"]] = pool
-        return served
+    def recorded() -> bool:
+        served.clear()
+        served.update(_ground_truth(sims))
+        return all(i in served for i in expected)
+
+    wait_until(recorded, timeout_s=timeout_s, every_s=0.02,
+               what=f"the pools to record {', '.join(expected)}",
+               explain=lambda: f"missing: {[i for i in expected if i not in served]}")
+    return served
+
+
+def _ground_truth(sims: SimProcess) -> dict[str, str]:
+    served: dict[str, str] = {}
+    for pool in POOLS:
+        answer = httpx.get(f"{sims.url(pool)}/admin/ground-truth",
+                           params={"kind": "requests", "limit": "100000"}, timeout=5)
+        for record in answer.json()["requests"]:
+            served[record["response_id"]] = pool
+            served[record["request_id"]] = pool
+    return served
 
 
 @pytest.fixture(scope="module")

@@ -101,8 +101,9 @@ class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
             result = self._verify(snapshot, current)
             steps = 1
             if staged != rendered.clusters:
-                pruned = self._set(rendered, desired, rendered.clusters, previous=snapshot)
-                result = self._verify(pruned, snapshot)
+                result = self._verify(
+                    self._set(rendered, desired, rendered.clusters, previous=snapshot),
+                    snapshot)
                 steps += 1
         changed = [SHORT[t] for t in SERVED_TYPES
                    if current.types[t].version != snapshot.types[t].version]

@@ -1,0 +1,40 @@
+"""Run fleetctl's xDS (ADS) server: Envoys bootstrapped with render_xds_bootstrap connect
+here and get their gateway's clusters, routes and weights (docs/xds.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from fleetctl.xds.server import start_server
+from fleetctl.xds.store import default_store
+
+
+class Command(BaseCommand):
+    help = "Serve xDS (ADS over gRPC, state of the world) to Envoys until interrupted."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--port", type=int, default=18000,
+                            help="the port Envoys connect to (default 18000)")
+        parser.add_argument("--host", default="127.0.0.1",
+                            help="the address to listen on (default 127.0.0.1: the port has "
+                                 "no authentication yet, docs/xds.md)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        port = options["port"]
+        if not 0 < port < 65536:
+            raise CommandError(f"--port {port} is not a port number (1-65535)")
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: a normal stop
+            asyncio.run(self._serve(options["host"], port))
+
+    async def _serve(self, host: str, port: int) -> None:
+        try:
+            server, bound = await start_server(default_store(), host, port)
+        except (OSError, RuntimeError) as exc:
+            raise CommandError(f"cannot serve xDS on {host}:{port}: {exc}") from exc
+        self.stdout.write(f"xDS (ADS) serving on {host}:{bound}", ending="\n")
+        self.stdout.flush()
+        await server.wait_for_termination()
