@@ -71,7 +71,7 @@ def main() -> None:
             cpus.append((time.process_time() - cpu) * 1000)
         return statistics.median(walls), statistics.median(cpus)
 
-    for count in args.envoys:
+    def measure(count: int) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             store = MemoryStore()
             with XdsServer(store=store) as server:
@@ -114,12 +114,15 @@ def main() -> None:
             finally:
                 for envoy in envoys:
                     envoy.stop()
-        print(f"{count} Envoy(s), {args.rounds} weight changes each: "
+        return (f"{count} Envoy(s), {args.rounds} weight changes each: "
               f"xDS apply until every ACK median {xds_wall:.1f} ms "
               f"(control-plane CPU {xds_cpu:.1f} ms); "
               f"admin API apply + read-back median {admin_wall:.1f} ms "
-              f"(CPU {admin_cpu:.1f} ms)", flush=True)
+              f"(CPU {admin_cpu:.1f} ms)")
 
+
+    for count in args.envoys:
+        print(measure(count), flush=True)
 
 if __name__ == "__main__":
     main()

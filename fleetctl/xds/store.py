@@ -283,14 +283,19 @@ class MemoryStore:
 
     def held_meta(self, gateway: str) -> tuple[int, Any] | None:
         """(number, meta) of the newest snapshot every connected Envoy holds for every type;
-        None when no Envoy is connected or they hold none kept."""
+        (0, None) when the gateway has none (new, or forgotten) and every connected Envoy
+        ACKed what it was served; None when no Envoy is connected or they hold none kept."""
         with self._changed:
             live = [e for e in self._envoys.get(gateway, {}).values() if e.connected]
             if not live:
                 return None
-            for snapshot in reversed(self._snapshots.get(gateway, [])):
+            history = self._snapshots.get(gateway, [])
+            for snapshot in reversed(history):
                 if all(e.holds(snapshot, t) for e in live for t in SERVED_TYPES):
                     return snapshot.number, snapshot.meta
+            if not history and all(e.types.get(t) is not None and e.types[t].acked_number >= 0
+                                   for e in live for t in SERVED_TYPES):
+                return 0, None
             return None
 
     def forget(self, gateway: str) -> None:

@@ -1,4 +1,4 @@
-"""The four gateway kinds as the contract suite drives them: how each one is started, stopped,
+"""The gateway kinds as the contract suite drives them: how each one is started, stopped,
 restarted empty, and what it can do (its capabilities).
 
 A capability a kind lacks comes with the reason, so the suite can say why a scenario does not
@@ -10,18 +10,21 @@ HTTPRoutes and plays the controller that writes their status, but no data plane 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from fleetctl.core.ports import free_port
-from fleetctl.demo.envoy_process import EnvoyProcess
+from fleetctl.demo.envoy_process import EnvoyProcess, XdsSource
 from fleetctl.demo.haproxy_process import HAProxyProcess
 from fleetctl.demo.nginx_process import NginxProcess
 from fleetctl.traffic.gateways.base import Adapter, GatewaySpec, adapter_for
+from fleetctl.xds.server import XdsServer
+from fleetctl.xds.store import default_store
 from tests.sim.simproc import SimProcess
+from tests.support.waiting import wait_until
 from tests.traffic.gateway_api.fake_apiserver import FakeApiServer
 from tests.traffic.scenarios import Harness
 
@@ -133,6 +136,73 @@ class EnvoyGateway(GatewayUnderTest):
     @contextmanager
     def stopped(self) -> Iterator[None]:
         self.envoy.stop()
+        try:
+            yield
+        finally:
+            self.envoy.start(timeout_s=60)
+
+
+@dataclass
+class EnvoyXdsGateway(GatewayUnderTest):
+    """An Envoy fed by fleetctl's xDS server, which runs in this process on the store every
+    `envoy-xds` adapter here uses (the default one)."""
+
+    process: EnvoyProcess | None = None
+    server: XdsServer | None = None
+
+    kind = "envoy-xds"
+    lacks = EnvoyGateway.lacks
+    weights_method = "xds"
+    structural_method = "xds"
+    unchanged_methods = ("xds",)
+    structural_detail = r"snapshot \d+ \((CDS, )?RDS, RTDS\) ACKed by 1 Envoy"
+    bad_option = "ack_timeout_s"
+    timeout_option = "admin_timeout_s"
+
+    @classmethod
+    def start(cls, directory: Path, sim: SimProcess) -> EnvoyXdsGateway:
+        server = XdsServer(store=default_store()).start()
+        process = EnvoyProcess(directory, free_port(), free_port(),
+                               xds=XdsSource("127.0.0.1", server.port, "test-xds-gw", "e1"))
+        process.start(timeout_s=60)
+        # ack_timeout_s: how long an apply waits for the ACKs; a NACK is reported at once.
+        adapter = adapter_for(GatewaySpec(name="test-xds-gw", kind="envoy-xds",
+                                          admin_address=process.admin_url,
+                                          options={"ack_timeout_s": 30}))
+        return cls(url=process.listen_url, adapter=adapter, sim=sim, process=process,
+                   server=server)
+
+    @property
+    def envoy(self) -> EnvoyProcess:
+        assert self.process is not None
+        return self.process
+
+    def _connected(self) -> bool:
+        return any(e.connected for e in default_store().envoys("test-xds-gw"))
+
+    def _down(self, stop: Callable[[], object]) -> None:
+        stop()
+        wait_until(lambda: not self._connected(), timeout_s=30,
+                   what="the xDS server to see the Envoy's stream end")
+
+    def stop(self) -> None:
+        self.envoy.stop()
+        if self.server is not None:
+            self.server.stop()
+
+    def restart_empty(self) -> None:
+        """A new Envoy of a gateway fleetctl has forgotten: served the unconfigured state."""
+        self._down(self.envoy.kill)
+        default_store().forget("test-xds-gw")
+        self.envoy.start(timeout_s=60)
+
+    def kill_and_start(self) -> None:
+        self._down(self.envoy.kill)
+        self.envoy.start(timeout_s=60)
+
+    @contextmanager
+    def stopped(self) -> Iterator[None]:
+        self._down(self.envoy.stop)
         try:
             yield
         finally:
@@ -285,4 +355,5 @@ class GatewayApiGateway(GatewayUnderTest):
 
 
 KINDS: dict[str, type[GatewayUnderTest]] = {
-    kind.kind: kind for kind in (EnvoyGateway, HAProxyGateway, NginxGateway, GatewayApiGateway)}
+    kind.kind: kind for kind in (EnvoyGateway, EnvoyXdsGateway, HAProxyGateway, NginxGateway,
+                                 GatewayApiGateway)}

@@ -154,8 +154,13 @@ class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
     # --- reads -------------------------------------------------------------------------------
 
     def read_back(self) -> dict[str, dict[str, int]]:
-        """The weights of the newest snapshot every connected Envoy ACKed."""
+        """The weights of the newest snapshot every connected Envoy ACKed ({} when they
+        all ACKed the unconfigured resources of a gateway fleetctl has not configured)."""
         held = self.store.held_meta(self.gateway.name)
+        if held is not None and held[0] == 0:  # unconfigured: fleetctl serves it nothing yet
+            self._held = Held(clusters={}, weights={}, mirror={}, clusters_version="",
+                              routes_version="")
+            return {}
         if held is None or not isinstance(held[1], Held):
             self._held = None
             envoys = [e for e in self.store.envoys(self.gateway.name) if e.connected]
