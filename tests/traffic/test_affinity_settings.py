@@ -35,7 +35,8 @@ def envoy(name: str, *routes: Route) -> Gateway:
 def test_only_envoy_keeps_prefix_affinity() -> None:
     assert {name: kind.supports_prefix_affinity
             for name, kind in registry.kinds().items()} == {
-        "envoy": True, "gateway-api": False, "haproxy": False, "nginx": False}
+        "envoy": True, "envoy-xds": True, "gateway-api": False, "haproxy": False,
+        "nginx": False}
 
 
 def test_off_by_default_then_set_audited_and_pushed(route: Route, make_user: Any) -> None:

@@ -30,7 +30,7 @@ def file_kind(settings):
 def test_the_kind_is_not_known_without_the_setting(settings) -> None:
     settings.FLEETCTL_GATEWAY_KINDS = []
     assert "file" not in registry.kinds()
-    assert list(registry.kinds()) == ["envoy", "gateway-api", "haproxy", "nginx"]
+    assert list(registry.kinds()) == ["envoy", "envoy-xds", "gateway-api", "haproxy", "nginx"]
 
 
 def test_the_kind_is_a_choice_of_the_form_and_the_api(client_for) -> None:

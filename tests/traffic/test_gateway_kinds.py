@@ -12,14 +12,16 @@ from fleetctl.traffic.gateways.schema import OptionsError
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED = {"envoy": {"config_dir": "/srv/envoy"},
+            "envoy-xds": {},
             "haproxy": {"bind": "127.0.0.1:8080", "config_path": "/srv/h/haproxy.cfg",
                         "master_socket": "/srv/h/master.sock"},
             "nginx": {"listen": "127.0.0.1:8080"},
             "gateway-api": {}}
 
 
-def test_the_four_kinds_are_found_from_their_folders() -> None:
-    assert registry.choices() == [("envoy", "Envoy"), ("gateway-api", "Kubernetes Gateway API"),
+def test_the_five_kinds_are_found_from_their_folders() -> None:
+    assert registry.choices() == [("envoy", "Envoy"), ("envoy-xds", "Envoy (xDS)"),
+                                  ("gateway-api", "Kubernetes Gateway API"),
                                   ("haproxy", "HAProxy"), ("nginx", "nginx")]
     for name, kind in registry.kinds().items():
         assert kind.adapter.kind == name and kind.package.endswith(name.replace("-", "_"))

@@ -228,7 +228,8 @@ def test_a_push_to_a_kind_that_cannot_read_the_mirror_back_verifies_and_says_so(
 
 def test_every_kind_but_haproxy_can_mirror_and_the_api_says_which(client_for, eu_route):
     assert {name: kind.supports_mirror for name, kind in registry.kinds().items()} == {
-        "envoy": True, "gateway-api": True, "haproxy": False, "nginx": True}
+        "envoy": True, "envoy-xds": True, "gateway-api": True, "haproxy": False,
+        "nginx": True}
     api = client_for("platform-lead")
     Gateway.objects.create(name="hap", kind="haproxy", admin_address="/tmp/x.sock",
                            options={"bind": "127.0.0.1:1", "config_path": "/tmp/h.cfg"})

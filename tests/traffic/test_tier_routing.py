@@ -33,7 +33,8 @@ def envoy(name: str, *routes: Any) -> Gateway:
 
 def test_every_kind_says_whether_it_routes_by_tier() -> None:
     assert {name: kind.supports_context_tiers for name, kind in registry.kinds().items()} == {
-        "envoy": True, "gateway-api": False, "haproxy": False, "nginx": False}
+        "envoy": True, "envoy-xds": True, "gateway-api": False, "haproxy": False,
+        "nginx": False}
 
 
 def test_the_desired_state_carries_each_tier_with_its_pools_inside_the_pin(
