@@ -222,6 +222,8 @@ async def start_server(store: SnapshotStore, host: str,
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        # A port another process serves is an error, not a second listener beside it.
+        ("grpc.so_reuseport", 0),
     ])
     add_ads_servicer(AdsService(store), server)
     bound = server.add_insecure_port(f"{host}:{port}")
