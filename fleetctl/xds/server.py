@@ -21,6 +21,7 @@ process itself (`manage.py xds_serve`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
@@ -75,7 +76,8 @@ class AdsService(AdsServicer):  # type: ignore[misc]
                                 "node.cluster (its fleetctl gateway)")
         stream = Stream(self, gateway, node_id)
         def wake() -> None:  # from whichever thread set the snapshot
-            loop.call_soon_threadsafe(inbox.put_nowait, _CHANGED)
+            with contextlib.suppress(RuntimeError):  # the server stopped: nobody to wake
+                loop.call_soon_threadsafe(inbox.put_nowait, _CHANGED)
 
         unsubscribe = self.store.subscribe(gateway, wake)
         stream.number = self.store.stream_opened(gateway, node_id)
