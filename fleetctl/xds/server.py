@@ -44,7 +44,7 @@ _CHANGED = object()  # a new snapshot of the stream's gateway
 _ENDED = object()  # the Envoy closed its side
 
 
-class AdsService(AdsServicer):  # type: ignore[misc]
+class AdsService(AdsServicer):
     def __init__(self, store: SnapshotStore) -> None:
         self.store = store
         self._nonces = itertools.count(1)
