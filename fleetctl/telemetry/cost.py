@@ -19,7 +19,15 @@ output tokens it actually served, beside the benchmark's figure, with the gap ex
   gateways' requests to it, in the same period; the pool's tokens and cost are split by it
   (a request share, not a token share: gateways cannot see tokens).
 
-A missing rate, no token counter or no tokens give "not measured: <reason>", never 0.
+- **Cost per successful request** = the period's cost ÷ the requests the pool answered
+  without error (the gateways' access logs: requests − errors). Errors are what the ramp
+  guard counts against the pool: 5xx, no answer, cut off by the pool, and requests the
+  split sent it that another pool of the tier answered (`fell_over`); the attempts Envoy
+  retried are spend (the pool's hours) and never successes. A route's: its share of the
+  cost ÷ its own successes.
+
+A missing rate, no token counter or no tokens give "not measured: <reason>", never 0; so do
+no successful request or no request logged (`per_success_not_measured`).
 """
 
 from __future__ import annotations
@@ -35,8 +43,11 @@ TOKENS_SOURCE = "pool /metrics (vllm:generation_tokens_total, delta per scrape)"
 GATEWAY_CANNOT = ("the gateways' access logs carry no token counts (a streamed answer's "
                   "usage is in its body, which Envoy does not parse)")
 PERIODS = ("day", "month")
-_FIELDS = ("pool", "route", "source", "start", "resolution_s", "requests", "output_tokens",
-           "metered_ms", "running_sum", "running_samples")
+_FIELDS = ("pool", "route", "source", "start", "resolution_s", "requests", "errors",
+           "retries", "fell_over", "output_tokens", "metered_ms", "running_sum",
+           "running_samples")
+REQUESTS_SOURCE = ("the gateways' access logs (errors: 5xx, no answer, cut off by the pool, "
+                   "or failed over to another pool of the tier; client disconnects apart)")
 
 
 @dataclass
@@ -68,6 +79,15 @@ class LiveCost:
     # tax +6.2 % (…)"; the rate the cost used (= hourly_rate when not interruptible).
     interruption: str = ""
     effective_hourly_rate: str | None = None
+    # Cost per successful request (the gateways' access logs; None with the reason).
+    requests: int | None = None  # attempted: logged requests + those that fell over
+    errors: int | None = None  # 5xx, no answer, cut off by the pool, fell over
+    retries: int | None = None  # upstream attempts beyond the first (Envoy's retries)
+    successful_requests: int | None = None
+    error_rate: float | None = None
+    cost_per_success: str | None = None
+    per_success_not_measured: str = ""
+    requests_source: str = REQUESTS_SOURCE
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +118,15 @@ def _money(value: Decimal) -> str:
 
 def _measure(pool: Any, rows: list[dict[str, Any]], since: datetime, until: datetime,
              capacity: Any, route: str | None = None, tax: Any = None) -> LiveCost:
+    live = _measure_cost(pool, rows, since, until, capacity, route, tax)
+    if live.cost is None and live.successful_requests is not None:
+        # Requests were logged but the cost is not measured: its reason is this one's too.
+        live.per_success_not_measured = live.not_measured
+    return live
+
+
+def _measure_cost(pool: Any, rows: list[dict[str, Any]], since: datetime, until: datetime,
+                  capacity: Any, route: str | None = None, tax: Any = None) -> LiveCost:
     from fleetctl.fleet.costs import cost_per_1m
     from fleetctl.fleet.interruption import effective_rate
     from fleetctl.fleet.models import money
@@ -131,6 +160,7 @@ def _measure(pool: Any, rows: list[dict[str, Any]], since: datetime, until: date
         total = sum(row["requests"] for row in gateway)
         mine = sum(row["requests"] for row in gateway if row["route"] == route)
         live.route_share = mine / total if total else None
+    _count_requests(live, rows, route)
     if not own:
         live.not_measured = (f"not measured: no token counter seen in this period (the "
                              f"pool's /metrics was not scraped — is the ingester running? — "
@@ -157,6 +187,7 @@ def _measure(pool: Any, rows: list[dict[str, Any]], since: datetime, until: date
         live.not_measured = tax.not_measured
         return live
     live.cost = _money(rate * Decimal(str(seconds)) / Decimal(3600) * Decimal(str(share)))
+    _per_success(live)
     if not tokens:
         live.not_measured = (f"not measured: no output tokens served in this period; the "
                              f"pool still cost {live.cost} {pool.currency} (idle)")
@@ -165,6 +196,42 @@ def _measure(pool: Any, rows: list[dict[str, Any]], since: datetime, until: date
     live.cost_per_1m = _money(cost_per_1m(rate, live.output_tokens_per_s))
     _explain(pool, live, capacity, tax.apply(pool.cost_per_1m_output_tokens))
     return live
+
+
+def _count_requests(live: LiveCost, rows: list[dict[str, Any]], route: str | None) -> None:
+    """The gateways' requests to the pool (of `route`) as the ramp guard counts them: a
+    request the split sent the pool that another pool answered (fell_over) is an attempt
+    the pool failed."""
+    gateway = [row for row in rows if row["source"] == Window.Source.GATEWAY
+               and (route is None or row["route"] == route)]
+    if not gateway:
+        live.per_success_not_measured = (
+            "not measured: the gateways logged no request to this pool"
+            + (f" on route {route}" if route else "") + " in this period (are its routes "
+            "behind a gateway whose access log the ingester follows?)")
+        return
+    logged = sum(row["requests"] for row in gateway)
+    fell_over = sum(row["fell_over"] for row in gateway)
+    errors = sum(row["errors"] for row in gateway)
+    live.requests, live.errors = logged + fell_over, errors + fell_over
+    live.retries = sum(row["retries"] for row in gateway)
+    live.successful_requests = max(0, logged - errors)
+    live.error_rate = live.errors / live.requests if live.requests else None
+
+
+def _per_success(live: LiveCost) -> None:
+    """Cost per successful request, once the cost is known."""
+    from fleetctl.fleet.costs import cost_per_success
+
+    if live.successful_requests is None or live.cost is None:
+        return
+    if not live.successful_requests:
+        live.per_success_not_measured = (
+            f"not measured: no request succeeded in this period ({live.requests} attempted, "
+            f"{live.errors} failed); the pool still cost {live.cost} {live.currency}")
+        return
+    live.cost_per_success = _money(cost_per_success(live.cost, live.successful_requests))
+    live.per_success_not_measured = ""
 
 
 def _explain(pool: Any, live: LiveCost, capacity: Any, bench: Decimal | None) -> None:
@@ -229,7 +296,11 @@ def _route_shares(pool: Any, rows: list[dict[str, Any]], since: datetime, until:
         part = _measure(pool, rows, since, until, capacity, route=route, tax=tax)
         out.append({"route": route, "share": part.route_share,
                     "output_tokens": part.output_tokens, "cost": part.cost,
-                    "not_measured": part.not_measured})
+                    "not_measured": part.not_measured, "requests": part.requests,
+                    "errors": part.errors, "retries": part.retries,
+                    "successful_requests": part.successful_requests,
+                    "cost_per_success": part.cost_per_success,
+                    "per_success_not_measured": part.per_success_not_measured})
     return out
 
 

@@ -244,3 +244,119 @@ def test_utilisation_against_the_benchmarks_slo_capacity_explains_the_gap(
         "live 25.00 vs benchmark 12.50 USD per 1M (run #3), 2.00×: utilisation 50 % (mean 4.0 "
         "of 8 SLO streams running; the benchmark ran at its SLO concurrency); the pool served "
         "400 output tokens/s, 50 % of the 800 its benchmark gave at the SLO")
+
+
+def _statuses(url: str, n: int) -> list[int]:
+    """`n` non-streamed chat completions, one after another: their status codes."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "cost me"}],
+            "max_tokens": 16}
+    return [httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).status_code
+            for _ in range(n)]
+
+
+def test_an_injected_error_rate_raises_the_cost_per_successful_request(
+        sim: SimProcess, tmp_path: Path, make_pool: Any, client_for: Any) -> None:
+    # The pool has a second endpoint nobody listens on: Envoy retries a request that could
+    # not connect there on the live one (retries), which are spend and never successes.
+    dead = f"http://127.0.0.1:{free_port()}"
+    make_pool("sc", base_urls=[sim.url("sc") + "/v1"], node_hourly_rate="36.00")
+    process = EnvoyProcess(tmp_path / "envoy", free_port(), free_port()).start(timeout_s=60)
+    try:
+        EnvoyAdapter(process.gateway("gw-err", load_timeout_s=30)).apply(DesiredState(
+            routes=(RouteSpec(key="chat", model=MODEL, latency_class="", residency="",
+                              revision=1, weights={"sc": 10_000}),),
+            pools={"sc": PoolTarget("sc", (sim.url("sc"), dead), "US")}))
+        assert process.access_log_path is not None
+        Gateway.objects.create(name="gw-err", kind="envoy", admin_address=process.admin_url,
+                               options={"access_log": str(process.access_log_path)})
+        ingester, scraper = Ingester(), Scraper(timeout_s=5)
+
+        def phase(error_rate: float) -> tuple[list[int], Any]:
+            """A fixed load (STREAMS × ROUNDS requests) at `error_rate`, 60 s metered (the
+            scrapes' clock, given), read from fresh windows."""
+            Window.objects.all().delete()
+            Cursor.objects.filter(source_name="sc").delete()  # the pool's: a first look
+            t0 = timezone.now() - timedelta(seconds=60)
+            httpx.post(f"{sim.url('sc')}/admin/faults", json={"error_rate": error_rate},
+                       timeout=5).raise_for_status()
+            assert scraper.scrape_all(now=t0) == 1
+            with ThreadPoolExecutor(STREAMS) as streams:
+                codes = [c for part in streams.map(lambda _: _statuses(process.listen_url,
+                                                                       ROUNDS), range(STREAMS))
+                         for c in part]
+            assert scraper.scrape_all(now=t0 + timedelta(seconds=60)) == 1
+            wait_until(lambda: ingester.once() >= 0 and sum(
+                Window.objects.filter(source_name="gw-err").values_list("requests", flat=True))
+                >= len(codes), timeout_s=30, what="the ingester to read Envoy's log")
+            return codes, live_cost(pool="sc", since=t0 - timedelta(minutes=5),
+                                    until=t0 + timedelta(minutes=5))
+
+        clean_codes, clean = phase(0.0)
+        codes, faulty = phase(0.4)
+    finally:
+        httpx.post(f"{sim.url('sc')}/admin/faults", json={"error_rate": 0.0}, timeout=5)
+        process.stop()
+    # Envoy's retry may land on the dead endpoint again (names.py: about 2^-5 per retry):
+    # a 503 the client saw, counted as the error it is.
+    clean_ok = clean_codes.count(200)
+    assert set(clean_codes) <= {200, 503} and set(codes) <= {200, 500, 503}
+    assert (clean.requests, clean.successful_requests) == (len(clean_codes), clean_ok)
+    ok = codes.count(200)
+    failed = len(codes) - ok
+    assert 0 < failed < len(codes) and ok < clean_ok
+    # What the client saw is what the access log says, and the spend is the pool's 60 s.
+    assert (faulty.requests, faulty.errors, faulty.successful_requests) == (
+        len(codes), failed, ok)
+    assert faulty.error_rate == pytest.approx(failed / len(codes))
+    assert clean.retries is not None and faulty.retries is not None
+    assert clean.retries + faulty.retries > 0  # the dead endpoint: Envoy's retries, logged
+    assert clean.cost == faulty.cost == "0.6000"  # 36.00 per hour × 60 s, busy or failing
+    assert faulty.cost_per_success == str(
+        (Decimal("0.6") / ok).quantize(Decimal("0.0001"), rounding=ROUND_HALF_UP))
+    assert clean.cost_per_success == str(
+        (Decimal("0.6") / clean_ok).quantize(Decimal("0.0001"), rounding=ROUND_HALF_UP))
+    # The same load, the same spend, fewer successes: each success costs more.
+    assert Decimal(faulty.cost_per_success) > Decimal(clean.cost_per_success)
+    assert [(r["route"], r["successful_requests"], r["cost_per_success"])
+            for r in faulty.routes] == [("chat", ok, faulty.cost_per_success)]
+    assert not faulty.per_success_not_measured
+    # The API and the pool page show it.
+    answer = client_for("viewer").get("/api/v1/telemetry/pools/sc/cost/", {
+        "since": (timezone.now() - timedelta(minutes=20)).isoformat(),
+        "until": timezone.now().isoformat()})
+    assert answer.status_code == 200, answer.content
+    total = answer.json()["total"]
+    assert (total["successful_requests"], total["errors"], total["cost_per_success"]) == (
+        ok, failed, faulty.cost_per_success)
+    assert total["routes"][0]["cost_per_success"] == faulty.cost_per_success
+
+
+def test_cost_per_successful_request_is_never_a_zero(make_pool: Any, db: None) -> None:
+    make_pool("quiet", base_urls=["http://127.0.0.1:9"], node_hourly_rate="36.00")
+    start = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=30)
+    since, until = start, start + timedelta(minutes=10)
+    window_add(source="pool", source_name="quiet", route="", pool="quiet", resolution_s=600,
+               start=start, counts={"output_tokens": 0, "metered_ms": 600_000})
+    nothing = live_cost(pool="quiet", since=since, until=until)
+    assert nothing.cost == "6.0000" and nothing.cost_per_success is None
+    assert nothing.requests is None
+    assert nothing.per_success_not_measured.startswith(
+        "not measured: the gateways logged no request to this pool")
+    window_add(source="gateway", source_name="gw", route="chat", pool="quiet",
+               resolution_s=600, start=start, counts={"requests": 5, "errors": 5, "retries": 2})
+    failing = live_cost(pool="quiet", since=since, until=until)
+    assert (failing.requests, failing.errors, failing.successful_requests) == (5, 5, 0)
+    assert failing.error_rate == 1.0 and failing.cost_per_success is None
+    assert failing.per_success_not_measured == (
+        "not measured: no request succeeded in this period (5 attempted, 5 failed); the pool "
+        "still cost 6.0000 USD")
+    # A request the split sent here that another pool answered is an attempt this pool failed.
+    window_add(source="gateway", source_name="gw", route="chat", pool="quiet",
+               resolution_s=600, start=start, counts={"requests": 15, "fell_over": 4})
+    some = live_cost(pool="quiet", since=since, until=until)
+    assert (some.requests, some.errors, some.successful_requests) == (24, 9, 15)
+    assert some.cost_per_success == "0.4000"  # 6.00 ÷ 15
+    Pool.objects.filter(name="quiet").update(node_hourly_rate=0)
+    free = live_cost(pool="quiet", since=since, until=until)
+    assert free.cost_per_success is None and free.successful_requests == 15
+    assert free.per_success_not_measured.startswith("not measured: the pool's hourly rate is 0")

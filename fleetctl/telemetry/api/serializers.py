@@ -153,6 +153,13 @@ class RouteShareSerializer(serializers.Serializer[Any]):
     output_tokens = serializers.IntegerField(allow_null=True)
     cost = serializers.CharField(allow_null=True)
     not_measured = serializers.CharField(allow_blank=True)
+    requests = serializers.IntegerField(allow_null=True)
+    errors = serializers.IntegerField(allow_null=True)
+    retries = serializers.IntegerField(allow_null=True)
+    successful_requests = serializers.IntegerField(allow_null=True)
+    cost_per_success = serializers.CharField(
+        allow_null=True, help_text="The route's share of the cost ÷ its successful requests.")
+    per_success_not_measured = serializers.CharField(allow_blank=True)
 
 
 class LiveCostSerializer(serializers.Serializer[Any]):
@@ -189,6 +196,25 @@ class LiveCostSerializer(serializers.Serializer[Any]):
     gap = serializers.CharField(allow_blank=True,
                                 help_text="Live against the benchmark, in words.")
     routes = RouteShareSerializer(many=True)
+    requests = serializers.IntegerField(
+        allow_null=True, help_text="Requests the gateways logged to the pool (client "
+                                   "disconnects apart) plus those that fell over to another "
+                                   "pool of the tier; null when none was logged.")
+    errors = serializers.IntegerField(
+        allow_null=True, help_text="5xx, no answer, cut off by the pool, or fell over (as the "
+                                   "ramp guard counts them).")
+    retries = serializers.IntegerField(
+        allow_null=True, help_text="Upstream attempts beyond the first (Envoy's retries): "
+                                   "spend, never successes.")
+    successful_requests = serializers.IntegerField(allow_null=True,
+                                                   help_text="requests − errors.")
+    error_rate = serializers.FloatField(allow_null=True, help_text="errors ÷ requests.")
+    cost_per_success = serializers.CharField(
+        allow_null=True, help_text="Cost per successful request: cost ÷ successful_requests, "
+                                   "in `currency`; null with `per_success_not_measured`.")
+    per_success_not_measured = serializers.CharField(
+        allow_blank=True, help_text='"not measured: <reason>" when cost_per_success is null.')
+    requests_source = serializers.CharField()
 
 
 class PoolCostSerializer(serializers.Serializer[Any]):
