@@ -20,6 +20,7 @@ from fleetctl.batch.models import (
     Soak,
     SoakEvent,
 )
+from fleetctl.fleet.costs import TaskCost, task_cost
 from fleetctl.fleet.models import Pool
 
 
@@ -113,6 +114,19 @@ def soak_get(pk: int) -> Soak | None:
 def soak_events(soak: Soak, *, limit: int) -> list[SoakEvent]:
     """The soak's newest events first."""
     return list(SoakEvent.objects.filter(soak=soak).order_by("-at", "-id")[:limit])
+
+
+def job_task_cost(job: BatchJob, progress: Progress) -> TaskCost:
+    """The job's cost per custom_id that succeeded: the pool's hourly rate × the job's busy
+    time (its first claim to its end, or to now while it runs: the notion batch/cost.py
+    measures a soak by) ÷ the custom_ids that succeeded. Attempts are every request sent:
+    results, retries, and resends (sent again after a lease lapsed)."""
+    pool = job.pool
+    return task_cost(pool=pool.name, unit="custom_id that succeeded", currency=pool.currency,
+                     hourly_rate=pool.node_hourly_rate, seconds=progress.elapsed_s,
+                     succeeded=progress.succeeded, failed=progress.failed,
+                     retries=progress.retries,
+                     attempts=progress.done + progress.retries + progress.resends)
 
 
 def job_progress(job: BatchJob, now: datetime | None = None) -> Progress:

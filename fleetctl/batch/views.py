@@ -229,6 +229,7 @@ def _drill(job: BatchJob, progress: selectors.Progress) -> dict[str, Any] | None
 def _live(job: BatchJob) -> dict[str, Any]:
     progress = selectors.job_progress(job)
     return {"job": job, "live_id": LIVE_ID, "polling": job.is_active, "p": progress,
+            "task_cost": selectors.job_task_cost(job, progress),
             "percent": round(100 * progress.fraction, 1), "drill": _drill(job, progress)}
 
 

@@ -14,6 +14,7 @@ from fleetctl.batch.models import (
 )
 from fleetctl.core.api.fields import StrictCharField
 from fleetctl.core.api.schema import ObjectField
+from fleetctl.fleet.api.serializers import TaskCostSerializer
 from fleetctl.fleet.models import Pool
 
 
@@ -163,11 +164,16 @@ class BatchJobSerializer(serializers.ModelSerializer):
 
 class BatchJobDetailSerializer(BatchJobSerializer):
     progress = BatchProgressSerializer(read_only=True, help_text="From the chunks' counters.")
+    task_cost = TaskCostSerializer(
+        read_only=True, help_text="Cost per custom_id that succeeded: the pool's hourly rate × "
+                                  "the job's busy time ÷ its successes (failures, retries "
+                                  "and resends counted in the spend).")
     output_url = serializers.SerializerMethodField()
     errors_url = serializers.SerializerMethodField()
 
     class Meta(BatchJobSerializer.Meta):
-        fields = [*BatchJobSerializer.Meta.fields, "progress", "output_url", "errors_url"]
+        fields = [*BatchJobSerializer.Meta.fields, "progress", "task_cost", "output_url",
+                  "errors_url"]
         read_only_fields = fields
 
     def get_output_url(self, job: BatchJob) -> str:

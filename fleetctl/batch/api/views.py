@@ -102,6 +102,8 @@ class BatchJobViewSet(JsonDownloadErrors, mixins.ListModelMixin, mixins.Retrieve
     def _detail(self, job: BatchJob, code: int = status.HTTP_200_OK) -> Response:
         job = self._job(str(job.pk))
         job.progress = selectors.job_progress(job)  # type: ignore[attr-defined]
+        job.task_cost = selectors.job_task_cost(  # type: ignore[attr-defined]
+            job, job.progress).as_dict()  # type: ignore[attr-defined]
         return Response(s.BatchJobDetailSerializer(job).data, status=code)
 
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:

@@ -186,3 +186,24 @@ class CurrencyRateSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "text", "created_by", "created_at"]
         # Checked by the service with a message that says what to do.
         validators: list[Any] = []
+
+
+class TaskCostSerializer(serializers.Serializer):
+    """Cost per successful task of a batch job or an eval run's pool (fleet.costs.TaskCost)."""
+
+    pool = serializers.CharField()
+    unit = serializers.CharField(help_text="What one success is, in words.")
+    currency = serializers.CharField(help_text="The pool's currency.")
+    hourly_rate = serializers.CharField(help_text="The pool's node_hourly_rate now.")
+    seconds = serializers.FloatField(allow_null=True,
+                                     help_text="Seconds the pool was busy with the work.")
+    spend = serializers.CharField(allow_null=True, help_text="hourly rate × seconds ÷ 3600.")
+    attempts = serializers.IntegerField(help_text="Every request sent, retries included.")
+    succeeded = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    retries = serializers.IntegerField()
+    cost_per_success = serializers.CharField(
+        allow_null=True, help_text="spend ÷ succeeded; null with `not_measured`.")
+    not_measured = serializers.CharField(
+        allow_blank=True, help_text='"not measured: <reason>" when cost_per_success is null.')
+    how = serializers.CharField(allow_blank=True, help_text="The arithmetic, in words.")
