@@ -22,6 +22,7 @@ from django.db.models.functions import Cast
 
 from fleetctl.core.errors import NotFoundError
 from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalRunPool, EvalSuite
+from fleetctl.fleet.costs import TaskCost, task_cost
 from fleetctl.fleet.models import Pool
 
 DIRECTIONS = ("regressed", "improved")
@@ -166,6 +167,40 @@ def progress(run: EvalRun) -> dict[str, Any]:
             "claimed": status_totals[EvalResult.Status.CLAIMED],
             "percent": round(100 * done / total, 1) if total else None,
             "resumed": run.resumed, "heartbeat_at": run.heartbeat_at, "pools": pools}
+
+
+PASSED = 1.0  # an item passed on a pool when it scored full marks (most scorers give 0 or 1)
+
+
+def run_task_costs(run: EvalRun, now: Any = None) -> list[TaskCost]:
+    """Per pool of the run, its cost per item passed: the pool's hourly rate × the run's
+    time (started to finished, or to now while it runs: the pools answer interleaved, so
+    each is busy with the run the whole time) ÷ the items it scored full marks on. Failed:
+    items scored below that (wrong, or no answer); retries: attempts beyond each row's first.
+    One read of the rows' scores and attempts."""
+    from django.utils import timezone
+
+    seconds = None
+    if run.started_at is not None:
+        end = run.finished_at or now or timezone.now()
+        seconds = max(0.0, (end - run.started_at).total_seconds())
+    counts: dict[int, dict[str, int]] = {}
+    rows = (EvalResult.objects.filter(run=run, status=EvalResult.Status.DONE)
+            .values_list("run_pool_id", "score", "attempts").order_by())
+    for run_pool_id, score, attempts in rows.iterator():
+        entry = counts.setdefault(run_pool_id, {"passed": 0, "failed": 0, "attempts": 0})
+        entry["passed" if score is not None and score >= PASSED else "failed"] += 1
+        entry["attempts"] += max(1, len(attempts or []))
+    out = []
+    for rp in run_pools(run):
+        entry = counts.get(rp.pk, {"passed": 0, "failed": 0, "attempts": 0})
+        done = entry["passed"] + entry["failed"]
+        out.append(task_cost(
+            pool=rp.pool.name, unit="item passed", currency=rp.pool.currency,
+            hourly_rate=rp.pool.node_hourly_rate, seconds=seconds, succeeded=entry["passed"],
+            failed=entry["failed"], retries=entry["attempts"] - done,
+            attempts=entry["attempts"], busy="run time"))
+    return out
 
 
 def results(run: EvalRun, *, pool: str | None = None, status: str | None = None,

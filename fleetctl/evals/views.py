@@ -184,6 +184,7 @@ def _live(run: EvalRun) -> dict[str, Any]:
                  for rp in run_pools]
     return {"run": run, "live_id": LIVE_ID, "polling": run.active,
             "progress": _progress(run), "run_pools": run_pools, "pool_rows": pool_rows,
+            "task_costs": selectors.run_task_costs(run),
             "pool_names": names, "paired": stats.get("paired"),
             "tag_rows": _tag_rows(run, names), "margin_points": run.margin * 100,
             "confidence_pct": run.confidence * 100, **_figures(run, run_pools)}

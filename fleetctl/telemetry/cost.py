@@ -81,7 +81,7 @@ class LiveCost:
     effective_hourly_rate: str | None = None
     # Cost per successful request (the gateways' access logs; None with the reason).
     requests: int | None = None  # attempted: logged requests + those that fell over
-    errors: int | None = None  # 5xx, no answer, cut off by the pool, fell over
+    failed_requests: int | None = None  # 5xx, no answer, cut off by the pool, fell over
     retries: int | None = None  # upstream attempts beyond the first (Envoy's retries)
     successful_requests: int | None = None
     error_rate: float | None = None
@@ -213,10 +213,10 @@ def _count_requests(live: LiveCost, rows: list[dict[str, Any]], route: str | Non
     logged = sum(row["requests"] for row in gateway)
     fell_over = sum(row["fell_over"] for row in gateway)
     errors = sum(row["errors"] for row in gateway)
-    live.requests, live.errors = logged + fell_over, errors + fell_over
+    live.requests, live.failed_requests = logged + fell_over, errors + fell_over
     live.retries = sum(row["retries"] for row in gateway)
     live.successful_requests = max(0, logged - errors)
-    live.error_rate = live.errors / live.requests if live.requests else None
+    live.error_rate = live.failed_requests / live.requests if live.requests else None
 
 
 def _per_success(live: LiveCost) -> None:
@@ -228,7 +228,7 @@ def _per_success(live: LiveCost) -> None:
     if not live.successful_requests:
         live.per_success_not_measured = (
             f"not measured: no request succeeded in this period ({live.requests} attempted, "
-            f"{live.errors} failed); the pool still cost {live.cost} {live.currency}")
+            f"{live.failed_requests} failed); the pool still cost {live.cost} {live.currency}")
         return
     live.cost_per_success = _money(cost_per_success(live.cost, live.successful_requests))
     live.per_success_not_measured = ""
@@ -297,7 +297,7 @@ def _route_shares(pool: Any, rows: list[dict[str, Any]], since: datetime, until:
         out.append({"route": route, "share": part.route_share,
                     "output_tokens": part.output_tokens, "cost": part.cost,
                     "not_measured": part.not_measured, "requests": part.requests,
-                    "errors": part.errors, "retries": part.retries,
+                    "failed_requests": part.failed_requests, "retries": part.retries,
                     "successful_requests": part.successful_requests,
                     "cost_per_success": part.cost_per_success,
                     "per_success_not_measured": part.per_success_not_measured})

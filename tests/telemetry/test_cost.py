@@ -305,7 +305,7 @@ def test_an_injected_error_rate_raises_the_cost_per_successful_request(
     failed = len(codes) - ok
     assert 0 < failed < len(codes) and ok < clean_ok
     # What the client saw is what the access log says, and the spend is the pool's 60 s.
-    assert (faulty.requests, faulty.errors, faulty.successful_requests) == (
+    assert (faulty.requests, faulty.failed_requests, faulty.successful_requests) == (
         len(codes), failed, ok)
     assert faulty.error_rate == pytest.approx(failed / len(codes))
     assert clean.retries is not None and faulty.retries is not None
@@ -326,7 +326,7 @@ def test_an_injected_error_rate_raises_the_cost_per_successful_request(
         "until": timezone.now().isoformat()})
     assert answer.status_code == 200, answer.content
     total = answer.json()["total"]
-    assert (total["successful_requests"], total["errors"], total["cost_per_success"]) == (
+    assert (total["successful_requests"], total["failed_requests"], total["cost_per_success"]) == (
         ok, failed, faulty.cost_per_success)
     assert total["routes"][0]["cost_per_success"] == faulty.cost_per_success
 
@@ -345,7 +345,7 @@ def test_cost_per_successful_request_is_never_a_zero(make_pool: Any, db: None) -
     window_add(source="gateway", source_name="gw", route="chat", pool="quiet",
                resolution_s=600, start=start, counts={"requests": 5, "errors": 5, "retries": 2})
     failing = live_cost(pool="quiet", since=since, until=until)
-    assert (failing.requests, failing.errors, failing.successful_requests) == (5, 5, 0)
+    assert (failing.requests, failing.failed_requests, failing.successful_requests) == (5, 5, 0)
     assert failing.error_rate == 1.0 and failing.cost_per_success is None
     assert failing.per_success_not_measured == (
         "not measured: no request succeeded in this period (5 attempted, 5 failed); the pool "
@@ -354,7 +354,7 @@ def test_cost_per_successful_request_is_never_a_zero(make_pool: Any, db: None) -
     window_add(source="gateway", source_name="gw", route="chat", pool="quiet",
                resolution_s=600, start=start, counts={"requests": 15, "fell_over": 4})
     some = live_cost(pool="quiet", since=since, until=until)
-    assert (some.requests, some.errors, some.successful_requests) == (24, 9, 15)
+    assert (some.requests, some.failed_requests, some.successful_requests) == (24, 9, 15)
     assert some.cost_per_success == "0.4000"  # 6.00 ÷ 15
     Pool.objects.filter(name="quiet").update(node_hourly_rate=0)
     free = live_cost(pool="quiet", since=since, until=until)

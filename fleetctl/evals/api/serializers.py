@@ -16,8 +16,9 @@ from fleetctl.core.api.fields import (
     range_messages,
 )
 from fleetctl.core.api.schema import OBJECT_SCHEMA, ObjectField
+from fleetctl.evals import selectors
 from fleetctl.evals.models import EvalItem, EvalResult, EvalRun, EvalRunPool, EvalSuite
-from fleetctl.fleet.api.serializers import pool_by_name
+from fleetctl.fleet.api.serializers import TaskCostSerializer, pool_by_name
 from migrations_plan.api.serializers import plan_by_name
 
 STRINGS = {"type": "array", "items": {"type": "string"}}
@@ -319,10 +320,20 @@ class EvalRunDetailSerializer(EvalRunSerializer):
         help_text="The `live-quality` evidence of runs made before eval runs stopped "
                   "recording it (now always null: only a stage-4 shadow run records it).")
 
+    task_costs = serializers.SerializerMethodField(
+        help_text="Per pool, its cost per item passed (full marks): the pool's hourly rate × "
+                  "the run's time ÷ the items it passed; failed items and retries counted in "
+                  "the spend.")
+
     class Meta(EvalRunSerializer.Meta):
         fields = [*EvalRunSerializer.Meta.fields, "pools", "stats", "evidence_url",
-                  "live_evidence_url"]
+                  "live_evidence_url", "task_costs"]
         read_only_fields = fields
+
+    @extend_schema_field(TaskCostSerializer(many=True))
+    def get_task_costs(self, run: EvalRun) -> Any:
+        return TaskCostSerializer([c.as_dict() for c in selectors.run_task_costs(run)],
+                                  many=True).data
 
     @extend_schema_field(EvalRunPoolSerializer(many=True))
     def get_pools(self, run: EvalRun) -> Any:

@@ -154,7 +154,7 @@ class RouteShareSerializer(serializers.Serializer[Any]):
     cost = serializers.CharField(allow_null=True)
     not_measured = serializers.CharField(allow_blank=True)
     requests = serializers.IntegerField(allow_null=True)
-    errors = serializers.IntegerField(allow_null=True)
+    failed_requests = serializers.IntegerField(allow_null=True)
     retries = serializers.IntegerField(allow_null=True)
     successful_requests = serializers.IntegerField(allow_null=True)
     cost_per_success = serializers.CharField(
@@ -200,15 +200,16 @@ class LiveCostSerializer(serializers.Serializer[Any]):
         allow_null=True, help_text="Requests the gateways logged to the pool (client "
                                    "disconnects apart) plus those that fell over to another "
                                    "pool of the tier; null when none was logged.")
-    errors = serializers.IntegerField(
+    failed_requests = serializers.IntegerField(
         allow_null=True, help_text="5xx, no answer, cut off by the pool, or fell over (as the "
                                    "ramp guard counts them).")
     retries = serializers.IntegerField(
         allow_null=True, help_text="Upstream attempts beyond the first (Envoy's retries): "
                                    "spend, never successes.")
-    successful_requests = serializers.IntegerField(allow_null=True,
-                                                   help_text="requests − errors.")
-    error_rate = serializers.FloatField(allow_null=True, help_text="errors ÷ requests.")
+    successful_requests = serializers.IntegerField(
+        allow_null=True, help_text="requests − failed_requests.")
+    error_rate = serializers.FloatField(allow_null=True,
+                                        help_text="failed_requests ÷ requests.")
     cost_per_success = serializers.CharField(
         allow_null=True, help_text="Cost per successful request: cost ÷ successful_requests, "
                                    "in `currency`; null with `per_success_not_measured`.")
