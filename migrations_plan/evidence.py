@@ -362,11 +362,17 @@ class GateEvaluation:
 
 
 def plan_terms(plan: Plan) -> dict[str, Any]:
+    from migrations_plan.models import CostUnit
+
     return {
         "candidate": plan.candidate_pool_id, "primary": plan.primary_pool_id,
         "slo_ttft_p95_ms": plan.slo_ttft_p95_ms, "slo_tpot_p95_ms": plan.slo_tpot_p95_ms,
         "slo_error_rate": plan.slo_error_rate, "latency_margin_pct": plan.latency_margin_pct,
         "cost_margin_pct": plan.cost_margin_pct, "quality_margin_pct": plan.quality_margin_pct,
+        # The arbitrage's unit is a term too, named only when it is not the default, so the
+        # approvals given before plans had a unit still bind to the same terms.
+        **({"cost_unit": plan.cost_unit}
+           if plan.cost_unit != CostUnit.PER_1M_OUTPUT_TOKENS else {}),
     }
 
 

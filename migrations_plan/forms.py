@@ -20,7 +20,7 @@ from fleetctl.core.forms import model_form_field, reason_field
 from fleetctl.fleet.models import CURRENCIES, Pool
 from fleetctl.traffic.models import Route
 from migrations_plan import evidence as ev
-from migrations_plan.models import STAGE_NAMES, GateCheck, Plan
+from migrations_plan.models import STAGE_NAMES, CostUnit, GateCheck, Plan
 
 User = get_user_model()
 
@@ -64,6 +64,7 @@ class PlanForm(forms.Form):
                                  required=False)
     latency_margin_pct = _plan_field("latency_margin_pct", label="Latency margin (%)")
     cost_margin_pct = _plan_field("cost_margin_pct", label="Cost margin (%)")
+    cost_unit = _plan_field("cost_unit", label="Cost arbitrage unit", required=False)
     quality_margin_pct = _plan_field("quality_margin_pct", label="Quality margin (points)")
     owner = OwnerChoiceField(queryset=User.objects.none(), required=False,
                              empty_label="— me —",
@@ -84,6 +85,10 @@ class PlanForm(forms.Form):
             Route.objects.select_related("primary_pool").order_by("name"))
         self.fields["owner"].queryset = (  # type: ignore[attr-defined]
             User.objects.filter(is_active=True).order_by("username"))
+
+    def clean_cost_unit(self) -> str:
+        """Left out (a form from before plans had a unit): the default."""
+        return str(self.cleaned_data.get("cost_unit") or CostUnit.PER_1M_OUTPUT_TOKENS)
 
     def clean_owner(self) -> Any:
         return self.cleaned_data.get("owner") or None

@@ -22,6 +22,13 @@ from fleetctl.traffic.models import Route
 STAGE_NAMES = {1: "abstraction", 2: "shadow", 3: "batch", 4: "live"}
 
 
+class CostUnit(models.TextChoices):
+    """The unit stage 3's measured cost arbitrage compares in (Plan.cost_unit)."""
+
+    PER_1M_OUTPUT_TOKENS = "per_1m_output_tokens", "per 1M output tokens"
+    PER_SUCCESSFUL_TASK = "per_successful_task", "per successful task"
+
+
 class Plan(models.Model):
     class State(models.TextChoices):
         STAGE_1 = "stage-1", "1 · abstraction"
@@ -59,6 +66,13 @@ class Plan(models.Model):
     cost_margin_pct = models.FloatField(
         default=0, validators=[MinValueValidator(-100), MaxValueValidator(500)],
         help_text="Cost per 1M output tokens may exceed the primary's by this much, %.")
+    # The unit stage 3's cost arbitrage is judged in (fleetctl/batch/cost.py): per 1M output
+    # tokens (the benchmark's unit), or per successful task (a soak's spend ÷ the custom_ids
+    # that succeeded, so failures and retries count against the candidate).
+    cost_unit = models.CharField(
+        max_length=24, choices=CostUnit.choices, default=CostUnit.PER_1M_OUTPUT_TOKENS,
+        help_text="Stage 3's cost arbitrage is judged per 1M output tokens or per successful "
+                  "task (retries and failures counted).")
     quality_margin_pct = models.FloatField(
         default=2, validators=[MinValueValidator(0), MaxValueValidator(100)],
         help_text="Divergence or eval score the candidate may lose beyond the noise floor, "

@@ -7,6 +7,14 @@ tokens over the seconds its jobs were running (busy time, not the gaps between j
 is paid for by the hour whatever else it does, and batch work fills it). A drill job waits out
 a lapsed lease on purpose, so it is left out when the soak has other completed jobs.
 
+The plan chooses the unit (Plan.cost_unit). Per 1M output tokens (the default): as above.
+Per successful task: measured = the soak's spend (the hourly rate × the same busy time) ÷ the
+custom_ids that succeeded in its jobs, so failed custom_ids and retried attempts are paid for
+and count for nothing; predicted = the plan's predicted cost per 1M × the soak's mean output
+tokens per succeeded custom_id ÷ 1e6, what a task would cost if nothing failed or was retried.
+The gap between the two is what failures and retries cost. Per-task amounts keep 8 decimals
+(a task costs fractions of a cent).
+
 Two currencies are never one number: the measured cost is converted into the prediction's
 currency through the newest dated fleet rate (either direction) by the fleet's one conversion
 (fleet/selectors.py `convert`), and the conversion is said ("1 EUR = 1.08 USD, rate of
@@ -34,6 +42,9 @@ if TYPE_CHECKING:
 
 PASS, FAIL, INSUFFICIENT = "pass", "fail", "insufficient"
 PLACES = Decimal("0.0001")
+TASK_PLACES = 8  # decimals of a per-task amount
+PER_1M, PER_TASK = "per_1m_output_tokens", "per_successful_task"  # Plan.cost_unit
+UNIT_TEXT = {PER_1M: "per 1M output tokens", PER_TASK: "per successful task"}
 # The oldest exchange rate a conversion may use, in days before it: the benchmark cost
 # check's default (bench/evidence.py, max_rate_age_days), through the same conversion.
 MAX_RATE_AGE_DAYS = 31.0
@@ -46,6 +57,7 @@ class Arbitrage:
 
     status: str  # pass | fail | insufficient
     message: str
+    unit: str = PER_1M  # the plan's cost unit: what predicted, measured and limit are in
     predicted: Decimal | None = None
     predicted_currency: str = ""
     predicted_source: str = ""
@@ -68,6 +80,23 @@ class Arbitrage:
     # An interruptible pool's tax, in `hourly_rate` (fleet/interruption.py); "" otherwise.
     interruption: str = ""
     interruption_data: dict[str, Any] = field(default_factory=dict)
+    # Per 1M output tokens whatever the unit (equal to predicted and measured per 1M).
+    predicted_per_1m: Decimal | None = None
+    measured_per_1m: Decimal | None = None
+    # The soak's measured jobs' custom_ids and what they cost (per successful task).
+    succeeded: int = 0
+    failed: int = 0
+    retries: int = 0
+    spend: Decimal | None = None  # hourly rate × busy seconds, in measured_currency
+    output_tokens_per_success: float | None = None
+
+    @property
+    def unit_text(self) -> str:
+        return UNIT_TEXT[self.unit]
+
+    @property
+    def places(self) -> Decimal:
+        return PLACES if self.unit == PER_1M else Decimal(1).scaleb(-TASK_PLACES)
 
     @property
     def verdict(self) -> str:
@@ -80,11 +109,13 @@ class Arbitrage:
 
         return {
             "status": self.status, "message": self.message, "soak": self.soak_id,
-            "predicted_cost_per_1m": text(self.predicted),
+            "unit": self.unit, "predicted": text(self.predicted),
+            "measured": text(self.measured),
+            "predicted_cost_per_1m": text(self.predicted_per_1m),
             "predicted_currency": self.predicted_currency,
             "predicted_source": self.predicted_source,
             "predicted_at": self.predicted_at.isoformat() if self.predicted_at else None,
-            "measured_cost_per_1m": text(self.measured),
+            "measured_cost_per_1m": text(self.measured_per_1m),
             "measured_currency": self.measured_currency,
             "measured_in_predicted_currency": text(self.measured_compared),
             "conversion": self.conversion, "conversion_rate": self.conversion_data or None,
@@ -95,6 +126,11 @@ class Arbitrage:
             "output_tokens": self.output_tokens, "jobs": self.jobs,
             "drill_jobs_left_out": self.left_out,
             "interruption": self.interruption_data or None,
+            "succeeded": self.succeeded, "failed": self.failed, "retries": self.retries,
+            "spend": text(self.spend),
+            "output_tokens_per_success": (round(self.output_tokens_per_success, 3)
+                                          if self.output_tokens_per_success is not None
+                                          else None),
         }
 
 
@@ -114,21 +150,29 @@ def _measured_jobs(soak: Soak) -> tuple[list[BatchJob], list[int]]:
     return done, []
 
 
-def _job_output_tokens(job: BatchJob) -> int:
+def _chunk_sums(jobs: list[BatchJob]) -> dict[str, int]:
+    """The jobs' output tokens, custom_ids succeeded and failed, and retries: one query."""
     from django.db.models import Sum
 
-    total = job.chunks.aggregate(n=Sum("output_tokens"))["n"]
-    return int(total or 0)
+    from fleetctl.batch.models import BatchChunk
+
+    sums = BatchChunk.objects.filter(job__in=jobs).aggregate(
+        output_tokens=Sum("output_tokens"), succeeded=Sum("succeeded"), failed=Sum("failed"),
+        retries=Sum("retries"))
+    return {key: int(value or 0) for key, value in sums.items()}
 
 
 def plan_arbitrage(plan: Plan, soak: Soak | None = None) -> Arbitrage:
     """The plan's cost arbitrage, measured on `soak` (default: its newest soak with a
     completed job). Pass iff measured ≤ predicted × (1 + cost_margin_pct / 100), compared in
-    the prediction's currency."""
+    the prediction's currency and in the plan's cost unit."""
     margin = float(plan.cost_margin_pct)
-    predicted = plan.predicted_cost_per_1m
-    answer = Arbitrage(status=INSUFFICIENT, message="", margin_pct=margin,
-                       predicted=Decimal(str(predicted)) if predicted is not None else None,
+    predicted = (Decimal(str(plan.predicted_cost_per_1m))
+                 if plan.predicted_cost_per_1m is not None else None)
+    unit = plan.cost_unit if plan.cost_unit in UNIT_TEXT else PER_1M
+    answer = Arbitrage(status=INSUFFICIENT, message="", margin_pct=margin, unit=unit,
+                       predicted=predicted if unit == PER_1M else None,
+                       predicted_per_1m=predicted,
                        predicted_currency=plan.predicted_cost_currency,
                        predicted_source=plan.predicted_cost_source,
                        predicted_at=plan.predicted_cost_at)
@@ -157,32 +201,60 @@ def plan_arbitrage(plan: Plan, soak: Soak | None = None) -> Arbitrage:
 
 
 def _measure(answer: Arbitrage, soak: Soak, hourly_rate: Decimal) -> None:
-    """The soak's jobs, busy time, output tokens and (when it has both) measured cost."""
+    """The soak's jobs, busy time, output tokens, custom_ids and (when it has them) measured
+    cost in the plan's unit; per successful task, the prediction in that unit too."""
+    from fleetctl.fleet.costs import cost_per_success, spend
+
     answer.soak_id = soak.pk
     jobs, answer.left_out = _measured_jobs(soak)
     answer.jobs = [job.pk for job in jobs]
     answer.busy_seconds = sum((job.finished_at - job.started_at).total_seconds()
                               for job in jobs if job.finished_at and job.started_at)
-    answer.output_tokens = sum(_job_output_tokens(job) for job in jobs)
+    sums = _chunk_sums(jobs) if jobs else {"output_tokens": 0, "succeeded": 0, "failed": 0,
+                                            "retries": 0}
+    answer.output_tokens = sums["output_tokens"]
+    answer.succeeded, answer.failed, answer.retries = (sums["succeeded"], sums["failed"],
+                                                       sums["retries"])
     if answer.busy_seconds > 0 and answer.output_tokens > 0:
         answer.output_tokens_per_s = answer.output_tokens / answer.busy_seconds
-        answer.measured = cost_per_1m(hourly_rate, answer.output_tokens_per_s)
+        answer.measured_per_1m = cost_per_1m(hourly_rate, answer.output_tokens_per_s)
+    if answer.unit == PER_1M:
+        answer.measured = answer.measured_per_1m
+        return
+    answer.spend = spend(hourly_rate, answer.busy_seconds, places=TASK_PLACES)
+    if answer.succeeded <= 0 or answer.busy_seconds <= 0:
+        return
+    answer.measured = cost_per_success(answer.spend, answer.succeeded, places=TASK_PLACES)
+    answer.output_tokens_per_success = answer.output_tokens / answer.succeeded
+    if answer.predicted_per_1m is not None and answer.output_tokens > 0:
+        answer.predicted = (answer.predicted_per_1m * Decimal(answer.output_tokens)
+                            / Decimal(answer.succeeded) / Decimal(1_000_000)).quantize(
+            answer.places, rounding=ROUND_HALF_UP)
 
 
 def _missing_figure(answer: Arbitrage, plan: Plan, soak: Soak | None, pool_name: str) -> str:
     """Why there is nothing to judge yet (no prediction, no soak, nothing measured), or ""."""
-    if answer.predicted is None:
+    if answer.predicted_per_1m is None:
         return (f"Plan {plan.name} has no predicted cost per 1M output tokens: it is "
                 f"recorded when the plan enters stage 3 from the candidate's "
                 f"benchmark cost, or a platform lead sets it (predicted_cost_per_1m "
                 f"and predicted_cost_currency on the plan).")
-    predicted_text = _predicted_text(answer)
+    predicted_text = (f"{money(answer.predicted_per_1m)} {answer.predicted_currency} per 1M "
+                      f"output tokens")
+    unit = "" if answer.unit == PER_1M else ", judged per successful task"
     if soak is None:
-        return (f"Predicted {predicted_text} per 1M output tokens; no soak has run "
-                f"on {pool_name} yet to measure it (start one in stage 3).")
+        return (f"Predicted {predicted_text}{unit}; no soak has run on {pool_name} yet to "
+                f"measure it (start one in stage 3).")
+    if answer.unit == PER_1M and answer.measured is None:
+        return (f"Predicted {predicted_text}; soak {soak.pk} has no completed job with "
+                f"output tokens yet to measure it.")
     if answer.measured is None:
-        return (f"Predicted {predicted_text} per 1M output tokens; soak {soak.pk} has "
-                f"no completed job with output tokens yet to measure it.")
+        return (f"Predicted {predicted_text}{unit}; soak {soak.pk} has no completed job with "
+                f"a custom_id that succeeded yet to measure it ({answer.failed} failed).")
+    if answer.predicted is None:
+        return (f"Predicted {predicted_text}{unit}; soak {soak.pk}'s {answer.succeeded} "
+                f"succeeded custom_ids reported no output tokens, so the prediction has no "
+                f"per-task figure (measured {_measured_text(answer)} per successful task).")
     return ""
 
 
@@ -219,13 +291,13 @@ def _compare_in_predicted_currency(answer: Arbitrage) -> str | None:
                          f"{answer.predicted_currency}, rate of {row.as_of:%Y-%m-%d}"
                          + (f" (the inverse of {row.label})" if conversion.inverted else ""))
     answer.conversion_data = conversion.as_json()
-    compared = conversion.amount.quantize(PLACES, rounding=ROUND_HALF_UP)
+    compared = conversion.amount.quantize(answer.places, rounding=ROUND_HALF_UP)
     answer.measured_compared = compared
     return f" = {money(compared)} {answer.predicted_currency} ({answer.conversion})"
 
 
 def _no_rate_message(answer: Arbitrage, on: date, refused: NoRate) -> str:
-    head = (f"Measured {_measured_text(answer)} per 1M output tokens, predicted "
+    head = (f"Measured {_measured_text(answer)} {answer.unit_text}, predicted "
             f"{_predicted_text(answer)}: two currencies are compared only through a stated "
             f"rate, and ")
     pair = f"{answer.measured_currency}/{answer.predicted_currency}"
@@ -241,21 +313,32 @@ def _judge(answer: Arbitrage, soak: Soak, converted: str) -> None:
     assert answer.predicted is not None and answer.measured_compared is not None
     margin = answer.margin_pct
     limit = (answer.predicted * (1 + Decimal(str(margin)) / 100)).quantize(
-        PLACES, rounding=ROUND_HALF_UP)
+        answer.places, rounding=ROUND_HALF_UP)
     answer.limit = limit
-    how = (f"{money(answer.hourly_rate)} {answer.measured_currency}/h"
-           + (f" {answer.interruption}" if answer.interruption else "") + " ÷ "
-           f"{answer.output_tokens_per_s:,.1f} output tok/s over "
-           f"{answer.busy_seconds:,.0f} s of soak {soak.pk}'s jobs")
+    if answer.unit == PER_1M:
+        how = (f"{money(answer.hourly_rate)} {answer.measured_currency}/h"
+               + (f" {answer.interruption}" if answer.interruption else "") + " ÷ "
+               f"{answer.output_tokens_per_s:,.1f} output tok/s over "
+               f"{answer.busy_seconds:,.0f} s of soak {soak.pk}'s jobs")
+    else:
+        how = (f"{money(answer.spend)} {answer.measured_currency} spent "
+               f"({money(answer.hourly_rate)}/h × {answer.busy_seconds:,.0f} s of soak "
+               f"{soak.pk}'s jobs"
+               + (f", {answer.interruption}" if answer.interruption else "") + ") ÷ "
+               f"{answer.succeeded:,} custom_ids that succeeded "
+               f"({answer.failed:,} failed, {answer.retries:,} retries); predicted "
+               f"{money(answer.predicted_per_1m)} {answer.predicted_currency} per 1M × "
+               f"{answer.output_tokens_per_success or 0:,.1f} output tokens per succeeded "
+               f"task")
     margin_text = f" + {margin:g} %" if margin else ""
     measured_text, predicted_text = _measured_text(answer), _predicted_text(answer)
     if answer.measured_compared <= limit:
         answer.status = PASS
-        answer.message = (f"Measured {measured_text}{converted} per 1M output tokens, within "
+        answer.message = (f"Measured {measured_text}{converted} {answer.unit_text}, within "
                           f"the predicted {predicted_text}{margin_text} (limit "
                           f"{money(limit)} {answer.predicted_currency}; {how}).")
     else:
         answer.status = FAIL
-        answer.message = (f"Measured {measured_text}{converted} per 1M output tokens, over the "
+        answer.message = (f"Measured {measured_text}{converted} {answer.unit_text}, over the "
                           f"predicted {predicted_text}{margin_text} (limit {money(limit)} "
                           f"{answer.predicted_currency}; {how}).")

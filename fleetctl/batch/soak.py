@@ -406,14 +406,15 @@ def cost_rejudge_for_pool(pool_id: int, what: str) -> None:
     for plan in plans.order_by("id"):
         if plan.soaks.exists():
             log.info("cost arbitrage of %s judged again: %s", plan.name, what)
-            cost_rejudge(plan)
+            cost_rejudge(plan, what)
 
 
-def cost_rejudge(plan: Plan) -> Evidence | None:
-    """The plan's predicted cost changed: judge the last finished soak's measured cost against
-    the prediction now in force and record it as a new `cost-arbitrage` row (the stage-3
-    check reads the newest; an approval bound to the old row is voided by the usual refresh).
-    Nothing when no soak of the plan has ended."""
+def cost_rejudge(plan: Plan, why: str = "the plan's predicted cost changed") -> Evidence | None:
+    """The plan's predicted cost or its cost unit changed (`why`): judge the last finished
+    soak's measured cost against the prediction now in force, in the unit now in force, and
+    record it as a new `cost-arbitrage` row (the stage-3 check reads the newest; an approval
+    bound to the old row is voided by the usual refresh). Nothing when no soak of the plan
+    has ended."""
     soak = (plan.soaks.exclude(state=Soak.State.RUNNING).select_related("pool")
             .order_by(F("finished_at").desc(nulls_last=True), "-id").first())
     if soak is None:
@@ -423,4 +424,4 @@ def cost_rejudge(plan: Plan) -> Evidence | None:
         actor=Actor.for_system(EVIDENCE_ACTOR), pool=soak.pool, kind=COST_KIND,
         verdict=arbitrage.verdict, summary=arbitrage.message[:300], data=arbitrage.as_json(),
         url=f"/batch/soaks/{soak.pk}/",
-        source=f"batch soak {soak.pk}, judged again: the plan's predicted cost changed")
+        source=f"batch soak {soak.pk}, judged again: {why}")

@@ -20,6 +20,7 @@ from migrations_plan.models import (
     Approval,
     Attestation,
     CheckStatusChange,
+    CostUnit,
     Evidence,
     GateCheck,
     Plan,
@@ -272,7 +273,8 @@ class PlanSerializer(serializers.ModelSerializer):
                   "stage_entered_at", "candidate_pool", "primary_pool", "routes",
                   "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "slo_e2e_p95_ms",
                   "latency_margin_pct",
-                  "cost_margin_pct", "quality_margin_pct", "owner", "created_by", "target_date",
+                  "cost_margin_pct", "cost_unit", "quality_margin_pct", "owner", "created_by",
+                  "target_date",
                   "required_approvals", "notes", "predicted_cost_per_1m",
                   "predicted_cost_currency", "predicted_cost_source", "predicted_cost_at",
                   "created_at", "closed_at", "gate", "at_risk", "at_risk_since", "risk"]
@@ -320,6 +322,18 @@ class PlanDetailSerializer(PlanSerializer):
         return GateApprovalSerializer(views, many=True).data
 
 
+def _cost_unit_field() -> serializers.ChoiceField:
+    """Plan.cost_unit, refused with the choices named (a 400 changes nothing)."""
+    choices = ", ".join(CostUnit.values)
+    return serializers.ChoiceField(
+        choices=CostUnit.choices, required=False,
+        error_messages={"invalid_choice": f'Unknown cost unit "{{input}}"; one of {choices} '
+                                          f'(per 1M output tokens, or per successful task: '
+                                          f"a soak's spend ÷ the custom_ids that succeeded)."},
+        help_text="The unit stage 3's cost arbitrage is judged in: per_1m_output_tokens "
+                  "(default) or per_successful_task (retries and failures counted).")
+
+
 class PlanCreateSerializer(serializers.ModelSerializer):
     name = StrictCharField(max_length=63, help_text="A slug, e.g. mi300x-llama.")
     candidate_pool = pool_by_name(help_text="Name of the pool joining the routes.")
@@ -329,12 +343,13 @@ class PlanCreateSerializer(serializers.ModelSerializer):
         help_text="Names of the routes (models) the candidate will join.")
     owner = _owner_field(required=False)
     notes = StrictCharField(required=False, allow_blank=True, max_length=10_000)
+    cost_unit = _cost_unit_field()
 
     class Meta:
         model = Plan
         fields = ["name", "candidate_pool", "primary_pool", "routes", "slo_ttft_p95_ms",
                   "slo_tpot_p95_ms", "slo_error_rate", "slo_e2e_p95_ms", "latency_margin_pct",
-                  "cost_margin_pct", "quality_margin_pct", "owner", "target_date",
+                  "cost_margin_pct", "cost_unit", "quality_margin_pct", "owner", "target_date",
                   "required_approvals", "notes"]
         # The service's full_clean checks uniqueness and ranges with the words used everywhere.
         validators: list[Any] = []
@@ -351,6 +366,7 @@ class PlanCreateSerializer(serializers.ModelSerializer):
 
 class PlanUpdateSerializer(serializers.ModelSerializer):
     owner = _owner_field(required=False)
+    cost_unit = _cost_unit_field()
     notes = StrictCharField(required=False, allow_blank=True, max_length=10_000)
     predicted_cost_per_1m = serializers.DecimalField(
         max_digits=14, decimal_places=4, required=False, allow_null=True,

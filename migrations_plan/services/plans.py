@@ -21,22 +21,23 @@ from fleetctl.traffic.models import Route
 from migrations_plan import evidence as ev
 from migrations_plan import permissions
 from migrations_plan.gates import DEFAULT_GATES
-from migrations_plan.models import STAGE_NAMES, GateCheck, Plan
+from migrations_plan.models import STAGE_NAMES, CostUnit, GateCheck, Plan
 from migrations_plan.services._shared import PREDICTION_FIELDS, _lock, _open, _person, _refusals
 
 PLAN_FIELDS = ["name", "candidate_pool", "primary_pool", "slo_ttft_p95_ms", "slo_tpot_p95_ms",
                "slo_error_rate", "slo_e2e_p95_ms", "latency_margin_pct", "cost_margin_pct",
-               "quality_margin_pct", "owner", "target_date", "required_approvals", "notes"]
+               "cost_unit", "quality_margin_pct", "owner", "target_date", "required_approvals",
+               "notes"]
 EDITABLE_FIELDS = ["slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_error_rate", "slo_e2e_p95_ms",
                    "latency_margin_pct",
-                   "cost_margin_pct", "quality_margin_pct", "owner", "target_date",
+                   "cost_margin_pct", "cost_unit", "quality_margin_pct", "owner", "target_date",
                    "required_approvals", "notes", "predicted_cost_per_1m",
                    "predicted_cost_currency", "predicted_cost_source"]
-# Called once a plan's predicted cost has changed: the batch app judges the last
-# finished soak's measured cost against the new prediction and records it (fleetctl/batch/
-# apps.py), so stage 3's cost check — and any approval bound to its old row — follows the
-# prediction in force. Plans cannot import batch (the layers), hence a hook.
-PREDICTION_HOOKS: list[Callable[[Plan], object]] = []
+# Called once a plan's predicted cost or its cost unit has changed, with why: the batch app
+# judges the last finished soak's measured cost against the prediction in the unit now in
+# force and records it (fleetctl/batch/apps.py), so stage 3's cost check — and any approval
+# bound to its old row — follows them. Plans cannot import batch (the layers), hence a hook.
+PREDICTION_HOOKS: list[Callable[[Plan, str], object]] = []
 CHECK_FIELDS = ["stage", "key", "title", "kind", "rule", "params", "attest_role"]
 
 
@@ -47,14 +48,17 @@ def plan_create(*, actor: Actor, name: str, candidate_pool: Pool, primary_pool: 
                 slo_error_rate: float, owner: Any = None, target_date: date | None = None,
                 required_approvals: int = 1, latency_margin_pct: float = 10,
                 cost_margin_pct: float = 0, quality_margin_pct: float = 2,
-                slo_e2e_p95_ms: float | None = None, notes: str = "") -> Plan:
+                slo_e2e_p95_ms: float | None = None, notes: str = "",
+                cost_unit: str = CostUnit.PER_1M_OUTPUT_TOKENS) -> Plan:
     """Open a plan at stage 1 with the default gates. One open plan per candidate and route;
     the candidate starts with no live weight on its routes."""
     actor.require(roles.FLEET_MANAGE, action="plan.create", target="migrations_plan.plan")
     with _refusals(actor, "plan.create", f"plan {name}"):
         author = _person(actor, "Opening a plan")
+        _check_cost_unit(cost_unit)
         plan = Plan(name=name, candidate_pool=candidate_pool, primary_pool=primary_pool,
-                    slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms,
+                    cost_unit=cost_unit, slo_ttft_p95_ms=slo_ttft_p95_ms,
+                    slo_tpot_p95_ms=slo_tpot_p95_ms,
                     slo_error_rate=slo_error_rate, owner=owner or author, created_by=author,
                     target_date=target_date, required_approvals=required_approvals,
                     latency_margin_pct=latency_margin_pct, cost_margin_pct=cost_margin_pct,
@@ -150,6 +154,8 @@ def plan_update(*, actor: Actor, plan: Plan, **changes: Any) -> Plan:
         if unknown:
             raise ValidationError({n: ["This field cannot be changed here."] for n in unknown})
         changes = _prediction_changes(actor, changes)
+        if "cost_unit" in changes:
+            _check_cost_unit(changes["cost_unit"])
         with transaction.atomic():
             locked = _lock(plan)
             _open(locked)
@@ -167,10 +173,24 @@ def plan_update(*, actor: Actor, plan: Plan, **changes: Any) -> Plan:
                 audit_record(actor=actor, action="plan.update", target=locked,
                              before={k: before[k] for k in changed},
                              after={k: after[k] for k in changed})
-    if set(changed) & {"predicted_cost_per_1m", "predicted_cost_currency"}:
+    why = ("the plan's predicted cost changed"
+           if set(changed) & {"predicted_cost_per_1m", "predicted_cost_currency"} else
+           f"the plan's cost unit changed to {locked.get_cost_unit_display()}"
+           if "cost_unit" in changed else "")
+    if why:
         for hook in PREDICTION_HOOKS:
-            hook(locked)
+            hook(locked, why)
     return locked
+
+
+def _check_cost_unit(unit: object) -> None:
+    """A unit stage 3's cost arbitrage knows, or a 400 naming them (before anything is
+    written)."""
+    if unit not in CostUnit.values:
+        raise ValidationError({"cost_unit": [
+            f"Unknown cost unit {unit!r}; one of {', '.join(CostUnit.values)} (per 1M "
+            f"output tokens, or per successful task: a soak's spend ÷ the custom_ids that "
+            f"succeeded)."]})
 
 
 def _prediction_changes(actor: Actor, changes: dict[str, Any]) -> dict[str, Any]:

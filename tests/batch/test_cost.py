@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -180,3 +181,93 @@ def test_a_new_prediction_judges_the_last_soak_again_and_the_check_follows_it(so
     assert check() == ev.FAIL
     plans.plan_update(actor=people.actor("lead"), plan=plan, notes="no cost change")
     assert rows.count() == 2  # other terms do not touch the arbitrage
+
+
+# --- per successful task (Plan.cost_unit) -------------------------------------------------------
+
+def _with_failures(soak: Soak, *, succeeded: int, failed: int, retries: int) -> None:
+    """The soak's one job: `succeeded` of its custom_ids answered, `failed` not, after
+    `retries` retried attempts (the 35,000 output tokens are the successes')."""
+    BatchChunk.objects.filter(job__soak=soak).update(succeeded=succeeded, failed=failed,
+                                                     retries=retries)
+
+
+def test_per_successful_task_counts_failures_and_retries_and_passes_or_fails(soaked):
+    people, plan, soak = soaked
+    predict(people, plan, "8.50", "USD")
+    _with_failures(soak, succeeded=80, failed=20, retries=30)
+    plans.plan_update(actor=people.actor("lead"), plan=plan, cost_unit="per_successful_task")
+    plan.refresh_from_db()
+    answer = plan_arbitrage(plan, soak)
+    # Spend: 10.50 USD/h × 100 s = 0.29166667 USD, ÷ 80 custom_ids that succeeded.
+    assert answer.unit == "per_successful_task"
+    assert answer.spend == Decimal("0.29166667") and answer.measured == Decimal("0.00364583")
+    assert (answer.succeeded, answer.failed, answer.retries) == (80, 20, 30)
+    # Predicted: 8.50 per 1M × 35,000 / 80 = 437.5 output tokens per succeeded task.
+    assert answer.output_tokens_per_success == 437.5
+    assert answer.predicted == Decimal("0.00371875") and answer.predicted_per_1m == Decimal("8.5")
+    assert answer.measured_per_1m == Decimal("8.3333")  # beside it, as ever
+    assert answer.status == "pass" and answer.limit == Decimal("0.00371875")
+    assert answer.message.startswith("Measured 0.00364583 USD per successful task, within "
+                                     "the predicted 0.00371875 USD")
+    assert "÷ 80 custom_ids that succeeded (20 failed, 30 retries)" in answer.message
+    data = answer.as_json()
+    assert (data["unit"], data["measured"], data["predicted"], data["predicted_cost_per_1m"],
+            data["measured_cost_per_1m"], data["succeeded"], data["spend"]) == (
+        "per_successful_task", "0.00364583", "0.00371875", "8.5000", "8.3333", 80, "0.29166667")
+
+    # The same spend over fewer successes: each costs more, over the prediction (which
+    # follows the successes' own tokens: 35,000 / 60 per task).
+    _with_failures(soak, succeeded=60, failed=40, retries=90)
+    answer = plan_arbitrage(plan, soak)
+    assert answer.measured == Decimal("0.00486111")  # 0.29166667 ÷ 60
+    assert answer.predicted == Decimal("0.00495833")  # 8.50 × 583.33 / 1e6
+    assert answer.status == "pass"
+    predict(people, plan, "8.00", "USD")
+    answer = plan_arbitrage(plan, soak)
+    assert answer.status == "fail" and answer.predicted == Decimal("0.00466667")
+    assert "over the predicted 0.00466667 USD" in answer.message
+    # Nothing succeeded: not judged, said.
+    _with_failures(soak, succeeded=0, failed=100, retries=0)
+    answer = plan_arbitrage(plan, soak)
+    assert answer.status == "insufficient" and answer.measured is None
+    assert "no completed job with a custom_id that succeeded" in answer.message
+
+
+def test_the_unit_through_the_api_rejudges_and_a_bad_one_changes_nothing(soaked, client_for):
+    from migrations_plan.models import Evidence, Plan
+
+    people, plan, soak = soaked
+    predict(people, plan, "8.00", "USD")  # a per-1M row: 8.3333 > 8.00, fail
+    _with_failures(soak, succeeded=80, failed=20, retries=30)
+    def rows() -> Any:
+        return Evidence.objects.filter(kind="cost-arbitrage", pool=soak.pool).order_by("id")
+
+    assert [(r.verdict, r.data["unit"]) for r in rows()] == [("fail", "per_1m_output_tokens")]
+    lead = client_for("platform-lead", username="dora")
+    url = f"/api/v1/plans/{plan.name}/"
+    bad = lead.patch(url, {"cost_unit": "per_request", "cost_margin_pct": 10}, format="json")
+    assert bad.status_code == 400
+    [message] = bad.json()["error"]["fields"]["cost_unit"]
+    assert message.startswith('Unknown cost unit "per_request"; one of per_1m_output_tokens, '
+                              'per_successful_task')
+    fresh = Plan.objects.get(pk=plan.pk)
+    assert (fresh.cost_unit, fresh.cost_margin_pct) == ("per_1m_output_tokens", 0)
+    assert rows().count() == 1
+    with pytest.raises(Exception, match="Unknown cost unit 'per_request'"):
+        plans.plan_update(actor=people.actor("lead"), plan=plan, cost_unit="per_request")
+
+    answer = lead.patch(url, {"cost_unit": "per_successful_task", "cost_margin_pct": 5},
+                        format="json")
+    assert answer.status_code == 200, answer.json()
+    assert answer.json()["cost_unit"] == "per_successful_task"
+    # Judged again in the new unit and recorded: 0.00364583 ≤ 0.0035 × 1.05 = 0.003675.
+    newest = rows().last()
+    assert rows().count() == 2 and newest.verdict == "pass"
+    assert newest.data["unit"] == "per_successful_task"
+    assert newest.data["limit"] == "0.00367500"
+    assert newest.source == (f"batch soak {soak.pk}, judged again: the plan's cost unit "
+                             f"changed to per successful task")
+    # The soak page and the plan's stage-3 panel say the unit.
+    page = lead.get(f"/batch/soaks/{soak.pk}/").content.decode()
+    assert "Measured, per successful task" in page and "80 custom_ids that succeeded" in page

@@ -463,3 +463,16 @@ def test_the_rehearse_button_is_for_stage_4_and_a_refusal_is_flashed(world, clie
     assert "Nothing to rehearse" in response.content.decode()
     from fleetctl.traffic.models import Drain
     assert not Drain.objects.exists()
+
+
+def test_the_form_chooses_the_cost_unit_and_refuses_an_unknown_one(world, client_as):
+    refused = client_as("author").post(reverse("plans:create"),
+                                       plan_form(world, cost_unit="per_request"))
+    assert refused.status_code == 200 and "Nothing was saved" in refused.content.decode()
+    assert not Plan.objects.exists()
+    response = client_as("author").post(reverse("plans:create"),
+                                        plan_form(world, cost_unit="per_successful_task"))
+    assert response.status_code == 302
+    plan = Plan.objects.get(name="mi300x-llama")
+    assert plan.cost_unit == "per_successful_task"
+    assert "(per successful task)" in page(client_as("viewer"), plan)
