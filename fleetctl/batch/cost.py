@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from fleetctl.fleet.costs import cost_per_1m
+from fleetctl.fleet.costs import TASK_PLACES, cost_per_1m
 from fleetctl.fleet.interruption import effective_rate
 from fleetctl.fleet.models import money
 from fleetctl.fleet.selectors import NoRate, convert, rate_on
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 PASS, FAIL, INSUFFICIENT = "pass", "fail", "insufficient"
 PLACES = Decimal("0.0001")
-TASK_PLACES = 8  # decimals of a per-task amount
 PER_1M, PER_TASK = "per_1m_output_tokens", "per_successful_task"  # Plan.cost_unit
 UNIT_TEXT = {PER_1M: "per 1M output tokens", PER_TASK: "per successful task"}
 # The oldest exchange rate a conversion may use, in days before it: the benchmark cost

@@ -37,9 +37,15 @@ def spend(hourly_rate: Decimal | str | int | float, seconds: float, places: int 
         Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
 
 
-def cost_per_success(spent: Decimal | str, succeeded: int, places: int = 4) -> Decimal:
+# Decimals of a per-task amount: a request or a custom_id costs fractions of a cent.
+TASK_PLACES = 8
+
+
+def cost_per_success(spent: Decimal | str, succeeded: int,
+                     places: int = TASK_PLACES) -> Decimal:
     """Cost per successful task = what was spent ÷ the tasks that succeeded: failed attempts
-    and retries are in the spend and in none of the successes, so they raise it."""
+    and retries are in the spend and in none of the successes, so they raise it. Rounded
+    half-up to `places` decimals (default 8: fractions of a cent still compare)."""
     if succeeded <= 0:
         raise ValueError("succeeded must be > 0")
     return (Decimal(str(spent)) / Decimal(succeeded)).quantize(
@@ -88,7 +94,7 @@ def task_cost(*, pool: str, unit: str, currency: str, hourly_rate: Decimal | str
         out.not_measured = (f"not measured: {pool}'s hourly rate is 0 — set its "
                             f"node_hourly_rate (Fleet → the pool → Edit) to price it")
         return out
-    spent = spend(rate, seconds)
+    spent = spend(rate, seconds, places=TASK_PLACES)
     out.spend = str(spent)
     if succeeded <= 0:
         out.not_measured = (f"not measured: no {unit} yet ({out.attempts} attempts, "

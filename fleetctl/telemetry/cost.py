@@ -186,8 +186,9 @@ def _measure_cost(pool: Any, rows: list[dict[str, Any]], since: datetime, until:
     if tax.not_measured:
         live.not_measured = tax.not_measured
         return live
-    live.cost = _money(rate * Decimal(str(seconds)) / Decimal(3600) * Decimal(str(share)))
-    _per_success(live)
+    spent = rate * Decimal(str(seconds)) / Decimal(3600) * Decimal(str(share))
+    live.cost = _money(spent)
+    _per_success(live, spent)
     if not tokens:
         live.not_measured = (f"not measured: no output tokens served in this period; the "
                              f"pool still cost {live.cost} {pool.currency} (idle)")
@@ -219,8 +220,8 @@ def _count_requests(live: LiveCost, rows: list[dict[str, Any]], route: str | Non
     live.error_rate = live.failed_requests / live.requests if live.requests else None
 
 
-def _per_success(live: LiveCost) -> None:
-    """Cost per successful request, once the cost is known."""
+def _per_success(live: LiveCost, spent: Decimal) -> None:
+    """Cost per successful request, once the cost is known (`spent`, before rounding)."""
     from fleetctl.fleet.costs import cost_per_success
 
     if live.successful_requests is None or live.cost is None:
@@ -230,7 +231,7 @@ def _per_success(live: LiveCost) -> None:
             f"not measured: no request succeeded in this period ({live.requests} attempted, "
             f"{live.failed_requests} failed); the pool still cost {live.cost} {live.currency}")
         return
-    live.cost_per_success = _money(cost_per_success(live.cost, live.successful_requests))
+    live.cost_per_success = str(cost_per_success(spent, live.successful_requests))
     live.per_success_not_measured = ""
 
 

@@ -55,11 +55,11 @@ def test_a_jobs_cost_per_successful_custom_id_counts_failures_and_retries(
         ok, failed, retries)
     assert cost.attempts == 30 + retries  # every custom_id's attempts, no resend here
     spent = (Decimal("3600.00") * Decimal(str(busy)) / 3600).quantize(
-        Decimal("0.0001"), rounding=ROUND_HALF_UP)
+        Decimal("1e-8"), rounding=ROUND_HALF_UP)
     assert cost.spend == str(spent)
     assert spent > 0  # 1.00 a second: a job of a few hundred ms costs something
     assert cost.cost_per_success == str((spent / ok).quantize(
-        Decimal("0.0001"), rounding=ROUND_HALF_UP))
+        Decimal("1e-8"), rounding=ROUND_HALF_UP))
     assert f"{ok:,} custom_id that succeeded" in cost.how and not cost.not_measured
 
     viewer = client_for("viewer")

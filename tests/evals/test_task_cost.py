@@ -48,7 +48,7 @@ def test_an_eval_runs_cost_per_item_passed_on_each_pool(
     assert run.status == "complete" and run.started_at and run.finished_at
     seconds = (run.finished_at - run.started_at).total_seconds()
     spent = (Decimal("3600.00") * Decimal(str(seconds)) / 3600).quantize(
-        Decimal("0.0001"), rounding=ROUND_HALF_UP)
+        Decimal("1e-8"), rounding=ROUND_HALF_UP)
     passed = EvalResult.objects.filter(run=run, run_pool__pool=cand, score__gte=1).count()
     assert passed > 0
 
@@ -58,7 +58,7 @@ def test_an_eval_runs_cost_per_item_passed_on_each_pool(
     assert (mine.succeeded, mine.failed, mine.retries, mine.attempts) == (
         passed, 8 - passed, 0, 8)
     assert mine.cost_per_success == str((spent / passed).quantize(
-        Decimal("0.0001"), rounding=ROUND_HALF_UP))
+        Decimal("1e-8"), rounding=ROUND_HALF_UP))
     assert "item passed" in mine.how
     # Every item tried three times, none answered: the same spend, nothing passed.
     dead = costs["down"]

@@ -312,9 +312,9 @@ def test_an_injected_error_rate_raises_the_cost_per_successful_request(
     assert clean.retries + faulty.retries > 0  # the dead endpoint: Envoy's retries, logged
     assert clean.cost == faulty.cost == "0.6000"  # 36.00 per hour × 60 s, busy or failing
     assert faulty.cost_per_success == str(
-        (Decimal("0.6") / ok).quantize(Decimal("0.0001"), rounding=ROUND_HALF_UP))
+        (Decimal("0.6") / ok).quantize(Decimal("1e-8"), rounding=ROUND_HALF_UP))
     assert clean.cost_per_success == str(
-        (Decimal("0.6") / clean_ok).quantize(Decimal("0.0001"), rounding=ROUND_HALF_UP))
+        (Decimal("0.6") / clean_ok).quantize(Decimal("1e-8"), rounding=ROUND_HALF_UP))
     # The same load, the same spend, fewer successes: each success costs more.
     assert Decimal(faulty.cost_per_success) > Decimal(clean.cost_per_success)
     assert [(r["route"], r["successful_requests"], r["cost_per_success"])
@@ -355,7 +355,7 @@ def test_cost_per_successful_request_is_never_a_zero(make_pool: Any, db: None) -
                resolution_s=600, start=start, counts={"requests": 15, "fell_over": 4})
     some = live_cost(pool="quiet", since=since, until=until)
     assert (some.requests, some.failed_requests, some.successful_requests) == (24, 9, 15)
-    assert some.cost_per_success == "0.4000"  # 6.00 ÷ 15
+    assert some.cost_per_success == "0.40000000"  # 6.00 ÷ 15, to 8 decimals
     Pool.objects.filter(name="quiet").update(node_hourly_rate=0)
     free = live_cost(pool="quiet", since=since, until=until)
     assert free.cost_per_success is None and free.successful_requests == 15
