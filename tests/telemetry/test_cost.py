@@ -329,6 +329,11 @@ def test_an_injected_error_rate_raises_the_cost_per_successful_request(
     assert (total["successful_requests"], total["failed_requests"], total["cost_per_success"]) == (
         ok, failed, faulty.cost_per_success)
     assert total["routes"][0]["cost_per_success"] == faulty.cost_per_success
+    page = client_for("viewer", username="page-viewer").get(
+        reverse("fleet:pool-detail", args=["sc"])).content.decode()
+    assert "Per successful request, last hour" in page
+    assert f"{faulty.cost_per_success} USD" in page
+    assert f"{ok} of {len(codes)} requests succeeded" in page
 
 
 def test_cost_per_successful_request_is_never_a_zero(make_pool: Any, db: None) -> None:
