@@ -8,7 +8,7 @@ from fleetctl.batch.api.soaks import SoakViewSet
 from fleetctl.batch.api.views import BatchFileViewSet, BatchJobViewSet
 from fleetctl.bench.api.views import RunViewSet, TraceViewSet
 from fleetctl.conformance.api.views import ConformanceRunViewSet, RoutingProbeViewSet
-from fleetctl.economics.api.views import BusinessCaseView
+from fleetctl.economics.api.views import BusinessCaseView, ReportView
 from fleetctl.evals.api.views import EvalRunViewSet, EvalSuiteViewSet
 from fleetctl.fleet.api.views import (
     CurrencyRateViewSet,
@@ -74,5 +74,6 @@ urlpatterns = [
     path("metrics", MetricsView.as_view(), name="metrics"),
     path("plans/<slug:name>/business-case/", BusinessCaseView.as_view(),
          name="plan-business-case"),
+    path("plans/<slug:name>/report/", ReportView.as_view(), name="plan-report"),
     path("", include(router.urls)),
 ]

@@ -472,5 +472,8 @@ LOGGING = {
     # axes logs every sign-in at INFO; its WARNINGs (each failure, each lockout) are kept.
     # httpx logs every request at INFO: an eval run sends thousands.
     "loggers": {"django.db.backends": {"level": "WARNING"}, "axes": {"level": "WARNING"},
-                "httpx": {"level": "WARNING"}},
+                "httpx": {"level": "WARNING"},
+                # WeasyPrint logs every layout step of every PDF at INFO; fontTools its
+                # font subsetting.
+                "weasyprint": {"level": "WARNING"}, "fontTools": {"level": "WARNING"}},
 }

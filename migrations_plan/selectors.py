@@ -177,6 +177,16 @@ def evidence_list() -> QuerySet[Evidence]:
     return Evidence.objects.select_related("pool", "route")
 
 
+def plan_evidence(*, plan: Plan, kinds: Sequence[str] | None = None,
+                  other_than: Sequence[str] = ()) -> list[Evidence]:
+    """Evidence rows about the plan's candidate and primary (of `kinds`, or of any kind but
+    `other_than`), oldest first (time, then id): what the migration report writes down."""
+    rows = evidence_list().filter(pool__in=[plan.candidate_pool_id, plan.primary_pool_id])
+    if kinds is not None:
+        rows = rows.filter(kind__in=list(kinds))
+    return list(rows.exclude(kind__in=list(other_than)).order_by("observed_at", "id"))
+
+
 def gate_summary(gate: ev.GateEvaluation) -> dict[str, Any]:
     return {"stage": gate.stage, "status": gate.status,
             "status_label": ev.status_label(gate.status),

@@ -25,6 +25,14 @@ class NotFoundError(DomainError):
     code = "not_found"
 
 
+class UnavailableError(DomainError):
+    """Something this answer needs is not installed or not reachable here (not the request's
+    fault): 503, with what to install or start."""
+
+    status_code = 503
+    code = "unavailable"
+
+
 class ConflictError(DomainError):
     """`extra`: facts about the current state a client acts on (e.g. `current_revision`),
     answered at the top level of the error body beside `error`."""

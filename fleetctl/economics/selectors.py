@@ -3,6 +3,8 @@ them yet) and the case judged from them now."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from fleetctl.economics.case import Case, judge
 from fleetctl.economics.models import BusinessCase
 from migrations_plan.models import Plan
@@ -14,6 +16,7 @@ def business_case_of(plan: Plan) -> BusinessCase:
     return found if found is not None else BusinessCase(plan=plan)
 
 
-def case_of(plan: Plan) -> tuple[BusinessCase, Case]:
+def case_of(plan: Plan, *, now: datetime | None = None) -> tuple[BusinessCase, Case]:
+    """The inputs and the case judged from them at `now` (default: now)."""
     inputs = business_case_of(plan)
-    return inputs, judge(plan, inputs)
+    return inputs, judge(plan, inputs, now=now)

@@ -57,6 +57,13 @@ def ramp_detail(pk: int) -> Ramp | None:
                  .order_by("at", "id"))).filter(pk=pk).first())
 
 
+def plan_ramps(plan: Plan) -> list[Ramp]:
+    """The plan's ramps, oldest first (created, then id), each with its events oldest first."""
+    return list(ramp_list().filter(plan=plan).prefetch_related(
+        Prefetch("events", queryset=RampEvent.objects.order_by("at", "id")))
+        .order_by("created_at", "id"))
+
+
 def ramp_active_for(route: Route) -> Ramp | None:
     return ramp_list().filter(route=route, state__in=ACTIVE_STATES).first()
 

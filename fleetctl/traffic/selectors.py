@@ -247,6 +247,15 @@ def drain_list(*, with_restores: bool = False) -> QuerySet[Drain]:
     return drains.prefetch_related("restored_by") if with_restores else drains
 
 
+def drains_of_pool(*, pool: Pool, routes: list[Route]) -> list[Drain]:
+    """Drains that took `pool`'s weight off any of `routes` (a drain of the pool, or of a
+    whole route while it carried weight), oldest first (requested, then id). `drained_pools`
+    is read in Python: SQLite has no JSON containment."""
+    drains = (drain_list().filter(revisions__route__in=routes).distinct()
+              .order_by("requested_at", "id"))
+    return [d for d in drains if pool.name in (d.drained_pools or [])]
+
+
 def drain_progress_reread(*, drain: Drain) -> None:
     """Read a drain's progress again from its row, in place (after waiting on its pushes)."""
     drain.refresh_from_db(fields=["status", "verified_at", "in_flight_zero_at",

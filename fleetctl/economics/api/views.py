@@ -1,22 +1,30 @@
 """GET/PUT /api/v1/plans/{name}/business-case/: the plan's business case judged now, and its
 inputs changed (scope `fleet.manage`). A PUT is one service call (economics.services), which
-checks, audits on the plan and re-judges."""
+checks, audits on the plan and re-judges. GET /api/v1/plans/{name}/report/: the plan's
+migration report (`?format=pdf|html|json`), for whoever may read the plan."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from django.http import HttpResponse
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.exceptions import ValidationError
 from rest_framework.generics import get_object_or_404
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleetctl.accounts.permissions import actor_from_request
 from fleetctl.core.idempotency import action_body
+from fleetctl.economics import report as reports
 from fleetctl.economics import selectors, services
 from fleetctl.economics.api.serializers import BusinessCaseInputSerializer, BusinessCaseSerializer
 from fleetctl.economics.services import EDITABLE
+from fleetctl.observability import OnlyRepresentation
 from migrations_plan import selectors as plans
 from migrations_plan.models import Plan
 
@@ -53,3 +61,57 @@ class BusinessCaseView(APIView):
         body = action_body(request, BusinessCaseInputSerializer)
         services.business_case_update(actor=actor_from_request(request), plan=plan, **body)
         return Response(BusinessCaseSerializer(_answer(plan)).data)
+
+
+REPORT_FORMATS = {"pdf": "application/pdf", "html": "text/html; charset=utf-8",
+                  "json": "application/json"}
+
+
+class _FormatIsAParameter(OnlyRepresentation):
+    """`?format=` picks the report's form here (the view reads it), not a DRF renderer;
+    errors are answered in JSON."""
+
+
+class ReportView(APIView):
+    """A plan's migration report (docs/cost.md, "The migration report")."""
+
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = _FormatIsAParameter
+
+    @extend_schema(
+        operation_id="plans_report",
+        description="The plan's migration report built from the rows now: method (traces, "
+                    "SLO, sweep), per-backend conformance, evals and the divergence catalogue, "
+                    "soak and drill, ramps and drain timings, costs and the business case, "
+                    "every approval with the evidence hash it saw. `?format=pdf` (default; "
+                    "WeasyPrint), `html` (the same document as a page) or `json` (its sections "
+                    "as data). The same rows give the same bytes but for the generation time. "
+                    "503 when the PDF's system libraries are missing (the message names them; "
+                    "html and json still work).",
+        parameters=[OpenApiParameter("format", str, enum=list(REPORT_FORMATS), default="pdf",
+                                     description="pdf, html or json")],
+        responses={(200, "application/pdf"): OpenApiResponse(OpenApiTypes.BINARY),
+                   (200, "text/html"): OpenApiResponse(OpenApiTypes.STR),
+                   (200, "application/json"): OpenApiResponse(
+                       OpenApiTypes.OBJECT, description="{plan, title, generated_at, "
+                                                        "rows_sha256, sections: [...]}"),
+                   400: OpenApiResponse(description="An unknown format."),
+                   404: OpenApiResponse(description="No such plan."),
+                   503: OpenApiResponse(description="PDF asked, WeasyPrint cannot run here.")})
+    def get(self, request: Request, name: str) -> HttpResponse | Response:
+        fmt = request.query_params.get("format", "pdf")
+        if fmt not in REPORT_FORMATS:
+            raise ValidationError({"format": [f"Unknown format {fmt[:40]!r}: use pdf, html or "
+                                              f"json."]})
+        plan = get_object_or_404(plans.plan_list(), name=name)
+        at = timezone.now()
+        report = reports.build(plan, at)
+        if fmt == "json":
+            return Response(report.as_json())
+        if fmt == "html":
+            return HttpResponse(reports.render_html(report, at, links=reports.links(plan.name)),
+                                content_type=REPORT_FORMATS["html"])
+        response = HttpResponse(reports.render_pdf(report, at), content_type="application/pdf")
+        response["Content-Disposition"] = (f'attachment; filename="migration-report-'
+                                           f'{plan.name}-{at:%Y%m%dT%H%M%SZ}.pdf"')
+        return response
