@@ -13,6 +13,7 @@ from django.core.management import call_command
 from django.test import Client
 
 from fleetctl.economics.models import BusinessCase
+from tests.economics.test_report import _pdf_text
 from tests.fleet.test_demo_seed import SEED
 
 
@@ -56,3 +57,8 @@ def test_the_demo_mi300x_plan_has_a_measured_business_case(celery_worker, tmp_pa
     assert "the measured arbitrage is" in case.headline, case.headline
     assert case.numbers["comparison"]["runs"] == [run.pk, run.pk]
     print("demo business case:", case.headline)
+    # ... and downloads the plan's migration report as a PDF, the business case in it.
+    pdf = page.get(f"/plans/{business_case.PLAN}/report.pdf")
+    assert pdf.status_code == 200 and pdf["Content-Type"] == "application/pdf"
+    assert pdf.content.startswith(b"%PDF-")
+    assert case.verdict_words in " ".join(_pdf_text(pdf.content).split())

@@ -16,7 +16,8 @@ PASSWORD = "walk-the-demo-pages"
 # shadow run with pairs, finished eval and benchmark runs, a batch job and a soak).
 MUST_REACH = {
     "fleet:overview", "fleet:pool-detail", "fleet:region-list", "fleet:currency-rates",
-    "plans:board", "plans:detail", "economics:business-case", "traffic:routes",
+    "plans:board", "plans:detail", "economics:business-case", "economics:report",
+    "economics:report-pdf", "traffic:routes",
     "traffic:route-detail", "traffic:drains",
     "traffic:drain-detail", "ramps:list", "ramps:detail", "shadow:home", "shadow:run-detail",
     "evals:home", "evals:run-detail", "evals:suites", "evals:suite-detail", "bench:home",
