@@ -22,12 +22,11 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from rest_framework import renderers
-from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from fleetctl.core.api.renderers import PassThroughRenderer
+from fleetctl.core.api.renderers import OnlyRepresentation, PassThroughRenderer
 from fleetctl.fleet.models import Pool
 from fleetctl.traffic.gateways.base import TOTAL_WEIGHT
 from fleetctl.traffic.models import Drain, Gateway, GatewayPush, Route
@@ -264,19 +263,6 @@ class PrometheusTextRenderer(PassThroughRenderer):
     media_type = "text/plain"
     format = "prometheus"
     charset = "utf-8"
-
-
-class OnlyRepresentation(BaseContentNegotiation):
-    """There is one representation, so Accept is not consulted: scrapers send many variants
-    (Prometheus asks for OpenMetrics first), and a 406 would only turn a scrape into a
-    failure."""
-
-    def select_parser(self, request: Request, parsers: Any) -> Any:
-        return parsers[0] if parsers else None
-
-    def select_renderer(self, request: Request, renderers: Any,
-                        format_suffix: str | None = None) -> tuple[Any, str]:
-        return renderers[0], renderers[0].media_type
 
 
 class MetricsView(APIView):

@@ -90,8 +90,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "schedules": BELOW_FLEET | {"fleet", "traffic", "plans", "bench", "conformance", "evals",
                                 "webhooks"},
     # A plan's business case compares its benchmark evidence (bench), converts through the
-    # fleet's rates, and forecasts capacity from telemetry against traffic's capacities.
-    "economics": BELOW_FLEET | {"fleet", "traffic", "telemetry", "plans", "bench"},
+    # fleet's rates, and forecasts capacity from telemetry against traffic's capacities; its
+    # migration report reads the plan's ramps and its shadow run's divergent pairs.
+    "economics": BELOW_FLEET | {"fleet", "traffic", "telemetry", "plans", "bench", "ramps",
+                                "shadow"},
     "sim": set(),
     "cli": {"sim", "fleetctl.bench.traces"},
     "project": {"core", "accounts", "audit", "fleet", "traffic", "plans", "bench", "sim",

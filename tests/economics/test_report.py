@@ -21,7 +21,7 @@ from migrations_plan import services as plans
 from migrations_plan.models import Approval, Plan
 from tests.bench.test_cost_rules import bench
 from tests.migrations_plan.conftest import world  # noqa: F401
-from tests.migrations_plan.helpers import pass_gate, walk_to
+from tests.migrations_plan.helpers import walk_to
 from tests.migrations_plan.test_services import _ramp
 
 # A fixed generation time, a minute ahead (the business case takes evidence of the last 30
@@ -57,7 +57,7 @@ def walked(world):  # noqa: F811
 
 
 def test_the_report_writes_down_the_rows_and_the_pdf_says_the_same(walked):
-    world, plan = walked
+    _w, plan = walked
     report = reports.build(plan, AT)
     html = reports.render_html(report, AT)
     pdf = reports.render_pdf(report, AT)
@@ -93,7 +93,7 @@ def test_the_report_writes_down_the_rows_and_the_pdf_says_the_same(walked):
 
 
 def test_the_same_rows_give_the_same_bytes_and_one_changed_row_changes_them(walked):
-    world, plan = walked
+    w, plan = walked
     first = reports.build(plan, AT)
     html, pdf = reports.render_html(first, AT), reports.render_pdf(first, AT)
     again = reports.build(plan, AT)
@@ -106,7 +106,7 @@ def test_the_same_rows_give_the_same_bytes_and_one_changed_row_changes_them(walk
     assert other.rows_sha256 == first.rows_sha256
     assert reports.render_pdf(other, later) != pdf
     # One more row: other bytes and another hash.
-    plans.evidence_record(actor=SYSTEM, pool=world.candidate, kind="conformance",
+    plans.evidence_record(actor=SYSTEM, pool=w.candidate, kind="conformance",
                           verdict="pass", summary="OpenAI contract: 43 of 43 probes pass")
     changed = reports.build(plan, AT)
     assert changed.rows_sha256 != first.rows_sha256
@@ -115,9 +115,9 @@ def test_the_same_rows_give_the_same_bytes_and_one_changed_row_changes_them(walk
 
 
 def test_pages_links_and_who_may_read(walked, make_user):
-    world, plan = walked
+    w, plan = walked
     viewer = Client()
-    viewer.force_login(world.viewer)
+    viewer.force_login(w.viewer)
     page = viewer.get(f"/plans/{plan.name}/report/")
     assert page.status_code == 200 and page["Content-Type"].startswith("text/html")
     assert b"Approvals and the evidence each saw" in page.content
@@ -138,7 +138,7 @@ def test_pages_links_and_who_may_read(walked, make_user):
 
 def test_the_api_answers_each_format_and_refuses_what_it_does_not_know(walked, client_for,
                                                                        token_client):
-    world, plan = walked
+    _w, plan = walked
     api = client_for("viewer")
     url = f"/api/v1/plans/{plan.name}/report/"
     body = api.get(url)
@@ -160,10 +160,10 @@ def test_the_api_answers_each_format_and_refuses_what_it_does_not_know(walked, c
 
 def test_without_weasyprint_the_pdf_is_503_naming_the_packages_and_the_html_works(
         walked, client_for, monkeypatch):
-    world, plan = walked
+    w, plan = walked
     monkeypatch.setitem(sys.modules, "weasyprint", None)  # import weasyprint → ImportError
     page = Client()
-    page.force_login(world.viewer)
+    page.force_login(w.viewer)
     pdf = page.get(f"/plans/{plan.name}/report.pdf")
     assert pdf.status_code == 503
     assert b"libpango-1.0-0 libpangoft2-1.0-0" in pdf.content

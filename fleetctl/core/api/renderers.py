@@ -7,6 +7,7 @@ from typing import Any
 
 from rest_framework import renderers
 from rest_framework.exceptions import ValidationError
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -73,3 +74,16 @@ class ExportFormatNegotiation:
                 return renderer, renderer.media_type
         raise ValidationError({"format": [
             f"Give format as json or csv; {wanted[:40]!r} is not one."]})
+
+
+class OnlyRepresentation(BaseContentNegotiation):
+    """There is one representation, so Accept is not consulted: scrapers send many variants
+    (Prometheus asks for OpenMetrics first), and a 406 would only turn a scrape into a
+    failure."""
+
+    def select_parser(self, request: Request, parsers: Any) -> Any:
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request: Request, renderers: Any,
+                        format_suffix: str | None = None) -> tuple[Any, str]:
+        return renderers[0], renderers[0].media_type

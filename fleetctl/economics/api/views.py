@@ -19,12 +19,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleetctl.accounts.permissions import actor_from_request
+from fleetctl.core.api.renderers import OnlyRepresentation
 from fleetctl.core.idempotency import action_body
 from fleetctl.economics import report as reports
 from fleetctl.economics import selectors, services
 from fleetctl.economics.api.serializers import BusinessCaseInputSerializer, BusinessCaseSerializer
 from fleetctl.economics.services import EDITABLE
-from fleetctl.observability import OnlyRepresentation
 from migrations_plan import selectors as plans
 from migrations_plan.models import Plan
 
@@ -95,9 +95,10 @@ class ReportView(APIView):
                    (200, "application/json"): OpenApiResponse(
                        OpenApiTypes.OBJECT, description="{plan, title, generated_at, "
                                                         "rows_sha256, sections: [...]}"),
-                   400: OpenApiResponse(description="An unknown format."),
-                   404: OpenApiResponse(description="No such plan."),
-                   503: OpenApiResponse(description="PDF asked, WeasyPrint cannot run here.")})
+                   503: OpenApiResponse(
+                       OpenApiTypes.OBJECT,
+                       description="The PDF was asked and WeasyPrint cannot run here: the "
+                                   "error's message names the packages to install.")})
     def get(self, request: Request, name: str) -> HttpResponse | Response:
         fmt = request.query_params.get("format", "pdf")
         if fmt not in REPORT_FORMATS:
