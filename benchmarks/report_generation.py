@@ -1,8 +1,9 @@
 """Migration report generation for a plan with a month of history (issue 29): the demo's
 MI300X plan (`demo_seed`, on a fresh PostgreSQL database) given 30 days of evidence about
 both pools (a benchmark, a conformance probe and an eval run a day, recorded through the
-evidence service and dated back a day each), 30 days of 10-minute telemetry windows per pool
-and its gateway, and its ramps, drains and approvals as the seed makes them. Then the HTML
+evidence service and dated back a day each), its gates signed off up to stage 4 and a drain
+drill a day (pause, which drains the candidate, and resume: 30 drains and 60 stage moves), and
+30 days of 10-minute telemetry windows per pool and its gateway. Then the HTML
 page and the PDF are fetched through gunicorn (one worker, as benchmarks/batch_input_memory.py
 starts it), each several times: medians, and the PDF's size.
 
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -82,10 +84,47 @@ def seed(password: str) -> dict[str, int]:
                                       kind="eval", verdict="pass",
                                       summary=f"{400 + day}/420 eval cases"),
             ]
+            rows.append(plans.evidence_record(
+                actor=Actor.for_system("benchmark"), pool=pool, kind="benchmark",
+                verdict="pass", summary=f"run {1000 + day}", data=_bench_data(pool, day)))
             # Dated back: a history, as if recorded that day (the rows are otherwise
             # immutable; only this seed rewrites their time).
             Evidence.objects.filter(pk__in=[r.pk for r in rows]).update(
                 observed_at=now - timedelta(days=day))
+    # Its gates signed off as people would (attest what needs a person, lead2 approves with a
+    # justification, advance) up to stage 4; then a drill a day: pause (which drains the
+    # candidate off the route: a drain record each) and resume.
+    from django.contrib.auth.models import User
+
+    from migrations_plan.models import GateCheck
+
+    people = {name: Actor(user=User.objects.get(username=name))
+              for name in ("lead", "lead2", "oncall", "admin")}
+    attester = {"platform-lead": "lead2", "on-call": "oncall"}
+    while plan.stage < 4:
+        for check in plan.checks.filter(stage=plan.stage, removed_at__isnull=True,
+                                        kind=GateCheck.Kind.ATTESTED):
+            plans.attest(actor=people[attester.get(check.attest_role, "admin")], check=check,
+                         note=f"confirmed for stage {plan.stage} (benchmark seed)")
+        plans.approve(actor=people["lead2"], plan=plan,
+                      justification="benchmark seed: signed off on the evidence shown")
+        plan = plans.advance(actor=people["lead2"], plan=plan, reason="gate passed")
+    from fleetctl.fleet.services import pool_health_record
+    from fleetctl.traffic import services as traffic
+    from fleetctl.traffic.models import Route
+
+    for _ in range(2):  # the simulators are not running: the candidate must be healthy to
+        # carry weight, as its health checks would say if they were
+        pool_health_record(pool_id=plan.candidate_pool.pk, ok=True, status_code=200,
+                           latency_ms=1.0)
+    for day in range(DAYS):
+        route = Route.objects.get(name="llama-8b")
+        traffic.revision_create(
+            actor=people["oncall"], route=route, base_revision=route.revision_number,
+            weights={plan.primary_pool.name: 90, plan.candidate_pool.name: 10},
+            reason=f"10 % live, day {day}")
+        plan = plans.pause(actor=people["oncall"], plan=plan, reason=f"drain drill, day {day}")
+        plan = plans.resume(actor=people["lead"], plan=plan, reason=f"drill {day} over")
     windows = []
     start = (now - timedelta(days=DAYS)).replace(minute=0, second=0, microsecond=0)
     slots = DAYS * 24 * 6
@@ -104,7 +143,8 @@ def seed(password: str) -> dict[str, int]:
                                                          plan.primary_pool]).count(),
             "windows": Window.objects.filter(pool__in=[plan.candidate_pool.name,
                                                        plan.primary_pool.name]).count(),
-            "approvals": Approval.objects.filter(plan=plan).count()}
+            "approvals": Approval.objects.filter(plan=plan).count(),
+            "moves": plan.moves.count(), "drains": plan.moves.filter(kind="pause").count()}
 
 
 def make_token() -> str:
@@ -116,6 +156,30 @@ def make_token() -> str:
 
     return token_create_personal(actor=Actor(user=User.objects.get(username="viewer")),
                                  name="bench-report", scopes=["read"]).secret
+
+
+def _bench_data(pool: Any, day: int) -> dict[str, object]:
+    """A benchmark run's evidence data (bench/services/worker.py, benchmark_evidence_data's
+    shape): both pools on one trace and SLO, a five-level sweep."""
+    from datetime import date, timedelta
+
+    from fleetctl.fleet.costs import cost_per_1m
+
+    name = pool.name
+    tokens = 2400.0 if "mi300x" in name else 2600.0
+    levels = [{"concurrency": c, "speed": None, "verdict": "pass" if c <= 16 else "fail",
+               "ttft_p95_ms": 90.0 * c, "tpot_p95_ms": 2.5 * c,
+               "output_tokens_per_s": tokens * c / 16} for c in (2, 4, 8, 16, 32)]
+    rate = pool.node_hourly_rate
+    return {"run": 1000 + day, "timing": "concurrency", "best_concurrency": 16,
+            "best_speed": None, "output_tokens_per_s": tokens,
+            "cost_per_1m": str(cost_per_1m(rate, tokens)), "binding": "tpot_p95",
+            "hourly_rate": str(rate), "currency": pool.currency,
+            "measured_on": (date.today() - timedelta(days=day)).isoformat(),
+            "slo": {"ttft_p95_ms": 800, "tpot_p95_ms": 60, "error_rate": 0.01},
+            "window_s": 60.0, "warmup_s": 10.0, "client_bound": False, "trace": "demo-chat",
+            "trace_sha256": "ab" * 32, "pools": ["h200-us-east", "mi300x-us-east"],
+            "endpoints": 1, "levels": levels}
 
 
 def start_web(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -154,7 +218,8 @@ def main() -> None:
     counts = seed(password)
     print(f"report_generation: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; "
           f"plan {PLAN}: {counts['evidence']} evidence rows, {counts['windows']} telemetry "
-          f"windows, {counts['approvals']} approvals (seeded in "
+          f"windows, {counts['approvals']} approvals, {counts['moves']} stage moves, "
+          f"{counts['drains']} drains (seeded in "
           f"{time.perf_counter() - began:.0f} s)", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_web(env, Path(tmp) / "web.log")
