@@ -62,7 +62,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "accounts": {"core", "audit"},
     "audit": {"core", "accounts"},
     "fleet": BELOW_FLEET,
-    "traffic": BELOW_FLEET | {"fleet", "webhooks"},
+    # The envoy-xds kind sets its snapshots in xds (fleetctl/xds/), which serves traffic's
+    # own Envoy rendering: one layer in two packages.
+    "traffic": BELOW_FLEET | {"fleet", "webhooks", "xds"},
+    "xds": BELOW_FLEET | {"fleet", "traffic"},
     # Plans check evidence kinds' JSON Schemas, and reported data, with inference's
     # local-only schema rules (nothing is fetched).
     "plans": BELOW_FLEET | {"fleet", "traffic", "webhooks", "inference"},
@@ -91,9 +94,10 @@ MAY_IMPORT: dict[str, set[str]] = {
                                 "webhooks"},
     # A plan's business case compares its benchmark evidence (bench), converts through the
     # fleet's rates, and forecasts capacity from telemetry against traffic's capacities; its
-    # migration report reads the plan's ramps and its shadow run's divergent pairs.
+    # migration report reads the plan's ramps, its shadow run's divergent pairs and its soaks'
+    # batch jobs.
     "economics": BELOW_FLEET | {"fleet", "traffic", "telemetry", "plans", "bench", "ramps",
-                                "shadow"},
+                                "shadow", "batch"},
     "sim": set(),
     "cli": {"sim", "fleetctl.bench.traces"},
     "project": {"core", "accounts", "audit", "fleet", "traffic", "plans", "bench", "sim",

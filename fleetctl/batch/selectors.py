@@ -116,14 +116,19 @@ def soak_events(soak: Soak, *, limit: int) -> list[SoakEvent]:
     return list(SoakEvent.objects.filter(soak=soak).order_by("-at", "-id")[:limit])
 
 
+def plan_soak_jobs(plan_id: int) -> list[BatchJob]:
+    """The batch jobs of a plan's soaks, oldest first (with their pools)."""
+    return list(BatchJob.objects.filter(soak__plan_id=plan_id).select_related("pool")
+                .order_by("created_at", "id"))
+
+
 def job_task_cost(job: BatchJob, progress: Progress) -> TaskCost:
     """The job's cost per custom_id that succeeded: the pool's hourly rate × the job's busy
     time (its first claim to its end, or to now while it runs: the notion batch/cost.py
     measures a soak by) ÷ the custom_ids that succeeded. Attempts are every request sent:
     results, retries, and resends (sent again after a lease lapsed)."""
     pool = job.pool
-    return task_cost(pool=pool.name, unit="custom_id that succeeded", currency=pool.currency,
-                     hourly_rate=pool.node_hourly_rate, seconds=progress.elapsed_s,
+    return task_cost(pool=pool, unit="custom_id that succeeded", seconds=progress.elapsed_s,
                      succeeded=progress.succeeded, failed=progress.failed,
                      retries=progress.retries,
                      attempts=progress.done + progress.retries + progress.resends)

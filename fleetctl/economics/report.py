@@ -31,8 +31,10 @@ from django.contrib.staticfiles import finders
 from django.template.loader import render_to_string
 from django.urls import reverse
 
+from fleetctl.batch import selectors as batch
 from fleetctl.core.errors import UnavailableError
 from fleetctl.economics import selectors as economics
+from fleetctl.fleet.interruption import effective_rate
 from fleetctl.ramps import selectors as ramps
 from fleetctl.shadow import selectors as shadow
 from fleetctl.telemetry.cost import live_cost
@@ -337,6 +339,47 @@ def costs(plan: Plan, at: datetime) -> Section:
                 Table("The business case", ["", ""], figures),
                 Table("Ops burden (engineer-weeks a year)", ["Row", "Weeks", "Means"], burden)],
         notes=notes)
+
+
+@section(75)
+def cost_per_success_and_tax(plan: Plan, at: datetime) -> Section:
+    """What succeeded for the money (failures and retries paid for) and the interruption tax
+    in every figure of an interruptible pool (docs/cost.md)."""
+    since = at - timedelta(days=LIVE_COST_DAYS)
+    tax_rows, live_rows = [], []
+    for role, pool in (("candidate", plan.candidate_pool), ("primary", plan.primary_pool)):
+        tax = effective_rate(pool)
+        tax_rows.append([f"{pool.name} ({role})",
+                         "yes" if tax.interruptible else "no",
+                         tax.text or "none: not interruptible"])
+        live = live_cost(pool=pool.name, since=since, until=at, breakdown=False)
+        live_rows.append([f"{pool.name} ({role})", num(live.requests),
+                          num(live.failed_requests), num(live.retries),
+                          "—" if live.error_rate is None else f"{live.error_rate:.1%}",
+                          f"{live.cost_per_success} {live.currency}" if live.cost_per_success
+                          else live.per_success_not_measured])
+    job_rows = []
+    for job in batch.plan_soak_jobs(plan.pk):
+        tc = batch.job_task_cost(job, batch.job_progress(job, now=at))
+        job_rows.append([f"job {job.pk}", tc.pool, num(tc.attempts), num(tc.succeeded),
+                         num(tc.failed), num(tc.retries),
+                         f"{tc.spend} {tc.currency}" if tc.spend else NOT_MEASURED,
+                         f"{tc.cost_per_success} {tc.currency}" if tc.cost_per_success
+                         else tc.not_measured])
+    return Section(
+        "per-success", "Cost per successful task and the interruption tax",
+        intro=f"Failures and retries are paid for: spend ÷ what succeeded, live over the "
+              f"{LIVE_COST_DAYS} days before this report and per batch job of the plan's "
+              f"soaks. Stage 3's arbitrage is judged per "
+              f"{plan.get_cost_unit_display()} (the plan's unit). An interruptible pool's "
+              f"rate carries its interruption tax, priced by its own newest passed drill.",
+        tables=[Table("Interruption tax", ["Pool", "Interruptible", "Tax"], tax_rows),
+                Table("Live cost per successful request",
+                      ["Pool", "Requests", "Failed", "Retries", "Error rate",
+                       "Per successful request"], live_rows),
+                Table("Batch jobs of the plan's soaks: cost per custom_id that succeeded",
+                      ["Job", "Pool", "Attempts", "Succeeded", "Failed", "Retries", "Spend",
+                       "Per success"], job_rows, empty="The plan has no soak jobs.")])
 
 
 @section(80)

@@ -196,8 +196,7 @@ def run_task_costs(run: EvalRun, now: Any = None) -> list[TaskCost]:
         entry = counts.get(rp.pk, {"passed": 0, "failed": 0, "attempts": 0})
         done = entry["passed"] + entry["failed"]
         out.append(task_cost(
-            pool=rp.pool.name, unit="item passed", currency=rp.pool.currency,
-            hourly_rate=rp.pool.node_hourly_rate, seconds=seconds, succeeded=entry["passed"],
+            pool=rp.pool, unit="item passed", seconds=seconds, succeeded=entry["passed"],
             failed=entry["failed"], retries=entry["attempts"] - done,
             attempts=entry["attempts"], busy="run time"))
     return out

@@ -71,22 +71,33 @@ class TaskCost:
     cost_per_success: str | None = None
     not_measured: str = ""  # "not measured: <reason>" when cost_per_success is None
     how: str = ""  # the arithmetic, in words
+    # An interruptible pool's tax, in hourly_rate (fleet/interruption.py); "" otherwise.
+    interruption: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def task_cost(*, pool: str, unit: str, currency: str, hourly_rate: Decimal | str | int | float,
-              seconds: float | None, succeeded: int, failed: int = 0, retries: int = 0,
-              attempts: int | None = None, busy: str = "busy time") -> TaskCost:
-    """A TaskCost from its counts: `seconds` the pool was busy (None: not started),
-    `attempts` every request sent (default: succeeded + failed + retries)."""
+def task_cost(*, pool: Any, unit: str, seconds: float | None, succeeded: int, failed: int = 0,
+              retries: int = 0, attempts: int | None = None,
+              busy: str = "busy time") -> TaskCost:
+    """A TaskCost of `pool` (a Pool) from its counts: `seconds` the pool was busy (None: not
+    started), `attempts` every request sent (default: succeeded + failed + retries). The
+    rate is the pool's with its interruption tax (fleet/interruption.py), as in every cost
+    figure of the pool; an interruptible pool without a measured tax is not measured."""
+    from fleetctl.fleet.interruption import effective_rate
     from fleetctl.fleet.models import money
 
-    rate = Decimal(str(hourly_rate or 0))
-    out = TaskCost(pool=pool, unit=unit, currency=currency, hourly_rate=money(rate),
+    tax = effective_rate(pool)
+    rate = tax.effective_rate if tax.effective_rate is not None else tax.hourly_rate
+    currency = pool.currency
+    out = TaskCost(pool=pool.name, unit=unit, currency=currency, hourly_rate=money(rate),
                    seconds=seconds, succeeded=succeeded, failed=failed, retries=retries,
-                   attempts=(succeeded + failed + retries) if attempts is None else attempts)
+                   attempts=(succeeded + failed + retries) if attempts is None else attempts,
+                   interruption=tax.text)
+    if tax.not_measured:
+        out.not_measured = tax.not_measured
+        return out
     if seconds is None:
         out.not_measured = f"not measured: no {busy} yet (it has not started)"
         return out
@@ -101,7 +112,9 @@ def task_cost(*, pool: str, unit: str, currency: str, hourly_rate: Decimal | str
                             f"{failed} failed); {spent} {currency} spent")
         return out
     out.cost_per_success = str(cost_per_success(spent, succeeded))
-    out.how = (f"{money(rate)} {currency}/h × {seconds:,.0f} s {busy} = {spent} {currency} ÷ "
+    taxed = f" ({tax.text})" if tax.interruptible else ""
+    out.how = (f"{money(rate)} {currency}/h{taxed} × {seconds:,.0f} s {busy} = {spent} "
+               f"{currency} ÷ "
                f"{succeeded:,} {unit} ({out.attempts:,} attempts: {failed:,} failed, "
                f"{retries:,} retries)")
     return out

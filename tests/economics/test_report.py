@@ -79,6 +79,13 @@ def test_the_report_writes_down_the_rows_and_the_pdf_says_the_same(walked):
     case = dict(costs.tables[1].rows)
     assert case["Arbitrage per 1M"] == "0.8766 USD"
     assert "0.8766 USD" in text
+    # Cost per success and the tax: neither pool is interruptible, no request was logged.
+    per_success = next(s for s in report.sections if s.key == "per-success")
+    taxes = per_success.tables[0].rows
+    assert [row[1] for row in taxes] == ["no", "no"], taxes
+    assert all(row[-1].startswith("not measured: the gateways logged no request")
+               for row in per_success.tables[1].rows), per_success.tables[1].rows
+    assert "Cost per successful task and the interruption tax" in text
     # The drain of the candidate the pause ran is in the ramps section, as it ended (the
     # world's gateway has no config directory: it failed, and the report says so).
     drains = next(s for s in report.sections if s.key == "ramps").tables[-1]
@@ -147,9 +154,9 @@ def test_the_api_answers_each_format_and_refuses_what_it_does_not_know(walked, c
     html = api.get(url, {"format": "html"})
     assert html.status_code == 200 and html["Content-Type"].startswith("text/html")
     data = api.get(url, {"format": "json"}).json()
-    assert [s["key"] for s in data["sections"]] == ["plan", "method", "conformance", "evals",
-                                                     "soak", "ramps", "costs", "approvals",
-                                                     "other"]
+    assert [s["key"] for s in data["sections"]] == [
+        "plan", "method", "conformance", "evals", "soak", "ramps", "costs", "per-success",
+        "approvals", "other"]
     assert len(data["rows_sha256"]) == 64
     bad = api.get(url, {"format": "docx"})
     assert bad.status_code == 400 and "use pdf, html or json" in bad.json()["error"]["message"]

@@ -194,7 +194,8 @@ class TaskCostSerializer(serializers.Serializer):
     pool = serializers.CharField()
     unit = serializers.CharField(help_text="What one success is, in words.")
     currency = serializers.CharField(help_text="The pool's currency.")
-    hourly_rate = serializers.CharField(help_text="The pool's node_hourly_rate now.")
+    hourly_rate = serializers.CharField(
+        help_text="The pool's node_hourly_rate now, with its interruption tax if any.")
     seconds = serializers.FloatField(allow_null=True,
                                      help_text="Seconds the pool was busy with the work.")
     spend = serializers.CharField(allow_null=True, help_text="hourly rate × seconds ÷ 3600.")
@@ -207,3 +208,5 @@ class TaskCostSerializer(serializers.Serializer):
     not_measured = serializers.CharField(
         allow_blank=True, help_text='"not measured: <reason>" when cost_per_success is null.')
     how = serializers.CharField(allow_blank=True, help_text="The arithmetic, in words.")
+    interruption = serializers.CharField(
+        allow_blank=True, help_text="An interruptible pool's tax in the rate, in words.")
