@@ -10,10 +10,16 @@ a lapsed lease on purpose, so it is left out when the soak has other completed j
 The plan chooses the unit (Plan.cost_unit). Per 1M output tokens (the default): as above.
 Per successful task: measured = the soak's spend (the hourly rate × the same busy time) ÷ the
 custom_ids that succeeded in its jobs, so failed custom_ids and retried attempts are paid for
-and count for nothing; predicted = the plan's predicted cost per 1M × the soak's mean output
-tokens per succeeded custom_id ÷ 1e6, what a task would cost if nothing failed or was retried.
-The gap between the two is what failures and retries cost. Per-task amounts keep 8 decimals
-(a task costs fractions of a cent).
+and count for nothing; predicted = the plan's predicted cost per 1M × the output tokens the
+*primary* spends on a task ÷ 1e6: what a task would cost at the predicted price if nothing
+failed or was retried and the candidate answered at the primary's length. The primary's
+length comes from the soak jobs' comparisons with the primary (batch/compare.py: each
+compared pair's tokens, a/b): the candidate's mean output tokens per succeeded custom_id ×
+Σ primary tokens ÷ Σ candidate tokens. So the gap is what failures, retries *and* wordier
+answers cost: a candidate cheaper per token that says twice as much per task fails per task
+while it passes per 1M. With no compared pair (a sample of 0, the primary down) the
+candidate's own length stands in, said so, and the two units give one verdict. Per-task
+amounts keep 8 decimals (a task costs fractions of a cent).
 
 Two currencies are never one number: the measured cost is converted into the prediction's
 currency through the newest dated fleet rate (either direction) by the fleet's one conversion
@@ -88,6 +94,10 @@ class Arbitrage:
     retries: int = 0
     spend: Decimal | None = None  # hourly rate × busy seconds, in measured_currency
     output_tokens_per_success: float | None = None
+    # Per successful task: Σ primary ÷ Σ candidate output tokens over the compared pairs of the
+    # soak's jobs (None: no pair; the candidate's own length stands in), and how many pairs.
+    primary_length_ratio: float | None = None
+    compared_pairs: int = 0
 
     @property
     def unit_text(self) -> str:
@@ -130,6 +140,9 @@ class Arbitrage:
             "output_tokens_per_success": (round(self.output_tokens_per_success, 3)
                                           if self.output_tokens_per_success is not None
                                           else None),
+            "primary_length_ratio": (None if self.primary_length_ratio is None
+                                     else round(self.primary_length_ratio, 6)),
+            "compared_pairs": self.compared_pairs,
         }
 
 
@@ -225,10 +238,31 @@ def _measure(answer: Arbitrage, soak: Soak, hourly_rate: Decimal) -> None:
         return
     answer.measured = cost_per_success(answer.spend, answer.succeeded, places=TASK_PLACES)
     answer.output_tokens_per_success = answer.output_tokens / answer.succeeded
+    answer.primary_length_ratio, answer.compared_pairs = _primary_length_ratio(answer.jobs)
     if answer.predicted_per_1m is not None and answer.output_tokens > 0:
-        answer.predicted = (answer.predicted_per_1m * Decimal(answer.output_tokens)
-                            / Decimal(answer.succeeded) / Decimal(1_000_000)).quantize(
-            answer.places, rounding=ROUND_HALF_UP)
+        tokens_a_task = Decimal(answer.output_tokens) / Decimal(answer.succeeded)
+        if answer.primary_length_ratio is not None:
+            tokens_a_task *= Decimal(str(answer.primary_length_ratio))
+        answer.predicted = (answer.predicted_per_1m * tokens_a_task
+                            / Decimal(1_000_000)).quantize(answer.places,
+                                                           rounding=ROUND_HALF_UP)
+
+
+def _primary_length_ratio(job_ids: list[int]) -> tuple[float | None, int]:
+    """Σ primary ÷ Σ candidate output tokens over the jobs' pairs compared with the primary
+    where both answered (batch/compare.py), and how many pairs; (None, 0) with none."""
+    from fleetctl.batch.models import BatchComparison
+
+    primary = candidate = pairs = 0
+    rows = BatchComparison.objects.filter(job_id__in=job_ids, primary_status=200)
+    for outcome in rows.values_list("outcome", flat=True).iterator():
+        outcome = outcome or {}
+        if outcome.get("errored_a") or outcome.get("errored_b"):
+            continue
+        a, b = outcome.get("tokens_a"), outcome.get("tokens_b")
+        if isinstance(a, int) and isinstance(b, int) and a > 0 and b > 0:
+            primary, candidate, pairs = primary + a, candidate + b, pairs + 1
+    return (primary / candidate if pairs else None), pairs
 
 
 def _missing_figure(answer: Arbitrage, plan: Plan, soak: Soak | None, pool_name: str) -> str:
@@ -307,6 +341,17 @@ def _no_rate_message(answer: Arbitrage, on: date, refused: NoRate) -> str:
     return head + f"{refused} (Fleet → Currency rates, or POST /api/v1/currency-rates/)."
 
 
+def _task_length_text(answer: Arbitrage) -> str:
+    own = answer.output_tokens_per_success or 0
+    if answer.primary_length_ratio is None:
+        return (f"{own:,.1f} output tokens per succeeded task (no answer compared with the "
+                f"primary: the candidate's own length stands in, so per task judges as per "
+                f"1M does)")
+    return (f"{own * answer.primary_length_ratio:,.1f} output tokens per task at the "
+            f"primary's length (the candidate's {own:,.1f} × {answer.primary_length_ratio:.3f}, "
+            f"primary ÷ candidate tokens over {answer.compared_pairs:,} compared pairs)")
+
+
 def _judge(answer: Arbitrage, soak: Soak, converted: str) -> None:
     """Pass or fail against the prediction plus the plan's margin, saying every figure."""
     assert answer.predicted is not None and answer.measured_compared is not None
@@ -327,8 +372,7 @@ def _judge(answer: Arbitrage, soak: Soak, converted: str) -> None:
                f"{answer.succeeded:,} custom_ids that succeeded "
                f"({answer.failed:,} failed, {answer.retries:,} retries); predicted "
                f"{money(answer.predicted_per_1m)} {answer.predicted_currency} per 1M × "
-               f"{answer.output_tokens_per_success or 0:,.1f} output tokens per succeeded "
-               f"task")
+               + _task_length_text(answer))
     margin_text = f" + {margin:g} %" if margin else ""
     measured_text, predicted_text = _measured_text(answer), _predicted_text(answer)
     if answer.measured_compared <= limit:

@@ -15,7 +15,7 @@ import pytest
 from django.utils import timezone
 
 from fleetctl.batch.cost import cost_per_1m, plan_arbitrage
-from fleetctl.batch.models import BatchChunk, BatchFile, BatchJob, Soak
+from fleetctl.batch.models import BatchChunk, BatchComparison, BatchFile, BatchJob, Soak
 from fleetctl.fleet.services import currency_rate_create
 from migrations_plan import services as plans
 from tests.conftest import SYSTEM
@@ -232,6 +232,35 @@ def test_per_successful_task_counts_failures_and_retries_and_passes_or_fails(soa
     answer = plan_arbitrage(plan, soak)
     assert answer.status == "insufficient" and answer.measured is None
     assert "no completed job with a custom_id that succeeded" in answer.message
+
+
+def test_per_task_a_wordier_candidate_fails_what_per_1m_passes(soaked):
+    # The candidate is cheaper per token (8.3333 against a predicted 8.50 per 1M) but says
+    # twice what the primary says per task: its compared pairs hold 400 tokens against the
+    # primary's 200. Per task the prediction is at the primary's length, so it fails.
+    people, plan, soak = soaked
+    predict(people, plan, "8.50", "USD")
+    _with_failures(soak, succeeded=80, failed=20, retries=30)
+    job = soak.jobs.get()
+    pairs = [(200, {"tokens_a": 150, "tokens_b": 300}), (200, {"tokens_a": 250, "tokens_b": 500}),
+             # Not counted: the primary failed, or one side errored.
+             (500, {"tokens_a": 1, "tokens_b": 900}),
+             (200, {"tokens_a": 10, "tokens_b": 900, "errored_b": True})]
+    for index, (status, outcome) in enumerate(pairs):
+        BatchComparison.objects.create(job=job, index=index, custom_id=f"r{index}",
+                                       primary_pool=plan.primary_pool, primary_status=status,
+                                       outcome=outcome)
+    assert plan_arbitrage(plan, soak).status == "pass"  # per 1M
+    plans.plan_update(actor=people.actor("lead"), plan=plan, cost_unit="per_successful_task")
+    plan.refresh_from_db()
+    answer = plan_arbitrage(plan, soak)
+    assert (answer.primary_length_ratio, answer.compared_pairs) == (0.5, 2)
+    # 35,000 tokens / 80 successes = 437.5 per task; at the primary's length 218.75;
+    # 8.50 per 1M × 218.75 / 1e6 = 0.00185938 against 0.29166667 / 80 = 0.00364583 spent.
+    assert answer.predicted == Decimal("0.00185938") and answer.measured == Decimal("0.00364583")
+    assert answer.status == "fail", answer.message
+    assert "218.8 output tokens per task at the primary's length" in answer.message
+    assert answer.as_json()["primary_length_ratio"] == 0.5
 
 
 def test_the_unit_through_the_api_rejudges_and_a_bad_one_changes_nothing(soaked, client_for):
