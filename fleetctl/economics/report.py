@@ -478,3 +478,26 @@ def render_pdf(report: Report, generated_at: datetime) -> bytes:
         stylesheets=[weasyprint.CSS(filename=stylesheet)] if stylesheet else None,
         pdf_identifier=hashlib.sha256(
             (report.rows_sha256 + report.generated_at).encode()).hexdigest()[:32].encode()))
+
+
+# A made PDF is kept this long by its rows hash (PDF_CACHE_S; the page links it).
+PDF_CACHE_S = 3600
+
+
+def pdf_download(plan: Plan, at: datetime) -> tuple[bytes, str]:
+    """The report's PDF and its file name, made at `at` or, when a PDF of the same rows was
+    made within PDF_CACHE_S, that one (it says when it was generated; nothing it writes down
+    changed since). Making one takes seconds for a month of history; asking again is a
+    build and a cache read."""
+    from django.core.cache import cache
+
+    report = build(plan, at)
+    key = f"fleetctl:report-pdf:{plan.pk}:{report.rows_sha256}"
+    kept = cache.get(key)
+    if isinstance(kept, tuple) and len(kept) == 2:
+        return kept[0], kept[1]
+    body = render_pdf(report, at)
+    name = f"migration-report-{plan.name}-{at:%Y%m%dT%H%M%SZ}.pdf"
+    cache.set(key, (body, name), PDF_CACHE_S)
+    return body, name
+

@@ -58,12 +58,10 @@ def report_page(request: HttpRequest, name: str) -> HttpResponse:
 def report_pdf(request: HttpRequest, name: str) -> HttpResponse:
     """The migration report as a PDF; 503 naming the packages when WeasyPrint cannot run."""
     plan = get_or_404(plans.plan_get, name=name, what=f"plan named {name!r}")
-    at = timezone.now()
     try:
-        body = reports.render_pdf(reports.build(plan, at), at)
+        body, filename = reports.pdf_download(plan, timezone.now())
     except UnavailableError as exc:
         return HttpResponse(exc.message, status=503, content_type="text/plain; charset=utf-8")
     response = HttpResponse(body, content_type="application/pdf")
-    response["Content-Disposition"] = (f'attachment; filename="migration-report-{plan.name}-'
-                                       f'{at:%Y%m%dT%H%M%SZ}.pdf"')
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response

@@ -121,6 +121,27 @@ def test_the_same_rows_give_the_same_bytes_and_one_changed_row_changes_them(walk
     assert reports.render_pdf(changed, AT) != pdf
 
 
+def test_a_pdf_asked_again_while_its_rows_hold_is_the_one_made(walked):
+    # Making one takes seconds for a month of history: the same rows give the PDF made
+    # before (it says when it was generated), a changed row a new one.
+    from django.core.cache import cache
+
+    w, plan = walked
+    cache.clear()
+    viewer = Client()
+    viewer.force_login(w.viewer)
+    first = viewer.get(f"/plans/{plan.name}/report.pdf")
+    again = viewer.get(f"/plans/{plan.name}/report.pdf")
+    assert first.status_code == again.status_code == 200
+    assert again.content == first.content
+    assert again["Content-Disposition"] == first["Content-Disposition"]
+    plans.evidence_record(actor=SYSTEM, pool=w.candidate, kind="conformance",
+                          verdict="pass", summary="OpenAI contract: 44 of 44 probes pass")
+    changed = viewer.get(f"/plans/{plan.name}/report.pdf")
+    assert changed.content != first.content
+    assert "44 of 44 probes pass" in " ".join(_pdf_text(changed.content).split())
+
+
 def test_pages_links_and_who_may_read(walked, make_user):
     w, plan = walked
     viewer = Client()
