@@ -235,8 +235,10 @@ def drill_measures(pools: list[Any], since: Any, until: Any) -> dict[int, Any]:
                                     observed_at__gte=since, observed_at__lte=until)
             .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=until))
             .exclude(data__resume_s=None)
-            .order_by("pool_id", "-observed_at", "-id").distinct("pool_id"))
-    newest = {row.pool_id: row for row in rows}
+            .order_by("pool_id", "-observed_at", "-id"))
+    newest: dict[int, Evidence] = {}
+    for row in rows:  # the first of each pool (no DISTINCT ON: SQLite has none)
+        newest.setdefault(row.pool_id, row)
     jobs = [row.data.get("job") for row in newest.values()]
     latency = dict(BatchResult.objects.filter(job_id__in=[j for j in jobs if j])
                    .exclude(latency_ms=None).order_by().values("job_id")
