@@ -20,6 +20,23 @@ controllers' entries. Tests can make it lag (`lag()`: no status written, so a ne
 none and a changed one keeps its old observedGeneration; `catch_up()` then writes it), refuse
 (`reject(...)`: Accepted or ResolvedRefs False with a reason and message), or add raw entries
 (`add_parent_status`) as another controller would.
+
+InferencePools (the Gateway API Inference Extension's v1 API, group
+inference.networking.k8s.io) are stored at their own path and checked against the CRD's
+schema as the real API server would (422 Invalid naming the field): `spec.selector.matchLabels`
+(required, non-empty), `spec.targetPorts` (1 to 8 unique port numbers), `spec.appProtocol`
+(http or kubernetes.io/h2c), `spec.endpointPickerRef` (name; kind defaulting to Service, which
+needs `port.number`; failureMode FailOpen or FailClose). HTTPRoutes are checked for what their
+CRD enforces on backendRefs (a name; a port on a Service ref; weight 0..1,000,000). Whether a
+backendRef *resolves* is the Gateway implementation's call, not the API server's: the fake
+controller sets ResolvedRefs False with reason BackendNotFound for a ref to an InferencePool
+that is not stored and InvalidKind for a kind it does not know (and for an InferencePool as
+a RequestMirror backendRef, which Envoy AI Gateway, for one, refuses), and re-writes the
+status of every route when an InferencePool is created or deleted, as a controller watching
+them would. On a real cluster that behaviour comes from the Gateway implementation with the
+Inference Extension's support (Envoy Gateway with Envoy AI Gateway, kgateway, Istio, GKE
+Gateway, NGINX Gateway Fabric...), and a real one also writes InferencePool status, which
+this fake does not. Services are not modelled: a Service ref always resolves.
 """
 
 from __future__ import annotations
@@ -42,6 +59,11 @@ import yaml
 
 PATH = re.compile(r"^/apis/gateway\.networking\.k8s\.io/v1/namespaces/([^/]+)/httproutes"
                   r"(?:/([^/]+))?$")
+POOL_PATH = re.compile(r"^/apis/inference\.networking\.k8s\.io/v1/namespaces/([^/]+)/"
+                       r"inferencepools(?:/([^/]+))?$")
+INFERENCE_GROUP = "inference.networking.k8s.io"
+DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+                           r"(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 @dataclass
@@ -69,19 +91,25 @@ class FakeController:
     def mode_for(self, name: str) -> str:
         return self.mode if self.only is None or name in self.only else "accept"
 
-    def write_status(self, obj: dict[str, Any]) -> bool:
+    def write_status(self, obj: dict[str, Any],
+                     pools: dict[tuple[str, str], dict[str, Any]] | None = None) -> bool:
         """Set this controller's entries in obj's status for its current generation, as a
-        status update would; False (nothing written) when lagging."""
+        status update would; False (nothing written) when lagging. `pools`: the stored
+        InferencePools its backendRefs are resolved against."""
         meta = obj["metadata"]
         mode = self.mode_for(meta["name"])
         if mode == "lag":
             return False
         generation = meta["generation"]
         parents = obj.setdefault("status", {}).setdefault("parents", [])
+        unresolved = unresolved_ref(obj, pools or {})
         for ref in obj.get("spec", {}).get("parentRefs") or []:
             conditions = {kind: _condition(kind, "True", kind, f"{kind} (fake controller)",
                                            generation)
                           for kind in ("Accepted", "ResolvedRefs")}
+            if unresolved:
+                conditions["ResolvedRefs"] = _condition("ResolvedRefs", "False", *unresolved,
+                                                        generation)
             if mode == "reject":
                 conditions[self.reject_condition] = _condition(
                     self.reject_condition, "False", self.reject_reason, self.reject_message,
@@ -94,6 +122,30 @@ class FakeController:
         return True
 
 
+def unresolved_ref(route: dict[str, Any],
+                   pools: dict[tuple[str, str], dict[str, Any]]) -> tuple[str, str] | None:
+    """(reason, message) of the first backendRef of `route` that does not resolve, as a
+    Gateway implementation supporting InferencePools would say it; None when all do."""
+    namespace = route["metadata"]["namespace"]
+    for rule in route.get("spec", {}).get("rules") or []:
+        refs = [(ref, False) for ref in rule.get("backendRefs") or []]
+        refs += [(f["requestMirror"]["backendRef"], True) for f in rule.get("filters") or []
+                 if f.get("type") == "RequestMirror" and f.get("requestMirror")]
+        for ref, mirror in refs:
+            group, kind = ref.get("group") or "", ref.get("kind") or "Service"
+            where = f"{ref.get('namespace') or namespace}/{ref.get('name')}"
+            if (group, kind) == ("", "Service"):
+                continue  # Services are not modelled: they resolve
+            if (group, kind) != (INFERENCE_GROUP, "InferencePool"):
+                return "InvalidKind", f"unsupported backendRef {group}/{kind} {where}"
+            if mirror:
+                return "InvalidKind", (f"InferencePool {where} as a RequestMirror backendRef "
+                                       "is not supported")
+            if (ref.get("namespace") or namespace, ref.get("name")) not in pools:
+                return "BackendNotFound", f'inferencepools "{where}" not found'
+    return None
+
+
 def _condition(kind: str, status: str, reason: str, message: str,
                generation: int) -> dict[str, Any]:
     return {"type": kind, "status": status, "reason": reason, "message": message,
@@ -103,7 +155,8 @@ def _condition(kind: str, status: str, reason: str, message: str,
 @dataclass
 class FakeState:
     token: str | None = None
-    objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # HTTPRoutes
+    pools: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # InferencePools
     requests: list[Recorded] = field(default_factory=list)
     fail_next: list[tuple[int, str]] = field(default_factory=list)  # (status, reason)
     delay_s: float = 0.0
@@ -155,6 +208,22 @@ class FakeApiServer:
     def stored(self, namespace: str = "default") -> dict[str, dict[str, Any]]:
         return {name: obj for (ns, name), obj in self.state.objects.items() if ns == namespace}
 
+    def put_inference_pool(self, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store an InferencePool as `kubectl apply` would (what the model servers' deployment
+        does, not fleetctl): checked against the CRD schema (ValueError with the API server's
+        message when invalid); every route's status is then re-written."""
+        problems = inference_pool_problems(obj)
+        if problems:
+            raise ValueError(invalid_message("InferencePool", obj, problems))
+        with self.state.lock:
+            _store_pool(self.state, namespace, obj)
+        return obj
+
+    def delete_inference_pool(self, namespace: str, name: str) -> None:
+        with self.state.lock:
+            self.state.pools.pop((namespace, name))
+            self._reconcile_all()
+
     # --- the controller ---
 
     @property
@@ -192,13 +261,36 @@ class FakeApiServer:
             self._bump(obj)
 
     def _reconcile_all(self) -> None:
-        for obj in self.state.objects.values():
-            if self.controller.write_status(obj):
-                self._bump(obj)
+        _reconcile_all(self.state)
 
     def _bump(self, obj: dict[str, Any]) -> None:
-        self.state.version += 1
-        obj["metadata"]["resourceVersion"] = str(self.state.version)
+        _bump(self.state, obj)
+
+
+def _bump(state: FakeState, obj: dict[str, Any]) -> None:
+    state.version += 1
+    obj["metadata"]["resourceVersion"] = str(state.version)
+
+
+def _reconcile_all(state: FakeState) -> None:
+    """The controller re-writes every route's status (a watched object changed)."""
+    for obj in state.objects.values():
+        if state.controller.write_status(obj, state.pools):
+            _bump(state, obj)
+
+
+def _store_pool(state: FakeState, namespace: str, obj: dict[str, Any]) -> None:
+    """Store an InferencePool (the caller holds the lock and checked it)."""
+    state.version += 1
+    meta = obj["metadata"]
+    previous = state.pools.get((namespace, meta["name"]))
+    meta["namespace"] = namespace
+    meta["resourceVersion"] = str(state.version)
+    changed = previous is None or previous.get("spec") != obj.get("spec")
+    generation = (previous or {}).get("metadata", {}).get("generation", 0)
+    meta["generation"] = generation + 1 if changed else generation
+    state.pools[(namespace, meta["name"])] = obj
+    _reconcile_all(state)
 
 
 class _Server(ThreadingHTTPServer):
@@ -251,7 +343,13 @@ class _Handler(BaseHTTPRequestHandler):
         if self.fake.token and self.headers.get("Authorization") != f"Bearer {self.fake.token}":
             self._status(401, "Unauthorized", "Unauthorized")
             return None
-        return PATH.match(parts.path), query, body
+        return PATH.match(parts.path) or POOL_PATH.match(parts.path), query, body
+
+    def _collection(self, match: re.Match[str]) -> tuple[dict[tuple[str, str], Any], str, str]:
+        """The store a path names, its resource (plural) and its apiVersion."""
+        if match.re is POOL_PATH:
+            return self.fake.pools, "inferencepools", f"{INFERENCE_GROUP}/v1"
+        return self.fake.objects, "httproutes", "gateway.networking.k8s.io/v1"
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()
@@ -281,8 +379,19 @@ class _Handler(BaseHTTPRequestHandler):
             return self._status(422, "Invalid", "fieldManager is required for apply")
         obj = _parse(body)
         namespace, name = match.group(1), match.group(2)
-        if obj.get("kind") != "HTTPRoute" or obj["metadata"].get("name") != name:
-            return self._status(400, "BadRequest", "the body does not name this HTTPRoute")
+        kind = "InferencePool" if match.re is POOL_PATH else "HTTPRoute"
+        if obj.get("kind") != kind or obj["metadata"].get("name") != name:
+            return self._status(400, "BadRequest", f"the body does not name this {kind}")
+        problems = (inference_pool_problems(obj) if kind == "InferencePool"
+                    else httproute_problems(obj))
+        if problems:
+            return self._status(422, "Invalid", invalid_message(kind, obj, problems))
+        if kind == "InferencePool":
+            with self.fake.lock:
+                previous = (namespace, name) in self.fake.pools
+                _store_pool(self.fake, namespace, obj)
+                answer = copy.deepcopy(obj)
+            return self._send(200 if previous else 201, answer)
         self._send(*self._store(namespace, name, obj))
 
     def _store(self, namespace: str, name: str, obj: dict[str, Any]) -> tuple[int, dict]:
@@ -306,7 +415,7 @@ class _Handler(BaseHTTPRequestHandler):
             answer = copy.deepcopy(obj)
             # the controller's status update, a separate write right after (done before the
             # answer so tests are deterministic; a real controller takes ms to seconds)
-            if self.fake.controller.write_status(obj):
+            if self.fake.controller.write_status(obj, self.fake.pools):
                 self.fake.version += 1
                 meta["resourceVersion"] = str(self.fake.version)
         return (201 if previous is None else 200), answer
@@ -319,16 +428,18 @@ class _Handler(BaseHTTPRequestHandler):
         if not match:
             return self._status(404, "NotFound", "the server could not find the resource")
         namespace, name = match.group(1), match.group(2)
+        store, resource, api_version = self._collection(match)
         with self.fake.lock:
             if name:
-                obj = self.fake.objects.get((namespace, name))
+                obj = store.get((namespace, name))
                 if obj is None:
-                    return self._status(404, "NotFound", f'httproutes "{name}" not found')
+                    return self._status(404, "NotFound", f'{resource} "{name}" not found')
                 return self._send(200, obj)
             wanted = _selector(query.get("labelSelector", [""])[0])
-            items = [obj for (ns, _), obj in sorted(self.fake.objects.items())
+            items = [obj for (ns, _), obj in sorted(store.items())
                      if ns == namespace and _labels_match(obj, wanted)]
-        self._send(200, {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRouteList",
+        kind = "InferencePoolList" if store is self.fake.pools else "HTTPRouteList"
+        self._send(200, {"apiVersion": api_version, "kind": kind,
                          "metadata": {"resourceVersion": str(self.fake.version)},
                          "items": items})
 
@@ -339,10 +450,13 @@ class _Handler(BaseHTTPRequestHandler):
         match, _, _ = begun
         if not match or not match.group(2):
             return self._status(404, "NotFound", "the server could not find the resource")
+        store, resource, _ = self._collection(match)
         with self.fake.lock:
-            gone = self.fake.objects.pop((match.group(1), match.group(2)), None)
+            gone = store.pop((match.group(1), match.group(2)), None)
+            if gone is not None and store is self.fake.pools:
+                _reconcile_all(self.fake)  # the controller sees the pool go
         if gone is None:
-            return self._status(404, "NotFound", f'httproutes "{match.group(2)}" not found')
+            return self._status(404, "NotFound", f'{resource} "{match.group(2)}" not found')
         self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
 
 
@@ -361,3 +475,94 @@ def _selector(text: str) -> dict[str, str]:
 def _labels_match(obj: dict[str, Any], wanted: dict[str, str]) -> bool:
     labels = obj.get("metadata", {}).get("labels", {})
     return all(labels.get(k) == v for k, v in wanted.items())
+
+
+# --- what the CRDs' schemas enforce (the API server refuses with 422 Invalid) ------------------
+
+def invalid_message(kind: str, obj: dict[str, Any], problems: list[str]) -> str:
+    """The API server's message for an object its schema refuses."""
+    group = INFERENCE_GROUP if kind == "InferencePool" else "gateway.networking.k8s.io"
+    name = (obj.get("metadata") or {}).get("name")
+    return f'{kind}.{group} "{name}" is invalid: ' + ", ".join(problems)
+
+
+def _port_number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
+
+
+def inference_pool_problems(obj: dict[str, Any]) -> list[str]:
+    """What the InferencePool v1 CRD's OpenAPI schema and validation rules refuse in obj."""
+    problems = []
+    if obj.get("apiVersion") != f"{INFERENCE_GROUP}/v1":
+        problems.append(f"apiVersion: Unsupported value: {obj.get('apiVersion')!r}: supported "
+                        f'values: "{INFERENCE_GROUP}/v1"')
+    name = (obj.get("metadata") or {}).get("name")
+    if not isinstance(name, str) or not DNS_SUBDOMAIN.match(name):
+        problems.append(f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 "
+                        "subdomain must consist of lower case alphanumeric characters, '-' "
+                        "or '.'")
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return [*problems, "spec: Required value"]
+    labels = (spec.get("selector") or {}).get("matchLabels") if isinstance(
+        spec.get("selector"), dict) else None
+    if not isinstance(labels, dict) or not labels or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        problems.append("spec.selector.matchLabels: Required value: a non-empty map of "
+                        "label names to values")
+    ports = spec.get("targetPorts")
+    if not isinstance(ports, list) or not ports:
+        problems.append("spec.targetPorts: Required value")
+    elif len(ports) > 8:
+        problems.append(f"spec.targetPorts: Too many: {len(ports)}: must have at most 8 items")
+    else:
+        numbers = [p.get("number") if isinstance(p, dict) else None for p in ports]
+        for i, number in enumerate(numbers):
+            if not _port_number(number):
+                problems.append(f"spec.targetPorts[{i}].number: Invalid value: {number!r}: "
+                                "must be between 1 and 65535")
+        if len(set(map(str, numbers))) != len(numbers):
+            problems.append("spec.targetPorts: Invalid value: port numbers must be unique")
+    if spec.get("appProtocol", "http") not in ("http", "kubernetes.io/h2c"):
+        problems.append(f"spec.appProtocol: Unsupported value: {spec['appProtocol']!r}: "
+                        'supported values: "http", "kubernetes.io/h2c"')
+    picker = spec.get("endpointPickerRef")
+    if not isinstance(picker, dict):
+        problems.append("spec.endpointPickerRef: Required value")
+        return problems
+    if not isinstance(picker.get("name"), str) or not picker.get("name"):
+        problems.append("spec.endpointPickerRef.name: Required value")
+    kind = picker.get("kind", "Service")
+    if kind == "Service" and (picker.get("group") or "") == "" and not _port_number(
+            (picker.get("port") or {}).get("number")):
+        problems.append("spec.endpointPickerRef: Invalid value: port is required when kind "
+                        "is 'Service' or unspecified (defaults to 'Service')")
+    if picker.get("failureMode", "FailClose") not in ("FailOpen", "FailClose"):
+        problems.append(f"spec.endpointPickerRef.failureMode: Unsupported value: "
+                        f'{picker["failureMode"]!r}: supported values: "FailOpen", "FailClose"')
+    return problems
+
+
+def httproute_problems(obj: dict[str, Any]) -> list[str]:
+    """What the HTTPRoute CRD refuses in the backendRefs (of rules and RequestMirror filters):
+    a missing name, a Service ref without port, a weight outside 0..1,000,000."""
+    problems = []
+    for r, rule in enumerate((obj.get("spec") or {}).get("rules") or []):
+        refs = [(f"spec.rules[{r}].backendRefs[{i}]", ref)
+                for i, ref in enumerate(rule.get("backendRefs") or [])]
+        refs += [(f"spec.rules[{r}].filters[{i}].requestMirror.backendRef",
+                  f["requestMirror"].get("backendRef") or {})
+                 for i, f in enumerate(rule.get("filters") or [])
+                 if f.get("type") == "RequestMirror" and f.get("requestMirror")]
+        for where, ref in refs:
+            if not ref.get("name"):
+                problems.append(f"{where}.name: Required value")
+            if ((ref.get("group") or "", ref.get("kind") or "Service") == ("", "Service")
+                    and "port" not in ref):
+                problems.append(f"{where}: Invalid value: Must have port for Service "
+                                "reference")
+            weight = ref.get("weight", 1)
+            if not isinstance(weight, int) or not 0 <= weight <= 1_000_000:
+                problems.append(f"{where}.weight: Invalid value: {weight!r}: must be between "
+                                "0 and 1000000")
+    return problems

@@ -2,8 +2,8 @@
 written by server-side apply, read back from the API server.
 
 `GatewaySpec.admin_address` is the API server URL; options.py lists the options (namespace,
-parent Gateway, Services per pool, token, CA, status checks). render.py says how routes match
-and how residency fails closed.
+parent Gateway, each pool's Service or InferencePool, token, CA, status checks). render.py
+says how routes match and how residency fails closed.
 
 What "applied" means here: the API server stored the objects. The Gateway implementation then
 takes them asynchronously. What "held" means (read_back()): each of fleetctl's HTTPRoutes —
@@ -11,13 +11,16 @@ routes and guard — has, for the parentRef fleetctl rendered, a `status.parents
 `controller_name`'s controller when that option is set, else of every controller that wrote
 one for that parentRef) whose `Accepted` condition is "True" with `observedGeneration` >=
 `metadata.generation`, and no `Accepted` or `ResolvedRefs` condition "False" for that
-generation. A controller takes a moment to observe a new generation, so read_back() re-reads
-for up to `status_wait_s` while the only problem is lag (a refusal ends the wait at once) —
-otherwise nearly every push's first attempt would fail and turn the gateway red for a retry.
-After that it raises AdapterError naming the route and why: retryable
-while the controller has not yet observed the generation (no entry, older or missing
-`observedGeneration`, `Accepted` "Unknown"); permanent when it observed it and refused it (the
-condition, reason and message are in the error). `require_status: false` skips the check, for
+generation. ResolvedRefs is how a backendRef to an InferencePool that does not exist (or that
+the implementation does not support) shows: the Gateway implementation sets it False
+(reason BackendNotFound or InvalidKind), and the push fails for good naming it. A controller
+takes a moment to observe a new generation, so read_back() re-reads for up to
+`status_wait_s` while the only problem is lag (a refusal ends the wait at once) — otherwise
+nearly every push's first attempt would fail and turn the gateway red for a retry. After
+that it raises AdapterError naming the route and why: retryable while the controller has
+not yet observed the generation (no entry, older or missing `observedGeneration`, `Accepted`
+"Unknown"); permanent when it observed it and refused it (the condition, reason and message
+are in the error). `require_status: false` skips the check, for
 implementations that write no status. Status says the controller accepted the route, not that
 every data-plane replica has it: read_back() reads the API objects, not the data plane.
 In-flight requests are not observable through the API: in_flight() returns -1, and a drain on

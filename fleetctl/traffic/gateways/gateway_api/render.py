@@ -4,9 +4,16 @@ Matching. The Gateway API cannot read a body, so routes match the model *header*
 (`DesiredState.model_header`), which something in front must set from the body — a body-based
 routing extension (e.g. the Gateway API Inference Extension's) or the client. Each HTTPRoute
 has one rule: an Exact match per path with header matches on model, residency (pinned routes)
-and latency class (when the route has one), and `backendRefs` to the pools' Services with
+and latency class (when the route has one), and `backendRefs` to the pools' backends with
 `weight` in basis points (weights are relative integers 0..1,000,000; weight-0 refs are
 allowed and receive nothing, but fleetctl leaves pools at 0 out).
+
+A pool's backend (option `services`) is a Service (core group, a port) or an InferencePool
+of the Gateway API Inference Extension's v1 API (group inference.networking.k8s.io, no port:
+the InferencePool's targetPorts and its endpoint picker choose the model server). Weights,
+drains and residency are the same over either: the weight is on the backendRef, and
+residency is the pool's jurisdiction whatever its backend. The RequestMirror filter always
+names the shadow collector's Service, never an InferencePool (options.MIRROR_TO_POOL says why).
 
 Residency fails closed through the spec's match precedence (Exact path > method > number of
 header matches > ...), which every conformant implementation must follow:
@@ -43,8 +50,9 @@ from fleetctl.traffic.gateways.base import (
 from fleetctl.traffic.gateways.gateway_api.options import (
     DEFAULT_PORT,
     METHODS,
+    BackendRef,
     GatewayApiOptions,
-    ServiceRef,
+    backend_key,
 )
 from fleetctl.traffic.gateways.schema import parse_options
 from fleetctl.traffic.gateways.targets import route_target
@@ -74,7 +82,7 @@ class GatewayApiSettings:
     parent_namespace: str
     section_name: str | None
     hostnames: tuple[str, ...]
-    services: dict[str, ServiceRef]
+    services: dict[str, BackendRef]
     paths: tuple[str, ...]
     token: str | None
     token_file: str | None
@@ -84,7 +92,7 @@ class GatewayApiSettings:
     controller_name: str | None = None
     status_wait_s: float = 5.0
     # The shadow collector's Service (option shadow_collector_service); None: no mirroring.
-    collector: ServiceRef | None = None
+    collector: BackendRef | None = None
 
     @classmethod
     def from_gateway(cls, gateway: GatewaySpec) -> GatewayApiSettings:
@@ -113,25 +121,30 @@ class GatewayApiSettings:
             collector=_collector(options.shadow_collector_service),
         )
 
-    def service(self, pool: str) -> ServiceRef:
-        return self.services.get(pool) or ServiceRef(name=pool, port=DEFAULT_PORT, namespace=None)
+    def backend(self, pool: str) -> BackendRef:
+        """The pool's Service or InferencePool (option services; default: the Service named
+        as the pool)."""
+        return self.services.get(pool) or BackendRef(name=pool, port=DEFAULT_PORT, namespace=None)
 
-    def pool_for_service(self, name: str) -> str:
-        for pool, ref in self.services.items():
-            if ref.name == name:
+    def pool_for_ref(self, ref: dict[str, Any]) -> str:
+        """The pool a stored backendRef sends to: the one whose backend has its group, kind,
+        namespace and name; else (a Service fleetctl defaulted) its name."""
+        key = backend_key(ref)
+        for pool, backend in self.services.items():
+            if backend.key() == key:
                 return pool
-        return name
+        return key[3]
 
     @property
     def collection(self) -> str:
         return f"/apis/{GROUP}/v1/namespaces/{self.namespace}/httproutes"
 
 
-def _collector(value: str | None) -> ServiceRef | None:
+def _collector(value: str | None) -> BackendRef | None:
     if not value:
         return None
     name, _, port = value.rpartition(":")
-    return ServiceRef(name=name, port=int(port), namespace=None)
+    return BackendRef(name=name, port=int(port), namespace=None)
 
 
 # --- rendering ------------------------------------------------------------------------------------
@@ -228,16 +241,11 @@ def _backend_refs(route: RouteSpec, desired: DesiredState,
         route_target(route, pool, weight, desired)
         if weight <= 0:
             continue
-        service = settings.service(pool)
-        ref: dict[str, Any] = {"group": "", "kind": "Service", "name": service.name,
-                               "port": service.port, "weight": weight}
-        if service.namespace:
-            ref["namespace"] = service.namespace  # needs a ReferenceGrant in that namespace
-        refs.append(ref)
+        refs.append({**settings.backend(pool).backend_ref(), "weight": weight})
     return refs
 
 
-def mirror_filters(route: RouteSpec, collector: ServiceRef) -> list[dict[str, Any]]:
+def mirror_filters(route: RouteSpec, collector: BackendRef) -> list[dict[str, Any]]:
     """Copy `mirror_bp` of the route's requests to the collector's Service: a RequestMirror
     filter with `percent` when the share is whole percent, else `fraction` in basis points
     (both are experimental-channel fields of Gateway API v1.2+; an implementation on the
@@ -246,8 +254,7 @@ def mirror_filters(route: RouteSpec, collector: ServiceRef) -> list[dict[str, An
     the live backends see them too: the API has no header change for the copy alone. The
     token is this gateway's for this route only, but a pool of the route can read it; where
     that matters, mirror through Envoy or nginx (docs/shadow.md)."""
-    mirror: dict[str, Any] = {"backendRef": {"group": "", "kind": "Service",
-                                             "name": collector.name, "port": collector.port}}
+    mirror: dict[str, Any] = {"backendRef": collector.backend_ref()}
     if route.mirror_bp % 100 == 0:
         mirror["percent"] = route.mirror_bp // 100
     else:
@@ -289,6 +296,6 @@ def held_weights(item: dict[str, Any], settings: GatewayApiSettings) -> dict[str
     for ref in rules[0].get("backendRefs") or []:
         weight = int(ref.get("weight", 1))
         if weight > 0:
-            pool = settings.pool_for_service(str(ref.get("name")))
+            pool = settings.pool_for_ref(ref)
             held[pool] = held.get(pool, 0) + weight
     return held
