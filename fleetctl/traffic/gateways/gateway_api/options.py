@@ -81,7 +81,7 @@ def _backend(pool: str, value: Mapping[str, Any]) -> BackendRef:
     if group != wanted_group:
         hint = (f" (v1alpha2's group: fleetctl speaks the v1 API, {INFERENCE_GROUP})"
                 if group == OLD_INFERENCE_GROUP else "")
-        raise ValueError(f"{where}.group of a {kind} must be {wanted_group!r}, not "
+        raise ValueError(f"{where}.group must be {wanted_group!r} for kind {kind}, not "
                          f"{group!r}{hint}")
     name, namespace = value.get("name", pool), value.get("namespace")
     if namespace is not None and (not isinstance(namespace, str) or not namespace):
