@@ -162,12 +162,33 @@ def test_the_api_refuses_a_bad_backend_and_stores_nothing(client_for) -> None:
     assert good.status_code == 201, good.json()
 
 
-@pytest.mark.parametrize("value", ["InferencePool/vllm-shadow", "inferencepool:vllm-shadow",
+@pytest.mark.parametrize("value", ["InferencePool/vllm-shadow", "inferencepools/shadow:9911",
                                    "inference.networking.k8s.io/InferencePool/shadow:1"])
 def test_a_mirror_to_an_inference_pool_is_refused_with_the_reason(value: str) -> None:
     with pytest.raises(OptionsError) as caught:
         registry.get("gateway-api").parse_options({"shadow_collector_service": value})
     assert caught.value.problems == [f"options.shadow_collector_service {MIRROR_TO_POOL}"]
+    # a Service whose name merely contains the word is a Service
+    options = registry.get("gateway-api").parse_options(
+        {"shadow_collector_service": "inferencepool-shadow:9911"})
+    assert options.shadow_collector_service == "inferencepool-shadow:9911"
+
+
+def test_a_push_to_a_missing_inference_pool_fails_for_good_naming_it(
+        api: FakeApiServer) -> None:
+    from fleetctl.traffic import push as engine
+    from fleetctl.traffic.models import Gateway, GatewayPush
+
+    api.put_inference_pool("llm", inference_pool("vllm-h200"))
+    push = GatewayPush(gateway=Gateway(name="edge", kind="gateway-api", admin_address=api.url,
+                                       options=adapter(api.url).gateway.options))
+    refused = engine._push_io(push, desired(), frozenset())
+    assert refused.result is not None and refused.result.applied
+    assert not refused.verified and refused.permanent
+    assert ('ResolvedRefs is False, reason BackendNotFound: inferencepools '
+            '"llm/vllm-mi300x" not found') in refused.error
+    api.put_inference_pool("llm", inference_pool("vllm-mi300x"))
+    assert engine._push_io(push, desired(), frozenset()).verified
 
 
 # --- the fake API server knows the InferencePool schema ------------------------------------------

@@ -137,6 +137,8 @@ def _not_empty(value: str) -> str | None:
     return None if value else "must not be empty"
 
 
+# An InferencePool written as KIND/NAME or GROUP/KIND/NAME (a Service name has no '/').
+POOL_REF = re.compile(r"(?i)^(inference\.networking\.(x-)?k8s\.io/)?inferencepools?/")
 MIRROR_TO_POOL = (
     "a RequestMirror filter's backendRef to an InferencePool is not something fleetctl "
     "renders: Gateway API supports mirror backendRefs other than Services only as "
@@ -148,7 +150,7 @@ MIRROR_TO_POOL = (
 def _collector_service(value: str) -> str | None:
     """`name:port` of the Service in front of the shadow collector (the routes' namespace).
     An InferencePool is refused with the reason (MIRROR_TO_POOL), not mirrored to half-way."""
-    if "inferencepool" in value.lower() or "inference.networking" in value:
+    if POOL_REF.match(value):
         return MIRROR_TO_POOL
     name, _, port = value.rpartition(":")
     if not DNS_NAME.match(name) or not port.isdigit() or not 1 <= int(port) <= 65535:
