@@ -286,7 +286,8 @@ def ramps_and_drains(plan: Plan, at: datetime) -> Section:
 
 @section(70)
 def costs(plan: Plan, at: datetime) -> Section:
-    live_rows = []
+    live_rows: list[list[str]] = []
+    per_success: list[list[str]] = []
     since = at - timedelta(days=LIVE_COST_DAYS)
     for role, pool in (("candidate", plan.candidate_pool), ("primary", plan.primary_pool)):
         live = live_cost(pool=pool.name, since=since, until=at, breakdown=False)
@@ -298,6 +299,12 @@ def costs(plan: Plan, at: datetime) -> Section:
                           f"{live.benchmark_cost_per_1m} {live.currency}"
                           if live.benchmark_cost_per_1m else NOT_MEASURED,
                           "—" if live.utilisation is None else f"{live.utilisation:.0%}"])
+        # Cost per successful request from the same read (section "per-success" shows it).
+        per_success.append([f"{pool.name} ({role})", num(live.requests),
+                            num(live.failed_requests), num(live.retries),
+                            "—" if live.error_rate is None else f"{live.error_rate:.1%}",
+                            f"{live.cost_per_success} {live.currency}"
+                            if live.cost_per_success else live.per_success_not_measured])
     _inputs, case = economics.case_of(plan, now=at)
     n = case.numbers
     c = n.get("comparison") or {}
@@ -336,6 +343,9 @@ def costs(plan: Plan, at: datetime) -> Section:
         tables=[Table("Live cost per pool", ["Pool", "Hourly rate", "Output tokens",
                                              "Hours metered", "Cost", "Live per 1M",
                                              "Benchmark per 1M", "Utilisation"], live_rows),
+                Table("Live cost per successful request",
+                      ["Pool", "Requests", "Failed", "Retries", "Error rate",
+                       "Per successful request"], per_success),
                 Table("The business case", ["", ""], figures),
                 Table("Ops burden (engineer-weeks a year)", ["Row", "Weeks", "Means"], burden)],
         notes=notes)
@@ -343,21 +353,15 @@ def costs(plan: Plan, at: datetime) -> Section:
 
 @section(75)
 def cost_per_success_and_tax(plan: Plan, at: datetime) -> Section:
-    """What succeeded for the money (failures and retries paid for) and the interruption tax
-    in every figure of an interruptible pool (docs/cost.md)."""
-    since = at - timedelta(days=LIVE_COST_DAYS)
-    tax_rows, live_rows = [], []
+    """What succeeded for the money in batch work (failures and retries paid for; the live
+    figure is in "costs", from the same read as the live cost) and the interruption tax in
+    every figure of an interruptible pool (docs/cost.md)."""
+    tax_rows = []
     for role, pool in (("candidate", plan.candidate_pool), ("primary", plan.primary_pool)):
         tax = effective_rate(pool)
         tax_rows.append([f"{pool.name} ({role})",
                          "yes" if tax.interruptible else "no",
                          tax.text or "none: not interruptible"])
-        live = live_cost(pool=pool.name, since=since, until=at, breakdown=False)
-        live_rows.append([f"{pool.name} ({role})", num(live.requests),
-                          num(live.failed_requests), num(live.retries),
-                          "—" if live.error_rate is None else f"{live.error_rate:.1%}",
-                          f"{live.cost_per_success} {live.currency}" if live.cost_per_success
-                          else live.per_success_not_measured])
     job_rows = []
     for job in batch.plan_soak_jobs(plan.pk):
         tc = batch.job_task_cost(job, batch.job_progress(job, now=at))
@@ -368,15 +372,11 @@ def cost_per_success_and_tax(plan: Plan, at: datetime) -> Section:
                          else tc.not_measured])
     return Section(
         "per-success", "Cost per successful task and the interruption tax",
-        intro=f"Failures and retries are paid for: spend ÷ what succeeded, live over the "
-              f"{LIVE_COST_DAYS} days before this report and per batch job of the plan's "
-              f"soaks. Stage 3's arbitrage is judged per "
-              f"{plan.get_cost_unit_display()} (the plan's unit). An interruptible pool's "
+        intro=f"Failures and retries are paid for: spend ÷ what succeeded, per batch job of the "
+              f"plan's soaks (live traffic's in the costs above). Stage 3's arbitrage is judged "
+              f"per {plan.get_cost_unit_display()} (the plan's unit). An interruptible pool's "
               f"rate carries its interruption tax, priced by its own newest passed drill.",
         tables=[Table("Interruption tax", ["Pool", "Interruptible", "Tax"], tax_rows),
-                Table("Live cost per successful request",
-                      ["Pool", "Requests", "Failed", "Retries", "Error rate",
-                       "Per successful request"], live_rows),
                 Table("Batch jobs of the plan's soaks: cost per custom_id that succeeded",
                       ["Job", "Pool", "Attempts", "Succeeded", "Failed", "Retries", "Spend",
                        "Per success"], job_rows, empty="The plan has no soak jobs.")])

@@ -76,15 +76,17 @@ def test_the_report_writes_down_the_rows_and_the_pdf_says_the_same(walked):
         assert figure in text, figure
     # The business case's arbitrage from the rows: 5.0000 − 4.1234 = 0.8766 per 1M.
     costs = next(s for s in report.sections if s.key == "costs")
-    case = dict(costs.tables[1].rows)
+    case = dict(costs.tables[2].rows)
     assert case["Arbitrage per 1M"] == "0.8766 USD"
     assert "0.8766 USD" in text
     # Cost per success and the tax: neither pool is interruptible, no request was logged.
     per_success = next(s for s in report.sections if s.key == "per-success")
     taxes = per_success.tables[0].rows
     assert [row[1] for row in taxes] == ["no", "no"], taxes
+    live = next(s for s in report.sections if s.key == "costs").tables[1]
+    assert live.caption == "Live cost per successful request"
     assert all(row[-1].startswith("not measured: the gateways logged no request")
-               for row in per_success.tables[1].rows), per_success.tables[1].rows
+               for row in live.rows), live.rows
     assert "Cost per successful task and the interruption tax" in text
     # The drain of the candidate the pause ran is in the ramps section, as it ended (the
     # world's gateway has no config directory: it failed, and the report says so).
