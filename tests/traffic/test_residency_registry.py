@@ -298,7 +298,8 @@ def test_the_dashboard_refuses_the_same_move_and_says_why(eu_fleet, client):
     client.force_login(lead)
     url = reverse("fleet:pool-edit", args=["eu-b"])
     form = client.get(url).context["form"]
-    data = {name: form[name].value() for name in form.fields}
+    data = {name: "" if form[name].value() is None else form[name].value()
+            for name in form.fields}  # what a browser sends for an empty field
     data["region"] = "us-east"
 
     answer = client.post(url, data)

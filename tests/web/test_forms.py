@@ -134,7 +134,8 @@ def test_editing_a_pool_saves_the_change_and_audits_the_difference(
 ):
     client = login_as(lead)
     form = client.get(reverse("fleet:pool-edit", args=[pool.name])).context["form"]
-    data = {name: form[name].value() for name in form.fields}
+    data = {name: "" if form[name].value() is None else form[name].value()
+            for name in form.fields}  # what a browser sends for an empty field
     data["region"] = pool.region.code
     data.update(node_hourly_rate="11.00", labels="team=serving\ntier=gold")
     response = client.post(reverse("fleet:pool-edit", args=[pool.name]), data)
