@@ -23,6 +23,8 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", include(("fleetctl.api_urls", "api"), namespace="api")),
+    # The OpenAI Batch API (the official client's base_url is http://host/openai/v1).
+    path("openai/v1/", include("fleetctl.batch.openai_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
 ]

@@ -83,6 +83,9 @@ def why_not(job: BatchJob) -> str:
     if job.plan_id is None:
         return ("The job has no plan, so there is no primary to compare its answers with "
                 "(a job on a plan's candidate is compared with that plan's primary).")
+    if "/v1/embeddings" in job.input_file.url_lines:
+        return ("The job's input asks for embeddings: vectors are not compared with the "
+                "primary's (the comparison reads text, finish reasons and lengths).")
     plan = job.plan
     assert plan is not None
     if job.pool_id == plan.primary_pool_id:

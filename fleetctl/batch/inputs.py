@@ -43,7 +43,7 @@ from fleetctl.core.jsonl import (
 )
 from fleetctl.inference.schema import request_schema_problem
 
-URLS = ("/v1/chat/completions", "/v1/completions")
+URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 KEYS = ("custom_id", "method", "url", "body")
 MAX_CUSTOM_ID = 200
 # Different models named in one file: a batch job runs on one pool, so a file naming more
@@ -173,7 +173,7 @@ def request_problem(value: Any, max_body_bytes: int, line_len: int) -> str | Non
         return f'method must be "POST", got {show(method)}'
     url = value.get("url")
     if url not in URLS:
-        return (f"url {show(url)} is not supported; use {URLS[0]} or {URLS[1]}")
+        return (f"url {show(url)} is not supported; use {URLS[0]}, {URLS[1]} or {URLS[2]}")
     body = value.get("body")
     if type(body) is not dict:
         return f"body must be a JSON object (the request), got {show(body)}"
@@ -187,6 +187,10 @@ def request_problem(value: Any, max_body_bytes: int, line_len: int) -> str | Non
         problem = message_problem(body.get("messages"))
         if problem:
             return f"body.{problem[0]}: {problem[1]}"
+    elif url == URLS[2]:
+        if not isinstance(body.get("input"), str | list) or not body.get("input"):
+            return (f"body.input must be a non-empty string or list (what to embed), got "
+                    f"{show(body.get('input'))}")
     elif not isinstance(body.get("prompt"), str | list) or not body.get("prompt"):
         return f"body.prompt must be a non-empty string or list, got {show(body.get('prompt'))}"
     schema = request_schema_problem(body)  # a comparison with the primary compiles them

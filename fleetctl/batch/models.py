@@ -30,6 +30,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from fleetctl.fleet.models import Pool
+from fleetctl.traffic.models import Route
 from migrations_plan.models import Evidence, Plan
 
 ACTIVE_STATES = ("queued", "running", "paused")
@@ -140,6 +141,14 @@ class BatchJob(models.Model):
                              related_name="batch_jobs")
     soak = models.ForeignKey(Soak, on_delete=models.PROTECT, null=True, blank=True,
                              related_name="jobs")
+    # A job submitted through the OpenAI Batch API (/openai/v1/batches): the batch-class
+    # route it was placed through (its pool is one the route's split gives weight), the
+    # endpoint the batch names and its metadata, as the client sent them. Empty for a job
+    # created through fleetctl's own REST, form or CLI (those name a pool).
+    route = models.ForeignKey(Route, on_delete=models.SET_NULL, null=True, blank=True,
+                              related_name="batch_jobs")
+    endpoint = models.CharField(max_length=40, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
     concurrency = models.PositiveSmallIntegerField(
         default=8, validators=[MinValueValidator(1), MaxValueValidator(256)],
         help_text="Requests in flight at once, at most.")

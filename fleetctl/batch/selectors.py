@@ -162,3 +162,21 @@ def job_progress(job: BatchJob, now: datetime | None = None) -> Progress:
         chunks=sums["chunks"], chunks_done=sums["chunks_done"],
         chunks_running=sums["chunks_running"], elapsed_s=elapsed, requests_per_s=rps,
         output_tokens_per_s=output_tokens / elapsed if elapsed else None, eta_s=eta)
+
+
+def job_page(*, before: int | None, limit: int) -> list[BatchJob]:
+    """Up to `limit` + 1 jobs, newest first, below id `before` when given (the OpenAI Batch
+    API's cursor: `after` names the last job of the previous page). One more than asked says
+    whether there is a next page."""
+    jobs = job_list().order_by("-id")
+    if before is not None:
+        jobs = jobs.filter(id__lt=before)
+    return list(jobs[:limit + 1])
+
+
+def file_page(*, before: int | None, limit: int) -> list[BatchFile]:
+    """As job_page, for input files."""
+    files = file_list().order_by("-id")
+    if before is not None:
+        files = files.filter(id__lt=before)
+    return list(files[:limit + 1])

@@ -39,6 +39,7 @@ from fleetctl.batch.models import (
 )
 from fleetctl.core.errors import ConflictError, required_reason
 from fleetctl.fleet.models import Pool, PoolModel
+from fleetctl.traffic.models import Route
 from migrations_plan.models import Plan
 
 log = logging.getLogger("fleetctl.batch")
@@ -141,7 +142,7 @@ def _model_problems(input_file: BatchFile, pool: Pool) -> list[str]:
     for url, line in sorted(input_file.url_lines.items(), key=lambda item: item[1]):
         if url not in inputs.URLS:
             return [f"line {line}: url {url!r} is not supported; use "
-                    f"{' or '.join(inputs.URLS)}."]
+                    f"{', '.join(inputs.URLS)}."]
     return []
 
 
@@ -165,11 +166,14 @@ def job_create(*, actor: Actor, input_file: BatchFile, pool: Pool, concurrency: 
                rate_limit_rps: float | None = None, completion_window_s: int = 86400,
                chunk_size: int = DEFAULT_CHUNK_SIZE, max_attempts: int = 5,
                request_timeout_s: float = 120, drill: str = "", drill_at: float = 0.4,
-               compare_sample: int = 20, soak: Soak | None = None) -> BatchJob:
-    """Run `input_file` on `pool`. Refused (ValidationError naming the field, nothing stored)
-    for an option out of range, a model the pool does not serve (the first line naming it),
-    or a pool the stage rules keep from batch work. The job is queued: a worker claims its
-    first chunk."""
+               compare_sample: int = 20, soak: Soak | None = None,
+               route: Route | None = None, endpoint: str = "",
+               metadata: dict[str, str] | None = None) -> BatchJob:
+    """Run `input_file` on `pool` (`route`, `endpoint`, `metadata`: a batch of the OpenAI
+    Batch API, placed through that route; batch_create). Refused (ValidationError naming the
+    field, nothing stored) for an option out of range, a model the pool does not serve (the
+    first line naming it), or a pool the stage rules keep from batch work. The job is
+    queued: a worker claims its first chunk."""
     actor.require(roles.JOBS, action="batch.job_create", target=pool)
     drill = drill or ""
     options: dict[str, Any] = {
@@ -202,6 +206,7 @@ def job_create(*, actor: Actor, input_file: BatchFile, pool: Pool, concurrency: 
     with transaction.atomic():
         job = BatchJob.objects.create(
             input_file=input_file, pool=pool, plan=plan, soak=soak, total=input_file.requests,
+            route=route, endpoint=endpoint, metadata=metadata or {},
             created_by=actor.label, created_at=now,
             expires_at=now + timedelta(seconds=options["completion_window_s"]), **options)
         chunks = _create_chunks(job, path)
@@ -209,14 +214,83 @@ def job_create(*, actor: Actor, input_file: BatchFile, pool: Pool, concurrency: 
                   message=f"{actor.label} created the job: {job.total} requests of "
                           f"{input_file.name} on {pool.name} in {chunks} chunks"
                           + (f" (plan {plan.name})" if plan else "")
-                          + (f", soak {soak.pk}" if soak else ""),
+                          + (f", soak {soak.pk}" if soak else "")
+                          + (f", through route {route.name} (OpenAI Batch API, {endpoint})"
+                             if route else ""),
                   data={"chunks": chunks, **options})
         audit_record(actor=actor, action="batch.job_create", target=job,
                      after={"input_file": input_file.pk, "pool": pool.name,
+                            "route": route.name if route else None,
                             "plan": plan.name if plan else None,
                             "soak": soak.pk if soak else None, "total": job.total,
                             "chunks": chunks, **options})
     return job
+
+
+# --- the OpenAI Batch API ----------------------------------------------------------------------
+
+OPENAI_ENDPOINTS = inputs.URLS
+OPENAI_WINDOWS = {"24h": 86400}
+METADATA_MAX = 16
+
+
+def _metadata_problem(metadata: Any) -> str | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        return "metadata must be an object of string keys and values."
+    if len(metadata) > METADATA_MAX:
+        return f"metadata holds {len(metadata)} keys; at most {METADATA_MAX}."
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not key or len(key) > 64:
+            return f"metadata key {key!r} must be a string of 1 to 64 characters."
+        if not isinstance(value, str) or len(value) > 512:
+            return f"metadata.{key} must be a string of at most 512 characters."
+    return None
+
+
+def batch_create(*, actor: Actor, input_file: BatchFile, endpoint: str,
+                 completion_window: str, metadata: dict[str, str] | None = None,
+                 rng: Any = None) -> BatchJob:
+    """A batch of the OpenAI Batch API: `input_file` run as a job on a pool of a batch-class
+    route (metadata.route, or the file's model's one batch-class route; metadata.pool pins a
+    pool of its split, otherwise one is drawn by the split's weights: targets.batch_placement).
+    Every line must ask for `endpoint`, as OpenAI requires. Refused with a ValidationError
+    keyed by the request's field (input_file_id, endpoint, completion_window, metadata);
+    nothing is stored then."""
+    actor.require(roles.JOBS, action="batch.job_create", target="batch.openai")
+    if endpoint not in OPENAI_ENDPOINTS:
+        raise ValidationError({"endpoint": [
+            f"endpoint {endpoint!r} is not supported; use {', '.join(OPENAI_ENDPOINTS)}."]})
+    if completion_window not in OPENAI_WINDOWS:
+        raise ValidationError({"completion_window": [
+            f"completion_window {completion_window!r} is not supported; use "
+            f"{', '.join(OPENAI_WINDOWS)}."]})
+    problem = _metadata_problem(metadata)
+    if problem:
+        raise ValidationError({"metadata": [problem]})
+    metadata = dict(metadata or {})
+    for url, line in sorted(input_file.url_lines.items(), key=lambda item: item[1]):
+        if url != endpoint:
+            raise ValidationError({"input_file_id": [
+                f"line {line}: url {url!r} is not the batch's endpoint {endpoint!r}; every "
+                f"request of a batch must ask for its endpoint."]})
+    try:
+        placed = targets.batch_placement(models=sorted(input_file.model_lines),
+                                         route_name=metadata.get("route"),
+                                         pool_name=metadata.get("pool"), rng=rng)
+    except targets.PlacementError as error:
+        raise ValidationError({error.param: [error.message]}) from None
+    try:
+        return job_create(actor=actor, input_file=input_file, pool=placed.pool,
+                          completion_window_s=OPENAI_WINDOWS[completion_window],
+                          route=placed.route, endpoint=endpoint, metadata=metadata)
+    except ValidationError as exc:
+        if hasattr(exc, "error_dict"):
+            for name in ("input_file", "pool"):
+                if name in exc.error_dict:
+                    exc.error_dict["input_file_id"] = exc.error_dict.pop(name)
+        raise
 
 
 def job_submit(*, actor: Actor, name: str, stream: Any, pool: Pool,

@@ -36,7 +36,7 @@ from django.urls import reverse
 from django.views import defaults
 from django.views.decorators.http import require_POST
 
-from fleetctl.core.api.errors import error_body
+from fleetctl.core.api.errors import error_body, openai_error_body
 from fleetctl.core.errors import DomainError, NotFoundError
 from fleetctl.core.requestid import current_request_id
 
@@ -243,6 +243,10 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponseBase:
         return JsonResponse(error_body(
             "not_found", "Nothing at this path: check the id or name in it, and the endpoint "
                          "against /api/docs/."), status=404)
+    if request.path.startswith("/openai/"):
+        return JsonResponse(openai_error_body(
+            f"Unknown URL: {request.method} {request.path[:200]} (the OpenAI Batch API serves "
+            f"/openai/v1/files and /openai/v1/batches).", code="unknown_url"), status=404)
     return defaults.page_not_found(request, exception)
 
 

@@ -1,8 +1,9 @@
 """aiohttp routes for one simulated pool (serving.py serves several in one event loop).
 
 Surface per pool port: OpenAI-compatible `/v1/models`, `/v1/chat/completions`,
-`/v1/completions`; `/health`; `/version` (vLLM's); `/metrics`; and `/admin/*` (state, faults, reset,
-ground truth). Every error is an OpenAI error object; nothing answers with a traceback.
+`/v1/completions`, `/v1/embeddings` (embeddings.py); `/health`; `/version` (vLLM's);
+`/metrics`; and `/admin/*` (state, faults, reset, ground truth). Every error is an OpenAI
+error object; nothing answers with a traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .api import (
     resolve_max_tokens,
 )
 from .apierror import ApiError
+from .embeddings import embeddings_body, parse_embeddings
 from .engine import (
     Engine,
     EngineHooks,
@@ -135,6 +137,7 @@ class SimPool(PoolAdmin):
         app.router.add_get("/v1/models/{model}", self.get_model)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/admin/state", self.admin_state)
         app.router.add_post("/admin/faults", self.admin_faults)
         app.router.add_post("/admin/reset", self.admin_reset)
@@ -248,6 +251,24 @@ class SimPool(PoolAdmin):
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "completions")
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        """Deterministic vectors from the input (embeddings.py), after the pool's network
+        latency; faults apply. Not queued on the engine, not in the ground truth."""
+        request_id = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex}"
+        try:
+            if self.faults.down:
+                raise down_error()
+            body = await read_json(request)
+            if not isinstance(body, dict):
+                raise ApiError(400, "Invalid request body: expected a JSON object.")
+            req = parse_embeddings(body)
+            self._check_model(req.model)
+            await self._network_delay()
+            self._maybe_inject_error()
+        except ApiError as err:
+            return error_response(err, request_id)
+        return web.json_response(embeddings_body(req), headers={"x-request-id": request_id})
 
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         arrival = time.monotonic()

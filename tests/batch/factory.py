@@ -22,9 +22,11 @@ def request_line(i: int, *, model: str = MODEL, url: str = "/v1/chat/completions
                  max_tokens: int = 16, custom_id: str | None = None) -> dict[str, Any]:
     """One input line's request: a short chat (or completion) whose answer is deterministic
     on the simulator (temperature 0)."""
-    if url == "/v1/completions":
-        body: dict[str, Any] = {"model": model, "prompt": f"question {i}",
-                                "max_tokens": max_tokens, "temperature": 0}
+    if url == "/v1/embeddings":
+        body: dict[str, Any] = {"model": model, "input": f"passage {i}", "dimensions": 8}
+    elif url == "/v1/completions":
+        body = {"model": model, "prompt": f"question {i}",
+                "max_tokens": max_tokens, "temperature": 0}
     else:
         body = {"model": model, "messages": [{"role": "user", "content": f"question {i}"}],
                 "max_tokens": max_tokens, "temperature": 0}

@@ -169,13 +169,13 @@ def test_one_step_refused_for_a_model_the_pool_does_not_serve_keeps_nothing(
 def test_one_step_with_a_bad_line_names_it_and_keeps_nothing(writer, sim_pool,
                                                              batch_files_dir):
     content = _jsonl(request_line(0)) + b"{not json\n" + _jsonl(
-        {**request_line(2), "url": "/v1/embeddings"})
+        {**request_line(2), "url": "/v1/moderations"})
     refused = writer.post(JOBS, {"file": _upload_file(content), "pool": sim_pool.name},
                           format="multipart")
     assert refused.status_code == 400
     lines = refused.json()["error"]["fields"]["file"]
     assert lines[0].startswith("line 2: is not valid JSON")
-    assert lines[1].startswith('line 3: url "/v1/embeddings" is not supported')
+    assert lines[1].startswith('line 3: url "/v1/moderations" is not supported')
     assert not BatchFile.objects.exists() and _stored_files(batch_files_dir) == []
     assert not AuditEvent.objects.filter(action="batch.file_upload", outcome="ok").exists()
 

@@ -191,3 +191,42 @@ def test_the_request_id_header_is_echoed(fleet: SimProcess) -> None:
     )
     assert response.status_code == 200
     assert response.headers["x-request-id"] == "trace-123"
+
+
+# --- embeddings ---------------------------------------------------------------------------------
+
+def test_embeddings_are_deterministic_unit_vectors_with_usage(fleet: SimProcess) -> None:
+    from fleetctl.sim.textgen import count_tokens
+
+    texts = ["the quick brown fox", "jumps over the lazy dog"]
+    first = client(fleet.url("ref")).embeddings.create(model=MODEL, input=texts, dimensions=32)
+    again = client(fleet.url("ref")).embeddings.create(model=MODEL, input=texts[1],
+                                                        dimensions=32)
+    assert [d.index for d in first.data] == [0, 1]
+    assert all(len(d.embedding) == 32 for d in first.data)
+    assert all(abs(math.sqrt(sum(v * v for v in d.embedding)) - 1) < 1e-5 for d in first.data)
+    # The same input, in another request: the same vector; another input: another one.
+    assert again.data[0].embedding == first.data[1].embedding
+    assert first.data[0].embedding != first.data[1].embedding
+    tokens = sum(count_tokens(t) for t in texts)
+    assert (first.usage.prompt_tokens, first.usage.total_tokens) == (tokens, tokens)
+    # Asked as floats: the same vector the client decoded from base64 (its default).
+    floats = httpx.post(fleet.url("ref") + "/v1/embeddings", json={
+        "model": MODEL, "input": texts[1], "dimensions": 32, "encoding_format": "float"})
+    assert floats.json()["data"][0]["embedding"] == pytest.approx(first.data[1].embedding,
+                                                                  abs=1e-6)
+
+
+def test_embeddings_refuse_bad_input_in_the_openai_error_shape(fleet: SimProcess) -> None:
+    import openai
+
+    sim = client(fleet.url("ref"))
+    with pytest.raises(openai.BadRequestError, match="input"):
+        sim.embeddings.create(model=MODEL, input="")
+    with pytest.raises(openai.BadRequestError, match="dimensions"):
+        sim.embeddings.create(model=MODEL, input="x", dimensions=0)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        sim.embeddings.create(model="no-such-model", input="x")
+    raw = httpx.post(fleet.url("ref") + "/v1/embeddings", json={"model": MODEL})
+    assert raw.status_code == 400
+    assert raw.json()["error"]["param"] == "input"

@@ -37,12 +37,33 @@ def _mib(size: int) -> str:
     return f"{size / 1024 / 1024:.1f} MiB" if size >= 1024 * 1024 else f"{size:,} bytes"
 
 
-def _check_size(upload: Any, field: str) -> None:
+# What a multipart body may hold besides the file (boundaries, the other fields): a request
+# longer than the limit by more than this is refused from its Content-Length, before its body
+# is read (Django would spool a large upload to a temporary file first).
+MULTIPART_SLACK = 64 * 1024
+
+
+def too_large_message(size: int) -> str:
+    limit = int(settings.BATCH_MAX_UPLOAD_BYTES)
+    return (f"The file is {_mib(size)}; an input file may be at most {_mib(limit)} "
+            f"(BATCH_MAX_UPLOAD_BYTES). Split it into several jobs.")
+
+
+def check_body_length(request: Request, field: str) -> None:
+    """Refuse an upload whose request is longer than BATCH_MAX_UPLOAD_BYTES allows, from its
+    Content-Length alone: nothing of it is read or stored."""
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return  # Django's own parsing answers a malformed length
+    if length > int(settings.BATCH_MAX_UPLOAD_BYTES) + MULTIPART_SLACK:
+        raise ValidationError({field: [too_large_message(length)]})
+
+
+def check_size(upload: Any, field: str) -> None:
     limit = int(settings.BATCH_MAX_UPLOAD_BYTES)
     if upload.size is not None and upload.size > limit:
-        raise ValidationError({field: [
-            f"The file is {_mib(upload.size)}; an input file may be at most {_mib(limit)} "
-            f"(BATCH_MAX_UPLOAD_BYTES). Split it into several jobs."]})
+        raise ValidationError({field: [too_large_message(upload.size)]})
 
 
 class BatchFileViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -64,9 +85,10 @@ class BatchFileViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         """Upload an input file. Read line by line as it is stored; a bad line (not JSON, no
         custom_id, method not POST, unknown url, a body over BATCH_MAX_BODY_BYTES, a
         duplicate custom_id, ...) is a 400 naming it ("line N: ..."), and nothing is kept."""
+        check_body_length(request, "file")
         body = idempotency.action_body(request, s.FileUploadSerializer)
         upload = body["file"]
-        _check_size(upload, "file")
+        check_size(upload, "file")
         batch_file = services.file_upload(
             actor=actor_from_request(request),
             name=body.get("name") or upload.name or "input.jsonl",
@@ -121,6 +143,7 @@ class BatchJobViewSet(JsonDownloadErrors, mixins.ListModelMixin, mixins.Retrieve
         not serve names the first line asking for it. An Idempotency-Key is honoured on
         the JSON form (upload first, then create, to retry safely)."""
         if request.content_type.startswith("multipart/"):
+            check_body_length(request, "file")
             if request.headers.get(idempotency.HEADER):
                 raise ValidationError({idempotency.HEADER: [
                     "An Idempotency-Key is honoured on the JSON form only: upload the file "
@@ -138,7 +161,7 @@ class BatchJobViewSet(JsonDownloadErrors, mixins.ListModelMixin, mixins.Retrieve
             data.pop("name", "")
         actor = actor_from_request(request)
         if upload is not None:
-            _check_size(upload, "file")
+            check_size(upload, "file")
             job = services.job_submit(actor=actor, name=name or upload.name or "input.jsonl",
                                       stream=upload, **data)
         else:

@@ -26,6 +26,13 @@ def error_body(code: str, message: str, fields: dict[str, Any] | None = None) ->
     return {"error": {"code": code, "message": message, "fields": fields or {}}}
 
 
+def openai_error_body(message: str, *, type: str = "invalid_request_error",
+                      param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object, which the official client reads: the shape of the OpenAI Batch
+    API surface (/openai/v1/; fleetctl/batch/api/openai.py), not of /api/v1/."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
 def _flatten(detail: Any) -> list[str]:
     if isinstance(detail, dict):
         return [f"{k}: {m}" for k, v in detail.items() for m in _flatten(v)]
