@@ -14,6 +14,7 @@ from typing import Any
 
 import openai
 import pytest
+from django.core.exceptions import ValidationError
 
 from fleetctl.accounts.actor import Actor
 from fleetctl.accounts.services import token_create_personal
@@ -245,3 +246,77 @@ def test_a_file_over_the_size_limit_is_refused_and_nothing_is_stored(
             _upload(client, content)
         assert refused.value.code == "file_too_large"
     assert not BatchFile.objects.exists() and list(batch_files_dir.iterdir()) == []
+
+
+# --- the route's split, and the README's example on the demo's seed --------------------------
+
+def test_a_batch_is_drawn_by_the_routes_weights_or_pinned_to_a_pool_with_weight(
+        sim_pool: Pool, sim_primary_pool: Pool, batch_files_dir: Path):
+    import random
+
+    from fleetctl.batch import services
+    from fleetctl.traffic.services.writes import revision_create
+
+    from .factory import upload, write_input
+
+    route = route_create(actor=SYSTEM, name="llama-batch", model_id=MODEL,
+                         primary_pool=sim_primary_pool, latency_class="batch", reason="t",
+                         weights={"primary-sim": 75, "batch-sim": 25})
+    batch_file = upload(SYSTEM, write_input(batch_files_dir.parent / "in.jsonl", 2))
+    rng = random.Random(7)
+    pools = [services.batch_create(actor=SYSTEM, input_file=batch_file,
+                                   endpoint="/v1/chat/completions", completion_window="24h",
+                                   rng=rng).pool.name for _ in range(40)]
+    assert {"primary-sim", "batch-sim"} == set(pools)
+    assert 20 <= pools.count("primary-sim") <= 38  # 75 % of 40 = 30, seeded
+    pinned = services.batch_create(actor=SYSTEM, input_file=batch_file,
+                                   endpoint="/v1/chat/completions", completion_window="24h",
+                                   metadata={"pool": "batch-sim"})
+    assert (pinned.pool.name, pinned.route) == ("batch-sim", route)
+    revision_create(actor=SYSTEM, route=route, weights={"primary-sim": 100},
+                    base_revision=route.revision_number, reason="batch-sim off")
+    before = BatchJob.objects.count()
+    with pytest.raises(ValidationError, match="batch-sim carries no weight on route llama-batch"):
+        services.batch_create(actor=SYSTEM, input_file=batch_file,
+                              endpoint="/v1/chat/completions", completion_window="24h",
+                              metadata={"pool": "batch-sim"})
+    assert BatchJob.objects.count() == before
+
+
+def test_the_readme_example_submits_a_batch_on_the_demos_seed(
+        live_server: Any, transactional_db: None, tmp_path: Path, settings: Any):
+    """The README's client.files.create / client.batches.create against `make demo`'s seed:
+    the batch lands on llama-8b-batch, on the H200 or the A100 (stage 3). No worker runs
+    here (the demo's simulated pools are not started), so it stays in progress."""
+    import io
+
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    call_command("demo_seed", "--password", "demo-pw", "--gateway-admin", "http://127.0.0.1:1",
+                 "--gateway-config-dir", str(tmp_path), stdout=io.StringIO(),
+                 stderr=io.StringIO())
+    oncall = get_user_model().objects.get(username="oncall")
+    secret = token_create_personal(actor=Actor(user=oncall), name="batch",
+                                   scopes=["read", "jobs"]).secret
+    (tmp_path / "nightly.jsonl").write_bytes(_jsonl(3))
+
+    # As in the README:
+    from openai import OpenAI
+    client = OpenAI(base_url=f"{live_server.url}/openai/v1", api_key=secret)
+    batch_input = client.files.create(file=open(tmp_path / "nightly.jsonl", "rb"),  # noqa: SIM115
+                                      purpose="batch")
+    batch = client.batches.create(input_file_id=batch_input.id,
+                                  endpoint="/v1/chat/completions", completion_window="24h")
+    assert client.batches.retrieve(batch.id).status == "in_progress"
+
+    job = BatchJob.objects.get(pk=int(batch.id.removeprefix("batch_")))
+    assert job.route is not None and job.route.name == "llama-8b-batch"
+    assert job.pool.name in ("h200-us-east", "a100-eu-central")
+    on_a100 = client.batches.create(input_file_id=batch_input.id,
+                                    endpoint="/v1/chat/completions", completion_window="24h",
+                                    metadata={"pool": "a100-eu-central"})
+    assert on_a100.metadata == {"pool": "a100-eu-central"}
+    with pytest.raises(openai.BadRequestError, match=r"at stage 2 \(shadow\); batch jobs"):
+        client.batches.create(input_file_id=batch_input.id, endpoint="/v1/chat/completions",
+                              completion_window="24h", metadata={"pool": "mi300x-us-east"})

@@ -23,7 +23,7 @@ are themselves (a cancel takes effect at once: `cancelling` is never seen). Ther
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -32,7 +32,8 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import FileResponse, Http404, StreamingHttpResponse
 from rest_framework import exceptions, renderers, status
 from rest_framework.negotiation import BaseContentNegotiation
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import BaseParser, FormParser, JSONParser, MultiPartParser
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView, set_rollback
@@ -265,15 +266,17 @@ class AnyAccept(BaseContentNegotiation):
     """JSON whatever Accept says: the official client asks for file content with
     `Accept: application/binary`, and OpenAI answers what it has."""
 
-    def select_parser(self, request: Request, parsers: list[Any]) -> Any:
+    def select_parser(self, request: Request, parsers: Iterable[BaseParser]
+                      ) -> BaseParser | None:
         for parser in parsers:
             if request.content_type.startswith(parser.media_type):
                 return parser
         return None
 
-    def select_renderer(self, request: Request, renderers: list[Any],
-                        format_suffix: str | None = None) -> tuple[Any, str]:
-        return renderers[0], renderers[0].media_type
+    def select_renderer(self, request: Request, renderers: Iterable[BaseRenderer],
+                        format_suffix: str | None = None) -> tuple[BaseRenderer, str]:
+        first = next(iter(renderers))
+        return first, first.media_type
 
 
 class OpenAIView(APIView):
