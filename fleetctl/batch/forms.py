@@ -100,8 +100,8 @@ class InputFileMixin(forms.Form):
     file = forms.FileField(
         required=False, label="Input file (JSONL)",
         help_text="OpenAI Batch format: one request a line with custom_id, method POST, url "
-                  "/v1/chat/completions or /v1/completions, and body. A bad line refuses the "
-                  "whole file, named by its line number.")
+                  "/v1/chat/completions, /v1/completions or /v1/embeddings, and body. A bad "
+                  "line refuses the whole file, named by its line number.")
     input_file = forms.TypedChoiceField(
         required=False, coerce=int, empty_value=None, label="…or one uploaded before")
 
