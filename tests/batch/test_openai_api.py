@@ -320,3 +320,26 @@ def test_the_readme_example_submits_a_batch_on_the_demos_seed(
     with pytest.raises(openai.BadRequestError, match=r"at stage 2 \(shadow\); batch jobs"):
         client.batches.create(input_file_id=batch_input.id, endpoint="/v1/chat/completions",
                               completion_window="24h", metadata={"pool": "mi300x-us-east"})
+
+
+def test_paths_and_bodies_the_client_would_not_send_get_openai_errors(
+        api: Any, token_client: Callable[..., Any], batch_route: Route,
+        batch_files_dir: Path):
+    from .factory import upload, write_input
+
+    stored = upload(SYSTEM, write_input(batch_files_dir.parent / "in.jsonl", 2))
+    unknown = api.get("/openai/v1/models")
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_url"
+    writer = token_client(["read", "jobs"], "on-call")
+    for body, param in [({}, "input_file_id"),
+                        ({"input_file_id": f"file-{stored.pk}",
+                          "endpoint": "/v1/chat/completions",
+                          "completion_window": "24h", "metadata": {"k": 1}}, "metadata"),
+                        ({"input_file_id": "file-\x00", "endpoint": "/v1/chat/completions",
+                          "completion_window": "24h"}, "input_file_id")]:
+        answer = writer.post("/openai/v1/batches", body, format="json")
+        assert answer.status_code in (400, 404), answer.content
+        assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
+        assert answer.json()["error"]["param"] == param, answer.json()
+    assert writer.get("/openai/v1/batches?after=nope").json()["error"]["param"] == "after"
+    assert not BatchJob.objects.exists()
