@@ -6,7 +6,8 @@
     accounts, audit           core, and each other (an Actor's refusals are audited; an
                               audit event names its Actor)
     fleet                     core, accounts, audit
-    traffic                   the above and fleet
+    traffic, xds              the above and fleet, and each other (xDS serves what the
+                              Envoy kind renders; the envoy-xds adapter pushes through it)
     migrations_plan (plans)   the above and traffic
     bench                     the above and plans (a benchmark run records plan evidence)
     demo                      anything: the demo stack and the processes tests start
@@ -62,8 +63,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "accounts": {"core", "audit"},
     "audit": {"core", "accounts"},
     "fleet": BELOW_FLEET,
-    # The envoy-xds kind sets its snapshots in xds (fleetctl/xds/), which serves traffic's
-    # own Envoy rendering: one layer in two packages.
+    # The Envoy (xDS) kind's adapter sets snapshots in the xDS store, and the gateway page
+    # lists the Envoys connected; xDS serves what the Envoy kind renders: one layer in two
+    # apps, as accounts and audit are.
     "traffic": BELOW_FLEET | {"fleet", "webhooks", "xds"},
     "xds": BELOW_FLEET | {"fleet", "traffic"},
     # Plans check evidence kinds' JSON Schemas, and reported data, with inference's
@@ -102,7 +104,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "cli": {"sim", "fleetctl.bench.traces"},
     "project": {"core", "accounts", "audit", "fleet", "traffic", "plans", "bench", "sim",
                 "cli", "conformance", "shadow", "evals", "webhooks", "telemetry", "ramps",
-                "batch", "inference", "schedules", "economics"},
+                "batch", "inference", "schedules", "economics", "xds"},
 }
 ALL_UNITS = set(MAY_IMPORT) | {"demo"}
 # What any unit may import: the Celery app and the package itself (its version).

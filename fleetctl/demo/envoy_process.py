@@ -53,6 +53,8 @@ class XdsSource:
     port: int
     gateway: str
     node_id: str
+    token: str = ""  # the gateway's xDS token
+    replicas: tuple[tuple[str, int], ...] = ()  # further xDS servers (host, port)
 
 
 class EnvoyProcess:
@@ -105,7 +107,8 @@ class EnvoyProcess:
                 xds_host=self.xds.host, xds_port=self.xds.port, gateway=self.xds.gateway,
                 node_id=self.xds.node_id, listen_port=self.listen_port,
                 admin_port=self.admin_port, listen_address=self.listen_address,
-                access_log_path=self.access_log_path)
+                access_log_path=self.access_log_path, token=self.xds.token,
+                replicas=self.xds.replicas)
             write_atomically(self.bootstrap_path, json.dumps(bootstrap, indent=1) + "\n")
             return self.bootstrap_path
         bootstrap = envoy_config.render_bootstrap(

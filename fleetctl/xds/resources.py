@@ -28,6 +28,9 @@ class TypeResources:
 
     version: str
     resources: tuple[tuple[str, any_pb2.Any], ...]
+    # The DiscoveryResponse document (JSON text) they were built from: what the shared
+    # store keeps in PostgreSQL, and every replica builds the same protos from
+    document: str = ""
 
     def named(self, names: tuple[str, ...]) -> list[any_pb2.Any]:
         """The resources an Envoy asked for (all of them for a wildcard request: no names)."""
@@ -51,7 +54,7 @@ def from_documents(documents: Mapping[str, str],
         if kept is not None and kept.version == version:
             out[type_url] = kept
             continue
-        out[type_url] = TypeResources(version=version, resources=tuple(
+        out[type_url] = TypeResources(version=version, document=text, resources=tuple(
             (_name(resource), to_any(resource)) for resource in document["resources"]))
     return out
 

@@ -45,15 +45,30 @@ _ENDED = object()  # the Envoy closed its side
 
 
 class AdsService(AdsServicer):
-    def __init__(self, store: SnapshotStore) -> None:
+    def __init__(self, store: SnapshotStore, *, authenticate: bool = True) -> None:
         self.store = store
+        self.authenticate = authenticate
         self._nonces = itertools.count(1)
+
+    def token_gateway(self, context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+        """The gateway whose token the stream presents (`authorization: Bearer <token>`),
+        or None."""
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str) \
+                    and value.startswith("Bearer "):
+                return self.store.gateway_of_token(value[len("Bearer "):].strip())
+        return None
 
     async def StreamAggregatedResources(
             self, request_iterator: AsyncIterator[Any],
             context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[Any] = asyncio.Queue()
+        allowed = self.token_gateway(context) if self.authenticate else None
+        if self.authenticate and allowed is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "xDS needs the gateway's token: gRPC metadata "
+                                "'authorization: Bearer <token>' (manage.py xds_token)")
 
         async def read() -> None:
             try:
@@ -74,6 +89,11 @@ class AdsService(AdsServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "the first request must carry node.id (this Envoy) and "
                                 "node.cluster (its fleetctl gateway)")
+        if self.authenticate and gateway != allowed:
+            reader.cancel()
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"this token is gateway {allowed}'s; node.cluster names "
+                                f"{gateway}")
         stream = Stream(self, gateway, node_id)
         def wake() -> None:  # from whichever thread set the snapshot
             with contextlib.suppress(RuntimeError):  # the server stopped: nobody to wake
@@ -155,9 +175,10 @@ class XdsServer:
     `port` is the bound port once started."""
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0,
-                 store: SnapshotStore | None = None) -> None:
+                 store: SnapshotStore | None = None, authenticate: bool = True) -> None:
         self.host = host
         self.port = port
+        self.authenticate = authenticate
         self.store = store if store is not None else default_store()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: grpc.aio.Server | None = None
@@ -191,7 +212,8 @@ class XdsServer:
     async def _serve(self, started: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
-        self._server, self.port = await start_server(self.store, self.host, self.port)
+        self._server, self.port = await start_server(self.store, self.host, self.port,
+                                                      authenticate=self.authenticate)
         started.set()
         await self._stopped.wait()
         await self._server.stop(grace=0.5)
@@ -210,8 +232,8 @@ class XdsServer:
         self.stop()
 
 
-async def start_server(store: SnapshotStore, host: str,
-                       port: int) -> tuple[grpc.aio.Server, int]:
+async def start_server(store: SnapshotStore, host: str, port: int, *,
+                       authenticate: bool = True) -> tuple[grpc.aio.Server, int]:
     """An aio gRPC server with the ADS service on host:port (0: any free port), started,
     and the port it is bound to."""
     server = grpc.aio.server(options=[
@@ -227,7 +249,7 @@ async def start_server(store: SnapshotStore, host: str,
         # A port another process serves is an error, not a second listener beside it.
         ("grpc.so_reuseport", 0),
     ])
-    add_ads_servicer(AdsService(store), server)
+    add_ads_servicer(AdsService(store, authenticate=authenticate), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")

@@ -7,13 +7,16 @@ reports what it sent and what came back, so `wait_acked(gateway, number)` can sa
 connected Envoy of the gateway holds snapshot `number` (or a later one), when one refused it
 (with Envoy's own error message), or that time ran out.
 
-`SnapshotStore` is the interface the server and the adapter use; `MemoryStore` keeps it in
-this process (the adapter and the server share one). A store that keeps snapshots in
-PostgreSQL and wakes replicas through Redis is the next slice (docs/xds.md).
+`SnapshotStore` is the interface the server and the adapter use. `SharedStore`
+(fleetctl/xds/shared.py, the default) keeps it in the database and wakes every replica
+through Redis, so any process may push and any replica serve; `MemoryStore` keeps it in
+this process (in-process tests, where the adapter and the server share one).
 """
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -137,6 +140,8 @@ class SnapshotStore(Protocol):
 
     def forget(self, gateway: str) -> None: ...
 
+    def gateway_of_token(self, secret: str) -> str | None: ...
+
 
 class MemoryStore:
     """A SnapshotStore in this process's memory, safe across threads (the gRPC server's
@@ -150,6 +155,22 @@ class MemoryStore:
         self._envoys: dict[str, dict[str, EnvoyState]] = {}
         self._streams = 0
         self._unconfigured: Snapshot | None = None
+        self._tokens: dict[str, str] = {}  # SHA-256 of a secret -> its gateway
+
+    # --- tokens ------------------------------------------------------------------------------
+
+    def issue_token(self, gateway: str) -> str:
+        """A token for `gateway`'s Envoys, kept in this process (the shared store keeps them
+        in the database: fleetctl.xds.services.gateway_token_issue)."""
+        secret = secrets.token_urlsafe(32)
+        with self._changed:
+            self._tokens = {h: g for h, g in self._tokens.items() if g != gateway}
+            self._tokens[hashlib.sha256(secret.encode()).hexdigest()] = gateway
+        return secret
+
+    def gateway_of_token(self, secret: str) -> str | None:
+        with self._changed:
+            return self._tokens.get(hashlib.sha256(secret.encode()).hexdigest())
 
     # --- snapshots ---------------------------------------------------------------------------
 
@@ -287,16 +308,7 @@ class MemoryStore:
         ACKed what it was served; None when no Envoy is connected or they hold none kept."""
         with self._changed:
             live = [e for e in self._envoys.get(gateway, {}).values() if e.connected]
-            if not live:
-                return None
-            history = self._snapshots.get(gateway, [])
-            for snapshot in reversed(history):
-                if all(e.holds(snapshot, t) for e in live for t in SERVED_TYPES):
-                    return snapshot.number, snapshot.meta
-            if not history and all(e.types.get(t) is not None and e.types[t].acked_number >= 0
-                                   for e in live for t in SERVED_TYPES):
-                return 0, None
-            return None
+            return held_by(live, self._snapshots.get(gateway, []))
 
     def forget(self, gateway: str) -> None:
         """Drop the gateway's snapshots (its Envoys are served the unconfigured resources
@@ -318,31 +330,60 @@ class MemoryStore:
         return None
 
     def _result(self, gateway: str, snapshot: Snapshot, types: tuple[str, ...]) -> AckResult:
-        acks = []
-        for node_id, envoy in sorted(self._envoys.get(gateway, {}).items()):
-            if not envoy.connected:
-                continue
-            refused = [t for t in types if envoy.refused(snapshot, t)]
-            if refused:
-                acks.append(EnvoyAck(node_id, "nacked", "; ".join(
-                    f"{SHORT.get(t, t)}: {envoy.types[t].error}" for t in refused)))
-            elif all(envoy.holds(snapshot, t) for t in types):
-                acks.append(EnvoyAck(node_id, "acked"))
-            else:
-                acks.append(EnvoyAck(node_id, "pending"))
-        return AckResult(gateway=gateway, number=snapshot.number, envoys=tuple(acks))
+        live = [e for _, e in sorted(self._envoys.get(gateway, {}).items()) if e.connected]
+        return ack_result(gateway, snapshot, live, types)
+
+
+def held_by(live: list[EnvoyState], history: list[Snapshot]) -> tuple[int, Any] | None:
+    """(number, meta) of the newest snapshot of `history` (oldest first) every live Envoy
+    holds for every type; (0, None) when there is no history and every live Envoy ACKed
+    what it was served; None otherwise (or when no Envoy is live)."""
+    if not live:
+        return None
+    for snapshot in reversed(history):
+        if all(e.holds(snapshot, t) for e in live for t in SERVED_TYPES):
+            return snapshot.number, snapshot.meta
+    if not history and all(e.types.get(t) is not None and e.types[t].acked_number >= 0
+                           for e in live for t in SERVED_TYPES):
+        return 0, None
+    return None
+
+
+def ack_result(gateway: str, snapshot: Snapshot, live: list[EnvoyState],
+               types: tuple[str, ...]) -> AckResult:
+    """Where each connected Envoy stands with `snapshot` (every store judges alike)."""
+    acks = []
+    for envoy in live:
+        refused = [t for t in types if envoy.refused(snapshot, t)]
+        if refused:
+            acks.append(EnvoyAck(envoy.node_id, "nacked", "; ".join(
+                f"{SHORT.get(t, t)}: {envoy.types[t].error}" for t in refused)))
+        elif all(envoy.holds(snapshot, t) for t in types):
+            acks.append(EnvoyAck(envoy.node_id, "acked"))
+        else:
+            acks.append(EnvoyAck(envoy.node_id, "pending"))
+    return AckResult(gateway=gateway, number=snapshot.number, envoys=tuple(acks))
 
 
 _default_lock = threading.Lock()
-_default: MemoryStore | None = None
+_default: SnapshotStore | None = None
 
 
 def default_store() -> SnapshotStore:
-    """The store this process's adapter and xDS server share."""
+    """The store this process's adapters and xDS server use: the shared one (the database,
+    woken through Redis: fleetctl/xds/shared.py) unless set_default_store() chose another."""
     global _default
     with _default_lock:
         if _default is None:
-            _default = MemoryStore()
+            from fleetctl.xds.shared import SharedStore
+
+            _default = SharedStore()
         return _default
 
 
+def set_default_store(store: SnapshotStore | None) -> None:
+    """Make `store` this process's default (None: the shared store again, on next use).
+    For in-process tests that keep everything in one MemoryStore."""
+    global _default
+    with _default_lock:
+        _default = store

@@ -23,7 +23,7 @@ from fleetctl.demo.haproxy_process import HAProxyProcess
 from fleetctl.demo.nginx_process import NginxProcess
 from fleetctl.traffic.gateways.base import Adapter, GatewaySpec, adapter_for
 from fleetctl.xds.server import XdsServer
-from fleetctl.xds.store import default_store
+from fleetctl.xds.store import MemoryStore, set_default_store
 from tests.sim.simproc import SimProcess
 from tests.support.waiting import wait_until
 from tests.traffic.gateway_api.fake_apiserver import FakeApiServer
@@ -143,10 +143,14 @@ class EnvoyGateway(GatewayUnderTest):
             self.envoy.start(timeout_s=60)
 
 
+_STORE = MemoryStore()
+
+
 @dataclass
 class EnvoyXdsGateway(GatewayUnderTest):
     """An Envoy fed by fleetctl's xDS server, which runs in this process on the store every
-    `envoy-xds` adapter here uses (the default one)."""
+    `envoy-xds` adapter here uses (made this process's default: the shared store's replicas
+    are tested in tests/xds/test_replicas.py)."""
 
     process: EnvoyProcess | None = None
     server: XdsServer | None = None
@@ -162,9 +166,11 @@ class EnvoyXdsGateway(GatewayUnderTest):
 
     @classmethod
     def start(cls, directory: Path, sim: SimProcess) -> EnvoyXdsGateway:
-        server = XdsServer(store=default_store()).start()
+        set_default_store(_STORE)
+        server = XdsServer(store=_STORE).start()
         process = EnvoyProcess(directory, free_port(), free_port(),
-                               xds=XdsSource("127.0.0.1", server.port, "test-xds-gw", "e1"))
+                               xds=XdsSource("127.0.0.1", server.port, "test-xds-gw", "e1",
+                                             token=_STORE.issue_token("test-xds-gw")))
         process.start(timeout_s=60)
         # ack_timeout_s: how long an apply waits for the ACKs; a NACK is reported at once.
         adapter = adapter_for(GatewaySpec(name="test-xds-gw", kind="envoy-xds",
@@ -179,7 +185,7 @@ class EnvoyXdsGateway(GatewayUnderTest):
         return self.process
 
     def _connected(self) -> bool:
-        return any(e.connected for e in default_store().envoys("test-xds-gw"))
+        return any(e.connected for e in _STORE.envoys("test-xds-gw"))
 
     def _down(self, stop: Callable[[], object]) -> None:
         stop()
@@ -194,7 +200,7 @@ class EnvoyXdsGateway(GatewayUnderTest):
     def restart_empty(self) -> None:
         """A new Envoy of a gateway fleetctl has forgotten: served the unconfigured state."""
         self._down(self.envoy.kill)
-        default_store().forget("test-xds-gw")
+        _STORE.forget("test-xds-gw")
         self.envoy.start(timeout_s=60)
 
     def kill_and_start(self) -> None:

@@ -6,8 +6,6 @@ runs in this process, on a store of this module's own."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
-from django.core.management import CommandError, call_command
 
 from fleetctl.core.ports import free_port
-from fleetctl.demo import process
 from fleetctl.demo.envoy_process import EnvoyProcess, XdsSource, validate_config
 from fleetctl.traffic.gateways import registry
 from fleetctl.traffic.gateways.base import AdapterError, GatewaySpec, PoolTarget
@@ -50,11 +46,14 @@ class XdsGateway:
     sims: SimProcess
     workdir: Path
     envoys: list[EnvoyProcess]
+    token: str = ""
 
     def start_envoy(self, node_id: str) -> EnvoyProcess:
+        if not self.token:
+            self.token = self.store.issue_token(self.name)
         process = EnvoyProcess(self.workdir / node_id, free_port(), free_port(),
                                xds=XdsSource("127.0.0.1", self.server.port, self.name,
-                                             node_id)).start(timeout_s=60)
+                                             node_id, token=self.token)).start(timeout_s=60)
         self.envoys.append(process)
         return process
 
@@ -258,29 +257,3 @@ def test_two_envoys_of_a_gateway_both_ack_and_a_gone_one_is_not_waited_for(
     result = adapter.apply(state(gw.pools("pa", "pb"), route("chat", {"pa": 0, "pb": 10000})))
     assert "ACKed by 1 Envoy(s)" in result.detail
     assert (gw.ask(gw.envoy)[1]) == "pb"
-
-
-
-
-def test_xds_serve_runs_the_server_an_envoy_connects_to(tmp_path: Path) -> None:
-    port = free_port()
-    output = tmp_path / "xds_serve.log"
-    with output.open("wb") as log:
-        server = subprocess.Popen([sys.executable, "manage.py", "xds_serve", "--port", str(port)],
-                                  cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_until(lambda: "xDS (ADS) serving on" in output.read_text(), timeout_s=60,
-                   what="xds_serve to listen", explain=output.read_text)
-        envoy = EnvoyProcess(tmp_path / "e", free_port(), free_port(),
-                             xds=XdsSource("127.0.0.1", port, "gw-serve", "e1"))
-        with envoy:  # ready: it got the (unconfigured) clusters, routes and weights
-            answer = httpx.post(f"{envoy.listen_url}/v1/chat/completions", timeout=30,
-                                json={"model": MODEL, "messages": HELLO})
-            assert answer.status_code == 503 and "error" in answer.json()
-        # The port is taken now: a second server says so, and a bad port is refused.
-        with pytest.raises(CommandError, match=f"cannot serve xDS on 127.0.0.1:{port}"):
-            call_command("xds_serve", "--port", str(port))
-    finally:
-        process.stop(server, 10)
-    with pytest.raises(CommandError, match="--port 70000 is not a port number"):
-        call_command("xds_serve", "--port", "70000")

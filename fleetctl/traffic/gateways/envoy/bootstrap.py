@@ -3,6 +3,7 @@ the CDS/RDS files are), written once when Envoy starts."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +73,20 @@ ADS_SOURCE = {"ads": {}, "resource_api_version": "V3"}
 
 def render_xds_bootstrap(*, xds_host: str, xds_port: int, gateway: str, node_id: str,
                          listen_port: int, admin_port: int, listen_address: str = "127.0.0.1",
-                         access_log_path: Path | None = None) -> dict[str, Any]:
+                         access_log_path: Path | None = None, token: str = "",
+                         replicas: Sequence[tuple[str, int]] = ()) -> dict[str, Any]:
     """The bootstrap of an Envoy fed by fleetctl's xDS server (fleetctl/xds/): the same
     listener, Lua filter and access log as render_bootstrap, but clusters, routes and the
     weights layer come over one ADS stream. `gateway` is the node cluster (the fleetctl
-    gateway whose resources it gets), `node_id` this Envoy's own name within it."""
+    gateway whose resources it gets), `node_id` this Envoy's own name within it, `token`
+    the gateway's xDS token (manage.py xds_token; sent as `authorization: Bearer` on the
+    stream), `replicas` further xDS servers (host, port) beside xds_host:xds_port: the
+    stream goes to one of them, and to another when it breaks."""
+    grpc_service: dict[str, Any] = {"envoy_grpc": {"cluster_name": XDS_CLUSTER}}
+    if token:
+        grpc_service["initial_metadata"] = [{"key": "authorization",
+                                             "value": f"Bearer {token}"}]
+    servers = [(xds_host, xds_port), *replicas]
     return {
         "node": {"id": node_id, "cluster": gateway},
         "admin": {"address": socket_address(listen="127.0.0.1", port=admin_port)},
@@ -90,7 +100,7 @@ def render_xds_bootstrap(*, xds_host: str, xds_port: int, gateway: str, node_id:
         "dynamic_resources": {
             "ads_config": {
                 "api_type": "GRPC", "transport_api_version": "V3",
-                "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
+                "grpc_services": [grpc_service],
                 # One request per type at a time, answered in order: Envoy's default.
                 "set_node_on_first_message_only": True,
             },
@@ -107,7 +117,8 @@ def render_xds_bootstrap(*, xds_host: str, xds_port: int, gateway: str, node_id:
                 "type": "STATIC",
                 "connect_timeout": "1s",
                 "load_assignment": {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints": [
-                    {"endpoint": {"address": socket_address(listen=xds_host, port=xds_port)}},
+                    {"endpoint": {"address": socket_address(listen=host, port=port)}}
+                    for host, port in servers
                 ]}]},
                 "typed_extension_protocol_options": {HTTP_OPTIONS_NAME: {
                     "@type": HTTP_OPTIONS_TYPE,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 from fleetctl.traffic.gateways.base import (
@@ -49,6 +49,14 @@ class Held:
     mirror: dict[str, int]
     clusters_version: str
     routes_version: str
+
+    @classmethod
+    def of(cls, meta: Any) -> Held | None:
+        """A snapshot's meta (JSON, as every store keeps it) as a Held; None for a snapshot
+        fleetctl's adapter did not set."""
+        if isinstance(meta, dict) and set(meta) == {f.name for f in fields(cls)}:
+            return cls(**meta)
+        return None
 
 
 _locks: dict[str, threading.Lock] = {}
@@ -93,7 +101,8 @@ class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
                                    "server as this gateway (node.cluster); the configuration "
                                    "is served to the first that connects")
             current = self.store.snapshot(name)
-            old = current.meta.clusters if isinstance(current.meta, Held) else {}
+            current_held = Held.of(current.meta)
+            old = current_held.clusters if current_held is not None else {}
             # Old clusters stay until every Envoy has the routes that no longer use them.
             staged = {**{n: c for n, c in old.items() if n not in rendered.clusters},
                       **rendered.clusters}
@@ -127,7 +136,7 @@ class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
                                        previous=previous.types if previous else None)
         except ValueError as exc:  # a rendering no proto holds: a bug, never a retry
             raise AdapterError(f"gateway {self.gateway.name}: {exc}", permanent=True) from exc
-        return self.store.set_snapshot(self.gateway.name, types, held)
+        return self.store.set_snapshot(self.gateway.name, types, asdict(held))
 
     def _verify(self, snapshot: Snapshot, previous: Snapshot) -> AckResult:
         result = self.store.wait_acked(self.gateway.name, snapshot.number,
@@ -161,7 +170,8 @@ class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
             self._held = Held(clusters={}, weights={}, mirror={}, clusters_version="",
                               routes_version="")
             return {}
-        if held is None or not isinstance(held[1], Held):
+        kept = Held.of(held[1]) if held is not None else None
+        if kept is None:
             self._held = None
             envoys = [e for e in self.store.envoys(self.gateway.name) if e.connected]
             raise AdapterError(
@@ -169,8 +179,8 @@ class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
                     "no Envoy is connected to fleetctl's xDS server as this gateway"
                     if not envoys else "its Envoys have not all ACKed one snapshot of "
                     "fleetctl's: " + ", ".join(str(e.summary()) for e in envoys)))
-        self._held = held[1]
-        return dict(self._held.weights)
+        self._held = kept
+        return dict(kept.weights)
 
     def read_back_mirror(self) -> dict[str, int] | None:
         if self._held is None:
@@ -184,15 +194,16 @@ class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
         fit = self.renderable(desired).desired
         if held != fit.held_weights():
             return False
-        acked = self.store.held_meta(self.gateway.name)
-        if acked is None or not isinstance(acked[1], Held):
+        meta = self.store.held_meta(self.gateway.name)
+        acked = Held.of(meta[1]) if meta is not None else None
+        if acked is None:
             return False
         try:
             rendered = render_once(fit)
         except config.ConfigError:
             return False  # not renderable: never held (and apply says why)
-        return (acked[1].clusters_version == rendered.clusters_version
-                and acked[1].routes_version == rendered.routes_version)
+        return (acked.clusters_version == rendered.clusters_version
+                and acked.routes_version == rendered.routes_version)
 
     def in_flight(self, pool: str) -> int:
         return in_flight(self.admin, pool)

@@ -1,0 +1,458 @@
+"""The SnapshotStore every process shares: snapshots and ACK state in the database, wake-ups
+through Redis pub/sub (docs/xds.md "Several replicas").
+
+Any process may set a snapshot (a web request, a Celery worker): the row is committed, then
+`fleetctl:xds:snapshot:<gateway>` is published. Every xDS replica (`manage.py xds_serve`)
+listens on those channels in a thread of its own, loads the gateway's new snapshot once,
+builds its protos (from the documents the Envoy kind rendered) and wakes that gateway's
+streams; it also re-reads the current numbers every `poll_s` seconds, so a lost message or a
+Redis outage delays a push by at most that, and loses nothing. What streams report (sent,
+ACKed, NACKed, opened, closed) is queued to a writer thread that commits it in batches and
+publishes `fleetctl:xds:ack:<gateway>`, which `wait_acked` (in the pushing process) waits on
+before it reads the ACK rows again. The event loop of the gRPC server never touches the
+database itself.
+
+A replica writes a heartbeat every HEARTBEAT_S seconds; an Envoy whose replica has not
+written one for REPLICA_GONE_S (killed with -9: its streams never closed) counts as gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import close_old_connections, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from fleetctl.accounts.selectors import secret_hash
+from fleetctl.xds.models import XdsEnvoy, XdsGateway, XdsReplica, XdsSnapshot, XdsTypeAck
+from fleetctl.xds.protos import SERVED_TYPES, SHORT
+from fleetctl.xds.resources import Resources, TypeResources, from_documents
+from fleetctl.xds.store import (
+    _HISTORY,
+    AckResult,
+    EnvoyState,
+    Snapshot,
+    TypeAck,
+    ack_result,
+    held_by,
+    unconfigured_resources,
+)
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_CHANNEL = "fleetctl:xds:snapshot:"
+ACK_CHANNEL = "fleetctl:xds:ack:"
+HEARTBEAT_S = 2.0
+REPLICA_GONE_S = 10.0
+
+_clients: dict[str, redis.Redis] = {}
+
+
+def redis_client() -> redis.Redis:
+    """One client per Redis URL for the process (the URL read at each call, as
+    fleetctl.shadow.live does, so tests that override REDIS_URL get their own)."""
+    url = settings.REDIS_URL
+    if url not in _clients:
+        _clients[url] = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    return _clients[url]
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class SharedStore:
+    """A SnapshotStore in the database, woken through Redis; see the module's docstring.
+    `poll_s`: how often a replica re-reads the current numbers without a wake-up."""
+
+    def __init__(self, *, replica: str | None = None, poll_s: float = 2.0) -> None:
+        self.replica = replica or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.poll_s = poll_s
+        self._lock = threading.Lock()
+        self._current: dict[str, Snapshot] = {}  # gateways served here: their snapshot
+        self._recent: dict[str, Snapshot] = {}  # gateways pushed from here: the last read
+        self._subscribers: dict[str, list[Callable[[], None]]] = {}
+        self._streams = itertools.count(1)
+        self._live: dict[tuple[str, str], int] = {}  # (gateway, node) -> its stream here
+        self._nonces: dict[tuple[str, str, str], dict[str, tuple[str, int]]] = {}
+        self._writes: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
+        self._db = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="xds-db")
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self._unconfigured: Snapshot | None = None
+
+    # --- snapshots (any process) -------------------------------------------------------------
+
+    def set_snapshot(self, gateway: str, types: Resources, meta: Any = None) -> Snapshot:
+        missing = [t for t in SERVED_TYPES if t not in types]
+        if not gateway or missing:
+            raise ValueError(f"a snapshot needs a gateway and every served type "
+                             f"(missing: {', '.join(SHORT[t] for t in missing) or 'none'})")
+        bare = [SHORT[t] for t in SERVED_TYPES if not types[t].document]
+        if bare:
+            raise ValueError(f"the shared store keeps documents: {', '.join(bare)} carries "
+                             "none (build resources with from_documents)")
+        with transaction.atomic():
+            row, _ = XdsGateway.objects.select_for_update().get_or_create(name=gateway)
+            row.number += 1
+            row.save(update_fields=["number"])
+            XdsSnapshot.objects.create(
+                gateway=gateway, number=row.number, meta=meta,
+                documents={t: types[t].document for t in SERVED_TYPES},
+                versions={t: types[t].version for t in SERVED_TYPES})
+            XdsSnapshot.objects.filter(gateway=gateway,
+                                       number__lte=row.number - _HISTORY).delete()
+            transaction.on_commit(lambda: self._publish(SNAPSHOT_CHANNEL, gateway))
+        return Snapshot(number=row.number, types={t: types[t] for t in SERVED_TYPES},
+                        meta=meta)
+
+    def snapshot(self, gateway: str) -> Snapshot:
+        with self._lock:
+            current = self._current.get(gateway)
+        if current is not None:
+            return current
+        if _in_event_loop():  # a stream's first read: the database from a thread
+            return self._db.submit(self._load, gateway, None).result()
+        # A pushing process: the protos of types whose version did not change are kept.
+        with self._lock:
+            previous = self._recent.get(gateway)
+        loaded = self._load(gateway, previous)
+        with self._lock:
+            self._recent[gateway] = loaded
+        return loaded
+
+    def _load(self, gateway: str, previous: Snapshot | None) -> Snapshot:
+        row = XdsSnapshot.objects.filter(gateway=gateway).order_by("-number").first()
+        if row is None:
+            if self._unconfigured is None:
+                self._unconfigured = Snapshot(number=0, types=unconfigured_resources())
+            return self._unconfigured
+        kept = previous.types if previous is not None else None
+        return Snapshot(number=row.number, meta=row.meta,
+                        types=from_documents(row.documents, kept))
+
+    def subscribe(self, gateway: str, wake: Callable[[], None]) -> Callable[[], None]:
+        """A stream of this replica serves `gateway`: keep its snapshot loaded and wake it on
+        each new one."""
+        self._start()
+        with self._lock:
+            first = gateway not in self._subscribers
+            self._subscribers.setdefault(gateway, []).append(wake)
+        if first:
+            snapshot = self.snapshot(gateway)
+            with self._lock:
+                self._current.setdefault(gateway, snapshot)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                wakes = self._subscribers.get(gateway, [])
+                if wake in wakes:
+                    wakes.remove(wake)
+                if not wakes:
+                    self._subscribers.pop(gateway, None)
+                    self._current.pop(gateway, None)
+        return unsubscribe
+
+    def _reload(self, gateway: str) -> None:
+        """A new snapshot (or none) of a gateway served here: load it, then wake its streams."""
+        with self._lock:
+            if gateway not in self._subscribers:
+                return
+            previous = self._current.get(gateway)
+        snapshot = self._load(gateway, previous)
+        with self._lock:
+            if previous is not None and snapshot.number == previous.number:
+                return
+            self._current[gateway] = snapshot
+            wakes = list(self._subscribers.get(gateway, ()))
+        for wake in wakes:
+            wake()
+
+    # --- what streams report (the replica) ---------------------------------------------------
+
+    def stream_opened(self, gateway: str, node_id: str) -> int:
+        self._start()
+        stream = next(self._streams)
+        with self._lock:
+            self._live[(gateway, node_id)] = stream
+            for type_url in SERVED_TYPES:
+                self._nonces.pop((gateway, node_id, type_url), None)
+        self._writes.put(("open", gateway, node_id, stream, timezone.now()))
+        return stream
+
+    def stream_closed(self, gateway: str, node_id: str, stream: int) -> None:
+        with self._lock:
+            if self._live.get((gateway, node_id)) == stream:
+                del self._live[(gateway, node_id)]
+        self._writes.put(("close", gateway, node_id, stream, timezone.now()))
+
+    def sent(self, gateway: str, node_id: str, type_url: str, nonce: str, version: str,
+             number: int) -> None:
+        with self._lock:
+            stream = self._live.get((gateway, node_id))
+            if stream is None:
+                return
+            nonces = self._nonces.setdefault((gateway, node_id, type_url), {})
+            nonces[nonce] = (version, number)
+            if len(nonces) > _HISTORY:
+                nonces.pop(next(iter(nonces)))
+        self._writes.put(("sent", gateway, node_id, stream, type_url, version, number))
+
+    def answered(self, gateway: str, node_id: str, type_url: str, nonce: str,
+                 error: str | None) -> None:
+        with self._lock:
+            stream = self._live.get((gateway, node_id))
+            sent = self._nonces.get((gateway, node_id, type_url), {}).get(nonce)
+        if stream is None or sent is None:
+            return
+        self._writes.put(("answer", gateway, node_id, stream, type_url, *sent, error))
+
+    # --- tokens ------------------------------------------------------------------------------
+
+    def gateway_of_token(self, secret: str) -> str | None:
+        def find() -> str | None:
+            return (XdsGateway.objects.filter(token_sha256=secret_hash(secret))
+                    .values_list("name", flat=True).first())
+        if not secret:
+            return None
+        return self._db.submit(find).result() if _in_event_loop() else find()
+
+    # --- what callers read (any process) -----------------------------------------------------
+
+    def envoys(self, gateway: str) -> list[EnvoyState]:
+        alive_after = timezone.now() - timedelta(seconds=REPLICA_GONE_S)
+        alive = set(XdsReplica.objects.filter(heartbeat_at__gte=alive_after)
+                    .values_list("name", flat=True))
+        out = []
+        for row in (XdsEnvoy.objects.filter(gateway=gateway).prefetch_related("acks")
+                    .order_by("node_id")):
+            connected = row.gone_at is None and row.replica in alive
+            gone = row.gone_at or (None if connected else row.connected_at)
+            out.append(EnvoyState(
+                node_id=row.node_id, gateway=gateway, connected=connected,
+                connected_at=row.connected_at.timestamp(),
+                gone_at=gone.timestamp() if isinstance(gone, datetime) else None,
+                stream=row.stream,
+                types={a.type_url: TypeAck(
+                    sent_version=a.sent_version, sent_number=a.sent_number,
+                    acked_version=a.acked_version, acked_number=a.acked_number,
+                    nacked_version=a.nacked_version, nacked_number=a.nacked_number,
+                    error=a.error) for a in row.acks.all()}))
+        return out
+
+    def _history(self, gateway: str) -> list[Snapshot]:
+        return [Snapshot(number=number, meta=meta, types={
+                    t: TypeResources(version=v, resources=()) for t, v in versions.items()})
+                for number, versions, meta in XdsSnapshot.objects.filter(gateway=gateway)
+                .order_by("number").values_list("number", "versions", "meta")]
+
+    def wait_acked(self, gateway: str, number: int, *, timeout_s: float,
+                   types: tuple[str, ...] = SERVED_TYPES, min_envoys: int = 1) -> AckResult:
+        """As MemoryStore.wait_acked, reading the ACK rows again on each message of the
+        gateway's ACK channel (and at least every 0.2 s, should one be lost)."""
+        deadline = time.monotonic() + timeout_s
+        found = [s for s in self._history(gateway) if s.number == number]
+        if not found:
+            raise ValueError(f"gateway {gateway} has no snapshot {number} (kept: the last "
+                             f"{_HISTORY})")
+        snapshot = found[0]
+        pubsub = None
+        try:
+            with contextlib.suppress(redis.RedisError):
+                pubsub = redis_client().pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(ACK_CHANNEL + gateway)
+            while True:
+                live = [e for e in self.envoys(gateway) if e.connected]
+                result = ack_result(gateway, snapshot, live, types)
+                if result.nacked or (len(result.envoys) >= min_envoys and result.ok):
+                    return result
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return AckResult(gateway=gateway, number=number, envoys=result.envoys,
+                                     timed_out=True)
+                wait = min(left, 0.2)
+                if pubsub is None:
+                    time.sleep(min(wait, 0.02))
+                    continue
+                try:
+                    message = pubsub.get_message(timeout=wait)
+                    while message is not None:  # read every queued one, then the rows once
+                        message = pubsub.get_message(timeout=0)
+                except redis.RedisError:
+                    pubsub = None
+        finally:
+            if pubsub is not None:
+                with contextlib.suppress(redis.RedisError):
+                    pubsub.close()
+
+    def held_meta(self, gateway: str) -> tuple[int, Any] | None:
+        live = [e for e in self.envoys(gateway) if e.connected]
+        return held_by(live, self._history(gateway)) if live else None
+
+    def forget(self, gateway: str) -> None:
+        """Drop the gateway's snapshots and its Envoys no longer connected; numbering (and
+        its token) stay."""
+        gone = {e.node_id for e in self.envoys(gateway) if not e.connected}
+        with transaction.atomic():
+            XdsSnapshot.objects.filter(gateway=gateway).delete()
+            XdsEnvoy.objects.filter(gateway=gateway, node_id__in=gone).delete()
+            transaction.on_commit(lambda: self._publish(SNAPSHOT_CHANNEL, gateway))
+
+    # --- the replica's threads ---------------------------------------------------------------
+
+    def _publish(self, prefix: str, gateway: str) -> None:
+        try:
+            redis_client().publish(prefix + gateway, "1")
+        except redis.RedisError as exc:  # replicas still poll; waiters re-read rows
+            log.warning("xds: cannot publish %s%s: %s", prefix, gateway, exc)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._threads:
+                return
+            self._threads = [threading.Thread(target=self._write_loop, daemon=True,
+                                              name="xds-writer"),
+                             threading.Thread(target=self._listen_loop, daemon=True,
+                                              name="xds-listener")]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        """Stop the threads once what was queued is written (tests; a replica's end)."""
+        self._stopping.set()
+        self._writes.put(None)
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self._db.shutdown(wait=True)
+
+    def _heartbeat(self) -> None:
+        XdsReplica.objects.update_or_create(name=self.replica,
+                                            defaults={"heartbeat_at": timezone.now()})
+
+    def _write_loop(self) -> None:
+        envoys: dict[tuple[str, str, int], int] = {}  # (gateway, node, stream) -> row id
+        beat = 0.0
+        while True:
+            batch: list[tuple[Any, ...] | None] = []
+            with contextlib.suppress(queue.Empty):
+                batch.append(self._writes.get(timeout=HEARTBEAT_S / 2))
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < 500:
+                    batch.append(self._writes.get_nowait())
+            ending = None in batch
+            try:
+                close_old_connections()
+                touched: set[str] = set()
+                with transaction.atomic():
+                    if time.monotonic() - beat >= HEARTBEAT_S:
+                        self._heartbeat()
+                        beat = time.monotonic()
+                    for op in batch:
+                        if op is not None:
+                            self._apply(op, envoys)
+                            touched.add(op[1])
+                for gateway in touched:
+                    self._publish(ACK_CHANNEL, gateway)
+            except Exception:
+                log.exception("xds: writing %d stream report(s) failed", len(batch))
+            if ending:
+                return
+
+    def _apply(self, op: tuple[Any, ...], envoys: dict[tuple[str, str, int], int]) -> None:
+        kind, gateway, node_id, stream = op[:4]
+        if kind == "open":
+            row, _ = XdsEnvoy.objects.update_or_create(
+                gateway=gateway, node_id=node_id,
+                defaults={"replica": self.replica, "stream": stream, "connected_at": op[4],
+                          "gone_at": None})
+            XdsTypeAck.objects.filter(envoy=row).delete()
+            envoys[(gateway, node_id, stream)] = row.pk
+            return
+        if kind == "close":
+            envoys.pop((gateway, node_id, stream), None)
+            XdsEnvoy.objects.filter(gateway=gateway, node_id=node_id, replica=self.replica,
+                                    stream=stream).update(gone_at=op[4])
+            return
+        envoy_id = envoys.get((gateway, node_id, stream))
+        if envoy_id is None or not XdsEnvoy.objects.filter(
+                pk=envoy_id, replica=self.replica, stream=stream).exists():
+            return  # the Envoy's live stream is elsewhere now
+        type_url, version, number = op[4:7]
+        if kind == "sent":
+            fields = {"sent_version": version, "sent_number": number}
+            if not XdsTypeAck.objects.filter(envoy_id=envoy_id, type_url=type_url).update(
+                    **fields):
+                XdsTypeAck.objects.create(envoy_id=envoy_id, type_url=type_url, **fields)
+            return
+        error = op[7]
+        acks = XdsTypeAck.objects.filter(envoy_id=envoy_id, type_url=type_url)
+        if error is None:
+            acks.filter(acked_number__lte=number).update(acked_version=version,
+                                                         acked_number=number)
+        else:
+            acks.update(nacked_version=version, nacked_number=number, error=error)
+
+    def _listen_loop(self) -> None:
+        pubsub = None
+        polled = 0.0
+        while not self._stopping.is_set():
+            try:
+                if pubsub is None:
+                    pubsub = redis_client().pubsub(ignore_subscribe_messages=True)
+                    pubsub.psubscribe(SNAPSHOT_CHANNEL + "*")
+                    polled = 0.0  # (re)subscribed: whatever was missed is read below
+                message = pubsub.get_message(timeout=min(self.poll_s, 0.5))
+                if message is not None:
+                    channel = message["channel"]
+                    if isinstance(channel, bytes):
+                        channel = channel.decode()
+                    close_old_connections()
+                    self._reload(channel[len(SNAPSHOT_CHANNEL):])
+            except redis.RedisError as exc:
+                log.warning("xds: Redis wake-ups lost (%s); polling every %g s", exc,
+                            self.poll_s)
+                with contextlib.suppress(Exception):
+                    if pubsub is not None:
+                        pubsub.close()
+                pubsub = None
+                self._stopping.wait(self.poll_s)
+            except Exception:
+                log.exception("xds: reloading a snapshot failed")
+            if time.monotonic() - polled >= self.poll_s:
+                polled = time.monotonic()
+                with contextlib.suppress(Exception):
+                    self._poll()
+
+    def _poll(self) -> None:
+        """Reload each served gateway whose newest snapshot is not the one held."""
+        with self._lock:
+            held = {g: s.number for g, s in self._current.items()}
+        if not held:
+            return
+        close_old_connections()
+        newest = dict(XdsSnapshot.objects.filter(gateway__in=list(held)).values("gateway")
+                      .annotate(n=Max("number")).values_list("gateway", "n"))
+        for gateway, number in held.items():
+            if newest.get(gateway, 0) != number:
+                self._reload(gateway)
+
