@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -47,7 +48,11 @@ class Command(BaseCommand):
         self.stdout.write(f"xDS (ADS) serving on {host}:{bound} as replica {store.replica}",
                           ending="\n")
         self.stdout.flush()
+        # SIGTERM (a supervisor's stop) ends the streams, so their Envoys are recorded gone
+        # at once rather than when this replica's heartbeat goes stale.
+        stopping = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
         try:
-            await server.wait_for_termination()
+            await stopping.wait()
         finally:
             await server.stop(grace=0.5)
