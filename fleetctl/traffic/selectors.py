@@ -236,6 +236,18 @@ def gateway_list() -> QuerySet[Gateway]:
     return Gateway.objects.prefetch_related("routes")
 
 
+def gateway_list_with_envoys() -> list[Gateway]:
+    """The gateways, each `envoy-xds` one with `xds_envoys`: its Envoys as the xDS replicas
+    recorded them (current, stale, refused or gone; fleetctl.xds.selectors)."""
+    from fleetctl.xds.selectors import gateway_envoys
+
+    gateways = list(gateway_list())
+    envoys = gateway_envoys(gateways=[g.name for g in gateways if g.kind == "envoy-xds"])
+    for gateway in gateways:
+        gateway.xds_envoys = envoys.get(gateway.name)  # type: ignore[attr-defined]
+    return gateways
+
+
 def push_list() -> QuerySet[GatewayPush]:
     return GatewayPush.objects.select_related("gateway", "revision__route").prefetch_related(
         "attempt_rows")

@@ -197,7 +197,7 @@ def route_capacity_apply(request: HttpRequest, name: str) -> HttpResponse:
 def route_list(request: HttpRequest) -> HttpResponse:
     if request.htmx.target == GATEWAYS_ID:  # type: ignore[attr-defined]
         return render(request, "traffic/_gateways.html",
-                      {"gateways": selectors.gateway_list()})
+                      {"gateways": selectors.gateway_list_with_envoys()})
     if request.htmx.target == RECENT_DRAINS_ID:  # type: ignore[attr-defined]
         return render(request, "traffic/_recent_drains.html",
                       {"drains": selectors.drains_recent()})
@@ -221,7 +221,7 @@ def route_list(request: HttpRequest) -> HttpResponse:
     return render(request, "traffic/routes.html", {
         "rows": rows,
         "carrying": [(pool, colours[pool], names) for pool, names in sorted(carrying.items())],
-        "gateways": selectors.gateway_list(),
+        "gateways": selectors.gateway_list_with_envoys(),
         "drains": selectors.drains_recent(),
     })
 

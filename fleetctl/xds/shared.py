@@ -35,7 +35,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connections, transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -240,31 +240,10 @@ class SharedStore:
     # --- what callers read (any process) -----------------------------------------------------
 
     def envoys(self, gateway: str) -> list[EnvoyState]:
-        alive_after = timezone.now() - timedelta(seconds=REPLICA_GONE_S)
-        alive = set(XdsReplica.objects.filter(heartbeat_at__gte=alive_after)
-                    .values_list("name", flat=True))
-        out = []
-        for row in (XdsEnvoy.objects.filter(gateway=gateway).prefetch_related("acks")
-                    .order_by("node_id")):
-            connected = row.gone_at is None and row.replica in alive
-            gone = row.gone_at or (None if connected else row.connected_at)
-            out.append(EnvoyState(
-                node_id=row.node_id, gateway=gateway, connected=connected,
-                connected_at=row.connected_at.timestamp(),
-                gone_at=gone.timestamp() if isinstance(gone, datetime) else None,
-                stream=row.stream,
-                types={a.type_url: TypeAck(
-                    sent_version=a.sent_version, sent_number=a.sent_number,
-                    acked_version=a.acked_version, acked_number=a.acked_number,
-                    nacked_version=a.nacked_version, nacked_number=a.nacked_number,
-                    error=a.error) for a in row.acks.all()}))
-        return out
+        return envoy_states(gateway)
 
     def _history(self, gateway: str) -> list[Snapshot]:
-        return [Snapshot(number=number, meta=meta, types={
-                    t: TypeResources(version=v, resources=()) for t, v in versions.items()})
-                for number, versions, meta in XdsSnapshot.objects.filter(gateway=gateway)
-                .order_by("number").values_list("number", "versions", "meta")]
+        return snapshot_history(gateway)
 
     def wait_acked(self, gateway: str, number: int, *, timeout_s: float,
                    types: tuple[str, ...] = SERVED_TYPES, min_envoys: int = 1) -> AckResult:
@@ -343,6 +322,7 @@ class SharedStore:
         self._writes.put(None)
         for thread in self._threads:
             thread.join(timeout=10)
+        self._db.submit(connections.close_all)
         self._db.shutdown(wait=True)
 
     def _heartbeat(self) -> None:
@@ -376,6 +356,7 @@ class SharedStore:
             except Exception:
                 log.exception("xds: writing %d stream report(s) failed", len(batch))
             if ending:
+                connections.close_all()  # this thread's
                 return
 
     def _apply(self, op: tuple[Any, ...], envoys: dict[tuple[str, str, int], int]) -> None:
@@ -442,6 +423,10 @@ class SharedStore:
                 polled = time.monotonic()
                 with contextlib.suppress(Exception):
                     self._poll()
+        connections.close_all()  # this thread's
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                pubsub.close()
 
     def _poll(self) -> None:
         """Reload each served gateway whose newest snapshot is not the one held."""
@@ -456,3 +441,35 @@ class SharedStore:
             if newest.get(gateway, 0) != number:
                 self._reload(gateway)
 
+
+
+def envoy_states(gateway: str) -> list[EnvoyState]:
+    """Every Envoy of the gateway recorded by any replica, connected or gone: connected
+    while its stream is open on a replica whose heartbeat is fresh."""
+    alive_after = timezone.now() - timedelta(seconds=REPLICA_GONE_S)
+    alive = set(XdsReplica.objects.filter(heartbeat_at__gte=alive_after)
+                .values_list("name", flat=True))
+    out = []
+    for row in (XdsEnvoy.objects.filter(gateway=gateway).prefetch_related("acks")
+                .order_by("node_id")):
+        connected = row.gone_at is None and row.replica in alive
+        gone = row.gone_at or (None if connected else row.connected_at)
+        out.append(EnvoyState(
+            node_id=row.node_id, gateway=gateway, connected=connected, replica=row.replica,
+            connected_at=row.connected_at.timestamp(),
+            gone_at=gone.timestamp() if isinstance(gone, datetime) else None,
+            stream=row.stream,
+            types={a.type_url: TypeAck(
+                sent_version=a.sent_version, sent_number=a.sent_number,
+                acked_version=a.acked_version, acked_number=a.acked_number,
+                nacked_version=a.nacked_version, nacked_number=a.nacked_number,
+                error=a.error) for a in row.acks.all()}))
+    return out
+
+
+def snapshot_history(gateway: str) -> list[Snapshot]:
+    """The gateway's kept snapshots, oldest first: numbers, versions and meta (no protos)."""
+    return [Snapshot(number=number, meta=meta, types={
+                t: TypeResources(version=v, resources=()) for t, v in versions.items()})
+            for number, versions, meta in XdsSnapshot.objects.filter(gateway=gateway)
+            .order_by("number").values_list("number", "versions", "meta")]

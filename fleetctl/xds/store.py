@@ -63,6 +63,7 @@ class EnvoyState:
     connected_at: float = field(default_factory=time.time)
     gone_at: float | None = None
     stream: int = 0  # which stream of this node is the live one
+    replica: str = ""  # the xDS server process it is (was) connected to
     types: dict[str, TypeAck] = field(default_factory=dict)
 
     def holds(self, snapshot: Snapshot, type_url: str) -> bool:
