@@ -29,7 +29,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -226,6 +227,28 @@ class SharedStore:
         if stream is None or sent is None:
             return
         self._writes.put(("answer", gateway, node_id, stream, type_url, *sent, error))
+
+    # --- pushes ------------------------------------------------------------------------------
+
+    @contextmanager
+    def push_lock(self, gateway: str, timeout_s: float) -> Iterator[None]:
+        """One push of `gateway` at a time, whichever process makes it (a Redis lock that
+        expires after `timeout_s` should its holder die)."""
+        lock = redis_client().lock(f"fleetctl:xds:push:{gateway}", timeout=timeout_s,
+                                   blocking_timeout=timeout_s)
+        try:
+            acquired = lock.acquire()
+        except redis.RedisError as exc:
+            raise TimeoutError(f"cannot take the push lock of gateway {gateway}: {exc}") \
+                from exc
+        if not acquired:
+            raise TimeoutError(f"another push of gateway {gateway} held it for "
+                               f"{timeout_s:g} s")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(redis.RedisError):  # expired: the next push took it
+                lock.release()
 
     # --- tokens ------------------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ import hashlib
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -143,6 +144,8 @@ class SnapshotStore(Protocol):
 
     def gateway_of_token(self, secret: str) -> str | None: ...
 
+    def push_lock(self, gateway: str, timeout_s: float) -> AbstractContextManager[None]: ...
+
 
 class MemoryStore:
     """A SnapshotStore in this process's memory, safe across threads (the gRPC server's
@@ -157,6 +160,22 @@ class MemoryStore:
         self._streams = 0
         self._unconfigured: Snapshot | None = None
         self._tokens: dict[str, str] = {}  # SHA-256 of a secret -> its gateway
+        self._push_locks: dict[str, threading.Lock] = {}
+
+    # --- pushes ------------------------------------------------------------------------------
+
+    @contextmanager
+    def push_lock(self, gateway: str, timeout_s: float) -> Iterator[None]:
+        """One push of `gateway` at a time in this process (the store is this process's)."""
+        with self._changed:
+            lock = self._push_locks.setdefault(gateway, threading.Lock())
+        if not lock.acquire(timeout=timeout_s):
+            raise TimeoutError(f"another push of gateway {gateway} held it for "
+                               f"{timeout_s:g} s")
+        try:
+            yield
+        finally:
+            lock.release()
 
     # --- tokens ------------------------------------------------------------------------------
 

@@ -108,3 +108,18 @@ def test_bad_input_changes_nothing(store: SharedStore) -> None:
     with pytest.raises(ValueError, match="has no snapshot 7"):
         store.wait_acked(GW, 7, timeout_s=0.1)
     assert store.snapshot(GW).number == 0  # unconfigured
+
+
+def test_one_push_of_a_gateway_at_a_time_across_stores(store: SharedStore) -> None:
+    other = SharedStore(replica="another-process")
+    try:
+        with store.push_lock(GW, timeout_s=30):
+            with (pytest.raises(TimeoutError, match=f"another push of gateway {GW}"),
+                  other.push_lock(GW, timeout_s=0.2)):
+                pass
+            with other.push_lock(f"{GW}-b", timeout_s=0.2):  # another gateway: free
+                pass
+        with other.push_lock(GW, timeout_s=0.2):  # released
+            pass
+    finally:
+        other.stop()

@@ -13,7 +13,7 @@ admin_address (one Envoy's; summing over a gateway's Envoys is a later slice).
 
 from __future__ import annotations
 
-import threading
+import contextlib
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
@@ -59,15 +59,6 @@ class Held:
         return None
 
 
-_locks: dict[str, threading.Lock] = {}
-_locks_lock = threading.Lock()
-
-
-def _gateway_lock(name: str) -> threading.Lock:
-    with _locks_lock:
-        return _locks.setdefault(name, threading.Lock())
-
-
 class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
     kind: ClassVar[str] = "envoy-xds"
     supports_context_tiers: ClassVar[bool] = True
@@ -93,7 +84,14 @@ class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
         except config.ConfigError as exc:
             raise AdapterError(f"gateway {self.gateway.name}: {exc}", permanent=True) from exc
         name = self.gateway.name
-        with _gateway_lock(name):
+        # Two steps and a NACK's restore must not interleave with another push of the
+        # gateway, from this process or another (the store's lock).
+        with contextlib.ExitStack() as locked:
+            try:
+                locked.enter_context(self.store.push_lock(
+                    name, timeout_s=4 * self.options.ack_timeout_s + 30))
+            except TimeoutError as exc:
+                raise AdapterError(f"gateway {name}: {exc}") from exc
             if not any(e.connected for e in self.store.envoys(name)):
                 # Set anyway: an Envoy that connects gets it at once.
                 self._set(rendered, desired, rendered.clusters)
