@@ -1,17 +1,22 @@
 """A weights change until it is verified on every Envoy: over xDS (ACKed by each) beside the
 admin-API path (file mode: POST /runtime_modify and a read-back per Envoy), in the same run.
 
-Real Envoy processes on loopback, first N fed by fleetctl's ADS server (in this process, one
-gateway whose N Envoys share a node cluster), then stopped, then N in file mode (N gateways,
-pushed in parallel threads as the push task does). Each round pushes a new 2-pool split:
+Real Envoy processes on loopback, one gateway whose N Envoys share a node cluster, three ways,
+one after the other in the same run:
 
-- xDS: EnvoyXdsAdapter.apply (render, set the snapshot, wait for every Envoy's ACK): a
-  returned apply is verified;
-- admin API: EnvoyAdapter.apply + read_back + matches per gateway, all gateways in parallel.
+- xDS in-process: the ADS server runs in this process on a MemoryStore; EnvoyXdsAdapter.apply
+  (render, set the snapshot, wait for every Envoy's ACK): a returned apply is verified;
+- xDS shared (`--shared`): the ADS server is a `manage.py xds_serve` process; this process
+  pushes through the shared store (the snapshot row in the database, a Redis wake-up; the
+  ACK rows the replica writes, read again on each ACK message), as a Celery worker would;
+- admin API: N gateways in file mode, EnvoyAdapter.apply + read_back + matches per gateway,
+  all gateways in parallel threads as the push task does.
 
-No database, no Celery, no pools behind the clusters (nothing is sent through the Envoys).
+Each round pushes a new 2-pool split. No Celery, no pools behind the clusters (nothing is
+sent through the Envoys). `--shared` needs DATABASE_URL (a migrated database; rows of the
+gateway "bench-shared" are written there) and REDIS_URL.
 
-    .venv/bin/python benchmarks/xds_push.py [--envoys 1 10] [--rounds 30]
+    .venv/bin/python benchmarks/xds_push.py [--envoys 1 10] [--rounds 30] [--shared]
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +41,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--envoys", type=int, nargs="+", default=[1, 10])
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--shared", action="store_true",
+                        help="also push through an xds_serve process (the shared store)")
     args = parser.parse_args()
 
     import logging
@@ -49,7 +57,18 @@ def main() -> None:
     from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdapter
     from fleetctl.traffic.gateways.envoy_xds.adapter import EnvoyXdsAdapter
     from fleetctl.xds.server import XdsServer
+    from fleetctl.xds.services import gateway_token_issue
+    from fleetctl.xds.shared import SharedStore
     from fleetctl.xds.store import MemoryStore
+
+    if args.shared:
+        from django.db import connection
+        from django.db.migrations.executor import MigrationExecutor
+
+        executor = MigrationExecutor(connection)
+        if executor.migration_plan(executor.loader.graph.leaf_nodes()):
+            sys.exit(f"--shared: the database {connection.settings_dict['NAME']} is not "
+                     "migrated; run manage.py migrate on it first")
 
     pools = {name: PoolTarget(name, (f"http://127.0.0.1:{port}",), "US")
              for name, port in (("a", 18001), ("b", 18002))}
@@ -75,10 +94,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             store = MemoryStore()
             with XdsServer(store=store) as server:
+                token = store.issue_token("bench")
                 envoys = [EnvoyProcess(Path(tmp) / f"x{i}", free_port(), free_port(),
                                        access_log=False,
                                        xds=XdsSource("127.0.0.1", server.port, "bench",
-                                                     f"e{i}")).start(60)
+                                                     f"e{i}", token=token)).start(60)
                           for i in range(count)]
                 try:
                     adapter = EnvoyXdsAdapter(GatewaySpec("bench", "envoy-xds",
@@ -93,6 +113,8 @@ def main() -> None:
                 finally:
                     for envoy in envoys:
                         envoy.stop()
+
+            shared = measure_shared(count, Path(tmp)) if args.shared else ""
 
             envoys = [EnvoyProcess(Path(tmp) / f"f{i}", free_port(), free_port(),
                                    access_log=False).start(60) for i in range(count)]
@@ -116,10 +138,54 @@ def main() -> None:
                     envoy.stop()
         return (f"{count} Envoy(s), {args.rounds} weight changes each: "
               f"xDS apply until every ACK median {xds_wall:.1f} ms "
-              f"(control-plane CPU {xds_cpu:.1f} ms); "
+              f"(control-plane CPU {xds_cpu:.1f} ms); {shared}"
               f"admin API apply + read-back median {admin_wall:.1f} ms "
               f"(CPU {admin_cpu:.1f} ms)")
 
+
+    def measure_shared(count: int, tmp: Path) -> str:
+        port = free_port()
+        log_path = tmp / "xds_serve.log"
+        with log_path.open("wb") as log:
+            replica = subprocess.Popen(
+                [sys.executable, "manage.py", "xds_serve", "--port", str(port),
+                 "--replica", "bench"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        store = SharedStore()
+        try:
+            deadline = time.monotonic() + 60
+            while "serving on" not in log_path.read_text():
+                if replica.poll() is not None or time.monotonic() > deadline:
+                    sys.exit(f"xds_serve did not start:\n{log_path.read_text()}")
+                time.sleep(0.05)
+            token = gateway_token_issue(gateway="bench-shared")
+            envoys = [EnvoyProcess(tmp / f"s{i}", free_port(), free_port(), access_log=False,
+                                   xds=XdsSource("127.0.0.1", port, "bench-shared", f"e{i}",
+                                                 token=token)).start(60)
+                      for i in range(count)]
+            try:
+                adapter = EnvoyXdsAdapter(GatewaySpec("bench-shared", "envoy-xds",
+                                                      envoys[0].admin_url,
+                                                      {"ack_timeout_s": 30}), store=store)
+                deadline = time.monotonic() + 30
+                while sum(e.connected for e in store.envoys("bench-shared")) < count:
+                    if time.monotonic() > deadline:
+                        sys.exit("the Envoys were not all recorded connected within 30 s")
+                    time.sleep(0.05)
+
+                def push_shared(state: DesiredState) -> None:
+                    result = adapter.apply(state)
+                    assert f"ACKed by {count} Envoy(s)" in result.detail, result.detail
+
+                wall, cpu = timed(push_shared)
+            finally:
+                for envoy in envoys:
+                    envoy.stop()
+        finally:
+            replica.terminate()
+            replica.wait(30)
+            store.stop()
+        return (f"xDS shared store (pushed from this process to an xds_serve process) "
+                f"median {wall:.1f} ms (pushing process CPU {cpu:.1f} ms); ")
 
     for count in args.envoys:
         print(measure(count), flush=True)

@@ -124,8 +124,11 @@ class SharedStore:
             XdsSnapshot.objects.filter(gateway=gateway,
                                        number__lte=row.number - _HISTORY).delete()
             transaction.on_commit(lambda: self._publish(SNAPSHOT_CHANNEL, gateway))
-        return Snapshot(number=row.number, types={t: types[t] for t in SERVED_TYPES},
-                        meta=meta)
+        snapshot = Snapshot(number=row.number, types={t: types[t] for t in SERVED_TYPES},
+                            meta=meta)
+        with self._lock:
+            self._recent[gateway] = snapshot
+        return snapshot
 
     def snapshot(self, gateway: str) -> Snapshot:
         with self._lock:
@@ -134,9 +137,14 @@ class SharedStore:
             return current
         if _in_event_loop():  # a stream's first read: the database from a thread
             return self._db.submit(self._load, gateway, None).result()
-        # A pushing process: the protos of types whose version did not change are kept.
+        # A pushing process: the snapshot read last, while it is the newest; else the protos
+        # of types whose version did not change are kept.
         with self._lock:
             previous = self._recent.get(gateway)
+        if previous is not None and previous.number == (
+                XdsSnapshot.objects.filter(gateway=gateway).aggregate(n=Max("number"))["n"]
+                or 0):
+            return previous
         loaded = self._load(gateway, previous)
         with self._lock:
             self._recent[gateway] = loaded
@@ -373,7 +381,8 @@ class SharedStore:
                     for op in batch:
                         if op is not None:
                             self._apply(op, envoys)
-                            touched.add(op[1])
+                            if op[0] != "sent":  # what a waiter's verdict can change with
+                                touched.add(op[1])
                 for gateway in touched:
                     self._publish(ACK_CHANNEL, gateway)
             except Exception:
@@ -398,18 +407,20 @@ class SharedStore:
                                     stream=stream).update(gone_at=op[4])
             return
         envoy_id = envoys.get((gateway, node_id, stream))
-        if envoy_id is None or not XdsEnvoy.objects.filter(
-                pk=envoy_id, replica=self.replica, stream=stream).exists():
-            return  # the Envoy's live stream is elsewhere now
+        if envoy_id is None:
+            return
         type_url, version, number = op[4:7]
+        # Only while the row is still this stream's: the Envoy may be live elsewhere now.
+        acks = XdsTypeAck.objects.filter(envoy_id=envoy_id, envoy__replica=self.replica,
+                                         envoy__stream=stream, type_url=type_url)
         if kind == "sent":
             fields = {"sent_version": version, "sent_number": number}
-            if not XdsTypeAck.objects.filter(envoy_id=envoy_id, type_url=type_url).update(
-                    **fields):
-                XdsTypeAck.objects.create(envoy_id=envoy_id, type_url=type_url, **fields)
+            if not acks.update(**fields) and XdsEnvoy.objects.filter(
+                    pk=envoy_id, replica=self.replica, stream=stream).exists():
+                XdsTypeAck.objects.get_or_create(envoy_id=envoy_id, type_url=type_url,
+                                                 defaults=fields)
             return
         error = op[7]
-        acks = XdsTypeAck.objects.filter(envoy_id=envoy_id, type_url=type_url)
         if error is None:
             acks.filter(acked_number__lte=number).update(acked_version=version,
                                                          acked_number=number)
