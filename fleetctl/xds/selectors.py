@@ -28,7 +28,7 @@ def gateway_envoys(*, gateways: Iterable[str]) -> dict[str, list[EnvoyView]]:
     A stale Envoy is never counted as holding the current snapshot."""
     out: dict[str, list[EnvoyView]] = {}
     for name in gateways:
-        history = snapshot_history(name)
+        history = snapshot_history(name, meta=False)
         current = history[-1] if history else None
         views = []
         for envoy in envoy_states(name):

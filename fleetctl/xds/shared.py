@@ -36,8 +36,8 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import close_old_connections, connections, transaction
-from django.db.models import Max
+from django.db import close_old_connections, connection, connections, transaction
+from django.db.models import Exists, Max, OuterRef
 from django.utils import timezone
 
 from fleetctl.accounts.selectors import secret_hash
@@ -273,15 +273,12 @@ class SharedStore:
     def envoys(self, gateway: str) -> list[EnvoyState]:
         return envoy_states(gateway)
 
-    def _history(self, gateway: str) -> list[Snapshot]:
-        return snapshot_history(gateway)
-
     def wait_acked(self, gateway: str, number: int, *, timeout_s: float,
                    types: tuple[str, ...] = SERVED_TYPES, min_envoys: int = 1) -> AckResult:
         """As MemoryStore.wait_acked, reading the ACK rows again on each message of the
         gateway's ACK channel (and at least every 0.2 s, should one be lost)."""
         deadline = time.monotonic() + timeout_s
-        found = [s for s in self._history(gateway) if s.number == number]
+        found = snapshot_history(gateway, number=number, meta=False)
         if not found:
             raise ValueError(f"gateway {gateway} has no snapshot {number} (kept: the last "
                              f"{_HISTORY})")
@@ -317,7 +314,13 @@ class SharedStore:
 
     def held_meta(self, gateway: str) -> tuple[int, Any] | None:
         live = [e for e in self.envoys(gateway) if e.connected]
-        return held_by(live, self._history(gateway)) if live else None
+        if not live:
+            return None
+        held = held_by(live, snapshot_history(gateway, meta=False))
+        if held is None or held[0] == 0:
+            return held
+        return held[0], XdsSnapshot.objects.filter(gateway=gateway, number=held[0]).values_list(
+            "meta", flat=True).first()
 
     def forget(self, gateway: str) -> None:
         """Drop the gateway's snapshots and its Envoys no longer connected; numbering (and
@@ -375,6 +378,11 @@ class SharedStore:
                 close_old_connections()
                 touched: set[str] = set()
                 with transaction.atomic():
+                    if connection.vendor == "postgresql":
+                        # Reports are re-made by the Envoys on a reconnect: not worth
+                        # waiting for the WAL flush of each batch.
+                        with connection.cursor() as cursor:
+                            cursor.execute("SET LOCAL synchronous_commit TO OFF")
                     if time.monotonic() - beat >= HEARTBEAT_S:
                         self._heartbeat()
                         beat = time.monotonic()
@@ -479,31 +487,45 @@ class SharedStore:
 
 def envoy_states(gateway: str) -> list[EnvoyState]:
     """Every Envoy of the gateway recorded by any replica, connected or gone: connected
-    while its stream is open on a replica whose heartbeat is fresh."""
+    while its stream is open on a replica whose heartbeat is fresh. Two queries, no model
+    instances: a pushing process reads this again on each ACK message."""
     alive_after = timezone.now() - timedelta(seconds=REPLICA_GONE_S)
-    alive = set(XdsReplica.objects.filter(heartbeat_at__gte=alive_after)
-                .values_list("name", flat=True))
+    rows = (XdsEnvoy.objects.filter(gateway=gateway)
+            .annotate(alive=Exists(XdsReplica.objects.filter(
+                name=OuterRef("replica"), heartbeat_at__gte=alive_after)))
+            .order_by("node_id")
+            .values_list("pk", "node_id", "replica", "stream", "connected_at", "gone_at",
+                         "alive"))
+    acks: dict[int, dict[str, TypeAck]] = {}
+    for (envoy_id, type_url, sent_version, sent_number, acked_version, acked_number,
+         nacked_version, nacked_number, error) in XdsTypeAck.objects.filter(
+            envoy__gateway=gateway).values_list(
+            "envoy_id", "type_url", "sent_version", "sent_number", "acked_version",
+            "acked_number", "nacked_version", "nacked_number", "error"):
+        acks.setdefault(envoy_id, {})[type_url] = TypeAck(
+            sent_version=sent_version, sent_number=sent_number, acked_version=acked_version,
+            acked_number=acked_number, nacked_version=nacked_version,
+            nacked_number=nacked_number, error=error)
     out = []
-    for row in (XdsEnvoy.objects.filter(gateway=gateway).prefetch_related("acks")
-                .order_by("node_id")):
-        connected = row.gone_at is None and row.replica in alive
-        gone = row.gone_at or (None if connected else row.connected_at)
+    for pk, node_id, replica, stream, connected_at, gone_at, alive in rows:
+        connected = gone_at is None and bool(alive)
+        gone = gone_at or (None if connected else connected_at)
         out.append(EnvoyState(
-            node_id=row.node_id, gateway=gateway, connected=connected, replica=row.replica,
-            connected_at=row.connected_at.timestamp(),
+            node_id=node_id, gateway=gateway, connected=connected, replica=replica,
+            connected_at=connected_at.timestamp(),
             gone_at=gone.timestamp() if isinstance(gone, datetime) else None,
-            stream=row.stream,
-            types={a.type_url: TypeAck(
-                sent_version=a.sent_version, sent_number=a.sent_number,
-                acked_version=a.acked_version, acked_number=a.acked_number,
-                nacked_version=a.nacked_version, nacked_number=a.nacked_number,
-                error=a.error) for a in row.acks.all()}))
+            stream=stream, types=acks.get(pk, {})))
     return out
 
 
-def snapshot_history(gateway: str) -> list[Snapshot]:
-    """The gateway's kept snapshots, oldest first: numbers, versions and meta (no protos)."""
-    return [Snapshot(number=number, meta=meta, types={
-                t: TypeResources(version=v, resources=()) for t, v in versions.items()})
-            for number, versions, meta in XdsSnapshot.objects.filter(gateway=gateway)
-            .order_by("number").values_list("number", "versions", "meta")]
+def snapshot_history(gateway: str, *, number: int | None = None,
+                     meta: bool = True) -> list[Snapshot]:
+    """The gateway's kept snapshots (or the one numbered `number`), oldest first: numbers,
+    versions and (unless meta=False) meta; no protos."""
+    rows = XdsSnapshot.objects.filter(gateway=gateway).order_by("number")
+    if number is not None:
+        rows = rows.filter(number=number)
+    fields = ("number", "versions", "meta") if meta else ("number", "versions")
+    return [Snapshot(number=row[0], meta=row[2] if meta else None, types={
+                t: TypeResources(version=v, resources=()) for t, v in row[1].items()})
+            for row in rows.values_list(*fields)]
