@@ -123,6 +123,18 @@ def test_the_xds_bootstrap_is_one_envoy_accepts(tmp_path: Path) -> None:
     assert ok, output
     assert bootstrap["dynamic_resources"]["cds_config"] == {"ads": {},
                                                             "resource_api_version": "V3"}
+    # With the gateway's token and a second replica: Envoy accepts that too.
+    bootstrap = envoy_config.render_xds_bootstrap(
+        xds_host="127.0.0.1", xds_port=18000, gateway="gw", node_id="e1", listen_port=10000,
+        admin_port=9901, token="fxds_secret", replicas=[("127.0.0.2", 18001)])
+    ok, output = validate_config(bootstrap, tmp_path)
+    assert ok, output
+    [service] = bootstrap["dynamic_resources"]["ads_config"]["grpc_services"]
+    assert service["initial_metadata"] == [{"key": "authorization",
+                                            "value": "Bearer fxds_secret"}]
+    [xds] = bootstrap["static_resources"]["clusters"]
+    assert [e["endpoint"]["address"]["socket_address"]["port_value"]
+            for e in xds["load_assignment"]["endpoints"][0]["lb_endpoints"]] == [18000, 18001]
 
 
 def test_the_kind_is_registered_with_its_options() -> None:
