@@ -74,6 +74,13 @@ def redis_client() -> redis.Redis:
     return _clients[url]
 
 
+def _fresh(read: Callable[..., Any], *args: Any) -> Any:
+    """`read(*args)` on this thread's connection, replaced first if it broke (the database
+    restarted under a long-running replica)."""
+    close_old_connections()
+    return read(*args)
+
+
 def _in_event_loop() -> bool:
     try:
         asyncio.get_running_loop()
@@ -136,7 +143,7 @@ class SharedStore:
         if current is not None:
             return current
         if _in_event_loop():  # a stream's first read: the database from a thread
-            return self._db.submit(self._load, gateway, None).result()
+            return self._db.submit(_fresh, self._load, gateway, None).result()
         # A pushing process: the snapshot read last, while it is the newest; else the protos
         # of types whose version did not change are kept.
         with self._lock:
@@ -266,7 +273,7 @@ class SharedStore:
                     .values_list("name", flat=True).first())
         if not secret:
             return None
-        return self._db.submit(find).result() if _in_event_loop() else find()
+        return self._db.submit(_fresh, find).result() if _in_event_loop() else find()
 
     # --- what callers read (any process) -----------------------------------------------------
 
@@ -374,30 +381,45 @@ class SharedStore:
                 while len(batch) < 500:
                     batch.append(self._writes.get_nowait())
             ending = None in batch
-            try:
-                close_old_connections()
-                touched: set[str] = set()
-                with transaction.atomic():
-                    if connection.vendor == "postgresql":
-                        # Reports are re-made by the Envoys on a reconnect: not worth
-                        # waiting for the WAL flush of each batch.
-                        with connection.cursor() as cursor:
-                            cursor.execute("SET LOCAL synchronous_commit TO OFF")
-                    if time.monotonic() - beat >= HEARTBEAT_S:
-                        self._heartbeat()
+            beat_due = time.monotonic() - beat >= HEARTBEAT_S
+            touched: set[str] = set()
+            for attempt in range(3 if batch or beat_due else 0):
+                try:  # a dropped database connection: reconnect and write the batch again
+                    close_old_connections()
+                    touched = self._write_batch(batch, envoys, beat_due=beat_due)
+                    if beat_due:
                         beat = time.monotonic()
-                    for op in batch:
-                        if op is not None:
-                            self._apply(op, envoys)
-                            if op[0] != "sent":  # what a waiter's verdict can change with
-                                touched.add(op[1])
-                for gateway in touched:
-                    self._publish(ACK_CHANNEL, gateway)
-            except Exception:
-                log.exception("xds: writing %d stream report(s) failed", len(batch))
+                    break
+                except Exception:
+                    log.exception("xds: writing %d stream report(s) failed (attempt %d of 3)",
+                                  len(batch), attempt + 1)
+                    connections.close_all()
+                    self._stopping.wait(0.5 * (attempt + 1))
+            for gateway in touched:
+                self._publish(ACK_CHANNEL, gateway)
             if ending:
                 connections.close_all()  # this thread's
                 return
+
+    def _write_batch(self, batch: list[tuple[Any, ...] | None],
+                     envoys: dict[tuple[str, str, int], int], *, beat_due: bool) -> set[str]:
+        """One transaction: the heartbeat when due, then the reports in order; the gateways
+        whose waiters should read again."""
+        touched: set[str] = set()
+        with transaction.atomic():
+            if connection.vendor == "postgresql":
+                # Reports are made again by the Envoys on a reconnect: not worth waiting for
+                # the WAL flush of each batch.
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL synchronous_commit TO OFF")
+            if beat_due:
+                self._heartbeat()
+            for op in batch:
+                if op is not None:
+                    self._apply(op, envoys)
+                    if op[0] != "sent":  # what a waiter's verdict can change with
+                        touched.add(op[1])
+        return touched
 
     def _apply(self, op: tuple[Any, ...], envoys: dict[tuple[str, str, int], int]) -> None:
         kind, gateway, node_id, stream = op[:4]
