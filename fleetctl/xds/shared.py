@@ -5,11 +5,11 @@ Any process may set a snapshot (a web request, a Celery worker): the row is comm
 `fleetctl:xds:snapshot:<gateway>` is published. Every xDS replica (`manage.py xds_serve`)
 listens on those channels in a thread of its own, loads the gateway's new snapshot once,
 builds its protos (from the documents the Envoy kind rendered) and wakes that gateway's
-streams; it also re-reads the current numbers every `poll_s` seconds, so a lost message or a
-Redis outage delays a push by at most that, and loses nothing. What streams report (sent,
-ACKed, NACKed, opened, closed) is queued to a writer thread that commits it in batches and
-publishes `fleetctl:xds:ack:<gateway>`, which `wait_acked` (in the pushing process) waits on
-before it reads the ACK rows again. The event loop of the gRPC server never touches the
+streams; it also re-reads the current numbers every `poll_s` seconds, so a lost message
+delays a push by at most that, and loses nothing (with Redis down, pushes fail: their lock
+is in Redis). What streams report (sent, ACKed, NACKed, opened, closed) is queued to a
+writer thread that commits it in batches and publishes `fleetctl:xds:ack:<gateway>`, which
+`wait_acked` (in the pushing process) waits on before it reads the ACK rows again. The event loop of the gRPC server never touches the
 database itself.
 
 A replica writes a heartbeat every HEARTBEAT_S seconds; an Envoy whose replica has not
