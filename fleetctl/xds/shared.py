@@ -9,8 +9,8 @@ streams; it also re-reads the current numbers every `poll_s` seconds, so a lost 
 delays a push by at most that, and loses nothing (with Redis down, pushes fail: their lock
 is in Redis). What streams report (sent, ACKed, NACKed, opened, closed) is queued to a
 writer thread that commits it in batches and publishes `fleetctl:xds:ack:<gateway>`, which
-`wait_acked` (in the pushing process) waits on before it reads the ACK rows again. The event loop of the gRPC server never touches the
-database itself.
+`wait_acked` (in the pushing process) waits on before it reads the ACK rows again. The
+event loop of the gRPC server never touches the database itself.
 
 A replica writes a heartbeat every HEARTBEAT_S seconds; an Envoy whose replica has not
 written one for REPLICA_GONE_S (killed with -9: its streams never closed) counts as gone.
