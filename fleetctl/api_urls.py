@@ -19,6 +19,14 @@ from fleetctl.fleet.api.views import (
     RegionViewSet,
 )
 from fleetctl.observability import MetricsView
+from fleetctl.prometheus.api.views import (
+    DashboardsMeasuredView,
+    MetricSourceViewSet,
+    PlanAlertRulesView,
+    PlanDashboardView,
+    PoolAlertRulesView,
+    PoolDashboardView,
+)
 from fleetctl.ramps.api.views import RampViewSet, WatchViewSet
 from fleetctl.schedules.api.views import ScheduleViewSet
 from fleetctl.shadow.api.views import ShadowRunViewSet
@@ -63,6 +71,7 @@ router.register("people", PersonViewSet, basename="person")
 router.register("telemetry/pools", TelemetryPoolViewSet, basename="telemetry-pool")
 router.register("telemetry/ingest", IngestStatusViewSet, basename="telemetry-ingest")
 router.register("webhooks", WebhookViewSet, basename="webhook")
+router.register("metric-sources", MetricSourceViewSet, basename="metric-source")
 router.register("batch/files", BatchFileViewSet, basename="batch-file")
 router.register("batch/jobs", BatchJobViewSet, basename="batch-job")
 router.register("batch/soaks", SoakViewSet, basename="batch-soak")
@@ -75,5 +84,13 @@ urlpatterns = [
     path("plans/<slug:name>/business-case/", BusinessCaseView.as_view(),
          name="plan-business-case"),
     path("plans/<slug:name>/report/", ReportView.as_view(), name="plan-report"),
+    path("plans/<slug:name>/alert-rules/", PlanAlertRulesView.as_view(),
+         name="plan-alert-rules"),
+    path("plans/<slug:name>/dashboard/", PlanDashboardView.as_view(), name="plan-dashboard"),
+    path("plans/<slug:name>/dashboards-measured/", DashboardsMeasuredView.as_view(),
+         name="plan-dashboards-measured"),
+    path("pools/<slug:name>/alert-rules/", PoolAlertRulesView.as_view(),
+         name="pool-alert-rules"),
+    path("pools/<slug:name>/dashboard/", PoolDashboardView.as_view(), name="pool-dashboard"),
     path("", include(router.urls)),
 ]

@@ -54,6 +54,7 @@ ROUTES: dict[str, str] = {
     "evals.run": "evals",
     "evals.reap": "default",
     "plans.refresh": "default",
+    "prometheus.measure": "default",
     "bench.reap": "default",
     "conformance.reap": "default",
     "conformance.routing_reap": "default",
@@ -110,6 +111,10 @@ def _beat_schedule() -> dict[str, dict[str, object]]:
                                   "options": {"expires": 60.0}},
         "reap-routing-probes": {"task": "conformance.routing_reap", "schedule": 60.0,
                                 "options": {"expires": 60.0}},
+        # Query and rules checks of open plans' gates: each is measured when due (its own
+        # interval), so this only looks often enough for the shortest interval.
+        "measure-metric-checks": {"task": "prometheus.measure", "schedule": 5.0,
+                                  "options": {"expires": 5.0}},
         "refresh-plan-gates": {
             "task": "plans.refresh",
             "schedule": float(settings.PLAN_REFRESH_INTERVAL_S),

@@ -130,6 +130,7 @@ INSTALLED_APPS = [
     "fleetctl.webhooks",
     "fleetctl.telemetry",
     "fleetctl.ramps",
+    "fleetctl.prometheus",
     "fleetctl.batch",
     "fleetctl.schedules",
     "fleetctl.economics",
@@ -233,11 +234,12 @@ CELERY_RESULT_BACKEND = None
 # Webhook receivers, pool endpoints and gateway admin URLs may not reach loopback, this host's
 # own addresses, link-local, cloud metadata or other special ranges unless the networks are
 # listed here for that purpose (CIDRs, comma-separated). `make demo` and `make test` allow
-# loopback for pools and gateways (the simulated fleet and Envoy run on this host); a
-# production deployment usually needs none of them.
+# loopback for pools and gateways (the simulated fleet and Envoy run on this host) and for
+# metric sources (the demo's and tests' own Prometheus); a production deployment usually needs
+# none of them.
 OUTBOUND_ALLOWED_NETWORKS = {
     purpose: _networks(f"OUTBOUND_ALLOW_{purpose.upper()}")
-    for purpose in ("pools", "gateways", "webhooks")
+    for purpose in ("pools", "gateways", "webhooks", "metrics")
 }
 # Services of this deployment that no user-given address may reach, whatever is allowed above
 # (host:port or URLs), beside those fleetctl knows itself: Redis, the database, the shadow

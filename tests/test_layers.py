@@ -86,7 +86,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "telemetry": BELOW_FLEET | {"fleet", "traffic", "inference"},
     # Ramps step a route's split (traffic), judged on telemetry against a plan's SLO, and
     # record plan evidence.
-    "ramps": BELOW_FLEET | {"fleet", "traffic", "telemetry", "plans", "webhooks"},
+    "ramps": BELOW_FLEET | {"fleet", "traffic", "telemetry", "plans", "webhooks", "prometheus"},
+    # Metric sources and query checks (Prometheus, HTTP JSON) read pools and record plan
+    # evidence; ramps list its queries as extra guard metrics.
+    "prometheus": BELOW_FLEET | {"fleet", "traffic", "plans"},
     # Batch jobs run on pools (fleet), may carry a plan's batch route (traffic), compare
     # answers (inference), and record plan evidence; drills and soaks notify.
     "batch": BELOW_FLEET | {"fleet", "traffic", "plans", "webhooks", "inference"},
@@ -104,7 +107,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "cli": {"sim", "fleetctl.bench.traces"},
     "project": {"core", "accounts", "audit", "fleet", "traffic", "plans", "bench", "sim",
                 "cli", "conformance", "shadow", "evals", "webhooks", "telemetry", "ramps",
-                "batch", "inference", "schedules", "economics", "xds"},
+                "batch", "inference", "schedules", "economics", "prometheus", "xds"},
 }
 ALL_UNITS = set(MAY_IMPORT) | {"demo"}
 # What any unit may import: the Celery app and the package itself (its version).

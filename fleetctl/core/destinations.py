@@ -53,7 +53,10 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 POOLS = "pools"
 GATEWAYS = "gateways"
 WEBHOOKS = "webhooks"
-PURPOSES = (POOLS, GATEWAYS, WEBHOOKS)
+# Metric sources (a Prometheus, an HTTP JSON endpoint) an administrator registers: their own
+# allow-list, so a loopback Prometheus allowed here opens nothing for webhooks or pools.
+METRICS = "metrics"
+PURPOSES = (POOLS, GATEWAYS, WEBHOOKS, METRICS)
 
 # Refused for every purpose unless allow-listed; the first match names the reason. Metadata
 # addresses come before the ranges that hold them, so the message says what they are.

@@ -292,6 +292,8 @@ def local_destinations(env: Any, *, webhooks: bool = False, own: list[str] | Non
     gives may reach (the web server, the gateway's listener), whatever is allowed."""
     env.setdefault("OUTBOUND_ALLOW_POOLS", LOOPBACK)
     env.setdefault("OUTBOUND_ALLOW_GATEWAYS", LOOPBACK)
+    # The demo's and the tests' Prometheus listens here too (docs/prometheus.md).
+    env.setdefault("OUTBOUND_ALLOW_METRICS", LOOPBACK)
     if webhooks:
         env.setdefault("OUTBOUND_ALLOW_WEBHOOKS", LOOPBACK)
     if own:

@@ -262,3 +262,31 @@ def stats_dict(stats: PoolStats) -> dict[str, Any]:
     for key, value in dataclasses.asdict(stats).items():
         out[key] = value.isoformat() if isinstance(value, datetime) else value
     return out
+
+
+def with_metrics(judgement: Judgement, measurements: list[dict[str, Any]]) -> Judgement:
+    """The guard's own judgement combined with its extra metrics (query checks a ramp lists,
+    each measured once: {"status": pass|warn|fail|insufficient, "reason": ...}). A failing
+    metric fails the check like the guard's own figures (counted toward the rollback); a
+    metric with no data, an error or a source that is down makes a passing or warning check
+    wait: the guard never advances on no data, and never rolls back on it either. A warning
+    metric warns. The measurements are kept in the numbers (`metrics`)."""
+    if not measurements:
+        return judgement
+    numbers = {**judgement.numbers, "metrics": measurements}
+    failing = [m["reason"] for m in measurements if m["status"] == FAIL]
+    unknown = [m["reason"] for m in measurements if m["status"] not in (PASS, WARN, FAIL)]
+    warning = [m["reason"] for m in measurements if m["status"] == WARN]
+    passing = [m["reason"] for m in measurements if m["status"] == PASS]
+    if judgement.decision == FAIL or failing:
+        return Judgement(FAIL, judgement.reasons * (judgement.decision == FAIL) + failing,
+                         numbers)
+    if judgement.decision == WAIT or unknown:
+        waits = [f"No data to judge: {why}; waiting (the guard never advances on no data)."
+                 for why in unknown]
+        return Judgement(WAIT, judgement.reasons * (judgement.decision == WAIT) + waits,
+                         numbers)
+    if judgement.decision == WARN or warning:
+        return Judgement(WARN, judgement.reasons * (judgement.decision == WARN) + warning,
+                         numbers)
+    return Judgement(PASS, judgement.reasons + [f"{why}." for why in passing], numbers)

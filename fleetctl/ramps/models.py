@@ -50,6 +50,10 @@ class Ramp(models.Model):
     latency_margin_pct = models.FloatField(validators=[MinValueValidator(0)])
     # Whole-answer latency p95 (streamed or not); null: not judged (only first-token latency).
     slo_e2e_p95_ms = models.FloatField(null=True, blank=True, validators=[MinValueValidator(1)])
+    # Extra guard metrics: query checks against registered metric sources (fleetctl/
+    # prometheus/query.py), [{"source", "query", "success"?, "failure"?, "field"?, "name"?}].
+    # Judged with the guard's own figures: a fail counts toward the rollback, no data waits.
+    metric_checks = models.JSONField(default=list, blank=True)
     # The split when the ramp started: the other pools share the rest in these proportions.
     base_weights = models.JSONField(default=dict)
     state = models.CharField(max_length=12, choices=State.choices, default=State.RUNNING)

@@ -100,9 +100,17 @@ def ramp_judgement(ramp: Ramp, route: Route, *, since: datetime, now: datetime
 
     if ramp.step_started_at is not None:
         since = max(since, step_data_start(ramp.step_started_at))
-    return pool_judgement(pool=ramp.pool.name, route=route.name,
-                          primary=route.primary_pool.name, thresholds=thresholds_of(ramp),
-                          min_samples=ramp.min_samples, since=since, until=now, now=now)
+    judgement = pool_judgement(pool=ramp.pool.name, route=route.name,
+                               primary=route.primary_pool.name, thresholds=thresholds_of(ramp),
+                               min_samples=ramp.min_samples, since=since, until=now, now=now)
+    if not ramp.metric_checks:
+        return judgement
+    # The ramp's extra guard metrics (Prometheus queries), measured now beside its telemetry.
+    from fleetctl.prometheus.services import ramp_metrics_measure
+
+    measured = ramp_metrics_measure(ramp.metric_checks, pool=ramp.pool.name, route=route.name,
+                                    model=route.model_id)
+    return guard.with_metrics(judgement, [m.as_dict() for m in measured])
 
 
 def pool_judgement(*, pool: str, route: str, primary: str | None,

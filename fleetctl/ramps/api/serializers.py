@@ -82,7 +82,7 @@ class RampSerializer(serializers.ModelSerializer):
                   "state_reason", "step_index",
                   "current_percent", "step_started_at", "revision_number",
                   "consecutive_failures", "drain", "created_by", "created_at", "finished_at",
-                  "next_check_at"]
+                  "next_check_at", "metric_checks"]
         read_only_fields = fields
 
     def get_fields(self) -> dict[str, Any]:
@@ -90,6 +90,9 @@ class RampSerializer(serializers.ModelSerializer):
         fields["base_weights"] = ObjectField(read_only=True, help_text=(
             "The split when the ramp started (basis points by pool): the other pools share "
             "the rest in these proportions."))
+        fields["metric_checks"] = serializers.ListField(
+            child=ObjectField(), read_only=True, help_text=(
+                "Extra guard metrics: query checks against metric sources (docs/prometheus.md)."))
         return fields
 
     @extend_schema_field(serializers.FloatField(allow_null=True))
@@ -145,6 +148,13 @@ class RampCreateSerializer(serializers.Serializer):
                   "else not judged.")
     reason = serializers.CharField(required=False, allow_blank=True, max_length=2000,
                                    default="")
+    metric_checks = serializers.ListField(
+        child=ObjectField(), required=False, max_length=10, default=list,
+        help_text="Extra guard metrics (at most 10): {source, query, success and/or failure, "
+                  "field?, name?}, e.g. {\"source\": \"prometheus\", \"query\": "
+                  "\"sum(vllm:num_requests_waiting{pool=\\\"$pool\\\"})\", \"success\": "
+                  "\"result < 10\"}. A failing one rolls back like the guard's own figures; "
+                  "no data or a source that is down waits (docs/prometheus.md).")
 
     def validate_steps(self, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [dict(step) for step in steps]

@@ -49,7 +49,7 @@ def ramp_create(*, actor: Actor, route: Route, pool: Pool, steps: list[dict[str,
                 failure_threshold: int = 2, slo_ttft_p95_ms: float | None = None,
                 slo_tpot_p95_ms: float | None = None, slo_error_rate: float | None = None,
                 latency_margin_pct: float | None = None, slo_e2e_p95_ms: float | None = None,
-                reason: str = "") -> Ramp:
+                reason: str = "", metric_checks: list[dict[str, Any]] | None = None) -> Ramp:
     """Start a guarded ramp of `pool` on `route`. Everything is checked before anything is
     stored; the first step is set by the controller's first tick, queued after the commit."""
     actor.require(roles.RAMP, action="ramp.create", target=route)
@@ -62,6 +62,11 @@ def ramp_create(*, actor: Actor, route: Route, pool: Pool, steps: list[dict[str,
              "slo_error_rate": slo_error_rate, "latency_margin_pct": latency_margin_pct,
              "slo_e2e_p95_ms": slo_e2e_p95_ms}
     thresholds = _thresholds(given, plan)
+    from fleetctl.prometheus.services import ramp_metrics_problems
+
+    problems = ramp_metrics_problems(metric_checks)
+    if problems:
+        raise ValidationError({"metric_checks": problems})
     with transaction.atomic():
         locked = Route.objects.select_for_update().get(pk=route.pk)
         base = _base_weights(locked, pool, clean_steps)
@@ -69,7 +74,8 @@ def ramp_create(*, actor: Actor, route: Route, pool: Pool, steps: list[dict[str,
                     min_samples=min_samples, window_s=window_s,
                     failure_threshold=failure_threshold, base_weights=base,
                     revision_number=locked.revision_number, created_by=actor.label,
-                    state=Ramp.State.RUNNING, step_index=-1, **thresholds)
+                    state=Ramp.State.RUNNING, step_index=-1,
+                    metric_checks=list(metric_checks or []), **thresholds)
         try:
             with transaction.atomic():
                 ramp.save()
@@ -91,6 +97,8 @@ def ramp_create(*, actor: Actor, route: Route, pool: Pool, steps: list[dict[str,
                             "plan": plan.name if plan else None, **thresholds,
                             "min_samples": min_samples, "window_s": window_s,
                             "failure_threshold": failure_threshold,
+                            **({"metric_checks": ramp.metric_checks}
+                               if ramp.metric_checks else {}),
                             **({"capacity": capacity} if capacity else {})})
         _queue_run(ramp.pk)
     return ramp
