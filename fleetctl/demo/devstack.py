@@ -308,6 +308,51 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def demo_prometheus(directory: Path, sim_base_port: int, gateway_admin_port: int,
+                    port: int | None = None) -> Any:
+    """The demo's Prometheus (not started): every simulated pool's /metrics labelled with its
+    pool (the H200's second endpoint is the H200 pool's), Envoy's admin stats, and the rule
+    files demo_prometheus writes under `directory`/rules."""
+    from fleetctl.demo.prometheus_process import PrometheusProcess, ScrapeJob
+
+    rules = directory / "rules"
+    rules.mkdir(parents=True, exist_ok=True)
+    jobs = [ScrapeJob(f"sim-{name}", f"http://127.0.0.1:{sim_base_port + offset}/metrics",
+                      {"pool": name.removesuffix("-2")})
+            for name, _, offset in DEMO_SIM_POOLS]
+    jobs.append(ScrapeJob("envoy", f"http://127.0.0.1:{gateway_admin_port}/stats/prometheus",
+                          {"gateway": "envoy-demo"}))
+    return PrometheusProcess(directory, jobs=jobs, port=port, scrape_interval_s=5,
+                             evaluation_interval_s=5, rule_files=[rules / "*.rules.yml"])
+
+
+def _start_prometheus(stack: Stack, env: dict[str, str], sim_base_port: int,
+                      gateway_admin_port: int) -> None:
+    """A Prometheus of the demo's own (docs/prometheus.md) when Debian's package is installed:
+    it scrapes every simulated pool (labelled with its pool) and Envoy's admin stats, loads
+    the generated alerting rules, and the MI300X plan's dashboards check is measured against
+    it (manage.py demo_prometheus). Without the binary the demo says so and runs without it."""
+    from fleetctl.demo.prometheus_process import INSTALL_HINT, prometheus_binary
+
+    if prometheus_binary() is None:
+        log(f"{INSTALL_HINT} The demo runs without it: the dashboards check stays attested.")
+        return
+    port = int(env.get("FLEETCTL_PROMETHEUS_PORT") or free_port())
+    prometheus = demo_prometheus(VAR / "prometheus", sim_base_port, gateway_admin_port, port)
+    rules = VAR / "prometheus" / "rules"
+
+    def spawn() -> subprocess.Popen[bytes]:
+        prometheus.start()
+        assert prometheus.proc is not None
+        return prometheus.proc
+
+    stack.add("prometheus", spawn, own_group=False)
+    stack.on_stop(prometheus.stop)
+    subprocess.run([PY, "manage.py", "demo_prometheus", "--url", prometheus.url,
+                    "--rules-dir", str(rules)], cwd=ROOT, env=env, check=True)
+    log(f"prometheus: {prometheus.url} (the generated rules of every pool loaded)")
+
+
 def _start_envoy(stack: Stack, port: int, admin_port: int) -> None:
     from fleetctl.demo.envoy_process import EnvoyProcess
 
@@ -485,6 +530,7 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
                                                        gateway_port)],
                        cwd=ROOT, env=env, check=True)
         _start_envoy(stack, gateway_port, gateway_admin_port)
+        _start_prometheus(stack, env, sim_base_port, gateway_admin_port)
         _start_telemetry(stack, env)
         _start_batch_workers(stack, env)
         _start_traffic(stack, env, gateway_port)

@@ -1,0 +1,49 @@
+"""The demo's Prometheus, for real: the simulated fleet `make demo` starts, the seed, the
+Prometheus devstack starts (scraping the pools, the generated rules of every pool loaded) and
+`manage.py demo_prometheus`: the MI300X plan's stage-2 dashboards check reads "measured: 6
+rules loaded"."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+from fleetctl.core.ports import free_port
+from fleetctl.demo.devstack import demo_prometheus
+from fleetctl.demo.prometheus_process import INSTALL_HINT, prometheus_binary
+from fleetctl.prometheus import evidence
+from migrations_plan.evidence import evaluate_gate
+from migrations_plan.models import Plan
+from tests.sim import simproc
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+
+
+@pytest.fixture
+def demo_fleet(tmp_path: Path) -> Iterator[int]:
+    with simproc.demo_fleet(tmp_path / "sim.log") as base:
+        yield base
+
+
+def test_the_demo_measures_the_mi300x_dashboards_check(demo_fleet, tmp_path):
+    if prometheus_binary() is None:
+        pytest.fail(INSTALL_HINT)
+    call_command("demo_seed", "--password=demo-pw", "--sim-base-port", str(demo_fleet),
+                 "--gateway-admin", "http://127.0.0.1:1",
+                 "--gateway-config-dir", str(tmp_path / "envoy"))
+    prometheus = demo_prometheus(tmp_path / "prometheus", demo_fleet, free_port()).start()
+    try:
+        call_command("demo_prometheus", "--url", prometheus.url,
+                     "--rules-dir", str(tmp_path / "prometheus" / "rules"))
+        plan = Plan.objects.get(name="mi300x-llama-8b")
+        check = plan.checks.get(stage=2, key="dashboards", removed_at__isnull=True)
+        assert check.rule == evidence.ALERTS_RULE
+        outcome = next(o for o in evaluate_gate(plan, stage=2).outcomes
+                       if o.check.pk == check.pk)
+        assert outcome.result.status == "pass", outcome.result.summary
+        assert outcome.result.summary.startswith("measured: 6 rules loaded in prometheus")
+    finally:
+        prometheus.stop()
