@@ -24,9 +24,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "var" / "generated-client"
-# Downloads answer NDJSON and CSV; the generator parses those as raw bytes.
+# Downloads answer NDJSON, CSV and YAML (alert rules); the generator parses those as raw bytes.
 CONFIG = {"content_type_overrides": {"application/x-ndjson": "application/octet-stream",
-                                     "text/csv": "application/octet-stream"},
+                                     "text/csv": "application/octet-stream",
+                                     "application/yaml": "application/octet-stream"},
           "post_hooks": []}
 
 

@@ -34,7 +34,8 @@ SCHEMA_ACCEPT = {"Accept": "application/vnd.oai.openapi+json"}
 NOT_JSON = {"/api/v1/metrics", "/api/v1/bench/traces/{name}/download/",
             "/api/v1/bench/runs/{id}/export/", "/api/v1/audit-events/export/",
             "/api/v1/eval-suites/{id}/download/", "/api/v1/batch/jobs/{id}/output/",
-            "/api/v1/batch/jobs/{id}/errors/", "/api/v1/plans/{name}/report/"}
+            "/api/v1/batch/jobs/{id}/errors/", "/api/v1/plans/{name}/report/",
+            "/api/v1/pools/{name}/alert-rules/", "/api/v1/plans/{name}/alert-rules/"}
 
 
 def _in_process(token: str) -> tuple[dict[str, Any], Any]:

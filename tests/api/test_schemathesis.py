@@ -56,7 +56,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 EXAMPLES = 6
 # {name} and {id} mean a different table under each collection.
 NAMED = {"pools": "pool", "routes": "route", "gateways": "gateway", "traces": "trace",
-         "plans": "plan", "webhooks": "webhook"}
+         "plans": "plan", "webhooks": "webhook", "metric-sources": "metric_source"}
 NUMBERED = {"pool-models": "pool_model", "health-checks": "health_check",
             "health-transitions": "health_transition", "audit-events": "audit_event",
             "pushes": "push", "drains": "drain", "evidence": "evidence", "runs": "run",
@@ -136,6 +136,9 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
 
     schedule = schedule_create(actor=system, kind="conformance", plan=plan, cron="0 3 * * 6",
                                window_minutes=60)
+    from fleetctl.prometheus.services import source_create
+
+    source = source_create(actor=Actor(user=admin), name="prom", base_url="http://127.0.0.1:9")
     issued = token_create_personal(actor=Actor(user=admin), name="fuzz",
                                    scopes=["read", "jobs", "ramp", "drain", "fleet"])
     bot = token_create_service(actor=system, name="ci-bot", scopes=["read"])
@@ -145,6 +148,7 @@ def rows(make_pool: Callable[..., Pool], make_user: Callable[..., User], system:
     return {
         "code": primary.region.code, "pool": primary.name, "route": route.name,
         "spare": spare.name, "ramp": ramp.pk, "watch": watch.pk, "webhook": hook.name,
+        "metric_source": source.name,
         "gateway": gateway.name, "trace": trace.name, "plan": plan.name, "stage": 1,
         "check_id": plan.checks.first().pk,
         "pool_model": primary.models.first().pk,

@@ -40,7 +40,7 @@ def _download(body: str, content_type: str, filename: str) -> HttpResponse:
     return response
 
 
-_YAML = {(200, "application/yaml"): OpenApiResponse(OpenApiTypes.STR,
+_YAML = {(200, "application/yaml"): OpenApiResponse(OpenApiTypes.BINARY,
                                                     description="A Prometheus rule file.")}
 _JSON = {200: OpenApiResponse(OpenApiTypes.OBJECT, description="A Grafana dashboard (JSON "
                                                                "model).")}
