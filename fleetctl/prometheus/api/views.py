@@ -40,8 +40,11 @@ def _download(body: str, content_type: str, filename: str) -> HttpResponse:
     return response
 
 
-_YAML = {(200, "application/yaml"): OpenApiResponse(OpenApiTypes.BINARY,
-                                                    description="A Prometheus rule file.")}
+# A Prometheus rule file: YAML, whose document is {groups: [{name, rules: [...]}]}.
+_YAML = {(200, "application/yaml"): OpenApiResponse(
+    {"type": "object", "required": ["groups"], "properties": {"groups": {
+        "type": "array", "items": {"type": "object", "additionalProperties": True}}}},
+    description="A Prometheus rule file (YAML): load it with rule_files.")}
 _JSON = {200: OpenApiResponse(OpenApiTypes.OBJECT, description="A Grafana dashboard (JSON "
                                                                "model).")}
 
