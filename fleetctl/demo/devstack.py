@@ -458,14 +458,15 @@ def _start_collector(stack: Stack, env: dict[str, str]) -> str:
 
 
 def seed_args(password: str, sim_base_port: int, gateway_admin_port: int,
-              gateway_port: int | None = None) -> list[str]:
+              gateway_port: int | None = None, prometheus_url: str = "") -> list[str]:
     """`manage.py demo_seed`'s arguments. The password is glued to its option: a random one
     may start with "-", which would otherwise read as an option of its own. `gateway_port`:
     where callers reach the Envoy (the routing probe sends through it)."""
     listen = ["--gateway-listen", f"http://127.0.0.1:{gateway_port}"] if gateway_port else []
     return ["demo_seed", f"--password={password}", "--sim-base-port", str(sim_base_port),
             "--gateway-admin", f"http://127.0.0.1:{gateway_admin_port}",
-            "--gateway-config-dir", str(VAR / "envoy"), *listen, "--conformance", "--evals"]
+            "--gateway-config-dir", str(VAR / "envoy"), *listen, "--conformance", "--evals",
+            *(["--prometheus-url", prometheus_url] if prometheus_url else [])]
 
 
 # One worker per queue, as in docker-compose.yml (docs/queues.md): name, queue, threads.
@@ -526,8 +527,16 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
         stack.start("sim", [PY, "-m", "fleetctl.sim", *pool_flags], env)
         for _, _, offset in DEMO_SIM_POOLS:
             wait_for_port("127.0.0.1", sim_base_port + offset, what="the simulated fleet")
+        # Prometheus's port is chosen before the seed, which registers it as a metric source
+        # and gives the seeded ramp's guard a query against it.
+        from fleetctl.demo.prometheus_process import prometheus_binary
+
+        prometheus_url = ""
+        if prometheus_binary() is not None:
+            env.setdefault("FLEETCTL_PROMETHEUS_PORT", str(free_port()))
+            prometheus_url = f"http://127.0.0.1:{env['FLEETCTL_PROMETHEUS_PORT']}"
         subprocess.run([PY, "manage.py", *seed_args(password, sim_base_port, gateway_admin_port,
-                                                       gateway_port)],
+                                                       gateway_port, prometheus_url)],
                        cwd=ROOT, env=env, check=True)
         _start_envoy(stack, gateway_port, gateway_admin_port)
         _start_prometheus(stack, env, sim_base_port, gateway_admin_port)

@@ -14,10 +14,12 @@ from django.core.management import call_command
 from fleetctl.core.ports import free_port
 from fleetctl.demo.devstack import demo_prometheus
 from fleetctl.demo.prometheus_process import INSTALL_HINT, prometheus_binary
-from fleetctl.prometheus import evidence
+from fleetctl.prometheus import evidence, services
+from fleetctl.ramps.models import Ramp
 from migrations_plan.evidence import evaluate_gate
 from migrations_plan.models import Plan
 from tests.sim import simproc
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
@@ -31,11 +33,20 @@ def demo_fleet(tmp_path: Path) -> Iterator[int]:
 def test_the_demo_measures_the_mi300x_dashboards_check(demo_fleet, tmp_path):
     if prometheus_binary() is None:
         pytest.fail(INSTALL_HINT)
+    prometheus = demo_prometheus(tmp_path / "prometheus", demo_fleet, free_port(), free_port())
     call_command("demo_seed", "--password=demo-pw", "--sim-base-port", str(demo_fleet),
                  "--gateway-admin", "http://127.0.0.1:1",
-                 "--gateway-config-dir", str(tmp_path / "envoy"))
-    prometheus = demo_prometheus(tmp_path / "prometheus", demo_fleet, free_port()).start()
+                 "--gateway-config-dir", str(tmp_path / "envoy"),
+                 "--prometheus-url", prometheus.url)
+    prometheus.start()
     try:
+        # The seeded ramp's guard lists a Prometheus query beside its own telemetry.
+        ramp = Ramp.objects.get(pool__name="gaudi3-in-west")
+        assert [m["source"] for m in ramp.metric_checks] == ["prometheus"]
+        measured = wait_until(lambda: [m for m in services.ramp_metrics_measure(
+            ramp.metric_checks, pool=ramp.pool.name, route=ramp.route.name, model="m")
+            if m.status == "pass"], what="the guard's query to pass", explain=prometheus.log)
+        assert measured[0].reason.startswith("queue depth (Prometheus) = 0")
         call_command("demo_prometheus", "--url", prometheus.url,
                      "--rules-dir", str(tmp_path / "prometheus" / "rules"))
         plan = Plan.objects.get(name="mi300x-llama-8b")

@@ -153,6 +153,10 @@ class Command(BaseCommand):
         parser.add_argument("--conformance", action="store_true",
                             help="queue a conformance probe of each demo plan's candidate "
                                  "(a worker on the probe queue runs it once the pools answer)")
+        parser.add_argument("--prometheus-url", default="",
+                            help="the demo's Prometheus (devstack starts it when installed): "
+                                 "registered as the metric source `prometheus`, and the "
+                                 "seeded ramp's guard lists a query against it")
         parser.add_argument("--evals", action="store_true",
                             help="install the bundled eval suites and queue an eval run of each "
                                  "demo plan's candidate against its primary (a worker on the "
@@ -182,7 +186,7 @@ class Command(BaseCommand):
             self._shadow()
             from fleetctl.demo.tier_share import seed_tier_share
             self.created += seed_tier_share(note=self._note)  # before the ramp takes its base
-            self._ramp()
+            self._ramp(self._metric_source(options["prometheus_url"]))
             self._batch()
             from fleetctl.schedules.demo import seed_demo_schedules
             self.created += seed_demo_schedules(note=self._note)
@@ -453,7 +457,7 @@ class Command(BaseCommand):
             route=Route.objects.get(name="llama-8b"), sample_percent=100, max_rps=3,
             content="redacted", min_pairs=200))
 
-    def _ramp(self) -> None:
+    def _ramp(self, source: str = "") -> None:
         """A guarded ramp of the Gaudi pool on llama-8b, started by `lead`: the controller
         (beat's `ramps.tick` on the watch queue) sets 5 %, waits for the ingester's telemetry
         (it never advances without samples, so it does not matter that Envoy gets the route
@@ -480,10 +484,33 @@ class Command(BaseCommand):
             return
         if pool.health_state == Pool.Health.UNKNOWN:
             pool_probe(pool.pk)
+        # Beside its own telemetry, the guard asks Prometheus for the pool's queue (vLLM's
+        # gauge, scraped from the pool): a long queue fails the check, no answer waits.
+        metrics = [{"source": source, "name": "queue depth (Prometheus)",
+                    "query": 'sum(vllm:num_requests_waiting{pool="$pool"})',
+                    "success": "result < 32"}] if source else []
         self._create(f"ramp of {RAMP_POOL} on {RAMP_ROUTE}", lambda: ramps.ramp_create(
             actor=Actor(user=User.objects.get(username="lead")), route=route, pool=pool,
-            reason="demo: Gaudi 3 takes a share of llama-8b, guarded by live telemetry",
-            **RAMP))
+            reason="demo: Gaudi 3 takes a share of llama-8b, guarded by live telemetry"
+                   + (" and a Prometheus query" if metrics else ""),
+            metric_checks=metrics, **RAMP))
+
+    def _metric_source(self, url: str) -> str:
+        """The demo's Prometheus as the metric source `prometheus` (by the administrator),
+        or "" without one."""
+        if not url:
+            return ""
+        from fleetctl.prometheus import services as prometheus
+        from fleetctl.prometheus.models import MetricSource
+
+        admin = Actor(user=User.objects.get(username="admin"))
+        found = MetricSource.objects.filter(name="prometheus").first()
+        if found is None:
+            self._create("metric source prometheus", lambda: prometheus.source_create(
+                actor=admin, name="prometheus", base_url=url))
+        elif found.base_url != url:
+            prometheus.source_update(actor=admin, source=found, base_url=url)
+        return "prometheus" if MetricSource.objects.filter(name="prometheus").exists() else ""
 
     def _batch(self) -> None:
         """Stage 3 of the A100 plan: `lead` gives the A100 BATCH_WEIGHT % of the batch route
