@@ -22,6 +22,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import json
 import logging
 import os
 import queue
@@ -104,6 +105,11 @@ class SharedStore:
         self._live: dict[tuple[str, str], int] = {}  # (gateway, node) -> its stream here
         self._nonces: dict[tuple[str, str, str], dict[str, tuple[str, int]]] = {}
         self._writes: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
+        self._reports: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
+        self._waits = threading.local()  # a pushing thread's ACK subscriptions
+        # gateway -> the Envoys as a wait here last saw them (reports the writer may not
+        # have committed yet): held_meta reads them over the rows
+        self._seen: dict[str, dict[str, EnvoyState]] = {}
         self._db = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="xds-db")
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -120,22 +126,75 @@ class SharedStore:
         if bare:
             raise ValueError(f"the shared store keeps documents: {', '.join(bare)} carries "
                              "none (build resources with from_documents)")
-        with transaction.atomic():
-            row, _ = XdsGateway.objects.select_for_update().get_or_create(name=gateway)
-            row.number += 1
-            row.save(update_fields=["number"])
-            XdsSnapshot.objects.create(
-                gateway=gateway, number=row.number, meta=meta,
-                documents={t: types[t].document for t in SERVED_TYPES},
-                versions={t: types[t].version for t in SERVED_TYPES})
-            XdsSnapshot.objects.filter(gateway=gateway,
-                                       number__lte=row.number - _HISTORY).delete()
-            transaction.on_commit(lambda: self._publish(SNAPSHOT_CHANNEL, gateway))
-        snapshot = Snapshot(number=row.number, types={t: types[t] for t in SERVED_TYPES},
+        # The pushing thread listens for ACK reports before the snapshot exists, so none
+        # that its wait_acked needs can pass unseen.
+        self._listen_acks(gateway)
+        meta = json.loads(json.dumps(meta))  # as a reader of the row gets it
+        documents = {t: types[t].document for t in SERVED_TYPES}
+        versions = {t: types[t].version for t in SERVED_TYPES}
+        if connection.vendor == "postgresql":
+            number = self._insert_snapshot(gateway, documents, versions, meta)
+        else:
+            with transaction.atomic():
+                row, _ = XdsGateway.objects.select_for_update().get_or_create(name=gateway)
+                row.number += 1
+                row.save(update_fields=["number"])
+                number = row.number
+                XdsSnapshot.objects.create(gateway=gateway, number=number, meta=meta,
+                                           documents=documents, versions=versions)
+                XdsSnapshot.objects.filter(gateway=gateway,
+                                           number__lte=number - _HISTORY).delete()
+        transaction.on_commit(lambda: self._publish(SNAPSHOT_CHANNEL, gateway))
+        snapshot = Snapshot(number=number, types={t: types[t] for t in SERVED_TYPES},
                             meta=meta)
         with self._lock:
             self._recent[gateway] = snapshot
         return snapshot
+
+    @staticmethod
+    def _insert_snapshot(gateway: str, documents: dict[str, Any], versions: dict[str, str],
+                         meta: Any) -> int:
+        """The next number, the snapshot row and the pruning of old ones in one statement
+        (one round trip, atomic on its own; the gateway row's lock orders pushes)."""
+        g, s = XdsGateway._meta.db_table, XdsSnapshot._meta.db_table
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"WITH g AS (INSERT INTO {g} (name, number, token_sha256) VALUES (%s, 1, '') "
+                f"ON CONFLICT (name) DO UPDATE SET number = {g}.number + 1 "
+                f"RETURNING number), "
+                f"s AS (INSERT INTO {s} (gateway, number, documents, versions, meta, "
+                f"created_at) SELECT %s, g.number, %s::jsonb, %s::jsonb, %s::jsonb, now() "
+                f"FROM g RETURNING number), "
+                f"d AS (DELETE FROM {s} WHERE gateway = %s "
+                f"AND number <= (SELECT number FROM g) - %s) "
+                f"SELECT number FROM s",
+                [gateway, gateway, json.dumps(documents), json.dumps(versions),
+                 None if meta is None else json.dumps(meta), gateway, _HISTORY])
+            return int(cursor.fetchone()[0])
+
+    def _listen_acks(self, gateway: str) -> None:
+        waiting = getattr(self._waits, "pubsubs", None)
+        if waiting is None:
+            waiting = self._waits.pubsubs = {}
+        old = waiting.pop(gateway, None)
+        if old is not None:
+            with contextlib.suppress(redis.RedisError):
+                old.close()
+        with contextlib.suppress(redis.RedisError):
+            pubsub = redis_client().pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(ACK_CHANNEL + gateway)
+            waiting[gateway] = pubsub
+
+    def _ack_listener(self, gateway: str) -> Any:
+        """The subscription set_snapshot opened on this thread, else a new one (or None
+        with Redis down)."""
+        pubsub = getattr(self._waits, "pubsubs", {}).pop(gateway, None)
+        if pubsub is not None:
+            return pubsub
+        with contextlib.suppress(redis.RedisError):
+            pubsub = redis_client().pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(ACK_CHANNEL + gateway)
+        return pubsub
 
     def snapshot(self, gateway: str) -> Snapshot:
         with self._lock:
@@ -221,6 +280,7 @@ class SharedStore:
             if self._live.get((gateway, node_id)) == stream:
                 del self._live[(gateway, node_id)]
         self._writes.put(("close", gateway, node_id, stream, timezone.now()))
+        self._reports.put(("close", gateway, node_id, stream))
 
     def sent(self, gateway: str, node_id: str, type_url: str, nonce: str, version: str,
              number: int) -> None:
@@ -242,6 +302,7 @@ class SharedStore:
         if stream is None or sent is None:
             return
         self._writes.put(("answer", gateway, node_id, stream, type_url, *sent, error))
+        self._reports.put(("answer", gateway, node_id, stream, type_url, *sent, error))
 
     # --- pushes ------------------------------------------------------------------------------
 
@@ -282,23 +343,32 @@ class SharedStore:
 
     def wait_acked(self, gateway: str, number: int, *, timeout_s: float,
                    types: tuple[str, ...] = SERVED_TYPES, min_envoys: int = 1) -> AckResult:
-        """As MemoryStore.wait_acked, reading the ACK rows again on each message of the
-        gateway's ACK channel (and at least every 0.2 s, should one be lost)."""
+        """As MemoryStore.wait_acked. The ACK rows are read once; the replicas' reports
+        (what each Envoy ACKed or NACKed, which stream closed) come in the messages of the
+        gateway's ACK channel and are applied to what was read, so an ACK costs no read.
+        The rows are read again when a replica says it committed reports (a report
+        published before this thread listened is in them) and, with no message for 0.2 s,
+        should one be lost."""
         deadline = time.monotonic() + timeout_s
-        found = snapshot_history(gateway, number=number, meta=False)
-        if not found:
-            raise ValueError(f"gateway {gateway} has no snapshot {number} (kept: the last "
-                             f"{_HISTORY})")
-        snapshot = found[0]
-        pubsub = None
+        with self._lock:
+            recent = self._recent.get(gateway)
+        if recent is not None and recent.number == number:
+            snapshot = recent
+        else:
+            found = snapshot_history(gateway, number=number, meta=False)
+            if not found:
+                raise ValueError(f"gateway {gateway} has no snapshot {number} (kept: the "
+                                 f"last {_HISTORY})")
+            snapshot = found[0]
+        pubsub = self._ack_listener(gateway)
+        reports: list[dict[str, Any]] = []  # every one received, applied again after a read
         try:
-            with contextlib.suppress(redis.RedisError):
-                pubsub = redis_client().pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(ACK_CHANNEL + gateway)
+            live = _connected(self.envoys(gateway))
             while True:
-                live = [e for e in self.envoys(gateway) if e.connected]
-                result = ack_result(gateway, snapshot, live, types)
+                result = ack_result(gateway, snapshot, list(live.values()), types)
                 if result.nacked or (len(result.envoys) >= min_envoys and result.ok):
+                    with self._lock:
+                        self._seen[gateway] = live
                     return result
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -307,25 +377,55 @@ class SharedStore:
                 wait = min(left, 0.2)
                 if pubsub is None:
                     time.sleep(min(wait, 0.02))
+                    live = _connected(self.envoys(gateway))
                     continue
+                reread = False
                 try:
                     message = pubsub.get_message(timeout=wait)
-                    while message is not None:  # read every queued one, then the rows once
+                    reread = message is None
+                    while message is not None:  # every queued one, then decide
+                        data = message["data"]
+                        if data in (b"1", "1"):
+                            reread = True
+                        else:
+                            report = json.loads(data)
+                            reports.append(report)
+                            _apply_report(live, report)
                         message = pubsub.get_message(timeout=0)
                 except redis.RedisError:
-                    pubsub = None
+                    pubsub, reread = None, True
+                if reread:
+                    live = _connected(self.envoys(gateway))
+                    for report in reports:
+                        _apply_report(live, report)
         finally:
             if pubsub is not None:
                 with contextlib.suppress(redis.RedisError):
                     pubsub.close()
 
     def held_meta(self, gateway: str) -> tuple[int, Any] | None:
+        """What every connected Envoy holds: from the rows, and the reports a wait here
+        received for the same streams (ACKs the replica's writer may not have committed)."""
         live = [e for e in self.envoys(gateway) if e.connected]
+        with self._lock:
+            seen = self._seen.get(gateway, {})
+        for envoy in live:
+            known = seen.get(envoy.node_id)
+            if known is None or (known.replica, known.stream) != (envoy.replica, envoy.stream):
+                continue
+            for type_url, ack in known.types.items():
+                row = envoy.types.get(type_url)
+                if row is None or row.acked_number < ack.acked_number:
+                    envoy.types[type_url] = ack
         if not live:
             return None
         held = held_by(live, snapshot_history(gateway, meta=False))
         if held is None or held[0] == 0:
             return held
+        with self._lock:
+            recent = self._recent.get(gateway)
+        if recent is not None and recent.number == held[0]:  # pushed from here: no read
+            return held[0], recent.meta
         return held[0], XdsSnapshot.objects.filter(gateway=gateway, number=held[0]).values_list(
             "meta", flat=True).first()
 
@@ -352,6 +452,8 @@ class SharedStore:
                 return
             self._threads = [threading.Thread(target=self._write_loop, daemon=True,
                                               name="xds-writer"),
+                             threading.Thread(target=self._report_loop, daemon=True,
+                                              name="xds-reports"),
                              threading.Thread(target=self._listen_loop, daemon=True,
                                               name="xds-listener")]
         for thread in self._threads:
@@ -361,6 +463,7 @@ class SharedStore:
         """Stop the threads once what was queued is written (tests; a replica's end)."""
         self._stopping.set()
         self._writes.put(None)
+        self._reports.put(None)
         for thread in self._threads:
             thread.join(timeout=10)
         self._db.submit(connections.close_all)
@@ -457,6 +560,35 @@ class SharedStore:
         else:
             acks.update(nacked_version=version, nacked_number=number, error=error)
 
+    def _report_loop(self) -> None:
+        """Publish what streams report (ACKs, NACKs, closed streams) at once, ahead of the
+        writer's commit: one message per gateway for what queued meanwhile, one pipeline."""
+        while True:
+            batch = [self._reports.get()]
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < 1000:
+                    batch.append(self._reports.get_nowait())
+            by_gateway: dict[str, dict[str, Any]] = {}
+            for op in batch:
+                if op is None:
+                    continue
+                report = by_gateway.setdefault(op[1], {"replica": self.replica, "acks": [],
+                                                       "closed": []})
+                if op[0] == "close":
+                    report["closed"].append([op[2], op[3]])
+                else:
+                    report["acks"].append(list(op[2:]))
+            if by_gateway:
+                try:
+                    pipe = redis_client().pipeline(transaction=False)
+                    for gateway, report in by_gateway.items():
+                        pipe.publish(ACK_CHANNEL + gateway, json.dumps(report))
+                    pipe.execute()
+                except redis.RedisError as exc:  # the writer's commits still wake waiters
+                    log.warning("xds: cannot publish ACK reports: %s", exc)
+            if None in batch:
+                return
+
     def _listen_loop(self) -> None:
         pubsub = None
         polled = 0.0
@@ -509,35 +641,60 @@ class SharedStore:
 
 def envoy_states(gateway: str) -> list[EnvoyState]:
     """Every Envoy of the gateway recorded by any replica, connected or gone: connected
-    while its stream is open on a replica whose heartbeat is fresh. Two queries, no model
-    instances: a pushing process reads this again on each ACK message."""
+    while its stream is open on a replica whose heartbeat is fresh. One query (the Envoys
+    joined to their ACK rows), no model instances."""
     alive_after = timezone.now() - timedelta(seconds=REPLICA_GONE_S)
     rows = (XdsEnvoy.objects.filter(gateway=gateway)
             .annotate(alive=Exists(XdsReplica.objects.filter(
                 name=OuterRef("replica"), heartbeat_at__gte=alive_after)))
             .order_by("node_id")
             .values_list("pk", "node_id", "replica", "stream", "connected_at", "gone_at",
-                         "alive"))
-    acks: dict[int, dict[str, TypeAck]] = {}
-    for (envoy_id, type_url, sent_version, sent_number, acked_version, acked_number,
-         nacked_version, nacked_number, error) in XdsTypeAck.objects.filter(
-            envoy__gateway=gateway).values_list(
-            "envoy_id", "type_url", "sent_version", "sent_number", "acked_version",
-            "acked_number", "nacked_version", "nacked_number", "error"):
-        acks.setdefault(envoy_id, {})[type_url] = TypeAck(
-            sent_version=sent_version, sent_number=sent_number, acked_version=acked_version,
-            acked_number=acked_number, nacked_version=nacked_version,
-            nacked_number=nacked_number, error=error)
-    out = []
-    for pk, node_id, replica, stream, connected_at, gone_at, alive in rows:
-        connected = gone_at is None and bool(alive)
-        gone = gone_at or (None if connected else connected_at)
-        out.append(EnvoyState(
-            node_id=node_id, gateway=gateway, connected=connected, replica=replica,
-            connected_at=connected_at.timestamp(),
-            gone_at=gone.timestamp() if isinstance(gone, datetime) else None,
-            stream=stream, types=acks.get(pk, {})))
-    return out
+                         "alive", "acks__type_url", "acks__sent_version",
+                         "acks__sent_number", "acks__acked_version", "acks__acked_number",
+                         "acks__nacked_version", "acks__nacked_number", "acks__error"))
+    out: dict[int, EnvoyState] = {}
+    for (pk, node_id, replica, stream, connected_at, gone_at, alive, type_url, sent_version,
+         sent_number, acked_version, acked_number, nacked_version, nacked_number,
+         error) in rows:
+        envoy = out.get(pk)
+        if envoy is None:
+            connected = gone_at is None and bool(alive)
+            gone = gone_at or (None if connected else connected_at)
+            envoy = out[pk] = EnvoyState(
+                node_id=node_id, gateway=gateway, connected=connected, replica=replica,
+                connected_at=connected_at.timestamp(),
+                gone_at=gone.timestamp() if isinstance(gone, datetime) else None,
+                stream=stream, types={})
+        if type_url is not None:
+            envoy.types[type_url] = TypeAck(
+                sent_version=sent_version, sent_number=sent_number,
+                acked_version=acked_version, acked_number=acked_number,
+                nacked_version=nacked_version, nacked_number=nacked_number, error=error)
+    return list(out.values())
+
+
+def _connected(envoys: list[EnvoyState]) -> dict[str, EnvoyState]:
+    return {e.node_id: e for e in envoys if e.connected}
+
+
+def _apply_report(live: dict[str, EnvoyState], report: dict[str, Any]) -> None:
+    """A replica's published reports on the Envoys read from the rows, as its writer will
+    write them: only on the stream the row names (the Envoy may be live elsewhere now)."""
+    replica = report.get("replica")
+    for node_id, stream in report.get("closed", ()):
+        envoy = live.get(node_id)
+        if envoy is not None and envoy.replica == replica and envoy.stream == stream:
+            del live[node_id]
+    for node_id, stream, type_url, version, number, error in report.get("acks", ()):
+        envoy = live.get(node_id)
+        if envoy is None or envoy.replica != replica or envoy.stream != stream:
+            continue
+        ack = envoy.types.setdefault(type_url, TypeAck())
+        if error is None:
+            if ack.acked_number <= number:
+                ack.acked_version, ack.acked_number = version, number
+        else:
+            ack.nacked_version, ack.nacked_number, ack.error = version, number, error
 
 
 def snapshot_history(gateway: str, *, number: int | None = None,

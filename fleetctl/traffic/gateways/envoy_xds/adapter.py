@@ -74,6 +74,7 @@ class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
         self.admin = EnvoyAdmin(gateway.admin_address, gateway=gateway.name,
                                 timeout_s=self.options.admin_timeout_s)
         self._held: Held | None = None
+        self._meta_read: tuple[int, Any] | None = None
 
     # --- apply -------------------------------------------------------------------------------
 
@@ -163,7 +164,7 @@ class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
     def read_back(self) -> dict[str, dict[str, int]]:
         """The weights of the newest snapshot every connected Envoy ACKed ({} when they
         all ACKed the unconfigured resources of a gateway fleetctl has not configured)."""
-        held = self.store.held_meta(self.gateway.name)
+        held = self._meta_read = self.store.held_meta(self.gateway.name)
         if held is not None and held[0] == 0:  # unconfigured: fleetctl serves it nothing yet
             self._held = Held(clusters={}, weights={}, mirror={}, clusters_version="",
                               routes_version="")
@@ -192,7 +193,8 @@ class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
         fit = self.renderable(desired).desired
         if held != fit.held_weights():
             return False
-        meta = self.store.held_meta(self.gateway.name)
+        # What read_back just read (a push reads back, then matches), else a new read.
+        meta, self._meta_read = self._meta_read or self.store.held_meta(self.gateway.name), None
         acked = Held.of(meta[1]) if meta is not None else None
         if acked is None:
             return False
