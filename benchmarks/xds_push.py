@@ -8,7 +8,7 @@ one after the other in the same run:
   (render, set the snapshot, wait for every Envoy's ACK): a returned apply is verified;
 - xDS shared (`--shared`): the ADS server is a `manage.py xds_serve` process; this process
   pushes through the shared store (the snapshot row in the database, a Redis wake-up; the
-  ACK rows the replica writes, read again on each ACK message), as a Celery worker would;
+  ACK rows read once, then the replica's ACK reports from Redis), as a Celery worker would;
 - admin API: N gateways in file mode, EnvoyAdapter.apply + read_back + matches per gateway,
   all gateways in parallel threads as the push task does.
 

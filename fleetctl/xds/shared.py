@@ -8,9 +8,11 @@ builds its protos (from the documents the Envoy kind rendered) and wakes that ga
 streams; it also re-reads the current numbers every `poll_s` seconds, so a lost message
 delays a push by at most that, and loses nothing (with Redis down, pushes fail: their lock
 is in Redis). What streams report (sent, ACKed, NACKed, opened, closed) is queued to a
-writer thread that commits it in batches and publishes `fleetctl:xds:ack:<gateway>`, which
-`wait_acked` (in the pushing process) waits on before it reads the ACK rows again. The
-event loop of the gRPC server never touches the database itself.
+writer thread that commits it in batches (the durable record) and then publishes "rows
+committed" on `fleetctl:xds:ack:<gateway>`; ACKs, NACKs and closed streams are also
+published there at once, ahead of the commit, by a reports thread. `wait_acked` (in the
+pushing process, subscribed before the snapshot was made) reads the rows once and applies
+those reports. The event loop of the gRPC server never touches the database itself.
 
 A replica writes a heartbeat every HEARTBEAT_S seconds; an Envoy whose replica has not
 written one for REPLICA_GONE_S (killed with -9: its streams never closed) counts as gone.
@@ -323,6 +325,12 @@ class SharedStore:
         try:
             yield
         finally:
+            # A snapshot set and never waited for (no Envoy connected, a NACK's restore):
+            # its ACK subscription ends with the push.
+            unread = getattr(self._waits, "pubsubs", {}).pop(gateway, None)
+            with contextlib.suppress(redis.RedisError):
+                if unread is not None:
+                    unread.close()
             with contextlib.suppress(redis.RedisError):  # expired: the next push took it
                 lock.release()
 
