@@ -239,11 +239,13 @@ async def start_server(store: SnapshotStore, host: str, port: int, *,
     server = grpc.aio.server(options=[
         # Envoy keeps its stream open for as long as it runs; keepalive pings find dead ones,
         # both ways. The bootstrap's Envoy pings every 15 s on a stream that may carry no data
-        # for hours: the server's ping policy says outright that this is allowed (grpcio 1.85
-        # with its defaults did not GOAWAY such pings in a 25 s run at 6 s either).
+        # for hours: the server's ping policy must allow that. Its option is
+        # GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, spelt as below; with the
+        # default (5 min) the server sent GOAWAY "Too many pings" every ~90 s in `make demo`
+        # and Envoy reconnected.
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.max_send_message_length", 64 * 1024 * 1024),
         # A port another process serves is an error, not a second listener beside it.
