@@ -199,6 +199,7 @@ def running_demo(tmp_path: Path) -> Iterator[Demo]:
                FLEETCTL_GATEWAY_PORT=str(gateway_port),
                FLEETCTL_GATEWAY_ADMIN_PORT=str(devstack.free_port()),
                FLEETCTL_REDIS_PORT=str(devstack.free_port()), TRAFFIC_RECONCILE_INTERVAL_S="5",
+               FLEETCTL_XDS_PORT=str(devstack.free_port()),
                FLEETCTL_SHADOW_COLLECTOR_PORT=str(devstack.free_port()))
     output = tmp_path / "demo.out"
     with output.open("wb") as out:
@@ -289,9 +290,17 @@ def test_the_demo_seeds_a_guarded_ramp_that_steps_on_live_telemetry_from_envoys_
                      banner), banner
     assert "/ramps/" in banner
     assert "fleetctl.telemetry.ingest" in " ".join(children(proc.pid).values())
-    [(options,)] = _demo_rows(data_dir, "SELECT options FROM traffic_gateway "
-                                        "WHERE name = 'envoy-demo'")
+    [(kind, options)] = _demo_rows(data_dir, "SELECT kind, options FROM traffic_gateway "
+                                             "WHERE name = 'envoy-demo'")
     assert json.loads(str(options))["access_log"] == str(data_dir / "envoy" / "access.log")
+    # Envoy is fed over xDS by the demo's xds_serve, with the gateway's token (kept 0600).
+    assert kind == "envoy-xds"
+    assert (data_dir / "envoy" / "xds-token").stat().st_mode & 0o777 == 0o600
+    assert "xds_serve" in " ".join(children(proc.pid).values())
+    assert re.search(r"xDS\s+127\.0\.0\.1:\d+", banner), banner
+    wait_until(lambda: _demo_rows(data_dir, "SELECT node_id FROM xds_xdsenvoy WHERE "
+                                            "gateway = 'envoy-demo' AND gone_at IS NULL"),
+               timeout_s=60, every_s=1, what="Envoy to connect to the xDS server")
 
     # The ingester follows Envoy's access log (the demo traffic's lines are counted), and the
     # ramp's first step (5 %) is set once the controller runs.
@@ -359,6 +368,23 @@ def test_a_demo_password_starting_with_a_dash_reaches_the_seed_whole():
     # The Envoy's listener becomes the gateway's listen_url (the routing probe's way in).
     [_, *args] = devstack.seed_args("pw", 8100, 9901, 8000)
     assert parser.parse_args(args).gateway_listen == "http://127.0.0.1:8000"
+
+
+def test_the_demo_seeds_an_xds_gateway_unless_asked_for_the_file_mode(monkeypatch, tmp_path):
+    from fleetctl.demo.management.commands.demo_seed import GATEWAY, Command
+
+    monkeypatch.setattr(devstack, "VAR", tmp_path)
+    parser = Command().create_parser("manage.py", "demo_seed")
+    xds = parser.parse_args(devstack.seed_args("pw", 8100, 9901)[1:])
+    assert (xds.gateway_kind, xds.gateway_dir) == ("envoy-xds", str(tmp_path / "envoy"))
+    assert xds.gateway_token_file == str(devstack.xds_token_path())
+    admin = parser.parse_args(devstack.seed_args("pw", 8100, 9901, envoy_mode="admin")[1:])
+    assert (admin.gateway_kind, admin.gateway_token_file) == ("envoy", "")
+    assert devstack.GATEWAY == GATEWAY
+    assert devstack._demo_envoy_mode({}) == "xds"
+    assert devstack._demo_envoy_mode({"FLEETCTL_DEMO_ENVOY": "admin"}) == "admin"
+    with pytest.raises(SystemExit, match="FLEETCTL_DEMO_ENVOY='files'"):
+        devstack._demo_envoy_mode({"FLEETCTL_DEMO_ENVOY": "files"})
 
 
 def test_everything_after_test_goes_to_pytest_options_first_included(monkeypatch):

@@ -20,7 +20,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetctl.demo.envoy_process import XdsSource
 
 ROOT = Path(__file__).resolve().parents[2]
 # The same directory the settings keep SQLite in (FLEETCTL_DATA_DIR), so a second demo can run
@@ -353,19 +356,55 @@ def _start_prometheus(stack: Stack, env: dict[str, str], sim_base_port: int,
     log(f"prometheus: {prometheus.url} (the generated rules of every pool loaded)")
 
 
-def _start_envoy(stack: Stack, port: int, admin_port: int) -> None:
+# How the demo's Envoy gets its configuration (FLEETCTL_DEMO_ENVOY): "xds", the default, over
+# xDS from the demo's own `xds_serve` (gateway kind envoy-xds, docs/xds.md); "admin", the
+# file and admin-API mode (kind envoy, docs/envoy.md).
+DEMO_ENVOY_MODES = ("xds", "admin")
+DEMO_XDS_REPLICA = "demo-xds"
+GATEWAY = "envoy-demo"  # demo_seed.GATEWAY (not imported: that module needs Django set up)
+
+
+def _demo_envoy_mode(env: dict[str, str]) -> str:
+    mode = env.get("FLEETCTL_DEMO_ENVOY") or "xds"
+    if mode not in DEMO_ENVOY_MODES:
+        raise SystemExit(f"[fleetctl] FLEETCTL_DEMO_ENVOY={mode!r}: use xds (the default: "
+                         "Envoy fed by fleetctl's xDS server) or admin (files and admin API)")
+    return mode
+
+
+def xds_token_path() -> Path:
+    """Where the seed keeps the demo gateway's xDS token for Envoy's bootstrap (mode 0600)."""
+    return VAR / "envoy" / "xds-token"
+
+
+def _start_xds(stack: Stack, env: dict[str, str], port: int) -> None:
+    """One replica of fleetctl's xDS server (`manage.py xds_serve`), before Envoy: it serves
+    the demo gateway's snapshots, which every push (the push worker, the web) sets in the
+    shared store (the database, woken through Redis)."""
+    if port_answers("127.0.0.1", port):
+        raise SystemExit(f"[fleetctl] port {port} is taken; set FLEETCTL_XDS_PORT")
+    stack.start("xds", [PY, "manage.py", "xds_serve", "--host", "127.0.0.1", "--port",
+                        str(port), "--replica", DEMO_XDS_REPLICA], env)
+    wait_for_port("127.0.0.1", port, what="the xDS server")
+
+
+def _start_envoy(stack: Stack, port: int, admin_port: int,
+                 xds: XdsSource | None = None) -> None:
+    """`xds`: an envoy_process.XdsSource (Envoy bootstrapped against the demo's xDS server);
+    None, the file mode (CDS/RDS files in var/envoy, weights through the admin API)."""
     from fleetctl.demo.envoy_process import EnvoyProcess
 
     for taken in (port, admin_port):
         if port_answers("127.0.0.1", taken):
             raise SystemExit(f"[fleetctl] port {taken} is taken; set FLEETCTL_GATEWAY_PORT / "
                              "FLEETCTL_GATEWAY_ADMIN_PORT")
-    envoy = EnvoyProcess(VAR / "envoy", port, admin_port, listen_address="127.0.0.1")
+    envoy = EnvoyProcess(VAR / "envoy", port, admin_port, listen_address="127.0.0.1", xds=xds)
 
     def spawn() -> subprocess.Popen[bytes]:
-        # Every (re)start uses the same directory and ports, so a restarted Envoy serves the
-        # configuration on disk (each push keeps it current) and the gateway's row still
-        # describes it; reconcile re-pushes whatever differs.
+        # Every (re)start uses the same directory and ports, so the gateway's row still
+        # describes it. Over xDS a restarted Envoy gets the current snapshot when it connects;
+        # in file mode it serves the configuration on disk (each push keeps it current).
+        # Either way reconcile re-pushes whatever differs.
         envoy.start()
         assert envoy.proc is not None
         return envoy.proc
@@ -373,6 +412,21 @@ def _start_envoy(stack: Stack, port: int, admin_port: int) -> None:
     stack.add("envoy", spawn, own_group=False)
     # Ctrl-C during a restart's readiness wait leaves the new process known only to `envoy`.
     stack.on_stop(envoy.stop)
+
+
+def _xds_source(xds_port: int) -> XdsSource | None:
+    """Envoy's way to the demo's xDS server, with the token the seed kept; None when the seed
+    wrote none (the gateway envoy-demo is of another kind, seeded before the demo moved to
+    xDS: its Envoy then runs in file mode, as that gateway expects)."""
+    from fleetctl.demo.envoy_process import XdsSource
+
+    path = xds_token_path()
+    if not path.exists():
+        log(f"gateway {GATEWAY} is not of kind envoy-xds (seeded before the demo moved to "
+            f"xDS): Envoy runs in file mode; a new FLEETCTL_DATA_DIR seeds it on xDS")
+        return None
+    return XdsSource("127.0.0.1", xds_port, gateway=GATEWAY, node_id=f"{GATEWAY}-1",
+                     token=path.read_text().strip())
 
 
 # The demo's traffic: 4 requests/s, every one but the JSON-mode tenth streamed. The seeded ramp
@@ -458,14 +512,18 @@ def _start_collector(stack: Stack, env: dict[str, str]) -> str:
 
 
 def seed_args(password: str, sim_base_port: int, gateway_admin_port: int,
-              gateway_port: int | None = None, prometheus_url: str = "") -> list[str]:
+              gateway_port: int | None = None, prometheus_url: str = "", *,
+              envoy_mode: str = "xds") -> list[str]:
     """`manage.py demo_seed`'s arguments. The password is glued to its option: a random one
     may start with "-", which would otherwise read as an option of its own. `gateway_port`:
-    where callers reach the Envoy (the routing probe sends through it)."""
+    where callers reach the Envoy (the routing probe sends through it). `envoy_mode` "xds":
+    the gateway is of kind envoy-xds and the seed keeps its token in xds_token_path()."""
     listen = ["--gateway-listen", f"http://127.0.0.1:{gateway_port}"] if gateway_port else []
+    kind = (["--gateway-kind", "envoy-xds", "--gateway-token-file", str(xds_token_path())]
+            if envoy_mode == "xds" else ["--gateway-kind", "envoy"])
     return ["demo_seed", f"--password={password}", "--sim-base-port", str(sim_base_port),
             "--gateway-admin", f"http://127.0.0.1:{gateway_admin_port}",
-            "--gateway-config-dir", str(VAR / "envoy"), *listen, "--conformance", "--evals",
+            "--gateway-dir", str(VAR / "envoy"), *kind, *listen, "--conformance", "--evals",
             *(["--prometheus-url", prometheus_url] if prometheus_url else [])]
 
 
@@ -495,10 +553,11 @@ def worker_commands() -> dict[str, list[str]]:
 
 
 def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
-             gateway_admin_port: int) -> int:
+             gateway_admin_port: int, xds_port: int = 18000) -> int:
     VAR.mkdir(parents=True, exist_ok=True)
     _interrupt_on_sigterm()
     env = dict(os.environ)
+    envoy_mode = _demo_envoy_mode(env)
     env.setdefault("DJANGO_SETTINGS_MODULE", "fleetctl.settings")
     env.setdefault("HEALTH_PROBE_INTERVAL_S", "10")
     env["PYTHONUNBUFFERED"] = "1"
@@ -535,10 +594,14 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
         if prometheus_binary() is not None:
             env.setdefault("FLEETCTL_PROMETHEUS_PORT", str(free_port()))
             prometheus_url = f"http://127.0.0.1:{env['FLEETCTL_PROMETHEUS_PORT']}"
+        if envoy_mode == "xds":
+            _start_xds(stack, env, xds_port)
         subprocess.run([PY, "manage.py", *seed_args(password, sim_base_port, gateway_admin_port,
-                                                       gateway_port, prometheus_url)],
+                                                       gateway_port, prometheus_url,
+                                                       envoy_mode=envoy_mode)],
                        cwd=ROOT, env=env, check=True)
-        _start_envoy(stack, gateway_port, gateway_admin_port)
+        xds = _xds_source(xds_port) if envoy_mode == "xds" else None
+        _start_envoy(stack, gateway_port, gateway_admin_port, xds)
         _start_prometheus(stack, env, sim_base_port, gateway_admin_port)
         _start_telemetry(stack, env)
         _start_batch_workers(stack, env)
@@ -555,7 +618,8 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
             log(f"stopping: {problem} while the demo was starting (see {VAR}/)")
             return 1
         _print_banner(host, port, password, sim_base_port, gateway_port, collector,
-                      env.get("FLEETCTL_DEMO_TRAFFIC_RPS", DEMO_TRAFFIC_RPS))
+                      env.get("FLEETCTL_DEMO_TRAFFIC_RPS", DEMO_TRAFFIC_RPS),
+                      xds_port if xds is not None else None)
         stack.supervise()  # until Ctrl-C or SIGTERM
         return 0
     except KeyboardInterrupt:
@@ -567,10 +631,13 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
 
 
 def _print_banner(host: str, port: int, password: str, sim_base_port: int,
-                  gateway_port: int, collector: str, traffic_rps: str = DEMO_TRAFFIC_RPS
-                  ) -> None:
+                  gateway_port: int, collector: str, traffic_rps: str = DEMO_TRAFFIC_RPS,
+                  xds_port: int | None = None) -> None:
     url = f"http://{host}:{port}"
     gateway = f"http://127.0.0.1:{gateway_port}"
+    fed = (f"\n    xDS         127.0.0.1:{xds_port}  (fleetctl's xDS server: Envoy's clusters, "
+           f"routes and weights)" if xds_port is not None
+           else "\n    (Envoy in file mode: CDS/RDS files and its admin API)")
     gaudi, mi300x = (sim_base_port + next(offset for name, _, offset in DEMO_SIM_POOLS
                                           if name == pool)
                      for pool in ("gaudi3-in-west", "mi300x-us-east"))
@@ -582,7 +649,7 @@ def _print_banner(host: str, port: int, password: str, sim_base_port: int,
     metrics     {url}/api/v1/metrics  (Prometheus; signed in, or a token with `read`)
     login       admin / {password}      (also lead, lead2, oncall, viewer — same password)
     sim fleet   http://127.0.0.1:{sim_base_port + 1} … {sim_base_port + len(DEMO_SIM_POOLS)}
-    gateway     {gateway}/v1  (Envoy; add -H 'x-fleetctl-residency: EU' for the EU route)
+    gateway     {gateway}/v1  (Envoy; add -H 'x-fleetctl-residency: EU' for the EU route){fed}
     shadow      {collector}/healthz  (the collector of mirrored requests: its counters)
     logs        {VAR}/*.log
 
@@ -634,11 +701,13 @@ def main(argv: list[str] | None = None) -> int:
                       default=int(os.environ.get("FLEETCTL_GATEWAY_PORT", "8080")))
     demo.add_argument("--gateway-admin-port", type=int,
                       default=int(os.environ.get("FLEETCTL_GATEWAY_ADMIN_PORT", "9901")))
+    demo.add_argument("--xds-port", type=int,
+                      default=int(os.environ.get("FLEETCTL_XDS_PORT", "18000")))
     sub.add_parser("test", help="run the test suite against real services (the arguments "
                                 "after `test` go to pytest)")
     args = parser.parse_args(argv)
     return run_demo(args.host, args.port, args.sim_base_port, args.gateway_port,
-                    args.gateway_admin_port)
+                    args.gateway_admin_port, args.xds_port)
 
 
 if __name__ == "__main__":

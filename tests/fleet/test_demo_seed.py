@@ -109,13 +109,67 @@ def test_the_seed_gives_the_gateway_its_access_log_and_only_notes_one_seeded_bef
     assert "ramp of gaudi3-in-west on llama-8b not created" in notes
     assert "healthy" in notes
 
-    traffic.gateway_update(actor=person("admin"), gateway=gateway,
-                           options={"config_dir": "/tmp/fleetctl-demo"})
+    traffic.gateway_update(actor=person("admin"), gateway=gateway, options={})
     notes = seed()
 
     assert "access_log" not in Gateway.objects.get(name="envoy-demo").options
     assert ("gateway envoy-demo is kept as it is: it has no access_log option" in notes
             and "/tmp/fleetctl-demo/access.log" in notes)
+
+
+@pytest.mark.django_db
+def test_the_seed_makes_the_gateway_an_xds_one_and_keeps_its_token_where_the_demo_reads_it(
+        tmp_path):
+    from fleetctl.accounts.selectors import secret_hash
+    from fleetctl.audit.models import AuditEvent
+    from fleetctl.xds.models import XdsGateway
+
+    token_file = tmp_path / "envoy" / "xds-token"
+    with_token = [*SEED, "--gateway-token-file", str(token_file)]
+    call_command(*with_token, stdout=io.StringIO(), stderr=io.StringIO())
+
+    gateway = Gateway.objects.get(name="envoy-demo")
+    assert gateway.kind == "envoy-xds" and "config_dir" not in gateway.options
+    assert gateway.options["access_log"] == "/tmp/fleetctl-demo/access.log"
+    token = token_file.read_text().strip()
+    assert token.startswith("fxds_") and token_file.stat().st_mode & 0o777 == 0o600
+    assert XdsGateway.objects.get(name="envoy-demo").token_sha256 == secret_hash(token)
+    issued = AuditEvent.objects.filter(action="xds.token_issue").count()
+
+    # A second start keeps the token that works (no rotation, nothing audited) ...
+    call_command(*with_token, stdout=io.StringIO(), stderr=io.StringIO())
+    assert token_file.read_text().strip() == token
+    assert AuditEvent.objects.filter(action="xds.token_issue").count() == issued
+    # ... and replaces one that no longer does (issued again since, or another database's).
+    token_file.write_text("fxds_not-this-gateways")
+    call_command(*with_token, stdout=io.StringIO(), stderr=io.StringIO())
+    fresh = token_file.read_text().strip()
+    assert fresh != token and fresh.startswith("fxds_")
+    assert XdsGateway.objects.get(name="envoy-demo").token_sha256 == secret_hash(fresh)
+
+
+@pytest.mark.django_db
+def test_the_file_mode_seed_makes_an_envoy_gateway_and_an_existing_one_keeps_its_kind(
+        tmp_path):
+    token_file = tmp_path / "xds-token"
+    token_file.write_text("left over from an xDS demo")
+    notes = io.StringIO()
+    call_command(*SEED, "--gateway-kind", "envoy", "--gateway-token-file", str(token_file),
+                 stdout=io.StringIO(), stderr=notes)
+
+    gateway = Gateway.objects.get(name="envoy-demo")
+    assert gateway.kind == "envoy"
+    assert gateway.options["config_dir"] == "/tmp/fleetctl-demo"
+    assert gateway.options["access_log"] == "/tmp/fleetctl-demo/access.log"
+    # No token for a gateway that is not fed over xDS: the demo then runs Envoy in file mode.
+    assert not token_file.exists()
+
+    # A data directory seeded in file mode keeps its gateway when the demo asks for xDS.
+    call_command(*SEED, "--gateway-token-file", str(token_file), stdout=io.StringIO(),
+                 stderr=notes)
+    assert Gateway.objects.get(name="envoy-demo").kind == "envoy"
+    assert not token_file.exists()
+    assert "gateway envoy-demo is kept as it is: it is of kind envoy" in notes.getvalue()
 
 
 @pytest.mark.django_db

@@ -27,6 +27,7 @@ from django.db import transaction
 from fleetctl.accounts.actor import Actor
 from fleetctl.accounts.services import roles_ensure_groups, user_set_roles
 from fleetctl.core.errors import DomainError
+from fleetctl.core.files import write_atomically
 from fleetctl.fleet import services
 from fleetctl.fleet.models import Pool, Region
 
@@ -84,6 +85,7 @@ TIERS: list[dict[str, Any]] = [
     {"behaviour": "reject"},
 ]
 GATEWAY = "envoy-demo"
+GATEWAY_KINDS = ("envoy-xds", "envoy")
 # The file Envoy writes in its working directory (demo/envoy_process.py), which the telemetry
 # ingester follows: the gateway's `access_log` option.
 ACCESS_LOG = "access.log"
@@ -147,7 +149,16 @@ class Command(BaseCommand):
         parser.add_argument("--sim-base-port", type=int, default=8100)
         parser.add_argument("--gateway-admin", default="",
                             help="Envoy admin URL; with it, routes and a gateway are seeded")
-        parser.add_argument("--gateway-config-dir", default="")
+        parser.add_argument("--gateway-kind", choices=GATEWAY_KINDS, default="envoy-xds",
+                            help="a new gateway's kind: envoy-xds (Envoy fed over xDS by "
+                                 "fleetctl, the default) or envoy (files and admin API)")
+        parser.add_argument("--gateway-dir", "--gateway-config-dir", dest="gateway_dir",
+                            default="", help="the Envoy's working directory: its access.log "
+                                             "(either kind) and CDS/RDS files (kind envoy)")
+        parser.add_argument("--gateway-token-file", default="",
+                            help="kind envoy-xds: where the gateway's xDS token is kept "
+                                 "(mode 0600); one there that still works is kept, else a "
+                                 "new one is issued and written")
         parser.add_argument("--gateway-listen", default="",
                             help="the Envoy's listen_url (the routing probe sends there)")
         parser.add_argument("--conformance", action="store_true",
@@ -176,8 +187,10 @@ class Command(BaseCommand):
         from fleetctl.demo.traces import seed_traces
         seed_traces(actor, self._create)
         if options["gateway_admin"]:
-            self._traffic(actor, options["gateway_admin"], options["gateway_config_dir"],
-                          options["gateway_listen"])
+            self._traffic(actor, options["gateway_admin"], options["gateway_dir"],
+                          options["gateway_listen"], options["gateway_kind"])
+            if options["gateway_token_file"]:
+                self._token(Path(options["gateway_token_file"]))
             self._plans()
             if options["conformance"]:
                 self._probe()
@@ -244,11 +257,15 @@ class Command(BaseCommand):
 
         self._create(f"pool {name}", create)
 
-    def _traffic(self, actor: Actor, admin_url: str, config_dir: str, listen_url: str) -> None:
+    def _traffic(self, actor: Actor, admin_url: str, workdir: str, listen_url: str,
+                 kind: str = "envoy-xds") -> None:
         """Two routes through one Envoy: the model, all on the H200 primary with the MI300X
-        candidate ready at 0 %, and the same model pinned to the EU. An existing gateway
-        keeps its routes: after a restart Envoy starts from its configuration on disk and
-        reconcile re-pushes whatever differs."""
+        candidate ready at 0 %, and the same model pinned to the EU. The gateway is of
+        `kind`: envoy-xds (its Envoy gets clusters, routes and weights over xDS from
+        fleetctl) or envoy (CDS/RDS files in `workdir` and the admin API). An existing
+        gateway keeps its routes and its kind: after a restart Envoy gets its configuration
+        again (from the xDS server, or from its files) and reconcile re-pushes whatever
+        differs."""
         from fleetctl.traffic import services as traffic
         from fleetctl.traffic.models import Gateway, Route
 
@@ -263,26 +280,60 @@ class Command(BaseCommand):
             self._create(f"route {BATCH_ROUTE}", partial(
                 self._route, actor, BATCH_ROUTE, "", "h200-us-east", latency_class="batch"))
         gateway = Gateway.objects.filter(name=GATEWAY).first()
-        options = {"config_dir": config_dir, **({"listen_url": listen_url} if listen_url else {})}
-        if config_dir:
-            options["access_log"] = str(Path(config_dir) / ACCESS_LOG)
+        options: dict[str, Any] = {"listen_url": listen_url} if listen_url else {}
+        if kind == "envoy":
+            options["config_dir"] = workdir
+        if workdir:
+            options["access_log"] = str(Path(workdir) / ACCESS_LOG)
         if gateway is None:
             routes = list(Route.objects.filter(
                 name__in=[*[name for name, _, _ in ROUTES], BATCH_ROUTE]))
             self._create(f"gateway {GATEWAY}", lambda: traffic.gateway_create(
-                actor=actor, name=GATEWAY, kind="envoy", admin_address=admin_url,
+                actor=actor, name=GATEWAY, kind=kind, admin_address=admin_url,
                 options=options, routes=routes))
-        elif gateway.admin_address != admin_url or gateway.options.get("config_dir") != config_dir:
-            self._note(f"gateway {GATEWAY} is kept as it is: it points at "
-                       f"{gateway.admin_address} ({gateway.options.get('config_dir')}), not at "
-                       f"the Envoy this demo starts ({admin_url}, {config_dir}); edit the "
-                       f"gateway to carry traffic through this one")
-        elif config_dir and not gateway.options.get("access_log"):
+        elif gateway.kind != kind:
+            self._note(f"gateway {GATEWAY} is kept as it is: it is of kind {gateway.kind}, "
+                       f"so this demo runs its Envoy as that kind wants, not as {kind} (a "
+                       f"new data directory seeds it as {kind})")
+        elif gateway.admin_address != admin_url \
+                or gateway.options.get("config_dir") != options.get("config_dir"):
+            where = (f"{admin_url}, {workdir}" if kind == "envoy" else admin_url)
+            now = (f"{gateway.admin_address} ({gateway.options.get('config_dir')})"
+                   if kind == "envoy" else gateway.admin_address)
+            self._note(f"gateway {GATEWAY} is kept as it is: it points at {now}, not at the "
+                       f"Envoy this demo starts ({where}); edit the gateway to carry traffic "
+                       f"through this one")
+        elif workdir and not gateway.options.get("access_log"):
             # A gateway seeded before live telemetry: kept as it is, like every demo object.
             self._note(f"gateway {GATEWAY} is kept as it is: it has no access_log option, so "
                        f"the telemetry ingester reads nothing from it and the seeded ramp's "
                        f"guard waits; set access_log to {options['access_log']} on the "
                        f"gateway (edit it on its page, or PATCH /api/v1/gateways/…)")
+
+    def _token(self, path: Path) -> None:
+        """The xDS token of the demo's gateway, where the devstack reads it for Envoy's
+        bootstrap: one in `path` that still works (its hash is the gateway's) is kept, so a
+        restarted demo does not rotate it; otherwise a new one is issued (audited) and
+        written, mode 0600. A gateway of another kind has no token: the file is removed, so
+        the devstack runs that gateway's Envoy without xDS."""
+        from fleetctl.accounts.selectors import secret_hash
+        from fleetctl.traffic.models import Gateway
+        from fleetctl.xds.models import XdsGateway
+        from fleetctl.xds.services import gateway_token_issue
+
+        gateway = Gateway.objects.filter(name=GATEWAY).first()
+        if gateway is None or gateway.kind != "envoy-xds":
+            path.unlink(missing_ok=True)
+            return
+        held = path.read_text().strip() if path.exists() else ""
+        if held and XdsGateway.objects.filter(name=GATEWAY,
+                                              token_sha256=secret_hash(held)).exists():
+            return
+        token = gateway_token_issue(gateway=GATEWAY, actor=Actor.for_system("demo-seed"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, token + "\n")  # a temporary file's mode: 0600
+        path.chmod(0o600)
+        self.created.append(f"xDS token of {GATEWAY}")
 
     @staticmethod
     def _route(actor: Actor, name: str, pin: str, primary: str,
