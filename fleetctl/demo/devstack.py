@@ -416,14 +416,16 @@ def _start_envoy(stack: Stack, port: int, admin_port: int,
 
 def _xds_source(xds_port: int) -> XdsSource | None:
     """Envoy's way to the demo's xDS server, with the token the seed kept; None when the seed
-    wrote none (the gateway envoy-demo is of another kind, seeded before the demo moved to
-    xDS: its Envoy then runs in file mode, as that gateway expects)."""
+    wrote none (the gateway envoy-demo is of another kind: a data directory seeded in file
+    mode, with FLEETCTL_DEMO_ENVOY=admin or before the demo moved to xDS; its Envoy then runs
+    in file mode, as that gateway expects)."""
     from fleetctl.demo.envoy_process import XdsSource
 
     path = xds_token_path()
     if not path.exists():
-        log(f"gateway {GATEWAY} is not of kind envoy-xds (seeded before the demo moved to "
-            f"xDS): Envoy runs in file mode; a new FLEETCTL_DATA_DIR seeds it on xDS")
+        log(f"gateway {GATEWAY} is not of kind envoy-xds (this data directory was seeded "
+            f"in file mode): Envoy runs in file mode, with no xDS server; a new "
+            f"FLEETCTL_DATA_DIR seeds it on xDS")
         return None
     return XdsSource("127.0.0.1", xds_port, gateway=GATEWAY, node_id=f"{GATEWAY}-1",
                      token=path.read_text().strip())
@@ -594,13 +596,15 @@ def run_demo(host: str, port: int, sim_base_port: int, gateway_port: int,
         if prometheus_binary() is not None:
             env.setdefault("FLEETCTL_PROMETHEUS_PORT", str(free_port()))
             prometheus_url = f"http://127.0.0.1:{env['FLEETCTL_PROMETHEUS_PORT']}"
-        if envoy_mode == "xds":
-            _start_xds(stack, env, xds_port)
         subprocess.run([PY, "manage.py", *seed_args(password, sim_base_port, gateway_admin_port,
                                                        gateway_port, prometheus_url,
                                                        envoy_mode=envoy_mode)],
                        cwd=ROOT, env=env, check=True)
+        # The seed's pushes are queued for the push worker (started below): the xDS server
+        # need only be up before Envoy, and only when the gateway is an envoy-xds one.
         xds = _xds_source(xds_port) if envoy_mode == "xds" else None
+        if xds is not None:
+            _start_xds(stack, env, xds_port)
         _start_envoy(stack, gateway_port, gateway_admin_port, xds)
         _start_prometheus(stack, env, sim_base_port, gateway_admin_port)
         _start_telemetry(stack, env)
