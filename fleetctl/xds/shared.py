@@ -535,6 +535,13 @@ class SharedStore:
     def _apply(self, op: tuple[Any, ...], envoys: dict[tuple[str, str, int], int]) -> None:
         kind, gateway, node_id, stream = op[:4]
         if kind == "open":
+            newer = XdsEnvoy.objects.select_for_update().filter(
+                gateway=gateway, node_id=node_id, connected_at__gt=op[4]).exists()
+            if newer:
+                # The Envoy opened a stream since (on another replica, whose record landed
+                # first): this writer's late "open" must not take the record back, or the
+                # old stream's ACKs would count for an Envoy that has not ACKed again.
+                return
             row, _ = XdsEnvoy.objects.update_or_create(
                 gateway=gateway, node_id=node_id,
                 defaults={"replica": self.replica, "stream": stream, "connected_at": op[4],
@@ -551,13 +558,19 @@ class SharedStore:
         if envoy_id is None:
             return
         type_url, version, number = op[4:7]
-        # Only while the row is still this stream's: the Envoy may be live elsewhere now.
-        acks = XdsTypeAck.objects.filter(envoy_id=envoy_id, envoy__replica=self.replica,
-                                         envoy__stream=stream, type_url=type_url)
+        # Only while the row is still this stream's: the Envoy may be live elsewhere now. The
+        # row is locked while this transaction writes under it, so another replica's "open"
+        # of a newer stream waits for it and then clears what it wrote (without the lock,
+        # ACK rows inserted here landed under the newer stream's record, uncleared).
+        mine = XdsEnvoy.objects.select_for_update().filter(
+            pk=envoy_id, replica=self.replica, stream=stream).values_list("pk", flat=True)
+        if not list(mine[:1]):
+            envoys.pop((gateway, node_id, stream), None)
+            return
+        acks = XdsTypeAck.objects.filter(envoy_id=envoy_id, type_url=type_url)
         if kind == "sent":
             fields = {"sent_version": version, "sent_number": number}
-            if not acks.update(**fields) and XdsEnvoy.objects.filter(
-                    pk=envoy_id, replica=self.replica, stream=stream).exists():
+            if not acks.update(**fields):
                 XdsTypeAck.objects.get_or_create(envoy_id=envoy_id, type_url=type_url,
                                                  defaults=fields)
             return

@@ -177,7 +177,7 @@ def test_the_new_job_form_renders_for_both_and_creates_a_job(viewer: Client, onc
      ["line 2: is not valid JSON"]),
     ([json.dumps(request_line(0)), json.dumps(request_line(1)), json.dumps(request_line(0))],
      ["line 3: custom_id", "already on line 1"]),
-    ([json.dumps(request_line(0, url="/v1/embeddings"))], ["line 1:", "/v1/embeddings"]),
+    ([json.dumps(request_line(0, url="/v1/moderations"))], ["line 1:", "/v1/moderations"]),
 ])
 def test_a_bad_upload_is_named_by_line_and_nothing_is_stored(oncall: Client, world: World,
                                                              lines: list[str],
