@@ -122,7 +122,7 @@ def plan_soak_jobs(plan_id: int) -> list[BatchJob]:
                 .order_by("created_at", "id"))
 
 
-def job_task_cost(job: BatchJob, progress: Progress) -> TaskCost:
+def job_task_cost(job: BatchJob, progress: Progress, tax: Any = None) -> TaskCost:
     """The job's cost per custom_id that succeeded: the pool's hourly rate × the job's busy
     time (its first claim to its end, or to now while it runs: the notion batch/cost.py
     measures a soak by) ÷ the custom_ids that succeeded. Attempts are every request sent:
@@ -131,7 +131,7 @@ def job_task_cost(job: BatchJob, progress: Progress) -> TaskCost:
     return task_cost(pool=pool, unit="custom_id that succeeded", seconds=progress.elapsed_s,
                      succeeded=progress.succeeded, failed=progress.failed,
                      retries=progress.retries,
-                     attempts=progress.done + progress.retries + progress.resends)
+                     attempts=progress.done + progress.retries + progress.resends, tax=tax)
 
 
 def job_progress(job: BatchJob, now: datetime | None = None) -> Progress:

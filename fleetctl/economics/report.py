@@ -363,8 +363,12 @@ def cost_per_success_and_tax(plan: Plan, at: datetime) -> Section:
                          "yes" if tax.interruptible else "no",
                          tax.text or "none: not interruptible"])
     job_rows = []
+    taxes: dict[int, Any] = {}  # each pool's tax read once, however many jobs ran on it
     for job in batch.plan_soak_jobs(plan.pk):
-        tc = batch.job_task_cost(job, batch.job_progress(job, now=at))
+        job_tax = taxes.get(job.pool_id)
+        if job_tax is None:
+            job_tax = taxes[job.pool_id] = effective_rate(job.pool)
+        tc = batch.job_task_cost(job, batch.job_progress(job, now=at), tax=job_tax)
         job_rows.append([f"job {job.pk}", tc.pool, num(tc.attempts), num(tc.succeeded),
                          num(tc.failed), num(tc.retries),
                          f"{tc.spend} {tc.currency}" if tc.spend else NOT_MEASURED,

@@ -80,15 +80,16 @@ class TaskCost:
 
 def task_cost(*, pool: Any, unit: str, seconds: float | None, succeeded: int, failed: int = 0,
               retries: int = 0, attempts: int | None = None,
-              busy: str = "busy time") -> TaskCost:
+              busy: str = "busy time", tax: Any = None) -> TaskCost:
     """A TaskCost of `pool` (a Pool) from its counts: `seconds` the pool was busy (None: not
     started), `attempts` every request sent (default: succeeded + failed + retries). The
     rate is the pool's with its interruption tax (fleet/interruption.py), as in every cost
-    figure of the pool; an interruptible pool without a measured tax is not measured."""
+    figure of the pool; an interruptible pool without a measured tax is not measured. `tax`:
+    the pool's effective_rate when the caller has read it already (a page of many)."""
     from fleetctl.fleet.interruption import effective_rate
     from fleetctl.fleet.models import money
 
-    tax = effective_rate(pool)
+    tax = tax if tax is not None else effective_rate(pool)
     rate = tax.effective_rate if tax.effective_rate is not None else tax.hourly_rate
     currency = pool.currency
     out = TaskCost(pool=pool.name, unit=unit, currency=currency, hourly_rate=money(rate),
