@@ -57,10 +57,11 @@ def policy_apply(*, actor: Actor, pool: Pool, reason: str, details: dict[str, ob
         outcome.refused = str(exc)
         return outcome
     outcome.drained = [r.name for r in drain_routes]
-    push.drain_push_now(outcome.drain)
+    # Tell people first: a slow or unreachable gateway must not delay the page on-call reads.
     notify("drain.automatic", {
         "action": "drain", "pool": pool.name, "routes": outcome.drained, "policy": "reverify",
         "drain": outcome.drain.pk, "url": f"/traffic/drains/{outcome.drain.pk}/",
         "reason": reason, **details},
         text=f"fleetctl drained pool {pool.name} off {', '.join(outcome.drained)}: {reason}")
+    push.drain_push_now(outcome.drain)
     return outcome

@@ -90,7 +90,11 @@ def test_an_upgrade_that_breaks_the_contract_is_reverified_and_handled_by_the_ro
                          timeout_s=60, what="the drain to be verified on the gateway")
             assert AuditEvent.objects.filter(action="drain.request",
                                              actor="system:reverify").exists()
-            assert Delivery.objects.filter(webhook=hook, event="drain.automatic").exists()
+            # The delivery row is written in the worker beside the drain; wait for it rather
+            # than assume it landed before the gateway confirmed.
+            e2e.wait_for(lambda: Delivery.objects.filter(webhook=hook,
+                                                         event="drain.automatic").exists(),
+                         timeout_s=30, what="the drain.automatic delivery")
             assert Delivery.objects.get(webhook=hook).payload["data"]["policy"] == "reverify"
         else:
             e2e.wait_for(lambda: AuditEvent.objects.filter(
