@@ -59,6 +59,9 @@ class XdsEnvoy(models.Model):
     node_id = models.CharField(max_length=200)
     replica = models.CharField(max_length=200)
     stream = models.PositiveIntegerField()  # the replica's number for the stream
+    # Where fleetctl reads this Envoy's admin API (in-flight requests, counters): its node
+    # metadata `fleetctl_admin_url`; "" when its bootstrap gave none
+    admin_url = models.CharField(max_length=300, blank=True, default="")
     connected_at = models.DateTimeField()
     gone_at = models.DateTimeField(null=True, blank=True)
 

@@ -27,9 +27,11 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import grpc
 
+from fleetctl.traffic.gateways.envoy.bootstrap import ADMIN_URL_METADATA
 from fleetctl.xds.protos import (
     SERVED_TYPES,
     AdsServicer,
@@ -94,13 +96,17 @@ class AdsService(AdsServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"this token is gateway {allowed}'s; node.cluster names "
                                 f"{gateway}")
+        admin_url, problem = node_admin_url(first.node)
+        if problem:
+            reader.cancel()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         stream = Stream(self, gateway, node_id)
         def wake() -> None:  # from whichever thread set the snapshot
             with contextlib.suppress(RuntimeError):  # the server stopped: nobody to wake
                 loop.call_soon_threadsafe(inbox.put_nowait, _CHANGED)
 
         unsubscribe = self.store.subscribe(gateway, wake)
-        stream.number = self.store.stream_opened(gateway, node_id)
+        stream.number = self.store.stream_opened(gateway, node_id, admin_url)
         log.info("xds: Envoy %s of gateway %s connected", node_id, gateway)
         try:
             item = first
@@ -162,6 +168,30 @@ class Stream:
                         snapshot.number)
         return DiscoveryResponse(version_info=served.version, type_url=type_url, nonce=nonce,
                                  resources=served.named(names))
+
+
+def node_admin_url(node: Any) -> tuple[str, str]:
+    """(the Envoy's admin URL from its node metadata `fleetctl_admin_url`, "" if none; why it
+    cannot be used, or ""). Only its form is checked here, without a DNS lookup on the event
+    loop; the destination policy is applied where it is read (the envoy-xds adapter)."""
+    field = node.metadata.fields.get(ADMIN_URL_METADATA) if node.HasField("metadata") else None
+    if field is None:
+        return "", ""
+    value = field.string_value
+    problem = (f"node.metadata.{ADMIN_URL_METADATA} must be this Envoy's admin URL, "
+               f"http://host:port (at most 300 characters), not {value[:100]!r}; "
+               "render_xds_bootstrap(admin_url=...) writes it")
+    if field.WhichOneof("kind") != "string_value" or len(value) > 300:
+        return "", problem
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if (parts.scheme not in ("http", "https") or not parts.hostname or port is None
+            or parts.path not in ("", "/") or parts.query or parts.fragment):
+        return "", problem
+    return value.rstrip("/"), ""
 
 
 def _error(request: Any) -> str | None:

@@ -267,14 +267,14 @@ class SharedStore:
 
     # --- what streams report (the replica) ---------------------------------------------------
 
-    def stream_opened(self, gateway: str, node_id: str) -> int:
+    def stream_opened(self, gateway: str, node_id: str, admin_url: str = "") -> int:
         self._start()
         stream = next(self._streams)
         with self._lock:
             self._live[(gateway, node_id)] = stream
             for type_url in SERVED_TYPES:
                 self._nonces.pop((gateway, node_id, type_url), None)
-        self._writes.put(("open", gateway, node_id, stream, timezone.now()))
+        self._writes.put(("open", gateway, node_id, stream, timezone.now(), admin_url))
         return stream
 
     def stream_closed(self, gateway: str, node_id: str, stream: int) -> None:
@@ -545,7 +545,7 @@ class SharedStore:
             row, _ = XdsEnvoy.objects.update_or_create(
                 gateway=gateway, node_id=node_id,
                 defaults={"replica": self.replica, "stream": stream, "connected_at": op[4],
-                          "gone_at": None})
+                          "gone_at": None, "admin_url": op[5]})
             XdsTypeAck.objects.filter(envoy=row).delete()
             envoys[(gateway, node_id, stream)] = row.pk
             return
@@ -670,13 +670,13 @@ def envoy_states(gateway: str) -> list[EnvoyState]:
                 name=OuterRef("replica"), heartbeat_at__gte=alive_after)))
             .order_by("node_id")
             .values_list("pk", "node_id", "replica", "stream", "connected_at", "gone_at",
-                         "alive", "acks__type_url", "acks__sent_version",
+                         "alive", "admin_url", "acks__type_url", "acks__sent_version",
                          "acks__sent_number", "acks__acked_version", "acks__acked_number",
                          "acks__nacked_version", "acks__nacked_number", "acks__error"))
     out: dict[int, EnvoyState] = {}
-    for (pk, node_id, replica, stream, connected_at, gone_at, alive, type_url, sent_version,
-         sent_number, acked_version, acked_number, nacked_version, nacked_number,
-         error) in rows:
+    for (pk, node_id, replica, stream, connected_at, gone_at, alive, admin_url, type_url,
+         sent_version, sent_number, acked_version, acked_number, nacked_version,
+         nacked_number, error) in rows:
         envoy = out.get(pk)
         if envoy is None:
             connected = gone_at is None and bool(alive)
@@ -685,7 +685,7 @@ def envoy_states(gateway: str) -> list[EnvoyState]:
                 node_id=node_id, gateway=gateway, connected=connected, replica=replica,
                 connected_at=connected_at.timestamp(),
                 gone_at=gone.timestamp() if isinstance(gone, datetime) else None,
-                stream=stream, types={})
+                stream=stream, admin_url=admin_url, types={})
         if type_url is not None:
             envoy.types[type_url] = TypeAck(
                 sent_version=sent_version, sent_number=sent_number,

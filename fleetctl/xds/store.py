@@ -65,6 +65,8 @@ class EnvoyState:
     gone_at: float | None = None
     stream: int = 0  # which stream of this node is the live one
     replica: str = ""  # the xDS server process it is (was) connected to
+    # Its admin API as its bootstrap gave it (node metadata `fleetctl_admin_url`), "" if not
+    admin_url: str = ""
     types: dict[str, TypeAck] = field(default_factory=dict)
 
     def holds(self, snapshot: Snapshot, type_url: str) -> bool:
@@ -123,7 +125,7 @@ class SnapshotStore(Protocol):
 
     def subscribe(self, gateway: str, wake: Callable[[], None]) -> Callable[[], None]: ...
 
-    def stream_opened(self, gateway: str, node_id: str) -> int: ...
+    def stream_opened(self, gateway: str, node_id: str, admin_url: str = "") -> int: ...
 
     def stream_closed(self, gateway: str, node_id: str, stream: int) -> None: ...
 
@@ -234,13 +236,14 @@ class MemoryStore:
 
     # --- what streams report -----------------------------------------------------------------
 
-    def stream_opened(self, gateway: str, node_id: str) -> int:
+    def stream_opened(self, gateway: str, node_id: str, admin_url: str = "") -> int:
         """A stream of `node_id` began; a node that reconnects starts from nothing ACKed
-        (a restarted Envoy holds nothing until it ACKs again)."""
+        (a restarted Envoy holds nothing until it ACKs again). `admin_url`: where its admin
+        API is read (its node metadata), "" if its bootstrap did not say."""
         with self._changed:
             self._streams += 1
             self._envoys.setdefault(gateway, {})[node_id] = EnvoyState(
-                node_id=node_id, gateway=gateway, stream=self._streams)
+                node_id=node_id, gateway=gateway, stream=self._streams, admin_url=admin_url)
             self._changed.notify_all()
             return self._streams
 
@@ -294,7 +297,7 @@ class MemoryStore:
         with self._changed:
             return [EnvoyState(node_id=e.node_id, gateway=e.gateway, connected=e.connected,
                                connected_at=e.connected_at, gone_at=e.gone_at,
-                               stream=e.stream,
+                               stream=e.stream, admin_url=e.admin_url,
                                types={t: TypeAck(**{k: v for k, v in vars(a).items()
                                                     if k != "nonces"})
                                       for t, a in e.types.items()})

@@ -6,11 +6,15 @@ runs in this process, on a store of this module's own."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 
@@ -19,13 +23,17 @@ from fleetctl.demo.envoy_process import EnvoyProcess, XdsSource, validate_config
 from fleetctl.traffic.gateways import registry
 from fleetctl.traffic.gateways.base import AdapterError, GatewaySpec, PoolTarget
 from fleetctl.traffic.gateways.envoy import render as envoy_config
+from fleetctl.traffic.gateways.envoy.adapter import EnvoyAdmin
+from fleetctl.traffic.gateways.envoy.adapter import in_flight as envoy_in_flight
 from fleetctl.traffic.gateways.envoy.names import CLUSTER_TYPE
 from fleetctl.traffic.gateways.envoy_xds.adapter import EnvoyXdsAdapter
+from fleetctl.xds.protos import AdsStub, DiscoveryRequest
 from fleetctl.xds.resources import from_documents
 from fleetctl.xds.server import XdsServer
 from fleetctl.xds.store import MemoryStore
 from tests.sim.simproc import SimProcess
 from tests.support.waiting import wait_until
+from tests.traffic.scenarios import slowed
 
 from .conftest import JURISDICTION, MODEL, POOLS, route, served_by, state
 
@@ -269,3 +277,82 @@ def test_two_envoys_of_a_gateway_both_ack_and_a_gone_one_is_not_waited_for(
     result = adapter.apply(state(gw.pools("pa", "pb"), route("chat", {"pa": 0, "pb": 10000})))
     assert "ACKed by 1 Envoy(s)" in result.detail
     assert (gw.ask(gw.envoy)[1]) == "pb"
+
+
+def test_in_flight_and_counters_are_summed_over_the_gateways_envoys(gw: XdsGateway) -> None:
+    """A gateway is a set of Envoys: a stream held open through one of three is counted
+    whichever Envoy admin_address names, and an Envoy that does not answer makes the figure
+    unknown (an AdapterError a drain waits on), not a sum of the others."""
+    e1, e2, e3 = gw.envoy, gw.start_envoy("e2"), gw.start_envoy("e3")
+    adapter = gw.adapter(admin_timeout_s=0.5)
+    adapter.apply(state(gw.pools("pa", "pb"), route("chat", {"pa": 10000, "pb": 0})))
+    # Each Envoy's admin URL came in its node metadata.
+    assert {e.node_id: e.admin_url for e in gw.store.envoys(gw.name)} == {
+        "e1": e1.admin_url, "e2": e2.admin_url, "e3": e3.admin_url}
+    assert gw.ask(e1) == (200, "pa") and gw.ask(e3) == (200, "pa")
+    assert adapter.in_flight("pa") == 0
+    with slowed(gw.sims, "pa", 50), httpx.stream(
+            "POST", f"{e2.listen_url}/v1/chat/completions", timeout=30,
+            json={"model": MODEL, "messages": HELLO, "max_tokens": 30, "stream": True,
+                  "ignore_eos": True}) as held:
+        lines = held.iter_lines()
+        wait_until(lambda: next(lines).startswith("data: {"), what="the stream's first chunk")
+        # admin_address is e1's: only the sum over the gateway sees e2's stream.
+        assert envoy_in_flight(EnvoyAdmin(e1.admin_url, timeout_s=5, gateway="e1"), "pa") == 0
+        assert adapter.in_flight("pa") == 1
+        assert e3.proc is not None
+        os.kill(e3.proc.pid, signal.SIGSTOP)  # connected, but its admin API does not answer
+        try:
+            with pytest.raises(AdapterError, match=r"\(e3\) admin .* timed out"):
+                adapter.in_flight("pa")
+            with pytest.raises(AdapterError, match=r"\(e3\) admin .* timed out"):
+                adapter.pool_counters()
+        finally:
+            os.kill(e3.proc.pid, signal.SIGCONT)
+        assert adapter.in_flight("pa") == 1
+        assert sum(1 for line in lines if line.startswith("data: {")) > 0
+    wait_until(lambda: adapter.in_flight("pa") == 0, what="the stream to end on e2")
+    counters = adapter.pool_counters()["pa"]
+    assert (counters.requests_total, counters.errors_total, counters.active) == (3, 0, 0)
+
+
+def test_in_flight_is_unknown_with_no_envoy_or_one_without_an_admin_url(
+        gw: XdsGateway, tmp_path: Path) -> None:
+    adapter = gw.adapter(admin_timeout_s=0.5)
+    adapter.apply(state(gw.pools("pa"), route("chat", {"pa": 10000})))
+    # An Envoy whose bootstrap predates the metadata (its stream opened by hand here) beside
+    # one that gave it: the sum would miss it, so there is none.
+    metadata = [("authorization", f"Bearer {gw.token}")]
+    request = DiscoveryRequest(type_url=CLUSTER_TYPE)
+    request.node.id, request.node.cluster = "old", gw.name
+    done = threading.Event()
+
+    def requests() -> Iterator[DiscoveryRequest]:
+        yield request
+        done.wait(30)  # the stream stays open until the checks below are made
+
+    with grpc.insecure_channel(gw.server.address) as channel:
+        answers = AdsStub(channel).StreamAggregatedResources(requests(), metadata=metadata,
+                                                             timeout=30)
+        assert next(answers).type_url == CLUSTER_TYPE
+        with pytest.raises(AdapterError, match=r"Envoy\(s\) old gave no admin URL"):
+            adapter.in_flight("pa")
+        done.set()
+        answers.cancel()
+    wait_until(lambda: [e.node_id for e in gw.store.envoys(gw.name) if e.connected] == ["e1"],
+               what="the hand-made stream to be gone")
+    assert adapter.in_flight("pa") == 0
+    # A malformed admin URL is refused when the stream opens, saying what to send.
+    request.node.metadata.update({"fleetctl_admin_url": "ftp://10.0.0.1/x"})
+    with grpc.insecure_channel(gw.server.address) as channel, \
+            pytest.raises(grpc.RpcError) as refused:
+        next(AdsStub(channel).StreamAggregatedResources(iter([request]), metadata=metadata,
+                                                        timeout=30))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "fleetctl_admin_url must be this Envoy's admin URL" in refused.value.details()
+    # No Envoy connected: unknown, not zero.
+    gw.envoy.stop()
+    wait_until(lambda: not any(e.connected for e in gw.store.envoys(gw.name)),
+               what="e1 to be marked gone")
+    with pytest.raises(AdapterError, match="no Envoy is connected"):
+        adapter.in_flight("pa")

@@ -69,27 +69,41 @@ def render_bootstrap(*, config_dir: Path, listen_port: int, admin_port: int,
 # pool's name).
 XDS_CLUSTER = "xds_cluster"
 ADS_SOURCE = {"ads": {}, "resource_api_version": "V3"}
+# The node metadata key under which an Envoy tells fleetctl where its admin API is (read by
+# fleetctl.xds.server.node_admin_url).
+ADMIN_URL_METADATA = "fleetctl_admin_url"
 
 
 def render_xds_bootstrap(*, xds_host: str, xds_port: int, gateway: str, node_id: str,
                          listen_port: int, admin_port: int, listen_address: str = "127.0.0.1",
                          access_log_path: Path | None = None, token: str = "",
-                         replicas: Sequence[tuple[str, int]] = ()) -> dict[str, Any]:
+                         replicas: Sequence[tuple[str, int]] = (), admin_listen: str = "127.0.0.1",
+                         admin_url: str = "") -> dict[str, Any]:
     """The bootstrap of an Envoy fed by fleetctl's xDS server (fleetctl/xds/): the same
     listener, Lua filter and access log as render_bootstrap, but clusters, routes and the
     weights layer come over one ADS stream. `gateway` is the node cluster (the fleetctl
     gateway whose resources it gets), `node_id` this Envoy's own name within it, `token`
     the gateway's xDS token (manage.py xds_token; sent as `authorization: Bearer` on the
     stream), `replicas` further xDS servers (host, port) beside xds_host:xds_port: the
-    stream goes to one of them, and to another when it breaks."""
+    stream goes to one of them, and to another when it breaks. The admin API listens on
+    `admin_listen`; `admin_url` is where fleetctl reads it (in-flight requests and counters
+    are summed over a gateway's Envoys), sent as node metadata: by default
+    http://<admin_listen>:<admin_port>, required when admin_listen is a wildcard."""
+    if not admin_url:
+        if admin_listen in ("0.0.0.0", "::"):
+            raise ValueError("admin_listen is a wildcard: give admin_url, the address "
+                             "fleetctl reaches this Envoy's admin API at")
+        host = f"[{admin_listen}]" if ":" in admin_listen else admin_listen
+        admin_url = f"http://{host}:{admin_port}"
     grpc_service: dict[str, Any] = {"envoy_grpc": {"cluster_name": XDS_CLUSTER}}
     if token:
         grpc_service["initial_metadata"] = [{"key": "authorization",
                                              "value": f"Bearer {token}"}]
     servers = [(xds_host, xds_port), *replicas]
     return {
-        "node": {"id": node_id, "cluster": gateway},
-        "admin": {"address": socket_address(listen="127.0.0.1", port=admin_port)},
+        "node": {"id": node_id, "cluster": gateway,
+                 "metadata": {ADMIN_URL_METADATA: admin_url}},
+        "admin": {"address": socket_address(listen=admin_listen, port=admin_port)},
         # Weights arrive as an RTDS layer over ADS; the admin layer above it stays for an
         # operator's manual override, as in file mode (fleetctl does not write it here).
         "layered_runtime": {"layers": [

@@ -7,8 +7,9 @@ the new clusters together until every Envoy ACKed the new routes, then the exact
 (as the file mode swaps its files). A NACK fails the push with Envoy's message, and the
 previous snapshot is served again, so an Envoy that connects next gets the config the others
 kept. Read-back is what the Envoys ACKed: the weights of the newest snapshot every connected
-Envoy holds. In-flight requests and counters still come from the admin API at
-admin_address (one Envoy's; summing over a gateway's Envoys is a later slice).
+Envoy holds. In-flight requests and counters are summed over the gateway's connected
+Envoys, each read at the admin URL its bootstrap gave (node metadata); one that does not
+answer makes the figure unknown (an AdapterError), never a zero.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from fleetctl.traffic.gateways.envoy.adapter import (
     pool_counters,
     render_once,
 )
+from fleetctl.traffic.gateways.envoy.bootstrap import ADMIN_URL_METADATA
 from fleetctl.traffic.gateways.envoy_xds.options import EnvoyXdsOptions
+from fleetctl.traffic.gateways.schema import http_url
 from fleetctl.xds.protos import SERVED_TYPES, SHORT
 from fleetctl.xds.resources import rendered_resources
 from fleetctl.xds.store import AckResult, Snapshot, SnapshotStore, default_store
@@ -205,8 +208,56 @@ class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
         return (acked.clusters_version == rendered.clusters_version
                 and acked.routes_version == rendered.routes_version)
 
+    # --- what the gateway's Envoys count -----------------------------------------------------
+
     def in_flight(self, pool: str) -> int:
-        return in_flight(self.admin, pool)
+        """Summed over every Envoy connected as this gateway; unknown (AdapterError) when one
+        cannot be read, so a drain never counts a silent Envoy as idle."""
+        return sum(in_flight(admin, pool) for admin in self._admins("in-flight requests"))
 
     def pool_counters(self) -> dict[str, PoolCounters]:
-        return pool_counters(self.admin)
+        """Per pool, summed over every Envoy connected as this gateway (an Envoy that joins
+        or leaves moves the sums: a drop reads as a counter reset, a join as one interval's
+        jump)."""
+        sums: dict[str, PoolCounters] = {}
+        for admin in self._admins("counters"):
+            for pool, c in pool_counters(admin).items():
+                was = sums.get(pool, PoolCounters(requests_total=0, errors_total=0, active=0))
+                sums[pool] = PoolCounters(requests_total=was.requests_total + c.requests_total,
+                                          errors_total=was.errors_total + c.errors_total,
+                                          active=was.active + c.active)
+        return dict(sorted(sums.items()))
+
+    def _admins(self, what: str) -> list[EnvoyAdmin]:
+        """The admin API of each Envoy connected as this gateway, at the URL its bootstrap
+        sent (node metadata `fleetctl_admin_url`, checked as an admin address is). An Envoy
+        without one is read at admin_address only when it is the gateway's one Envoy (a
+        bootstrap from before the metadata); with several, the sum would miss it."""
+        name = self.gateway.name
+        live = [e for e in self.store.envoys(name) if e.connected]
+        if not live:
+            raise AdapterError(
+                f"gateway {name}: no Envoy is connected to fleetctl's xDS server as this "
+                f"gateway, so its {what} cannot be read (an Envoy whose stream broke may still "
+                "serve requests)")
+        if len(live) == 1 and not live[0].admin_url:
+            return [self.admin]
+        unknown = [e.node_id for e in live if not e.admin_url]
+        if unknown:
+            raise AdapterError(
+                f"gateway {name}: Envoy(s) {', '.join(unknown)} gave no admin URL in their "
+                f"bootstrap (node metadata {ADMIN_URL_METADATA}; render_xds_bootstrap writes "
+                f"it), so the {what} of the gateway's {len(live)} Envoys cannot be summed")
+        admins = []
+        for envoy in live:
+            problem = _ADMIN_ADDRESS.check(envoy.admin_url)
+            if problem:
+                raise AdapterError(
+                    f"gateway {name}: Envoy {envoy.node_id}'s admin URL (node metadata "
+                    f"{ADMIN_URL_METADATA}) cannot be read: {problem}")
+            admins.append(EnvoyAdmin(envoy.admin_url, gateway=f"{name} ({envoy.node_id})",
+                                     timeout_s=self.options.admin_timeout_s))
+        return admins
+
+
+_ADMIN_ADDRESS = http_url("admin")
