@@ -26,10 +26,11 @@ from fleetctl.traffic.gateways.base import ApplyResult, GatewaySpec, PoolTarget
 from fleetctl.traffic.gateways.envoy.names import CLUSTER_TYPE
 from fleetctl.traffic.gateways.envoy_xds.adapter import EnvoyXdsAdapter
 from fleetctl.traffic.models import Gateway
+from fleetctl.xds import shared
 from fleetctl.xds.models import XdsEnvoy, XdsGateway
 from fleetctl.xds.protos import SERVED_TYPES, AdsStub, DiscoveryRequest
 from fleetctl.xds.services import gateway_token_issue
-from fleetctl.xds.shared import SharedStore
+from fleetctl.xds.shared import SharedStore, redis_client
 from fleetctl.xds.store import default_store, set_default_store
 from tests.conftest import _worker_env
 from tests.sim.simproc import SimProcess
@@ -46,14 +47,14 @@ HELLO = [{"role": "user", "content": "hello"}]
 class Replica:
     """`manage.py xds_serve` in a process of its own, on the test database."""
 
-    def __init__(self, name: str, workdir: Path) -> None:
+    def __init__(self, name: str, workdir: Path, *args: str) -> None:
         self.name = name
         self.port = free_port()
         self.log = workdir / f"{name}.log"
         with self.log.open("wb") as log:
             self.proc: subprocess.Popen[bytes] = subprocess.Popen(
                 [sys.executable, "manage.py", "xds_serve", "--port", str(self.port),
-                 "--replica", name],
+                 "--replica", name, *args],
                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                 env=_worker_env(connection.settings_dict["NAME"]))
         wait_until(lambda: "xDS (ADS) serving on" in self.log.read_text(), timeout_s=60,
@@ -218,3 +219,40 @@ def test_xds_token_issues_for_envoy_xds_gateways_only(
 def test_the_default_store_is_the_shared_one() -> None:
     set_default_store(None)
     assert isinstance(default_store(), SharedStore)
+
+
+def test_a_replica_that_missed_a_wake_up_serves_the_push_after_its_re_read(
+        sims: SimProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A push whose Redis wake-up the replica never hears (published on a channel it does not
+    listen to, as a lost message would be) still reaches the Envoy: the replica re-reads the
+    newest snapshot numbers every 2 s (`xds_serve --poll-s`), and the push is verified by
+    the Envoy's ACK."""
+    replica = Replica("r-deaf", tmp_path)
+    token = gateway_token_issue(gateway="gw-deaf")
+    envoy = EnvoyProcess(tmp_path / "e1", free_port(), free_port(),
+                         xds=XdsSource("127.0.0.1", replica.port, "gw-deaf", "e1",
+                                       token=token))
+    store = SharedStore()  # this process pushes; it serves no xDS
+    try:
+        envoy.start(timeout_s=60)
+        adapter = EnvoyXdsAdapter(GatewaySpec("gw-deaf", "envoy-xds", envoy.admin_url,
+                                              {"ack_timeout_s": 20}), store=store)
+        wait_until(lambda: any(e.connected for e in store.envoys("gw-deaf")),
+                   what="the Envoy to connect", explain=replica.log.read_text)
+        targets = pools(sims, "pa", "pb")
+        adapter.apply(state(targets, route("chat", {"pa": 10000, "pb": 0})))
+        assert ask(sims, envoy) == "pa"
+        heard = redis_client().pubsub(ignore_subscribe_messages=True)
+        heard.subscribe(shared.SNAPSHOT_CHANNEL + "gw-deaf")
+        monkeypatch.setattr(shared, "SNAPSHOT_CHANNEL", "fleetctl:xds:nobody-listens:")
+        result = adapter.apply(state(targets, route("chat", {"pa": 0, "pb": 10000},
+                                                    revision=2)))
+        assert "ACKed by 1 Envoy(s)" in result.detail, result.detail
+        assert heard.get_message(timeout=0) is None, "the replica's channel got a wake-up"
+        heard.close()
+        assert ask(sims, envoy) == "pb"
+        assert "xDS (ADS) serving on" in replica.log.read_text()
+    finally:
+        envoy.stop()
+        replica.stop()
+        store.stop()

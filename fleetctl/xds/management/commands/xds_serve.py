@@ -28,12 +28,20 @@ class Command(BaseCommand):
         parser.add_argument("--replica", default="",
                             help="this replica's name in the ACK records (default: "
                                  "host-pid-random)")
+        parser.add_argument("--poll-s", type=float, default=2.0,
+                            help="how often the replica re-reads the newest snapshot numbers "
+                                 "without a Redis wake-up, so a lost one delays a push by at "
+                                 "most this (default 2)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         port = options["port"]
         if not 0 < port < 65536:
             raise CommandError(f"--port {port} is not a port number (1-65535)")
-        store = SharedStore(replica=options["replica"] or None)
+        poll_s = options["poll_s"]
+        if not 0.1 <= poll_s <= 3600:
+            raise CommandError(f"--poll-s {poll_s:g} is out of range: from 0.1 to 3600 "
+                               "seconds")
+        store = SharedStore(replica=options["replica"] or None, poll_s=poll_s)
         try:
             with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: a normal stop
                 asyncio.run(self._serve(store, options["host"], port))
