@@ -140,6 +140,22 @@ def test_the_xds_bootstrap_is_one_envoy_accepts(tmp_path: Path) -> None:
     [service] = bootstrap["dynamic_resources"]["ads_config"]["grpc_services"]
     assert service["initial_metadata"] == [{"key": "authorization",
                                             "value": "Bearer fxds_secret"}]
+    # A broken ADS stream is retried from 0.25 s up to 5 s apart (jittered), not Envoy's
+    # 0.5 s to 30 s: a fleet is back soon after its replica restarts.
+    assert service["envoy_grpc"]["retry_policy"] == {"retry_back_off": {
+        "base_interval": "0.25s", "max_interval": "5s"}}
+    assert bootstrap["node"]["metadata"] == {"fleetctl_admin_url": "http://127.0.0.1:9901"}
+    # An admin API on every address needs the URL fleetctl reads it at.
+    with pytest.raises(ValueError, match="give admin_url"):
+        envoy_config.render_xds_bootstrap(
+            xds_host="127.0.0.1", xds_port=18000, gateway="gw", node_id="e1",
+            listen_port=10000, admin_port=9901, admin_listen="0.0.0.0")
+    wildcard = envoy_config.render_xds_bootstrap(
+        xds_host="127.0.0.1", xds_port=18000, gateway="gw", node_id="e1", listen_port=10000,
+        admin_port=9901, admin_listen="0.0.0.0", admin_url="http://10.0.0.7:9901")
+    ok, output = validate_config(wildcard, tmp_path)
+    assert ok, output
+    assert wildcard["node"]["metadata"] == {"fleetctl_admin_url": "http://10.0.0.7:9901"}
     [xds] = bootstrap["static_resources"]["clusters"]
     assert [e["endpoint"]["address"]["socket_address"]["port_value"]
             for e in xds["load_assignment"]["endpoints"][0]["lb_endpoints"]] == [18000, 18001]

@@ -72,6 +72,11 @@ ADS_SOURCE = {"ads": {}, "resource_api_version": "V3"}
 # The node metadata key under which an Envoy tells fleetctl where its admin API is (read by
 # fleetctl.xds.server.node_admin_url).
 ADMIN_URL_METADATA = "fleetctl_admin_url"
+# How soon Envoy retries a broken ADS stream: jittered exponential back-off from the base to
+# the max (Envoy's default, 0.5 s to 30 s, left 100 Envoys reconnecting ~20 s after a
+# replica restart; docs/xds.md "Reconnect storm").
+XDS_RETRY_BASE = "0.25s"
+XDS_RETRY_MAX = "5s"
 
 
 def render_xds_bootstrap(*, xds_host: str, xds_port: int, gateway: str, node_id: str,
@@ -95,7 +100,13 @@ def render_xds_bootstrap(*, xds_host: str, xds_port: int, gateway: str, node_id:
                              "fleetctl reaches this Envoy's admin API at")
         host = f"[{admin_listen}]" if ":" in admin_listen else admin_listen
         admin_url = f"http://{host}:{admin_port}"
-    grpc_service: dict[str, Any] = {"envoy_grpc": {"cluster_name": XDS_CLUSTER}}
+    grpc_service: dict[str, Any] = {"envoy_grpc": {
+        "cluster_name": XDS_CLUSTER,
+        # Reconnect soon after the control plane is back (a restart, a replica failing over),
+        # with jitter so a fleet does not come back in one wave.
+        "retry_policy": {"retry_back_off": {"base_interval": XDS_RETRY_BASE,
+                                            "max_interval": XDS_RETRY_MAX}},
+    }}
     if token:
         grpc_service["initial_metadata"] = [{"key": "authorization",
                                              "value": f"Bearer {token}"}]
