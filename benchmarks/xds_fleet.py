@@ -73,6 +73,9 @@ def main() -> None:
     parser.add_argument("--drains", type=int, default=20, help="per path")
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--no-storm", action="store_true")
+    parser.add_argument("--storms", type=int, default=1,
+                        help="reconnect storms in a row (Envoy's back-off is jittered: the "
+                             "median of several says more than one)")
     args = parser.parse_args()
 
     import logging
@@ -262,7 +265,8 @@ def main() -> None:
             say(f"  replica CPU per push (drain or restore) with {connected} Envoys connected: "
                 f"{cpu:.1f} ms; RSS after {proc_usage(replica.pid)[0]:.1f} MiB")
 
-        if not args.no_storm:
+        storms: list[float] = []
+        for _ in range(0 if args.no_storm else args.storms):
             count = max(args.envoys)
             name = f"xds{count}-{tag}"
             number = store.snapshot(name).number
@@ -271,20 +275,25 @@ def main() -> None:
             killed = time.monotonic()
             replica = start_replica()
             up = time.monotonic() - killed
+            killed_wall = time.time() - up
 
-            def converged() -> bool:
+            def converged(name: str = name, count: int = count, number: int = number,
+                          since: float = killed_wall) -> bool:
                 live = [e for e in store.envoys(name)
                         if e.connected and e.replica == f"bench-{tag}"
-                        and e.connected_at > killed_wall]
+                        and e.connected_at > since]
                 return len(live) >= count and all(
                     len(e.types) >= len(SERVED_TYPES)
                     and all(a.acked_number >= number for a in e.types.values()) for e in live)
 
-            killed_wall = time.time() - (time.monotonic() - killed)
             wait(converged, "the storm to converge", 180)
+            storms.append(time.monotonic() - killed)
             say(f"reconnect storm: replica killed (-9) with {count} Envoys connected and "
                 f"started again ({up:.1f} s to serving) → all {count} reconnected and ACKed "
-                f"snapshot {number} after {time.monotonic() - killed:.1f} s")
+                f"snapshot {number} after {storms[-1]:.1f} s")
+        if len(storms) > 1:
+            say(f"reconnect storms: median {statistics.median(storms):.1f} s, max "
+                f"{max(storms):.1f} s over {len(storms)} ({', '.join(f'{s:.1f}' for s in storms)})")
     finally:
         stop_envoys(list(envoys))
         if replica is not None:
