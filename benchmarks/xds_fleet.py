@@ -58,6 +58,22 @@ def proc_usage(pid: int) -> tuple[float, float]:
     return rss, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def admin_stat(admin_url: str, name: str) -> int | None:
+    """One stat of an Envoy's admin API (None: not there, or no answer)."""
+    from fleetctl.core.http import OutboundError, shared_client
+
+    try:
+        answer = shared_client().get(f"{admin_url}/stats", params={"filter": f"^{name}$"},
+                                     timeout_s=2)
+    except OutboundError:
+        return None
+    for line in answer.text.splitlines():
+        key, _, value = line.partition(": ")
+        if key == name and value.strip().isdigit():
+            return int(value)
+    return None
+
+
 def wait(check: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -187,8 +203,8 @@ def main() -> None:
             attempts = list(GatewayPushAttempt.objects.filter(push__revision__drains=drain))
             first = min(a.sent_at for a in attempts)
             before.append((first - drain.requested_at).total_seconds() * 1000)
-            applying.append((max(a.answered_at for a in attempts) - first).total_seconds()
-                            * 1000)
+            last = max(a.answered_at or a.sent_at for a in attempts)
+            applying.append((last - first).total_seconds() * 1000)
         return (f"  where the time goes (medians, attempt rows): request → first gateway "
                 f"contacted {statistics.median(before):.1f} ms; first contacted → last "
                 f"answered (apply) {statistics.median(applying):.1f} ms")
@@ -240,14 +256,20 @@ def main() -> None:
             token = gateway_token_issue(gateway=name)
             candidate = pool(f"cand-x{count}")
             route = route_on(candidate, f"x{count}")
-            mine = start_envoys(count, lambda i, name=name, token=token, count=count: EnvoyProcess(
-                work / f"x{count}-{i}", free_port(), free_port(), access_log=False,
-                xds=XdsSource("127.0.0.1", xds_port, name, f"e{i}", token=token)))
+            def xds_envoy(i: int, name: str = name, token: str = token,
+                          count: int = count) -> EnvoyProcess:
+                return EnvoyProcess(
+                    work / f"x{count}-{i}", free_port(), free_port(), access_log=False,
+                    xds=XdsSource("127.0.0.1", xds_port, name, f"e{i}", token=token))
+
+            mine = start_envoys(count, xds_envoy)
             traffic.gateway_create(actor=system, name=name, kind="envoy-xds",
                                    admin_address=mine[0].admin_url,
                                    options={"ack_timeout_s": 30}, routes=[route])
-            wait(lambda name=name, count=count: sum(
-                e.connected for e in store.envoys(name)) >= count, f"{count} Envoys recorded")
+            def recorded(name: str = name, count: int = count) -> bool:
+                return sum(e.connected for e in store.envoys(name)) >= count
+
+            wait(recorded, f"{count} Envoys recorded")
             connected += count
             time.sleep(2)
             rss, c0 = proc_usage(replica.pid)
@@ -276,6 +298,21 @@ def main() -> None:
             replica = start_replica()
             up = time.monotonic() - killed
             killed_wall = time.time() - up
+            ours = [e for e in envoys if getattr(e, "xds", None) is not None
+                    and e.xds.gateway == name]
+
+            def streams_up(pending: list[Any] = ours) -> bool:
+                """Every Envoy says its ADS stream is up (its own view, before fleetctl
+                records or serves anything on it); an Envoy seen up is not asked again."""
+                with ThreadPoolExecutor(BATCH) as pool_:
+                    up_now = list(pool_.map(lambda envoy: admin_stat(
+                        envoy.admin_url, "control_plane.connected_state") == 1, pending))
+                pending[:] = [envoy for envoy, ok in zip(pending, up_now, strict=True)
+                              if not ok]
+                return not pending
+
+            wait(streams_up, "every Envoy's stream to be up", 180)
+            streams_at = time.monotonic() - killed
 
             def converged(name: str = name, count: int = count, number: int = number,
                           since: float = killed_wall) -> bool:
@@ -290,7 +327,8 @@ def main() -> None:
             storms.append(time.monotonic() - killed)
             say(f"reconnect storm: replica killed (-9) with {count} Envoys connected and "
                 f"started again ({up:.1f} s to serving) → all {count} reconnected and ACKed "
-                f"snapshot {number} after {storms[-1]:.1f} s")
+                f"snapshot {number} after {storms[-1]:.1f} s ({storms[-1] - up:.1f} s after "
+                f"it served; every Envoy's own stream up after {streams_at:.1f} s)")
         if len(storms) > 1:
             say(f"reconnect storms: median {statistics.median(storms):.1f} s, max "
                 f"{max(storms):.1f} s over {len(storms)} ({', '.join(f'{s:.1f}' for s in storms)})")
