@@ -336,28 +336,41 @@ def test_in_flight_is_unknown_with_no_envoy_or_one_without_an_admin_url(
         gw: XdsGateway, tmp_path: Path) -> None:
     adapter = gw.adapter(admin_timeout_s=0.5)
     adapter.apply(state(gw.pools("pa"), route("chat", {"pa": 10000})))
-    # An Envoy whose bootstrap predates the metadata (its stream opened by hand here) beside
-    # one that gave it: the sum would miss it, so there is none.
     metadata = [("authorization", f"Bearer {gw.token}")]
+
+    def beside_e1(node_id: str, admin_url: str | None, says: str) -> None:
+        """A stream opened by hand as `node_id` beside the real Envoy e1: in_flight raises
+        `says` while it is open, and counts e1 alone once it is gone."""
+        request = DiscoveryRequest(type_url=CLUSTER_TYPE)
+        request.node.id, request.node.cluster = node_id, gw.name
+        if admin_url is not None:
+            request.node.metadata.update({"fleetctl_admin_url": admin_url})
+        done = threading.Event()
+
+        def requests() -> Iterator[DiscoveryRequest]:
+            yield request
+            done.wait(30)  # the stream stays open until the check below is made
+
+        with grpc.insecure_channel(gw.server.address) as channel:
+            answers = AdsStub(channel).StreamAggregatedResources(
+                requests(), metadata=metadata, timeout=30)
+            assert next(answers).type_url == CLUSTER_TYPE
+            with pytest.raises(AdapterError, match=says):
+                adapter.in_flight("pa")
+            done.set()
+            answers.cancel()
+        wait_until(lambda: [e.node_id for e in gw.store.envoys(gw.name)
+                            if e.connected] == ["e1"], what=f"{node_id}'s stream to be gone")
+        assert adapter.in_flight("pa") == 0
+
+    # A bootstrap from before the metadata: the sum would miss that Envoy, so there is none.
+    beside_e1("old", None, r"Envoy\(s\) old gave no admin URL")
+    # An admin URL the destination policy refuses (a cloud metadata address) is not read.
+    beside_e1("meta", "http://169.254.169.254:80",
+              r"Envoy meta's admin URL \(node metadata fleetctl_admin_url\) cannot be read: "
+              r".*give the address fleetctl reaches it at")
     request = DiscoveryRequest(type_url=CLUSTER_TYPE)
-    request.node.id, request.node.cluster = "old", gw.name
-    done = threading.Event()
-
-    def requests() -> Iterator[DiscoveryRequest]:
-        yield request
-        done.wait(30)  # the stream stays open until the checks below are made
-
-    with grpc.insecure_channel(gw.server.address) as channel:
-        answers = AdsStub(channel).StreamAggregatedResources(requests(), metadata=metadata,
-                                                             timeout=30)
-        assert next(answers).type_url == CLUSTER_TYPE
-        with pytest.raises(AdapterError, match=r"Envoy\(s\) old gave no admin URL"):
-            adapter.in_flight("pa")
-        done.set()
-        answers.cancel()
-    wait_until(lambda: [e.node_id for e in gw.store.envoys(gw.name) if e.connected] == ["e1"],
-               what="the hand-made stream to be gone")
-    assert adapter.in_flight("pa") == 0
+    request.node.id, request.node.cluster = "bad", gw.name
     # A malformed admin URL is refused when the stream opens, saying what to send.
     request.node.metadata.update({"fleetctl_admin_url": "ftp://10.0.0.1/x"})
     with grpc.insecure_channel(gw.server.address) as channel, \

@@ -254,7 +254,9 @@ class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
             if problem:
                 raise AdapterError(
                     f"gateway {name}: Envoy {envoy.node_id}'s admin URL (node metadata "
-                    f"{ADMIN_URL_METADATA}) cannot be read: {problem}")
+                    f"{ADMIN_URL_METADATA}) cannot be read: {problem}; give the address "
+                    "fleetctl reaches it at (render_xds_bootstrap(admin_listen=..., "
+                    "admin_url=...))")
             admins.append(EnvoyAdmin(envoy.admin_url, gateway=f"{name} ({envoy.node_id})",
                                      timeout_s=self.options.admin_timeout_s))
         return admins
