@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from migrations_plan.models import GateCheck, Plan
 
 log = logging.getLogger(__name__)
-AUDITED = ["name", "kind", "base_url", "timeout_s"]
+AUDITED = ["name", "kind", "base_url", "timeout_s", "telemetry_selector"]
 
 
 # --- the registry ---------------------------------------------------------------------------
@@ -49,6 +49,9 @@ def _checked(actor: Actor, action: str, source: MetricSource) -> None:
     problems: dict[str, list[str]] = {}
     if source.kind not in MetricSource.Kind.values:
         problems["kind"] = [f"One of {', '.join(MetricSource.Kind.values)}."]
+    selector_why = selector_problem(source.telemetry_selector, kind=source.kind)
+    if selector_why:
+        problems["telemetry_selector"] = [selector_why]
     why = url_problem(source.base_url, purpose=METRICS)
     if why:
         audit_refused(actor=actor, action=action, target="prometheus.metricsource",
@@ -63,13 +66,33 @@ def _checked(actor: Actor, action: str, source: MetricSource) -> None:
         raise ValidationError(problems)
 
 
+def selector_problem(selector: str, *, kind: str) -> str:
+    """What is wrong with a telemetry selector ("" when nothing, or when none is set)."""
+    selector = selector.strip()
+    if not selector:
+        return ""
+    if kind != MetricSource.Kind.PROMETHEUS:
+        return (f"Only a Prometheus can be a telemetry source (this one is {kind}): leave it "
+                f"empty.")
+    if "$pool" not in selector:
+        return ("Name the pool with $pool, e.g. pool=\"$pool\": without it every pool would "
+                "read the same series.")
+    if any(c in selector for c in "{}\n"):
+        return ("Label matchers only, without braces, e.g. pool=\"$pool\",job=\"vllm\" "
+                "(fleetctl puts them inside the metric's braces).")
+    return ""
+
+
 def source_create(*, actor: Actor, name: str, base_url: str, kind: str = "prometheus",
-                  bearer_token: str = "", timeout_s: float = 5.0) -> MetricSource:
-    """Register a metric source (administrators: its URL is fleetctl's to reach)."""
+                  bearer_token: str = "", timeout_s: float = 5.0,
+                  telemetry_selector: str = "") -> MetricSource:
+    """Register a metric source (administrators: its URL is fleetctl's to reach). With a
+    `telemetry_selector` it is also a telemetry source (fleetctl/telemetry/promsource.py)."""
     actor.require(roles.ADMIN_MANAGE, action="metric-source.create",
                   target="prometheus.metricsource")
     source = MetricSource(name=name, kind=kind, base_url=base_url.strip(),
                           bearer_token=bearer_token, timeout_s=timeout_s,
+                          telemetry_selector=telemetry_selector.strip(),
                           created_by=actor.label)
     _checked(actor, "metric-source.create", source)
     with transaction.atomic():
@@ -83,7 +106,8 @@ def source_create(*, actor: Actor, name: str, base_url: str, kind: str = "promet
 
 def source_update(*, actor: Actor, source: MetricSource, **changes: Any) -> MetricSource:
     actor.require(roles.ADMIN_MANAGE, action="metric-source.update", target=source)
-    unknown = sorted(set(changes) - {"kind", "base_url", "bearer_token", "timeout_s"})
+    unknown = sorted(set(changes) - {"kind", "base_url", "bearer_token", "timeout_s",
+                                     "telemetry_selector"})
     if unknown:
         raise ValidationError({name: ["This field cannot be changed here."] for name in unknown})
     with transaction.atomic():
@@ -91,7 +115,8 @@ def source_update(*, actor: Actor, source: MetricSource, **changes: Any) -> Metr
         before = _picture(locked)
         token_before = locked.bearer_token
         for name, value in changes.items():
-            setattr(locked, name, value.strip() if name == "base_url" else value)
+            setattr(locked, name, value.strip() if name in ("base_url", "telemetry_selector")
+                    else value)
         _checked(actor, "metric-source.update", locked)
         locked.save()
         after = _picture(locked)

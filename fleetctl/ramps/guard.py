@@ -260,6 +260,8 @@ def stats_dict(stats: PoolStats) -> dict[str, Any]:
     """PoolStats as JSON (datetimes as ISO strings), for events and evidence."""
     out: dict[str, Any] = {}
     for key, value in dataclasses.asdict(stats).items():
+        if key == "reported" and not value:
+            continue  # the guard never reads a Prometheus's windows (telemetry.Reported)
         out[key] = value.isoformat() if isinstance(value, datetime) else value
     return out
 

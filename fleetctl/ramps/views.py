@@ -16,7 +16,7 @@ the template's autoescape or `json_script`, never `|safe`.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.paginator import Paginator
@@ -245,8 +245,22 @@ def _step(ramp: Ramp, now: datetime) -> dict[str, Any]:
 
 def _live(ramp: Ramp, events: list[RampEvent]) -> dict[str, Any]:
     now = timezone.now()
+    numbers_now = _numbers_now(ramp)
     return {"ramp": ramp, "live_id": LIVE_ID, "polling": ramp.active, "now": now,
-            "step": _step(ramp, now), "numbers_now": _numbers_now(ramp), "drain": ramp.drain}
+            "step": _step(ramp, now), "numbers_now": numbers_now, "drain": ramp.drain,
+            "reported": _reported_now(ramp, now) if numbers_now else []}
+
+
+def _reported_now(ramp: Ramp, now: datetime) -> list[dict[str, Any]]:
+    """Beside what the guard reads: each Prometheus telemetry source's figures of the two
+    pools over the guard's window (pool-wide, every route; shown, never judged)."""
+    from fleetctl.ramps.templatetags.ramps import ReportedRow
+
+    pools = [(ramp.pool.name, "candidate"), (ramp.route.primary_pool.name, "primary")]
+    found = telemetry.reported_of([name for name, _ in pools],
+                                  since=now - timedelta(seconds=ramp.window_s), until=now)
+    return [{"pool": name, "role": role, "source": ReportedRow.of(r)}
+            for name, role in pools for r in found[name]]
 
 
 def _decisions_block(ramp: Ramp, events: list[RampEvent]) -> dict[str, Any]:

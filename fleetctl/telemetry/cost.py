@@ -97,7 +97,10 @@ def _rows(pools: list[str], since: datetime, until: datetime,
           route: str | None = None) -> list[dict[str, Any]]:
     from fleetctl.telemetry.selectors import LONGEST_WINDOW, _overlapping
 
-    rows = (Window.objects.filter(pool__in=pools, start__lt=until,
+    # The gateways' and the pools' own windows: a Prometheus's (pool-wide, the same requests
+    # again) are never part of the cost.
+    rows = (Window.objects.filter(source__in=[Window.Source.POOL, Window.Source.GATEWAY],
+                                  pool__in=pools, start__lt=until,
                                   start__gt=since - LONGEST_WINDOW)
             .order_by().values(*_FIELDS))
     return [row for row in _overlapping(rows, since, until)

@@ -397,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_LEASE_HELD
         try:
             scraped = scraper.scrape_all() if scraper else 0
+            if scraper:
+                scraper.read_prometheus()
         finally:
             ingester.release()
         log.info("read %d lines, scraped %d pool endpoints", lines, scraped)

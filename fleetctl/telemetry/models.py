@@ -20,9 +20,15 @@ class Window(models.Model):
     class Source(models.TextChoices):
         GATEWAY = "gateway", "gateway access log"
         POOL = "pool", "pool /metrics"
+        # A metric source marked as a telemetry source (prometheus.MetricSource
+        # .telemetry_selector): the pool's vLLM histograms as that Prometheus has them,
+        # pool-wide like POOL (route ""). Shown beside the gateways' figures, labelled by
+        # source; never judged by the ramp guard (fleetctl/telemetry/promsource.py).
+        PROMETHEUS = "prometheus", "Prometheus"
 
-    # Which kind of source, and which one: a gateway's name, or the pool's own /metrics.
-    source = models.CharField(max_length=8, choices=Source.choices)
+    # Which kind of source, and which one: a gateway's name, the pool's own /metrics (the
+    # pool's name), or the metric source's name (PROMETHEUS).
+    source = models.CharField(max_length=12, choices=Source.choices)
     source_name = models.CharField(max_length=63)
     # The route's name (the gateway's route key); "" for a pool's own figures, which cover
     # all of its traffic.

@@ -18,6 +18,9 @@ and two more for live cost (fleetctl/telemetry/cost.py):
   (the pool's running requests summed over its endpoints, one sample per metered round in
   which every endpoint answered).
 
+The same thread reads each pool's histograms from the Prometheus servers marked as telemetry
+sources (promsource.py: windows of source "prometheus"), after each round.
+
 Each is summed over its labels (models), and what was counted since the previous scrape
 (the cumulative buckets are kept in the Cursor for that URL, `last_counters`) is spread into
 log buckets (histogram.from_cumulative) and added to the window holding the scrape time. The
@@ -102,6 +105,7 @@ class Scraper:
         self.window_s = int(settings.TELEMETRY_WINDOW_S)
         self.timeout_s = timeout_s
         self.max_workers = max_workers
+        self._reader: Any = None
 
     def targets(self) -> list[tuple[str, str]]:
         from fleetctl.fleet.models import Pool
@@ -183,6 +187,15 @@ class Scraper:
             windows_add(deltas, now=now)
         return answered
 
+    def read_prometheus(self, now: datetime | None = None) -> int:
+        """The same round for the metric sources marked as telemetry sources (promsource.py):
+        each pool's histograms as those Prometheus servers have them."""
+        from fleetctl.telemetry.promsource import PrometheusReader
+
+        if self._reader is None:
+            self._reader = PrometheusReader()
+        return self._reader.read_all(now)
+
     def run(self, stop: threading.Event, *, only_while: threading.Event | None = None) -> None:
         """Scrape every interval until `stop` is set; with `only_while`, only while that is
         set too (the ingester's lease)."""
@@ -197,6 +210,11 @@ class Scraper:
                 self.scrape_all()
             except Exception:
                 log.exception("scrape round failed; trying again next round")
+            try:
+                self.read_prometheus()
+            except Exception:
+                log.exception("reading the Prometheus telemetry sources failed; trying "
+                              "again next round")
             finally:
                 close_old_connections()
             stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))

@@ -15,7 +15,7 @@ percentiles are the pool's own (ingest.py says which hang-ups still give a TTFT)
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -38,6 +38,30 @@ class Figure:
     high: float | None  # upper confidence bound
     n: int  # samples behind it
     source: str  # where it was measured, in plain words
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Reported:
+    """What one pool-wide source outside the gateways reports of a pool: a Prometheus
+    marked as a telemetry source (Window source "prometheus", promsource.py). Shown beside
+    the gateways' figures, labelled by source; never judged by the ramp guard (it covers
+    every route and the same requests the gateways logged)."""
+
+    source: str  # "prometheus"
+    source_name: str  # the metric source's name
+    label: str  # "from Prometheus <name>"
+    requests: int  # vllm:e2e_request_latency_seconds' count in the windows
+    ttft_p95: Figure
+    tpot_p95: Figure
+    duration_p95: Figure
+    last_data_at: datetime | None = None
+    # The source's last error for this pool ("" when its last read answered): a source that
+    # is down shows why its figures are dashes.
+    error: str = ""
+    last_read_at: datetime | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +93,9 @@ class PoolStats:
     # A context tier's per-request fallback (Window.fallbacks, Window.fell_over).
     fallbacks: int = 0
     fell_over: int = 0
+    # Beside the gateways' figures: each Prometheus telemetry source's (Reported), pool-wide;
+    # empty when none is configured (or when the caller did not ask: the guard).
+    reported: list[Reported] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,6 +208,63 @@ def _stats(*, pool: str, route: str | None, since: datetime, until: datetime,
     )
 
 
+def prometheus_label(name: str) -> str:
+    return f"from Prometheus {name}"
+
+
+def _prometheus_state(pools: list[str] | None) -> tuple[list[str], dict[tuple[str, str],
+                                                                       tuple[str, Any]]]:
+    """The metric sources marked as telemetry sources now, and (source, pool) -> (last
+    error, last read) of their cursors: two queries."""
+    from fleetctl.prometheus.models import MetricSource
+    from fleetctl.telemetry.promsource import PATH_PREFIX, cursor_path
+
+    names = list(MetricSource.objects.exclude(telemetry_selector="").order_by("name")
+                 .values_list("name", flat=True))
+    if not names:
+        return [], {}
+    cursors = Cursor.objects.filter(source_name__in=names, path__startswith=PATH_PREFIX)
+    if pools is not None:
+        cursors = cursors.filter(path__in=[cursor_path(p) for p in pools])
+    return names, {(c["source_name"], c["path"][len(PATH_PREFIX):]):
+                   (c["last_error"], c["last_read_at"])
+                   for c in cursors.values("source_name", "path", "last_error",
+                                           "last_read_at")}
+
+
+def _reported(pool: str, rows: list[dict[str, Any]], names: list[str],
+              state: dict[tuple[str, str], tuple[str, Any]],
+              confidence: float) -> list[Reported]:
+    """One Reported per Prometheus source: those configured, and any whose windows are
+    still there."""
+    by_source: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for row in rows:
+        by_source.setdefault(row["source_name"], []).append(row)
+    out = []
+    for name in sorted(by_source):
+        mine = by_source[name]
+        label = prometheus_label(name)
+        error, read_at = state.get((name, pool), ("", None))
+        if not mine and not error and read_at is None:
+            error = "not read yet (the ingester reads it every scrape round)"
+
+        def figure(key: str, what: str, mine: list[dict[str, Any]] = mine,
+                   label: str = label) -> Figure:
+            return _quantile_figure(histogram.merge_all(r[key] for r in mine), 0.95,
+                                    confidence, f"{label} ({what}, pool-wide: every route)")
+
+        updated = [r["updated_at"] for r in mine]
+        out.append(Reported(
+            source=Window.Source.PROMETHEUS, source_name=name, label=label,
+            requests=sum(r["requests"] for r in mine),
+            ttft_p95=figure("ttft", "vllm:time_to_first_token_seconds"),
+            tpot_p95=figure("tpot", "vllm:time_per_output_token_seconds"),
+            duration_p95=figure("duration", "vllm:e2e_request_latency_seconds"),
+            last_data_at=max(updated) if updated else None, error=error,
+            last_read_at=read_at))
+    return out
+
+
 def _rate(count: int, total: int, confidence: float, source: str) -> Figure:
     """count / total with its Wilson interval; no value without a total."""
     from fleetctl.inference.confidence import wilson_interval
@@ -192,21 +276,29 @@ def _rate(count: int, total: int, confidence: float, source: str) -> Figure:
 
 
 def pool_stats(*, pool: str, route: str | None = None, since: datetime,
-               until: datetime | None = None, confidence: float = 0.99) -> PoolStats:
+               until: datetime | None = None, confidence: float = 0.99,
+               reported: bool = False) -> PoolStats:
     """What every gateway saw of `pool` (on `route`, or all its routes) in [since, until),
     plus the pool's own TPOT, in two queries (three when a gateway saw it: their kinds name
     what the TTFT measured).
 
     Windows overlapping the interval's edges are included whole (a window is the finest
     grain there is), so the figures may cover up to one window more on each side; `rps`
-    divides by the asked interval."""
+    divides by the asked interval.
+
+    With `reported`, also each Prometheus telemetry source's figures (PoolStats.reported;
+    three queries more). The guard never asks: it judges the gateways' windows only."""
     until = until or timezone.now()
     gateway_rows = _windows(source=Window.Source.GATEWAY, since=since, until=until,
                             pools=[pool], route=route)
     pool_rows = _windows(source=Window.Source.POOL, since=since, until=until, pools=[pool])
-    return _stats(pool=pool, route=route, since=since, until=until,
-                  gateway_rows=gateway_rows, pool_rows=pool_rows, confidence=confidence,
-                  kinds=_kinds(gateway_rows))
+    stats = _stats(pool=pool, route=route, since=since, until=until,
+                   gateway_rows=gateway_rows, pool_rows=pool_rows, confidence=confidence,
+                   kinds=_kinds(gateway_rows))
+    if not reported:
+        return stats
+    return replace(stats, reported=reported_of([pool], since=since, until=until,
+                                               confidence=confidence)[pool])
 
 
 def _resolution(since: datetime, until: datetime) -> int:
@@ -272,16 +364,35 @@ def live_summary(*, pools: list[str] | None = None, window_s: int = 60,
             if row["pool"] in by_pool:
                 by_pool[row["pool"]][side].append(row)
     kinds = _kinds(row for g_rows, _ in by_pool.values() for row in g_rows)
-    return {name: _stats(pool=name, route=route, since=since, until=until,
-                         gateway_rows=g_rows, pool_rows=p_rows, confidence=confidence,
-                         kinds=kinds)
+    # Each Prometheus telemetry source's figures beside them (pool-wide, never judged).
+    reported = reported_of(names, since=since, until=until, confidence=confidence)
+    return {name: replace(_stats(pool=name, route=route, since=since, until=until,
+                                 gateway_rows=g_rows, pool_rows=p_rows, confidence=confidence,
+                                 kinds=kinds), reported=reported[name])
             for name, (g_rows, p_rows) in by_pool.items()}
 
 
+def reported_of(pools: list[str], *, since: datetime, until: datetime,
+                confidence: float = 0.99) -> dict[str, list[Reported]]:
+    """Pool -> what each Prometheus telemetry source reports of it in [since, until)
+    (Reported, labelled "from Prometheus <name>"); empty lists when none is configured and
+    none left windows. At most three queries, however many pools."""
+    names, state = _prometheus_state(pools)
+    rows: dict[str, list[dict[str, Any]]] = {pool: [] for pool in pools}
+    for row in _windows(source=Window.Source.PROMETHEUS, since=since, until=until,
+                        pools=pools):
+        if row["pool"] in rows:
+            rows[row["pool"]].append(row)
+    return {pool: _reported(pool, rows[pool], names, state, confidence)
+            if names or rows[pool] else [] for pool in pools}
+
+
 def ingest_status(now: datetime | None = None) -> list[dict[str, Any]]:
-    """Per cursor: which source (a gateway's log, a pool's /metrics), how far it got, and how
-    long ago the ingester last read it (`lag_s`; None when it never has)."""
+    """Per cursor: which source (a gateway's log, a pool's /metrics, a Prometheus's view of
+    one pool: path "prometheus:<pool>"), how far it got, and how long ago the ingester last
+    read it (`lag_s`; None when it never has)."""
     from fleetctl.telemetry.ingest import LEASE_SOURCE
+    from fleetctl.telemetry.promsource import PATH_PREFIX as PROMETHEUS_PATH
 
     now = now or timezone.now()
     out = []
@@ -289,9 +400,11 @@ def ingest_status(now: datetime | None = None) -> list[dict[str, Any]]:
     for cursor in Cursor.objects.exclude(source_name=LEASE_SOURCE).order_by("source_name",
                                                                              "path"):
         is_metrics = cursor.path.startswith(("http://", "https://"))
+        is_prometheus = cursor.path.startswith(PROMETHEUS_PATH)
         out.append({
             "source": cursor.source_name,
-            "kind": "pool /metrics" if is_metrics else "gateway access log",
+            "kind": ("Prometheus" if is_prometheus else "pool /metrics" if is_metrics
+                     else "gateway access log"),
             "path": cursor.path,
             "lines": cursor.lines,  # lines read (a log) or scrapes answered (/metrics)
             "malformed": cursor.malformed,

@@ -20,10 +20,19 @@ class MetricSourceSerializer(serializers.ModelSerializer):
                                   "link-local only where OUTBOUND_ALLOW_METRICS lists them; "
                                   "fleetctl's own services never.")
 
+    telemetry_selector = serializers.CharField(
+        max_length=300, required=False, allow_blank=True,
+        help_text="Set: this Prometheus is also a telemetry source. PromQL label matchers "
+                  "selecting one pool's vLLM series, $pool standing for the pool's name, "
+                  "e.g. pool=\"$pool\". The ingester reads each pool's TTFT, TPOT and "
+                  "end-to-end histograms through it into windows of source `prometheus`, "
+                  "shown beside the gateways' figures and never judged by a ramp's guard. "
+                  "Empty: query checks only.")
+
     class Meta:
         model = MetricSource
         fields = ["id", "name", "kind", "base_url", "bearer_token", "has_bearer_token",
-                  "timeout_s", "created_by", "created_at"]
+                  "timeout_s", "telemetry_selector", "created_by", "created_at"]
         read_only_fields = ["id", "has_bearer_token", "created_by", "created_at"]
         extra_kwargs: dict[str, Any] = {"name": {"validators": []}}
 

@@ -97,6 +97,8 @@ class LiveRow:
     client_disconnects: str = DASH
     disconnect_source: str = "no data in the window"
     any_disconnects: bool = False
+    # Beside them: each Prometheus telemetry source's figures (telemetry.Reported), pool-wide.
+    reported: tuple[ReportedRow, ...] = ()
 
     @classmethod
     def of(cls, stats: Any) -> LiveRow:
@@ -112,7 +114,39 @@ class LiveRow:
             sources=sources, has_data=bool(requests),
             client_disconnects=_disconnects(stats),
             any_disconnects=bool(getattr(stats, "client_disconnects", 0)),
-            disconnect_source=getattr(stats.disconnect_rate, "source", "") or sources)
+            disconnect_source=getattr(stats.disconnect_rate, "source", "") or sources,
+            reported=tuple(ReportedRow.of(r) for r in getattr(stats, "reported", None) or ()))
+
+
+@dataclass(frozen=True)
+class ReportedRow:
+    """One Prometheus telemetry source's view of a pool, as a page shows it."""
+
+    name: str
+    label: str  # "from Prometheus <name>"
+    ttft_p95: str
+    ttft_source: str
+    tpot_p95: str
+    tpot_source: str
+    e2e_p95: str
+    e2e_source: str
+    requests: int
+    error: str
+
+    @classmethod
+    def of(cls, reported: Any) -> ReportedRow:
+        def get(key: str) -> Any:
+            return reported.get(key) if isinstance(reported, dict) else getattr(reported, key)
+
+        def source(key: str) -> str:
+            figure = get(key)
+            return str(figure.get("source") if isinstance(figure, dict) else figure.source)
+
+        return cls(name=str(get("source_name")), label=str(get("label")),
+                   ttft_p95=figure_ms(get("ttft_p95")), ttft_source=source("ttft_p95"),
+                   tpot_p95=figure_ms(get("tpot_p95")), tpot_source=source("tpot_p95"),
+                   e2e_p95=figure_ms(get("duration_p95")), e2e_source=source("duration_p95"),
+                   requests=int(get("requests") or 0), error=str(get("error") or ""))
 
 
 def _disconnects(stats: Any) -> str:

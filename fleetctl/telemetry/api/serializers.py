@@ -52,6 +52,22 @@ class FigureSerializer(serializers.Serializer[Any]):
     source = serializers.CharField(help_text="Where it was measured.")  # type: ignore[assignment]
 
 
+class ReportedSerializer(serializers.Serializer[Any]):
+    source = serializers.CharField(help_text='The kind of source: "prometheus".')  # type: ignore[assignment]
+    source_name = serializers.CharField(help_text="The metric source's name.")
+    label = serializers.CharField(help_text='"from Prometheus <name>".')  # type: ignore[assignment]
+    requests = serializers.IntegerField(
+        help_text="Requests the pool's vllm:e2e_request_latency_seconds counted (every route).")
+    ttft_p95 = FigureSerializer()
+    tpot_p95 = FigureSerializer()
+    duration_p95 = FigureSerializer()
+    last_data_at = serializers.DateTimeField(allow_null=True)
+    error = serializers.CharField(
+        allow_blank=True, help_text="Why the source gave nothing at its last read (down, an "
+                                    "error, no series for this pool); empty when it answered.")
+    last_read_at = serializers.DateTimeField(allow_null=True)
+
+
 class PoolStatsSerializer(serializers.Serializer[Any]):
     pool = serializers.CharField()
     route = serializers.CharField(allow_null=True)
@@ -85,6 +101,10 @@ class PoolStatsSerializer(serializers.Serializer[Any]):
     duration_p95 = FigureSerializer()
     sources = serializers.ListField(child=serializers.CharField())
     last_data_at = serializers.DateTimeField(allow_null=True)
+    reported = ReportedSerializer(
+        many=True, help_text="Beside the gateways' figures: what each Prometheus marked as a "
+                             "telemetry source reports of the pool (pool-wide, every route), "
+                             "labelled by source. Never judged by a ramp's guard.")
 
 
 class SeriesPointSerializer(serializers.Serializer[Any]):
@@ -107,7 +127,9 @@ class PoolDetailSerializer(serializers.Serializer[Any]):
 
 class IngestStatusSerializer(serializers.Serializer[Any]):
     source = serializers.CharField(help_text="The gateway or pool.")  # type: ignore[assignment]
-    kind = serializers.CharField(help_text='"gateway access log" or "pool /metrics".')
+    kind = serializers.CharField(
+        help_text='"gateway access log", "pool /metrics" or "Prometheus" (a metric source\'s '
+                  'view of one pool: path "prometheus:<pool>").')
     path = serializers.CharField(help_text="The file followed, or the /metrics URL.")
     lines = serializers.IntegerField(help_text="Lines read (log) or scrapes answered.")
     malformed = serializers.IntegerField()

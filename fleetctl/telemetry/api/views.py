@@ -50,7 +50,7 @@ class TelemetryPoolViewSet(viewsets.ViewSet):
         args: dict[str, Any] = {"pool": name, "route": query.validated_data.get("route"),
                                 "since": query.validated_data["since"],
                                 "until": query.validated_data["until"]}
-        stats = selectors.pool_stats(**args)
+        stats = selectors.pool_stats(**args, reported=True)
         series = selectors.pool_series(
             **args, resolution_s=query.validated_data.get("resolution_s"))
         return Response(s.PoolDetailSerializer({"stats": stats.as_dict(),
