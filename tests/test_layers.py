@@ -88,8 +88,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     # record plan evidence.
     "ramps": BELOW_FLEET | {"fleet", "traffic", "telemetry", "plans", "webhooks", "prometheus"},
     # Metric sources and query checks (Prometheus, HTTP JSON) read pools and record plan
-    # evidence; ramps list its queries as extra guard metrics.
-    "prometheus": BELOW_FLEET | {"fleet", "traffic", "plans"},
+    # evidence; ramps list its queries as extra guard metrics. A source marked as a telemetry
+    # source writes telemetry windows (the ingester calls it through a provider).
+    "prometheus": BELOW_FLEET | {"fleet", "traffic", "plans", "telemetry"},
     # Batch jobs run on pools (fleet), may carry a plan's batch route (traffic), compare
     # answers (inference), and record plan evidence; drills and soaks notify.
     "batch": BELOW_FLEET | {"fleet", "traffic", "plans", "webhooks", "inference"},

@@ -9,6 +9,11 @@ class PrometheusConfig(AppConfig):
     verbose_name = "Prometheus"
 
     def ready(self) -> None:
+        from fleetctl.core.panels import register_provider
         from fleetctl.prometheus import evidence
+        from fleetctl.prometheus.telemetry import read_all
 
         evidence.register()
+        # The ingester's scrape thread reads the telemetry sources through this (telemetry
+        # sits below prometheus).
+        register_provider("telemetry.prometheus_read", read_all)

@@ -25,7 +25,7 @@ class MetricSource(models.Model):
     # Set: this Prometheus is also a telemetry source. PromQL label matchers that select one
     # pool's vLLM series, `$pool` standing for the pool's name (e.g. `pool="$pool"`); the
     # ingester reads each pool's latency histograms through it into windows of source
-    # "prometheus" (fleetctl/telemetry/promsource.py). Empty: query checks only.
+    # "prometheus" (fleetctl/prometheus/telemetry.py). Empty: query checks only.
     telemetry_selector = models.CharField(max_length=300, blank=True)
     created_by = models.CharField(max_length=150)
     created_at = models.DateTimeField(default=timezone.now)

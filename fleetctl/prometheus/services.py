@@ -30,6 +30,7 @@ from fleetctl.prometheus.query import (
     source_get,
     spec_problems,
 )
+from fleetctl.prometheus.telemetry import forget
 
 if TYPE_CHECKING:
     from migrations_plan.models import GateCheck, Plan
@@ -87,7 +88,7 @@ def source_create(*, actor: Actor, name: str, base_url: str, kind: str = "promet
                   bearer_token: str = "", timeout_s: float = 5.0,
                   telemetry_selector: str = "") -> MetricSource:
     """Register a metric source (administrators: its URL is fleetctl's to reach). With a
-    `telemetry_selector` it is also a telemetry source (fleetctl/telemetry/promsource.py)."""
+    `telemetry_selector` it is also a telemetry source (fleetctl/prometheus/telemetry.py)."""
     actor.require(roles.ADMIN_MANAGE, action="metric-source.create",
                   target="prometheus.metricsource")
     source = MetricSource(name=name, kind=kind, base_url=base_url.strip(),
@@ -123,6 +124,9 @@ def source_update(*, actor: Actor, source: MetricSource, **changes: Any) -> Metr
         if locked.bearer_token != token_before:
             before["bearer_token"], after["bearer_token"] = "(hidden)", "(changed)"
         changed = sorted(k for k in after if before[k] != after[k])
+        if {"telemetry_selector", "base_url"} & set(changed):
+            # Other series (or none): the next read starts from where they stand.
+            forget(locked.name)
         if changed:
             audit_record(actor=actor, action="metric-source.update", target=locked,
                          before={k: before[k] for k in changed},
@@ -135,6 +139,7 @@ def source_delete(*, actor: Actor, source: MetricSource) -> None:
     with transaction.atomic():
         audit_record(actor=actor, action="metric-source.delete", target=source,
                      before=_picture(source))
+        forget(source.name)
         source.delete()
 
 

@@ -13,6 +13,14 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+# A Prometheus telemetry source's cursor for one pool (fleetctl/prometheus/telemetry.py):
+# Cursor(source_name=<metric source>, path="prometheus:<pool>").
+PROMETHEUS_CURSOR_PREFIX = "prometheus:"
+
+
+def prometheus_cursor_path(pool: str) -> str:
+    return f"{PROMETHEUS_CURSOR_PREFIX}{pool}"
+
 
 class Window(models.Model):
     """What one source saw of one pool (on one route) during [start, start + resolution_s)."""
@@ -23,7 +31,7 @@ class Window(models.Model):
         # A metric source marked as a telemetry source (prometheus.MetricSource
         # .telemetry_selector): the pool's vLLM histograms as that Prometheus has them,
         # pool-wide like POOL (route ""). Shown beside the gateways' figures, labelled by
-        # source; never judged by the ramp guard (fleetctl/telemetry/promsource.py).
+        # source; never judged by the ramp guard (fleetctl/prometheus/telemetry.py).
         PROMETHEUS = "prometheus", "Prometheus"
 
     # Which kind of source, and which one: a gateway's name, the pool's own /metrics (the

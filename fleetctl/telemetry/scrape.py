@@ -19,7 +19,7 @@ and two more for live cost (fleetctl/telemetry/cost.py):
   which every endpoint answered).
 
 The same thread reads each pool's histograms from the Prometheus servers marked as telemetry
-sources (promsource.py: windows of source "prometheus"), after each round.
+sources (fleetctl/prometheus/telemetry.py: windows of source "prometheus"), after each round.
 
 Each is summed over its labels (models), and what was counted since the previous scrape
 (the cumulative buckets are kept in the Cursor for that URL, `last_counters`) is spread into
@@ -105,7 +105,6 @@ class Scraper:
         self.window_s = int(settings.TELEMETRY_WINDOW_S)
         self.timeout_s = timeout_s
         self.max_workers = max_workers
-        self._reader: Any = None
 
     def targets(self) -> list[tuple[str, str]]:
         from fleetctl.fleet.models import Pool
@@ -188,13 +187,12 @@ class Scraper:
         return answered
 
     def read_prometheus(self, now: datetime | None = None) -> int:
-        """The same round for the metric sources marked as telemetry sources (promsource.py):
-        each pool's histograms as those Prometheus servers have them."""
-        from fleetctl.telemetry.promsource import PrometheusReader
+        """The same round for the metric sources marked as telemetry sources: each pool's
+        histograms as those Prometheus servers have them (fleetctl/prometheus/telemetry.py,
+        the provider "telemetry.prometheus_read"; 0 when the app is not installed)."""
+        from fleetctl.core.panels import provided
 
-        if self._reader is None:
-            self._reader = PrometheusReader()
-        return self._reader.read_all(now)
+        return int(provided("telemetry.prometheus_read", now) or 0)
 
     def run(self, stop: threading.Event, *, only_while: threading.Event | None = None) -> None:
         """Scrape every interval until `stop` is set; with `only_while`, only while that is

@@ -22,7 +22,12 @@ from typing import Any
 from django.utils import timezone
 
 from fleetctl.telemetry import histogram
-from fleetctl.telemetry.models import Cursor, Window
+from fleetctl.telemetry.models import (
+    PROMETHEUS_CURSOR_PREFIX,
+    Cursor,
+    Window,
+    prometheus_cursor_path,
+)
 
 LONGEST_WINDOW = timedelta(seconds=600)
 _FIELDS = ("source", "source_name", "route", "pool", "resolution_s", "start", "requests",
@@ -46,9 +51,10 @@ class Figure:
 @dataclass(frozen=True)
 class Reported:
     """What one pool-wide source outside the gateways reports of a pool: a Prometheus
-    marked as a telemetry source (Window source "prometheus", promsource.py). Shown beside
-    the gateways' figures, labelled by source; never judged by the ramp guard (it covers
-    every route and the same requests the gateways logged)."""
+    marked as a telemetry source (Window source "prometheus",
+    fleetctl/prometheus/telemetry.py). Shown beside the gateways' figures, labelled by
+    source; never judged by the ramp guard (it covers every route and the same requests the
+    gateways logged)."""
 
     source: str  # "prometheus"
     source_name: str  # the metric source's name
@@ -108,11 +114,13 @@ def _overlapping(rows: Iterable[dict[str, Any]], since: datetime,
             and row["start"] + timedelta(seconds=row["resolution_s"]) > since]
 
 
-def _windows(*, source: str, since: datetime, until: datetime, pools: list[str] | None,
-             route: str | None = None) -> list[dict[str, Any]]:
-    """One query: the windows of `source` overlapping [since, until)."""
-    rows = Window.objects.filter(source=source, start__lt=until,
-                                 start__gt=since - LONGEST_WINDOW)
+def _windows(*, source: str | tuple[str, ...], since: datetime, until: datetime,
+             pools: list[str] | None, route: str | None = None) -> list[dict[str, Any]]:
+    """One query: the windows of `source` (or of each source of a tuple) overlapping
+    [since, until)."""
+    rows = Window.objects.filter(start__lt=until, start__gt=since - LONGEST_WINDOW)
+    rows = rows.filter(source__in=source) if isinstance(source, tuple) else \
+        rows.filter(source=source)
     if pools is not None:
         rows = rows.filter(pool__in=pools)
     if route is not None:
@@ -212,41 +220,30 @@ def prometheus_label(name: str) -> str:
     return f"from Prometheus {name}"
 
 
-def _prometheus_state(pools: list[str] | None) -> tuple[list[str], dict[tuple[str, str],
-                                                                       tuple[str, Any]]]:
-    """The metric sources marked as telemetry sources now, and (source, pool) -> (last
-    error, last read) of their cursors: two queries."""
-    from fleetctl.prometheus.models import MetricSource
-    from fleetctl.telemetry.promsource import PATH_PREFIX, cursor_path
-
-    names = list(MetricSource.objects.exclude(telemetry_selector="").order_by("name")
-                 .values_list("name", flat=True))
-    if not names:
-        return [], {}
-    cursors = Cursor.objects.filter(source_name__in=names, path__startswith=PATH_PREFIX)
+def _prometheus_state(pools: list[str] | None) -> dict[tuple[str, str], tuple[str, Any]]:
+    """(metric source, pool) -> (last error, last read) of the Prometheus telemetry sources'
+    cursors (one query; a source's cursors go when it stops being one)."""
+    cursors = Cursor.objects.filter(path__startswith=PROMETHEUS_CURSOR_PREFIX)
     if pools is not None:
-        cursors = cursors.filter(path__in=[cursor_path(p) for p in pools])
-    return names, {(c["source_name"], c["path"][len(PATH_PREFIX):]):
-                   (c["last_error"], c["last_read_at"])
-                   for c in cursors.values("source_name", "path", "last_error",
-                                           "last_read_at")}
+        cursors = cursors.filter(path__in=[prometheus_cursor_path(p) for p in pools])
+    return {(c["source_name"], c["path"][len(PROMETHEUS_CURSOR_PREFIX):]):
+            (c["last_error"], c["last_read_at"])
+            for c in cursors.values("source_name", "path", "last_error", "last_read_at")}
 
 
-def _reported(pool: str, rows: list[dict[str, Any]], names: list[str],
+def _reported(pool: str, rows: list[dict[str, Any]],
               state: dict[tuple[str, str], tuple[str, Any]],
               confidence: float) -> list[Reported]:
-    """One Reported per Prometheus source: those configured, and any whose windows are
-    still there."""
-    by_source: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    """One Reported per Prometheus source that reads the pool (has a cursor for it)."""
+    by_source: dict[str, list[dict[str, Any]]] = {
+        name: [] for name, of in state if of == pool}
     for row in rows:
-        by_source.setdefault(row["source_name"], []).append(row)
+        by_source[row["source_name"]].append(row)
     out = []
     for name in sorted(by_source):
         mine = by_source[name]
         label = prometheus_label(name)
         error, read_at = state.get((name, pool), ("", None))
-        if not mine and not error and read_at is None:
-            error = "not read yet (the ingester reads it every scrape round)"
 
         def figure(key: str, what: str, mine: list[dict[str, Any]] = mine,
                    label: str = label) -> Figure:
@@ -347,8 +344,10 @@ def pool_series(*, pool: str, route: str | None = None, since: datetime,
 def live_summary(*, pools: list[str] | None = None, window_s: int = 60,
                  confidence: float = 0.99, route: str | None = None) -> dict[str, PoolStats]:
     """The last `window_s` seconds of every pool (or those named), all routes together or
-    one `route` (the gateways' figures; a pool's own TPOT is pool-wide): one query for the
-    pools, one per source kind, one for the gateways' kinds — however many pools."""
+    one `route` (the gateways' figures; a pool's own TPOT is pool-wide), with each
+    Prometheus telemetry source's figures beside them (`reported`): one query for the pools,
+    one for the gateways' windows, one for the pools' own and the Prometheus ones, one for
+    the gateways' kinds, one for the Prometheus sources' state — however many pools."""
     from fleetctl.fleet.models import Pool
 
     until = timezone.now()
@@ -358,14 +357,21 @@ def live_summary(*, pools: list[str] | None = None, window_s: int = 60,
                  .order_by("name").values_list("name", flat=True))
     by_pool: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
         name: ([], []) for name in names}
-    for source, side in ((Window.Source.GATEWAY, 0), (Window.Source.POOL, 1)):
-        for row in _windows(source=source, since=since, until=until, pools=pools,
-                            route=route if source == Window.Source.GATEWAY else None):
-            if row["pool"] in by_pool:
-                by_pool[row["pool"]][side].append(row)
+    prometheus_rows = []
+    for row in _windows(source=Window.Source.GATEWAY, since=since, until=until, pools=pools,
+                        route=route):
+        if row["pool"] in by_pool:
+            by_pool[row["pool"]][0].append(row)
+    for row in _windows(source=(Window.Source.POOL, Window.Source.PROMETHEUS), since=since,
+                        until=until, pools=pools):
+        if row["source"] == Window.Source.PROMETHEUS:
+            prometheus_rows.append(row)
+        elif row["pool"] in by_pool:
+            by_pool[row["pool"]][1].append(row)
     kinds = _kinds(row for g_rows, _ in by_pool.values() for row in g_rows)
     # Each Prometheus telemetry source's figures beside them (pool-wide, never judged).
-    reported = reported_of(names, since=since, until=until, confidence=confidence)
+    reported = reported_of(names, since=since, until=until, confidence=confidence,
+                           rows=prometheus_rows)
     return {name: replace(_stats(pool=name, route=route, since=since, until=until,
                                  gateway_rows=g_rows, pool_rows=p_rows, confidence=confidence,
                                  kinds=kinds), reported=reported[name])
@@ -373,18 +379,24 @@ def live_summary(*, pools: list[str] | None = None, window_s: int = 60,
 
 
 def reported_of(pools: list[str], *, since: datetime, until: datetime,
-                confidence: float = 0.99) -> dict[str, list[Reported]]:
-    """Pool -> what each Prometheus telemetry source reports of it in [since, until)
-    (Reported, labelled "from Prometheus <name>"); empty lists when none is configured and
-    none left windows. At most three queries, however many pools."""
-    names, state = _prometheus_state(pools)
-    rows: dict[str, list[dict[str, Any]]] = {pool: [] for pool in pools}
-    for row in _windows(source=Window.Source.PROMETHEUS, since=since, until=until,
-                        pools=pools):
-        if row["pool"] in rows:
-            rows[row["pool"]].append(row)
-    return {pool: _reported(pool, rows[pool], names, state, confidence)
-            if names or rows[pool] else [] for pool in pools}
+                confidence: float = 0.99, rows: list[dict[str, Any]] | None = None
+                ) -> dict[str, list[Reported]]:
+    """Pool -> what each Prometheus telemetry source reading it reports of it in [since,
+    until) (Reported, labelled "from Prometheus <name>"); empty lists when no source reads
+    it (a source's cursors go when it stops being one, and with them its figures). One query
+    for the sources' state, one for their windows unless `rows` has them already or no
+    source reads any of the pools."""
+    state = _prometheus_state(pools)
+    if not state:
+        return {pool: [] for pool in pools}
+    if rows is None:
+        rows = _windows(source=Window.Source.PROMETHEUS, since=since, until=until,
+                        pools=pools)
+    by_pool: dict[str, list[dict[str, Any]]] = {pool: [] for pool in pools}
+    for row in rows:
+        if row["pool"] in by_pool and (row["source_name"], row["pool"]) in state:
+            by_pool[row["pool"]].append(row)
+    return {pool: _reported(pool, by_pool[pool], state, confidence) for pool in pools}
 
 
 def ingest_status(now: datetime | None = None) -> list[dict[str, Any]]:
@@ -392,7 +404,6 @@ def ingest_status(now: datetime | None = None) -> list[dict[str, Any]]:
     one pool: path "prometheus:<pool>"), how far it got, and how long ago the ingester last
     read it (`lag_s`; None when it never has)."""
     from fleetctl.telemetry.ingest import LEASE_SOURCE
-    from fleetctl.telemetry.promsource import PATH_PREFIX as PROMETHEUS_PATH
 
     now = now or timezone.now()
     out = []
@@ -400,7 +411,7 @@ def ingest_status(now: datetime | None = None) -> list[dict[str, Any]]:
     for cursor in Cursor.objects.exclude(source_name=LEASE_SOURCE).order_by("source_name",
                                                                              "path"):
         is_metrics = cursor.path.startswith(("http://", "https://"))
-        is_prometheus = cursor.path.startswith(PROMETHEUS_PATH)
+        is_prometheus = cursor.path.startswith(PROMETHEUS_CURSOR_PREFIX)
         out.append({
             "source": cursor.source_name,
             "kind": ("Prometheus" if is_prometheus else "pool /metrics" if is_metrics

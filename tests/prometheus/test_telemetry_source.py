@@ -1,5 +1,5 @@
 """A Prometheus as a telemetry source: the real Prometheus of the stack scrapes the simulated
-pools; the reader (fleetctl/telemetry/promsource.py) turns each pool's vLLM histograms into
+pools; the reader (fleetctl/prometheus/telemetry.py) turns each pool's vLLM histograms into
 windows of source "prometheus", shown beside the gateways' figures, labelled by source, and
 never read by the ramp guard. A Prometheus that is down writes no window and shows its
 error."""
@@ -13,11 +13,11 @@ from django.utils import timezone
 
 from fleetctl.core.ports import free_port
 from fleetctl.prometheus import services
+from fleetctl.prometheus.telemetry import PrometheusReader
 from fleetctl.ramps import guard
 from fleetctl.ramps.selectors import pool_judgement
 from fleetctl.telemetry import histogram
 from fleetctl.telemetry.models import Cursor, Window
-from fleetctl.telemetry.promsource import PrometheusReader
 from fleetctl.telemetry.selectors import ingest_status, live_summary, pool_stats
 from tests.sim.simproc import client
 from tests.support.waiting import wait_until
@@ -111,6 +111,14 @@ def test_a_prometheus_that_is_down_writes_no_windows_and_shows_its_error(world, 
     assert "unreachable" in gone.error
     page = client_for("viewer").get(f"/pools/{CANDIDATE}/").content.decode()
     assert "pool-reported-error" in page and "unreachable" in page
+    # No longer a telemetry source: its state goes with it.
+    services.source_update(actor=world.actor("admin"),
+                           source=services.MetricSource.objects.get(name="gone"),
+                           telemetry_selector="")
+    assert not Cursor.objects.filter(source_name="gone").exists()
+    assert live_summary(pools=[CANDIDATE])[CANDIDATE].reported == []
+    assert PrometheusReader().read_all() == 0 and not Cursor.objects.filter(
+        source_name="gone").exists()
 
 
 def test_a_selector_without_series_says_so(stack, world):

@@ -2,10 +2,12 @@
 Prometheus that scrapes the pools, into windows of source "prometheus" (route "": pool-wide,
 like the pool's own /metrics), source_name = the metric source's name.
 
-A metric source (fleetctl/prometheus) is a telemetry source when its `telemetry_selector` is
-set: label matchers selecting one pool's series, `$pool` standing for the pool's name
-(`pool="$pool"`). Every scrape round (the ingester's scrape thread, scrape.py, while it holds
-the lease) asks each such source, for each pool, one instant query per histogram:
+A metric source is a telemetry source when its `telemetry_selector` is set: label matchers
+selecting one pool's series, `$pool` standing for the pool's name (`pool="$pool"`). Every
+scrape round of the ingester's scrape thread (fleetctl/telemetry/scrape.py, while it holds
+the lease; it calls this reader as the provider "telemetry.prometheus_read", registered in
+apps.py, because telemetry sits below prometheus) asks each such source, for each pool, one
+instant query per histogram:
 
     sum by (le, instance) (vllm:time_to_first_token_seconds_bucket{pool="h200-us"})
 
@@ -19,17 +21,17 @@ round is spread into log buckets (histogram.from_cumulative, which also takes a 
 went down as a restart of that instance) and added to the window holding the read time, in
 the same transaction as the cursor. The first read only records where the counters stand.
 
-Outbound calls go through the metric source's client (prometheus.query.source_get: the
-outbound rules for purpose `metrics`, its token, its timeout). A source that does not answer
-writes no window (never zeros) and its error is the cursor's `last_error`, shown by the
-telemetry API's ingest status and beside the pool's figures. A pool with no series in that
-Prometheus says so the same way.
+Outbound calls go through the metric source's client (query.source_get: the outbound rules
+for purpose `metrics`, its token, its timeout). A source that does not answer writes no
+window (never zeros) and its error is the cursor's `last_error`, shown by the telemetry
+API's ingest status and beside the pool's figures. A pool with no series in that Prometheus
+says so the same way.
 
-These windows are read by the pages and the API beside the gateways' (selectors.PoolStats
-.reported), labelled "from Prometheus <name>". The ramp guard and the standing watch judge the
-gateways' windows (and the pool's own TPOT) only: a Prometheus's figures cover every route
-of the pool and the same requests the gateways logged, so adding them would count requests
-twice.
+The pages and the API show these windows beside the gateways' (telemetry.selectors
+PoolStats.reported), labelled "from Prometheus <name>". The ramp guard and the standing
+watch judge the gateways' windows (and the pool's own TPOT) only: a Prometheus's figures
+cover every route of the pool and the same requests the gateways logged, so adding them
+would count requests twice.
 """
 
 from __future__ import annotations
@@ -39,23 +41,19 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+from fleetctl.prometheus.query import _NoAnswer, fill, source_get
+from fleetctl.telemetry.models import PROMETHEUS_CURSOR_PREFIX as PATH_PREFIX
+from fleetctl.telemetry.models import prometheus_cursor_path as cursor_path
 from fleetctl.telemetry.scrape import METRICS
 
-log = logging.getLogger("fleetctl.telemetry.promsource")
+log = logging.getLogger("fleetctl.prometheus.telemetry")
 
-PATH_PREFIX = "prometheus:"
 SERIES, READ_AT = "series", "at"
 MAX_WORKERS = 8
 
 
-def cursor_path(pool: str) -> str:
-    return f"{PATH_PREFIX}{pool}"
-
-
 def bucket_query(family: str, selector: str, pool: str) -> str:
     """The instant query for one histogram of one pool ($pool filled in, escaped)."""
-    from fleetctl.prometheus.query import fill
-
     return f"sum by (le, instance) ({family}_bucket{{{fill(selector, pool=pool)}}})"
 
 
@@ -82,6 +80,20 @@ def _buckets(body: Any) -> dict[str, list[list[Any]]]:
             for instance, buckets in out.items()}
 
 
+def read_all(now: datetime | None = None) -> int:
+    """One round (the provider scrape.py calls)."""
+    return PrometheusReader().read_all(now)
+
+
+def forget(source_name: str) -> None:
+    """A source no longer a telemetry source (deleted, or its selector cleared): its
+    cursors go, so the pages stop showing its last state (its windows stay until they
+    expire: they are what it measured)."""
+    from fleetctl.telemetry.models import Cursor
+
+    Cursor.objects.filter(source_name=source_name, path__startswith=PATH_PREFIX).delete()
+
+
 class PrometheusReader:
     """Reads every telemetry source's per-pool histograms into windows (one round: read_all)."""
 
@@ -104,8 +116,6 @@ class PrometheusReader:
 
     def _read(self, source: Any, pool: str) -> tuple[dict[str, Any] | None, str]:
         """instance -> {ttft|tpot|duration: buckets} now, or None and why."""
-        from fleetctl.prometheus.query import _NoAnswer, source_get
-
         series: dict[str, dict[str, Any]] = {}
         for name, family in METRICS.items():
             query = bucket_query(family, source.telemetry_selector, pool)
@@ -134,7 +144,7 @@ class PrometheusReader:
         if not targets:
             return 0
         with ThreadPoolExecutor(max_workers=min(self.max_workers, len(targets)),
-                                thread_name_prefix="promsource") as pool_:
+                                thread_name_prefix="prom-telemetry") as pool_:
             results = list(pool_.map(lambda t: self._read(*t), targets))
         now = now or datetime.now(tz=UTC)
         start = window_start(now.timestamp(), self.window_s)
