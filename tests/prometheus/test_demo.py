@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 
 from fleetctl.core.ports import free_port
-from fleetctl.demo.devstack import demo_prometheus
+from fleetctl.demo.devstack import DEMO_SIM_POOLS, demo_prometheus
 from fleetctl.demo.prometheus_process import INSTALL_HINT, prometheus_binary
 from fleetctl.prometheus import evidence, services
 from fleetctl.ramps.models import Ramp
@@ -47,6 +47,23 @@ def test_the_demo_measures_the_mi300x_dashboards_check(demo_fleet, tmp_path):
             ramp.metric_checks, pool=ramp.pool.name, route=ramp.route.name, model="m")
             if m.status == "pass"], what="the guard's query to pass", explain=prometheus.log)
         assert measured[0].reason.startswith("queue depth (Prometheus) = 0")
+        # A telemetry source too: the ingester's next round reads every pool through it
+        # (the pools are scraped: the first read finds their counters, without an error).
+        from fleetctl.prometheus.telemetry import PrometheusReader
+        from fleetctl.telemetry.models import Cursor
+
+        simulated = {name.removesuffix("-2") for name, _, _ in DEMO_SIM_POOLS}
+
+        def every_simulated_pool_read() -> bool:
+            PrometheusReader().read_all()
+            return {path.removeprefix("prometheus:") for path in Cursor.objects.filter(
+                source_name="prometheus", last_error="").values_list("path", flat=True)
+            } >= simulated
+
+        wait_until(every_simulated_pool_read,
+                   what="every simulated pool's histograms in the demo's Prometheus",
+                   explain=lambda: "\n".join(Cursor.objects.filter(
+                       source_name="prometheus").values_list("last_error", flat=True)))
         call_command("demo_prometheus", "--url", prometheus.url,
                      "--rules-dir", str(tmp_path / "prometheus" / "rules"))
         plan = Plan.objects.get(name="mi300x-llama-8b")

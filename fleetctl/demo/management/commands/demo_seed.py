@@ -84,6 +84,9 @@ TIERS: list[dict[str, Any]] = [
     {"max_prompt_tokens": 32768, "behaviour": "queue", "queue_max": 64, "retry_after_s": 5},
     {"behaviour": "reject"},
 ]
+# The demo Prometheus labels every pool's scrape job `pool` (devstack.demo_prometheus): the seed
+# makes it a telemetry source with this selector.
+DEMO_TELEMETRY_SELECTOR = 'pool="$pool"'
 GATEWAY = "envoy-demo"
 GATEWAY_KINDS = ("envoy-xds", "envoy")
 # The file Envoy writes in its working directory (demo/envoy_process.py), which the telemetry
@@ -548,7 +551,9 @@ class Command(BaseCommand):
 
     def _metric_source(self, url: str) -> str:
         """The demo's Prometheus as the metric source `prometheus` (by the administrator),
-        or "" without one."""
+        or "" without one. It is a telemetry source too (its scrape jobs label each pool
+        `pool`): the pool page shows each pool's latency "from Prometheus prometheus" beside
+        the access logs'."""
         if not url:
             return ""
         from fleetctl.prometheus import services as prometheus
@@ -558,9 +563,11 @@ class Command(BaseCommand):
         found = MetricSource.objects.filter(name="prometheus").first()
         if found is None:
             self._create("metric source prometheus", lambda: prometheus.source_create(
-                actor=admin, name="prometheus", base_url=url))
-        elif found.base_url != url:
-            prometheus.source_update(actor=admin, source=found, base_url=url)
+                actor=admin, name="prometheus", base_url=url,
+                telemetry_selector=DEMO_TELEMETRY_SELECTOR))
+        elif (found.base_url, found.telemetry_selector) != (url, DEMO_TELEMETRY_SELECTOR):
+            prometheus.source_update(actor=admin, source=found, base_url=url,
+                                     telemetry_selector=DEMO_TELEMETRY_SELECTOR)
         return "prometheus" if MetricSource.objects.filter(name="prometheus").exists() else ""
 
     def _batch(self) -> None:
