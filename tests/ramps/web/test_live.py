@@ -135,3 +135,40 @@ def test_client_disconnects_are_shown_beside_the_error_rate_and_never_in_it(
     # A pool without data: a dash, not a zero.
     empty = oncall.get(reverse("fleet:pool-detail", args=["h200-eu"])).content.decode()
     assert re.search(r'class="live-disconnects"[^>]*>—<', empty)
+
+
+def test_a_prometheus_telemetry_source_is_shown_beside_the_guard_and_never_in_it(
+        oncall: Client, route: Route):
+    """A Prometheus's windows (source "prometheus", pool-wide) are listed under what the
+    guard reads, labelled by source; the guard's own figures stay the gateways'."""
+    from fleetctl.telemetry.models import Cursor, Window
+    from tests.ramps.web.conftest import make_ramp
+
+    add_window(pool="h200-us", requests=400, ttft_ms=250, ago_s=12)
+    add_window(pool="mi300x-us", requests=40, ttft_ms=600, ago_s=12)
+    gateway = Window.objects.get(pool="mi300x-us")
+    ttft: dict[str, int] = {}
+    histogram.add(ttft, 90.0, 500)
+    Window.objects.create(source="prometheus", source_name="prom", route="", pool="mi300x-us",
+                          resolution_s=10, start=gateway.start, requests=500, ttft=ttft,
+                          duration=ttft, updated_at=gateway.updated_at)
+    for pool in ("mi300x-us", "h200-us"):
+        Cursor.objects.create(source_name="prom", path=f"prometheus:{pool}",
+                              last_read_at=gateway.updated_at,
+                              last_error="" if pool == "mi300x-us" else "no series: …")
+    ramp = make_ramp(route)
+    live = oncall.get(reverse("ramps:detail", args=[ramp.pk])).content.decode()
+    now = live[live.index('class="compact ramp-now"'):]
+    # The guard's row: the gateway's 40 requests at 600 ms, not Prometheus's 500 at 90 ms.
+    row = now[now.index('data-pool="mi300x-us"'):]
+    assert ">40<" in row[:row.index("</tr>")] and p95_of(600, 40) in row[:row.index("</tr>")]
+    beside = now[now.index('class="small muted ramp-reported"'):]
+    line = beside[beside.index('data-pool="mi300x-us"'):]
+    line = re.sub(r"<[^>]+>", "", line[:line.index("</li>")])
+    assert "from Prometheus prom, pool-wide (every route), not judged" in line
+    assert f"TTFT p95 {p95_of(90, 500)}" in line
+    assert "no series" in beside[beside.index('data-pool="h200-us"'):]
+    pool = oncall.get(reverse("fleet:pool-detail", args=["mi300x-us"])).content.decode()
+    block = pool[pool.index('class="pool-reported" data-source="prom"'):]
+    assert re.search(rf'class="reported-ttft"[^>]*>{p95_of(90, 500)}<', block)
+    assert re.search(r'class="live-ttft"[^>]*>' + p95_of(600, 40) + "<", pool)
