@@ -78,6 +78,9 @@ def selector_problem(selector: str, *, kind: str) -> str:
     if "$pool" not in selector:
         return ("Name the pool with $pool, e.g. pool=\"$pool\": without it every pool would "
                 "read the same series.")
+    if "$route" in selector or "$model" in selector:
+        return ("Only $pool: a telemetry source reads a pool's series, every route and "
+                "model together.")
     if any(c in selector for c in "{}\n"):
         return ("Label matchers only, without braces, e.g. pool=\"$pool\",job=\"vllm\" "
                 "(fleetctl puts them inside the metric's braces).")

@@ -137,6 +137,7 @@ def test_a_selector_without_series_says_so(stack, world):
 @pytest.mark.parametrize(("body", "says"), [
     ({"telemetry_selector": 'job="vllm"'}, "$pool"),
     ({"telemetry_selector": '{pool="$pool"}'}, "without braces"),
+    ({"telemetry_selector": 'pool="$pool",route="$route"'}, "Only $pool"),
     ({"telemetry_selector": 'pool="$pool"', "kind": "http-json"}, "Only a Prometheus"),
 ])
 def test_a_bad_selector_is_a_400_naming_it_and_nothing_is_stored(world, client_for, body, says):
