@@ -29,6 +29,11 @@ class MetricSource(models.Model):
     telemetry_selector = models.CharField(max_length=300, blank=True)
     created_by = models.CharField(max_length=150)
     created_at = models.DateTimeField(default=timezone.now)
+    # The newest query asked of it (a gate check's, a ramp guard's or a person's test): its
+    # outcome (pass/warn/fail/insufficient, or "answered" for an unjudged test) and reason.
+    last_status = models.CharField(max_length=12, blank=True)
+    last_reason = models.TextField(blank=True)
+    last_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]

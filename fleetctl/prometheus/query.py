@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from fleetctl.prometheus.models import MetricSource
 
 PASS, WARN, FAIL, INSUFFICIENT = "pass", "warn", "fail", "insufficient"
+# A person's test query with no condition: the values, not judged (never a gate's outcome).
+ANSWERED = "answered"
 MAX_QUERY_CHARS = 2000
 MAX_BODY = 1 << 20  # a query answering more than 1 MiB is not a check's
 
@@ -213,7 +215,8 @@ def _number(value: float) -> str:
 def measure(source: MetricSource, spec: QuerySpec, *, pool: str = "", route: str = "",
             model: str = "") -> Measurement:
     """Ask `source` once and judge the answer. Never raises for the source's trouble: every
-    error is an insufficient measurement with the reason."""
+    error is an insufficient measurement with the reason. A spec with no condition (a
+    person's test query) is not judged: its values are `answered`."""
     query = fill(spec.query, pool=pool, route=route, model=model)
     started = time.time()
     result = Measurement(INSUFFICIENT, "", source.name, query, at=started)
@@ -226,6 +229,11 @@ def measure(source: MetricSource, spec: QuerySpec, *, pool: str = "", route: str
     if not values:
         result.reason = f"{spec.label}: no series (queried from {source.name}): no data, " \
                         f"never a pass"
+        return result
+    if not spec.success and not spec.failure:
+        result.status = ANSWERED
+        result.reason = f"{spec.label} = {_shown(values)} (queried from {source.name}; no " \
+                        f"condition given, not judged)"
         return result
     result.status, reason = judge(spec, values)
     result.reason = f"{reason} (queried from {source.name})"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django.db.models import Q, QuerySet
+from django.urls import reverse
 
 from fleetctl.core.errors import NotFoundError
 from fleetctl.prometheus import generate
@@ -24,6 +26,48 @@ def source_by_name(name: str) -> MetricSource:
     if source is None:
         raise NotFoundError(f"No metric source named {name!r} (GET /api/v1/metric-sources/).")
     return source
+
+
+@dataclass(frozen=True)
+class SourceUser:
+    """A gate check of an open plan, or an active ramp, that reads a metric source."""
+
+    source: str
+    text: str  # "plan p, stage 2 check dashboards" / "ramp 7 (pool on route)"
+    url: str
+
+
+def source_users_by_name() -> dict[str, list[SourceUser]]:
+    """Who reads each source now: the live query and rules checks of open plans (a closed
+    plan's are never measured again) and the metric checks of running or paused ramps."""
+    from fleetctl.prometheus.evidence import ALERTS_RULE, QUERY_RULE
+    from fleetctl.ramps.models import ACTIVE_STATES, Ramp
+    from migrations_plan.models import GateCheck, Plan
+
+    found: dict[str, list[SourceUser]] = {}
+    checks = (GateCheck.objects.select_related("plan")
+              .filter(rule__in=[QUERY_RULE, ALERTS_RULE], removed_at__isnull=True)
+              .exclude(plan__state__in=Plan.CLOSED_STATES).order_by("plan__name", "stage",
+                                                                     "position", "id"))
+    for check in checks:
+        name = (check.params or {}).get("source")
+        if isinstance(name, str):
+            found.setdefault(name, []).append(SourceUser(
+                name, f"plan {check.plan.name}, stage {check.stage} check {check.key}",
+                reverse("plans:detail", args=[check.plan.name])))
+    ramps = (Ramp.objects.select_related("pool", "route").filter(state__in=ACTIVE_STATES)
+             .order_by("id"))
+    for ramp in ramps:
+        names = {c.get("source") for c in ramp.metric_checks or [] if isinstance(c, dict)}
+        for name in sorted(n for n in names if isinstance(n, str)):
+            found.setdefault(name, []).append(SourceUser(
+                name, f"ramp {ramp.pk} ({ramp.pool.name} on {ramp.route.name}, {ramp.state})",
+                reverse("ramps:detail", args=[ramp.pk])))
+    return found
+
+
+def source_users(source: MetricSource) -> list[SourceUser]:
+    return source_users_by_name().get(source.name, [])
 
 
 def _slo_of(plan: Plan | None) -> generate.Slo:

@@ -17,12 +17,13 @@ from fleetctl.accounts.actor import Actor
 from fleetctl.audit.services import audit_record, audit_refused, snapshot
 from fleetctl.core.destinations import METRICS, url_problem
 from fleetctl.core.errors import ConflictError
-from fleetctl.prometheus import evidence, generate
+from fleetctl.prometheus import evidence, generate, selectors
 from fleetctl.prometheus.models import MetricSource
 from fleetctl.prometheus.query import (
     FAIL,
     INSUFFICIENT,
     PASS,
+    SPEC_FIELDS,
     Measurement,
     QuerySpec,
     _NoAnswer,
@@ -138,12 +139,57 @@ def source_update(*, actor: Actor, source: MetricSource, **changes: Any) -> Metr
 
 
 def source_delete(*, actor: Actor, source: MetricSource) -> None:
+    """Remove a source no open plan's gate check and no active ramp reads (refused, 409,
+    naming them: each would turn insufficient, and a gate or a ramp stall, unexplained)."""
     actor.require(roles.ADMIN_MANAGE, action="metric-source.delete", target=source)
     with transaction.atomic():
-        audit_record(actor=actor, action="metric-source.delete", target=source,
-                     before=_picture(source))
-        forget(source.name)
-        source.delete()
+        locked = MetricSource.objects.select_for_update().get(pk=source.pk)
+        users = selectors.source_users(locked)
+        if users:
+            raise ConflictError(f"Metric source {locked.name} is in use: "
+                                f"{'; '.join(u.text for u in users)}. Remove or change those "
+                                f"checks (or end the ramps) first.")
+        audit_record(actor=actor, action="metric-source.delete", target=locked,
+                     before=_picture(locked))
+        forget(locked.name)
+        locked.delete()
+
+
+def source_test(*, actor: Actor, source: MetricSource, query: str, field: str = "",
+                success: str = "", failure: str = "", pool: str = "", route: str = "",
+                model: str = "") -> Measurement:
+    """A person's test query through the one query path (the checks' own `measure`): the
+    values, judged when a condition is given. Writes nothing but the source's last outcome;
+    only those who change the fleet may make fleetctl reach out on their behalf."""
+    actor.require(roles.FLEET_MANAGE, action="metric-source.test", target=source)
+    _, problems = spec_problems({"source": source.name, "query": query, "field": field,
+                                 "success": success, "failure": failure})
+    # A test may leave both conditions out: it shows the values, unjudged.
+    problems = [p for p in problems if not p.startswith("success/failure:")]
+    if problems:
+        raise ValidationError(_by_field(problems))
+    spec = QuerySpec(source=source.name, query=query.strip(), success=success.strip(),
+                     failure=failure.strip(), field=field.strip())
+    result = measure(source, spec, pool=pool.strip(), route=route.strip(),
+                     model=model.strip())
+    remember(source, result)
+    return result
+
+
+def _by_field(problems: list[str]) -> dict[str, list[str]]:
+    """spec_problems' "field: message" lines, keyed by the field they name."""
+    found: dict[str, list[str]] = {}
+    for line in problems:
+        name, _, message = line.partition(": ")
+        found.setdefault(name if name in SPEC_FIELDS else "__all__", []).append(message or line)
+    return found
+
+
+def remember(source: MetricSource, result: Measurement) -> None:
+    """The source's last outcome (one UPDATE; the newest measurement wins)."""
+    MetricSource.objects.filter(pk=source.pk).update(
+        last_status=result.status, last_reason=result.reason[:2000],
+        last_at=timezone.now())
 
 
 # --- measuring -------------------------------------------------------------------------------
@@ -169,7 +215,9 @@ def query_measure(spec: QuerySpec, *, pool: str = "", route: str = "",
         return Measurement(INSUFFICIENT, f"{spec.label}: neither a success nor a failure "
                                          f"condition: nothing to judge", spec.source,
                            spec.query, at=timezone.now().timestamp())
-    return measure(source, spec, pool=pool, route=route, model=model)
+    result = measure(source, spec, pool=pool, route=route, model=model)
+    remember(source, result)
+    return result
 
 
 def gate_checks_due(*, now: datetime) -> list[GateCheck]:
@@ -350,5 +398,5 @@ def ramp_metrics_problems(raw: Any) -> list[str]:
 
 __all__ = ["FAIL", "PASS", "alerts_check_record", "alerts_loaded_in", "dashboards_measured",
            "gate_queries_measure", "query_check_record", "query_measure",
-           "ramp_metrics_measure", "ramp_metrics_problems", "source_create", "source_delete",
-           "source_update"]
+           "ramp_metrics_measure", "ramp_metrics_problems", "remember", "source_create",
+           "source_delete", "source_test", "source_update"]
