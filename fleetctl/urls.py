@@ -17,6 +17,7 @@ urlpatterns = [
     path("plans/", include("fleetctl.economics.urls")),
     path("audit/", include("fleetctl.audit.urls")),
     path("webhooks/", include("fleetctl.webhooks.urls")),
+    path("metric-sources/", include("fleetctl.prometheus.urls")),
     path("account/", include("fleetctl.accounts.urls")),
     path("people/", include("fleetctl.accounts.people_urls")),
     path("login/", auth_views.LoginView.as_view(), name="login"),

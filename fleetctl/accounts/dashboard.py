@@ -82,6 +82,7 @@ def _nav_items() -> list[NavItem]:
         NavItem("Schedules", reverse("schedules:list"), section="schedules"),
         NavItem("Audit", reverse("audit:list"), section="audit"),
         NavItem("Webhooks", reverse("webhooks:list"), section="webhooks"),
+        NavItem("Metric sources", reverse("metric_sources:list"), section="metric_sources"),
         NavItem("API docs", reverse("api-docs")),
     ]
 
