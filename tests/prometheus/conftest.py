@@ -19,6 +19,7 @@ from fleetctl.demo.prometheus_process import (
     prometheus_binary,
 )
 from tests.migrations_plan.conftest import World, world  # noqa: F401 (the plans' world)
+from tests.prometheus.json_endpoint import JsonEndpoint, serve
 from tests.sim.simproc import SimProcess, sim_with_profiles
 from tests.support.profiles import TEST_PROFILES
 from tests.support.waiting import wait_until
@@ -63,3 +64,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         prometheus.stop()
         envoy.stop()
         sim.stop()
+
+
+@pytest.fixture
+def json_endpoint() -> Iterator[JsonEndpoint]:
+    """A real HTTP server answering JSON per path (tests/prometheus/json_endpoint.py)."""
+    yield from serve()
