@@ -87,7 +87,8 @@ class DurationField(forms.Field):
 
 
 def _file_choices() -> list[tuple[str, str]]:
-    files = BatchFile.objects.order_by("-created_at", "-id")[:FILE_CHOICES]
+    files = (BatchFile.objects.filter(deleted_at__isnull=True)
+             .order_by("-created_at", "-id")[:FILE_CHOICES])
     return [("", "— upload a file above —")] + [
         (str(f.pk), f"#{f.pk} {f.name} · {f.requests:,} requests · "
                     f"{f.created_at:%Y-%m-%d %H:%M} by {f.uploaded_by}") for f in files]

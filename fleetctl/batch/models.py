@@ -58,6 +58,10 @@ class BatchFile(models.Model):
     model_lines = models.JSONField(default=dict)
     uploaded_by = models.CharField(max_length=150)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Deleted (DELETE /openai/v1/files/{id}): its bytes are gone and no new job may use it;
+    # the row stays, because the finished jobs that ran it still point at it.
+    deleted_at = models.DateTimeField(null=True, blank=True)
+    deleted_by = models.CharField(max_length=150, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

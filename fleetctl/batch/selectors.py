@@ -90,11 +90,12 @@ def job_comparisons(job: BatchJob) -> QuerySet[BatchComparison]:
 
 
 def file_list() -> QuerySet[BatchFile]:
-    return BatchFile.objects.all()
+    """Input files that are still there (a deleted one is kept only for its jobs' records)."""
+    return BatchFile.objects.filter(deleted_at__isnull=True)
 
 
 def file_get(pk: int) -> BatchFile | None:
-    return BatchFile.objects.filter(pk=pk).first()
+    return file_list().filter(pk=pk).first()
 
 
 def pool_names() -> list[str]:

@@ -37,7 +37,7 @@ from fleetctl.batch.models import (
     BatchJobEvent,
     Soak,
 )
-from fleetctl.core.errors import ConflictError, required_reason
+from fleetctl.core.errors import ConflictError, NotFoundError, required_reason
 from fleetctl.fleet.models import Pool, PoolModel
 from fleetctl.traffic.models import Route
 from migrations_plan.models import Plan
@@ -105,6 +105,39 @@ def file_upload(*, actor: Actor, name: str, stream: Any) -> BatchFile:
         summary.path.unlink(missing_ok=True)
         raise
     return batch_file
+
+
+def file_delete(*, actor: Actor, batch_file: BatchFile) -> BatchFile:
+    """Delete an input file (DELETE /openai/v1/files/{id}): its bytes go and no new job may
+    use it; the row stays for the finished jobs that ran it. Refused (409, naming them) while
+    a job that is not finished, or a running soak, reads it."""
+    actor.require(roles.JOBS, action="batch.file_delete", target=batch_file)
+    with transaction.atomic():
+        locked = BatchFile.objects.select_for_update().get(pk=batch_file.pk)
+        if locked.deleted_at is not None:
+            raise NotFoundError(f"Input file {locked.pk} ({locked.name}) was deleted already.")
+        jobs = list(BatchJob.objects.filter(input_file=locked, state__in=ACTIVE_STATES)
+                    .order_by("id"))
+        soaks = list(Soak.objects.filter(input_file=locked, state=Soak.State.RUNNING)
+                     .order_by("id"))
+        if jobs or soaks:
+            users = [f"{job.public_id} ({job.state})" for job in jobs[:5]]
+            users += [f"soak {soak.pk} (running)" for soak in soaks[:5]]
+            more = len(jobs) + len(soaks) - len(users)
+            raise ConflictError(
+                f"Input file file-{locked.pk} ({locked.name}) is still used by "
+                f"{', '.join(users)}{f' and {more} more' if more else ''}: cancel it, or let "
+                f"it finish, before deleting the file.")
+        locked.deleted_at, locked.deleted_by = timezone.now(), actor.label
+        locked.save(update_fields=["deleted_at", "deleted_by"])
+        audit_record(actor=actor, action="batch.file_delete", target=locked,
+                     before={"name": locked.name, "sha256": locked.sha256,
+                             "requests": locked.requests},
+                     after={"deleted": True})
+        path = file_path(locked)
+        # The bytes go once the row says so (a rolled-back delete keeps them).
+        transaction.on_commit(lambda: path.unlink(missing_ok=True))
+    return locked
 
 
 # --- jobs --------------------------------------------------------------------------------------
@@ -191,6 +224,10 @@ def job_create(*, actor: Actor, input_file: BatchFile, pool: Pool, concurrency: 
     input_file = BatchFile.objects.get(pk=input_file.pk)
     pool = Pool.objects.get(pk=pool.pk)
     path = file_path(input_file)
+    if input_file.deleted_at is not None:
+        raise ValidationError({"input_file": [
+            f"Input file {input_file.pk} ({input_file.name}) was deleted by "
+            f"{input_file.deleted_by}; upload it again."]})
     if not path.is_file():
         raise ValidationError({"input_file": [
             f"Input file {input_file.pk} ({input_file.name}) is no longer on disk "

@@ -177,6 +177,51 @@ def test_cancel_ends_an_active_batch_and_refuses_a_finished_one(client: openai.O
         client.batches.cancel(created.id)
 
 
+def test_files_delete_refuses_a_file_an_unfinished_batch_reads_then_deletes_it(
+        client: openai.OpenAI, client_as: Callable[..., openai.OpenAI], batch_route: Route,
+        batch_files_dir: Path):
+    """client.files.delete: 409 in OpenAI's shape naming the batch while it is not finished;
+    once it is, the file goes (its bytes too) and every path answers 404 for it, while the
+    finished batch keeps its record."""
+    from fleetctl.audit.models import AuditEvent
+
+    uploaded = _upload(client, _jsonl(3), "to-delete.jsonl")
+    created = client.batches.create(input_file_id=uploaded.id,
+                                    endpoint="/v1/chat/completions", completion_window="24h")
+    with pytest.raises(openai.ConflictError, match=f"still used by {created.id} "
+                                                   r"\(queued\)") as busy:
+        client.files.delete(uploaded.id)
+    assert busy.value.status_code == 409 and busy.value.code == "conflict"
+    assert client.files.retrieve(uploaded.id).id == uploaded.id
+    with pytest.raises(openai.PermissionDeniedError):
+        client_as("read").files.delete(uploaded.id)
+    client.batches.cancel(created.id)
+    stored = batch_files_dir / BatchFile.objects.get(pk=int(uploaded.id[5:])).path
+    assert stored.is_file()
+
+    deleted = client.files.delete(uploaded.id)
+    assert (deleted.id, deleted.object, deleted.deleted) == (uploaded.id, "file", True)
+    assert not stored.exists()
+    for gone in (lambda: client.files.retrieve(uploaded.id),
+                 lambda: client.files.content(uploaded.id),
+                 lambda: client.files.delete(uploaded.id),
+                 lambda: client.batches.create(input_file_id=uploaded.id,
+                                               endpoint="/v1/chat/completions",
+                                               completion_window="24h")):
+        with pytest.raises(openai.NotFoundError, match="No such File"):
+            gone()
+    assert uploaded.id not in [f.id for f in client.files.list()]
+    assert client.batches.retrieve(created.id).input_file_id == uploaded.id
+    event = AuditEvent.objects.get(action="batch.file_delete", outcome="ok")
+    assert event.before["name"] == "to-delete.jsonl"
+    with pytest.raises(openai.NotFoundError, match="No such File") as unknown:
+        client.files.delete("file-999999")
+    assert unknown.value.body["param"] == "file_id"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError, match="only input files"):
+        client.files.delete(f"file-{created.id}-output")
+    assert BatchJob.objects.count() == 1
+
+
 # --- refusals ---------------------------------------------------------------------------------
 
 def test_every_refusal_is_the_clients_exception_and_stores_nothing(

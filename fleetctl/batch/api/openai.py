@@ -1,5 +1,5 @@
 """The OpenAI Batch API over fleetctl's batch jobs, at /openai/v1/ (the official client's
-`base_url`): `files` (upload with purpose `batch`, retrieve, list, content) and `batches`
+`base_url`): `files` (upload with purpose `batch`, retrieve, list, content, delete) and `batches`
 (create, retrieve, list, cancel), in OpenAI's object shapes and error objects.
 
 Authentication is a fleetctl API token as the client's `api_key` (`Authorization: Bearer`);
@@ -331,6 +331,18 @@ class FileView(OpenAIView):
         if output is not None:
             return Response(output_file_object(*output))
         return Response(file_object(_input_file(file_id)))
+
+    def delete(self, request: Request, file_id: str) -> Response:
+        """Delete an input file (scope `jobs`): 409 while a batch that is not finished (or a
+        running soak) reads it, naming it. A batch's output and error files are its result
+        rows, not stored files: they go with nothing but the batch."""
+        if _output_of(file_id) is not None:
+            raise OpenAIError(400, f"{file_id[:80]} is a batch's output, read from its result "
+                                   f"rows: it cannot be deleted on its own (only input files "
+                                   f"can).", param="file_id", code="invalid_value")
+        batch_file = services.file_delete(actor=actor_from_request(request),
+                                          batch_file=_input_file(file_id))
+        return Response({"id": f"file-{batch_file.pk}", "object": "file", "deleted": True})
 
 
 class FileContentView(OpenAIView):

@@ -63,7 +63,8 @@ class JobCreateSerializer(serializers.Serializer):
     and create in one step)."""
 
     input_file = serializers.PrimaryKeyRelatedField(
-        queryset=BatchFile.objects.all(), required=False, allow_null=True,
+        queryset=BatchFile.objects.filter(deleted_at__isnull=True), required=False,
+        allow_null=True,
         help_text="The id of an input file uploaded to /api/v1/batch/files/.")
     file = serializers.FileField(required=False, allow_empty_file=True, help_text=(
         "Multipart only: the input file itself, uploaded and validated in the same request "

@@ -628,7 +628,8 @@ class Command(BaseCommand):
         from fleetctl.batch.soak import soak_create
         from fleetctl.demo.traffic import PROMPTS
 
-        input_file = BatchFile.objects.filter(name=BATCH_INPUT).order_by("-id").first()
+        input_file = (BatchFile.objects.filter(name=BATCH_INPUT, deleted_at__isnull=True)
+                      .order_by("-id").first())
         if input_file is None:
             lines = [json.dumps({
                 "custom_id": f"demo-{i:04d}", "method": "POST", "url": "/v1/chat/completions",
