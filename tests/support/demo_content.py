@@ -12,6 +12,8 @@ does), without starting any of them:
   live telemetry windows for the pools on llama-8b;
 - a drain of the A100 and its restore;
 - two webhooks, the plan moves' deliveries, some delivered and some failing;
+- two metric sources (a Prometheus read by a gate check, an HTTP JSON endpoint), each with
+  the last outcome the query producer would have recorded;
 - pairs and judgements in the seed's shadow run, a finished eval run, a finished benchmark,
   a batch job with results, API tokens.
 
@@ -56,6 +58,7 @@ def seed_demo(*, password: str, data_dir: Path) -> str:
     probe_history()
     webhooks()
     plans()
+    metric_sources()
     ramp()
     telemetry()
     drains()
@@ -84,6 +87,35 @@ def webhooks() -> None:
     services.webhook_create(actor=admin, name="ramps-slack", format="slack",
                             url="https://hooks.example.com/services/T000/B000/XXXX",
                             events=["ramp.decision", "gate.changed"])
+
+
+def metric_sources() -> None:
+    """A Prometheus that a plan's stage gate reads (its last query failed: nothing listens at
+    a private address in a test), and an HTTP JSON source whose last query passed."""
+    from fleetctl.prometheus import evidence, services
+    from fleetctl.prometheus.query import Measurement
+    from migrations_plan import services as plans
+    from migrations_plan.models import Plan
+
+    admin = person("admin")
+    prom = services.source_create(actor=admin, name="cluster-prometheus",
+                                  base_url="http://10.20.0.5:9090", timeout_s=2)
+    stats = services.source_create(actor=admin, name="serving-stats", kind="http-json",
+                                   base_url="http://10.20.0.6:8080/api", bearer_token="t0k")
+    services.remember(prom, Measurement(
+        "insufficient", "queue depth: the source is unreachable (connect timeout) (queried "
+                        "from cluster-prometheus)", "cluster-prometheus", "sum(queue)"))
+    services.remember(stats, Measurement(
+        "pass", "/slo/gaudi3-in-west = 0.002: 'result < 0.01' holds (queried from "
+                "serving-stats)", "serving-stats", "/slo/gaudi3-in-west"))
+    # A later stage's gate of an open plan: its current gate (and the ramp) stay as they were.
+    plan = (Plan.objects.exclude(state__in=Plan.CLOSED_STATES).filter(stage__lt=4)
+            .order_by("name").first())
+    if plan is not None:
+        plans.check_add(actor=person("lead"), plan=plan, stage=4, title="",
+                        rule=evidence.QUERY_RULE,
+                        params={"source": "cluster-prometheus",
+                                "query": 'sum(queue{pool="$pool"})', "failure": "result > 100"})
 
 
 def plans() -> None:

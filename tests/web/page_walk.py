@@ -23,6 +23,7 @@ MUST_REACH = {
     "evals:home", "evals:run-detail", "evals:suites", "evals:suite-detail", "bench:home",
     "bench:run-detail", "bench:trace-detail", "conformance:home", "conformance:run-detail",
     "batch:list", "batch:job-detail", "batch:soak-detail", "webhooks:list", "webhooks:detail",
+    "metric_sources:list", "metric_sources:detail",
     "audit:list", "accounts:tokens", "api:api-root", "api:pool-list", "api:pool-detail",
     "api:plan-detail", "api:webhook-detail", "api:drain-detail",
 }

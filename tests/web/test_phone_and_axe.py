@@ -87,6 +87,8 @@ def key_pages(transactional_db: None, tmp_path: Path) -> dict[str, str]:
         "an eval run": reverse("evals:run-detail", args=[EvalRun.objects.latest("pk").pk]),
         "a drain": reverse("traffic:drain-detail", args=[Drain.objects.earliest("pk").pk]),
         "draining a pool": reverse("traffic:pool-drain", args=["h200-us-east"]),
+        "metric sources": reverse("metric_sources:list"),
+        "a metric source": reverse("metric_sources:detail", args=["cluster-prometheus"]),
     }
 
 

@@ -117,6 +117,20 @@ def seed_traffic_and_plans(people: dict[str, User]) -> None:
     plans.approve(actor=lead, plan=plan, justification=PAYLOAD)
     plans.pause(actor=oncall, plan=plan, reason=PAYLOAD)
     plans.resume(actor=lead, plan=plan, reason=PAYLOAD)
+    # A metric source's last outcome quotes what the source answered (a stranger's text),
+    # and the gate check that reads it carries a payload title.
+    from fleetctl.prometheus import evidence as metric_evidence
+    from fleetctl.prometheus import services as metric_sources
+    from fleetctl.prometheus.query import Measurement
+
+    admin = Actor(user=people["admin"])
+    source = metric_sources.source_create(actor=admin, name="xss-src", kind="http-json",
+                                          base_url="http://10.0.0.7:8080/a?b=<i>")
+    metric_sources.remember(source, Measurement("insufficient", f"q: HTTP 500: {PAYLOAD}",
+                                                "xss-src", PAYLOAD))
+    plans.check_add(actor=lead, plan=plan, stage=4, title=PAYLOAD,
+                    rule=metric_evidence.QUERY_RULE,
+                    params={"source": "xss-src", "query": PAYLOAD, "failure": "result > 1"})
 
 
 def seed_bench() -> int:
@@ -180,12 +194,14 @@ def pages_for(role: str, seeded: dict[str, Any]) -> list[str]:
         f"/evals/runs/{seeded['eval_run']}/",
         f"/evals/runs/{seeded['eval_run']}/?direction=regressed&q={echo}",
         f"/evals/runs/new/?plan=mi300x-plan&candidate={echo}&suite={echo}",
+        "/metric-sources/", "/metric-sources/xss-src/",
     ]
     if role in ("on-call", "platform-lead", "admin"):
         pages += ["/traffic/routes/llama-eu/drain/", "/traffic/pools/gaudi-eu/drain/"]
     if role in ("platform-lead", "admin"):
         pages += ["/pools/mi300x-eu/edit/", "/plans/new/"]
     if role == "admin":
+        pages += ["/metric-sources/xss-src/edit/"]
         pages += ["/admin/audit/auditevent/", f"/admin/audit/auditevent/{seeded['event']}/change/"]
     return pages
 
