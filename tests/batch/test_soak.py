@@ -232,6 +232,24 @@ def test_stopping_a_soak_cancels_its_job_and_records_a_failing_verdict(stage3, i
         soak_stop(actor=world.actor("lead"), soak=soak, reason="again")
 
 
+def test_a_running_soaks_input_file_is_not_deleted_until_the_soak_ends(stage3, input_file):
+    """DELETE /openai/v1/files/{id}'s service: a running soak reads its file again at every
+    job, so the file stays (409 naming the soak and its job) until the soak has ended."""
+    world, plan = stage3
+    soak = start(world, plan, input_file)
+    job = soak.jobs.get()
+    with pytest.raises(ConflictError, match=rf"still used by {job.public_id} \(queued\), "
+                                            rf"soak {soak.pk} \(running\)"):
+        batch.file_delete(actor=world.actor("author"), batch_file=input_file)
+    input_file.refresh_from_db()
+    assert input_file.deleted_at is None and batch.file_path(input_file).is_file()
+    soak_stop(actor=world.actor("lead"), soak=soak, reason="done with this input")
+    deleted = batch.file_delete(actor=world.actor("author"), batch_file=input_file)
+    assert deleted.deleted_at is not None and deleted.deleted_by == "alice"
+    with pytest.raises(ValidationError, match="was deleted by alice"):
+        start(world, plan, input_file)
+
+
 @pytest.mark.django_db
 def test_a_persons_drain_of_the_candidate_fails_the_soak(stage3, input_file):
     world, plan = stage3
