@@ -107,7 +107,9 @@ def test_readers_and_leads_see_the_pages_but_only_administrators_write(world):
     # Testing a query is a platform lead's (it asks the source on their behalf), not a
     # viewer's.
     refused = viewer.post(reverse("metric_sources:test", args=["stats"]), {"query": "/x"})
-    assert refused.status_code == 403
+    assert refused.status_code == 403 and "needs a role that grants it" in \
+        html.unescape(refused.content.decode())
+    assert AuditEvent.objects.filter(action="metric-source.test", outcome="denied").exists()
     assert "Run the query" in lead.get(reverse("metric_sources:detail",
                                                args=["stats"])).content.decode()
     assert login(world.viewer).get("/metric-sources/nope/").status_code == 404
