@@ -43,12 +43,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -58,16 +59,31 @@ from fleetctl.telemetry.follow import Aggregator, Follower, Parser
 log = logging.getLogger("fleetctl.telemetry.ingest")
 
 REFRESH_S = 5.0  # how often the gateways (and their endpoints) are read again
-LEASE_SOURCE, LEASE_PATH = "_ingester", "lease"  # the Cursor row that holds the lease
-EXIT_LEASE_HELD = 3  # --once, when another live ingester holds the lease
+# Every lease and heartbeat is a Cursor row of this source_name (no telemetry source: the
+# ingest status leaves them out). path "shard:<shard>": that shard's lease; path
+# "alive:<owner>": an ingester's heartbeat.
+LEASE_SOURCE = "_ingester"
+SHARD_PREFIX, ALIVE_PREFIX = "shard:", "alive:"
+SCRAPE_SHARD = "scrape"  # the pools' /metrics, one shard for all of them
+EXIT_LEASE_HELD = 3  # --once, when another live ingester holds a shard
+
+
+def log_shard(gateway: str) -> str:
+    """The shard of one gateway's access log."""
+    return f"log:{gateway}"
+
+
+def gateway_of(shard: str) -> str | None:
+    """The gateway whose log the shard is (None for the scrape)."""
+    return shard.removeprefix("log:") if shard.startswith("log:") else None
 
 
 class LeaseHeld(RuntimeError):
-    """Another live ingester holds the lease."""
+    """Another live ingester holds a shard (--once needs them all)."""
 
 
 class LeaseLost(RuntimeError):
-    """A flush found the lease taken over by another ingester: it wrote nothing."""
+    """A flush found a shard's lease taken over by another ingester: it wrote nothing."""
 
 
 def parser_for(kind: str) -> Parser | None:
@@ -126,193 +142,316 @@ def endpoints_of(gateway: Any) -> dict[str, str]:
 
 
 class Ingester:
-    """Follows every gateway's access log, flushes windows and cursors together."""
+    """Follows the access logs of the shards it holds, flushes each shard's windows and
+    cursor together; with `scrape`, the pools' /metrics is a shard it may hold too (its
+    scraper thread runs while `scraping` is set)."""
 
     def __init__(self, *, window_s: int | None = None, flush_interval_s: float | None = None,
-                 parsers: Mapping[str, Parser] | None = None) -> None:
+                 parsers: Mapping[str, Parser] | None = None, scrape: bool = False) -> None:
         from django.conf import settings
 
         self.window_s = int(window_s or settings.TELEMETRY_WINDOW_S)
         self.flush_interval_s = float(flush_interval_s if flush_interval_s is not None
                                       else settings.TELEMETRY_FLUSH_INTERVAL_S)
         self.parsers = dict(parsers or {})
-        self.aggregator = Aggregator(self.window_s)
-        self.followers: dict[tuple[str, str], Follower] = {}
+        self.scrape = scrape
+        # The logs the gateways name: shard -> (gateway, path, parser, Gateway row).
+        self.sources: dict[str, tuple[str, str, Parser, Any]] = {}
+        self.held: set[str] = set()  # the shards whose lease is ours
+        # Per gateway: where we stand in its file (kept after a clean release: it is what the
+        # cursor says then, and a handle still open reads a rotated file's tail), and its
+        # open windows.
+        self.followers: dict[str, Follower] = {}
+        self.aggregators: dict[str, Aggregator] = {}
         self.last_refresh = 0.0
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_s = max(3 * self.flush_interval_s, float(settings.TELEMETRY_LEASE_MIN_S))
         self.lease_wait_s = float(settings.TELEMETRY_LEASE_WAIT_S)
-        self.holding = threading.Event()  # set while this ingester holds the lease (run)
+        self.scraping = threading.Event()  # set while this ingester holds the scrape shard
+        self.live = 0  # live ingesters at the last balance (this one included)
 
-    # --- the lease -----------------------------------------------------------------------
+    # --- leases and heartbeats -----------------------------------------------------------
 
     def _lease_values(self, now: datetime) -> dict[str, Any]:
         until = now + timedelta(seconds=self.lease_s)
         return {"last_counters": {"owner": self.owner, "until": until.isoformat()},
                 "updated_at": until, "last_read_at": now}
 
-    def claim(self) -> bool:
-        """Take the lease if it is free (expired) or already ours; True when we hold it."""
+    def shards(self) -> list[str]:
+        """The shards this ingester may hold: every followed log, and the scrape."""
+        return sorted(self.sources) + ([SCRAPE_SHARD] if self.scrape else [])
+
+    def claim(self, shard: str) -> bool:
+        """Take the shard's lease if it is free (expired, released) or already ours; True
+        when we hold it. Taking a log shard reads its cursor."""
         from django.db.models import Q
 
         from fleetctl.telemetry.models import Cursor
 
         now = datetime.now(tz=UTC)
+        path = SHARD_PREFIX + shard
         Cursor.objects.get_or_create(
-            source_name=LEASE_SOURCE, path=LEASE_PATH,
+            source_name=LEASE_SOURCE, path=path,
             defaults={"updated_at": datetime.fromtimestamp(0, tz=UTC),
                       "last_counters": {"owner": "", "until": None}})
-        return bool(Cursor.objects.filter(
-            Q(updated_at__lt=now) | Q(last_counters__owner=self.owner),
-            source_name=LEASE_SOURCE, path=LEASE_PATH).update(**self._lease_values(now)))
+        if not Cursor.objects.filter(
+                Q(updated_at__lt=now) | Q(last_counters__owner=self.owner),
+                source_name=LEASE_SOURCE, path=path).update(**self._lease_values(now)):
+            return False
+        if shard not in self.held:
+            self._take(shard)
+            log.info("took shard %s (%s, %.0f s)", shard, self.owner, self.lease_s)
+        return True
 
-    def _renew(self) -> bool:
-        """Inside the flush's transaction: renew the lease if it is still ours (the UPDATE
-        also locks the row, so no one can take it over before the flush commits)."""
+    def _take(self, shard: str) -> None:
+        from fleetctl.telemetry.models import Cursor
+
+        self.held.add(shard)
+        if shard == SCRAPE_SHARD:
+            self.scraping.set()
+        if shard not in self.sources:
+            return
+        gateway, path, parse, row = self.sources[shard]
+        follower = self.followers.get(gateway)
+        cursor = Cursor.objects.filter(source_name=gateway, path=path).first()
+        stored = ((cursor.inode, cursor.offset, cursor.lines) if cursor is not None
+                  else (None, 0, 0))
+        if follower is None or follower.path != path or (
+                follower.inode, follower.offset, follower.lines) != stored:
+            # Someone else read it since (or we never did): start from the cursor.
+            if follower is not None:
+                follower.close()
+            follower = Follower(gateway=gateway, path=path, parse=parse)
+            if cursor is not None:
+                follower.inode, follower.offset = cursor.inode, cursor.offset
+                follower.lines, follower.malformed = cursor.lines, cursor.malformed
+                follower.rotations = cursor.rotations
+                follower.truncations = cursor.truncations
+            self.followers[gateway] = follower
+        try:
+            follower.endpoints = endpoints_of(row)
+        except Exception as exc:  # a route being edited must not stop the logs being read
+            log.warning("gateway %s: no endpoint map: %s", gateway, exc)
+            follower.endpoints = {}
+        self.aggregators[gateway] = Aggregator(self.window_s)
+
+    def _drop(self, shard: str, *, keep_position: bool) -> None:
+        """The shard is no longer ours. After a clean release the follower stays (it is at
+        the cursor); after a lost lease its position and unflushed windows are dropped."""
+        self.held.discard(shard)
+        if shard == SCRAPE_SHARD:
+            self.scraping.clear()
+        if (gateway := gateway_of(shard)) is None:
+            return
+        self.aggregators.pop(gateway, None)
+        if not keep_position and (follower := self.followers.pop(gateway, None)) is not None:
+            follower.close()
+
+    def _renew(self, shard: str) -> bool:
+        """Inside a shard's flush transaction: renew its lease if it is still ours (the
+        UPDATE also locks the row, so no one can take it over before the flush commits)."""
         from fleetctl.telemetry.models import Cursor
 
         return bool(Cursor.objects.filter(
-            source_name=LEASE_SOURCE, path=LEASE_PATH, last_counters__owner=self.owner,
+            source_name=LEASE_SOURCE, path=SHARD_PREFIX + shard,
+            last_counters__owner=self.owner,
         ).update(**self._lease_values(datetime.now(tz=UTC))))
 
-    def holder(self) -> tuple[str, str]:
-        """(owner, until) of the lease as stored, for messages."""
+    def holder(self, shard: str) -> tuple[str, str]:
+        """(owner, until) of the shard's lease as stored, for messages."""
         from fleetctl.telemetry.models import Cursor
 
-        row = Cursor.objects.filter(source_name=LEASE_SOURCE, path=LEASE_PATH).first()
+        row = Cursor.objects.filter(source_name=LEASE_SOURCE,
+                                    path=SHARD_PREFIX + shard).first()
         info = (row.last_counters or {}) if row is not None else {}
         return str(info.get("owner") or "?"), str(info.get("until") or "?")
 
-    def release(self) -> None:
-        """Let the lease go now (a clean stop), so the next ingester need not wait."""
+    def release(self, shards: Iterable[str] | None = None) -> None:
+        """Let shards go now (every one we hold by default: a clean stop), so another
+        ingester need not wait. Flush first: what was read and not flushed is read again by
+        the next holder."""
+        from fleetctl.telemetry.models import Cursor
+
+        shards = sorted(self.held if shards is None else set(shards) & self.held)
+        if not shards:
+            return
+        Cursor.objects.filter(
+            source_name=LEASE_SOURCE, path__in=[SHARD_PREFIX + s for s in shards],
+            last_counters__owner=self.owner,
+        ).update(last_counters={"owner": "", "until": None}, updated_at=datetime.now(tz=UTC))
+        for shard in shards:
+            self._drop(shard, keep_position=True)
+
+    def heartbeat(self) -> int:
+        """Say this ingester is alive (for a lease's length) and return how many are (this
+        one included); heartbeats long expired are deleted."""
         from fleetctl.telemetry.models import Cursor
 
         now = datetime.now(tz=UTC)
-        Cursor.objects.filter(
-            source_name=LEASE_SOURCE, path=LEASE_PATH, last_counters__owner=self.owner,
-        ).update(last_counters={"owner": "", "until": None}, updated_at=now)
+        path = ALIVE_PREFIX + self.owner
+        values = self._lease_values(now)
+        if not Cursor.objects.filter(source_name=LEASE_SOURCE, path=path).update(**values):
+            Cursor.objects.get_or_create(source_name=LEASE_SOURCE, path=path, defaults=values)
+        alive = Cursor.objects.filter(source_name=LEASE_SOURCE, path__startswith=ALIVE_PREFIX)
+        alive.filter(updated_at__lt=now - timedelta(seconds=10 * self.lease_s)).delete()
+        return max(1, alive.filter(updated_at__gte=now).count())
 
-    def wait_for_lease(self, stop: threading.Event) -> bool:
-        """Wait until the lease is ours (True) or stop is set (False)."""
-        logged = False
-        while not stop.is_set():
-            try:
-                if self.claim():
-                    self.holding.set()
-                    log.info("took the ingester lease (%s, %.0f s)", self.owner, self.lease_s)
-                    return True
-                if not logged:
-                    owner, until = self.holder()
-                    log.warning("another ingester (owner %s) holds the lease until %s; "
-                                "waiting", owner, until)
-                    logged = True
-            except Exception:
-                log.exception("could not read the ingester lease; trying again")
-                from django.db import close_old_connections, connection
+    def leave(self) -> None:
+        """A clean stop: let every shard go and take the heartbeat away, so the others count
+        one ingester fewer at once."""
+        from fleetctl.telemetry.models import Cursor
 
-                connection.close()
-                close_old_connections()
-            stop.wait(self.lease_wait_s)
-        return False
+        self.release()
+        Cursor.objects.filter(source_name=LEASE_SOURCE,
+                              path=ALIVE_PREFIX + self.owner).delete()
 
-    def _forget(self) -> None:
-        """The lease was lost: drop the open windows and the file positions (the cursors
-        are read again when the lease is back)."""
-        self.holding.clear()
-        self.aggregator.open = {}
-        for follower in self.followers.values():
-            follower.close()
-        self.followers = {}
-        self.last_refresh = 0.0
+    def quota(self) -> int:
+        """The most shards this ingester takes: ceil(shards / live ingesters)."""
+        return math.ceil(len(self.shards()) / max(1, self.live))
+
+    def balance(self) -> None:
+        """Heartbeat; let go of the shards beyond our quota (flushed first, so the next holder
+        starts where we stopped) and of logs no gateway names any more; take free shards (a
+        newcomer's, released or orphaned: expired) up to the quota."""
+        from fleetctl.telemetry.models import Cursor
+
+        self.live = self.heartbeat()
+        shards = self.shards()
+        quota = self.quota()
+        gone = self.held - set(shards)
+        excess = sorted(self.held - gone, reverse=True)[:max(0, len(self.held - gone) - quota)]
+        if gone or excess:
+            self.flush(gone | set(excess))
+            for shard in excess:
+                log.info("letting shard %s go: %d shards, %d live ingesters, at most %d each",
+                         shard, len(shards), self.live, quota)
+            self.release(gone | set(excess))
+        if len(self.held) >= quota:
+            return
+        now = datetime.now(tz=UTC)
+        taken = {row.path.removeprefix(SHARD_PREFIX) for row in Cursor.objects.filter(
+            source_name=LEASE_SOURCE, path__startswith=SHARD_PREFIX, updated_at__gte=now,
+        ).exclude(last_counters__owner=self.owner).only("path")}
+        for shard in shards:
+            if len(self.held) >= quota:
+                break
+            if shard not in self.held and shard not in taken:
+                self.claim(shard)
+
+    # --- reading and flushing --------------------------------------------------------------
 
     def refresh(self) -> None:
-        """Follow the logs the gateways name now (cursor values read once per new file)."""
-        from fleetctl.telemetry.models import Cursor
+        """Read which logs the gateways name now (the endpoint maps of the held ones too)."""
         from fleetctl.traffic.models import Gateway
 
-        wanted: dict[tuple[str, str], tuple[Parser, Any]] = {}
-        for gateway in Gateway.objects.all():
-            path = (gateway.options or {}).get("access_log")
+        wanted: dict[str, tuple[str, str, Parser, Any]] = {}
+        for row in Gateway.objects.all():
+            path = (row.options or {}).get("access_log")
             if not path:
                 continue
-            parse = self.parsers.get(gateway.kind) or parser_for(gateway.kind)
+            parse = self.parsers.get(row.kind) or parser_for(row.kind)
             if parse is None:
-                log.warning("gateway %s: kind %s has no access log parser", gateway.name,
-                            gateway.kind)
+                log.warning("gateway %s: kind %s has no access log parser", row.name, row.kind)
                 continue
-            wanted[(gateway.name, str(path))] = (parse, gateway)
-        for key in set(self.followers) - set(wanted):
-            self.followers.pop(key).close()
-        for key, (parse, gateway) in wanted.items():
+            wanted[log_shard(row.name)] = (row.name, str(path), parse, row)
+        self.sources = wanted
+        for gateway, follower in list(self.followers.items()):
+            shard = log_shard(gateway)
+            source = wanted.get(shard)
+            if source is not None and source[1] == follower.path:
+                continue
+            if shard in self.held:
+                self.flush([shard])  # what was read of the old file lands first
+            follower.close()
+            del self.followers[gateway]
+            self.aggregators.pop(gateway, None)
+            if source is not None and shard in self.held:
+                self._take(shard)  # the gateway names another file now
+        for shard in self.held:
+            if shard not in wanted or (held := self.followers.get(wanted[shard][0])) is None:
+                continue
+            held.parse = wanted[shard][2]
             try:
-                endpoints = endpoints_of(gateway)
+                held.endpoints = endpoints_of(wanted[shard][3])
             except Exception as exc:  # a route being edited must not stop the logs being read
-                log.warning("gateway %s: no endpoint map: %s", gateway.name, exc)
-                endpoints = {}
-            follower = self.followers.get(key)
-            if follower is None:
-                follower = Follower(gateway=key[0], path=key[1], parse=parse)
-                cursor = Cursor.objects.filter(source_name=key[0], path=key[1]).first()
-                if cursor is not None:
-                    follower.inode, follower.offset = cursor.inode, cursor.offset
-                    follower.lines, follower.malformed = cursor.lines, cursor.malformed
-                    follower.rotations = cursor.rotations
-                    follower.truncations = cursor.truncations
-                self.followers[key] = follower
-            follower.parse = parse
-            follower.endpoints = endpoints
+                log.warning("gateway %s: no endpoint map: %s", wanted[shard][0], exc)
+                held.endpoints = {}
         self.last_refresh = time.monotonic()
 
     def poll(self) -> int:
-        return sum(f.poll(self.aggregator) for f in list(self.followers.values()))
+        read = 0
+        for gateway, aggregator in list(self.aggregators.items()):
+            follower = self.followers.get(gateway)
+            if follower is not None:
+                read += follower.poll(aggregator)
+        return read
 
-    def flush(self) -> int:
-        """Renew the lease, add the open windows and move every cursor, in one transaction.
-        On a database error nothing is lost: the windows stay open and the next flush tries
-        again. If the lease is no longer ours nothing is written: the open windows and file
-        positions are dropped and LeaseLost is raised."""
+    def flush(self, shards: Iterable[str] | None = None) -> int:
+        """Per shard we hold (or those of `shards` we hold), one transaction: renew its lease,
+        add its open windows and move its cursor. On a database error nothing is lost: the
+        windows stay open and the next flush tries again. A shard whose lease is no longer
+        ours writes nothing: its open windows and file position are dropped (the new holder
+        reads them again from the cursor). Returns the windows written."""
+        written = 0
+        for shard in sorted(self.held if shards is None else set(shards) & self.held):
+            try:
+                written += self._flush_shard(shard)
+            except LeaseLost:
+                owner, until = self.holder(shard)
+                log.error("lost shard %s to %s (until %s): dropping what was read since the "
+                          "last flush", shard, owner, until)
+                self._drop(shard, keep_position=False)
+        return written
+
+    def _flush_shard(self, shard: str) -> int:
         from django.db import transaction
 
         from fleetctl.telemetry.models import Cursor
         from fleetctl.telemetry.services import windows_add
 
-        deltas = self.aggregator.take()
+        gateway = gateway_of(shard)
+        aggregator = self.aggregators.get(gateway) if gateway is not None else None
+        follower = self.followers.get(gateway) if gateway is not None else None
+        deltas = aggregator.take() if aggregator is not None else []
         try:
             with transaction.atomic():
-                if not self._renew():
-                    raise LeaseLost(self.owner)
+                if not self._renew(shard):
+                    raise LeaseLost(shard)
+                if follower is None:
+                    return 0
                 windows_add(deltas)
-                for follower in self.followers.values():
-                    cursor, _ = Cursor.objects.select_for_update().get_or_create(
-                        source_name=follower.gateway, path=follower.path)
-                    cursor.inode, cursor.offset = follower.inode, follower.offset
-                    cursor.lines, cursor.malformed = follower.lines, follower.malformed
-                    cursor.rotations = follower.rotations
-                    cursor.truncations = follower.truncations
-                    cursor.last_error = follower.last_error
-                    cursor.last_read_at = follower.last_read_at
-                    cursor.updated_at = datetime.now(tz=UTC)
-                    cursor.save()
+                cursor, _ = Cursor.objects.select_for_update().get_or_create(
+                    source_name=follower.gateway, path=follower.path)
+                cursor.inode, cursor.offset = follower.inode, follower.offset
+                cursor.lines, cursor.malformed = follower.lines, follower.malformed
+                cursor.rotations = follower.rotations
+                cursor.truncations = follower.truncations
+                cursor.last_error = follower.last_error
+                cursor.last_read_at = follower.last_read_at
+                cursor.updated_at = datetime.now(tz=UTC)
+                cursor.save()
         except LeaseLost:
-            owner, until = self.holder()
-            log.error("lost the ingester lease to %s (until %s): dropping %d unwritten windows "
-                      "and going back to waiting", owner, until, len(deltas))
-            self._forget()
             raise
         except Exception:
-            log.exception("flush failed; keeping %d windows for the next one", len(deltas))
-            self.aggregator.reopen(deltas)
+            log.exception("flush of shard %s failed; keeping %d windows for the next one",
+                          shard, len(deltas))
+            if aggregator is not None:
+                aggregator.reopen(deltas)
             raise
         return len(deltas)
 
     def once(self, *, release: bool = True) -> int:
-        """Take the lease (LeaseHeld when another live ingester holds it), read everything
-        there is now, flush, let the lease go, and return the lines read (tests, --once)."""
-        if not self.claim():
-            raise LeaseHeld("another ingester (owner {}) holds the lease until {}".format(
-                *self.holder()))
+        """Take every shard (LeaseHeld, reading nothing, when another live ingester holds
+        one), read everything there is now, flush, let them go, and return the lines read
+        (tests, --once)."""
+        self.refresh()
+        for shard in self.shards():
+            if not self.claim(shard):
+                self.release()
+                owner, until = self.holder(shard)
+                raise LeaseHeld(f"another ingester (owner {owner}) holds shard {shard} until "
+                                f"{until}")
         try:
-            self.refresh()
             total = 0
             while (n := self.poll()) > 0:
                 total += n
@@ -323,48 +462,47 @@ class Ingester:
         return total
 
     def run(self, stop: threading.Event) -> None:
-        """Wait for the lease, then follow and flush until stop; back to waiting whenever
-        the lease is lost. Lets the lease go on a clean stop."""
+        """Balance, follow and flush until stop; on a clean stop flush and let everything
+        go. A database error (a restart) is retried with a new connection."""
+        joined = False
+        next_flush = 0.0
         try:
-            while self.wait_for_lease(stop):
-                self._follow(stop)
+            while not stop.is_set():
+                try:
+                    if time.monotonic() - self.last_refresh >= REFRESH_S:
+                        self.refresh()
+                    if time.monotonic() >= next_flush:
+                        self.flush()
+                        self.balance()
+                        next_flush = time.monotonic() + self.flush_interval_s
+                        if not joined:
+                            log.info("joined the ingesters as %s: %d live, holding %s",
+                                     self.owner, self.live, ", ".join(sorted(self.held))
+                                     or "no shard yet")
+                            joined = True
+                except Exception:
+                    # A database that restarted leaves a dead connection: drop it, so the
+                    # next try connects again (the windows are kept until then).
+                    log.exception("could not flush or balance; trying again")
+                    self._reconnect()
+                    stop.wait(min(1.0, self.lease_wait_s))
+                    continue
+                read = self.poll()
+                if not read:
+                    stop.wait(min(0.2, self.flush_interval_s))
+            self.flush()
+            self.leave()
         finally:
-            self.holding.clear()
+            self.scraping.clear()
             for follower in self.followers.values():
                 follower.close()
 
-    def _follow(self, stop: threading.Event) -> None:
-        """Follow the logs while the lease is ours; returns when it is lost or on stop."""
-        self.last_refresh = 0.0  # refresh (and read the cursors) first
-        next_flush = time.monotonic() + self.flush_interval_s
-        while not stop.is_set():
-            if time.monotonic() - self.last_refresh >= REFRESH_S:
-                try:
-                    self.refresh()
-                except Exception:
-                    log.exception("could not read the gateways; trying again")
-            read = self.poll()
-            if time.monotonic() >= next_flush:
-                try:
-                    self.flush()
-                except LeaseLost:
-                    return
-                except Exception:
-                    # A database that restarted leaves a dead connection: drop it, so the
-                    # next flush connects again (the windows are kept until then).
-                    from django.db import close_old_connections, connection
+    @staticmethod
+    def _reconnect() -> None:
+        from django.db import close_old_connections, connection
 
-                    connection.close()
-                    close_old_connections()
-                    stop.wait(1.0)
-                next_flush = time.monotonic() + self.flush_interval_s
-            if not read:
-                stop.wait(min(0.2, self.flush_interval_s))
-        try:
-            self.flush()
-        except LeaseLost:
-            return
-        self.release()
+        connection.close()
+        close_old_connections()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     from fleetctl.telemetry.scrape import Scraper
 
-    ingester = Ingester(flush_interval_s=args.flush_interval)
+    ingester = Ingester(flush_interval_s=args.flush_interval, scrape=not args.no_scrape)
     scraper = None if args.no_scrape else Scraper()
     if args.once:
         try:
@@ -410,9 +548,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: stop.set())
     thread = None
     if scraper is not None:
-        # Only while this ingester holds the lease: one scraper at a time.
+        # Only while this ingester holds the scrape shard: one scraper at a time.
         thread = threading.Thread(target=scraper.run, args=(stop,),
-                                  kwargs={"only_while": ingester.holding},
+                                  kwargs={"only_while": ingester.scraping},
                                   name="scrape", daemon=True)
         thread.start()
     log.info("ingesting (flush every %.1f s)", ingester.flush_interval_s)

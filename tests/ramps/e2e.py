@@ -117,7 +117,7 @@ class Ingester:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Ingester:
-        """Returns once the ingester holds its lease (it is reading the logs)."""
+        """Returns once the ingester joined (it took the shards free then: it is reading)."""
         since = self.log.stat().st_size if self.log.exists() else 0
         self.proc = proc = start_ingester(self.log, env=self.env)
 
@@ -127,9 +127,9 @@ class Ingester:
                                    f"{self.log.read_text(errors='replace')[-2000:]}")
             with self.log.open("rb") as log:
                 log.seek(since)
-                return b"took the ingester lease" in log.read()
+                return b"joined the ingesters" in log.read()
 
-        wait_until(reading, timeout_s=60, what="the ingester to take its lease",
+        wait_until(reading, timeout_s=60, what="the ingester to join",
                    explain=lambda: self.log.read_text(errors="replace")[-2000:])
         return self
 
