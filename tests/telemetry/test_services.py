@@ -117,3 +117,50 @@ def test_downsample_task_runs_both(celery_worker: object) -> None:
     downsample.delay()  # ignore_result: the rows say what it did
     wait_until(lambda: list(Window.objects.values_list("resolution_s", "requests")) == [(60, 2)],
                what="the task's downsample and prune")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_writers_adding_to_the_same_windows_at_once_both_count() -> None:
+    """Two shards' flushes (or a flush and the downsampler) may write the same window key at
+    the same moment, on connections of their own: each adds, neither overwrites. Every round
+    both add to one window that exists (each reads it under a row lock: a read without one
+    would let the later write put back a stale sum) and race to create a new one (the loser's
+    insert fails on the unique key and its batch is retried from a savepoint, finding the
+    row)."""
+    import threading
+
+    from django.db import connection
+
+    rounds = 40
+    barrier = threading.Barrier(2)
+    failures: list[BaseException] = []
+
+    def writer(name: str) -> None:
+        try:
+            for i in range(rounds):
+                barrier.wait(timeout=30)
+                windows_add([WindowDelta("gateway", "gw", "chat", "pa", 10, start,
+                                         {"requests": 1}, {"duration": _h(100),
+                                                           "flags": {name: 1}})
+                             for start in (NOW, NOW - timedelta(seconds=10 * (i + 1)))
+                             for _ in range(2)])
+        except BaseException as exc:  # reported below: a thread's exception is otherwise lost
+            failures.append(exc)
+            barrier.abort()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not failures, failures
+    shared = Window.objects.get(start=NOW)
+    assert (shared.requests, histogram.count(shared.duration)) == (4 * rounds, 4 * rounds)
+    assert shared.flags == {"a": 2 * rounds, "b": 2 * rounds}
+    rows = list(Window.objects.exclude(start=NOW))
+    assert len(rows) == rounds
+    for row in rows:
+        assert row.requests == 4 and histogram.count(row.duration) == 4, row
+        assert row.flags == {"a": 2, "b": 2}
