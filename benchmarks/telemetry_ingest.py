@@ -21,11 +21,27 @@ nothing. Usage:
     .venv/bin/python benchmarks/telemetry_ingest.py [--lines 1000000] [--pools 1000]
         [--routes 3] [--rps 2000] [--runs 3] [--flush-interval 1.0]
         [--database-url postgres://postgres@127.0.0.1:5432/fleetctl_bench_telemetry]
+
+Sharded (--processes 1,2,4): --logs (default 8) gateways, each with its own log of
+lines / logs lines (a seed of its own), and per count of processes and run, that many real
+ingester processes (`python -m fleetctl.telemetry.ingest --no-scrape`, unpinned) are started
+on an empty database and left to share the shards (a lease per log, at most
+ceil(logs / processes) each); once they hold them all, the logs are hard-linked into place
+at once and the clock runs until the cursors have counted every line. Prints per run the
+lines/s (wall clock, including up to one flush interval of latency) and the lines per
+CPU-second of the ingester processes (utime + stime from /proc, between the link and the
+last line: the database's own CPU is not in it), and the medians per count. On a machine
+with C cores the wall-clock rate cannot grow past C processes (PostgreSQL shares them too);
+the rate per CPU-second is the figure that shows whether sharding costs work.
+
+    .venv/bin/python benchmarks/telemetry_ingest.py --processes 1,2,4 [--logs 8]
+        [--lines 800000] [--runs 3] --database-url postgres://...
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -52,9 +68,10 @@ def pin_one_core() -> str:
     return f"pinned to core {core}"
 
 
-def write_lines(path: Path, *, lines: int, pools: int, routes: int, rps: float) -> float:
+def write_lines(path: Path, *, lines: int, pools: int, routes: int, rps: float,
+                seed: int = 42) -> float:
     """The access log; returns its time span in seconds."""
-    rng = random.Random(42)
+    rng = random.Random(seed)
     t = 1_800_000_000.0
     begin = t
     with path.open("wb") as fp:
@@ -114,7 +131,7 @@ def ingest_once(path: Path, lines: int,
     """One pass over the file into empty tables: (seconds, CPU seconds of this process, lines
     read, windows' requests). The database's own CPU (PostgreSQL) is not in the CPU figure;
     SQLite's is (it runs in this process)."""
-    from fleetctl.telemetry.ingest import Ingester
+    from fleetctl.telemetry.ingest import Ingester, log_shard
     from fleetctl.telemetry.models import Cursor, Window
     from fleetctl.traffic.models import Gateway
 
@@ -127,6 +144,7 @@ def ingest_once(path: Path, lines: int,
                            options={"access_log": str(path)})
     ingester = Ingester(window_s=10, flush_interval_s=flush_interval_s)
     ingester.refresh()
+    assert ingester.claim(log_shard("bench-gw"))
     started = time.perf_counter()
     cpu_started = time.process_time()
     next_flush = started + flush_interval_s
@@ -142,6 +160,7 @@ def ingest_once(path: Path, lines: int,
     ingester.flush()
     elapsed = time.perf_counter() - started
     cpu = time.process_time() - cpu_started
+    ingester.release()
     for follower in ingester.followers.values():
         follower.close()
     total = sum(Window.objects.values_list("requests", flat=True))
@@ -162,6 +181,161 @@ def parse_only(path: Path) -> float:
     return n / (time.perf_counter() - started)
 
 
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process so far (seconds)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _database_cpu_s() -> dict[int, float]:
+    """PostgreSQL on this machine: backend pid -> CPU seconds of every other connection to
+    this database (the ingesters'); {} on SQLite or when /proc cannot see the server."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND pid <> pg_backend_pid()")
+        pids = [row[0] for row in cursor.fetchall()]
+    out = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            out[pid] = _cpu_s(pid)
+    return out
+
+
+def sharded_once(sources: list[Path], live: list[Path], processes: int, lines: int,
+                 flush_interval_s: float) -> tuple[float, float, float | None, int, int]:
+    """`processes` real ingesters over the logs: (seconds, their CPU seconds, their database
+    backends' CPU seconds (None when not seen), lines the cursors counted, windows'
+    requests)."""
+    import signal
+    import subprocess
+    from datetime import UTC, datetime
+
+    from django.db import connection
+
+    from fleetctl.telemetry.ingest import LEASE_SOURCE, SHARD_PREFIX
+    from fleetctl.telemetry.models import Cursor, Window
+
+    Window.objects.all()._raw_delete(Window.objects.db)  # type: ignore[attr-defined]
+    Cursor.objects.all()._raw_delete(Cursor.objects.db)  # type: ignore[attr-defined]
+    for path in live:
+        path.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if connection.vendor == "sqlite":
+        env.pop("DATABASE_URL", None)
+    logs = [live[0].parent / f"ingester-{processes}-{k}.log" for k in range(processes)]
+    procs = []
+    for log in logs:  # their logs stay in the temporary folder (shown if one fails)
+        with log.open("ab") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "fleetctl.telemetry.ingest", "--no-scrape",
+                 "--flush-interval", str(flush_interval_s)], cwd=REPO, env=env, stdout=out,
+                stderr=subprocess.STDOUT))
+    try:
+        quota = -(-len(live) // processes)
+        deadline = time.monotonic() + 120
+        while True:  # wait until the processes share every shard, at most `quota` each
+            now = datetime.now(tz=UTC)
+            owners = list(Cursor.objects.filter(
+                source_name=LEASE_SOURCE, path__startswith=SHARD_PREFIX, updated_at__gte=now,
+            ).values_list("last_counters__owner", flat=True))
+            counts = [owners.count(o) for o in set(owners)]
+            if len(owners) == len(live) and len(counts) == min(processes, len(live)) \
+                    and max(counts) <= quota:
+                break
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"the ingesters did not share the shards: {owners}; "
+                                   f"{logs[0].read_text()[-2000:]}")
+            time.sleep(0.1)
+        cpu_before = sum(_cpu_s(p.pid) for p in procs)
+        db_before = _database_cpu_s()
+        started = time.perf_counter()
+        for source, path in zip(sources, live, strict=True):
+            os.link(source, path)
+        while True:
+            read = sum(Cursor.objects.exclude(source_name=LEASE_SOURCE)
+                       .values_list("lines", flat=True))
+            if read >= lines:
+                break
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError("an ingester exited")
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - started
+        cpu = sum(_cpu_s(p.pid) for p in procs) - cpu_before
+        db_after = _database_cpu_s()
+        db_cpu = sum(db_after[pid] - db_before.get(pid, 0.0) for pid in db_after) \
+            if db_after else None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=60)
+    total = sum(Window.objects.values_list("requests", flat=True))
+    return elapsed, cpu, db_cpu, read, total
+
+
+def sharded(args: argparse.Namespace, folder: Path) -> None:
+    counts = [int(n) for n in args.processes.split(",")]
+    per_log = args.lines // args.logs
+    sources, live = [], []
+    for k in range(args.logs):
+        source = folder / f"source-{k}.log"
+        write_lines(source, lines=per_log, pools=args.pools, routes=args.routes,
+                    rps=args.rps / args.logs, seed=42 + k)
+        sources.append(source)
+        live.append(folder / f"access-{k}.log")
+    lines = per_log * args.logs
+    database = setup_django(args.database_url, folder)
+    from fleetctl.telemetry.models import Window
+    from fleetctl.traffic.models import Gateway
+
+    Gateway.objects.filter(name__startswith="bench-gw").delete()
+    for k, path in enumerate(live):
+        Gateway.objects.create(name=f"bench-gw-{k}", kind="envoy",
+                               admin_address="http://127.0.0.1:1",
+                               options={"access_log": str(path)})
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"{lines:,} lines in {args.logs} logs ({sum(s.stat().st_size for s in sources) / 1e6:.0f}"
+          f" MB), {args.pools:,} pools x {args.routes} routes; database {database}; {cores} "
+          f"cores; flush every {args.flush_interval:g} s")
+    summary = []
+    for processes in counts:
+        rates, cpu_rates, db_shares = [], [], []
+        for run in range(1, args.runs + 1):
+            elapsed, cpu, db_cpu, read, total = sharded_once(sources, live, processes, lines,
+                                                             args.flush_interval)
+            rates.append(read / elapsed)
+            cpu_rates.append(read / cpu)
+            db = "not seen"
+            if db_cpu is not None:
+                db_shares.append(read / (cpu + db_cpu))
+                db = f"{db_cpu:.2f} (with it {read / (cpu + db_cpu):,.0f} lines per CPU-second)"
+            print(f"{processes} process(es), run {run}: {read:,} lines in {elapsed:.2f} s = "
+                  f"{read / elapsed:,.0f} lines/s; ingesters {cpu:.2f} CPU-s = "
+                  f"{read / cpu:,.0f} lines per CPU-second; database CPU-s {db}; "
+                  f"{Window.objects.count():,} windows; requests in windows {total:,} "
+                  f"({'all counted once' if total == read == lines else 'MISMATCH'})",
+                  flush=True)
+        summary.append((processes, statistics.median(rates), statistics.median(cpu_rates),
+                        statistics.median(db_shares) if db_shares else None))
+    base_rate, base_cpu = summary[0][1], summary[0][2]
+    print("| processes | lines/s | vs 1st | lines per ingester CPU-s | vs 1st | "
+          "lines per CPU-s with the database's |")
+    print("|---|---|---|---|---|---|")
+    for processes, rate, cpu_rate, with_db in summary:
+        print(f"| {processes} | {rate:,.0f} | {rate / base_rate:.2f}x | {cpu_rate:,.0f} | "
+              f"{cpu_rate / base_cpu:.2f}x | "
+              f"{'-' if with_db is None else f'{with_db:,.0f}'} |")
+    print(f"(medians of {args.runs} runs; wall-clock lines/s cannot grow past the {cores} "
+          "cores, which PostgreSQL and anything else running share)")
+    for path in live:
+        path.unlink(missing_ok=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lines", type=int, default=1_000_000)
@@ -171,7 +345,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--flush-interval", type=float, default=1.0)
     parser.add_argument("--database-url", default=None)
+    parser.add_argument("--processes", default=None,
+                        help="sharded: counts of ingester processes, e.g. 1,2,4")
+    parser.add_argument("--logs", type=int, default=8, help="sharded: gateways' logs")
     args = parser.parse_args()
+    if args.processes:
+        with tempfile.TemporaryDirectory(prefix="telemetry-bench-") as folder:
+            sharded(args, Path(folder))
+        return
     pinned = pin_one_core()
     with tempfile.TemporaryDirectory(prefix="telemetry-bench-") as folder:
         path = Path(folder) / "access.log"

@@ -1,12 +1,15 @@
-"""The telemetry ingester: `python -m fleetctl.telemetry.ingest`.
+"""The telemetry ingester: `python -m fleetctl.telemetry.ingest`, as many as you like.
 
-One process follows the access log of every gateway whose options name one (`access_log`),
-parses each complete line with its kind's parser (`registry.find(kind).parse_access_log`,
-`parse_line(line, endpoints) -> LogRecord | None`), and adds what it read into 10 s windows per
-(gateway, route, pool). Every TELEMETRY_FLUSH_INTERVAL_S it writes the open windows and moves
-each file's cursor in the same transaction: a restart resumes from the cursor and counts
-every line once. A thread of the same process scrapes every pool's /metrics (scrape.py).
-Reading a file and adding its lines into windows is follow.py's (Follower, Aggregator).
+The work is split into shards: the access log of each gateway whose options name one
+(`access_log`; shard "log:<gateway>") and the pools' /metrics (shard "scrape", all pools).
+An ingester follows the logs of the shards it holds, parses each complete line with its kind's
+parser (`registry.find(kind).parse_access_log`, `parse_line(line, endpoints) -> LogRecord |
+None`), and adds what it read into 10 s windows per (gateway, route, pool). Every
+TELEMETRY_FLUSH_INTERVAL_S it writes each shard's open windows and moves that file's cursor in
+one transaction per shard: a restart (or another ingester taking the shard over) resumes from
+the cursor and counts every line once. A thread of the process holding the scrape shard
+scrapes every pool's /metrics (scrape.py). Reading a file and adding its lines into windows is
+follow.py's (Follower, Aggregator).
 
 Following a file:
 - a line counts when it is complete (ends with a newline); a partial last line waits;
@@ -16,17 +19,26 @@ Following a file:
   down during the rotation, the old file's unread tail is lost (it is not looked for);
 - truncation (the file is shorter than the offset): read again from 0 (`truncations`).
 
-Only one ingester reads at a time: before it reads anything it takes a lease, a Cursor row
-(source_name LEASE_SOURCE "_ingester", path LEASE_PATH "lease") claimed with a conditional
-UPDATE (free when expired, or already ours) and renewed by every flush. That row's fields mean:
+One ingester reads a shard at a time: before reading it, it takes the shard's lease, a Cursor
+row (source_name LEASE_SOURCE "_ingester", path "shard:<shard>") claimed with a conditional
+UPDATE (free when expired or released, or already ours). That row's fields mean:
 `last_counters` = {"owner": "host:pid:random", "until": ISO expiry} (for people and logs),
 `updated_at` = the lease's expiry (the column the conditional UPDATE compares), `last_read_at` =
-its last renewal. The expiry is 3 flush intervals, at least TELEMETRY_LEASE_MIN_S. A second
-ingester waits (checking every TELEMETRY_LEASE_WAIT_S) and takes over once the lease expired,
-resuming from the cursors. Every flush renews the lease as the first write of the transaction
-that writes the windows and cursors: if another ingester took it over meanwhile, nothing is
-written, the in-memory windows and file positions are dropped, and the ingester goes back to
-waiting.
+its last renewal. The expiry is 3 flush intervals, at least TELEMETRY_LEASE_MIN_S. Every flush
+renews a shard's lease as the first write of the transaction that writes its windows and
+cursor: if another ingester took it over meanwhile, nothing of that shard is written, its
+in-memory windows and file position are dropped (the new holder reads them again from the
+cursor), and the other shards go on.
+
+Balance: every flush an ingester renews its heartbeat (row path "alive:<owner>", expiring as a
+lease does; a clean stop deletes it) and counts the live ones; it holds at most
+ceil(shards / live) shards. Beyond that it flushes the excess and lets it go (so a newcomer
+gets work); below it takes free shards: released, or orphaned by an ingester that died (its
+leases and heartbeat expire together, so the others' quota grows as its shards come free).
+Windows of two shards never share a key (a window's source_name is its gateway) and each
+add is a locked read-then-add (services.windows_add), so shards flushed at once cannot
+overwrite each other. `--once` takes every shard it may hold, or none when a live ingester
+holds one (exit status 3).
 
 Memory is bounded by the open windows (one small aggregate per gateway, route, pool and
 window start), never by the number of requests.

@@ -401,13 +401,18 @@ def reported_of(pools: list[str], *, since: datetime, until: datetime,
 
 def ingest_status(now: datetime | None = None) -> list[dict[str, Any]]:
     """Per cursor: which source (a gateway's log, a pool's /metrics, a Prometheus's view of
-    one pool: path "prometheus:<pool>"), how far it got, and how long ago the ingester last
-    read it (`lag_s`; None when it never has)."""
-    from fleetctl.telemetry.ingest import LEASE_SOURCE
+    one pool: path "prometheus:<pool>"), how far it got, how long ago an ingester last read
+    it (`lag_s`; None when it never has) and which ingester holds its shard now
+    (`ingester`: "host:pid:random"; None when none does). The pools' /metrics and the
+    Prometheus sources are read by the scrape shard."""
+    from fleetctl.telemetry.ingest import LEASE_SOURCE, SCRAPE_SHARD, SHARD_PREFIX, log_shard
 
     now = now or timezone.now()
+    # The ingesters' leases and heartbeats are Cursor rows too (ingest.py), but no source.
+    holders = {row.path.removeprefix(SHARD_PREFIX): (row.last_counters or {}).get("owner")
+               or None for row in Cursor.objects.filter(
+                   source_name=LEASE_SOURCE, path__startswith=SHARD_PREFIX, updated_at__gte=now)}
     out = []
-    # The ingester's lease is a Cursor row too (ingest.py), but no source.
     for cursor in Cursor.objects.exclude(source_name=LEASE_SOURCE).order_by("source_name",
                                                                              "path"):
         is_metrics = cursor.path.startswith(("http://", "https://"))
@@ -426,6 +431,8 @@ def ingest_status(now: datetime | None = None) -> list[dict[str, Any]]:
             "lag_s": (now - cursor.last_read_at).total_seconds()
             if cursor.last_read_at else None,
             "last_error": cursor.last_error,
+            "ingester": holders.get(SCRAPE_SHARD if is_metrics or is_prometheus
+                                    else log_shard(cursor.source_name)),
         })
     return out
 

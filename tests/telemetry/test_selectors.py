@@ -155,12 +155,21 @@ def test_ingest_status() -> None:
                           last_read_at=now - timedelta(seconds=3))
     Cursor.objects.create(source_name="pa", path="http://127.0.0.1:9/metrics",
                           last_error="refused")
-    Cursor.objects.create(source_name="_ingester", path="lease")  # the lease: no source
+    # Leases and heartbeats are no sources: gw-a's shard is held, the scrape's expired.
+    Cursor.objects.create(source_name="_ingester", path="shard:log:gw-a",
+                          updated_at=now + timedelta(seconds=5),
+                          last_counters={"owner": "h:1:a", "until": "…"})
+    Cursor.objects.create(source_name="_ingester", path="shard:scrape",
+                          updated_at=now - timedelta(seconds=1),
+                          last_counters={"owner": "h:2:b", "until": "…"})
+    Cursor.objects.create(source_name="_ingester", path="alive:h:1:a",
+                          updated_at=now + timedelta(seconds=5))
     rows = selectors.ingest_status(now)
     assert [(r["source"], r["kind"]) for r in rows] == [("gw-a", "gateway access log"),
                                                         ("pa", "pool /metrics")]
     assert rows[0]["lag_s"] == pytest.approx(3.0) and rows[0]["malformed"] == 1
     assert rows[1]["lag_s"] is None and rows[1]["last_error"] == "refused"
+    assert (rows[0]["ingester"], rows[1]["ingester"]) == ("h:1:a", None)
 
 
 def test_client_disconnects_are_shown_apart_from_the_error_rate_in_stats_and_series(

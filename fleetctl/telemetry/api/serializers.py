@@ -140,6 +140,9 @@ class IngestStatusSerializer(serializers.Serializer[Any]):
     lag_s = serializers.FloatField(allow_null=True,
                                    help_text="Seconds since the ingester last read it.")
     last_error = serializers.CharField(allow_blank=True)
+    ingester = serializers.CharField(
+        allow_null=True, help_text="The ingester holding its shard now (host:pid:random); "
+        "null when none does (none running, or its lease expired).")
 
 
 class CostQuery(serializers.Serializer[Any]):
