@@ -30,9 +30,11 @@ ceil(logs / processes) each); once they hold them all, the logs are hard-linked 
 at once and the clock runs until the cursors have counted every line. Prints per run the
 lines/s (wall clock, including up to one flush interval of latency) and the lines per
 CPU-second of the ingester processes (utime + stime from /proc, between the link and the
-last line: the database's own CPU is not in it), and the medians per count. On a machine
-with C cores the wall-clock rate cannot grow past C processes (PostgreSQL shares them too);
-the rate per CPU-second is the figure that shows whether sharding costs work.
+last line: the database's own CPU is not in it; PostgreSQL's backends are measured apart
+when /proc shows them), and the medians per count. On a machine with C cores the wall-clock
+rate cannot grow past C processes (PostgreSQL shares them too): the rate per CPU-second is the
+figure that shows whether sharding costs work, and the lines over the busiest ingester's
+CPU-seconds the rate the set would reach with a core per ingester (the database aside).
 
     .venv/bin/python benchmarks/telemetry_ingest.py --processes 1,2,4 [--logs 8]
         [--lines 800000] [--runs 3] --database-url postgres://...
@@ -206,9 +208,9 @@ def _database_cpu_s() -> dict[int, float]:
 
 
 def sharded_once(sources: list[Path], live: list[Path], processes: int, lines: int,
-                 flush_interval_s: float) -> tuple[float, float, float | None, int, int]:
-    """`processes` real ingesters over the logs: (seconds, their CPU seconds, their database
-    backends' CPU seconds (None when not seen), lines the cursors counted, windows'
+                 flush_interval_s: float) -> tuple[float, list[float], float | None, int, int]:
+    """`processes` real ingesters over the logs: (seconds, each one's CPU seconds, their
+    database backends' CPU seconds (None when not seen), lines the cursors counted, windows'
     requests)."""
     import signal
     import subprocess
@@ -250,7 +252,7 @@ def sharded_once(sources: list[Path], live: list[Path], processes: int, lines: i
                 raise RuntimeError(f"the ingesters did not share the shards: {owners}; "
                                    f"{logs[0].read_text()[-2000:]}")
             time.sleep(0.1)
-        cpu_before = sum(_cpu_s(p.pid) for p in procs)
+        cpu_before = [_cpu_s(p.pid) for p in procs]
         db_before = _database_cpu_s()
         started = time.perf_counter()
         for source, path in zip(sources, live, strict=True):
@@ -264,7 +266,7 @@ def sharded_once(sources: list[Path], live: list[Path], processes: int, lines: i
                 raise RuntimeError("an ingester exited")
             time.sleep(0.05)
         elapsed = time.perf_counter() - started
-        cpu = sum(_cpu_s(p.pid) for p in procs) - cpu_before
+        cpu = [_cpu_s(p.pid) - before for p, before in zip(procs, cpu_before, strict=True)]
         db_after = _database_cpu_s()
         db_cpu = sum(db_after[pid] - db_before.get(pid, 0.0) for pid in db_after) \
             if db_after else None
@@ -304,10 +306,12 @@ def sharded(args: argparse.Namespace, folder: Path) -> None:
           f"cores; flush every {args.flush_interval:g} s")
     summary = []
     for processes in counts:
-        rates, cpu_rates, db_shares = [], [], []
+        rates, cpu_rates, db_shares, core_rates = [], [], [], []
         for run in range(1, args.runs + 1):
-            elapsed, cpu, db_cpu, read, total = sharded_once(sources, live, processes, lines,
-                                                             args.flush_interval)
+            elapsed, cpus, db_cpu, read, total = sharded_once(sources, live, processes, lines,
+                                                              args.flush_interval)
+            cpu = sum(cpus)
+            core_rates.append(read / max(cpus))
             rates.append(read / elapsed)
             cpu_rates.append(read / cpu)
             db = "not seen"
@@ -316,22 +320,29 @@ def sharded(args: argparse.Namespace, folder: Path) -> None:
                 db = f"{db_cpu:.2f} (with it {read / (cpu + db_cpu):,.0f} lines per CPU-second)"
             print(f"{processes} process(es), run {run}: {read:,} lines in {elapsed:.2f} s = "
                   f"{read / elapsed:,.0f} lines/s; ingesters {cpu:.2f} CPU-s = "
-                  f"{read / cpu:,.0f} lines per CPU-second; database CPU-s {db}; "
+                  f"{read / cpu:,.0f} lines per CPU-second (busiest "
+                  f"{max(cpus):.2f}: {read / max(cpus):,.0f} lines/s with a core each); "
+                  f"database CPU-s {db}; "
                   f"{Window.objects.count():,} windows; requests in windows {total:,} "
                   f"({'all counted once' if total == read == lines else 'MISMATCH'})",
                   flush=True)
         summary.append((processes, statistics.median(rates), statistics.median(cpu_rates),
-                        statistics.median(db_shares) if db_shares else None))
+                        statistics.median(db_shares) if db_shares else None,
+                        statistics.median(core_rates)))
     base_rate, base_cpu = summary[0][1], summary[0][2]
+    base_core = summary[0][4]
     print("| processes | lines/s | vs 1st | lines per ingester CPU-s | vs 1st | "
-          "lines per CPU-s with the database's |")
-    print("|---|---|---|---|---|---|")
-    for processes, rate, cpu_rate, with_db in summary:
+          "lines per CPU-s with the database's | lines / busiest ingester's CPU-s | vs 1st |")
+    print("|---|---|---|---|---|---|---|---|")
+    for processes, rate, cpu_rate, with_db, core_rate in summary:
         print(f"| {processes} | {rate:,.0f} | {rate / base_rate:.2f}x | {cpu_rate:,.0f} | "
               f"{cpu_rate / base_cpu:.2f}x | "
-              f"{'-' if with_db is None else f'{with_db:,.0f}'} |")
+              f"{'-' if with_db is None else f'{with_db:,.0f}'} | {core_rate:,.0f} | "
+              f"{core_rate / base_core:.2f}x |")
     print(f"(medians of {args.runs} runs; wall-clock lines/s cannot grow past the {cores} "
-          "cores, which PostgreSQL and anything else running share)")
+          "cores, which PostgreSQL and anything else running share; lines / the busiest "
+          "ingester's CPU-s is the rate the set would reach with a core per ingester, the "
+          "database aside)")
     for path in live:
         path.unlink(missing_ok=True)
 
