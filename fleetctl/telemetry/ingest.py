@@ -32,9 +32,12 @@ cursor), and the other shards go on.
 
 Balance: every flush an ingester renews its heartbeat (row path "alive:<owner>", expiring as a
 lease does; a clean stop deletes it) and counts the live ones; it holds at most
-ceil(shards / live) shards. Beyond that it flushes the excess and lets it go (so a newcomer
-gets work); below it takes free shards: released, or orphaned by an ingester that died (its
+ceil(log shards / live) logs. Beyond that it flushes the excess and lets it go (so a newcomer
+gets work); below it takes free logs: released, or orphaned by an ingester that died (its
 leases and heartbeat expire together, so the others' quota grows as its shards come free).
+The scrape is outside the quota: any ingester that scrapes takes it when it is free (one
+started with --no-scrape is live but cannot, and counting the scrape in could leave it to
+no one).
 Windows of two shards never share a key (a window's source_name is its gateway) and each
 add is a locked read-then-add (services.windows_add), so shards flushed at once cannot
 overwrite each other. `--once` takes every shard it may hold, or none when a live ingester
@@ -318,36 +321,42 @@ class Ingester:
                               path=ALIVE_PREFIX + self.owner).delete()
 
     def quota(self) -> int:
-        """The most shards this ingester takes: ceil(shards / live ingesters)."""
-        return math.ceil(len(self.shards()) / max(1, self.live))
+        """The most log shards this ingester takes: ceil(log shards / live ingesters). The
+        scrape is outside it: an ingester started with --no-scrape is live but cannot take
+        it, so counting it in would leave the scrape to no one when the quota is full."""
+        return math.ceil(len(self.sources) / max(1, self.live))
 
     def balance(self) -> None:
-        """Heartbeat; let go of the shards beyond our quota (flushed first, so the next holder
-        starts where we stopped) and of logs no gateway names any more; take free shards (a
-        newcomer's, released or orphaned: expired) up to the quota."""
+        """Heartbeat; let go of the log shards beyond our quota (flushed first, so the next
+        holder starts where we stopped) and of logs no gateway names any more; take free log
+        shards (a newcomer's, released or orphaned: expired) up to the quota, and the scrape
+        when it is free and we scrape."""
         from fleetctl.telemetry.models import Cursor
 
         self.live = self.heartbeat()
         shards = self.shards()
         quota = self.quota()
         gone = self.held - set(shards)
-        excess = sorted(self.held - gone, reverse=True)[:max(0, len(self.held - gone) - quota)]
+        logs = sorted(self.held - gone - {SCRAPE_SHARD}, reverse=True)
+        excess = set(logs[:max(0, len(logs) - quota)])
         if gone or excess:
-            self.flush(gone | set(excess))
-            for shard in excess:
-                log.info("letting shard %s go: %d shards, %d live ingesters, at most %d each",
-                         shard, len(shards), self.live, quota)
-            self.release(gone | set(excess))
-        if len(self.held) >= quota:
+            self.flush(gone | excess)
+            for shard in sorted(excess):
+                log.info("letting shard %s go: %d logs, %d live ingesters, at most %d each",
+                         shard, len(self.sources), self.live, quota)
+            self.release(gone | excess)
+        logs_full = len(self.held - {SCRAPE_SHARD}) >= quota
+        wanted = [s for s in shards if s not in self.held and (s == SCRAPE_SHARD or not logs_full)]
+        if not wanted:
             return
         now = datetime.now(tz=UTC)
         taken = {row.path.removeprefix(SHARD_PREFIX) for row in Cursor.objects.filter(
             source_name=LEASE_SOURCE, path__startswith=SHARD_PREFIX, updated_at__gte=now,
         ).exclude(last_counters__owner=self.owner).only("path")}
-        for shard in shards:
-            if len(self.held) >= quota:
-                break
-            if shard not in self.held and shard not in taken:
+        for shard in wanted:
+            if shard in taken:
+                continue
+            if shard == SCRAPE_SHARD or len(self.held - {SCRAPE_SHARD}) < quota:
                 self.claim(shard)
 
     # --- reading and flushing --------------------------------------------------------------

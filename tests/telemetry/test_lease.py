@@ -284,3 +284,28 @@ def test_two_real_ingesters_count_once_and_the_second_takes_over_a_killed_first(
                 proc.wait(timeout=20)
     assert "took shard log:gw-0" in (tmp_path / "ingest-2.log").read_text()
     assert not _owners()  # the second let it go on its clean stop
+
+
+def test_the_scrape_is_a_shard_of_its_own_and_only_its_holder_scrapes(log_file: Path) -> None:
+    a, b = Ingester(window_s=10, scrape=True), Ingester(window_s=10, scrape=True)
+    no_scraper = Ingester(window_s=10)  # started with --no-scrape: never takes it
+    for ingester in (a, b, no_scraper):
+        ingester.refresh()
+    assert a.shards() == ["log:gw-0", SCRAPE_SHARD] and no_scraper.shards() == ["log:gw-0"]
+    a.balance()
+    assert a.held == {"log:gw-0", SCRAPE_SHARD} and a.scraping.is_set()
+    b.balance()
+    no_scraper.balance()  # three live, every shard held: they wait, and do not scrape
+    a.balance()  # at most 1 log each, the scrape outside that: a keeps both
+    assert a.held == {"log:gw-0", SCRAPE_SHARD}
+    assert b.held == no_scraper.held == set()
+    assert not b.scraping.is_set() and not no_scraper.scraping.is_set()
+    a.leave()  # a clean stop: its shards are free at once
+    assert not a.scraping.is_set()
+    b.balance()
+    no_scraper.balance()
+    # Two live, one log: b takes it and the scrape too. A quota counting the scrape in
+    # (ceil(2 shards / 2 live) = 1) would have left the scrape to no one: the other one live
+    # does not scrape.
+    assert b.held == {"log:gw-0", SCRAPE_SHARD} and b.scraping.is_set()
+    assert no_scraper.held == set() and not no_scraper.scraping.is_set()
