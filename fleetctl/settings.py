@@ -318,9 +318,10 @@ TELEMETRY_WINDOW_S = env_int("TELEMETRY_WINDOW_S", 10)
 TELEMETRY_FLUSH_INTERVAL_S = env_float("TELEMETRY_FLUSH_INTERVAL_S", 1.0)
 # How often the ingester scrapes each pool's /metrics (TPOT), in seconds.
 TELEMETRY_SCRAPE_INTERVAL_S = env_float("TELEMETRY_SCRAPE_INTERVAL_S", 10.0)
-# One ingester at a time: its lease lasts 3 flush intervals, at least TELEMETRY_LEASE_MIN_S (a
-# killed ingester's successor waits this long); a waiting one retries every
-# TELEMETRY_LEASE_WAIT_S. The tests shorten both.
+# One ingester per shard (a gateway's log, the scrape) at a time: a shard's lease (and an
+# ingester's heartbeat) lasts 3 flush intervals, at least TELEMETRY_LEASE_MIN_S (a killed
+# ingester's shards wait this long for another); after a database error an ingester tries
+# again within min(1 s, TELEMETRY_LEASE_WAIT_S). The tests shorten both.
 TELEMETRY_LEASE_MIN_S = env_float("TELEMETRY_LEASE_MIN_S", 10.0)
 TELEMETRY_LEASE_WAIT_S = env_float("TELEMETRY_LEASE_WAIT_S", 3.0)
 # How often beat ticks the ramps (each due ramp is claimed with a lease of RAMP_LEASE_S).
