@@ -80,6 +80,9 @@ REFRESH_S = 5.0  # how often the gateways (and their endpoints) are read again
 LEASE_SOURCE = "_ingester"
 SHARD_PREFIX, ALIVE_PREFIX = "shard:", "alive:"
 SCRAPE_SHARD = "scrape"  # the pools' /metrics, one shard for all of them
+# The single lease of ingesters from before shards (path "lease"): while one of those still
+# holds it, no shard is taken (an upgrade must not have two ingesters read one log).
+OLD_LEASE_PATH = "lease"
 EXIT_LEASE_HELD = 3  # --once, when another live ingester holds a shard
 
 
@@ -184,6 +187,7 @@ class Ingester:
         self.lease_wait_s = float(settings.TELEMETRY_LEASE_WAIT_S)
         self.scraping = threading.Event()  # set while this ingester holds the scrape shard
         self.live = 0  # live ingesters at the last balance (this one included)
+        self.old_lease_seen = False
 
     # --- leases and heartbeats -----------------------------------------------------------
 
@@ -349,10 +353,19 @@ class Ingester:
         wanted = [s for s in shards if s not in self.held and (s == SCRAPE_SHARD or not logs_full)]
         if not wanted:
             return
+        from django.db.models import Q
+
         now = datetime.now(tz=UTC)
         taken = {row.path.removeprefix(SHARD_PREFIX) for row in Cursor.objects.filter(
-            source_name=LEASE_SOURCE, path__startswith=SHARD_PREFIX, updated_at__gte=now,
+            Q(path__startswith=SHARD_PREFIX) | Q(path=OLD_LEASE_PATH),
+            source_name=LEASE_SOURCE, updated_at__gte=now,
         ).exclude(last_counters__owner=self.owner).only("path")}
+        if OLD_LEASE_PATH in taken:
+            if not self.old_lease_seen:
+                log.warning("an ingester from before shards holds the single lease; taking no "
+                            "shard until it stops")
+                self.old_lease_seen = True
+            return
         for shard in wanted:
             if shard in taken:
                 continue
@@ -465,7 +478,15 @@ class Ingester:
         """Take every shard (LeaseHeld, reading nothing, when another live ingester holds
         one), read everything there is now, flush, let them go, and return the lines read
         (tests, --once)."""
+        from fleetctl.telemetry.models import Cursor
+
         self.refresh()
+        old = Cursor.objects.filter(source_name=LEASE_SOURCE, path=OLD_LEASE_PATH,
+                                    updated_at__gte=datetime.now(tz=UTC)).first()
+        if old is not None:
+            raise LeaseHeld("an ingester from before shards (owner {}) holds the single lease "
+                            "until {}".format(*((old.last_counters or {}).get(k, "?")
+                                                for k in ("owner", "until"))))
         for shard in self.shards():
             if not self.claim(shard):
                 self.release()

@@ -309,3 +309,19 @@ def test_the_scrape_is_a_shard_of_its_own_and_only_its_holder_scrapes(log_file: 
     # does not scrape.
     assert b.held == {"log:gw-0", SCRAPE_SHARD} and b.scraping.is_set()
     assert no_scraper.held == set() and not no_scraper.scraping.is_set()
+
+
+def test_no_shard_is_taken_while_an_ingester_from_before_shards_holds_its_lease(
+        log_file: Path) -> None:
+    _write(log_file, 3)
+    until = datetime.now(tz=UTC) + timedelta(seconds=30)
+    Cursor.objects.create(source_name=LEASE_SOURCE, path="lease", updated_at=until,
+                          last_counters={"owner": "old:1:x", "until": until.isoformat()})
+    a = Ingester(window_s=10)
+    a.refresh()
+    a.balance()
+    assert a.held == set()
+    with pytest.raises(LeaseHeld, match="from before shards \\(owner old:1:x\\)"):
+        a.once()
+    _expire()  # the old one stopped
+    assert a.once() == 3 and _requests() == 3
