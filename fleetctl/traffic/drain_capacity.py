@@ -81,9 +81,8 @@ def readings(routes: list[Route], weights: dict[int, dict[str, int]]) -> Reading
             names = {p for split in weights.values() for p in split}
             names |= {route.primary_pool.name for route in routes}
             found.live = live_streams(names)
-            for revision in selectors.revisions_current(routes=list(Route.objects.all())
-                                                        ).values():
-                for pool, bp in revision.weights.items():
+            for split in selectors.splits_current():
+                for pool, bp in split.items():
                     found.carried[pool] = found.carried.get(pool, 0) + bp
             found.pools = {p.name: p for p in Pool.objects.select_related("region")
                            .filter(name__in=names)}

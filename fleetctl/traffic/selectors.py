@@ -5,7 +5,7 @@ from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 
 from fleetctl.fleet.models import Pool, PoolModel
 from fleetctl.traffic import tiers
@@ -52,6 +52,13 @@ def revisions_current(*, routes: list[Route]) -> dict[int, SplitRevision]:
     return {rev.route_id: rev for rev in SplitRevision.objects.filter(match)}
 
 
+def splits_current() -> list[dict[str, int]]:
+    """Every route's current split (its weights), in one query: the revisions numbered as
+    their route's revision_number, as `revisions_current` of every route reads them."""
+    return list(SplitRevision.objects.filter(number=F("route__revision_number"))
+                .order_by().values_list("weights", flat=True))
+
+
 def pools_eligible(*, route: Route) -> set[str]:
     """Pools that may carry this route: they serve its model and, when it is pinned, sit in
     its jurisdiction. Health is not required here: a drain back to an unhealthy primary is
@@ -60,6 +67,21 @@ def pools_eligible(*, route: Route) -> set[str]:
     if route.residency:
         entries = entries.filter(pool__region__jurisdiction=route.residency)
     return set(entries.values_list("pool__name", flat=True))
+
+
+def pools_eligible_many(*, routes: list[Route]) -> dict[int, set[str]]:
+    """`pools_eligible` of several routes (route id -> pool names) in one query: a drain
+    reads it once for all its routes, for its plan and its capacity check alike."""
+    if not routes:
+        return {}
+    rows = (PoolModel.objects.filter(model_id__in={route.model_id for route in routes})
+            .order_by().values_list("model_id", "pool__name", "pool__region__jurisdiction"))
+    by_model: dict[str, list[tuple[str, str]]] = {}
+    for model_id, name, jurisdiction in rows:
+        by_model.setdefault(model_id, []).append((name, jurisdiction))
+    return {route.pk: {name for name, jurisdiction in by_model.get(route.model_id, ())
+                       if not route.residency or jurisdiction == route.residency}
+            for route in routes}
 
 
 def gateway_spec(gateway: Gateway) -> GatewaySpec:
@@ -415,11 +437,12 @@ class DrainPreview:
         self.capacity = capacity or {}  # the capacity check's note (drain_capacity.check)
 
 
-def drain_step(*, route: Route, weights: dict[str, int], pool: Pool | None
-               ) -> tuple[dict[str, int], set[str]] | None:
+def drain_step(*, route: Route, weights: dict[str, int], pool: Pool | None,
+               eligible: set[str] | None = None) -> tuple[dict[str, int], set[str]] | None:
     """What draining does to one route's split: a pool drain takes that pool out, a route
     drain takes out everything but the primary. None when the route has nothing to move.
-    The drain service (under a row lock) and the dashboard's preview both use this."""
+    The drain service (under a row lock) and the dashboard's preview both use this.
+    `eligible`: the route's `pools_eligible` when the caller read it already."""
     from fleetctl.traffic.split import drained
 
     if pool is not None:
@@ -430,7 +453,7 @@ def drain_step(*, route: Route, weights: dict[str, int], pool: Pool | None
     if not removed:
         return None
     after = drained(weights, remove=remove, primary=route.primary_pool.name,
-                    eligible=pools_eligible(route=route))
+                    eligible=pools_eligible(route=route) if eligible is None else eligible)
     return after, removed
 
 

@@ -55,14 +55,16 @@ def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
         # What this drain could end (a ramp of the pool) is locked before the routes, in
         # the order a ramp's own step takes them (its row, then its route's): no deadlock.
         holders_lock(pool=pool, route=route, routes=routes)
-        plan = _drain_plan(route=route, pool=pool, only=routes)
+        eligible: dict[int, set[str]] = {}
+        plan = _drain_plan(route=route, pool=pool, only=routes, eligible=eligible)
         if not plan:
             raise ConflictError(
                 f"Nothing to drain: route {route.name} already sends everything to its "
                 f"primary {route.primary_pool.name}." if route is not None else
                 f"Nothing to drain: pool {pool.name} has no weight on any route."  # type: ignore[union-attr]
             )
-        plan, capacity = _capacity_checked(plan, force=force, stepping=stepping)
+        plan, capacity = _capacity_checked(plan, force=force, stepping=stepping,
+                                           eligible=eligible)
         record = Drain.objects.create(
             action=Drain.Action.DRAIN, route=route, pool=pool, requested_by=actor.label,
             reason=reason, requested_at=requested_at,
@@ -91,8 +93,10 @@ def drain_request(*, actor: Actor, reason: str, route: Route | None = None,
     return record
 
 
-def _drain_plan(*, route: Route | None, pool: Pool | None, only: list[Route] | None = None
-                ) -> Plan:
+def _drain_plan(*, route: Route | None, pool: Pool | None, only: list[Route] | None = None,
+                eligible: dict[int, set[str]] | None = None) -> Plan:
+    """`eligible`, when given, is filled with each planned route's `pools_eligible` (read
+    once here, for the capacity check too)."""
     # One lock order everywhere: every route row first (by id), then their primary pools and
     # regions (by id). Locking each route with its pool in one join interleaved them and
     # deadlocked against a split change (route, then its pools) on a later route.
@@ -105,30 +109,47 @@ def _drain_plan(*, route: Route | None, pool: Pool | None, only: list[Route] | N
     primaries = {p.pk: p for p in Pool.objects.select_related("region").select_for_update(
         of=("self", "region")).filter(pk__in={r.primary_pool_id for r in locked_routes})
         .order_by("pk")}
+    # Every locked route's current split in one read (a pool drain locks every route), and
+    # the pools that may carry the routes that have something to move in one more.
+    revisions = selectors.revisions_current(routes=locked_routes)
+    weights = {r.pk: revisions[r.pk].weights if r.pk in revisions else {}
+               for r in locked_routes}
+    moving = [r for r in locked_routes
+              if (set(weights[r.pk]) & ({pool.name} if pool is not None else set(weights[r.pk])
+                                        - {primaries[r.primary_pool_id].name}))]
+    found = selectors.pools_eligible_many(routes=moving)
+    if eligible is not None:
+        eligible.update(found)
     plan = []
     for locked in locked_routes:
         locked.primary_pool = primaries[locked.primary_pool_id]
-        current = selectors.revision_current(route=locked)
-        step = selectors.drain_step(route=locked, weights=current.weights if current else {},
-                                    pool=pool)
+        current = revisions.get(locked.pk)
+        if locked.pk not in found:
+            continue  # nothing of it to move (drain_step would say None)
+        step = selectors.drain_step(route=locked, weights=weights[locked.pk], pool=pool,
+                                    eligible=found[locked.pk])
         if step is not None:
             plan.append((locked, *step, current))
     return plan
 
 
 def _capacity_checked(plan: Plan, *, force: bool, stepping: bool, step: int = 1,
-                      first: dict[str, int] | None = None) -> tuple[Plan, dict[str, Any]]:
+                      first: dict[str, int] | None = None,
+                      eligible: dict[int, set[str]] | None = None
+                      ) -> tuple[Plan, dict[str, Any]]:
     """The plan with each route's split capacity-checked, and the record of the check.
     `step`, `first` (route name -> the share its first step freed): a stepped drain's
-    later step."""
+    later step. `eligible`: the routes' `pools_eligible` as _drain_plan read them."""
     weights = {locked.pk: (current.weights if current else {})
                for locked, _, _, current in plan}
+    if eligible is None or any(locked.pk not in eligible for locked, _, _, _ in plan):
+        eligible = selectors.pools_eligible_many(routes=[locked for locked, _, _, _ in plan])
     found = drain_capacity.readings([locked for locked, _, _, _ in plan], weights)
     checked, notes = [], []
     for locked, _, removed, current in plan:
         after, note = drain_capacity.check(
             route=locked, weights=weights[locked.pk], remove=removed,
-            eligible=selectors.pools_eligible(route=locked), found=found, force=force,
+            eligible=eligible[locked.pk], found=found, force=force,
             stepping=stepping, step=step, first_freed=(first or {}).get(locked.name))
         checked.append((locked, after, removed, current))
         notes.append(note)
