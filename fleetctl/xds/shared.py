@@ -349,6 +349,16 @@ class SharedStore:
     def envoys(self, gateway: str) -> list[EnvoyState]:
         return envoy_states(gateway)
 
+    def any_connected(self, gateway: str) -> bool:
+        """Is an Envoy of the gateway connected, as envoy_states counts them (its stream open
+        on a replica whose heartbeat is fresh)? One EXISTS, not every Envoy's ACK rows: a
+        push asks before it sets a snapshot."""
+        alive_after = timezone.now() - timedelta(seconds=REPLICA_GONE_S)
+        return XdsEnvoy.objects.filter(
+            gateway=gateway, gone_at__isnull=True,
+            replica__in=XdsReplica.objects.filter(heartbeat_at__gte=alive_after)
+            .values("name")).exists()
+
     def wait_acked(self, gateway: str, number: int, *, timeout_s: float,
                    types: tuple[str, ...] = SERVED_TYPES, min_envoys: int = 1) -> AckResult:
         """As MemoryStore.wait_acked. The ACK rows are read once; the replicas' reports

@@ -137,6 +137,8 @@ class SnapshotStore(Protocol):
 
     def envoys(self, gateway: str) -> list[EnvoyState]: ...
 
+    def any_connected(self, gateway: str) -> bool: ...
+
     def wait_acked(self, gateway: str, number: int, *, timeout_s: float,
                    types: tuple[str, ...] = SERVED_TYPES, min_envoys: int = 1) -> AckResult: ...
 
@@ -302,6 +304,11 @@ class MemoryStore:
                                                     if k != "nonces"})
                                       for t, a in e.types.items()})
                     for _, e in sorted(self._envoys.get(gateway, {}).items())]
+
+    def any_connected(self, gateway: str) -> bool:
+        """Is an Envoy of the gateway connected (what `envoys` says, without the copies)?"""
+        with self._changed:
+            return any(e.connected for e in self._envoys.get(gateway, {}).values())
 
     def wait_acked(self, gateway: str, number: int, *, timeout_s: float,
                    types: tuple[str, ...] = SERVED_TYPES, min_envoys: int = 1) -> AckResult:

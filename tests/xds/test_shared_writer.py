@@ -5,6 +5,7 @@ per report."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -12,8 +13,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from fleetctl.xds.models import XdsTypeAck
-from fleetctl.xds.shared import SharedStore, envoy_states
+from fleetctl.xds.models import XdsReplica, XdsTypeAck
+from fleetctl.xds.shared import REPLICA_GONE_S, SharedStore, envoy_states
 
 pytestmark = pytest.mark.django_db
 
@@ -83,3 +84,17 @@ def test_a_push_to_many_envoys_is_written_in_a_few_statements() -> None:
     # the transaction (a savepoint here) and SET LOCAL, the rows locked, sent, ACKed
     assert len(captured) <= 6, [q["sql"][:80] for q in captured.captured_queries]
     assert XdsTypeAck.objects.filter(envoy__gateway="g", acked_number=1).count() == 50
+
+
+def test_any_connected_says_what_the_envoys_rows_say() -> None:
+    store = SharedStore(replica="r1")
+    envoys: dict[tuple[str, str, int], int] = {}
+    assert not store.any_connected("g")
+    store._write_batch([("open", "g", "e0", 1, timezone.now())], envoys, beat_due=True)
+    assert store.any_connected("g") and [e.connected for e in store.envoys("g")] == [True]
+    XdsReplica.objects.filter(name="r1").update(
+        heartbeat_at=timezone.now() - timedelta(seconds=REPLICA_GONE_S + 1))
+    assert not store.any_connected("g") and [e.connected for e in store.envoys("g")] == [False]
+    store._write_batch([("close", "g", "e0", 1, timezone.now())], envoys, beat_due=True)
+    assert not store.any_connected("g") and [e.connected for e in store.envoys("g")] == [False]
+    assert not store.any_connected("other")

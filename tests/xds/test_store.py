@@ -47,6 +47,9 @@ def test_every_connected_envoy_must_ack_and_a_gone_one_is_not_waited_for() -> No
     assert result.ok and [e.node_id for e in result.envoys] == ["e1"]
     assert store.held_meta("gw") == (first.number, "first")
     assert [e.connected for e in store.envoys("gw")] == [True, False]
+    assert store.any_connected("gw")
+    store.stream_closed("gw", "e1", store.envoys("gw")[0].stream)
+    assert not store.any_connected("gw") and not store.any_connected("other")
 
 
 def test_a_nack_fails_the_wait_with_envoys_message_and_keeps_the_ack_it_had() -> None:

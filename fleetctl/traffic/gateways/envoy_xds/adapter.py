@@ -96,7 +96,7 @@ class EnvoyXdsAdapter(Adapter[EnvoyXdsOptions]):
                     name, timeout_s=4 * self.options.ack_timeout_s + 30))
             except TimeoutError as exc:
                 raise AdapterError(f"gateway {name}: {exc}") from exc
-            if not any(e.connected for e in self.store.envoys(name)):
+            if not self.store.any_connected(name):
                 # Set anyway: an Envoy that connects gets it at once.
                 self._set(rendered, desired, rendered.clusters)
                 raise AdapterError(f"gateway {name}: no Envoy is connected to fleetctl's xDS "
