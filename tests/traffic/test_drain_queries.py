@@ -10,14 +10,16 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from fleetctl.accounts.actor import Actor
 from fleetctl.audit.models import AuditEvent
 from fleetctl.fleet.models import Pool
 from fleetctl.fleet.services import pool_model_create
 from fleetctl.traffic import selectors, services
 from fleetctl.traffic.models import Drain, GatewayPush, Route
-from tests.conftest import SYSTEM
 
 pytestmark = pytest.mark.django_db
+
+SYSTEM = Actor.for_system("test")  # as tests.conftest's, whose own typing mypy flags
 
 # What a pool drain of one route costs today (the transaction's own SAVEPOINT and RELEASE
 # included): the ramps' lock, routes, primaries, splits, eligible pools, the capacity
