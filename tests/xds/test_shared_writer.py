@@ -26,7 +26,7 @@ RTDS = "type.googleapis.com/envoy.service.runtime.v3.Runtime"
 def reports(gateway: str) -> list[tuple[Any, ...]]:
     now = timezone.now()
     return [
-        ("open", gateway, "e0", 1, now), ("open", gateway, "e1", 2, now),
+        ("open", gateway, "e0", 1, now, ""), ("open", gateway, "e1", 2, now, ""),
         ("sent", gateway, "e0", 1, CDS, "c1", 1), ("sent", gateway, "e1", 2, CDS, "c1", 1),
         ("sent", gateway, "e0", 1, RDS, "r1", 1),
         ("answer", gateway, "e0", 1, CDS, "c1", 1, None),
@@ -64,8 +64,8 @@ def test_reports_written_together_are_the_rows_written_one_by_one() -> None:
 def test_reports_of_a_stream_another_replica_took_over_are_not_written() -> None:
     mine, other = SharedStore(replica="r1"), SharedStore(replica="r2")
     envoys: dict[tuple[str, str, int], int] = {}
-    mine._write_batch([("open", "g", "e0", 1, timezone.now())], envoys, beat_due=False)
-    other._write_batch([("open", "g", "e0", 5, timezone.now())], {}, beat_due=False)
+    mine._write_batch([("open", "g", "e0", 1, timezone.now(), "")], envoys, beat_due=False)
+    other._write_batch([("open", "g", "e0", 5, timezone.now(), "")], {}, beat_due=False)
     mine._write_batch([("sent", "g", "e0", 1, CDS, "c1", 1),
                        ("answer", "g", "e0", 1, CDS, "c1", 1, None)], envoys, beat_due=False)
     assert not XdsTypeAck.objects.filter(envoy__gateway="g").exists()
@@ -75,7 +75,7 @@ def test_reports_of_a_stream_another_replica_took_over_are_not_written() -> None
 def test_a_push_to_many_envoys_is_written_in_a_few_statements() -> None:
     store = SharedStore(replica="r1")
     envoys: dict[tuple[str, str, int], int] = {}
-    store._write_batch([("open", "g", f"e{i}", i, timezone.now()) for i in range(50)], envoys,
+    store._write_batch([("open", "g", f"e{i}", i, timezone.now(), "") for i in range(50)], envoys,
                        beat_due=False)
     push = ([("sent", "g", f"e{i}", i, RTDS, "w1", 1) for i in range(50)]
             + [("answer", "g", f"e{i}", i, RTDS, "w1", 1, None) for i in range(50)])
@@ -90,7 +90,7 @@ def test_any_connected_says_what_the_envoys_rows_say() -> None:
     store = SharedStore(replica="r1")
     envoys: dict[tuple[str, str, int], int] = {}
     assert not store.any_connected("g")
-    store._write_batch([("open", "g", "e0", 1, timezone.now())], envoys, beat_due=True)
+    store._write_batch([("open", "g", "e0", 1, timezone.now(), "")], envoys, beat_due=True)
     assert store.any_connected("g") and [e.connected for e in store.envoys("g")] == [True]
     XdsReplica.objects.filter(name="r1").update(
         heartbeat_at=timezone.now() - timedelta(seconds=REPLICA_GONE_S + 1))
