@@ -333,6 +333,12 @@ BATCH_FILES_DIR = Path(os.environ.get("BATCH_FILES_DIR") or DATA_DIR / "batch-fi
 # A chunk's holder renews its lease every BATCH_LEASE_S / 3 s; a lease this old is lapsed and
 # another worker takes the chunk over (its in-flight requests recorded and sent again).
 BATCH_LEASE_S = env_float("BATCH_LEASE_S", 30.0)
+# Group commit (fleetctl/batch/store.py): a holder writes its results in groups of at most
+# BATCH_CHECKPOINT_GROUP, each group committed once it is full or its oldest answer is
+# BATCH_CHECKPOINT_MS old, and reserves BATCH_CHECKPOINT_GROUP indices per dispatch
+# checkpoint. 1 gives the per-request checkpoint (two commits a request).
+BATCH_CHECKPOINT_GROUP = max(1, env_int("BATCH_CHECKPOINT_GROUP", 100))
+BATCH_CHECKPOINT_MS = env_float("BATCH_CHECKPOINT_MS", 50.0)
 # An input holds at most this many requests, each line at most this many bytes.
 BATCH_MAX_REQUESTS = env_int("BATCH_MAX_REQUESTS", 5_000_000)
 BATCH_MAX_BODY_BYTES = env_int("BATCH_MAX_BODY_BYTES", 256 * 1024)

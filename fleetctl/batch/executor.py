@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -222,7 +223,16 @@ class ChunkRun:
         self.sending = 0  # tries on the wire now
         self.sending_lock = threading.Lock()
         self.in_flight = 0  # requests handed to senders, not yet back
-        self.recorded = 0
+        self.recorded = 0  # results committed (or refused as second writes) by this run
+        # Group commit (see the module docstring): answers back but not yet committed, when
+        # the oldest of them came back, retries not yet counted on the chunk, and the last
+        # index the dispatch checkpoint covers.
+        self.group = max(1, int(settings.BATCH_CHECKPOINT_GROUP))
+        self.group_s = max(0.0, float(settings.BATCH_CHECKPOINT_MS) / 1000)
+        self.unflushed: list[Outcome] = []
+        self.unflushed_since = 0.0
+        self.unflushed_retries = 0
+        self.reserved_through = -1
         self.retries: Counter[int] = Counter()
         self.done_before = 0
         self.drill_armed = False
@@ -246,6 +256,7 @@ class ChunkRun:
             if self.drill_armed:
                 self.done_before = self.store.done_count(self.job.pk)
             self._dispatch(deque(self.claim.pending), requests, senders)
+            self._flush()
         finally:
             self.halt.set()
             self.renewer_done.set()
@@ -273,6 +284,7 @@ class ChunkRun:
                 self._halt("the worker is stopping")
             if self.halt.is_set() or not pending or self.in_flight >= self.concurrency:
                 if not self.in_flight and (self.halt.is_set() or not pending):
+                    self._flush()
                     return
                 self._drain(block=True, timeout=HALT_POLL_S)
                 self._maybe_drill()
@@ -282,35 +294,71 @@ class ChunkRun:
                 self._drain(block=True, timeout=wait)
                 continue
             index = pending.popleft()
-            if not self.store.dispatched(self.claim, index):
-                self._halt("the chunk is no longer ours")
-                continue
+            if index > self.reserved_through:
+                # One dispatch checkpoint covers the next `group` indices of the chunk.
+                through = min(self.claim.last_index, index + self.group - 1)
+                if not self.store.dispatched(self.claim, through):
+                    self._halt("the chunk is no longer ours")
+                    continue
+                self.reserved_through = through
             self.in_flight += 1
             senders.submit(self._send, index, requests[index])
             self._maybe_drill()
 
     def _drain(self, *, block: bool, timeout: float = 0.0) -> None:
-        """Record what the senders sent back: answers (one transaction each) and retries."""
+        """Take what the senders sent back (answers and retries) into the group, and commit
+        the group when it is full or due. A blocking wait ends early when the group falls
+        due, so no answer waits longer than BATCH_CHECKPOINT_MS to be committed."""
+        if block and (self.unflushed or self.unflushed_retries):
+            timeout = min(timeout, max(
+                0.0, self.unflushed_since + self.group_s - time.monotonic()))
         try:
             item = self.events.get(block=block, timeout=timeout if block else None)
         except queue.Empty:
+            self._maybe_flush()
             return
         while True:
-            kind, index, value = item
+            kind, _index, value = item
             if kind == "retry":
-                self.store.add_retries(self.claim, 1)
+                self._buffer_started()
+                self.unflushed_retries += 1
                 self.retries[value] += 1
             else:
                 self.in_flight -= 1
                 if value is not None:
-                    self.store.record(self.claim, value, 0)
-                    self.recorded += 1
-                    if self.on_result is not None:
-                        self.on_result(index)
+                    self._buffer_started()
+                    self.unflushed.append(value)
+                    if len(self.unflushed) >= self.group:
+                        self._flush()
             try:
                 item = self.events.get_nowait()
             except queue.Empty:
+                self._maybe_flush()
                 return
+
+    def _buffer_started(self) -> None:
+        if not self.unflushed and not self.unflushed_retries:
+            self.unflushed_since = time.monotonic()
+
+    def _maybe_flush(self) -> None:
+        if (self.unflushed or self.unflushed_retries) and (
+                len(self.unflushed) >= self.group
+                or time.monotonic() - self.unflushed_since >= self.group_s):
+            self._flush()
+
+    def _flush(self) -> None:
+        """Commit the group: its results and the chunk's counters in one transaction. Only
+        then do they count (recorded, on_result); a kill before this loses them, and the
+        next holder sends them again (they are below dispatched_through, without a result)."""
+        if not self.unflushed and not self.unflushed_retries:
+            return
+        group, retries = self.unflushed, self.unflushed_retries
+        self.unflushed, self.unflushed_retries = [], 0
+        self.store.record_many(self.claim, group, retries)
+        self.recorded += len(group)
+        if self.on_result is not None:
+            for outcome in group:
+                self.on_result(outcome.index)
 
     def _halt(self, reason: str) -> None:
         if not self.halt.is_set():
@@ -370,7 +418,7 @@ class ChunkRun:
                        body=reply.body, error_code="" if reply.ok else error_code,
                        error_message="" if reply.ok else message, attempts=attempts,
                        prompt_tokens=reply.prompt_tokens, output_tokens=reply.output_tokens,
-                       latency_ms=round(reply.latency_ms, 3))
+                       latency_ms=round(reply.latency_ms, 3), finished_at=timezone.now())
 
     # --- the lease ---------------------------------------------------------------------------
 
@@ -418,12 +466,18 @@ class ChunkRun:
         if self.job.drill == BatchJob.Drill.KILL_WORKER:
             if self.sending <= 0:
                 return  # wait until a request is on the wire: the kill must catch one
+            if self.group > 1 and not self.unflushed:
+                return  # and, with group commit, an answer back but not yet committed
             self.drill_armed = False
+            unflushed = [o.index for o in self.unflushed]
             if self.store.drill_fire(
                     self.claim, message=(f"kill -9 of worker {self.claim.owner} (pid "
                                          f"{os.getpid()}) with {self.in_flight} request(s) in "
-                                         f"flight at {done_share:.0%} done"),
+                                         f"flight and {len(unflushed)} answer(s) not yet "
+                                         f"committed at {done_share:.0%} done"),
                     data={"pid": os.getpid(), "in_flight": self.in_flight,
+                          "unflushed": unflushed[:200], "unflushed_count": len(unflushed),
+                          "dispatched_through": self.reserved_through,
                           "done": self.done_before + self.recorded}):
                 log.warning("drill: killing this worker (pid %s) now", os.getpid())
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,8 @@ class Outcome:
     prompt_tokens: int
     output_tokens: int
     latency_ms: float | None
+    # When the answer came back (the result's finished_at); None: when it is written.
+    finished_at: datetime | None = None
 
     @property
     def ok(self) -> bool:
@@ -231,8 +233,10 @@ class CheckpointStore:
                                        expires_at__gt=timezone.now()).exists()
 
     def dispatched(self, claim: Claim, index: int) -> bool:
-        """The checkpoint before request `index` is sent (committed first). False when the
-        chunk is no longer ours: the request must not be sent."""
+        """The dispatch checkpoint: every request up to `index` may be sent once this returns
+        (dispatched_through raised to `index`, committed first; never lowered). The executor
+        calls it once per group, with `index` the end of the range it reserves. False when
+        the chunk is no longer ours: nothing more may be sent."""
         chunk = BatchChunk.objects.filter(pk=claim.chunk_id, lease_owner=claim.owner,
                                           state=BatchChunk.State.RUNNING)
         if chunk.filter(dispatched_through__lt=index).update(dispatched_through=index):
@@ -240,44 +244,93 @@ class CheckpointStore:
         return chunk.exists()
 
     def record(self, claim: Claim, outcome: Outcome, retries: int = 0) -> bool:
-        """Write one final answer and its chunk's counters in one transaction. False when the
-        request already had a result: refused by the unique constraint, counted in
-        job.duplicates_refused, nothing else written. `retries`: retries of this request not
-        yet counted with add_retries (the executor counts them as they happen: 0)."""
-        ok = outcome.ok
+        """Write one final answer and its chunk's counters in one transaction (a group of
+        one: see record_many). False when the request already had a result."""
+        return self.record_many(claim, [outcome], retries)[0]
+
+    def record_many(self, claim: Claim, outcomes: list[Outcome], retries: int = 0
+                    ) -> list[bool]:
+        """Write a group of final answers and their chunk's counters in one transaction: one
+        multi-row INSERT and one UPDATE, one commit, however many answers. Per outcome, True
+        when written, False when the request already had a result: refused (the unique
+        constraint (job, index) is the last word), counted in job.duplicates_refused, nothing
+        else written for it. Nothing of the group counts until the commit returns.
+        `retries`: retries not yet counted on the chunk, added in the same transaction."""
+        if not outcomes and not retries:
+            return []
         with transaction.atomic():
             # The job row first, as every writer does (a person's pause or cancel locks it,
             # then the chunks): PostgreSQL checks the result's foreign key at commit (Django's
             # are deferred), which would otherwise take the job row after the chunk's and
-            # deadlock with them.
+            # deadlock with them. Writers of one job queue here, so the check below sees
+            # every result committed before this group.
             list(BatchJob.objects.select_for_update(no_key=True).filter(pk=claim.job_id)
                  .values_list("pk", flat=True))
+            written = self._insert_results(claim, outcomes)
+            refused = written.count(False)
+            if refused:
+                BatchJob.objects.filter(pk=claim.job_id).update(
+                    duplicates_refused=F("duplicates_refused") + refused)
+                log.warning("job %s: %d result(s) already written; refused the second (%s): "
+                            "%s", claim.job_id, refused, claim.owner,
+                            [o.index for o, w in zip(outcomes, written, strict=True) if not w])
+            kept = [o for o, w in zip(outcomes, written, strict=True) if w]
+            if kept or retries:
+                BatchChunk.objects.filter(pk=claim.chunk_id).update(
+                    succeeded=F("succeeded") + sum(o.ok for o in kept),
+                    failed=F("failed") + sum(not o.ok for o in kept),
+                    retries=F("retries") + retries,
+                    prompt_tokens=F("prompt_tokens") + sum(o.prompt_tokens for o in kept),
+                    output_tokens=F("output_tokens") + sum(o.output_tokens for o in kept))
+            if kept:
+                self._note_resume(claim, any(o.ok for o in kept))
+        return written
+
+    def _insert_results(self, claim: Claim, outcomes: list[Outcome]) -> list[bool]:
+        """Insert the outcomes without a result yet (inside record_many's transaction, the
+        job row locked): one bulk INSERT; the row by row path, each in a savepoint, only
+        when that INSERT hit the constraint anyway (a writer that did not queue on the job
+        row)."""
+        have = set(BatchResult.objects.filter(
+            job_id=claim.job_id, index__in=[o.index for o in outcomes],
+        ).values_list("index", flat=True))
+        written: list[bool] = []
+        fresh: list[Outcome] = []
+        for outcome in outcomes:
+            new = outcome.index not in have
+            have.add(outcome.index)  # the same index twice in one group: the second refused
+            written.append(new)
+            if new:
+                fresh.append(outcome)
+        if not fresh:
+            return written
+        try:
+            with transaction.atomic():  # a savepoint: a refused insert rolls back alone
+                BatchResult.objects.bulk_create([self._row(claim, o) for o in fresh])
+            return written
+        except IntegrityError:
+            pass
+        by_index = {o.index: n for n, o in enumerate(outcomes)}
+        for outcome in fresh:
             try:
-                with transaction.atomic():  # a savepoint: the refused insert rolls back alone
-                    BatchResult.objects.create(
-                        job_id=claim.job_id, index=outcome.index, custom_id=outcome.custom_id,
-                        status_code=outcome.status_code, body=outcome.body,
-                        error_code=outcome.error_code[:60],
-                        error_message=outcome.error_message, attempts=outcome.attempts,
-                        prompt_tokens=outcome.prompt_tokens,
-                        output_tokens=outcome.output_tokens, latency_ms=outcome.latency_ms,
-                        worker=claim.owner)
+                with transaction.atomic():
+                    self._row(claim, outcome).save(force_insert=True)
             except IntegrityError:
                 if not BatchResult.objects.filter(job_id=claim.job_id,
                                                   index=outcome.index).exists():
                     raise  # not the (job, index) constraint: a real error
-                BatchJob.objects.filter(pk=claim.job_id).update(
-                    duplicates_refused=F("duplicates_refused") + 1)
-                log.warning("job %s: result %s already written; refused the second (%s)",
-                            claim.job_id, outcome.index, claim.owner)
-                return False
-            BatchChunk.objects.filter(pk=claim.chunk_id).update(
-                succeeded=F("succeeded") + int(ok), failed=F("failed") + int(not ok),
-                retries=F("retries") + retries,
-                prompt_tokens=F("prompt_tokens") + outcome.prompt_tokens,
-                output_tokens=F("output_tokens") + outcome.output_tokens)
-            self._note_resume(claim, ok)
-        return True
+                written[by_index[outcome.index]] = False
+        return written
+
+    @staticmethod
+    def _row(claim: Claim, outcome: Outcome) -> BatchResult:
+        return BatchResult(
+            job_id=claim.job_id, index=outcome.index, custom_id=outcome.custom_id,
+            status_code=outcome.status_code, body=outcome.body,
+            error_code=outcome.error_code[:60], error_message=outcome.error_message,
+            attempts=outcome.attempts, prompt_tokens=outcome.prompt_tokens,
+            output_tokens=outcome.output_tokens, latency_ms=outcome.latency_ms,
+            worker=claim.owner, finished_at=outcome.finished_at or timezone.now())
 
     def _note_resume(self, claim: Claim, ok: bool) -> None:
         """drill_resumed_at, the first time the work went on after the drill: for kill-worker,
