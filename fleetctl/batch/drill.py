@@ -171,6 +171,8 @@ def drill_verify(job: BatchJob) -> DrillVerdict:
         "resume_s": resume_s, "killed_worker": job.drill_worker,
         "resumed_by": resumed_by,
         "in_flight_at_drill": (fired.data.get("in_flight") if fired else None),
+        # Answers back but not yet committed at the kill (group commit): lost, sent again.
+        "uncommitted_at_drill": (fired.data.get("unflushed_count", 0) if fired else None),
         "fault_cleared_at": _iso(cleared.at) if cleared else None,
         "reasons": reasons,
     }
@@ -178,8 +180,11 @@ def drill_verify(job: BatchJob) -> DrillVerdict:
         summary = "Drill failed: " + "; ".join(reasons)
         return DrillVerdict("fail", summary[:300], reasons, data)
     if job.drill == BatchJob.Drill.KILL_WORKER:
+        uncommitted = data["uncommitted_at_drill"]
         what = (f"kill -9 of {job.drill_worker} with {data['in_flight_at_drill']} request(s) "
-                f"in flight; {resumed_by} resumed after {resume_s:g} s")
+                f"in flight" + (f" and {uncommitted} answer(s) not yet committed"
+                                if uncommitted else "")
+                + f"; {resumed_by} resumed after {resume_s:g} s")
     else:
         what = f"pool faulted for the drill; work resumed {resume_s:g} s after it began"
     summary = (f"{what}; all {job.total} custom_ids have exactly one result; {resends} "

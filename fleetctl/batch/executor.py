@@ -2,10 +2,14 @@
 record each final answer through the checkpoint store (fleetctl/batch/store.py).
 
 Threads, and why:
-- The calling thread dispatches and records. Before each request it writes the checkpoint
-  (`store.dispatched`), then hands the request to a sender thread; every answer comes back on
-  a queue and is recorded here, one transaction each. So a worker uses two database
-  connections (this one and the lease renewer's) however high the job's concurrency.
+- The calling thread dispatches and records. Before a request above its reservation it
+  writes the dispatch checkpoint for the next BATCH_CHECKPOINT_GROUP indices
+  (`store.dispatched`), then hands requests to sender threads; every answer comes back on a
+  queue and joins the group not yet committed, committed here in one transaction
+  (`store.record_many`) when it holds BATCH_CHECKPOINT_GROUP answers or its oldest is
+  BATCH_CHECKPOINT_MS old, and when the chunk ends or halts (the store's module docstring
+  has the rule). So a worker uses two database connections (this one and the lease
+  renewer's) however high the job's concurrency.
 - Sender threads (at most `job.concurrency` busy at once) only talk HTTP: the process's one
   pooled httpx client (fleetctl/inference/upstream.py's, shared with shadow and eval calls),
   the body sent as given (non-streamed), `job.request_timeout_s` per try,
@@ -19,19 +23,22 @@ Threads, and why:
 
 Retries: 429, 5xx and transport errors (status 0) are tried again after 0.5 s x 2^n with
 jitter (at most 30 s; longer when the answer's Retry-After asks for it), up to
-`job.max_attempts` tries in all, each retry counted on the chunk as it happens. A retry that
-would start after the job's completion window ends is not made: the request is left without
-a result and the job expires with its partial output. Any other 4xx is a final error at once;
-the last try's error after max_attempts is final with code "retries_exhausted".
+`job.max_attempts` tries in all, each retry counted on the chunk in the next group's commit.
+A retry that would start after the job's completion window ends is not made: the request is
+left without a result and the job expires with its partial output. Any other 4xx is a final
+error at once; the last try's error after max_attempts is final with code
+"retries_exhausted".
 
 Rate limit: every try (first or retry) takes a start from one token bucket at
 `job.rate_limit_rps` (burst of one), so the job never starts more than that per second.
 
 Drills (the job's `drill` option), run by the holder once the job's done share reaches
 `job.drill_at`:
-- kill-worker: with requests on the wire, commit drill_fired_at (conditional UPDATE, the
-  first holder only) and kill this process with SIGKILL. Another worker takes the chunk over
-  once the lease lapses and sends the in-flight requests again (recorded as resends).
+- kill-worker: with requests on the wire (and, with group commit, answers back but not yet
+  committed), commit drill_fired_at (conditional UPDATE, the first holder only; its event
+  names the uncommitted indices) and kill this process with SIGKILL. Another worker takes the
+  chunk over once the lease lapses and sends the in-flight, uncommitted and reserved-unsent
+  requests again (recorded as resends).
 - fault-pool: mark the pool down through each base_url's fault hook (the simulator's
   POST /admin/faults) for FAULT_S seconds, then clear it; requests fail meanwhile and are
   retried. A pool without the hook is noted, and the drill's verdict fails.

@@ -9,18 +9,31 @@ The rules, all enforced by the database rather than by memory in a worker:
   pending, or running with `lease_until < now` (its holder died or stalled). So a job's
   concurrency and rate limits are exact, and different jobs run on different workers at once.
   The oldest queued or running job comes first; a paused, finished or expired one is skipped.
-- **The checkpoint.** Before sending request i the holder sets `dispatched_through` to i (one
-  UPDATE, committed before the request leaves). Each final answer is one `BatchResult` row
-  written in the same transaction as its chunk's counters: a request counts as done exactly
-  when its result is durable.
+- **The checkpoint, in groups.** No request is sent above `dispatched_through`: before
+  sending request i the holder makes sure `dispatched_through` >= i, by raising it (one
+  UPDATE, committed before the request leaves) to the end of a range it reserves,
+  min(i + BATCH_CHECKPOINT_GROUP - 1, the chunk's last index): one dispatch checkpoint per
+  group of indices, not per request. Final answers are written in groups: `record_many`
+  writes up to BATCH_CHECKPOINT_GROUP `BatchResult` rows (one multi-row INSERT) and their
+  chunk's counters in one transaction; the executor commits a group once it is full or its
+  oldest answer is BATCH_CHECKPOINT_MS old (100 and 50 ms by default), and when the chunk
+  ends or halts. A request counts as done exactly when its result is durable: nothing of a
+  group counts (the done share, the drill's trigger, `on_result`) before its commit.
+  BATCH_CHECKPOINT_GROUP=1 is the per-request checkpoint (two commits a request).
 - **Which requests may be sent twice.** At a claim, every index in [first_index,
-  dispatched_through] without a result was dispatched and may have reached the pool: those
-  (and only those) are recorded as `BatchResend` rows (previous owner, new owner) before they
-  are sent again; indices with a result are skipped, indices above dispatched_through were
-  never sent. A claim of a lapsed lease also writes a TAKEOVER event.
+  dispatched_through] without a result may have reached the pool: sent and in flight, sent
+  and answered in a group not yet committed, or reserved and not yet sent. Those (and only
+  those) are recorded as `BatchResend` rows (previous owner, new owner) before they are sent
+  again; indices with a result are skipped, indices above dispatched_through were never
+  sent. So a kill -9 costs at most the reserved range, the requests in flight and the group
+  not yet committed, all below dispatched_through; a result is never lost once committed.
+  A claim of a lapsed lease also writes a TAKEOVER event.
 - **No result written twice.** The unique constraint (job, index) refuses a second result
-  (the old holder was only stalled and its answer arrived after the takeover's): the insert
-  fails inside a savepoint, `job.duplicates_refused` goes up by one, nothing else changes.
+  (the old holder was only stalled and its answer arrived after the takeover's). A group's
+  writer locks the job row first, then leaves out the indices that already have a result (and
+  an index twice in one group); should the INSERT still hit the constraint, the group is
+  written row by row, each in a savepoint. Each refused result adds one to
+  `job.duplicates_refused` and nothing else changes.
 
 `CheckpointStore` is the database implementation. Tests subclass it to inject a fault into
 the store (tests/batch/doubles.py) and run the worker with `--store module:Class`.

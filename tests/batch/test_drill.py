@@ -125,3 +125,37 @@ def test_the_fault_pool_drill_faults_the_pool_and_records_passing_evidence(
     evidence = Evidence.objects.get(kind=DRILL_KIND, pool=sim_pool)
     assert evidence.verdict == "pass" and evidence.data["fault_cleared_at"]
     assert job.drill_resumed_at > job.drill_fired_at
+
+
+def test_a_kill_9_mid_group_loses_no_result_and_writes_none_twice(
+        sim_pool: Pool, tmp_path: Path, workers: Callable[..., WorkerProcess]) -> None:
+    """Group commit: results committed 6 at a time (no time limit), dispatch checkpoints 6
+    indices ahead. The drill kills its holder with answers back but not yet committed: those
+    are lost with the process, sent again by the next holder and written once, by it."""
+    group = {"BATCH_CHECKPOINT_GROUP": "6", "BATCH_CHECKPOINT_MS": "600000"}
+    job = drill_job(sim_pool, tmp_path, "kill-worker", chunk_size=30)
+    first, second = workers("g", extra_env=group), workers("g", extra_env=group)
+    wait_until(lambda: judged(job), timeout_s=40, what=f"the verdict\n{first.log()}")
+
+    killed = first if job.drill_worker == first.owner else second
+    assert killed.proc.wait(timeout=5) == -9
+    assert job.state == "completed" and job.drill_verdict == "pass", job.drill_summary
+    fired = job.events.get(kind="drill", data__phase="fired").data
+    unflushed = set(fired["unflushed"])
+    assert 1 <= len(unflushed) == fired["unflushed_count"] < 6
+    # 0 lost, 0 written twice: one result per index, the lost group's by the new holder.
+    assert sorted(BatchResult.objects.filter(job=job).values_list("index", flat=True)) == list(
+        range(60))
+    writers = dict(BatchResult.objects.filter(job=job).values_list("index", "worker"))
+    assert all(writers[i] != killed.owner for i in unflushed)
+    assert job.duplicates_refused == 0
+    # What was sent again: exactly the indices up to the reservation without a result at the
+    # kill, the uncommitted group among them; nothing beyond the reservation.
+    resent = set(job.resends.values_list("index", flat=True))
+    assert unflushed <= resent
+    assert max(resent) <= fired["dispatched_through"]
+    assert not resent & {i for i, w in writers.items() if w == killed.owner}
+    data = Evidence.objects.get(kind=DRILL_KIND, pool=sim_pool).data
+    assert data["missing"] == 0 and data["repeated"] == 0 and data["results"] == 60
+    assert data["uncommitted_at_drill"] == len(unflushed)
+    assert f"and {len(unflushed)} answer(s) not yet committed" in job.drill_summary

@@ -209,3 +209,106 @@ def test_the_executor_retries_server_errors_and_records_one_result_each(
     assert chunk.retries == sum(r.attempts - 1 for r in rows) > 0
     retry_event = job.events.get(kind=BatchJobEvent.Kind.RETRY)
     assert retry_event.data["by_status"] == {"500": chunk.retries}
+
+
+def test_a_group_is_written_in_one_transaction_refusing_what_already_has_a_result(
+        db: None, sim_pool: Pool, tmp_path: Path, store: CheckpointStore,
+        django_assert_max_num_queries: Any) -> None:
+    job = make_job(SYSTEM, sim_pool, n=10, tmp_path=tmp_path, chunk_size=10)
+    claim = store.claim("a:1")
+    assert claim is not None
+    assert store.record(claim, outcome(2)) is True
+
+    group = [outcome(0), outcome(1, status=500, body=""), outcome(2, status=500),
+             outcome(3), outcome(3, status=500)]
+    # The job row's lock, the check, one INSERT, the duplicates and the counters (and the
+    # drill check): not a statement per result.
+    with django_assert_max_num_queries(12):
+        written = store.record_many(claim, group, retries=4)
+
+    assert written == [True, True, False, True, False]
+    job.refresh_from_db()
+    chunk = BatchChunk.objects.get(pk=claim.chunk_id)
+    assert job.duplicates_refused == 2
+    assert (chunk.succeeded, chunk.failed, chunk.retries, chunk.output_tokens) == (3, 1, 4, 28)
+    assert list(BatchResult.objects.filter(job=job).values_list("index", "status_code")) == [
+        (0, 200), (1, 500), (2, 200), (3, 200)]
+
+
+def test_the_database_itself_refuses_a_second_result_for_an_index(
+        db: None, sim_pool: Pool, tmp_path: Path) -> None:
+    """The store's check is an optimisation; the unique constraint is what makes a second
+    result impossible, whichever path writes it."""
+    from django.db import IntegrityError, transaction
+
+    job = make_job(SYSTEM, sim_pool, n=2, tmp_path=tmp_path)
+    row = dict(job=job, index=1, custom_id="req-1", status_code=200, worker="a:1")
+    BatchResult.objects.create(**row)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        BatchResult.objects.bulk_create([BatchResult(**row)])
+    assert BatchResult.objects.filter(job=job).count() == 1
+
+
+class Spy(CheckpointStore):
+    """The database store, noting its dispatch checkpoints and the size of each group."""
+
+    def __init__(self) -> None:
+        super().__init__(lease_s=10)
+        self.reserved: list[int] = []
+        self.groups: list[int] = []
+
+    def dispatched(self, claim: Claim, index: int) -> bool:
+        self.reserved.append(index)
+        return super().dispatched(claim, index)
+
+    def record_many(self, claim: Claim, outcomes: list[Outcome], retries: int = 0
+                    ) -> list[bool]:
+        self.groups.append(len(outcomes))
+        return super().record_many(claim, outcomes, retries)
+
+
+def test_the_executor_reserves_and_commits_in_groups_and_counts_only_durable_results(
+        transactional_db: None, sim_pool: Pool, tmp_path: Path, settings: Any) -> None:
+    """Groups of 7, no time limit: a dispatch checkpoint every 7 indices, results committed
+    7 at a time; each result is reported (on_result) only once its row is committed."""
+    settings.BATCH_CHECKPOINT_GROUP = 7
+    settings.BATCH_CHECKPOINT_MS = 600_000
+    job = make_job(SYSTEM, sim_pool, n=30, tmp_path=tmp_path, chunk_size=30, concurrency=4)
+    store = Spy()
+    claim = store.claim("here:1")
+    assert claim is not None
+    job = BatchJob.objects.select_related("pool", "input_file").get(pk=job.pk)
+    seen: list[tuple[int, bool]] = []
+
+    def on_result(index: int) -> None:  # runs on the dispatcher's connection, outside
+        from django.db import connection  # any transaction once the group is committed
+
+        seen.append((index, not connection.in_atomic_block and BatchResult.objects.filter(
+            job_id=job.pk, index=index).exists()))
+
+    assert run_chunk(store, claim, job, stop=threading.Event(), on_result=on_result) == "done"
+
+    assert store.reserved == [6, 13, 20, 27, 29]
+    assert store.groups == [7, 7, 7, 7, 2]
+    assert sorted(i for i, _ in seen) == list(range(30)) and all(ok for _, ok in seen)
+    assert BatchChunk.objects.get(pk=claim.chunk_id).dispatched_through == 29
+    assert BatchResult.objects.filter(job=job).count() == 30
+
+
+def test_a_group_not_yet_full_is_committed_once_its_oldest_answer_is_due(
+        transactional_db: None, sim_pool: Pool, tmp_path: Path, settings: Any) -> None:
+    """Groups of up to 1,000 but 50 ms at most: a job of 20 requests started 20 a second
+    (about a second) is committed in several groups, not one at the end."""
+    settings.BATCH_CHECKPOINT_GROUP = 1000
+    settings.BATCH_CHECKPOINT_MS = 50
+    job = make_job(SYSTEM, sim_pool, n=20, tmp_path=tmp_path, chunk_size=20, concurrency=2,
+                   rate_limit_rps=20)
+    store = Spy()
+    claim = store.claim("here:1")
+    assert claim is not None
+    job = BatchJob.objects.select_related("pool", "input_file").get(pk=job.pk)
+
+    assert run_chunk(store, claim, job, stop=threading.Event()) == "done"
+
+    assert store.reserved == [19]
+    assert sum(store.groups) == 20 and len(store.groups) > 1, store.groups
