@@ -10,10 +10,10 @@ run by one `python -m fleetctl.batch.worker` process; results/s = requests / (th
 first claim → completed), so every result is counted only once durable. The worker runs
 with BATCH_CHECKPOINT_GROUP=1 (the per-request checkpoint: `dispatched` before each request,
 one transaction per result) and with the settings' default group commit (100 results or
-50 ms, whichever first; one dispatch checkpoint per 100 indices). A third row: a job of the
-same requests with the default group commit, concurrency 8. And the ceiling: the same
-requests sent by the executor's `send` from as many threads, no database at all (on a small
-machine the simulator and the HTTP client, not the checkpoint, bound the worker).
+50 ms, whichever first; one dispatch checkpoint per 100 indices); both again at concurrency
+8. And the ceiling: the same requests sent by the executor's `send` from as many threads, no
+database at all (on a small machine the simulator and the HTTP client, not the checkpoint,
+bound the worker).
 
 **The store alone** (no pool, no HTTP), as below.
 
@@ -338,6 +338,7 @@ def main() -> None:
                             ("worker, per request (old), c=64", 1, 64),
                             ("worker, group commit, c=64", 0, 64),
                             ("HTTP alone, no database, c=8", -1, 8),
+                            ("worker, per request (old), c=8", 1, 8),
                             ("worker, group commit, c=8", 0, 8)):
                         if group < 0 and backend != args.backends.split(",")[0]:
                             continue  # the same figure for every backend
