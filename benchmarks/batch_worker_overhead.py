@@ -20,9 +20,10 @@ the batch input has them without `stream`). Per repetition, alternating:
   (first claim → completed) is printed too, and the mean requests in flight (the results'
   latencies summed over the job's span: below the concurrency when the worker keeps fewer on
   the wire, e.g. while a chunk drains before the next is claimed). Every result is
-  checkpointed as in production:
-  `dispatched` before each request, `record` (result row + the chunk's counters, one
-  transaction) after it, the lease renewed, chunks claimed one after another.
+  checkpointed as in production
+  (group commit, fleetctl/batch/store.py): a dispatch checkpoint per 100 indices, results
+  and the chunk's counters committed 100 at a time or every 50 ms, the lease renewed, chunks
+  claimed one after another. (The figures in docs/figures.md predate group commit.)
 
 PostgreSQL (--database-url, default a local `bench_h6_worker`, recreated empty), Redis
 (REDIS_URL, default db 9). The simulator and the worker are children of this script (one
