@@ -9,6 +9,7 @@ from django.db.models import Q, QuerySet
 from django.urls import reverse
 
 from fleetctl.core.errors import NotFoundError
+from fleetctl.core.panels import provided
 from fleetctl.prometheus import generate
 from fleetctl.prometheus.models import MetricSource
 
@@ -41,7 +42,6 @@ def source_users_by_name() -> dict[str, list[SourceUser]]:
     """Who reads each source now: the live query and rules checks of open plans (a closed
     plan's are never measured again) and the metric checks of running or paused ramps."""
     from fleetctl.prometheus.evidence import ALERTS_RULE, QUERY_RULE
-    from fleetctl.ramps.models import ACTIVE_STATES, Ramp
     from migrations_plan.models import GateCheck, Plan
 
     found: dict[str, list[SourceUser]] = {}
@@ -55,14 +55,12 @@ def source_users_by_name() -> dict[str, list[SourceUser]]:
             found.setdefault(name, []).append(SourceUser(
                 name, f"plan {check.plan.name}, stage {check.stage} check {check.key}",
                 reverse("plans:detail", args=[check.plan.name])))
-    ramps = (Ramp.objects.select_related("pool", "route").filter(state__in=ACTIVE_STATES)
-             .order_by("id"))
-    for ramp in ramps:
-        names = {c.get("source") for c in ramp.metric_checks or [] if isinstance(c, dict)}
-        for name in sorted(n for n in names if isinstance(n, str)):
-            found.setdefault(name, []).append(SourceUser(
-                name, f"ramp {ramp.pk} ({ramp.pool.name} on {ramp.route.name}, {ramp.state})",
-                reverse("ramps:detail", args=[ramp.pk])))
+    # Ramps sit above this app: they tell who of them reads which source (ramps/apps.py
+    # registers the provider "prometheus.source_readers": name -> [(text, url)]).
+    readers: dict[str, list[tuple[str, str]]] = provided("prometheus.source_readers") or {}
+    for name, entries in sorted(readers.items()):
+        for text, url in entries:
+            found.setdefault(name, []).append(SourceUser(name, text, url))
     return found
 
 

@@ -24,6 +24,8 @@ class RampsConfig(AppConfig):
         register_panel(Panel("pool.panels", "ramps/_pool_live.html", order=10))
         register_panel(Panel("route.panels", "ramps/_route_panels.html", order=10))
         register_provider("fleet.pool_live", live_pools)
+        # Which running or paused ramps read each metric source (its page and its delete).
+        register_provider("prometheus.source_readers", _metric_source_readers)
         # A drain of a ramp's pool ends the ramp; a restore does not give its share back.
         holder_register("ramps", lock=_lock_for_drain, holds=_holds, drained=_drained)
         # A pool that reports a change nobody registered (an upgrade): its ramps hold.
@@ -33,6 +35,24 @@ class RampsConfig(AppConfig):
         # A registry edit of the pool's fingerprint (runtime, driver, a model's revision...):
         # its ramps hold too, until it is re-verified (conformance/reverify.py).
         register_change_hook(_hold_for_registered_change)
+
+
+def _metric_source_readers() -> dict[str, list[tuple[str, str]]]:
+    """Metric source name -> (text, url) of each running or paused ramp whose guard reads it."""
+    from django.urls import reverse
+
+    from fleetctl.ramps.models import ACTIVE_STATES, Ramp
+
+    found: dict[str, list[tuple[str, str]]] = {}
+    ramps = (Ramp.objects.select_related("pool", "route").filter(state__in=ACTIVE_STATES)
+             .order_by("id"))
+    for ramp in ramps:
+        names = {c.get("source") for c in ramp.metric_checks or [] if isinstance(c, dict)}
+        for name in sorted(n for n in names if isinstance(n, str)):
+            found.setdefault(name, []).append((
+                f"ramp {ramp.pk} ({ramp.pool.name} on {ramp.route.name}, {ramp.state})",
+                reverse("ramps:detail", args=[ramp.pk])))
+    return found
 
 
 def _hold_for_reverification(pool_id: int, changes: list[str]) -> None:
