@@ -12,8 +12,10 @@ The rules, all enforced by the database rather than by memory in a worker:
 - **The checkpoint, in groups.** No request is sent above `dispatched_through`: before
   sending request i the holder makes sure `dispatched_through` >= i, by raising it (one
   UPDATE, committed before the request leaves) to the end of a range it reserves,
-  min(i + BATCH_CHECKPOINT_GROUP - 1, the chunk's last index): one dispatch checkpoint per
-  group of indices, not per request. Final answers are written in groups: `record_many`
+  min(i + R - 1, the chunk's last index) with R = min(BATCH_CHECKPOINT_GROUP, 2 x the job's
+  concurrency): one dispatch checkpoint per R indices, not per request (R is kept small
+  because a reserved request that was never sent is resent, and counted as resent, after a
+  kill). Final answers are written in groups: `record_many`
   writes up to BATCH_CHECKPOINT_GROUP `BatchResult` rows (one multi-row INSERT) and their
   chunk's counters in one transaction; the executor commits a group once it is full or its
   oldest answer is BATCH_CHECKPOINT_MS old (100 and 50 ms by default), and when the chunk
