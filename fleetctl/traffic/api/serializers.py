@@ -430,8 +430,9 @@ class DrainSerializer(serializers.ModelSerializer):
     def get_gateways(self, drain: Drain) -> list[dict[str, Any]]:
         from fleetctl.traffic.selectors import drain_gateway_times
 
+        pages = self.context.get("gateway_times", {})  # a list's page, read at once
         pushes = drain.first_pushes if drain.first_pushes is not None \
-            else drain_gateway_times(drain=drain)
+            else pages[drain.pk] if drain.pk in pages else drain_gateway_times(drain=drain)
         return [
             {"gateway": p.recorded_gateway_name, "gateway_deleted": p.gateway_deleted,
              "route": p.revision.route.name,

@@ -228,6 +228,17 @@ class DrainViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     serializer_class = s.DrainSerializer
     filterset_fields = ["action", "status", "route__name", "pool__name"]
 
+    def get_serializer_context(self) -> dict[str, Any]:
+        context = dict(super().get_serializer_context())
+        context["gateway_times"] = getattr(self, "_gateway_times", {})
+        return context
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset())) or []
+        # Every drain's pushes in two queries for the whole page.
+        self._gateway_times = selectors.drains_gateway_times(drains=list(page))
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
+
     @extend_schema(request=s.DrainCreateSerializer,
                    parameters=[idempotency.PARAMETER, *waiting.PARAMETERS],
                    responses={202: s.DrainAnswerSerializer})

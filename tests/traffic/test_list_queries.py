@@ -1,0 +1,66 @@
+"""The routes and drains lists stay O(1) in queries per page (benchmarks/scale_rehearsal.py
+found one query per drain for its pushes, and two per route for its current revision's route
+and parent), and answer what the detail answers."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from fleetctl.fleet.models import Pool
+from fleetctl.fleet.services import pool_model_create
+from fleetctl.traffic import push, services
+from fleetctl.traffic.models import Gateway, Route
+from tests.conftest import SYSTEM
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("file_kind")]
+
+
+def listed(client, url: str) -> tuple[int, list[dict]]:
+    with CaptureQueriesContext(connection) as captured:
+        response = client.get(url)
+    assert response.status_code == 200
+    return len(captured.captured_queries), response.json()["results"]
+
+
+def drain_and_restore(route: Route) -> None:
+    drain = push.drain_push_now(services.drain_request(actor=SYSTEM, route=route,
+                                                       reason="incident"))
+    push.drain_progress(drain_id=drain.pk)
+    drain.refresh_from_db()
+    push.drain_push_now(services.drain_restore(actor=SYSTEM, drain=drain, reason="over"))
+
+
+def test_the_drains_list_does_not_query_per_drain(route: Route, gateway: Gateway, client_for):
+    viewer = client_for("viewer")
+    drain_and_restore(route)
+    few, _ = listed(viewer, "/api/v1/drains/")
+    for _ in range(4):
+        drain_and_restore(route)
+    many, rows = listed(viewer, "/api/v1/drains/")
+    assert len(rows) == 10
+    assert many == few
+    for row in rows:  # each drain's own pushes, as its page answers them
+        assert row["gateways"] == viewer.get(f"/api/v1/drains/{row['id']}/").json()["gateways"]
+        assert [g["gateway"] for g in row["gateways"]] == ["gw-1"]
+
+
+def test_the_routes_list_does_not_query_per_route(route: Route, gateway: Gateway, client_for):
+    viewer = client_for("viewer")
+    services.revision_create(actor=SYSTEM, route=route, weights={"primary": 90, "cand": 10},
+                             base_revision=route.revision_number, reason="test")
+    few, _ = listed(viewer, "/api/v1/routes/")
+    primary = Pool.objects.get(name="primary")
+    for i in range(5):
+        pool_model_create(actor=SYSTEM, pool=primary, model_id=f"m-{i}",
+                          max_context_tokens=4096)
+        services.route_create(actor=SYSTEM, name=f"r-{i}", model_id=f"m-{i}",
+                              primary_pool=primary)
+    many, rows = listed(viewer, "/api/v1/routes/")
+    assert len(rows) == 6
+    assert many == few
+    current = {row["name"]: row["current"] for row in rows}
+    assert current["llama"]["route"] == "llama"
+    assert (current["llama"]["number"], current["llama"]["parent"]) == (2, 1)
+    assert current["r-0"]["route"] == "r-0" and current["r-0"]["parent"] is None
