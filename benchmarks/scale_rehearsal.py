@@ -35,7 +35,6 @@ in their own threads: not counted), then the growth 100 → 1,000 pools (linear 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -43,6 +42,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -231,12 +231,12 @@ def seed(size: float, *, gateway_dir: Path, health_per_pool: int, audit_per_pool
         for p in plans for s in range(1, p.stage)])
 
     # Evidence: a month of daily rows of each kind about every candidate (the gates read
-    # these), and one a day of some kind about every other pool.
+    # these), and one every third day of some kind about every pool.
     rows: list[Evidence] = []
-    for p, r in zip(plans, plan_routes, strict=True):
-        print_ = ev.pool_fingerprint(p.candidate_pool, [r.model_id])
+    for plan, r in zip(plans, plan_routes, strict=True):
+        print_ = ev.pool_fingerprint(plan.candidate_pool, [r.model_id])
         for kind in EVIDENCE_KINDS:
-            rows.extend(Evidence(kind=kind, pool=p.candidate_pool, model_id=r.model_id,
+            rows.extend(Evidence(kind=kind, pool=plan.candidate_pool, model_id=r.model_id,
                                  observed_at=now - timedelta(days=d, hours=1),
                                  pool_fingerprint=print_, verdict="pass",
                                  summary=f"{kind} on day {d}", source="scale rehearsal")
@@ -386,7 +386,7 @@ def measure_all(runs: int) -> dict[str, Measured]:
     ]
     for name in ("pools", "routes", "plans", "drains", "audit-events", "telemetry/pools"):
         url = f"/api/v1/{name}/"
-        steps.append((f"API {url}", lambda url=url: measure(get(api, url, token), runs)))
+        steps.append((f"API {url}", partial(lambda u: measure(get(api, u, token), runs), url)))
     for label, step in steps:
         results[label] = step()
         print(f"  {label:48} {results[label].ms:9.1f} ms {results[label].queries:6} queries",
