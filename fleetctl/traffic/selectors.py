@@ -103,7 +103,7 @@ def gateway_desired_state(*, gateway: Gateway) -> DesiredState:
     shape (a config reload). An empty split stays empty: the route answers an error."""
     routes = list(gateway.routes.all())
     current = revisions_current(routes=routes)
-    eligible = {route.pk: pools_eligible(route=route) for route in routes if route.pk in current}
+    eligible = pools_eligible_many(routes=[route for route in routes if route.pk in current])
     # The pools the revisions name (by id), the routes' primaries and every eligible pool, in
     # one query: the drain path reads this.
     ids = {pk for revision in current.values() for pk in revision.pool_ids.values()}

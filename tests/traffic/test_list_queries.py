@@ -64,3 +64,35 @@ def test_the_routes_list_does_not_query_per_route(route: Route, gateway: Gateway
     assert current["llama"]["route"] == "llama"
     assert (current["llama"]["number"], current["llama"]["parent"]) == (2, 1)
     assert current["r-0"]["route"] == "r-0" and current["r-0"]["parent"] is None
+
+
+def test_a_gateways_desired_state_reads_eligibility_once(route: Route, gateway: Gateway,
+                                                         make_pool):
+    """Reconcile and every push read the gateway's desired state: which pools may carry
+    each route is one query for all its routes, the same sets `pools_eligible` answers
+    (its model served, in the route's jurisdiction when pinned)."""
+    from fleetctl.fleet.services import region_create
+    from fleetctl.traffic import selectors
+
+    def reads() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            selectors.gateway_desired_state(gateway=gateway)
+        return len(captured.captured_queries)
+
+    few = reads()
+    eu = region_create(actor=SYSTEM, code="eu-west", name="EU West", jurisdiction="EU")
+    abroad = make_pool(name="abroad", region=eu)
+    primary = Pool.objects.get(name="primary")
+    routes = []
+    for i in range(4):
+        for pool in (primary, abroad):
+            pool_model_create(actor=SYSTEM, pool=pool, model_id=f"m-{i}",
+                              max_context_tokens=4096)
+        routes.append(services.route_create(actor=SYSTEM, name=f"r-{i}", model_id=f"m-{i}",
+                                            primary_pool=primary,
+                                            residency="US" if i % 2 else ""))
+    services.gateway_set_routes(actor=SYSTEM, gateway=gateway, routes=[route, *routes])
+    assert reads() == few
+    every = selectors.pools_eligible_many(routes=[route, *routes])
+    assert every == {r.pk: selectors.pools_eligible(route=r) for r in [route, *routes]}
+    assert every[routes[0].pk] == {"primary", "abroad"} and every[routes[1].pk] == {"primary"}
