@@ -1,6 +1,6 @@
-"""The routes and drains lists stay O(1) in queries per page (benchmarks/scale_rehearsal.py
-found one query per drain for its pushes, and two per route for its current revision's route
-and parent), and answer what the detail answers."""
+"""Queries that must not grow with the fleet (benchmarks/scale_rehearsal.py found each):
+the routes and drains lists per row, a gateway's desired state per route it carries, a pool
+drain per route of the fleet. The answers stay what they were."""
 
 from __future__ import annotations
 
@@ -96,3 +96,29 @@ def test_a_gateways_desired_state_reads_eligibility_once(route: Route, gateway: 
     every = selectors.pools_eligible_many(routes=[route, *routes])
     assert every == {r.pk: selectors.pools_eligible(route=r) for r in [route, *routes]}
     assert every[routes[0].pk] == {"primary", "abroad"} and every[routes[1].pk] == {"primary"}
+
+
+def test_a_pool_drain_does_not_query_per_route_of_the_fleet(route: Route, gateway: Gateway):
+    """A pool drain locks every route and reads each one's split: in one query."""
+    cand = Pool.objects.get(name="cand")
+
+    def drained() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            drain = services.drain_request(actor=SYSTEM, pool=cand, reason="incident",
+                                           force=True)
+        assert [r.route.name for r in drain.new_revisions] == ["llama"]
+        assert drain.new_revisions[0].weights == {"primary": 10_000}
+        push.drain_push_now(drain)
+        push.drain_progress(drain_id=drain.pk)
+        drain.refresh_from_db()
+        push.drain_push_now(services.drain_restore(actor=SYSTEM, drain=drain, reason="over"))
+        return len(captured.captured_queries)
+
+    few = drained()
+    primary = Pool.objects.get(name="primary")
+    for i in range(5):  # routes the pool is not on
+        pool_model_create(actor=SYSTEM, pool=primary, model_id=f"m-{i}",
+                          max_context_tokens=4096)
+        services.route_create(actor=SYSTEM, name=f"r-{i}", model_id=f"m-{i}",
+                              primary_pool=primary)
+    assert drained() == few
