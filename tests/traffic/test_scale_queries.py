@@ -106,8 +106,8 @@ def test_a_pool_drain_does_not_query_per_route_of_the_fleet(route: Route, gatewa
         with CaptureQueriesContext(connection) as captured:
             drain = services.drain_request(actor=SYSTEM, pool=cand, reason="incident",
                                            force=True)
-        assert [r.route.name for r in drain.new_revisions] == ["llama"]
-        assert drain.new_revisions[0].weights == {"primary": 10_000}
+        stored = drain.new_revisions or []
+        assert [(r.route.name, r.weights) for r in stored] == [("llama", {"primary": 10_000})]
         push.drain_push_now(drain)
         push.drain_progress(drain_id=drain.pk)
         drain.refresh_from_db()
