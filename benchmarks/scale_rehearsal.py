@@ -25,8 +25,10 @@ Redis (REDIS_URL, default db 15; Celery messages the drain queues stay there unc
 - a drain of one pool carried by 20 routes (drain_request + drain_push_now, as the API does;
   each followed by its restore, not timed).
 
-Printed per measurement and size: median ms and the queries run in this thread (pushes run
-in their own threads: not counted), then the growth 100 → 1,000 pools (linear is 10×).
+Printed per measurement and size: median ms and the queries run in this thread (the push
+threads do only the gateways' I/O, so that is every query), then the growth 100 → 1,000
+pools (linear is 10×). A query count that grows is flagged: for the jobs (every plan, every
+gateway) that is their work; for a page or a list it is a query per row.
 
     DATABASE_URL=postgres://…/scratch .venv/bin/python benchmarks/scale_rehearsal.py \
         [--sizes 0.1 0.3 1.0] [--runs 5]
