@@ -335,8 +335,8 @@ BATCH_FILES_DIR = Path(os.environ.get("BATCH_FILES_DIR") or DATA_DIR / "batch-fi
 BATCH_LEASE_S = env_float("BATCH_LEASE_S", 30.0)
 # Group commit (fleetctl/batch/store.py): a holder writes its results in groups of at most
 # BATCH_CHECKPOINT_GROUP, each group committed once it is full or its oldest answer is
-# BATCH_CHECKPOINT_MS old, and reserves BATCH_CHECKPOINT_GROUP indices per dispatch
-# checkpoint. 1 gives the per-request checkpoint (two commits a request).
+# BATCH_CHECKPOINT_MS old, and reserves min(BATCH_CHECKPOINT_GROUP, 2 x the job's concurrency)
+# indices per dispatch checkpoint. 1 gives the per-request checkpoint (two commits a request).
 BATCH_CHECKPOINT_GROUP = max(1, env_int("BATCH_CHECKPOINT_GROUP", 100))
 BATCH_CHECKPOINT_MS = env_float("BATCH_CHECKPOINT_MS", 50.0)
 # An input holds at most this many requests, each line at most this many bytes.
