@@ -123,21 +123,13 @@ def _read_stream(response: httpx.Response, started: float, deadline: float) -> A
     first: float | None = None
     last: float | None = None
     pieces = 0
-    lines = response.iter_lines()
-    for line in lines:
+    for line in response.iter_lines():
         if time.monotonic() > deadline:
             raise _Late
         if not line.startswith("data:"):
             continue
         payload = line[5:].strip()
         if payload == "[DONE]":
-            # Read to the end of the body (the chunked terminator follows at once), as the
-            # openai client does: a body left unread closes the connection, and every call
-            # then paid a new TCP connection (benchmarks/eval_items_per_second.py). Past
-            # the deadline the answer stands and the connection is dropped instead.
-            for _ in lines:
-                if time.monotonic() > deadline:
-                    break
             break
         try:
             chunk = json.loads(payload)
