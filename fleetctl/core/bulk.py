@@ -41,7 +41,8 @@ def update_rows(model: type[models.Model], rows: Iterable[tuple[Any, Mapping[str
     meta = model._meta
     table = qn(meta.db_table)
     pk_field, pk_column = _column(meta, meta.pk.name)
-    columns = [pk_field, *(_column(meta, name)[0] for name in fields)]
+    written = [_column(meta, name) for name in fields]  # (field, column) set per row
+    columns = [pk_field, *(field for field, _ in written)]
 
     def slot(field: Any) -> str:
         return f"CAST(%s AS {field.db_type(connection)})" if postgres else "%s"
@@ -50,10 +51,10 @@ def update_rows(model: type[models.Model], rows: Iterable[tuple[Any, Mapping[str
     params: list[Any] = []
     for pk, values in rows:
         params.append(pk_field.get_db_prep_value(pk, connection))
-        for field in columns[1:]:
+        for field, _ in written:
             params.append(field.get_db_prep_save(values[field.name], connection))
-    assignments = ", ".join(f"{qn(_column(meta, field.name)[1])} = v.column{i}"
-                            for i, field in enumerate(columns[1:], start=2))
+    assignments = ", ".join(f"{qn(column)} = v.column{i}"
+                            for i, (_, column) in enumerate(written, start=2))
     conditions = [f"{table}.{qn(pk_column)} = v.column1"]
     for name, value in (where or {}).items():
         field, column = _column(meta, name)

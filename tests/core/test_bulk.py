@@ -36,8 +36,11 @@ def sqlite_alias(tmp_path: Path, django_db_blocker: Any) -> Iterator[str]:
     tables they point at are not there). Not the test database: opened outside pytest-django's
     test case, which only knows the configured aliases."""
     alias = "bulk_sqlite"
-    unblocked = django_db_blocker.unblock()
-    unblocked.__enter__()
+    with django_db_blocker.unblock():
+        yield from _scratch_sqlite(alias, tmp_path)
+
+
+def _scratch_sqlite(alias: str, tmp_path: Path) -> Iterator[str]:
     connections.settings[alias] = {**connections.settings["default"],
                                    "ENGINE": "django.db.backends.sqlite3",
                                    "NAME": str(tmp_path / "bulk.sqlite3"), "OPTIONS": {}}
@@ -52,7 +55,6 @@ def sqlite_alias(tmp_path: Path, django_db_blocker: Any) -> Iterator[str]:
         connection.close()
         del connections[alias]
         del connections.settings[alias]
-        unblocked.__exit__(None, None, None)
 
 
 def _check(alias: str) -> None:

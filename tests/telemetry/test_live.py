@@ -16,6 +16,7 @@ import pytest
 
 from fleetctl.core.ports import free_port
 from fleetctl.demo.envoy_process import EnvoyProcess
+from fleetctl.demo.process import stop
 from fleetctl.telemetry import histogram
 from fleetctl.telemetry.ingest import Ingester
 from fleetctl.telemetry.models import Cursor, Window
@@ -38,16 +39,6 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
                                 {"sa": "quick"}, models=[MODEL])
     yield process
     process.stop()
-
-
-def _stop(proc: Any) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except Exception:
-            proc.kill()
-            proc.wait()
 
 
 def test_an_ingester_killed_mid_stream_neither_loses_nor_double_counts(
@@ -99,10 +90,10 @@ def test_an_ingester_killed_mid_stream_neither_loses_nor_double_counts(
             wait_until(lambda: Cursor.objects.get(path=str(path)).lines == total,
                        timeout_s=60, what="the restarted ingester to catch up")
         finally:
-            _stop(second)
+            stop(second, 20)
     finally:
         done.set()
-        _stop(first)
+        stop(first, 20)
     rows = Window.objects.filter(source_name="gw-kill")
     assert sum(row.requests for row in rows) == total
     assert sum(histogram.count(row.duration) for row in rows) == total

@@ -10,10 +10,10 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from fleetctl.demo.process import stop
 from fleetctl.telemetry import histogram
 from fleetctl.telemetry.ingest import LEASE_SOURCE, SHARD_PREFIX
 from fleetctl.telemetry.models import Cursor, Window
@@ -38,16 +38,6 @@ def _owners() -> dict[str, str]:
 def _lines() -> dict[str, int]:
     return dict(Cursor.objects.exclude(source_name=LEASE_SOURCE)
                 .values_list("source_name", "lines"))
-
-
-def _stop(proc: Any) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except Exception:
-            proc.kill()
-            proc.wait()
 
 
 def test_three_ingesters_share_six_logs_and_survive_a_kill(transactional_db: None,
@@ -124,7 +114,7 @@ def test_three_ingesters_share_six_logs_and_survive_a_kill(transactional_db: Non
     finally:
         done.set()
         for proc in procs.values():
-            _stop(proc)
+            stop(proc, 20)
     for name, path in paths.items():
         rows = Window.objects.filter(source_name=name)
         assert sum(row.requests for row in rows) == total[name], name
