@@ -114,6 +114,18 @@ class PrometheusReader:
         pools = list(Pool.objects.order_by("name").values_list("name", flat=True))
         return [(source, pool) for source in sources for pool in pools]
 
+    def _read_closing(self, source: Any, pool: str) -> tuple[dict[str, Any] | None, str]:
+        """_read on a pool thread, then that thread's database connection closed: the
+        outbound check reads the registry (which gateways are ours), and the threads are new
+        each round, so an open connection per thread and round piled up until PostgreSQL
+        refused clients (the suite's demo test hit "too many clients")."""
+        from django.db import connections
+
+        try:
+            return self._read(source, pool)
+        finally:
+            connections.close_all()
+
     def _read(self, source: Any, pool: str) -> tuple[dict[str, Any] | None, str]:
         """instance -> {ttft|tpot|duration: buckets} now, or None and why."""
         series: dict[str, dict[str, Any]] = {}
@@ -145,7 +157,7 @@ class PrometheusReader:
             return 0
         with ThreadPoolExecutor(max_workers=min(self.max_workers, len(targets)),
                                 thread_name_prefix="prom-telemetry") as pool_:
-            results = list(pool_.map(lambda t: self._read(*t), targets))
+            results = list(pool_.map(lambda t: self._read_closing(*t), targets))
         now = now or datetime.now(tz=UTC)
         start = window_start(now.timestamp(), self.window_s)
         answered = 0
