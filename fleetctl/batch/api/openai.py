@@ -99,7 +99,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return _validation({"__all__": [str(m) for m in exc.messages]})
     if isinstance(exc, exceptions.ValidationError):
         detail = exc.detail if isinstance(exc.detail, dict) else {"__all__": exc.detail}
-        return _validation({k: v if isinstance(v, list) else [v] for k, v in detail.items()})
+        return _validation({str(k): v if isinstance(v, list) else [v]
+                            for k, v in detail.items()})
     if isinstance(exc, DomainError):
         return Response(openai_error_body(exc.message, code=CODES.get(exc.status_code,
                                                                        exc.code)),
