@@ -1,8 +1,9 @@
-"""Calls to OpenAI-compatible endpoints: the process's one pooled client for them
-(`pooled_client`), and one streamed call read into a compare.Answer with its timing (`call`):
-what shadow runs (fleetctl/shadow/triple.py) and eval runs (fleetctl/evals/runner.py) send
-to a pool. Batch jobs (fleetctl/batch/executor.py) send their non-streamed requests on the
-same client, with the same URL and transport-error rules (`endpoint_url`, `transport_error`).
+"""Calls to OpenAI-compatible endpoints: one streamed call read into a compare.Answer with
+its timing (`call`, or `acall` as a coroutine on the process's loop, started with `spawn`):
+what shadow runs (fleetctl/shadow/triple.py) and eval runs (fleetctl/evals/runner.py) send to
+a pool. Batch jobs (fleetctl/batch/executor.py) send their non-streamed requests on the
+process's pooled httpx client (`pooled_client`), with the same URL and transport-error rules
+(`endpoint_url`, `transport_error`).
 
 Directly to the endpoint given, never through a route (a route would add its own split,
 retries and failover). Never retried here: an endpoint that does not answer within the
@@ -12,39 +13,48 @@ error before any byte arrived, and only that) reads `Reply.first_byte`: False wh
 a response came back (the connection was refused, timed out, or closed before the status
 line), so the server cannot have started answering; True from the status line on.
 
-Why httpx here and not fleetctl/core/http.py: that client reads an answer whole, and a
-stream's time to first token and time per output token are measured as the chunks arrive.
-The bench runner's stream parser keeps only chunk times, not their content. So this module
-streams with httpx itself, on the same rules (a timeout on every call, no redirects).
+Streamed calls run on ONE asyncio loop per process (a daemon thread, made on first use and
+again after a fork) with one aiohttp session: a synchronous `call` hands its coroutine to
+that loop and waits; an eval run spawns its `concurrency` calls there and needs no thread of
+its own per call. Each stream is read to its end (past [DONE]) so its connection is reused.
+Why: an eval worker spent 2.7 ms of CPU a row with a thread a call on httpx, most of it in
+httpx/h11 and in a new connection a call; on this loop it spends 1.2 ms
+(benchmarks/eval_items_per_second.py, docs/figures.md). Why not fleetctl/core/http.py: that
+client reads an answer whole, and a stream's time to first token and time per output token
+are measured as the chunks arrive.
 
-Thread-safe: one pooled client per process, shared by every calling thread.
-
-Where aiohttp stays, and why: the benchmark runner (fleetctl/bench/runner.py, the load
-generator) and the simulator (fleetctl/sim/) hold hundreds of streams open at once in one
-event loop, where aiohttp measured faster than httpx, and the timing they report is the
-point of them; the shadow collector (fleetctl/shadow/collector.py) is an aiohttp server, not
-a client. Every other call to a model endpoint goes through this module's client.
+Where else aiohttp runs: the benchmark runner (fleetctl/bench/runner.py, the load generator)
+and the simulator (fleetctl/sim/) hold hundreds of streams open in event loops of their own,
+and the shadow collector (fleetctl/shadow/collector.py) is an aiohttp server.
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+import contextlib
 import json
+import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import aiohttp
 import httpx
 
 from fleetctl.inference.compare import Answer
 
+T = TypeVar("T")
 CONNECT_TIMEOUT_S = 10.0
 ERROR_BODY_LIMIT = 65536
 # Connections kept by the process's client: a shadow worker's pairs (three calls each) and
 # an eval run's threads (up to 256) share it; a call waits for a free connection within its
 # own timeout.
 MAX_CONNECTIONS = 512
+READ_BUFSIZE = 2**20  # an SSE event may be this long (a long tool call in one chunk)
 
 
 @dataclass(frozen=True)
@@ -103,10 +113,6 @@ def pooled_client() -> httpx.Client:
         return _http
 
 
-class _Late(Exception):
-    """The whole call ran past its timeout (a stream that trickles forever)."""
-
-
 def _parse_error_body(status: int, body: bytes) -> Answer:
     try:
         parsed = json.loads(body)
@@ -118,39 +124,52 @@ def _parse_error_body(status: int, body: bytes) -> Answer:
     return Answer.from_error(status, message=f"HTTP {status}: {text}")
 
 
-def _read_stream(response: httpx.Response, started: float, deadline: float) -> Answer:
-    chunks: list[dict[str, Any]] = []
-    first: float | None = None
-    last: float | None = None
-    pieces = 0
-    for line in response.iter_lines():
-        if time.monotonic() > deadline:
-            raise _Late
-        if not line.startswith("data:"):
-            continue
+class _Stream:
+    """One stream's SSE events as they arrive: chunks kept, content timing measured."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.chunks: list[dict[str, Any]] = []
+        self.first: float | None = None
+        self.last: float | None = None
+        self.pieces = 0
+        self.done = False
+        self.malformed = False
+
+    def feed(self, line: bytes) -> None:
+        if self.done or self.malformed or not line.startswith(b"data:"):
+            return
         payload = line[5:].strip()
-        if payload == "[DONE]":
-            break
+        if payload == b"[DONE]":
+            self.done = True
+            return
         try:
             chunk = json.loads(payload)
         except ValueError:
-            return Answer.from_error(response.status_code, code="malformed_stream",
-                                     message="a stream event was not JSON")
+            self.malformed = True
+            return
         if not isinstance(chunk, dict):
-            continue
-        chunks.append(chunk)
+            return
+        self.chunks.append(chunk)
         if _has_content(chunk):
             now = time.monotonic()
-            first = now if first is None else first
-            last = now
-            pieces += 1
-    usage: dict[str, Any] = next(
-        (c["usage"] for c in reversed(chunks) if isinstance(c.get("usage"), dict)), {})
-    produced = usage.get("completion_tokens") or pieces
-    ttft = None if first is None else first - started
-    tpot = (None if first is None or last is None or produced < 2
-            else (last - first) / (produced - 1))
-    return Answer.from_chunks(chunks, status=response.status_code, ttft_s=ttft, tpot_s=tpot)
+            self.first = now if self.first is None else self.first
+            self.last = now
+            self.pieces += 1
+
+    def answer(self, status: int) -> Answer:
+        if self.malformed:
+            return Answer.from_error(status, code="malformed_stream",
+                                     message="a stream event was not JSON")
+        usage: dict[str, Any] = next(
+            (c["usage"] for c in reversed(self.chunks) if isinstance(c.get("usage"), dict)),
+            {})
+        produced = usage.get("completion_tokens") or self.pieces
+        first, last = self.first, self.last
+        ttft = None if first is None else first - self.started
+        tpot = (None if first is None or last is None or produced < 2
+                else (last - first) / (produced - 1))
+        return Answer.from_chunks(self.chunks, status=status, ttft_s=ttft, tpot_s=tpot)
 
 
 def _has_content(chunk: Mapping[str, Any]) -> bool:
@@ -164,38 +183,115 @@ def _has_content(chunk: Mapping[str, Any]) -> bool:
     return False
 
 
+# --- the event loop the calls run on -----------------------------------------------------------
+
+class _Loop:
+    """One asyncio loop on a daemon thread and one aiohttp session on it, per process (made
+    again in a child after a fork)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever,
+                                       name="fleetctl-upstream", daemon=True)
+        self.thread.start()
+        self.session: aiohttp.ClientSession = asyncio.run_coroutine_threadsafe(
+            self._session(), self.loop).result()
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Close the session's connections (at exit: no "unclosed session" warning)."""
+        if self.pid == os.getpid() and self.loop.is_running():
+            with contextlib.suppress(Exception):  # at exit: nothing to tell
+                asyncio.run_coroutine_threadsafe(self.session.close(), self.loop).result(2)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+    @staticmethod
+    async def _session() -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0),
+            timeout=aiohttp.ClientTimeout(total=None), read_bufsize=READ_BUFSIZE,
+            auto_decompress=True, trust_env=False)
+
+
+_loop_lock = threading.Lock()
+_loop: _Loop | None = None
+
+
+def _running() -> _Loop:
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop.pid != os.getpid():
+            _loop = _Loop()
+        return _loop
+
+
+async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    data = bytearray()
+    while len(data) < limit:
+        piece = await response.content.read(limit - len(data))
+        if not piece:
+            break
+        data += piece
+    return bytes(data)
+
+
+async def acall(base_url: str, request: Mapping[str, Any], *, timeout_s: float,
+                role: str = "") -> Reply:
+    """`call` as a coroutine, on the process's loop (`submit` puts it there)."""
+    session = _running().session
+    url = request_url(base_url, request)
+    started = time.monotonic()
+    first_byte = False
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(
+                    url, json=dict(request), allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_s,
+                                                  sock_connect=min(CONNECT_TIMEOUT_S,
+                                                                   timeout_s)),
+                    headers={"Accept": "application/json, text/event-stream"}) as response:
+                first_byte = True  # the status line and headers are in
+                status = response.status
+                if status >= 400:
+                    answer = _parse_error_body(status, await _read_capped(
+                        response, ERROR_BODY_LIMIT))
+                elif "text/event-stream" in response.headers.get("content-type", ""):
+                    stream = _Stream(started)
+                    # Read to the end (past [DONE]) so the connection is reused: a new
+                    # connection a call cost more CPU than the whole answer's events.
+                    async for line in response.content:
+                        stream.feed(line)
+                    answer = stream.answer(status)
+                else:  # a whole answer: its latency is the reply's latency_ms, no TTFT
+                    try:
+                        parsed = json.loads(await response.read())
+                    except ValueError:
+                        parsed = None
+                    answer = (Answer.from_body(parsed, status=status)
+                              if isinstance(parsed, dict) else
+                              Answer.from_error(status, code="malformed_body",
+                                                message="the answer was not a JSON object"))
+    except TimeoutError:
+        answer = Answer.from_error(0, code="timeout",
+                                   message=f"no complete answer within {timeout_s:g} s")
+    except aiohttp.ClientConnectorError as exc:
+        answer = Answer.from_error(0, code="unreachable",
+                                   message=f"could not connect to {base_url}: {exc}")
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        answer = Answer.from_error(0, code="transport",
+                                   message=f"{exc.__class__.__name__}: {exc}")
+    return Reply(role=role, endpoint=base_url, answer=answer,
+                 latency_ms=(time.monotonic() - started) * 1000, first_byte=first_byte)
+
+
+def spawn(coroutine: Coroutine[Any, Any, T]) -> Future[T]:
+    """Run `coroutine` (one that awaits `acall`) on the process's loop; its result as a
+    future. Cancelling the future cancels the coroutine."""
+    return asyncio.run_coroutine_threadsafe(coroutine, _running().loop)
+
+
 def call(base_url: str, request: Mapping[str, Any], *, timeout_s: float,
          role: str = "") -> Reply:
     """One endpoint's answer to `request`, as sent; errors are answers, never raised."""
-    url = request_url(base_url, request)
-    started = time.monotonic()
-    deadline = started + timeout_s
-    first_byte = False
-    try:
-        with pooled_client().stream("POST", url, json=dict(request),
-                                    timeout=call_timeout(timeout_s),
-                                    headers={"Accept": "application/json, text/event-stream"}
-                                    ) as response:
-            first_byte = True  # the status line and headers are in
-            if response.status_code >= 400:
-                answer = _parse_error_body(response.status_code,
-                                           response.read()[:ERROR_BODY_LIMIT])
-            elif "text/event-stream" in response.headers.get("content-type", ""):
-                answer = _read_stream(response, started, deadline)
-            else:  # a whole answer: its latency is the reply's latency_ms, no TTFT
-                try:
-                    parsed = json.loads(response.read())
-                except ValueError:
-                    parsed = None
-                answer = (Answer.from_body(parsed, status=response.status_code)
-                          if isinstance(parsed, dict) else
-                          Answer.from_error(response.status_code, code="malformed_body",
-                                            message="the answer was not a JSON object"))
-    except (httpx.TimeoutException, _Late):
-        answer = Answer.from_error(0, code="timeout",
-                                   message=f"no complete answer within {timeout_s:g} s")
-    except httpx.HTTPError as exc:
-        code, message = transport_error(exc, base_url)
-        answer = Answer.from_error(0, code=code, message=message)
-    return Reply(role=role, endpoint=base_url, answer=answer,
-                 latency_ms=(time.monotonic() - started) * 1000, first_byte=first_byte)
+    return spawn(acall(base_url, request, timeout_s=timeout_s, role=role)).result()
