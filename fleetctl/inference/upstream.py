@@ -2,8 +2,7 @@
 its timing (`call`, or `acall` as a coroutine on the process's loop, started with `spawn`):
 what shadow runs (fleetctl/shadow/triple.py) and eval runs (fleetctl/evals/runner.py) send to
 a pool. Batch jobs (fleetctl/batch/executor.py) send their non-streamed requests on the
-process's pooled httpx client (`pooled_client`), with the same URL and transport-error rules
-(`endpoint_url`, `transport_error`).
+same loop (`post`), with the same URL and transport-error rules.
 
 Directly to the endpoint given, never through a route (a route would add its own split,
 retries and failover). Never retried here: an endpoint that does not answer within the
@@ -43,16 +42,15 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
-import httpx
 
 from fleetctl.inference.compare import Answer
 
 T = TypeVar("T")
 CONNECT_TIMEOUT_S = 10.0
 ERROR_BODY_LIMIT = 65536
-# Connections kept by the process's client: a shadow worker's pairs (three calls each) and
-# an eval run's threads (up to 256) share it; a call waits for a free connection within its
-# own timeout.
+# Connections kept by the process's session: a shadow worker's pairs (three calls each), an
+# eval run's calls (up to 256 at once) and a batch chunk's (up to 256) share it; a call waits
+# for a free connection within its own timeout.
 MAX_CONNECTIONS = 512
 READ_BUFSIZE = 2**20  # an SSE event may be this long (a long tool call in one chunk)
 
@@ -82,35 +80,6 @@ def request_url(base_url: str, request: Mapping[str, Any]) -> str:
     """chat/completions for a body with messages, completions for one with a prompt."""
     return endpoint_url(
         base_url, f"/v1/{'chat/completions' if 'messages' in request else 'completions'}")
-
-
-def call_timeout(timeout_s: float) -> httpx.Timeout:
-    """A call's timeout: `timeout_s` for each read, and at most CONNECT_TIMEOUT_S to connect."""
-    return httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
-
-
-def transport_error(exc: httpx.HTTPError, base_url: str) -> tuple[str, str]:
-    """(code, message) for a call that got no HTTP answer and did not time out: the
-    connection was refused or failed ("unreachable"), or broke later ("transport")."""
-    if isinstance(exc, httpx.ConnectError):
-        return "unreachable", f"could not connect to {base_url}: {exc}"
-    return "transport", f"{exc.__class__.__name__}: {exc}"
-
-
-_lock = threading.Lock()
-_http: httpx.Client | None = None
-
-
-def pooled_client() -> httpx.Client:
-    """The process's one pooled client for model endpoints, shared by every thread: no
-    redirects followed, MAX_CONNECTIONS kept open. Give each call its own timeout
-    (`call_timeout`)."""
-    global _http
-    with _lock:
-        if _http is None:
-            _http = httpx.Client(follow_redirects=False, limits=httpx.Limits(
-                max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS))
-        return _http
 
 
 def _parse_error_body(status: int, body: bytes) -> Answer:
@@ -283,6 +252,54 @@ async def acall(base_url: str, request: Mapping[str, Any], *, timeout_s: float,
                                    message=f"{exc.__class__.__name__}: {exc}")
     return Reply(role=role, endpoint=base_url, answer=answer,
                  latency_ms=(time.monotonic() - started) * 1000, first_byte=first_byte)
+
+
+@dataclass(frozen=True)
+class Posted:
+    """A non-streamed POST's answer: `status` 0 when no HTTP answer came (then `error_code`
+    is "timeout", "unreachable" or "transport" and `error_message` says why)."""
+
+    status: int
+    text: str
+    retry_after: str | None
+    latency_ms: float
+    error_code: str = ""
+    error_message: str = ""
+
+
+async def apost(base_url: str, path: str, body: Any, *, timeout_s: float) -> Posted:
+    """`post` as a coroutine, on the process's loop."""
+    session = _running().session
+    started = time.monotonic()
+
+    def failed(code: str, message: str) -> Posted:
+        return Posted(0, "", None, (time.monotonic() - started) * 1000, code, message)
+
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(
+                    endpoint_url(base_url, path), json=body, allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_s,
+                                                  sock_connect=min(CONNECT_TIMEOUT_S,
+                                                                   timeout_s))) as response:
+                raw = await response.read()
+                text = raw.decode(response.get_encoding() if raw else "utf-8",
+                                  errors="replace")
+                return Posted(response.status, text, response.headers.get("retry-after"),
+                              (time.monotonic() - started) * 1000)
+    except TimeoutError:
+        return failed("timeout", f"no answer within {timeout_s:g} s")
+    except aiohttp.ClientConnectorError as exc:
+        return failed("unreachable", f"could not connect to {base_url}: {exc}")
+    except (aiohttp.ClientError, OSError, ValueError, LookupError) as exc:
+        return failed("transport", f"{exc.__class__.__name__}: {exc}")
+
+
+def post(base_url: str, path: str, body: Any, *, timeout_s: float) -> Posted:
+    """POST `body` as JSON to base_url + path (e.g. /v1/chat/completions) and read the whole
+    answer; errors are answers (status 0), never raised. Not streamed: a batch line's
+    request, as the OpenAI Batch API sends it."""
+    return spawn(apost(base_url, path, body, timeout_s=timeout_s)).result()
 
 
 def spawn(coroutine: Coroutine[Any, Any, T]) -> Future[T]:
