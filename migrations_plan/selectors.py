@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import F, QuerySet, Window
+from django.db.models import Count, F, QuerySet, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
@@ -130,18 +130,57 @@ BOARD_COLUMNS = [("stage-1", "1 · abstraction"), ("stage-2", "2 · shadow"),
                  ("stage-3", "3 · batch"), ("stage-4", "4 · live"), ("paused", "paused")]
 
 
-def plan_board(*, include_closed: bool = False) -> list[tuple[str, str, list[PlanCard]]]:
-    """Columns per stage (and paused), every open plan a card with its gate evaluated now."""
-    plans = list(plan_list().exclude(state__in=[] if include_closed else Plan.CLOSED_STATES))
-    columns = [*BOARD_COLUMNS]
-    if include_closed:
-        columns += [("completed", "completed"), ("abandoned", "abandoned")]
-    board = []
-    for state, label in columns:
-        cards = [PlanCard(plan=p, gate=ev.evaluate_gate(p) if p.in_stage else None)
-                 for p in plans if p.state == state]
-        board.append((state, label, cards))
-    return board
+# Cards a board column shows: the plans longest in their stage first. A gate is evaluated
+# live for each card shown (~11 ms a plan at 1,000 pools, benchmarks/scale_rehearsal.py), so
+# the board's cost is bounded by this, not by how many plans are open; the rest of a column
+# is one link away (`plan_column`).
+BOARD_CARDS = 8
+
+
+@dataclass
+class BoardColumn:
+    state: str
+    label: str
+    cards: list[PlanCard]
+    total: int  # open plans in this column; more than len(cards) when capped
+
+    @property
+    def more(self) -> int:
+        return self.total - len(self.cards)
+
+
+def _open_in(state: str) -> QuerySet[Plan]:
+    return plan_list().filter(state=state).order_by("stage_entered_at", "id")
+
+
+def _card(plan: Plan) -> PlanCard:
+    return PlanCard(plan=plan, gate=ev.evaluate_gate(plan) if plan.in_stage else None)
+
+
+def plan_board(*, per_column: int | None = None) -> list[BoardColumn]:
+    """Columns per stage (and paused): each the `per_column` (BOARD_CARDS) open plans longest
+    in their stage, a card each with its gate evaluated now, and how many the column holds."""
+    per_column = per_column or BOARD_CARDS
+    totals = dict(Plan.objects.exclude(state__in=Plan.CLOSED_STATES).order_by()
+                  .values("state").annotate(n=Count("id")).values_list("state", "n"))
+    return [BoardColumn(state, label,
+                        [_card(p) for p in _open_in(state)[:per_column]] if totals.get(state)
+                        else [], totals.get(state, 0))
+            for state, label in BOARD_COLUMNS]
+
+
+def column_label(state: str) -> str | None:
+    return dict(BOARD_COLUMNS).get(state)
+
+
+def plan_column(*, state: str) -> QuerySet[Plan]:
+    """Every open plan of one board column (`state` one of BOARD_COLUMNS'), longest in its
+    stage first: a page of them is shown with `column_cards`."""
+    return _open_in(state)
+
+
+def column_cards(plans: Iterable[Plan]) -> list[PlanCard]:
+    return [_card(p) for p in plans]
 
 
 def approvals_for_gate(*, plan: Plan, gate: ev.GateEvaluation

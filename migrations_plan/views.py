@@ -20,7 +20,8 @@ from typing import Any
 
 from django import forms
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -108,6 +109,9 @@ def age_text(since: datetime, now: datetime | None = None) -> str:
 
 # --- the board -------------------------------------------------------------------------------
 
+COLUMN_PAGE = 30  # cards a page of one column (?column=)
+CLOSED_PAGE = 50  # rows a page of closed plans (?closed=1)
+
 @dataclass
 class BoardCard:
     plan: Plan
@@ -151,24 +155,41 @@ class BoardCard:
 @dashboard_view
 @require_GET
 def plan_board(request: HttpRequest) -> HttpResponse:
-    board = selectors.plan_board()
-    plans = [card.plan for _, _, cards in board for card in cards]
-    approvals = selectors.counting_approvals(cards=[card for _, _, cards in board
-                                                    for card in cards])
+    """The board: each column's longest-waiting plans (selectors.BOARD_CARDS); with
+    ?column=<state>, one column's every open plan a page at a time; ?closed=1 (the board
+    only) adds the closed plans, a page at a time."""
+    column = request.GET.get("column")
+    page = None
+    if column:
+        label = selectors.column_label(column)
+        if label is None:
+            raise Http404(f"No board column {column!r}: the columns are "
+                          f"{', '.join(state for state, _ in selectors.BOARD_COLUMNS)}.")
+        page = Paginator(selectors.plan_column(state=column), COLUMN_PAGE).get_page(
+            request.GET.get("page"))
+        board = [selectors.BoardColumn(column, label, selectors.column_cards(page.object_list),
+                                       page.paginator.count)]
+    else:
+        board = selectors.plan_board()
+    approvals = selectors.counting_approvals(cards=[card for col in board
+                                                    for card in col.cards])
     now = timezone.now()
     columns = [
-        (state, label, [BoardCard(plan=c.plan, gate=c.gate,
-                                  age=age_text(c.plan.stage_entered_at, now),
-                                  approvals=approvals.get(c.plan.pk, 0)) for c in cards])
-        for state, label, cards in board
+        (col, [BoardCard(plan=c.plan, gate=c.gate, age=age_text(c.plan.stage_entered_at, now),
+                         approvals=approvals.get(c.plan.pk, 0)) for c in col.cards])
+        for col in board
     ]
-    show_closed = request.GET.get("closed") == "1"
+    show_closed = request.GET.get("closed") == "1" and not column
     closed = selectors.plans_closed()
     return render(request, "migrations_plan/board.html", {
         "columns": columns,
-        "open_count": len(plans),
+        "column": page and board[0],
+        "page": page,
+        "open_count": sum(col.total for col in board),
+        "per_column": selectors.BOARD_CARDS,
         "show_closed": show_closed,
-        "closed": list(closed) if show_closed else None,
+        "closed": (Paginator(closed, CLOSED_PAGE).get_page(request.GET.get("page"))
+                   if show_closed else None),
         "closed_count": closed.count(),
     })
 

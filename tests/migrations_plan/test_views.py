@@ -141,6 +141,46 @@ def test_the_boards_query_count_grows_by_a_bounded_amount_per_plan(
     assert one <= 20, one
 
 
+def test_a_full_column_shows_its_longest_waiting_plans_and_links_to_all_of_them(
+    world, client_as, another_candidate, monkeypatch
+):
+    from migrations_plan import selectors, views
+
+    monkeypatch.setattr(selectors, "BOARD_CARDS", 2)
+    monkeypatch.setattr(views, "COLUMN_PAGE", 3)
+    client = client_as("viewer")
+    names = ["plan-0", "plan-1", "plan-2", "plan-3"]
+    world.plan(names[0])
+    for i, name in enumerate(names[1:], start=1):
+        world.plan(name, candidate_pool=another_candidate(f"cand-{i}"))
+
+    def board(**params: str) -> tuple[str, int]:
+        with CaptureQueriesContext(connection) as captured:
+            response = client.get(reverse("plans:board"), params)
+        return response.content.decode(), len(captured.captured_queries)
+
+    html, queries = board()
+    column = board_column(html, "stage-1")
+    assert [n for n in names if f'data-plan="{n}"' in column] == ["plan-0", "plan-1"]
+    assert "2 more: all 4 in this column" in column and "?column=stage-1" in column
+    # The cards past the cap cost nothing: the board reads as many gates with 4 plans as
+    # with 2 in the column.
+    Plan.objects.filter(name__in=names[2:]).update(state="paused")
+    _, two = board()
+    Plan.objects.filter(name__in=names[2:]).update(state="stage-1")
+    assert queries <= two + 2, (queries, two)
+
+    first, _ = board(column="stage-1")
+    assert [n for n in names if f'data-plan="{n}"' in first] == names[:3]
+    assert "All 4 open plans in this column" in first and "page 1 of 2" in first
+    second, _ = board(column="stage-1", page="2")
+    assert [n for n in names if f'data-plan="{n}"' in second] == ["plan-3"]
+
+    missing = client.get(reverse("plans:board"), {"column": "stage-9"})
+    assert missing.status_code == 404
+    assert "No board column &#x27;stage-9&#x27;" in missing.content.decode()
+
+
 # --- opening a plan ---------------------------------------------------------------------------
 
 def plan_form(world, **overrides: object) -> dict[str, object]:
