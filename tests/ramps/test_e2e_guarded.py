@@ -44,6 +44,11 @@ RPS = 10.0
 WINDOW_S = 5
 HOLD_S = 6
 SHORT = [{"percent": 20, "hold_s": HOLD_S}, {"percent": 50, "hold_s": HOLD_S}]
+# A TTFT SLO far above what a healthy simulated pool answers even while the whole suite
+# starts on two cores (a healthy candidate's p95 reached 311 ms there, over the 250 ms the
+# benchmarks judge with, and the ramp paused on a warning), and a fault far above the SLO.
+THRESHOLDS = {**e2e.THRESHOLDS, "slo_ttft_p95_ms": 600.0}
+FAULT_MS = 1000
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +143,7 @@ def world(celery_worker, ticker, sims, envoy, worker_env, tmp_path, settings):
 def start_ramp(world, pool: str, steps, **overrides):
     from fleetctl.ramps.services import ramp_create
 
-    fields = {"min_samples": 8, "window_s": WINDOW_S, "failure_threshold": 2, **e2e.THRESHOLDS,
+    fields = {"min_samples": 8, "window_s": WINDOW_S, "failure_threshold": 2, **THRESHOLDS,
               **overrides}
     return ramp_create(actor=SYSTEM, route=world["route"], pool=world["pools"][pool],
                        steps=steps, reason="e2e", **fields)
@@ -175,7 +180,7 @@ def test_a_latency_fault_mid_ramp_is_rolled_back_by_the_guard_and_drained_on_the
                  what="the ramp to reach 50 %", explain=lambda: e2e.explain(ramp))
     assert ramp.state == "running", e2e.explain(ramp)
 
-    e2e.set_fault(world["sims"].url("cand"), added_latency_ms=300)
+    e2e.set_fault(world["sims"].url("cand"), added_latency_ms=FAULT_MS)
 
     e2e.wait_for(lambda: finished(ramp), timeout_s=90, what="the guard to roll back",
                  explain=lambda: e2e.explain(ramp))
@@ -204,7 +209,7 @@ def test_a_fault_while_paused_is_still_rolled_back_and_drained_on_the_gateway(wo
     ramp.refresh_from_db()
     assert ramp.state == "paused", e2e.explain(ramp)
 
-    e2e.set_fault(world["sims"].url("cand"), added_latency_ms=300)
+    e2e.set_fault(world["sims"].url("cand"), added_latency_ms=FAULT_MS)
 
     e2e.wait_for(lambda: finished(ramp), timeout_s=90, what="the guard to roll back",
                  explain=lambda: e2e.explain(ramp))

@@ -63,7 +63,7 @@ def test_a_fault_after_the_ramp_completed_is_drained_by_the_standing_watch(watch
     e2e.wait_for(lambda: watch.verdicts.filter(verdict="pass").count() >= 2, timeout_s=60,
                  what="the watch to pass two windows", explain=lambda: history(watch))
 
-    e2e.set_fault(watching["sims"].url("cand"), added_latency_ms=300)
+    e2e.set_fault(watching["sims"].url("cand"), added_latency_ms=guarded.FAULT_MS)
 
     def ended() -> bool:
         watch.refresh_from_db()
