@@ -98,6 +98,61 @@ def test_each_pools_histograms_become_prometheus_windows_beside_the_gateways(
     assert "From Prometheus prom" in page and 'class="reported-ttft"' in page
 
 
+def test_a_pool_matcher_reads_every_pool_with_one_query_a_histogram_and_agrees_with_per_pool(
+        stack, world, monkeypatch):
+    """`pool="$pool"` is read for the whole fleet at once (three queries a round); a selector
+    that names the pool otherwise (`pool=~"$pool"`) is read per pool (three each); both
+    write the same windows from the same counters."""
+    from fleetctl.prometheus import telemetry
+
+    services.source_create(actor=world.actor("admin"), name="fleet",
+                           base_url=stack.prometheus.url, telemetry_selector='pool="$pool"')
+    services.source_create(actor=world.actor("admin"), name="each",
+                           base_url=stack.prometheus.url, telemetry_selector='pool=~"$pool"')
+    asked: list[tuple[str, str]] = []
+    real_get = telemetry.source_get
+
+    def counting_get(source, path, params=None, **kw):
+        asked.append((source.name, (params or {}).get("query", "")))
+        return real_get(source, path, params, **kw)
+
+    monkeypatch.setattr(telemetry, "source_get", counting_get)
+    reader = PrometheusReader()
+    assert reader.read_all() == 4  # two sources x two pools, baselines only
+    assert sorted(n for n, _ in asked) == ["each"] * 6 + ["fleet"] * 3
+    assert all('pool!=""' in q and "by (le, instance, pool)" in q
+               for n, q in asked if n == "fleet")
+    before = _count(stack, CANDIDATE)
+    _requests(stack, CANDIDATE, 5)
+    wait_until(lambda: _count(stack, CANDIDATE) >= before + 5, timeout_s=30,
+               what="Prometheus to scrape the five requests")
+    assert reader.read_all() == 4
+    fleet = Window.objects.get(source="prometheus", source_name="fleet", pool=CANDIDATE)
+    each = Window.objects.get(source="prometheus", source_name="each", pool=CANDIDATE)
+    assert fleet.requests == each.requests == 5
+    assert fleet.ttft == each.ttft and fleet.duration == each.duration
+    assert not Window.objects.filter(source="prometheus", pool="h200-us").exists()
+
+
+@pytest.mark.parametrize(("selector", "label", "query"), [
+    ('pool="$pool"', "pool", 'sum by (le, instance, pool) (f_bucket{pool!=""})'),
+    ('pool = "$pool",job="vllm"', "pool",
+     'sum by (le, instance, pool) (f_bucket{pool!="",job="vllm"})'),
+    ('job="vllm",k8s_pool="$pool"', "k8s_pool",
+     'sum by (le, instance, k8s_pool) (f_bucket{job="vllm",k8s_pool!=""})'),
+    ('pool=~"$pool"', None, None),  # a regex: per pool
+    ('job="vllm-$pool"', None, None),  # the pool inside a value: per pool
+    ('pool="$pool",alias="$pool"', None, None),  # two matchers: per pool
+    ('job="a\\"pool=\\"$pool"', None, None),  # inside a quoted value: per pool
+])
+def test_which_selectors_are_read_for_the_whole_fleet_at_once(selector, label, query):
+    from fleetctl.prometheus.telemetry import fleet_query, pool_label
+
+    assert pool_label(selector) == label
+    if label is not None:
+        assert fleet_query("f", selector, label) == query
+
+
 def test_a_prometheus_that_is_down_writes_no_windows_and_shows_its_error(world, client_for):
     services.source_create(actor=world.actor("admin"), name="gone",
                            base_url=f"http://127.0.0.1:{free_port()}", timeout_s=1.0,
