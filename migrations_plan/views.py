@@ -183,7 +183,7 @@ def plan_board(request: HttpRequest) -> HttpResponse:
     closed = selectors.plans_closed()
     return render(request, "migrations_plan/board.html", {
         "columns": columns,
-        "column": page and board[0],
+        "column": board[0] if column else None,
         "page": page,
         "open_count": sum(col.total for col in board),
         "per_column": selectors.BOARD_CARDS,

@@ -207,7 +207,7 @@ async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
 
 async def acall(base_url: str, request: Mapping[str, Any], *, timeout_s: float,
                 role: str = "") -> Reply:
-    """`call` as a coroutine, on the process's loop (`submit` puts it there)."""
+    """`call` as a coroutine, on the process's loop (`spawn` puts it there)."""
     session = _running().session
     url = request_url(base_url, request)
     started = time.monotonic()

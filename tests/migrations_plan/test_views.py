@@ -176,6 +176,9 @@ def test_a_full_column_shows_its_longest_waiting_plans_and_links_to_all_of_them(
     second, _ = board(column="stage-1", page="2")
     assert [n for n in names if f'data-plan="{n}"' in second] == ["plan-3"]
 
+    empty, _ = board(column="stage-4")
+    assert "Migration plans: 4 · live" in empty and "board-empty" in empty
+
     missing = client.get(reverse("plans:board"), {"column": "stage-9"})
     assert missing.status_code == 404
     assert "No board column &#x27;stage-9&#x27;" in missing.content.decode()
