@@ -15,8 +15,9 @@ whose UPDATE waits for that row, either sees the claims or the driver sees it lo
 pool, as coroutines on the process's one upstream event loop (inference/upstream.py:
 aiohttp, connections reused; a thread a call on httpx cost 2.7 ms of worker CPU a row,
 this 1.2 ms: benchmarks/eval_items_per_second.py): round-robin over the endpoints the run
-recorded for the pool at creation, never through a route, never to another pool. Streamed, with the item's messages or prompt and the
-run's decoding (the item's own request parameters over it). A retry happens only when the
+recorded for the pool at creation, never through a route, never to another pool. Streamed,
+with the item's messages or prompt and the run's decoding (the item's own request
+parameters over it). A retry happens only when the
 attempt failed at transport level before any byte of a response arrived (refused, timed out
 connecting or waiting for the status line), at most `max_attempts` attempts, each appended
 to the row's `attempts`. The calls touch no database. The MAIN thread scores each answer as it
