@@ -49,16 +49,26 @@ class Replica:
 
     def __init__(self, name: str, workdir: Path, *args: str) -> None:
         self.name = name
-        self.port = free_port()
         self.log = workdir / f"{name}.log"
-        with self.log.open("wb") as log:
-            self.proc: subprocess.Popen[bytes] = subprocess.Popen(
-                [sys.executable, "manage.py", "xds_serve", "--port", str(self.port),
-                 "--replica", name, *args],
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                env=_worker_env(connection.settings_dict["NAME"]))
-        wait_until(lambda: "xDS (ADS) serving on" in self.log.read_text(), timeout_s=60,
-                   what=f"xds_serve {name} to listen", explain=self.log.read_text)
+        # free_port's port can be taken before the replica binds it (another worker's
+        # process, an outgoing connection's ephemeral port): then the replica exits saying
+        # so, and it is started again on another port.
+        for _ in range(3):
+            self.port = free_port()
+            with self.log.open("wb") as log:
+                self.proc: subprocess.Popen[bytes] = subprocess.Popen(
+                    [sys.executable, "manage.py", "xds_serve", "--port", str(self.port),
+                     "--replica", name, *args],
+                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                    env=_worker_env(connection.settings_dict["NAME"]))
+            wait_until(lambda: "xDS (ADS) serving on" in self.log.read_text()
+                       or self.proc.poll() is not None, timeout_s=60,
+                       what=f"xds_serve {name} to listen", explain=self.log.read_text)
+            if self.proc.poll() is None:
+                return
+            if "Failed to bind" not in self.log.read_text():
+                break
+        raise AssertionError(f"xds_serve {name} exited: {self.log.read_text()}")
 
     def kill(self) -> None:
         self.proc.kill()  # SIGKILL: no stream is closed, no row written
