@@ -149,7 +149,10 @@ class BoardColumn:
         return self.total - len(self.cards)
 
 
-def _open_in(state: str) -> QuerySet[Plan]:
+def plan_column(*, state: str) -> QuerySet[Plan]:
+    """Every open plan of one board column (`state` one of BOARD_COLUMNS'), longest in its
+    stage first: the board shows the first few, the column's own page all of them (cards
+    made with `column_cards`)."""
     return plan_list().filter(state=state).order_by("stage_entered_at", "id")
 
 
@@ -164,19 +167,13 @@ def plan_board(*, per_column: int | None = None) -> list[BoardColumn]:
     totals = dict(Plan.objects.exclude(state__in=Plan.CLOSED_STATES).order_by()
                   .values("state").annotate(n=Count("id")).values_list("state", "n"))
     return [BoardColumn(state, label,
-                        [_card(p) for p in _open_in(state)[:per_column]] if totals.get(state)
+                        column_cards(plan_column(state=state)[:per_column]) if totals.get(state)
                         else [], totals.get(state, 0))
             for state, label in BOARD_COLUMNS]
 
 
 def column_label(state: str) -> str | None:
     return dict(BOARD_COLUMNS).get(state)
-
-
-def plan_column(*, state: str) -> QuerySet[Plan]:
-    """Every open plan of one board column (`state` one of BOARD_COLUMNS'), longest in its
-    stage first: a page of them is shown with `column_cards`."""
-    return _open_in(state)
 
 
 def column_cards(plans: Iterable[Plan]) -> list[PlanCard]:

@@ -12,8 +12,8 @@ Threads, and why:
   renewer's) however high the job's concurrency.
 - Sender threads (at most `job.concurrency` busy at once) only talk HTTP: each request is
   `upstream.post` on the process's one aiohttp event loop (fleetctl/inference/upstream.py,
-  shared with shadow and eval calls; without a database, a thread a call on httpx sent 619
-  requests/s at concurrency 64, this 1,773: benchmarks/batch_checkpoint_writes.py), the body
+  shared with shadow and eval calls; without a database, a thread a call on httpx sent 758
+  requests/s at concurrency 64, this 1,722: benchmarks/batch_checkpoint_writes.py), the body
   sent as given (non-streamed), `job.request_timeout_s` per try, the pool's base_urls taken
   round robin.
 - The renewer extends the lease every lease_s / 3 and re-reads the job's concurrency and rate

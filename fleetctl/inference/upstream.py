@@ -195,6 +195,21 @@ def _running() -> _Loop:
         return _loop
 
 
+def _timeout(timeout_s: float) -> aiohttp.ClientTimeout:
+    """A call's socket timeouts: `timeout_s` for each read, at most CONNECT_TIMEOUT_S to
+    connect (the whole call is bounded by asyncio.timeout(timeout_s) around it)."""
+    return aiohttp.ClientTimeout(total=None, sock_read=timeout_s,
+                                 sock_connect=min(CONNECT_TIMEOUT_S, timeout_s))
+
+
+def _failure(exc: Exception, base_url: str) -> tuple[str, str]:
+    """(code, message) for a call that got no HTTP answer and did not time out: the
+    connection was refused or failed ("unreachable"), or broke later ("transport")."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "unreachable", f"could not connect to {base_url}: {exc}"
+    return "transport", f"{exc.__class__.__name__}: {exc}"
+
+
 async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
     data = bytearray()
     while len(data) < limit:
@@ -215,10 +230,7 @@ async def acall(base_url: str, request: Mapping[str, Any], *, timeout_s: float,
     try:
         async with asyncio.timeout(timeout_s):
             async with session.post(
-                    url, json=dict(request), allow_redirects=False,
-                    timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_s,
-                                                  sock_connect=min(CONNECT_TIMEOUT_S,
-                                                                   timeout_s)),
+                    url, json=dict(request), allow_redirects=False, timeout=_timeout(timeout_s),
                     headers={"Accept": "application/json, text/event-stream"}) as response:
                 first_byte = True  # the status line and headers are in
                 status = response.status
@@ -244,12 +256,9 @@ async def acall(base_url: str, request: Mapping[str, Any], *, timeout_s: float,
     except TimeoutError:
         answer = Answer.from_error(0, code="timeout",
                                    message=f"no complete answer within {timeout_s:g} s")
-    except aiohttp.ClientConnectorError as exc:
-        answer = Answer.from_error(0, code="unreachable",
-                                   message=f"could not connect to {base_url}: {exc}")
     except (aiohttp.ClientError, OSError, ValueError) as exc:
-        answer = Answer.from_error(0, code="transport",
-                                   message=f"{exc.__class__.__name__}: {exc}")
+        code, message = _failure(exc, base_url)
+        answer = Answer.from_error(0, code=code, message=message)
     return Reply(role=role, endpoint=base_url, answer=answer,
                  latency_ms=(time.monotonic() - started) * 1000, first_byte=first_byte)
 
@@ -279,9 +288,7 @@ async def apost(base_url: str, path: str, body: Any, *, timeout_s: float) -> Pos
         async with asyncio.timeout(timeout_s):
             async with session.post(
                     endpoint_url(base_url, path), json=body, allow_redirects=False,
-                    timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_s,
-                                                  sock_connect=min(CONNECT_TIMEOUT_S,
-                                                                   timeout_s))) as response:
+                    timeout=_timeout(timeout_s)) as response:
                 raw = await response.read()
                 text = raw.decode(response.get_encoding() if raw else "utf-8",
                                   errors="replace")
@@ -289,10 +296,8 @@ async def apost(base_url: str, path: str, body: Any, *, timeout_s: float) -> Pos
                               (time.monotonic() - started) * 1000)
     except TimeoutError:
         return failed("timeout", f"no answer within {timeout_s:g} s")
-    except aiohttp.ClientConnectorError as exc:
-        return failed("unreachable", f"could not connect to {base_url}: {exc}")
     except (aiohttp.ClientError, OSError, ValueError, LookupError) as exc:
-        return failed("transport", f"{exc.__class__.__name__}: {exc}")
+        return failed(*_failure(exc, base_url))
 
 
 def post(base_url: str, path: str, body: Any, *, timeout_s: float) -> Posted:

@@ -34,11 +34,15 @@ def _count(stack, pool: str) -> float:
 
 
 def _requests(stack, pool: str, n: int) -> None:
+    """`n` chat requests to the pool, then a wait until Prometheus has scraped them all."""
+    before = _count(stack, pool)
     openai = client(stack.sim.url(pool))
     model = openai.models.list().data[0].id
     for _ in range(n):
         openai.chat.completions.create(model=model, max_tokens=4, messages=[
             {"role": "user", "content": "hello"}])
+    wait_until(lambda: _count(stack, pool) >= before + n, timeout_s=30,
+               what=f"Prometheus to scrape the {n} requests")
 
 
 def test_each_pools_histograms_become_prometheus_windows_beside_the_gateways(
@@ -51,10 +55,7 @@ def test_each_pools_histograms_become_prometheus_windows_beside_the_gateways(
     # thread's call: telemetry finds the reader as a provider.)
     assert Scraper().read_prometheus() == 2
     assert not Window.objects.filter(source="prometheus").exists()
-    before = _count(stack, CANDIDATE)
     _requests(stack, CANDIDATE, 6)
-    wait_until(lambda: _count(stack, CANDIDATE) >= before + 6, timeout_s=30,
-               what="Prometheus to scrape the six requests")
     assert reader.read_all() == 2
 
     window = Window.objects.get(source="prometheus", source_name="prom", pool=CANDIDATE)
@@ -122,10 +123,7 @@ def test_a_pool_matcher_reads_every_pool_with_one_query_a_histogram_and_agrees_w
     assert sorted(n for n, _ in asked) == ["each"] * 6 + ["fleet"] * 3
     assert all('pool!=""' in q and "by (le, instance, pool)" in q
                for n, q in asked if n == "fleet")
-    before = _count(stack, CANDIDATE)
     _requests(stack, CANDIDATE, 5)
-    wait_until(lambda: _count(stack, CANDIDATE) >= before + 5, timeout_s=30,
-               what="Prometheus to scrape the five requests")
     assert reader.read_all() == 4
     fleet = Window.objects.get(source="prometheus", source_name="fleet", pool=CANDIDATE)
     each = Window.objects.get(source="prometheus", source_name="each", pool=CANDIDATE)
